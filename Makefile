@@ -1,0 +1,57 @@
+# The two commands of the README are `make demo` and `make test`; both set up what they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+ARGS ?=
+# jsii prints an end-of-life banner for Node 20 on every run; it is noise here.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
+export CDK_DISABLE_VERSION_CHECK := 1
+export CDK_CLI_NOTICES := false
+NO_AWS := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE
+
+.PHONY: help setup system-deps test lint synth demo bench clean
+
+help:
+	@echo "make demo    deploy the cluster to a local AWS emulator and train across its nodes"
+	@echo "make test    run the whole test suite (sets everything up first)"
+	@echo "make synth   write cdk.out/DLClusterStack.template.json (no AWS access needed)"
+	@echo "make bench   print the performance figures"
+	@echo "make setup   create .venv and install the Python and npm dependencies"
+
+setup: $(VENV)/.setup-stamp node_modules/.setup-stamp
+
+$(VENV)/.setup-stamp: requirements.txt requirements-dev.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+node_modules/.setup-stamp: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# Debian packages the MPI and multi-node tests use (sshd, Open MPI); skipped when present.
+system-deps:
+	@bash scripts/system-deps.sh
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup system-deps lint
+	$(PY) -m pytest -m "not bench" $(PYTEST_ARGS)
+
+synth: setup
+	$(NO_AWS) npx cdk synth DLClusterStack --no-lookups -q
+	@echo "wrote cdk.out/DLClusterStack.template.json"
+
+demo: setup system-deps
+	$(PY) -m emulator.demo $(ARGS)
+
+bench: setup system-deps
+	$(PY) -m pytest -m bench -s -p no:cacheprovider $(PYTEST_ARGS)
+
+clean:
+	rm -rf cdk.out cdk.out.* .pytest_cache build dist *.egg-info demo-report.json

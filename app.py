@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""CDK app: DLClusterStack, configured from CDK context (README "Settings").
+
+Only this file reads context and the environment; stacks and constructs take typed settings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
+
+from constructs_lib.validation import ConfigError
+from stacks.cluster_stack import DLClusterStack
+from stacks.emr_stack import DLEmrClusterStack, emr_settings_from_context
+from stacks.settings import settings_from_context
+
+
+def build_app(app: cdk.App | None = None) -> cdk.App:
+    app = app or cdk.App()
+    settings = settings_from_context(app.node.try_get_context)
+    # Env-agnostic unless the user pins an account/region: synth then needs no AWS access.
+    account, region = os.environ.get("CDK_DEPLOY_ACCOUNT"), os.environ.get("CDK_DEPLOY_REGION")
+    env = cdk.Environment(account=account, region=region) if account and region else None
+    DLClusterStack(app, "DLClusterStack", settings=settings, env=env,
+                   description="Distributed deep-learning cluster (dl-cluster-cdk)")
+    DLEmrClusterStack(app, "DLEmrClusterStack", env=env,
+                      settings=emr_settings_from_context(app.node.try_get_context),
+                      description="EMR deep-learning cluster on the Deep Learning AMI (dl-cluster-cdk)")
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return app
+
+
+def main() -> None:
+    try:
+        app = build_app()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    app.synth()
+
+
+if __name__ == "__main__":
+    main()

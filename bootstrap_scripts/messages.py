@@ -1,0 +1,98 @@
+"""Parse the Lambda's messages on the master queue (protocol.md §3), strictly.
+
+Anything we cannot interpret is reported as a :class:`BadMessage` with a reason, so the
+agent can log it and delete it instead of crashing or re-reading it forever.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+ROLES = ("master", "worker")
+
+
+@dataclass(frozen=True)
+class AsgSetup:
+    status: str  # "success" | "failure"
+    asg: str
+    role: str
+    cluster_id: str
+    desired: int
+    launched: int
+    min: int = 0
+    max: int = 0
+    instances: tuple[str, ...] = ()
+    reason: str = ""
+    cause: str = ""
+    dedupe_key: str = ""
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    change: str  # launch | terminate | terminate-error | launch-error
+    asg: str
+    role: str
+    cluster_id: str
+    instance_id: str = ""
+    desired: int = 0
+    launched: int = 0
+    dedupe_key: str = ""
+
+
+@dataclass(frozen=True)
+class BadMessage:
+    reason: str
+    body: str = field(repr=False, default="")
+
+
+Message = AsgSetup | MembershipChange | BadMessage
+
+
+def parse_message(body: str) -> Message:
+    """Turn an SQS body into a typed message, or a BadMessage naming what is wrong."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, TypeError) as exc:
+        return BadMessage(f"not JSON: {exc}", str(body)[:500])
+    if not isinstance(data, dict):
+        return BadMessage(f"not a JSON object: {type(data).__name__}", body[:500])
+    # Tolerate an SNS envelope (raw message delivery off): the payload is in "Message".
+    if "event" not in data and isinstance(data.get("Message"), str):
+        return parse_message(data["Message"])
+    event = data.get("event")
+    if event not in ("asg-setup", "membership-change"):
+        return BadMessage(f"unknown event {event!r}", body[:500])
+    try:
+        role = str(data["role"])
+        if role not in ROLES:
+            return BadMessage(f"unknown role {role!r}", body[:500])
+        if event == "asg-setup":
+            status = str(data["status"])
+            if status not in ("success", "failure"):
+                return BadMessage(f"unknown asg-setup status {status!r}", body[:500])
+            instances = data.get("instances") or []
+            if not isinstance(instances, list):
+                return BadMessage(f"'instances' must be a list, got {instances!r}", body[:500])
+            return AsgSetup(
+                status=status, asg=str(data["asg"]), role=role,
+                cluster_id=str(data.get("cluster_id", "")),
+                desired=int(data["desired"]), launched=int(data.get("launched", 0)),
+                min=int(data.get("min", 0)), max=int(data.get("max", 0)),
+                instances=tuple(str(i) for i in instances),
+                reason=str(data.get("reason", "")), cause=str(data.get("cause", "")),
+                dedupe_key=str(data.get("dedupe_key", "")),
+            )
+        if event == "membership-change":
+            return MembershipChange(
+                change=str(data["change"]), asg=str(data["asg"]), role=role,
+                cluster_id=str(data.get("cluster_id", "")),
+                instance_id=str(data.get("instance_id", "")),
+                desired=int(data.get("desired", 0)), launched=int(data.get("launched", 0)),
+                dedupe_key=str(data.get("dedupe_key", "")),
+            )
+    except KeyError as exc:
+        return BadMessage(f"{event} message lacks field {exc}", body[:500])
+    except (TypeError, ValueError) as exc:
+        return BadMessage(f"{event} message has a bad value: {exc}", body[:500])
+    raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover

@@ -1,0 +1,84 @@
+"""Apply a :class:`Membership` to one node's root: the files every job relies on.
+
+Rules that make this safe to run at any time, any number of times:
+- every file is written atomically (temp file + rename), and only when its content changes,
+  so applying the same generation twice touches nothing (not even mtimes);
+- a generation older than the one already applied is ignored (a slow worker can never
+  roll a node back);
+- the local ``membership.json`` is written LAST: its generation is the "applied" marker,
+  so a crash half-way leaves the node re-applying, never believing stale files are current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bootstrap_scripts import membership as ms
+
+
+@dataclass
+class ApplyResult:
+    generation: int
+    status: str  # "applied" | "unchanged" | "older" | "not-a-member"
+    changed: list[str] = field(default_factory=list)
+    node: ms.Node | None = None
+
+
+def applied_generation(root: str | os.PathLike) -> int:
+    """Generation recorded in the node's local membership.json (0 if none or unreadable)."""
+    try:
+        return ms.Membership.load(Path(root) / ms.MEMBERSHIP_FILE).generation
+    except (OSError, ms.MembershipError):
+        return 0
+
+
+def find_self(m: ms.Membership, instance_id: str, address: str = "") -> ms.Node | None:
+    """This node in ``m``: by instance id (addresses can be reused after a replacement)."""
+    node = m.node_by_instance(instance_id)
+    if node is None and address and not instance_id:
+        node = m.node_by_address(address)
+    return node
+
+
+def apply_membership(
+    root: str | os.PathLike, m: ms.Membership, *, instance_id: str, address: str = ""
+) -> ApplyResult:
+    root = Path(root)
+    current = applied_generation(root)
+    if m.generation < current:
+        return ApplyResult(m.generation, "older")
+    node = find_self(m, instance_id, address)
+    if node is None:
+        return ApplyResult(m.generation, "not-a-member")
+    hosts_path = root / ms.HOSTS_FILE
+    try:
+        existing_hosts = hosts_path.read_text()
+    except FileNotFoundError:
+        existing_hosts = ""
+    files = ms.render_node_files(m, node, root=root, existing_hosts=existing_hosts)
+    membership_doc = files.pop(ms.MEMBERSHIP_FILE)
+    changed = []
+    for rel, content in files.items():
+        if _write(root / rel, content, rel):
+            changed.append(rel)
+    if ms.atomic_write(root / ms.MEMBERSHIP_FILE, membership_doc):
+        changed.append(ms.MEMBERSHIP_FILE)
+    return ApplyResult(m.generation, "applied" if changed else "unchanged", changed, node)
+
+
+def _write(path: Path, content: str, rel: str) -> bool:
+    try:
+        return ms.atomic_write(path, content)
+    except OSError as exc:
+        # /etc/hosts is a bind mount in containers: rename over it fails with EBUSY.
+        if rel == ms.HOSTS_FILE and exc.errno in (errno.EBUSY, errno.EXDEV, errno.EPERM):
+            with contextlib.suppress(FileNotFoundError):
+                if path.read_text() == content:
+                    return False
+            path.write_text(content)
+            return True
+        raise

@@ -1,0 +1,117 @@
+"""SNS topic for Auto Scaling notifications + the Lambda that adjusts worker capacity."""
+
+from __future__ import annotations
+
+from aws_cdk import ArnFormat, Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subs
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from constructs_lib.package_paths import ASSET_EXCLUDES, lambda_source_dir
+
+CLUSTER_TAG_KEY = "dl-cluster:id"
+ROLE_TAG_KEY = "NodeType"
+HANDLER = "capacity_adjuster.handler"
+RUNTIME = lambda_.Runtime.PYTHON_3_14
+
+
+class CapacityAdjuster(Construct):
+    """Turns Auto Scaling notifications into cluster-setup messages; lowers worker capacity
+    when launches fail so the cluster still comes up (docs/capacity-adjuster.md).
+
+    The function recognises the cluster's groups by their ``dl-cluster:id`` tag, and its
+    write permissions are conditioned on that tag. That keeps it least-privilege (it can
+    change only this cluster's groups) without depending on the groups, which must be
+    created AFTER the subscription so that their first launch notifications are delivered.
+
+    Defaults: customer-managed KMS key (rotation on) for the topic, because Auto Scaling's
+    service-linked role cannot publish to a topic encrypted with the AWS-managed SNS key;
+    TLS-only topic policy; Python 3.14 (the latest runtime); 60 s timeout; logs kept one month.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster_id: str,
+        master_queue: sqs.IQueue,
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        timeout: Duration = Duration.seconds(60),
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.cluster_id = cluster_id
+        self.key = kms.Key(
+            self, "TopicKey",
+            enable_key_rotation=True,
+            description=f"Encrypts the Auto Scaling notification topic of cluster {cluster_id}",
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        autoscaling_role = iam.ArnPrincipal(
+            f"arn:{Aws.PARTITION}:iam::{Aws.ACCOUNT_ID}:role/aws-service-role/"
+            "autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
+        )
+        self.key.add_to_resource_policy(iam.PolicyStatement(
+            sid="AutoScalingPublishesNotifications",
+            principals=[autoscaling_role],
+            actions=["kms:GenerateDataKey*", "kms:Decrypt"],
+            resources=["*"],
+        ))
+        self.topic = sns.Topic(self, "Topic", master_key=self.key, enforce_ssl=True,
+                               display_name=f"{cluster_id} Auto Scaling notifications")
+
+        self.log_group = logs.LogGroup(self, "Logs", retention=log_retention,
+                                       removal_policy=RemovalPolicy.DESTROY)
+        self.role = iam.Role(
+            self, "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"Capacity adjuster of cluster {cluster_id}: only this cluster's groups",
+        )
+        self.log_group.grant_write(self.role)
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="ReadGroupsAndInstances",
+            actions=[
+                "autoscaling:DescribeAutoScalingGroups",
+                "autoscaling:DescribeScalingActivities",
+                "ec2:DescribeInstances",
+            ],
+            resources=["*"],  # these Describe APIs support no resource-level permissions
+        ))
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="AdjustOnlyThisClustersGroups",
+            actions=["autoscaling:SetDesiredCapacity", "autoscaling:UpdateAutoScalingGroup"],
+            resources=[Stack.of(self).format_arn(
+                service="autoscaling", resource="autoScalingGroup",
+                resource_name="*:autoScalingGroupName/*",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )],
+            conditions={"StringEquals": {f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": cluster_id}},
+        ))
+        master_queue.grant_send_messages(self.role)
+
+        self.function = lambda_.Function(
+            self, "Function",
+            runtime=RUNTIME,
+            handler=HANDLER,
+            code=lambda_.Code.from_asset(str(lambda_source_dir()), exclude=ASSET_EXCLUDES),
+            role=self.role,
+            timeout=timeout,
+            memory_size=256,
+            log_group=self.log_group,
+            description="Lowers worker capacity when launches fail; reports cluster setup",
+            environment={
+                "MASTER_QUEUE_URL": master_queue.queue_url,
+                "CLUSTER_ID": cluster_id,
+                "CLUSTER_TAG_KEY": CLUSTER_TAG_KEY,
+                "ROLE_TAG_KEY": ROLE_TAG_KEY,
+                "LOG_LEVEL": "INFO",
+            },
+        )
+        # Decrypting the notification is SNS's job; the function needs no key access.
+        self.topic.add_subscription(subs.LambdaSubscription(self.function))
+

@@ -1,0 +1,66 @@
+"""The cluster's network: public + private subnets over two or more AZs, NAT, flow logs."""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from constructs_lib import validation
+
+DEFAULT_VPC_CIDR = "10.0.0.0/16"
+
+
+class ClusterNetwork(Construct):
+    """A VPC for a training cluster, or an existing one passed in as ``vpc``.
+
+    Defaults: CIDR 10.0.0.0/16, 2 AZs, one public and one private (egress via NAT) subnet per
+    AZ, 1 NAT gateway (training traffic stays inside the VPC; the NAT only carries package
+    installs), VPC flow logs of rejected and accepted traffic to CloudWatch Logs (1 month).
+
+    The local emulator passes ``cidr="127.20.0.0/16"`` so moto hands instances loopback
+    addresses (public subnets 127.20.0.0/18 + 127.20.64.0/18, private 127.20.128.0/18 +
+    127.20.192.0/18).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.IVpc | None = None,
+        cidr: str = DEFAULT_VPC_CIDR,
+        max_azs: int = 2,
+        nat_gateways: int = 1,
+        flow_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        if vpc is not None:
+            self.vpc: ec2.IVpc = vpc
+            self.flow_log_group: logs.ILogGroup | None = None
+            return
+        validation.vpc_cidr("cidr", cidr)
+        if max_azs < 2:
+            raise validation.ConfigError(f"'max_azs' must be >= 2 (EFS and NAT resilience), got {max_azs}")
+        validation.positive_int("nat_gateways", nat_gateways)
+        self.flow_log_group = logs.LogGroup(
+            self, "FlowLogs", retention=flow_log_retention, removal_policy=RemovalPolicy.DESTROY
+        )
+        self.vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(cidr),
+            max_azs=max_azs,
+            nat_gateways=nat_gateways,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC),
+                ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            ],
+            flow_logs={
+                "all": ec2.FlowLogOptions(
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_log_group),
+                    traffic_type=ec2.FlowLogTrafficType.ALL,
+                )
+            },
+        )

@@ -1,0 +1,143 @@
+"""One Auto Scaling group of cluster nodes (the master group, or the worker group)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aws_cdk import Tags
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from constructs_lib import validation
+from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, ROLE_TAG_KEY
+
+ROLES = {"master": "Master", "worker": "Worker"}
+DEFAULT_ROOT_VOLUME_GIB = 100
+
+
+class NodeGroup(Construct):
+    """An Auto Scaling group from a launch template, secure by default.
+
+    Defaults: IMDSv2 required (hop limit 2 so containers on the node still reach it),
+    encrypted gp3 root volume of 100 GiB (minimum 50), an instance role with SSM Session
+    Manager core access and nothing else (callers add grants), no key pair, no public IP,
+    tags ``NodeType=Master|Worker`` and ``dl-cluster:id`` on the group and its instances, and
+    all four Auto Scaling notifications (launch, launch error, terminate, terminate error)
+    sent to ``notification_topic``.
+
+    ``efa=True`` gives the launch template an EFA network interface (the instance type must
+    support it); ``placement_group`` puts every instance in that (cluster) placement group.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        role: str,
+        cluster_id: str,
+        vpc: ec2.IVpc,
+        vpc_subnets: ec2.SubnetSelection,
+        instance_type: ec2.InstanceType,
+        machine_image: ec2.IMachineImage,
+        user_data: ec2.UserData,
+        security_groups: Sequence[ec2.ISecurityGroup],
+        notification_topic: sns.ITopic,
+        min_capacity: int,
+        max_capacity: int,
+        desired_capacity: int,
+        root_device_name: str = "/dev/sda1",
+        root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB,
+        key_name: str | None = None,
+        placement_group: ec2.IPlacementGroup | None = None,
+        efa: bool = False,
+        associate_public_ip: bool = False,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        if role not in ROLES:
+            raise validation.ConfigError(f"'role' must be master or worker, got {role!r}")
+        validation.root_volume("root_volume_gib", root_volume_gib)
+        if not 0 <= min_capacity <= desired_capacity <= max_capacity:
+            raise validation.ConfigError(
+                f"capacities must satisfy 0 <= min <= desired <= max, got min={min_capacity} "
+                f"desired={desired_capacity} max={max_capacity}"
+            )
+        if not security_groups:
+            raise validation.ConfigError("'security_groups' must name at least one group")
+        self.node_role = role
+
+        self.role = iam.Role(
+            self, "InstanceRole",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            managed_policies=[
+                iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")
+            ],
+            description=f"{ROLES[role]} nodes of cluster {cluster_id}",
+        )
+        primary_sg, *extra_sgs = security_groups
+        self.launch_template = ec2.LaunchTemplate(
+            self, "LaunchTemplate",
+            instance_type=instance_type,
+            machine_image=machine_image,
+            user_data=user_data,
+            role=self.role,
+            security_group=primary_sg,
+            require_imdsv2=True,
+            http_put_response_hop_limit=2,
+            instance_metadata_tags=False,
+            key_pair=ec2.KeyPair.from_key_pair_name(self, "KeyPair", key_name) if key_name else None,
+            placement_group=placement_group,
+            block_devices=[ec2.BlockDevice(
+                device_name=root_device_name,
+                volume=ec2.BlockDeviceVolume.ebs(
+                    root_volume_gib, encrypted=True, volume_type=ec2.EbsDeviceVolumeType.GP3,
+                    delete_on_termination=True,
+                ),
+            )],
+        )
+        for sg in extra_sgs:
+            self.launch_template.add_security_group(sg)
+        if efa or associate_public_ip:
+            self._use_explicit_network_interface(efa=efa, public_ip=associate_public_ip)
+
+        self.auto_scaling_group = autoscaling.AutoScalingGroup(
+            self, "Group",
+            vpc=vpc,
+            vpc_subnets=vpc_subnets,
+            launch_template=self.launch_template,
+            min_capacity=min_capacity,
+            max_capacity=max_capacity,
+            desired_capacity=desired_capacity,
+            notifications=[autoscaling.NotificationConfiguration(
+                topic=notification_topic, scaling_events=autoscaling.ScalingEvents.ALL,
+            )],
+            group_metrics=[autoscaling.GroupMetrics.all()],
+        )
+        Tags.of(self.auto_scaling_group).add(ROLE_TAG_KEY, ROLES[role])
+        Tags.of(self.auto_scaling_group).add(CLUSTER_TAG_KEY, cluster_id)
+
+    def _use_explicit_network_interface(self, *, efa: bool, public_ip: bool) -> None:
+        """EFA and public IPs need an explicit interface, which then carries the groups."""
+        cfn: ec2.CfnLaunchTemplate = self.launch_template.node.default_child  # type: ignore[assignment]
+        interface: dict = {
+            "DeviceIndex": 0,
+            "DeleteOnTermination": True,
+            "Groups": [sg.security_group_id for sg in self.launch_template.connections.security_groups],
+        }
+        if efa:
+            interface["InterfaceType"] = "efa"
+        if public_ip:
+            interface["AssociatePublicIpAddress"] = True
+        cfn.add_property_override("LaunchTemplateData.NetworkInterfaces", [interface])
+        cfn.add_property_deletion_override("LaunchTemplateData.SecurityGroupIds")
+
+    @property
+    def connections(self) -> ec2.Connections:
+        return self.auto_scaling_group.connections
+
+    @property
+    def group_name(self) -> str:
+        return self.auto_scaling_group.auto_scaling_group_name

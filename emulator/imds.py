@@ -1,0 +1,193 @@
+"""A small fake EC2 instance-metadata service (IMDSv2 only), one per emulated node.
+
+Each emulated node gets its own endpoint bound to its own loopback address (e.g.
+``127.20.128.5:PORT``); the agent finds it through ``AWS_EC2_METADATA_SERVICE_ENDPOINT``,
+exactly as botocore would find the real one. Like an instance launched with
+``HttpTokens=required``, it answers GETs only with a token obtained by
+``PUT /latest/api/token``, so an agent that fell back to IMDSv1 would fail here too.
+
+API::
+
+    server = MetadataServer()
+    url = server.start("127.20.128.5", 0, {"instance_id": "i-0abc", "address": "127.20.128.5",
+                                            "instance_type": "p3.2xlarge", "region": "us-east-1"})
+    ...
+    server.stop()
+
+or ``python -m emulator.imds --address A --port P --instance-id I ...`` (prints the URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
+TOKEN_HEADER = "X-aws-ec2-metadata-token"
+MAX_TTL = 21600
+
+
+def metadata_paths(identity: Mapping[str, str]) -> dict[str, str]:
+    """meta-data paths served for ``identity`` (keys as in bootstrap_scripts.identity)."""
+    region = identity.get("region", "us-east-1")
+    az = identity.get("availability_zone") or f"{region}a"
+    address = identity["address"]
+    return {
+        "latest/meta-data/instance-id": identity["instance_id"],
+        "latest/meta-data/instance-type": identity.get("instance_type", "t3.micro"),
+        "latest/meta-data/local-ipv4": address,
+        "latest/meta-data/local-hostname": f"ip-{address.replace('.', '-')}.ec2.internal",
+        "latest/meta-data/placement/region": region,
+        "latest/meta-data/placement/availability-zone": az,
+        "latest/meta-data/ami-id": identity.get("ami_id", "ami-00000000000000000"),
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # quiet: tests run many of these
+        pass
+
+    def _reply(self, code: int, body: str = "", content_type: str = "text/plain") -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_PUT(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        if self.path.rstrip("/") != "/latest/api/token":
+            self._reply(404, "not found")
+            return
+        try:
+            ttl = int(self.headers.get(TOKEN_TTL_HEADER, ""))
+        except ValueError:
+            self._reply(400, f"missing or bad {TOKEN_TTL_HEADER}")
+            return
+        if not 1 <= ttl <= MAX_TTL:
+            self._reply(400, f"{TOKEN_TTL_HEADER} must be 1..{MAX_TTL}")
+            return
+        self._reply(200, self.server.new_token(ttl))
+
+    def do_GET(self) -> None:
+        if not self.server.valid_token(self.headers.get(TOKEN_HEADER, "")):
+            self._reply(401, "IMDSv2 token required")
+            return
+        path = self.path.split("?", 1)[0].strip("/")
+        paths = self.server.paths
+        if path in paths:
+            self._reply(200, paths[path])
+            return
+        prefix = path + "/"
+        children = sorted({p[len(prefix):].split("/", 1)[0] + ("/" if "/" in p[len(prefix):]
+                                                              else "")
+                           for p in paths if p.startswith(prefix)})
+        if children:
+            self._reply(200, "\n".join(children))
+        else:
+            self._reply(404, "not found")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], paths: dict[str, str]) -> None:
+        super().__init__(address, _Handler)
+        self.paths = paths
+        self._tokens: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def new_token(self, ttl: int) -> str:
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            self._tokens[token] = time.monotonic() + ttl
+        return token
+
+    def valid_token(self, token: str) -> bool:
+        with self._lock:
+            expiry = self._tokens.get(token)
+        return expiry is not None and expiry > time.monotonic()
+
+
+class MetadataServer:
+    """One node's metadata endpoint, served from a daemon thread."""
+
+    def __init__(self) -> None:
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    def start(self, address: str, port: int, identity) -> str:
+        """Serve ``identity`` (mapping or dataclass) on ``address:port`` (0 = any free port)."""
+        if self._server is not None:
+            raise RuntimeError(f"metadata server already running at {self.url}")
+        if is_dataclass(identity):
+            identity = asdict(identity)
+        for key in ("instance_id", "address"):
+            if not identity.get(key):
+                raise ValueError(f"identity needs a non-empty {key!r}: {identity!r}")
+        self._server = _Server((address, port), metadata_paths(identity))
+        host, bound_port = self._server.server_address[:2]
+        self.url = f"http://{host}:{bound_port}/"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                        name=f"imds-{identity['instance_id']}")
+        self._thread.start()
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = self._thread = None
+
+    def __enter__(self) -> MetadataServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="fake IMDSv2 endpoint for one emulated node")
+    p.add_argument("--address", required=True)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--instance-id", required=True)
+    p.add_argument("--instance-type", default="t3.micro")
+    p.add_argument("--region", default="us-east-1")
+    p.add_argument("--availability-zone", default="")
+    p.add_argument("--local-ipv4", default="", help="default: --address")
+    ns = p.parse_args(argv)
+    server = MetadataServer()
+    url = server.start(ns.address, ns.port, {
+        "instance_id": ns.instance_id, "instance_type": ns.instance_type,
+        "address": ns.local_ipv4 or ns.address, "region": ns.region,
+        "availability_zone": ns.availability_zone})
+    print(json.dumps({"url": url}), flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Emulated nodes: one per instance the Auto Scaling groups launched in moto.
+
+A node is what a real instance's user data would produce, run on loopback:
+1. its own root directory (``<root>/etc``, ``<root>/opt/deeplearning``) and the shared EFS dir;
+2. its own fake IMDSv2 endpoint bound to the address moto assigned (``emulator.imds``);
+3. ``python -m bootstrap_scripts.install <the user data's args>`` with ``--root``,
+   ``--no-mount`` and ``--no-systemctl``: the real installer writes the systemd units;
+4. the ``ExecStart`` of ``dl-agent.service`` and ``dl-executor.service`` started as
+   processes, so a drift between user data, installer and agent fails here, not on AWS.
+
+All three processes share one process group (the IMDS server leads it): killing the
+node is one ``killpg``, as losing the machine would be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from contextlib import redirect_stderr
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emulator.deploy import REPO_ROOT, DeployError, Instance
+from emulator.procs import Tracked, signal_group, start_time
+
+PYTHON = sys.executable
+AGENT_UNIT = "etc/systemd/system/dl-agent.service"
+EXECUTOR_UNIT = "etc/systemd/system/dl-executor.service"
+
+
+class NodeError(RuntimeError):
+    """A node could not boot; the message names the node and what failed."""
+
+
+def base_env(aws: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(aws)
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    env["PATH"] = os.path.dirname(PYTHON) + os.pathsep + env.get("PATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def check_agent_args(args: list[str], group: str) -> None:
+    """The user data's arguments must parse with the agent's own parser (drift check)."""
+    from bootstrap_scripts.node_agent import build_parser
+
+    err = io.StringIO()
+    try:
+        with redirect_stderr(err):
+            build_parser().parse_args(args)
+    except SystemExit:
+        raise DeployError(f"the user data of group {group} passes arguments the node agent "
+                          f"rejects: {shlex.join(args)}\n{err.getvalue().strip()}") from None
+    for required in ("--mount-point", "--wait-handle", "--role", "--cluster-id"):
+        if required not in args:
+            raise DeployError(f"the user data of group {group} does not pass {required} "
+                              f"(args: {shlex.join(args)}); see docs/protocol.md §4")
+
+
+def emulator_args(args: list[str], *, root: Path, efs: Path, wait_handle: str) -> list[str]:
+    """The user data's args with the emulator's substitutions (protocol §4)."""
+    out = list(args)
+    for flag, value in (("--mount-point", str(efs)), ("--wait-handle", wait_handle)):
+        i = out.index(flag)
+        out[i + 1] = value
+    return [*out, "--root", str(root), "--no-mount"]
+
+
+_UNIT_ESCAPES = re.compile(r"%%|\$\$")
+
+
+def unit_exec(unit_text: str, unit: str) -> tuple[list[str], dict[str, str]]:
+    """``ExecStart`` argv and ``Environment=`` of a unit written by the installer."""
+    argv: list[str] | None = None
+    env: dict[str, str] = {}
+    for line in unit_text.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        if key == "ExecStart":
+            argv = [_UNIT_ESCAPES.sub(lambda m: m.group(0)[0], a) for a in shlex.split(value)]
+        elif key == "Environment":
+            for item in shlex.split(value):
+                k, _, v = item.partition("=")
+                env[k] = v
+    if not argv:
+        raise NodeError(f"{unit} has no ExecStart line")
+    return argv, env
+
+
+@dataclass
+class Node:
+    instance: Instance
+    role: str
+    root: Path
+    efs: Path
+    logs: Path
+    imds_url: str = ""
+    group: Tracked | None = None
+    agent_pid: int = 0
+    executor_pid: int = 0
+    status: str = "created"  # running | killed | stopped | launch-failed
+    popens: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def instance_id(self) -> str:
+        return self.instance.instance_id
+
+    @property
+    def address(self) -> str:
+        return self.instance.address
+
+    def log_path(self, what: str) -> Path:
+        return self.logs / f"{self.instance_id}-{what}.log"
+
+    def boot(self, install_args: list[str], aws: dict[str, str], wait_handle: str) -> None:
+        """Start IMDS, run the installer, start the units' processes. NodeError on failure."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "etc").mkdir(exist_ok=True)
+        hosts = self.root / "etc/hosts"
+        if not hosts.exists():
+            hosts.write_text("127.0.0.1 localhost\n")
+        env = base_env(aws)
+        # 1. the metadata endpoint leads the node's process group
+        imds = subprocess.Popen(
+            [PYTHON, "-m", "emulator.imds", "--address", self.address, "--port", "0",
+             "--instance-id", self.instance_id, "--instance-type",
+             self.instance.instance_type or "t3.micro", "--region", aws["AWS_REGION"]],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=open(  # noqa: SIM115
+                self.log_path("imds"), "ab"), start_new_session=True, text=True)
+        self.popens.append(imds)
+        self.group = Tracked(f"node {self.instance_id}", imds.pid, start_time(imds.pid))
+        line = imds.stdout.readline() if imds.stdout else ""
+        imds.stdout.close()
+        try:
+            self.imds_url = json.loads(line)["url"]
+        except (ValueError, KeyError, TypeError):
+            raise NodeError(f"node {self.instance_id}: the metadata server on {self.address} "
+                            f"did not start (log: {self.log_path('imds')})") from None
+        env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = self.imds_url
+        env["AWS_EC2_METADATA_DISABLED"] = "false"
+        # 2. the real installer, as the user data runs it
+        args = emulator_args(install_args, root=self.root, efs=self.efs, wait_handle=wait_handle)
+        res = subprocess.run(
+            [PYTHON, "-m", "bootstrap_scripts.install", "--no-systemctl", "--python", PYTHON,
+             "--package-dir", str(REPO_ROOT), *args],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+        self.log_path("install").write_text(res.stdout + res.stderr)
+        if res.returncode != 0:
+            raise NodeError(f"node {self.instance_id}: bootstrap_scripts.install exited "
+                            f"{res.returncode}: {(res.stderr or res.stdout).strip()[-800:]}")
+        # 3. what systemd would start
+        for unit, attr in ((AGENT_UNIT, "agent_pid"), (EXECUTOR_UNIT, "executor_pid")):
+            argv, unit_env = unit_exec((self.root / unit).read_text(), unit)
+            if unit == EXECUTOR_UNIT and "--no-mount" not in argv:
+                argv.append("--no-mount")
+            with open(self.log_path(Path(unit).stem), "ab") as log:
+                p = subprocess.Popen(argv, cwd=self.root, env={**env, **unit_env},
+                                     stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, process_group=imds.pid)
+            self.popens.append(p)
+            setattr(self, attr, p.pid)
+        self.status = "running"
+
+    def processes_alive(self) -> list[str]:
+        return [name for name, p in zip(("imds", "agent", "executor"), self.popens, strict=False)
+                if p.poll() is None]
+
+    def kill(self, share_pgids: list[int]) -> None:
+        """Lose the machine: SIGKILL the node's group and its job shares' groups."""
+        for pgid in share_pgids:
+            signal_group(pgid, signal.SIGKILL)
+        if self.group is not None:
+            signal_group(self.group.pid, signal.SIGKILL)
+        for p in self.popens:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+        self.status = "killed"
+
+    def to_state(self) -> dict:
+        return {"instance_id": self.instance_id, "role": self.role, "address": self.address,
+                "root": str(self.root), "imds_url": self.imds_url, "status": self.status,
+                "group": self.group.to_dict() if self.group else None}

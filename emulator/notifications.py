@@ -1,0 +1,158 @@
+"""Auto Scaling notifications, as AWS would send them, delivered to the real Lambda handler.
+
+moto sends no Auto Scaling notifications and cannot run Lambda code without Docker. So the
+harness plays both parts: it builds the SNS event in the shape the real services produce
+(``Records[].Sns.Message`` is the Auto Scaling notification as a JSON *string*; see
+``lambda_src/asg_notifications.py`` and ``tests/lambda/fixtures/``) and calls
+``lambda_src.capacity_adjuster.handler`` in this process, with the environment read from
+the DEPLOYED function's configuration, so a drift between construct and code shows here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from emulator.deploy import ACCOUNT, REGION
+
+LAUNCH = "autoscaling:EC2_INSTANCE_LAUNCH"
+LAUNCH_ERROR = "autoscaling:EC2_INSTANCE_LAUNCH_ERROR"
+TERMINATE = "autoscaling:EC2_INSTANCE_TERMINATE"
+
+_SUBJECT = {LAUNCH: "launch", LAUNCH_ERROR: "failed launch", TERMINATE: "termination"}
+INSUFFICIENT_CAPACITY = ("We currently do not have sufficient {type} capacity in the "
+                         "Availability Zone you requested (us-east-1a). Our system will be "
+                         "working on provisioning additional capacity. Launching EC2 instance "
+                         "failed.")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+
+
+def notification(event: str, group: str, *, instance_id: str = "", desired: int = 0,
+                 instance_type: str = "", cause: str = "") -> dict:
+    """The Auto Scaling notification document (what ``Sns.Message`` carries)."""
+    activity = str(uuid.uuid4())
+    status_message = ""
+    if event == LAUNCH_ERROR:
+        status_message = INSUFFICIENT_CAPACITY.format(type=instance_type or "the requested")
+        description = f"Launching a new EC2 instance.  Status Reason: {status_message}"
+        status = "Failed"
+    elif event == LAUNCH:
+        description = f"Launching a new EC2 instance: {instance_id}"
+        status = "InProgress"
+    else:
+        description = f"Terminating EC2 instance: {instance_id}"
+        status = "InProgress"
+    return {
+        "Origin": "EC2" if event != TERMINATE else "AutoScalingGroup",
+        "Destination": "AutoScalingGroup" if event != TERMINATE else "EC2",
+        "Progress": 50 if status == "InProgress" else 100,
+        "AccountId": ACCOUNT,
+        "AutoScalingGroupARN": f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:"
+                               f"{uuid.uuid5(uuid.NAMESPACE_DNS, group)}:"
+                               f"autoScalingGroupName/{group}",
+        "Service": "AWS Auto Scaling",
+        "AutoScalingGroupName": group,
+        "Description": description,
+        "RequestId": activity,
+        "ActivityId": activity,
+        "StartTime": _now(),
+        "EndTime": _now(),
+        "Time": _now(),
+        "EC2InstanceId": instance_id,
+        "StatusCode": status,
+        "StatusMessage": status_message,
+        "Details": {"Subnet ID": "subnet-emulated", "Availability Zone": f"{REGION}a"},
+        "Cause": cause or (f"At {_now()} an instance was started in response to a difference "
+                           f"between desired and actual capacity, increasing the capacity to "
+                           f"{desired}." if event != TERMINATE else
+                           f"At {_now()} an instance was taken out of service in response to "
+                           f"a user request."),
+        "Event": event,
+    }
+
+
+def sns_event(topic_arn: str, *messages: dict) -> dict:
+    """A Lambda SNS event with one record per notification."""
+    records = []
+    for message in messages:
+        records.append({
+            "EventSource": "aws:sns",
+            "EventVersion": "1.0",
+            "EventSubscriptionArn": f"{topic_arn}:{uuid.uuid4()}",
+            "Sns": {
+                "Type": "Notification",
+                "MessageId": str(uuid.uuid4()),
+                "TopicArn": topic_arn,
+                "Subject": f"Auto Scaling: {_SUBJECT.get(message['Event'], 'event')} for group "
+                           f"\"{message['AutoScalingGroupName']}\"",
+                "Message": json.dumps(message, separators=(",", ":")),
+                "Timestamp": _now(),
+                "SignatureVersion": "1",
+                "Signature": "EMULATED",
+                "SigningCertUrl": "https://sns.us-east-1.amazonaws.com/emulated.pem",
+                "UnsubscribeUrl": "https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe",
+                "MessageAttributes": {},
+            },
+        })
+    return {"Records": records}
+
+
+@dataclass
+class _Context:
+    """The part of the Lambda context object the handler reads."""
+
+    aws_request_id: str
+    function_name: str
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class LambdaInvoker:
+    """Calls the handler in-process; its JSON log lines go to ``log``."""
+
+    def __init__(self, function_name: str, function_env: dict[str, str], aws: dict[str, str],
+                 log: Path) -> None:
+        self.function_name = function_name
+        self.env = {**aws, **function_env}
+        self.log = log
+        self.invocations: list[dict] = []
+
+    def deliver(self, topic_arn: str, *messages: dict) -> dict:
+        from lambda_src import capacity_adjuster
+
+        event = sns_event(topic_arn, *messages)
+        out = io.StringIO()
+        with _environment(self.env), contextlib.redirect_stdout(out):
+            result = capacity_adjuster.handler(
+                event, _Context(str(uuid.uuid4()), self.function_name))
+        with open(self.log, "a") as fh:
+            fh.write(out.getvalue())
+        record = {"events": [m["Event"] for m in messages],
+                  "instances": [m["EC2InstanceId"] for m in messages],
+                  "group": messages[0]["AutoScalingGroupName"] if messages else "",
+                  "outcomes": list(result.get("outcomes", [])),
+                  "error": result.get("error", "")}
+        self.invocations.append(record)
+        return record

@@ -1,0 +1,102 @@
+"""Process bookkeeping for the emulator: every process we start is ours to stop, by PID.
+
+Each emulated node (and the cloud process) runs in its own process group, so stopping it
+is one ``killpg`` on a group we created, never a search by name. A PID is only signalled
+if its start time still matches the one recorded when we started it, so a ``--stop`` run
+long after the demo cannot hit an unrelated process that reused the number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (clock ticks since boot), or None if it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def alive(pid: int) -> bool:
+    """True for a live process (zombies count as gone: they hold no resources but a slot)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def pids_in_groups(pgids: Iterable[int]) -> set[int]:
+    """Every live process whose process group is one of ``pgids``."""
+    wanted = set(pgids)
+    found: set[int] = set()
+    if not wanted:
+        return found
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields and fields[0] != "Z" and int(fields[2]) in wanted:
+                found.add(int(entry))
+    return found
+
+
+@dataclass
+class Tracked:
+    """A process group leader we started: ``pid`` == its ``pgid``."""
+
+    name: str
+    pid: int
+    started: int | None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "pid": self.pid, "started": self.started}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Tracked:
+        return cls(str(data["name"]), int(data["pid"]), data.get("started"))
+
+    def same_process(self) -> bool:
+        """The leader is still the process we started (or gone, with members maybe left)."""
+        now = start_time(self.pid)
+        return now is None or self.started is None or now == self.started
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def stop_groups(groups: Iterable[Tracked], *, grace: float = 10.0) -> set[int]:
+    """SIGTERM every group, wait up to ``grace`` s, SIGKILL what is left; returns survivors
+    (empty when everything is gone)."""
+    groups = [g for g in groups if g.same_process()]
+    for g in groups:
+        signal_group(g.pid, signal.SIGTERM)
+    pgids = {g.pid for g in groups}
+    deadline = time.monotonic() + grace
+    while pids_in_groups(pgids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for g in groups:
+        signal_group(g.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while pids_in_groups(pgids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    reap(g.pid for g in groups)
+    return pids_in_groups(pgids)
+
+
+def reap(pids: Iterable[int]) -> None:
+    """Collect exit statuses of our children so they do not linger as zombies."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,257 @@
+"""Capacity adjuster: Auto Scaling notifications (via SNS) → master-queue messages.
+
+Why it exists: when some worker instances cannot launch (account limits, insufficient
+capacity), the cluster should come up with the nodes it has instead of the stack rolling
+back. On each launch / launch-error the group's healthy instances are counted; a group at
+its desired capacity is reported set up, a launch error that leaves it short (but at or
+above its minimum) lowers desired capacity to what launched, and a group below its minimum
+is reported as a failure at once so the master agent fails fast. Terminations are reported
+as membership changes.
+
+Handler: ``capacity_adjuster.handler`` (the Lambda asset is the ``lambda_src/`` directory).
+Configuration (environment, set by the construct; docs/protocol.md §2): ``MASTER_QUEUE_URL``,
+``CLUSTER_ID``, ``CLUSTER_TAG_KEY``, ``ROLE_TAG_KEY``, optional ``LOG_LEVEL``.
+
+Nothing is suspended on the groups (the original suspended ReplaceUnhealthy for good, so a
+group could never heal again).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
+    from . import asg_notifications as notes
+    from . import master_messages as messages
+    from .aws_calls import AwsCallFailed, AwsClients, RetryableFailure
+    from .group_state import NotOurGroup, decide_launch, snapshot_from_description
+    from .json_log import JsonLogger, get_logger
+except ImportError:  # imported as capacity_adjuster (Lambda: the asset root is on sys.path)
+    import asg_notifications as notes  # type: ignore[no-redef]
+    import master_messages as messages  # type: ignore[no-redef]
+    from aws_calls import AwsCallFailed, AwsClients, RetryableFailure  # type: ignore[no-redef]
+    from group_state import (  # type: ignore[no-redef]
+        NotOurGroup,
+        decide_launch,
+        snapshot_from_description,
+    )
+    from json_log import JsonLogger, get_logger  # type: ignore[no-redef]
+
+__all__ = ["Config", "ConfigError", "RetryableFailure", "handler", "process_event"]
+
+REQUIRED_ENV = ("MASTER_QUEUE_URL", "CLUSTER_ID", "CLUSTER_TAG_KEY", "ROLE_TAG_KEY")
+
+
+class ConfigError(ValueError):
+    """The function's environment is incomplete; the message names what is missing."""
+
+
+@dataclass(frozen=True)
+class Config:
+    master_queue_url: str
+    cluster_id: str
+    cluster_tag_key: str
+    role_tag_key: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Config:
+        missing = [name for name in REQUIRED_ENV if not (env.get(name) or "").strip()]
+        if missing:
+            raise ConfigError(
+                f"missing or empty environment variable(s): {', '.join(missing)} "
+                "(the CapacityAdjuster construct sets them; see docs/protocol.md §2)"
+            )
+        return cls(
+            master_queue_url=env["MASTER_QUEUE_URL"].strip(),
+            cluster_id=env["CLUSTER_ID"].strip(),
+            cluster_tag_key=env["CLUSTER_TAG_KEY"].strip(),
+            role_tag_key=env["ROLE_TAG_KEY"].strip(),
+        )
+
+
+def _handle_instance_event(
+    note: notes.Notification, config: Config, clients: AwsClients, log: JsonLogger
+) -> str:
+    """Act on one launch / launch-error / terminate / terminate-error; return the outcome."""
+    group = clients.describe_group(note.group_name)
+    if group is None:
+        log.warning("record-skipped", reason="group-not-found")
+        return "group-not-found"
+    try:
+        snapshot = snapshot_from_description(
+            group,
+            cluster_id=config.cluster_id,
+            cluster_tag_key=config.cluster_tag_key,
+            role_tag_key=config.role_tag_key,
+        )
+    except NotOurGroup as exc:
+        log.info("record-skipped", reason="not-this-cluster", detail=str(exc))
+        return "ignored-group"
+    except ValueError as exc:
+        log.warning("record-skipped", reason="group-malformed", detail=str(exc))
+        return "group-malformed"
+    state = {
+        "role": snapshot.role,
+        "min": snapshot.min_size,
+        "desired": snapshot.desired,
+        "max": snapshot.max_size,
+        "launched": snapshot.launched,
+    }
+
+    if note.event in (notes.TERMINATE, notes.TERMINATE_ERROR):
+        message = messages.membership_change(
+            change=notes.CHANGE_BY_EVENT[note.event],
+            asg=snapshot.name,
+            role=snapshot.role,
+            cluster_id=config.cluster_id,
+            instance_id=note.instance_id,
+            desired=snapshot.desired,
+            instances=list(snapshot.instances),
+        )
+        message_id = clients.send(config.master_queue_url, message)
+        log.info(
+            "decision",
+            action="membership-change",
+            change=message["change"],
+            dedupe_key=message["dedupe_key"],
+            sqs_message_id=message_id,
+            **state,
+        )
+        return "membership-change"
+
+    launch_error = note.event == notes.LAUNCH_ERROR
+    decision = decide_launch(snapshot, launch_error=launch_error, error_text=note.status_message)
+    if decision.action == "wait":
+        log.info("decision", action="wait", reason=decision.reason, **state)
+        return "wait"
+
+    after = snapshot
+    if decision.action == "lower":
+        new_desired = decision.new_desired
+        # Guard the one write we make: only ever lower, never below the minimum.
+        if new_desired is None or not (snapshot.min_size <= new_desired < snapshot.desired):
+            log.error("decision-rejected", action="lower", new_desired=new_desired, **state)
+            return "rejected"
+        clients.set_desired_capacity(snapshot.name, new_desired)
+        log.info(
+            "capacity-lowered",
+            previous_desired=snapshot.desired,
+            new_desired=new_desired,
+            **state,
+        )
+        # Report the counts AFTER the change, read back from the group itself.
+        after = replace(snapshot, desired=new_desired)  # if it cannot be read back
+        reread = clients.describe_group(snapshot.name)
+        if reread is not None:
+            try:
+                after = snapshot_from_description(
+                    reread,
+                    cluster_id=config.cluster_id,
+                    cluster_tag_key=config.cluster_tag_key,
+                    role_tag_key=config.role_tag_key,
+                )
+            except (NotOurGroup, ValueError) as exc:
+                log.warning("reread-unusable", detail=str(exc))
+
+    status = decision.status
+    if status == "success" and after.launched < after.min_size:
+        status = "failure"
+    message = messages.asg_setup(
+        status=status,
+        asg=after.name,
+        role=after.role,
+        cluster_id=config.cluster_id,
+        min_size=after.min_size,
+        desired=after.desired,
+        max_size=after.max_size,
+        instances=list(after.instances),
+        reason=decision.reason,
+        cause=note.cause if launch_error else "",
+    )
+    message_id = clients.send(config.master_queue_url, message)
+    log.info(
+        "decision",
+        action=decision.action,
+        status=status,
+        reason=decision.reason,
+        dedupe_key=message["dedupe_key"],
+        sqs_message_id=message_id,
+        desired_after=after.desired,
+        launched_after=after.launched,
+        **state,
+    )
+    return f"asg-setup-{status}"
+
+
+def process_event(
+    event: Any, *, config: Config, clients: AwsClients, log: JsonLogger
+) -> dict[str, Any]:
+    """Process every record; collect retryable failures and raise them only at the end."""
+    try:
+        records = notes.sns_records(event)
+    except notes.MalformedRecord as exc:
+        log.warning("event-skipped", reason="malformed", detail=str(exc))
+        return {"records": 0, "outcomes": [], "retryable_failures": 0}
+
+    outcomes: list[str] = []
+    retryable: list[str] = []
+    for index, record in enumerate(records):
+        record_log = log.bind(record=index)
+        try:
+            note = notes.parse_record(record)
+        except notes.MalformedRecord as exc:
+            record_log.warning("record-skipped", reason="malformed", detail=str(exc))
+            outcomes.append("malformed")
+            continue
+        except Exception as exc:  # a parser bug must not cost the other records
+            record_log.error("record-failed", exc_info=True, detail=repr(exc)[:500])
+            outcomes.append("error")
+            continue
+        record_log = record_log.bind(
+            asg=note.group_name, notification=note.event, instance_id=note.instance_id
+        )
+        if note.is_test:
+            record_log.info("record-skipped", reason="test-notification")
+            outcomes.append("test-notification")
+            continue
+        try:
+            outcomes.append(_handle_instance_event(note, config, clients, record_log))
+        except RetryableFailure as exc:
+            record_log.error("record-retryable-failure", detail=str(exc))
+            retryable.append(str(exc))
+            outcomes.append("retryable-failure")
+        except AwsCallFailed as exc:
+            record_log.error("record-skipped", reason="aws-error", code=exc.code, detail=str(exc))
+            outcomes.append("aws-error")
+        except Exception as exc:  # one bad record never stops the others
+            record_log.error("record-failed", exc_info=True, detail=repr(exc)[:500])
+            outcomes.append("error")
+
+    summary = {"records": len(records), "outcomes": outcomes, "retryable_failures": len(retryable)}
+    log.info("invocation-summary", **summary)
+    if retryable:
+        # Raising makes Lambda retry the (asynchronous) invocation; decisions are recomputed
+        # from group state, so records that already succeeded give the same messages again.
+        raise RetryableFailure(f"{len(retryable)} record(s) failed retryably: {retryable}")
+    return summary
+
+
+def handler(event: Any, context: Any) -> dict[str, Any]:
+    """Lambda entry point (``capacity_adjuster.handler``)."""
+    log, level_warning = get_logger(os.environ.get("LOG_LEVEL"))
+    request_id = getattr(context, "aws_request_id", None)
+    if request_id:
+        log = log.bind(request_id=str(request_id))
+    if level_warning:
+        log.warning("config-warning", detail=level_warning)
+    try:
+        config = Config.from_env(os.environ)
+    except ConfigError as exc:
+        # Not raised: a retry cannot fix the environment, and raising would only loop.
+        log.error("config-error", detail=str(exc))
+        return {"records": 0, "outcomes": [], "retryable_failures": 0, "error": str(exc)}
+    log = log.bind(cluster_id=config.cluster_id)
+    return process_event(event, config=config, clients=AwsClients.from_environment(), log=log)

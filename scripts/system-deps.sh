@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# System packages the runner tests need (Debian/Ubuntu): a real sshd per emulated node and
+# Open MPI for the MPI path (tests/runner/test_mpi.py), plus a C compiler for mpicc.
+# Idempotent and quiet: installs only what is missing; does nothing when all is there.
+set -euo pipefail
+
+PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$pkg")
+    fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+echo "system-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+$SUDO apt-get install -y -qq "${missing[@]}" >/dev/null

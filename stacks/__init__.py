@@ -1,0 +1,1 @@
+"""Deployable stacks: thin, they read settings and compose constructs."""

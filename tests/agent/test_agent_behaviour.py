@@ -1,0 +1,183 @@
+"""Agent decisions, run as threads against moto's server: failures, timeouts, generations."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts import membership as ms
+from bootstrap_scripts import shared_state as shared
+from bootstrap_scripts.identity import NodeIdentity
+from bootstrap_scripts.node_agent import EXIT_FAILED, AgentConfig, NodeAgent
+from tests.agent.fakecloud import FakeCluster, SignalRecorder, create_cluster, wait_until
+from tests.conftest import REGION
+
+
+class AgentThread:
+    def __init__(self, config: AgentConfig, identity: NodeIdentity) -> None:
+        self.agent = NodeAgent(config, identity=identity, stop_event=threading.Event())
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.exit_code = self.agent.run()
+
+    def stop(self) -> None:
+        self.agent.stop.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+
+
+def config(cluster: FakeCluster, role: str, tmp: Path, name: str, handle: str = "",
+           **kw) -> AgentConfig:
+    return AgentConfig(role=role, cluster_id=cluster.cluster_id, stack_name="s", region=REGION,
+                       master_queue_url=cluster.master_queue_url,
+                       worker_queue_url=cluster.worker_queue_url, mount_point=str(tmp / "efs"),
+                       wait_handle=handle, root=str(tmp / "nodes" / name), no_mount=True,
+                       poll_wait=1, **kw)
+
+
+@pytest.fixture()
+def env(moto_reset, monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_reset)
+    monkeypatch.setenv("PATH", f"{tmp_path}/nobin:/usr/bin:/bin")  # no nvidia-smi: 0 GPUs
+    recorder = SignalRecorder()
+    threads: list[AgentThread] = []
+    try:
+        yield moto_reset, recorder, threads
+    finally:
+        for t in threads:
+            t.stop()
+        recorder.stop()
+
+
+def master_identity(cluster: FakeCluster) -> NodeIdentity:
+    (iid, ip), = cluster.instances("master")
+    return NodeIdentity(iid, "p3.2xlarge", ip, REGION)
+
+
+def test_failure_message_fails_the_wait_condition_at_once(env, tmp_path):
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=2)
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(cluster.setup_message("worker", status="failure",
+                                       reason="0 of 2 launched, min 1"))
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url),
+                    master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "FAILURE"
+    assert "0 of 2 launched, min 1" in sig["Reason"] and cluster.worker_asg in sig["Reason"]
+    t.thread.join(timeout=30)
+    assert t.exit_code == EXIT_FAILED
+
+
+def test_setup_timeout_fails_naming_the_missing_group(env, tmp_path):
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    cluster.send(cluster.setup_message("master"))
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url, setup_timeout=2),
+                    master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "FAILURE"
+    assert "no asg-setup success for worker group(s) within 2s" in sig["Reason"]
+    t.thread.join(timeout=30)
+    assert t.exit_code == EXIT_FAILED
+
+
+def test_unregistered_worker_gets_fallback_gpus_then_its_own(env, tmp_path):
+    """Nobody registers within the wait: form anyway, then correct the GPU count later."""
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(cluster.setup_message("worker"))
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url,
+                           registration_wait=0.5), master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "SUCCESS"
+    efs = tmp_path / "efs"
+    m1 = shared.read_current(efs)
+    assert m1.generation == 1 and [n.gpus for n in m1.nodes] == [0, 0]
+    (wid, wip), = cluster.instances("worker")
+    shared.write_registration(efs, {"instance_id": wid, "address": wip, "gpus": 4,
+                                    "role": "worker"})
+    wait_until(lambda: (m := shared.read_current(efs)).generation == 2 and m, 30,
+               what="a generation with the worker's real GPU count")
+    m2 = shared.read_current(efs)
+    assert m2.node_by_instance(wid).gpus == 4
+    assert len(recorder.signals) == 1
+
+
+def test_worker_applies_newer_generations_and_ignores_older(env, tmp_path):
+    endpoint, _recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    efs = tmp_path / "efs"
+    me = NodeIdentity("i-w", "p3.2xlarge", "127.20.128.9", REGION)
+
+    def membership(gen: int, other: str) -> ms.Membership:
+        return ms.build_membership(
+            cluster_id=cluster.cluster_id, generation=gen,
+            master={"instance_id": "i-m", "address": "127.20.0.4"},
+            workers=[{"instance_id": "i-w", "address": me.address},
+                     {"instance_id": "i-x", "address": other}], efs_mount=str(efs))
+
+    t = AgentThread(config(cluster, "worker", tmp_path, "w"), me)
+    threads.append(t)
+    root = tmp_path / "nodes" / "w"
+    shared.publish(efs, membership(3, "127.20.128.30"), None)
+    wait_until(lambda: t.agent.applied_generation == 3, 10, what="generation 3")
+    shared.publish(efs, membership(2, "127.20.128.20"), None)  # a stale writer
+    wait_until(lambda: "reason=older" in (efs / "cluster/logs/i-w.log").read_text(), 10,
+               what="the older generation to be seen and skipped")
+    assert "127.20.128.30" in (root / ms.WORKERS_FILE).read_text()
+    shared.publish(efs, membership(4, "127.20.128.40"), None)
+    wait_until(lambda: t.agent.applied_generation == 4, 10, what="generation 4")
+    assert (root / ms.WORKERS_FILE).read_text() == "127.20.0.4\n127.20.128.9\n127.20.128.40\n"
+    reg = wait_until(lambda: (r := json.loads(
+        (efs / ms.EFS_NODES_DIR / "i-w.json").read_text()))["generation_applied"] == 4 and r,
+        10, what="the heartbeat to report generation 4")
+    assert reg["address"] == me.address and reg["role"] == "worker"
+
+
+def test_restarted_master_resumes_without_a_second_signal(env, tmp_path):
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(cluster.setup_message("worker"))
+    ident = master_identity(cluster)
+    first = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url,
+                               registration_wait=0.2), ident)
+    recorder.wait_for(1, timeout=30)
+    first.stop()
+    second = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url), ident)
+    threads.append(second)
+    wait_until(lambda: second.agent.formed.is_set(), 10, what="the restarted master to resume")
+    # A scale-out after the restart still produces a new generation.
+    asg = cluster.client("autoscaling")
+    asg.set_desired_capacity(AutoScalingGroupName=cluster.worker_asg, DesiredCapacity=2)
+    new_id = [i for i, _ in cluster.instances("worker")][-1]
+    cluster.send(cluster.change_message("worker", "launch", new_id))
+    efs = tmp_path / "efs"
+    wait_until(lambda: shared.read_current(efs).generation == 2, 30, what="generation 2")
+    assert len(shared.read_current(efs).nodes) == 3
+    assert len(recorder.signals) == 1
+
+
+def test_messages_for_another_cluster_are_skipped(env, tmp_path):
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    other = {**cluster.setup_message("worker", status="failure"), "cluster_id": "someone-else"}
+    cluster.send(other)
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(cluster.setup_message("worker"))
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url,
+                           registration_wait=0.2), master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "SUCCESS"

@@ -1,0 +1,31 @@
+"""Fixtures for runner tests: emulated clusters whose processes never outlive the test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.runner.emu import EmuCluster, make_cluster
+
+
+@pytest.fixture()
+def emu(tmp_path: Path) -> Iterator[Callable[..., EmuCluster]]:
+    """Factory: ``emu(n_nodes, gpus=0)`` -> an EmuCluster (executors not yet started).
+
+    Teardown stops every process it started (by PID / process group) and fails the test if
+    any of them, or any process of a job share, is still alive afterwards."""
+    clusters: list[EmuCluster] = []
+
+    def factory(n_nodes: int, gpus: int = 0) -> EmuCluster:
+        c = make_cluster(tmp_path / f"cluster{len(clusters)}", n_nodes, gpus)
+        clusters.append(c)
+        return c
+
+    yield factory
+    leftovers = set()
+    for c in clusters:
+        c.stop()
+        leftovers |= c.leftovers()
+    assert not leftovers, f"processes left behind: {sorted(leftovers)}"

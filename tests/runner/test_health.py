@@ -1,0 +1,97 @@
+"""dl-health against emulated nodes: real executors, registrations as the node agent writes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from bootstrap_scripts import job_spec as js
+from bootstrap_scripts.membership import EFS_NODES_DIR
+from tests.conftest import REPO_ROOT
+from tests.runner.emu import PYTHON, base_env
+
+pytestmark = pytest.mark.slow
+
+
+def register(c, node, **overrides):
+    """The agent's registration (docs/protocol.md §5), written as the agent does."""
+    now = time.time()
+    record = {"instance_id": node.instance_id, "address": node.address, "role": node.role,
+              "gpus": node.gpus, "instance_type": "c5.xlarge", "agent_pid": 4242,
+              "started_at": now - 60, "heartbeat": now, "generation_applied": 1,
+              "efs_mount": str(c.efs), **overrides}
+    js.write_json_atomic(c.efs / EFS_NODES_DIR / f"{node.instance_id}.json", record)
+
+
+def health(c, *args):
+    return subprocess.run([PYTHON, "-m", "bootstrap_scripts.health", "--root", str(c.master_root),
+                           *args], cwd=REPO_ROOT, env=base_env(), capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_healthy_cluster_reports_every_node_and_leaves_no_probe(emu):
+    c = emu(3)
+    c.start_executors()
+    for node in c.membership.nodes:
+        register(c, node)
+    res = health(c)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for node in c.membership.nodes:
+        assert f"{node.rank}     {node.address}" in res.stdout
+    assert res.stdout.rstrip().endswith("healthy")
+    assert list((c.efs / "cluster" / "health").iterdir()) == []
+
+    data = json.loads(health(c, "--json").stdout)
+    assert data["healthy"] is True and len(data["nodes"]) == 3
+    assert all(n["clock"]["ok"] and n["efs"]["ok"] for n in data["nodes"])
+
+
+def test_each_failing_check_names_the_node(emu):
+    c = emu(3)
+    c.start_executors()
+    master, w1, w2 = c.membership.nodes
+    register(c, master)
+    register(c, w1, gpus=3, generation_applied=0)  # wrong GPU count, stale generation
+    # w2: agent never registered, and its executor stops
+    os.killpg(c.executors[w2.address].pid, signal.SIGTERM)
+    c.executors[w2.address].wait(timeout=20)
+    res = health(c)
+    assert res.returncode == 1, res.stdout
+    lines = {line.split(" FAILED")[0]: line
+             for line in res.stdout.splitlines() if " FAILED:" in line}
+    assert set(lines) == {f"node 1 ({w1.address})", f"node 2 ({w2.address})"}
+    assert "gpus: 3 (expected 0)" in lines[f"node 1 ({w1.address})"]
+    assert "generation: 0/1" in lines[f"node 1 ({w1.address})"]
+    assert "reachable: executor stopped" in lines[f"node 2 ({w2.address})"]
+    assert "agent: not registered" in lines[f"node 2 ({w2.address})"]
+    assert "UNHEALTHY: 2 node(s) failing" in res.stdout
+
+
+def test_skewed_clock_and_unwritable_efs_are_reported(emu):
+    c = emu(2)
+    c.start_executors([c.addresses[0]])
+    for node in c.membership.nodes:
+        register(c, node)
+    # The worker's "executor" heartbeats with a clock 30 s ahead and a failed EFS read-back.
+    worker = c.membership.nodes[1]
+    js.write_json_atomic(js.executor_heartbeat_path(c.efs, worker.address), {
+        "address": worker.address, "state": "running", "seq": 1, "heartbeat": time.time() + 30,
+        "efs_ok": False, "efs_mounted": False, "gpus": 0, "generation": 1})
+    res = health(c)
+    assert res.returncode == 1, res.stdout
+    failed = [line for line in res.stdout.splitlines() if " FAILED:" in line]
+    assert len(failed) == 1 and worker.address in failed[0]
+    assert "efs: not writable" in failed[0]
+    assert "clock: +30." in failed[0] or "clock: +29." in failed[0]
+
+
+def test_missing_membership_is_a_clear_error(tmp_path):
+    res = subprocess.run([PYTHON, "-m", "bootstrap_scripts.health", "--root", str(tmp_path)],
+                         cwd=REPO_ROOT, env=base_env(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert str(tmp_path / "opt/deeplearning/membership.json") in res.stderr

@@ -1,0 +1,62 @@
+"""Job spec round trip, job ids, and the runner's command-line handling (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bootstrap_scripts import job_spec as js
+from bootstrap_scripts import runner
+
+
+def test_spec_round_trips_and_finds_shares():
+    spec = js.JobSpec(
+        job_id="train-1", launcher="tf",
+        shares=(js.Share(0, "10.0.0.4", (js.Proc(("python3", "t.py"), {"TF_CONFIG": "{}"}, "ps",
+                                                 False),)),
+                js.Share(1, "10.0.1.5", (js.Proc(("python3", "t.py")),))),
+        env={"PATH": "/usr/bin"}, cwd="/efs/code", created_at=1.5, grace_seconds=2.0)
+    back = js.JobSpec.from_json(spec.to_json())
+    assert back == spec
+    assert back.share_for("10.0.1.5").rank == 1
+    assert back.share_for("10.9.9.9") is None
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", ".hidden", "a/b", "x" * 129, "sp ace"])
+def test_bad_job_ids_are_rejected_by_name(bad):
+    with pytest.raises(js.JobSpecError, match="invalid job id"):
+        js.validate_job_id(bad)
+
+
+def test_generated_job_ids_are_valid_and_unique():
+    ids = {js.new_job_id("my job/../x") for _ in range(50)}
+    assert len(ids) == 50
+    assert all(i.startswith("my-job-..-x-") or i.startswith("my-job") for i in ids)
+    for i in ids:
+        js.validate_job_id(i)
+
+
+def test_malformed_spec_names_the_problem():
+    with pytest.raises(js.JobSpecError, match="malformed job spec"):
+        js.JobSpec.from_json('{"job_id": "a", "launcher": "each"}')
+    with pytest.raises(js.JobSpecError, match="empty command"):
+        js.JobSpec.from_json('{"job_id": "a", "launcher": "each", "shares": '
+                             '[{"rank": 0, "address": "10.0.0.1", "procs": [{"argv": []}]}]}')
+
+
+@pytest.mark.parametrize(("argv", "opts", "cmd"), [
+    (["--", "-m", "pkg.train", "--lr", "1"], [], ["-m", "pkg.train", "--lr", "1"]),
+    (["--launcher", "mpi", "./hello", "-n", "3"], ["--launcher", "mpi"], ["./hello", "-n", "3"]),
+    (["--dry-run", "train.py"], ["--dry-run"], ["train.py"]),
+    (["--nnodes", "1:4", "--", "train.py"], ["--nnodes", "1:4"], ["train.py"]),
+    (["--dry-run"], ["--dry-run"], []),
+])
+def test_split_command(argv, opts, cmd):
+    assert runner.split_command(argv) == (opts, cmd)
+
+
+def test_bad_env_and_missing_membership_are_usage_errors(tmp_path, capsys):
+    assert runner.main(["--root", str(tmp_path), "--", "t.py"]) == runner.EXIT_USAGE
+    assert "no membership at" in capsys.readouterr().err
+    parser_args = runner.build_parser().parse_args(["--env", "NOVALUE"])
+    with pytest.raises(runner.RunError, match="'NOVALUE'"):
+        runner.job_env(parser_args)

@@ -1,0 +1,200 @@
+"""Every launcher's generated commands, hostfiles and TF_CONFIG for 1, 2, 5 nodes x 0, 1, 8 GPUs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from bootstrap_scripts import launchers as ln
+from bootstrap_scripts.membership import build_membership
+
+NODES = [1, 2, 5]
+GPUS = [0, 1, 8]
+
+
+def cluster(n: int, gpus: int):
+    return build_membership(
+        cluster_id="c", generation=3,
+        master={"instance_id": "i-m", "address": "10.0.0.4", "gpus": gpus},
+        # deliberately unsorted, and 10.0.1.10 after 10.0.1.9 numerically
+        workers=[{"instance_id": f"i-{k}", "address": f"10.0.1.{10 - k}", "gpus": gpus}
+                 for k in range(n - 1)],
+    )
+
+
+def opts(**kw) -> ln.LaunchOptions:
+    base = {"job_id": "job-1", "job_dir": "/efs/jobs/job-1", "python": "/usr/bin/python3"}
+    return ln.LaunchOptions(**{**base, **kw})
+
+
+shape = pytest.mark.parametrize(("n", "gpus"), [(n, g) for n in NODES for g in GPUS])
+
+
+def flag(argv, name):
+    """Value of ``--name=value`` in argv (exactly one occurrence)."""
+    values = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+    assert len(values) == 1, (name, argv)
+    return values[0]
+
+
+@shape
+def test_torchrun_one_agent_per_node_same_rendezvous(n, gpus):
+    m = cluster(n, gpus)
+    plan = ln.plan("torchrun", m, ["train.py", "--epochs", "3"], opts(max_restarts=2))
+    assert not plan.master_only
+    assert [s.address for s in plan.shares] == [node.address for node in m.nodes]
+    for share, node in zip(plan.shares, m.nodes, strict=True):
+        (proc,) = share.procs
+        argv = proc.argv
+        assert argv[:3] == ("/usr/bin/python3", "-m", "torch.distributed.run")
+        assert flag(argv, "nnodes") == str(n)
+        assert flag(argv, "nproc-per-node") == str(max(1, gpus))
+        assert flag(argv, "rdzv-backend") == "c10d"
+        assert flag(argv, "rdzv-endpoint") == "10.0.0.4:29400"
+        assert flag(argv, "rdzv-id") == "job-1"
+        assert flag(argv, "local-addr") == node.address
+        assert flag(argv, "max-restarts") == "2"
+        assert flag(argv, "rdzv-conf") == f"is_host={'true' if node.rank == 0 else 'false'}"
+        assert argv[-3:] == ("train.py", "--epochs", "3")
+
+
+def test_torchrun_ranks_are_sorted_numerically():
+    plan = ln.plan("torchrun", cluster(5, 0), ["t.py"], opts())
+    assert [s.address for s in plan.shares] == ["10.0.0.4", "10.0.1.7", "10.0.1.8", "10.0.1.9",
+                                                "10.0.1.10"]
+
+
+def test_torchrun_elastic_and_module_and_python_prefix():
+    m = cluster(2, 0)
+    plan = ln.plan("torchrun", m, ["python3", "-m", "pkg.train"],
+                   opts(nnodes="1:4", nproc_per_node=3, rdzv_port=29500))
+    argv = plan.shares[1].procs[0].argv
+    assert flag(argv, "nnodes") == "1:4"
+    assert flag(argv, "nproc-per-node") == "3"
+    assert flag(argv, "rdzv-endpoint") == "10.0.0.4:29500"
+    assert argv[-2:] == ("-m", "pkg.train")
+
+
+@pytest.mark.parametrize("bad", ["0", "4:2", "a", "1:2:3", "-1:2"])
+def test_torchrun_rejects_bad_nnodes_naming_it(bad):
+    with pytest.raises(ln.LaunchError, match=repr(bad).replace("'", "'")):
+        ln.plan("torchrun", cluster(2, 0), ["t.py"], opts(nnodes=bad))
+
+
+@shape
+def test_mpi_hostfile_and_original_flags(n, gpus):
+    m = cluster(n, gpus)
+    plan = ln.plan("mpi", m, ["train.py", "--lr", "0.1"], opts(forward_env=("FOO",)))
+    assert plan.master_only
+    (share,) = plan.shares
+    assert share.rank == 0 and share.address == "10.0.0.4"
+    slots = max(1, gpus)
+    expected = [f"{node.address} slots={slots}" for node in m.nodes]
+    assert plan.files["hostfile"].splitlines() == expected
+    argv = list(share.procs[0].argv)
+    cmd = " ".join(argv)
+    assert argv[0] == "mpirun"
+    assert f"-np {n * slots} --hostfile /efs/jobs/job-1/hostfile" in cmd
+    assert ("-bind-to none -map-by slot -mca pml ob1 -mca btl ^openib "
+            "-mca btl_tcp_if_exclude lo,docker0") in cmd
+    assert "-x NCCL_SOCKET_IFNAME=^docker0 -x LD_LIBRARY_PATH -x PATH -x FOO" in cmd
+    assert "--allow-run-as-root" not in argv
+    assert argv[-4:] == ["/usr/bin/python3", "train.py", "--lr", "0.1"]
+
+
+def test_mpi_loopback_overrides_and_rsh_agent_and_root():
+    plan = ln.plan("mpi", cluster(2, 0), ["./hello"],
+                   opts(mpi_if_include="lo", mpi_rsh_agent="ssh -F /tmp/cfg",
+                        allow_run_as_root=True))
+    argv = list(plan.shares[0].procs[0].argv)
+    cmd = shlex.join(argv)
+    assert "btl_tcp_if_exclude" not in cmd
+    assert "-mca btl_tcp_if_include lo -mca oob_tcp_if_include lo" in cmd
+    assert argv[argv.index("plm_rsh_agent") + 1] == "ssh -F /tmp/cfg"
+    assert argv[1] == "--allow-run-as-root"
+    assert argv[-1] == "./hello"  # not a python script: no interpreter prefix
+
+
+@shape
+def test_horovod_hosts(n, gpus):
+    m = cluster(n, gpus)
+    plan = ln.plan("horovod", m, ["train.py"], opts())
+    argv = list(plan.shares[0].procs[0].argv)
+    slots = max(1, gpus)
+    assert argv[:5] == ["horovodrun", "-np", str(n * slots), "-H",
+                        ",".join(f"{node.address}:{slots}" for node in m.nodes)]
+    assert plan.files["horovod_hosts"] == "".join(f"{node.address}:{slots}\n" for node in m.nodes)
+    mpi_args = next(a for a in argv if a.startswith("--mpi-args="))
+    assert "-mca btl_tcp_if_exclude lo,docker0" in mpi_args
+    assert argv[-2:] == ["/usr/bin/python3", "train.py"]
+
+
+@shape
+def test_tf_multi_worker(n, gpus):
+    m = cluster(n, gpus)
+    plan = ln.plan("tf", m, ["train.py"], opts())
+    assert len(plan.shares) == n
+    expected_cluster = {"worker": [f"{node.address}:2222" for node in m.nodes]}
+    assert json.loads(plan.files["tf_cluster.json"]) == expected_cluster
+    for share, node in zip(plan.shares, m.nodes, strict=True):
+        (proc,) = share.procs
+        cfg = json.loads(proc.env["TF_CONFIG"])
+        assert cfg == {"cluster": expected_cluster, "task": {"type": "worker", "index": node.rank}}
+        assert proc.argv == ("/usr/bin/python3", "train.py")
+
+
+@shape
+def test_tf_parameter_server_matches_generate_trainer(n, gpus):
+    m = cluster(n, gpus)
+    plan = ln.plan("tf", m, ["train.py"], opts(tf_mode="ps"))
+    slots = max(1, gpus)
+    cluster_spec = json.loads(plan.files["tf_cluster.json"])
+    assert cluster_spec["ps"] == [f"{node.address}:2222" for node in m.nodes]
+    assert cluster_spec["worker"] == [f"{node.address}:{2230 + g}" for node in m.nodes
+                                      for g in range(slots)]
+    seen_workers = []
+    for share, node in zip(plan.shares, m.nodes, strict=True):
+        ps, *workers = share.procs
+        assert ps.label == "ps" and not ps.wait
+        assert json.loads(ps.env["TF_CONFIG"])["task"] == {"type": "ps", "index": node.rank}
+        assert len(workers) == slots
+        for g, w in enumerate(workers):
+            task = json.loads(w.env["TF_CONFIG"])["task"]
+            assert task["type"] == "worker"
+            assert cluster_spec["worker"][task["index"]] == f"{node.address}:{2230 + g}"
+            assert w.env.get("CUDA_VISIBLE_DEVICES") == (str(g) if gpus else None)
+            seen_workers.append(task["index"])
+    assert seen_workers == list(range(n * slots))
+
+
+def test_tf_rejects_unknown_mode():
+    with pytest.raises(ln.LaunchError, match="'async'"):
+        ln.plan("tf", cluster(2, 0), ["t.py"], opts(tf_mode="async"))
+
+
+@shape
+def test_mxnet_launch_command(n, gpus):
+    m = cluster(n, gpus)
+    plan = ln.plan("mxnet", m, ["python", "train.py", "--kv-store", "dist_sync"],
+                   opts(mxnet_launch="/opt/mxnet/tools/launch.py"))
+    assert plan.master_only and len(plan.shares) == 1
+    assert plan.files["workers"] == "".join(f"{node.address}\n" for node in m.nodes)
+    assert list(plan.shares[0].procs[0].argv) == [
+        "/usr/bin/python3", "/opt/mxnet/tools/launch.py", "-n", str(n), "-H",
+        "/efs/jobs/job-1/workers", "--launcher", "ssh", "python", "train.py", "--kv-store",
+        "dist_sync"]
+
+
+@shape
+def test_each_runs_command_verbatim_on_every_node(n, gpus):
+    plan = ln.plan("each", cluster(n, gpus), ["hostname"], opts())
+    assert [s.procs[0].argv for s in plan.shares] == [("hostname",)] * n
+
+
+def test_unknown_launcher_and_empty_command_are_named():
+    with pytest.raises(ln.LaunchError, match="'slurm'"):
+        ln.plan("slurm", cluster(1, 0), ["t.py"], opts())
+    with pytest.raises(ln.LaunchError, match="no command"):
+        ln.plan("torchrun", cluster(1, 0), [], opts())

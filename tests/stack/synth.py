@@ -1,0 +1,33 @@
+"""Synthesize the project's stacks in-process the way `cdk synth` does (cdk.json flags)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk.assertions import Template
+
+REPO = Path(__file__).resolve().parents[2]
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "1")
+os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
+
+
+def cdk_json_context() -> dict:
+    """Tests that build App() directly do not see cdk.json's feature flags unless given them."""
+    return json.loads((REPO / "cdk.json").read_text())["context"]
+
+
+def new_app(outdir: str | None = None, **context: object) -> cdk.App:
+    return cdk.App(context={**cdk_json_context(), **context}, outdir=outdir)
+
+
+def cluster_template(**context: object) -> Template:
+    """Template of DLClusterStack built by app.py's own code path, with cdk-nag enabled."""
+    import app as app_module
+
+    app = app_module.build_app(new_app(**context))
+    stack = app.node.find_child("DLClusterStack")
+    return Template.from_stack(stack)  # type: ignore[arg-type]

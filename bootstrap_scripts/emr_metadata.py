@@ -70,7 +70,7 @@ class MetadataError(RuntimeError):
 
 
 class CliClient:
-    """The few boto3 client calls we need, through ``aws <service> <op> --cli-input-json``.
+    """The few boto3 client calls we need, through ``aws <service> <op> --param value``.
 
     The system Python of an EMR node may lack boto3 while the AWS CLI is always there; the
     CLI also paginates by itself.
@@ -88,8 +88,14 @@ class CliClient:
             cmd = [self.aws, self.service, operation, "--output", "json"]
             if self.region:
                 cmd += ["--region", self.region]
-            if params:
-                cmd += ["--cli-input-json", json.dumps(params)]
+            for key, value in params.items():
+                cmd.append("--" + _kebab(key))
+                if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                    cmd += list(value)
+                elif isinstance(value, str):
+                    cmd.append(value)
+                else:
+                    cmd.append(json.dumps(value))
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise MetadataError(f"'aws {self.service} {operation}' failed "
@@ -97,6 +103,16 @@ class CliClient:
             return json.loads(proc.stdout or "{}")
 
         return call
+
+
+def _kebab(name: str) -> str:
+    """``InstanceGroupTypes`` -> ``instance-group-types`` (the CLI's option names)."""
+    out = []
+    for i, ch in enumerate(name):
+        if ch.isupper() and i and not name[i - 1].isupper():
+            out.append("-")
+        out.append(ch.lower())
+    return "".join(out)
 
 
 def make_client(service: str, region: str | None) -> Any:
@@ -109,7 +125,7 @@ def make_client(service: str, region: str | None) -> Any:
 
 def _pages(client: Any, method: str, key: str, **params: Any) -> list[dict]:
     """All items of a paginated list call (boto3 paginator, or the CLI's own pagination)."""
-    if hasattr(client, "get_paginator"):
+    if not isinstance(client, CliClient):
         items: list[dict] = []
         for page in client.get_paginator(method).paginate(**params):
             items.extend(page.get(key, []))
@@ -196,8 +212,8 @@ def sync_once(emr: Any, ec2: Any, *, cluster_id: str, instance_id: str, root: st
         return {"status": "cluster-not-up", "cluster_state": state}
     instances = list_cluster_instances(emr, cluster_id)
     gpus = gpu_counts(ec2, [i["instance_type"] for i in instances])
-    m = build_emr_membership(cluster_id, instances, gpus, efs_mount=efs_mount,
-                             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    # No timestamp: nodes compute this independently and must write identical documents.
+    m = build_emr_membership(cluster_id, instances, gpus, efs_mount=efs_mount)
     result = node_files.apply_membership(root, m, instance_id=instance_id)
     return {"status": result.status, "generation": m.generation, "changed": result.changed,
             "nodes": [n.address for n in m.nodes], "cluster_state": state}

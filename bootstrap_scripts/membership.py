@@ -335,9 +335,13 @@ def render_node_files(m: Membership, node: Node, *, root: str | os.PathLike = "/
     }
 
 
-def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644) -> bool:
+def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644,
+                 fsync: bool = True) -> bool:
     """Write ``content`` via temp file + rename. Returns False (and writes nothing) if the
-    file already holds exactly ``content``, which is what makes re-applying idempotent."""
+    file already holds exactly ``content``, which is what makes re-applying idempotent.
+
+    ``fsync=False`` skips the flush to disk for files that are re-verified anyway (the node
+    agent rewrites any node file whose content differs every time it starts)."""
     p = Path(path)
     with contextlib.suppress(FileNotFoundError):
         if p.read_text() == content:
@@ -348,7 +352,8 @@ def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644) ->
         with os.fdopen(fd, "w") as fh:
             fh.write(content)
             fh.flush()
-            os.fsync(fh.fileno())
+            if fsync:
+                os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, p)
     except BaseException:

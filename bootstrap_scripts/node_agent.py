@@ -152,6 +152,9 @@ class NodeAgent:
         self._registration_lock = threading.Lock()
         self._sqs = self._ec2 = self._autoscaling = None
         self._clients_thread: threading.Thread | None = None
+        #: True only while blocked in an SQS long poll, where stopping at once is safe: a
+        #: message received but not yet processed is simply delivered again later.
+        self.interruptible = False
         self.formed = threading.Event()
         #: nodes whose GPU count we guessed (not registered yet): re-checked until they are.
         self._fallback_gpus: set[str] = set()
@@ -193,13 +196,14 @@ class NodeAgent:
             self.identity = fetch_identity()
         self.log = agent_log.agent_logger(self.identity.instance_id)
         c = self.config
-        self.log.info("event=start role=%s cluster_id=%s stack=%s address=%s type=%s root=%s "
-                      "pid=%d", c.role, c.cluster_id, c.stack_name, self.identity.address,
-                      self.identity.instance_type, c.root, os.getpid())
+        self.log.info("event=mount efs_id=%r mount_point=%s", c.efs_id, c.mount_point)
         ensure_mounted(c.efs_id, c.region, c.mount_point, no_mount=c.no_mount,
                        timeout=c.mount_timeout, logger=self.log)
         self._file_handler = agent_log.add_file_log(
             self.log, self.efs / ms.EFS_LOGS_DIR / f"{self.identity.instance_id}.log")
+        self.log.info("event=start role=%s cluster_id=%s stack=%s address=%s type=%s root=%s "
+                      "pid=%d", c.role, c.cluster_id, c.stack_name, self.identity.address,
+                      self.identity.instance_type, c.root, os.getpid())
         self.gpus = count_gpus(c.nvidia_smi)
         local = self._local_membership()
         self.applied_generation = local.generation if local else 0
@@ -370,9 +374,13 @@ class NodeAgent:
     def _receive(self, wait: int) -> list[tuple[str, object]]:
         """Long-poll the master queue; returns (receipt handle, parsed message) pairs."""
         try:
-            resp = self._sqs.receive_message(
-                QueueUrl=self.config.master_queue_url, MaxNumberOfMessages=10,
-                WaitTimeSeconds=wait)
+            self.interruptible = True  # a stop signal may abandon this call (nothing is lost)
+            try:
+                resp = self._sqs.receive_message(
+                    QueueUrl=self.config.master_queue_url, MaxNumberOfMessages=10,
+                    WaitTimeSeconds=wait)
+            finally:
+                self.interruptible = False
         except Exception as exc:  # network blips must not kill the agent
             self.log.warning("event=sqs-receive-failed error=%r", exc)
             self.stop.wait(min(5.0, max(wait, 1)))
@@ -592,6 +600,8 @@ def main(argv: list[str] | None = None) -> int:
     def _stop(signum, _frame):
         agent.log.info("event=stop signal=%s", signum)
         agent.stop.set()
+        if agent.interruptible:  # don't sit out a 20 s long poll (systemctl stop, tests)
+            raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)

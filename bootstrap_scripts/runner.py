@@ -492,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     except js.JobSpecError as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
+    except KeyboardInterrupt:  # before the job was published: nothing to stop
+        say("interrupted before the job started")
+        return EXIT_SIGINT
 
 
 if __name__ == "__main__":

@@ -74,17 +74,13 @@ class CapacityAdjuster(Construct):
         )
         self.log_group.grant_write(self.role)
         self.role.add_to_policy(iam.PolicyStatement(
-            sid="ReadGroupsAndInstances",
-            actions=[
-                "autoscaling:DescribeAutoScalingGroups",
-                "autoscaling:DescribeScalingActivities",
-                "ec2:DescribeInstances",
-            ],
-            resources=["*"],  # these Describe APIs support no resource-level permissions
+            sid="ReadGroups",
+            actions=["autoscaling:DescribeAutoScalingGroups"],
+            resources=["*"],  # this Describe API supports no resource-level permissions
         ))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="AdjustOnlyThisClustersGroups",
-            actions=["autoscaling:SetDesiredCapacity", "autoscaling:UpdateAutoScalingGroup"],
+            actions=["autoscaling:SetDesiredCapacity"],
             resources=[Stack.of(self).format_arn(
                 service="autoscaling", resource="autoScalingGroup",
                 resource_name="*:autoScalingGroupName/*",

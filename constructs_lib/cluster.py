@@ -56,6 +56,7 @@ class DeepLearningCluster(Construct):
         efs_file_system_id: str | None = None,
         efs_security_group: ec2.ISecurityGroup | None = None,
         efs_mount_point: str = DEFAULT_MOUNT_POINT,
+        efs_require_tls: bool = True,
         ssh_cidr: str | None = None,
         key_name: str | None = None,
         root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB,
@@ -107,6 +108,7 @@ class DeepLearningCluster(Construct):
             self.storage = SharedFileSystem(
                 self, "SharedStorage", vpc=self.vpc, file_system_id=efs_file_system_id,
                 security_group=efs_security_group, mount_point=efs_mount_point,
+                require_tls=efs_require_tls,
             )
             self.file_system = self.storage.file_system
             self.efs_mount_point = self.storage.mount_point

@@ -32,6 +32,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.markup import escape
+
 from emulator import deploy as dp
 from emulator import notifications as nt
 from emulator.nodes import PYTHON, Node, NodeError, base_env, check_agent_args
@@ -245,10 +247,10 @@ class Demo:
     def check_install(self) -> None:
         self.step("checking what the demo needs")
         missing = []
+        import importlib.util
+
         for module in ("torch", "moto", "boto3", "rich", "sklearn", "aws_cdk"):
-            try:
-                __import__(module)
-            except ImportError:
+            if importlib.util.find_spec(module) is None:  # no import: torch alone takes s
                 missing.append(f"python package {module}")
         cdk = dp.REPO_ROOT / "node_modules" / ".bin" / "cdk"
         if not cdk.exists():
@@ -528,9 +530,9 @@ class Demo:
         elif line.startswith("[dl-run]") and ("FAILED" in line or "error" in line
                                                or "succeeded" in line or "stopping" in line
                                                or "exited" in line):
-            self.info(f"[yellow]{line}[/]" if "succeeded" not in line else line)
+            self.info(escape(line) if "succeeded" in line else f"[yellow]{escape(line)}[/]")
         elif "resumed from" in line or "Traceback" in line or "Error" in line:
-            self.info(f"[dim]{line}[/]")
+            self.info(f"[dim]{escape(line)}[/]")
 
     def kill_worker(self, job_id: str) -> dict:
         victim = [n for n in self.live_nodes() if n.role == "worker"][-1]
@@ -759,6 +761,14 @@ class Demo:
         except (DemoError, dp.DeployError, NodeError) as exc:
             error = str(exc)
             self.console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        except Exception as exc:  # a bug (ours or a component's): still clean up
+            import traceback
+
+            error = f"{type(exc).__name__}: {exc}"
+            (self.logs / "demo-traceback.log").parent.mkdir(parents=True, exist_ok=True)
+            (self.logs / "demo-traceback.log").write_text(traceback.format_exc())
+            self.console.print(f"[bold red]error:[/] {error}", highlight=False)
+            self.console.print(traceback.format_exc(), highlight=False, markup=False)
         except KeyboardInterrupt:
             error = "interrupted"
             code = 130
@@ -779,6 +789,7 @@ class Demo:
                     self.ok(f"{len(self.groups())} process group(s) stopped, none left")
             else:
                 self.save_state()
+            report["nodes"] = self.node_report()  # statuses after teardown
             if self.created_work and not keep:
                 report["work_dir_removed"] = True
         finally:
@@ -829,7 +840,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     validate(ns, parser)
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     if ns.stop:
         return stop_from_state(ns.stop, console)
     return Demo(ns, console).run()

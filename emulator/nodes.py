@@ -129,13 +129,14 @@ class Node:
         if not hosts.exists():
             hosts.write_text("127.0.0.1 localhost\n")
         env = base_env(aws)
-        # 1. the metadata endpoint leads the node's process group
+        # 1. the metadata endpoint leads the node's process group (a new group in OUR
+        #    session: the agent and executor can only join a group of the same session)
         imds = subprocess.Popen(
             [PYTHON, "-m", "emulator.imds", "--address", self.address, "--port", "0",
              "--instance-id", self.instance_id, "--instance-type",
              self.instance.instance_type or "t3.micro", "--region", aws["AWS_REGION"]],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=open(  # noqa: SIM115
-                self.log_path("imds"), "ab"), start_new_session=True, text=True)
+                self.log_path("imds"), "ab"), process_group=0, text=True)
         self.popens.append(imds)
         self.group = Tracked(f"node {self.instance_id}", imds.pid, start_time(imds.pid))
         line = imds.stdout.readline() if imds.stdout else ""

@@ -254,4 +254,9 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         log.error("config-error", detail=str(exc))
         return {"records": 0, "outcomes": [], "retryable_failures": 0, "error": str(exc)}
     log = log.bind(cluster_id=config.cluster_id)
-    return process_event(event, config=config, clients=AwsClients.from_environment(), log=log)
+    try:
+        clients = AwsClients.from_environment()
+    except Exception as exc:  # e.g. no region: as unfixable by a retry as a missing variable
+        log.error("config-error", detail=f"cannot create AWS clients: {exc!r}"[:500])
+        return {"records": 0, "outcomes": [], "retryable_failures": 0, "error": repr(exc)}
+    return process_event(event, config=config, clients=clients, log=log)

@@ -181,3 +181,23 @@ def test_messages_for_another_cluster_are_skipped(env, tmp_path):
     threads.append(t)
     (sig,) = recorder.wait_for(1, timeout=30)
     assert sig["Status"] == "SUCCESS"
+
+
+def test_untagged_worker_group_forms_with_the_instances_the_lambda_listed(env, tmp_path):
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=2)
+    setup = cluster.setup_message("worker")
+    cluster.client("autoscaling").delete_tags(Tags=[
+        {"ResourceId": cluster.worker_asg, "ResourceType": "auto-scaling-group",
+         "Key": "dl-cluster:id"}])
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(setup)
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url,
+                           registration_wait=0.2), master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "SUCCESS"
+    m = shared.read_current(tmp_path / "efs")
+    assert sorted(n.instance_id for n in m.nodes[1:]) == sorted(setup["instances"])
+    log = (tmp_path / "efs/cluster/logs" / f"{m.master.instance_id}.log").read_text()
+    assert "event=group-missing role=worker" in log

@@ -45,7 +45,7 @@ def test_time_to_membership(nodes, moto_reset, tmp_path, monkeypatch):
     agents = {mid: _agent(cluster, "master", tmp_path, mid, mip)}
     agents.update({iid: _agent(cluster, "worker", tmp_path, iid, ip) for iid, ip in workers})
     try:
-        for _agent_, thread in agents.values():
+        for _a, thread in agents.values():
             thread.start()
         last_start = time.monotonic()
         wait_until(lambda: all(a.applied_generation >= 1 for a, _ in agents.values()), 120,
@@ -73,7 +73,7 @@ def test_time_to_membership(nodes, moto_reset, tmp_path, monkeypatch):
     finally:
         for agent, _thread in agents.values():
             agent.stop.set()
-        for _agent_, thread in agents.values():
+        for _a, thread in agents.values():
             thread.join(timeout=30)
     RESULTS[nodes] = {"formed": formed, "replaced": replaced}
     print(f"\n{nodes:>3} nodes: last agent start -> all have generation 1: {formed:6.2f} s;"

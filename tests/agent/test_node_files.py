@@ -46,7 +46,7 @@ def test_master_listed_among_workers_appears_once():
 
 
 def test_duplicate_address_is_rejected_with_the_address_named():
-    with pytest.raises(ms.MembershipError, match="10.0.0.6"):
+    with pytest.raises(ms.MembershipError, match=r"10\.0\.0\.6"):
         ms.build_membership(cluster_id="c", generation=1,
                             master={"instance_id": "i-m", "address": "10.0.0.5"},
                             workers=[{"instance_id": "i-a", "address": "10.0.0.6"},

@@ -531,3 +531,13 @@ def test_request_id_is_on_every_line(
     lines = log_lines(capsys.readouterr().out)
     assert lines
     assert all(line["request_id"] == Context.aws_request_id for line in lines)
+
+
+def test_no_region_is_a_config_error_not_a_crash(
+    cloud: tuple[Cloud, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    result = run(fixture_record(LAUNCH, WORKERS))
+    assert "Region" in result["error"]

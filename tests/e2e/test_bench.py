@@ -1,0 +1,44 @@
+"""``make bench``: the demo's figures in one run (printed, never asserted on)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.e2e.test_demo import assert_nothing_left, run_demo
+
+pytestmark = pytest.mark.bench
+
+
+def synth_seconds(out_dir: str) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "1",
+                "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+                "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
+                "CDK_DISABLE_VERSION_CHECK": "1", "CDK_CLI_NOTICES": "false"})
+    t = time.monotonic()
+    subprocess.run(["npx", "--no-install", "cdk", "synth", "DLClusterStack", "--no-lookups",
+                    "-q", "--output", out_dir], cwd=REPO_ROOT, env=env, check=True,
+                   capture_output=True, timeout=300)
+    return time.monotonic() - t
+
+
+@pytest.mark.parametrize("workers", [3])
+def test_bench_demo_figures(tmp_path, workers):
+    synth = synth_seconds(str(tmp_path / "cdk.out"))
+    code, out, report = run_demo(tmp_path, "--workers", str(workers), "--epochs", "3",
+                                 "--require-acc", "0")
+    assert code == 0, out
+    assert_nothing_left(tmp_path, report)
+    t = report["timings"]
+    print(f"\n[bench] nodes={workers + 1} cores={os.cpu_count()}")
+    print(f"[bench] cdk synth                   {synth:6.1f} s")
+    print(f"[bench] cdk bootstrap (emulator)    {t['bootstrap_s']:6.1f} s")
+    print(f"[bench] cdk deploy (emulator)       {t['deploy_s']:6.1f} s  (synth included)")
+    print(f"[bench] boot to membership          {t['boot_to_membership_s']:6.1f} s")
+    print(f"[bench] training job ({len(report['epochs'])} epochs)     {t['job_s']:6.1f} s")
+    print(f"[bench] whole demo                  {t['total_s']:6.1f} s")

@@ -1,0 +1,207 @@
+"""End-to-end: ``python -m emulator.demo`` as a user runs it, one scenario per test.
+
+Each test runs the demo in a subprocess (its own session), then asserts on
+``demo-report.json``, on the files the nodes wrote (kept because ``--work-dir`` is ours),
+and that no process the demo started is still alive. A demo that hangs is killed by its
+process group, so a failing test never leaves a cluster behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts import membership as ms
+from emulator.procs import alive, pids_in_groups
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+DEMO_TIMEOUT = 420
+
+
+def run_demo(tmp_path: Path, *args: str, timeout: float = DEMO_TIMEOUT) -> tuple[int, str, dict]:
+    report = tmp_path / "demo-report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "emulator.demo", "--work-dir", str(tmp_path / "work"),
+         "--report", str(report), *args],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_everything(tmp_path)
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        raise AssertionError(f"demo timed out; output:\n{out}") from None
+    data = json.loads(report.read_text()) if report.exists() else {}
+    return p.returncode, out, data
+
+
+def recorded_groups(tmp_path: Path) -> set[int]:
+    """Every process group the demo recorded (state file) plus every job share's group."""
+    work = tmp_path / "work"
+    groups: set[int] = set()
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads((work / "state.json").read_text())
+        groups |= {n["group"]["pid"] for n in state["nodes"] if n.get("group")}
+        groups |= {r["pid"] for r in state.get("runners", [])}
+        if state.get("cloud"):
+            groups.add(state["cloud"]["pid"])
+    for started in work.glob("efs/jobs/*/nodes/*.started"):
+        with contextlib.suppress(OSError, ValueError):
+            groups.add(int(json.loads(started.read_text())["pgid"]))
+    return groups
+
+
+def kill_everything(tmp_path: Path) -> None:
+    for pgid in recorded_groups(tmp_path):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def assert_nothing_left(tmp_path: Path, report: dict) -> None:
+    groups = recorded_groups(tmp_path)
+    assert groups, "the demo recorded no process groups"
+    left = pids_in_groups(groups) | {g for g in groups if alive(g)}
+    if left:
+        kill_everything(tmp_path)
+    assert not left, f"processes left behind: {sorted(left)}"
+    assert report.get("leftover_pids") == []
+
+
+def node_files(report: dict, node: dict) -> dict[str, str]:
+    root = Path(node["root"])
+    return {rel: (root / rel).read_text() for rel in
+            (ms.WORKERS_FILE, ms.MPI_HOSTFILE, ms.MEMBERSHIP_FILE, ms.ENV_FILE, ms.HOSTS_FILE)}
+
+
+def check_common(tmp_path: Path, report: dict, n_nodes: int) -> list[dict]:
+    """Assertions every successful scenario shares; returns the running nodes."""
+    assert report["status"] == "succeeded", report.get("error")
+    assert report["stack"]["resources"] > 50
+    assert set(report["stack"]["function_env"]) >= {"MASTER_QUEUE_URL", "CLUSTER_ID",
+                                                    "CLUSTER_TAG_KEY", "ROLE_TAG_KEY"}
+    live = [n for n in report["nodes"] if n["status"] in ("stopped", "running")]
+    assert len(live) == n_nodes
+    assert [n["role"] for n in live].count("master") == 1
+    for n in live:
+        assert n["address"].startswith("127.20.")
+        assert n["gpus"] == 0  # CPU machine: nvidia-smi absent
+        assert n["env"]["DEEPLEARNING_NODE_ADDR"] == n["address"]
+        assert n["env"]["DEEPLEARNING_MASTER_ADDR"] == report["membership"]["nodes"][0]
+    signals = report["wait_condition"]
+    assert [s["Status"] for s in signals] == ["SUCCESS"]
+    assert signals[0]["_content_type"] == ""  # presigned-URL rule: empty Content-Type
+    for key in ("bootstrap_s", "deploy_s", "boot_to_membership_s", "job_s", "total_s"):
+        assert report["timings"][key] > 0
+    epochs = report["epochs"]
+    assert epochs and all(e["world_size"] == report["world_size"] for e in epochs)
+    assert all(e["samples_per_s"] > 0 for e in epochs)
+    efs = tmp_path / "work" / "efs"
+    assert (efs / ms.EFS_MEMBERSHIP).exists()
+    assert (efs / "checkpoints" / "digits" / "latest.json").exists()
+    return live
+
+
+def test_demo_with_two_workers(tmp_path):
+    code, out, report = run_demo(tmp_path, "--workers", "2", "--epochs", "5",
+                                 "--require-acc", "0.85")
+    assert code == 0, out
+    live = check_common(tmp_path, report, 3)
+    assert report["world_size"] == 3
+    assert report["counts"] == {"workers_requested": 2, "worker_launches_failed": 0,
+                                "workers_launched": 2, "workers_running": 2, "workers_killed": 0,
+                                "nodes_in_membership": 3}
+    assert [e["epoch"] for e in report["epochs"]] == [1, 2, 3, 4, 5]
+    assert report["final_acc"] >= 0.85
+    # Every node wrote the same shared files for generation 1, each with its own rank.
+    files = [node_files(report, n) for n in live]
+    for rel in (ms.WORKERS_FILE, ms.MPI_HOSTFILE, ms.MEMBERSHIP_FILE):
+        assert len({f[rel] for f in files}) == 1, rel
+    assert sorted(n["env"]["DEEPLEARNING_NODE_RANK"] for n in live) == ["0", "1", "2"]
+    assert all("deeplearning-master" in f[ms.HOSTS_FILE] for f in files)
+    assert ms.Membership.from_json(files[0][ms.MEMBERSHIP_FILE]).generation == 1
+    (jdir,) = (tmp_path / "work" / "efs" / "jobs").iterdir()
+    assert json.loads((jdir / "result.json").read_text())["status"] == "succeeded"
+    assert "job" in out and "succeeded on 3 node(s)" in out
+    assert_nothing_left(tmp_path, report)
+
+
+def test_demo_with_a_failed_worker_launch(tmp_path):
+    code, out, report = run_demo(tmp_path, "--workers", "3", "--fail-launches", "1",
+                                 "--epochs", "4", "--require-acc", "0.8")
+    assert code == 0, out
+    check_common(tmp_path, report, 3)
+    assert report["counts"]["workers_requested"] == 3
+    assert report["counts"]["worker_launches_failed"] == 1
+    assert report["counts"]["workers_running"] == 2
+    assert report["world_size"] == 3
+    (failed,) = report["failed_launches"]
+    assert failed not in report["membership"]["nodes"]
+    # The Lambda lowered the worker group's desired capacity to what launched.
+    assert report["stack"]["groups"]["worker"]["desired"] == 2
+    outcomes = [o for n in report["notifications"] for o in n["outcomes"]]
+    assert "asg-setup-success" in outcomes
+    assert any(n["events"] == ["autoscaling:EC2_INSTANCE_LAUNCH_ERROR"]
+               for n in report["notifications"])
+    assert "desired capacity lowered" in (tmp_path / "work" / "logs" / "lambda.log").read_text()
+    assert_nothing_left(tmp_path, report)
+
+
+def test_demo_kill_a_worker_mid_training_then_resume(tmp_path):
+    code, out, report = run_demo(tmp_path, "--workers", "2", "--kill-node-after", "1",
+                                 "--epochs", "8", "--require-acc", "0.85")
+    assert code == 0, out
+    kill = report["kill"]
+    assert kill and kill["address"]
+    first, resumed = report["jobs"]
+    assert first["exit_code"] != 0 and first["killed"]["address"] == kill["address"]
+    assert kill["job_error_names_node"], first["failure"]
+    assert resumed["resumed"] and resumed["exit_code"] == 0
+    assert resumed["world_size"] == 2
+    assert resumed["epochs"][0]["epoch"] > 1  # continued from a checkpoint
+    assert resumed["epochs"][-1]["epoch"] == 8
+    assert report["final_acc"] >= 0.85
+    assert kill["new_generation"] == 2
+    assert kill["address"] not in report["membership"]["nodes"]
+    assert len(report["membership"]["nodes"]) == 2
+    killed = [n for n in report["nodes"] if n["status"] == "killed"]
+    assert [n["address"] for n in killed] == [kill["address"]]
+    efs = tmp_path / "work" / "efs"
+    log = (efs / ms.EFS_MEMBERSHIP_LOG).read_text()
+    assert f"REMOVED {kill['address']}" in log
+    assert (efs / ms.EFS_GENERATIONS_DIR / "2.json").exists()
+    assert_nothing_left(tmp_path, report)
+
+
+def test_bad_input_fails_fast_with_a_clear_message(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "emulator.demo", "--workers", "2",
+                          "--fail-launches", "3"], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2
+    assert "--fail-launches 3 is more than --workers 2" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "emulator.demo", "--wrokers", "2"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--wrokers" in res.stderr
+
+
+def test_port_in_use_stops_with_a_clear_message_and_cleans_up(tmp_path):
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        code, out, report = run_demo(tmp_path, "--port", str(port), timeout=120)
+    assert code == 1, out
+    assert f"port {port} on localhost is already in use" in out
+    assert report["status"] == "failed" and "already in use" in report["error"]
+    assert not (tmp_path / "work" / "state.json").exists() or not pids_in_groups(
+        recorded_groups(tmp_path))

@@ -1,0 +1,240 @@
+"""emr_metadata against moto's EMR: the membership built from the cluster's own instance list.
+
+A cluster is created with ``run_job_flow`` on moto's server (1 primary g5.xlarge + 3 core
+g5.12xlarge; moto gives them random 10.x addresses and answers DescribeInstanceTypes with
+the real GPU counts), then every node's files are written as each node would write them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+
+from bootstrap_scripts import emr_metadata as em
+from bootstrap_scripts import membership as ms
+from bootstrap_scripts import node_files
+from tests.conftest import REGION, REPO_ROOT
+
+
+def make_cluster(endpoint: str, *, core: int = 3, core_type: str = "g5.12xlarge") -> str:
+    emr = boto3.client("emr", region_name=REGION, endpoint_url=endpoint)
+    return emr.run_job_flow(
+        Name="dl-emr-test", ReleaseLabel="emr-7.12.0", JobFlowRole="role", ServiceRole="svc",
+        Instances={"InstanceGroups": [
+            {"InstanceRole": "MASTER", "InstanceType": "g5.xlarge", "InstanceCount": 1,
+             "Market": "ON_DEMAND", "Name": "Primary"},
+            {"InstanceRole": "CORE", "InstanceType": core_type, "InstanceCount": core,
+             "Market": "ON_DEMAND", "Name": "Core"}],
+            "KeepJobFlowAliveWhenNoSteps": True},
+        Tags=[{"Key": "dl-cluster:id", "Value": "dl-emr-test"}])["JobFlowId"]
+
+
+def instances_of(endpoint: str, cluster_id: str) -> tuple[dict, list[dict]]:
+    """Independent view (EMR API directly): the primary and the core nodes."""
+    emr = boto3.client("emr", region_name=REGION, endpoint_url=endpoint)
+    primary = emr.list_instances(ClusterId=cluster_id, InstanceGroupTypes=["MASTER"])["Instances"]
+    core = emr.list_instances(ClusterId=cluster_id, InstanceGroupTypes=["CORE"])["Instances"]
+    assert len(primary) == 1
+    return primary[0], core
+
+
+@pytest.fixture()
+def clients(moto_reset: str):
+    return (boto3.client("emr", region_name=REGION, endpoint_url=moto_reset),
+            boto3.client("ec2", region_name=REGION, endpoint_url=moto_reset), moto_reset)
+
+
+def test_every_node_writes_the_same_workers_file_primary_first_then_numeric(
+        clients, tmp_path: Path) -> None:
+    emr, ec2, endpoint = clients
+    cluster_id = make_cluster(endpoint)
+    primary, core = instances_of(endpoint, cluster_id)
+    expected_order = [primary["PrivateIpAddress"]] + sorted(
+        (c["PrivateIpAddress"] for c in core), key=ipaddress.ip_address)
+    expected_workers = "".join(f"{a}\n" for a in expected_order)
+
+    workers_files, memberships = set(), set()
+    for node in [primary, *core]:
+        root = tmp_path / node["Ec2InstanceId"]
+        result = em.sync_once(emr, ec2, cluster_id=cluster_id,
+                              instance_id=node["Ec2InstanceId"], root=str(root), efs_mount="/efs")
+        assert result["status"] == "applied", result
+        workers_files.add((root / ms.WORKERS_FILE).read_text())
+        memberships.add((root / ms.MEMBERSHIP_FILE).read_text())
+        # Re-running with an unchanged cluster touches nothing.
+        again = em.sync_once(emr, ec2, cluster_id=cluster_id,
+                             instance_id=node["Ec2InstanceId"], root=str(root), efs_mount="/efs")
+        assert again["status"] == "unchanged"
+    assert workers_files == {expected_workers}
+    assert len(memberships) == 1  # byte-identical membership.json on every node
+
+
+def test_env_has_the_deeplearning_variables_with_each_nodes_gpu_count(
+        clients, tmp_path: Path) -> None:
+    emr, ec2, endpoint = clients
+    cluster_id = make_cluster(endpoint)
+    primary, core = instances_of(endpoint, cluster_id)
+    first_core = min(core, key=lambda c: ipaddress.ip_address(c["PrivateIpAddress"]))
+
+    for node, gpus, rank in ((primary, "1", "0"), (first_core, "4", "1")):
+        root = tmp_path / node["Ec2InstanceId"]
+        em.sync_once(emr, ec2, cluster_id=cluster_id, instance_id=node["Ec2InstanceId"],
+                     root=str(root), efs_mount="/efs")
+        env = ms.parse_env_file((root / ms.ENV_FILE).read_text())
+        assert env["DEEPLEARNING_WORKERS_COUNT"] == "4"
+        assert env["DEEPLEARNING_WORKERS_PATH"] == str(root / ms.WORKERS_FILE)
+        assert env["DEEPLEARNING_WORKER_GPU_COUNT"] == gpus  # g5.xlarge 1, g5.12xlarge 4
+        assert env["DEEPLEARNING_MASTER_ADDR"] == primary["PrivateIpAddress"]
+        assert env["DEEPLEARNING_NODE_ADDR"] == node["PrivateIpAddress"]
+        assert env["DEEPLEARNING_NODE_RANK"] == rank
+        assert env["EFS_MOUNT"] == "/efs"
+        # The same renderer as the EC2 node agent: the profile script exports the same env.
+        profile = (root / ms.PROFILE_FILE).read_text()
+        assert f"export DEEPLEARNING_WORKER_GPU_COUNT={gpus}\n" in profile
+        hostfile = (root / ms.MPI_HOSTFILE).read_text().splitlines()
+        assert hostfile[0] == f"{primary['PrivateIpAddress']} slots=1"
+        assert all(line.endswith("slots=4") for line in hostfile[1:])
+        m = ms.Membership.load(root / ms.MEMBERSHIP_FILE)
+        assert m.cluster_id == cluster_id
+        assert [n.instance_type for n in m.nodes] == ["g5.xlarge"] + ["g5.12xlarge"] * 3
+
+
+def test_generation_grows_when_a_core_node_joins(clients, tmp_path: Path) -> None:
+    """moto does not launch instances on resize, so the joining node is added to the list
+    moto returned, in the two states EMR reports on the way in."""
+    emr, ec2, endpoint = clients
+    cluster_id = make_cluster(endpoint, core=2)
+    listed = em.list_cluster_instances(emr, cluster_id)
+    gpus = em.gpu_counts(ec2, [i["instance_type"] for i in listed])
+    before = em.build_emr_membership(cluster_id, listed, gpus)
+    joining = {"instance_id": "i-0000000000000feed", "address": "10.0.0.1",
+               "instance_type": "g5.12xlarge", "group": "CORE"}
+    booting = em.build_emr_membership(cluster_id, [*listed, {**joining, "state": "BOOTSTRAPPING"}],
+                                      gpus)
+    joined = em.build_emr_membership(cluster_id, [*listed, {**joining, "state": "RUNNING"}], gpus)
+    assert booting.nodes == before.nodes  # not a member until it runs
+    assert before.generation < booting.generation < joined.generation
+    assert joined.nodes[1].address == "10.0.0.1"  # lowest address: first core node
+    assert len(joined.nodes) == len(before.nodes) + 1
+    # A node applying the newer generation rewrites its files; the older one is ignored.
+    primary = before.master.instance_id
+    assert node_files.apply_membership(tmp_path, joined, instance_id=primary).status == "applied"
+    assert node_files.apply_membership(tmp_path, before, instance_id=primary).status == "older"
+
+
+def test_nothing_is_written_before_the_cluster_is_up(clients, tmp_path: Path) -> None:
+    emr, ec2, endpoint = clients
+    cluster_id = make_cluster(endpoint, core=1)
+    primary, _ = instances_of(endpoint, cluster_id)
+    emr.terminate_job_flows(JobFlowIds=[cluster_id])
+    result = em.sync_once(emr, ec2, cluster_id=cluster_id, instance_id=primary["Ec2InstanceId"],
+                          root=str(tmp_path))
+    assert result["status"] == "cluster-not-up"
+    assert result["cluster_state"] in em.ENDED_STATES
+    assert not (tmp_path / ms.WORKERS_FILE).exists()
+
+
+def test_generation_is_the_same_for_the_same_list_and_grows_with_every_transition() -> None:
+    def inst(state: str) -> dict:
+        return {"state": state}
+    running = [inst("RUNNING")] * 3
+    assert em.generation_of(running) == em.generation_of(list(running))
+    steps = [[inst("PROVISIONING")], [inst("BOOTSTRAPPING")], [inst("RUNNING")],
+             [inst("TERMINATED")]]
+    gens = [em.generation_of(running + s) for s in steps]
+    # provisioning -> bootstrapping keeps the node set (neither is a member) and the number.
+    assert gens[0] == gens[1] < gens[2] < gens[3]
+
+
+def test_sync_command_runs_as_its_own_process_against_moto(clients, tmp_path: Path) -> None:
+    """The entry point a node runs (``python -m bootstrap_scripts.emr_metadata sync``)."""
+    _, _, endpoint = clients
+    cluster_id = make_cluster(endpoint, core=1)
+    primary, core = instances_of(endpoint, cluster_id)
+    info = tmp_path / "job-flow.json"
+    info.write_text(json.dumps({"jobFlowId": cluster_id}))
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bootstrap_scripts.emr_metadata", "sync", "--job-flow-info",
+         str(info), "--instance-id", core[0]["Ec2InstanceId"], "--root", str(tmp_path / "n"),
+         "--region", REGION], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "applied"
+    assert (tmp_path / "n" / ms.WORKERS_FILE).read_text() == (
+        f"{primary['PrivateIpAddress']}\n{core[0]['PrivateIpAddress']}\n")
+
+
+@pytest.mark.skipif(shutil.which("aws") is None, reason="needs the AWS CLI")
+def test_cli_client_gives_the_same_membership_as_boto3(clients, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes whose system Python lacks boto3 go through the AWS CLI instead."""
+    emr, ec2, endpoint = clients
+    cluster_id = make_cluster(endpoint, core=2)
+    primary, _ = instances_of(endpoint, cluster_id)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    via_cli = em.sync_once(em.CliClient("emr", REGION), em.CliClient("ec2", REGION),
+                           cluster_id=cluster_id, instance_id=primary["Ec2InstanceId"],
+                           root=str(tmp_path / "cli"))
+    via_boto = em.sync_once(emr, ec2, cluster_id=cluster_id,
+                            instance_id=primary["Ec2InstanceId"], root=str(tmp_path / "boto"))
+    assert via_cli["status"] == via_boto["status"] == "applied"
+    assert via_cli["nodes"] == via_boto["nodes"]
+    for rel in (ms.WORKERS_FILE, ms.MPI_HOSTFILE):
+        assert (tmp_path / "cli" / rel).read_text() == (tmp_path / "boto" / rel).read_text()
+
+
+def test_cli_client_error_names_the_operation(tmp_path: Path) -> None:
+    fake = tmp_path / "aws"
+    fake.write_text("#!/bin/sh\necho 'An error occurred (InvalidRequestException)' >&2\nexit 254\n")
+    fake.chmod(0o755)
+    client = em.CliClient("emr", REGION, aws=str(fake))
+    with pytest.raises(em.MetadataError, match=r"'aws emr list-instances' failed \(exit 254\)"):
+        client.list_instances(ClusterId="j-NOPE")
+
+
+def test_read_cluster_id_from_emr_job_flow_info(tmp_path: Path) -> None:
+    info = tmp_path / "job-flow.json"
+    info.write_text(json.dumps({"jobFlowId": "j-2AXXXXXXGAPLF", "jobFlowCreationInstant": 1}))
+    assert em.read_cluster_id(str(info)) == "j-2AXXXXXXGAPLF"
+    info.write_text("{}")
+    with pytest.raises(em.MetadataError, match="no jobFlowId"):
+        em.read_cluster_id(str(info))
+    with pytest.raises(em.MetadataError, match="cannot read the cluster id"):
+        em.read_cluster_id(str(tmp_path / "missing.json"))
+
+
+def test_install_writes_dl_run_wrapper_and_units(tmp_path: Path) -> None:
+    written = em.install_node_services(
+        root=str(tmp_path), python="/opt/pytorch/bin/python", lib_dir="/opt/deeplearning/lib",
+        efs_mount="/efs", watch_args=["--root", "/", "--efs-mount", "/efs"], systemctl=False)
+    assert {p.name for p in written} == {"dl-run", em.WATCH_UNIT, em.EXECUTOR_UNIT}
+    wrapper = tmp_path / "usr/local/bin/dl-run"
+    assert os.access(wrapper, os.X_OK)
+    text = wrapper.read_text()
+    # Waits for the membership, then the ordinary runner with the user's arguments.
+    assert "-m bootstrap_scripts.emr_metadata wait --root '/' || exit $?" in text
+    assert text.rstrip().endswith(
+        "-m bootstrap_scripts.runner --root '/' --mount-point '/efs' \"$@\"")
+    unit = (tmp_path / "etc/systemd/system" / em.WATCH_UNIT).read_text()
+    assert ('ExecStart="/opt/pytorch/bin/python" "-m" "bootstrap_scripts.emr_metadata" '
+            '"watch" "--root" "/" "--efs-mount" "/efs"') in unit
+    executor = (tmp_path / "etc/systemd/system" / em.EXECUTOR_UNIT).read_text()
+    assert '"bootstrap_scripts.executor"' in executor and '"/efs"' in executor
+
+
+def test_wait_returns_once_the_membership_exists(tmp_path: Path) -> None:
+    args = em.build_parser().parse_args(["wait", "--root", str(tmp_path), "--timeout", "0",
+                                         "--poll", "0"])
+    assert em.wait(args) == em.EXIT_TIMEOUT
+    m = ms.build_membership(cluster_id="j-1", generation=1,
+                            master={"instance_id": "i-1", "address": "10.0.0.1"}, workers=[])
+    node_files.apply_membership(tmp_path, m, instance_id="i-1")
+    assert em.wait(args) == em.EXIT_OK

@@ -24,11 +24,20 @@ def build_app(app: cdk.App | None = None) -> cdk.App:
     # Env-agnostic unless the user pins an account/region: synth then needs no AWS access.
     account, region = os.environ.get("CDK_DEPLOY_ACCOUNT"), os.environ.get("CDK_DEPLOY_REGION")
     env = cdk.Environment(account=account, region=region) if account and region else None
-    DLClusterStack(app, "DLClusterStack", settings=settings, env=env,
-                   description="Distributed deep-learning cluster (dl-cluster-cdk)")
-    DLEmrClusterStack(app, "DLEmrClusterStack", env=env,
-                      settings=emr_settings_from_context(app.node.try_get_context),
-                      description="EMR deep-learning cluster on the Deep Learning AMI (dl-cluster-cdk)")
+    DLClusterStack(
+        app,
+        "DLClusterStack",
+        settings=settings,
+        env=env,
+        description="Distributed deep-learning cluster (dl-cluster-cdk)",
+    )
+    DLEmrClusterStack(
+        app,
+        "DLEmrClusterStack",
+        env=env,
+        settings=emr_settings_from_context(app.node.try_get_context),
+        description="EMR deep-learning cluster on the Deep Learning AMI (dl-cluster-cdk)",
+    )
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app
 

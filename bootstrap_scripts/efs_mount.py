@@ -6,7 +6,9 @@ with capped exponential backoff until a deadline, then raise :class:`MountError`
 message names the file system, the mount point and the last error (the master turns it into
 a FAILURE signal on the wait condition).
 
-efs-utils (``mount -t efs -o tls``) is preferred where installed: it encrypts in transit.
+efs-utils (``mount -t efs -o tls,iam``) is preferred where installed: it encrypts in transit
+and authenticates with the instance role (the file-system policy refuses anonymous and
+non-TLS clients).
 Otherwise plain NFS 4.1 with the options AWS recommends (the original's, plus
 ``noresvport`` so reconnects after a network blip use a fresh source port).
 """
@@ -33,7 +35,7 @@ class MountError(RuntimeError):
 def mount_command(efs_id: str, region: str, mount_point: str) -> list[str]:
     """The mount command for this host: efs-utils with TLS if present, else NFS 4.1."""
     if shutil.which("mount.efs"):
-        return ["mount", "-t", "efs", "-o", "tls", f"{efs_id}:/", mount_point]
+        return ["mount", "-t", "efs", "-o", "tls,iam", f"{efs_id}:/", mount_point]
     return ["mount", "-t", "nfs4", "-o", NFS_OPTIONS,
             f"{efs_id}.efs.{region}.amazonaws.com:/", mount_point]
 

@@ -169,7 +169,9 @@ def validate(m: Membership) -> None:
     seen: set[str] = set()
     for expected_rank, node in enumerate(m.nodes):
         if node.rank != expected_rank:
-            raise MembershipError(f"node {node.address} has rank {node.rank}, expected {expected_rank}")
+            raise MembershipError(
+                f"node {node.address} has rank {node.rank}, expected {expected_rank}"
+            )
         if node.role not in ("master", "worker"):
             raise MembershipError(f"node {node.address} has unknown role {node.role!r}")
         if node.address in seen:
@@ -320,8 +322,9 @@ def _sh_quote(value: str) -> str:
     return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
-def render_node_files(m: Membership, node: Node, *, root: str | os.PathLike = "/",
-                      existing_hosts: str = "") -> dict[str, str]:
+def render_node_files(
+    m: Membership, node: Node, *, root: str | os.PathLike = "/", existing_hosts: str = ""
+) -> dict[str, str]:
     """Every file a node writes for ``m``, keyed by path relative to the node's root."""
     env = node_environment(m, node, root=root)
     return {
@@ -335,8 +338,9 @@ def render_node_files(m: Membership, node: Node, *, root: str | os.PathLike = "/
     }
 
 
-def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644,
-                 fsync: bool = True) -> bool:
+def atomic_write(
+    path: str | os.PathLike, content: str, *, mode: int = 0o644, fsync: bool = True
+) -> bool:
     """Write ``content`` via temp file + rename. Returns False (and writes nothing) if the
     file already holds exactly ``content``, which is what makes re-applying idempotent.
 

@@ -49,6 +49,8 @@ from bootstrap_scripts.node_files import apply_membership
 EXIT_FAILED = 2
 #: Local (per-instance) agent state: survives an agent restart, never shared across nodes.
 STATE_FILE = "var/lib/dl-agent/state.json"
+#: Seconds the master polls every second while a node's GPU count is still a guess.
+FAST_POLL_WINDOW = 600.0
 
 
 @dataclass
@@ -158,6 +160,7 @@ class NodeAgent:
         self.formed = threading.Event()
         #: nodes whose GPU count we guessed (not registered yet): re-checked until they are.
         self._fallback_gpus: set[str] = set()
+        self._fast_poll_until = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------
     def run(self) -> int:
@@ -333,8 +336,8 @@ class NodeAgent:
             wait = self.config.poll_wait
             if not self.formed.is_set():
                 wait = max(0, min(wait, int(deadline - time.time()) + 1))
-            elif self._pending_gpu_nodes():
-                wait = min(wait, 1)
+            elif self._fallback_gpus and time.monotonic() < self._fast_poll_until:
+                wait = min(wait, 1)  # a guessed GPU count: look for its registration often
             for msg in self._receive(wait):
                 resync_wanted |= self._handle(msg, state)
             if not self.formed.is_set():
@@ -348,7 +351,7 @@ class NodeAgent:
                         f"cluster {self.config.cluster_id}: no asg-setup success for "
                         f"{' and '.join(missing)} group(s) within {self.config.setup_timeout:.0f}s")
                 continue
-            if self._pending_gpu_nodes() and self._gpu_counts_changed():
+            if self._fallback_gpus and self._gpu_counts_changed():
                 resync_wanted = True
             if resync_wanted or time.monotonic() - last_resync >= self.config.resync_interval:
                 self._resync("membership-change" if resync_wanted else "periodic-resync")
@@ -491,16 +494,20 @@ class NodeAgent:
     def _form(self, state: MasterState) -> None:
         expected = tuple(state.setup["worker"].get("instances", ()))
         give_up = time.monotonic() + self.config.registration_wait
+        workers = self._discover_with_retry(expected)
+        described = time.monotonic()
         while True:
-            workers = self._discover_workers(expected)
             ids = [w.instance_id for w in workers]
-            registrations = self._read_registrations(ids)
+            registrations = self._read_registrations(ids)  # cheap: one open() per node
             unregistered = [i for i in ids if i not in registrations]
             absent = [i for i in expected if i not in ids]
             if (not unregistered and not absent) or time.monotonic() >= give_up \
                     or self.stop.is_set():
                 break
-            self.stop.wait(0.1 if not absent else 1.0)
+            self.stop.wait(0.1)
+            if absent and time.monotonic() - described >= 2.0:  # AWS APIs: every 2 s at most
+                workers = self._discover_with_retry(expected)
+                described = time.monotonic()
         if absent:
             self.log.warning("event=workers-absent instances=%s (the Lambda listed them; "
                              "proceeding with the nodes present)", ",".join(absent))
@@ -510,15 +517,27 @@ class NodeAgent:
                              self.config.registration_wait, self.gpus)
         entries, fallback = self._entries(workers, registrations)
         m = self._publish(entries, reason="initial")
-        self._fallback_gpus = fallback
+        self._set_fallback(fallback)
         self.formed.set()
         data = json.dumps({"nodes": len(m.nodes), "generation": m.generation,
                            "master": m.master_addr})
         self._signal(wc.SUCCESS, f"cluster {self.config.cluster_id} formed: {len(m.nodes)} "
                      f"nodes, generation {m.generation}", data)
 
-    def _pending_gpu_nodes(self) -> bool:
-        return bool(self._fallback_gpus)
+    def _discover_with_retry(self, expected: tuple[str, ...]) -> list[disco.Instance]:
+        """Describe the groups, riding out API throttling and blips for up to a minute."""
+        give_up = time.monotonic() + 60.0
+        while True:
+            try:
+                return self._discover_workers(expected)
+            except SetupFailed:
+                raise
+            except Exception as exc:
+                if time.monotonic() >= give_up:
+                    raise SetupFailed(f"cannot describe the groups of cluster "
+                                      f"{self.config.cluster_id}: {exc}") from exc
+                self.log.warning("event=describe-retry error=%r", exc)
+                self.stop.wait(2.0)
 
     def _gpu_counts_changed(self) -> bool:
         """True when a node we guessed the GPU count for has registered a different one."""
@@ -552,7 +571,14 @@ class NodeAgent:
                           self.current.generation)
             return
         self._publish(entries, reason=reason)
-        self._fallback_gpus = fallback
+        self._set_fallback(fallback)
+
+    def _set_fallback(self, fallback: set[str]) -> None:
+        """Remember guessed GPU counts; poll fast for their registrations for 10 minutes
+        (after that a node that never registered is not worth a receive per second)."""
+        self._fallback_gpus = set(fallback)
+        if fallback:
+            self._fast_poll_until = time.monotonic() + FAST_POLL_WINDOW
 
     def _publish(self, entries: list[dict], *, reason: str) -> ms.Membership:
         previous = None

@@ -10,9 +10,9 @@ from constructs_lib.cluster import DeepLearningCluster
 from constructs_lib.emr_cluster import EmrDeepLearningCluster
 from constructs_lib.images import IMAGE_FAMILIES, FixedAmi, deep_learning_ami
 from constructs_lib.metadata_queues import MetadataQueues
+from constructs_lib.nag_suppressions import acknowledge_cluster_findings
 from constructs_lib.network import ClusterNetwork
 from constructs_lib.node_group import NodeGroup
-from constructs_lib.nag_suppressions import acknowledge_cluster_findings
 from constructs_lib.shared_storage import SharedFileSystem
 from constructs_lib.validation import ConfigError
 

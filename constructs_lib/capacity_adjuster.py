@@ -47,7 +47,8 @@ class CapacityAdjuster(Construct):
         super().__init__(scope, construct_id)
         self.cluster_id = cluster_id
         self.key = kms.Key(
-            self, "TopicKey",
+            self,
+            "TopicKey",
             enable_key_rotation=True,
             description=f"Encrypts the Auto Scaling notification topic of cluster {cluster_id}",
             removal_policy=RemovalPolicy.DESTROY,
@@ -56,42 +57,61 @@ class CapacityAdjuster(Construct):
             f"arn:{Aws.PARTITION}:iam::{Aws.ACCOUNT_ID}:role/aws-service-role/"
             "autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
         )
-        self.key.add_to_resource_policy(iam.PolicyStatement(
-            sid="AutoScalingPublishesNotifications",
-            principals=[autoscaling_role],
-            actions=["kms:GenerateDataKey*", "kms:Decrypt"],
-            resources=["*"],
-        ))
-        self.topic = sns.Topic(self, "Topic", master_key=self.key, enforce_ssl=True,
-                               display_name=f"{cluster_id} Auto Scaling notifications")
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AutoScalingPublishesNotifications",
+                principals=[autoscaling_role],
+                actions=["kms:GenerateDataKey*", "kms:Decrypt"],
+                resources=["*"],
+            )
+        )
+        self.topic = sns.Topic(
+            self,
+            "Topic",
+            master_key=self.key,
+            enforce_ssl=True,
+            display_name=f"{cluster_id} Auto Scaling notifications",
+        )
 
-        self.log_group = logs.LogGroup(self, "Logs", retention=log_retention,
-                                       removal_policy=RemovalPolicy.DESTROY)
+        self.log_group = logs.LogGroup(
+            self, "Logs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
+        )
         self.role = iam.Role(
-            self, "Role",
+            self,
+            "Role",
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             description=f"Capacity adjuster of cluster {cluster_id}: only this cluster's groups",
         )
         self.log_group.grant_write(self.role)
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="ReadGroups",
-            actions=["autoscaling:DescribeAutoScalingGroups"],
-            resources=["*"],  # this Describe API supports no resource-level permissions
-        ))
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="AdjustOnlyThisClustersGroups",
-            actions=["autoscaling:SetDesiredCapacity"],
-            resources=[Stack.of(self).format_arn(
-                service="autoscaling", resource="autoScalingGroup",
-                resource_name="*:autoScalingGroupName/*",
-                arn_format=ArnFormat.COLON_RESOURCE_NAME,
-            )],
-            conditions={"StringEquals": {f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": cluster_id}},
-        ))
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ReadGroups",
+                actions=["autoscaling:DescribeAutoScalingGroups"],
+                resources=["*"],  # this Describe API supports no resource-level permissions
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="AdjustOnlyThisClustersGroups",
+                actions=["autoscaling:SetDesiredCapacity"],
+                resources=[
+                    Stack.of(self).format_arn(
+                        service="autoscaling",
+                        resource="autoScalingGroup",
+                        resource_name="*:autoScalingGroupName/*",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+                conditions={
+                    "StringEquals": {f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": cluster_id}
+                },
+            )
+        )
         master_queue.grant_send_messages(self.role)
 
         self.function = lambda_.Function(
-            self, "Function",
+            self,
+            "Function",
             runtime=RUNTIME,
             handler=HANDLER,
             code=lambda_.Code.from_asset(str(lambda_source_dir()), exclude=ASSET_EXCLUDES),
@@ -110,4 +130,3 @@ class CapacityAdjuster(Construct):
         )
         # Decrypting the notification is SNS's job; the function needs no key access.
         self.topic.add_subscription(subs.LambdaSubscription(self.function))
-

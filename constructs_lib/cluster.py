@@ -68,12 +68,16 @@ class DeepLearningCluster(Construct):
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
         min_workers = validation.positive_int("min_workers", min_workers, minimum=0)
-        max_workers = worker_count if max_workers is None else validation.positive_int(
-            "max_workers", max_workers)
+        max_workers = (
+            worker_count
+            if max_workers is None
+            else validation.positive_int("max_workers", max_workers)
+        )
         if not min_workers <= worker_count <= max_workers:
             raise validation.ConfigError(
                 f"workers must satisfy min_workers <= worker_count <= max_workers, got "
-                f"{min_workers} <= {worker_count} <= {max_workers}")
+                f"{min_workers} <= {worker_count} <= {max_workers}"
+            )
         root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         family = image_family(image_type)
         if ami_id:
@@ -81,7 +85,9 @@ class DeepLearningCluster(Construct):
         if ssh_cidr:
             validation.ssh_cidr("ssh_cidr", ssh_cidr)
         if file_system is not None and efs_file_system_id:
-            raise validation.ConfigError("give either 'file_system' or 'efs_file_system_id', not both")
+            raise validation.ConfigError(
+                "give either 'file_system' or 'efs_file_system_id', not both"
+            )
         self.cluster_id = cluster_id or Stack.of(self).stack_name
         self.worker_count = worker_count
 
@@ -94,8 +100,11 @@ class DeepLearningCluster(Construct):
         node_subnets = ec2.SubnetSelection(subnets=[private[0]])
         master_subnets = node_subnets
         if ssh_cidr:
-            public = [s for s in self.vpc.public_subnets
-                      if s.availability_zone == private[0].availability_zone] or self.vpc.public_subnets
+            public = [
+                s
+                for s in self.vpc.public_subnets
+                if s.availability_zone == private[0].availability_zone
+            ] or self.vpc.public_subnets
             if not public:
                 raise validation.ConfigError("'ssh_cidr' needs a public subnet for the master")
             master_subnets = ec2.SubnetSelection(subnets=[public[0]])
@@ -106,8 +115,12 @@ class DeepLearningCluster(Construct):
             self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)
         else:
             self.storage = SharedFileSystem(
-                self, "SharedStorage", vpc=self.vpc, file_system_id=efs_file_system_id,
-                security_group=efs_security_group, mount_point=efs_mount_point,
+                self,
+                "SharedStorage",
+                vpc=self.vpc,
+                file_system_id=efs_file_system_id,
+                security_group=efs_security_group,
+                mount_point=efs_mount_point,
                 require_tls=efs_require_tls,
             )
             self.file_system = self.storage.file_system
@@ -116,100 +129,141 @@ class DeepLearningCluster(Construct):
         # Built from the id rather than GetAtt: the same ARN, and it also works for an imported
         # file system and on CloudFormation emulators that lack EFS attributes.
         self.file_system_arn = Stack.of(self).format_arn(
-            service="elasticfilesystem", resource="file-system",
-            resource_name=self.file_system.file_system_id)
+            service="elasticfilesystem",
+            resource="file-system",
+            resource_name=self.file_system.file_system_id,
+        )
 
         self.queues = MetadataQueues(self, "MetadataQueues")
         self.master_queue = self.queues.master_queue
         self.worker_queue = self.queues.worker_queue
 
         self.capacity_adjuster = CapacityAdjuster(
-            self, "CapacityAdjuster", cluster_id=self.cluster_id, master_queue=self.master_queue)
+            self, "CapacityAdjuster", cluster_id=self.cluster_id, master_queue=self.master_queue
+        )
         self.topic = self.capacity_adjuster.topic
         self.capacity_function = self.capacity_adjuster.function
 
         # -- security groups: nodes talk freely to each other, nothing else gets in -----------
         self.node_security_group = ec2.SecurityGroup(
-            self, "NodeSecurityGroup", vpc=self.vpc, allow_all_outbound=True,
+            self,
+            "NodeSecurityGroup",
+            vpc=self.vpc,
+            allow_all_outbound=True,
             description="Cluster nodes: all traffic between nodes (NCCL, MPI, rendezvous)",
         )
         self.node_security_group.add_ingress_rule(
-            self.node_security_group, ec2.Port.all_traffic(), "all traffic between cluster nodes")
+            self.node_security_group, ec2.Port.all_traffic(), "all traffic between cluster nodes"
+        )
         master_groups: list[ec2.ISecurityGroup] = [self.node_security_group]
         self.admin_security_group: ec2.SecurityGroup | None = None
         if ssh_cidr:
             self.admin_security_group = ec2.SecurityGroup(
-                self, "AdminSsh", vpc=self.vpc, allow_all_outbound=False,
+                self,
+                "AdminSsh",
+                vpc=self.vpc,
+                allow_all_outbound=False,
                 description=f"SSH to the master from {ssh_cidr} only",
             )
             self.admin_security_group.add_ingress_rule(
-                ec2.Peer.ipv4(ssh_cidr), ec2.Port.tcp(22), "SSH from the administrators' range")
+                ec2.Peer.ipv4(ssh_cidr), ec2.Port.tcp(22), "SSH from the administrators' range"
+            )
             master_groups.append(self.admin_security_group)
         self.file_system.connections.allow_default_port_from(
-            self.node_security_group, "NFS from cluster nodes")
+            self.node_security_group, "NFS from cluster nodes"
+        )
 
         # -- node scripts and the setup wait condition -----------------------------------------
         self.node_scripts = s3_assets.Asset(
-            self, "NodeScripts", path=str(node_scripts_dir()), exclude=ASSET_EXCLUDES)
+            self, "NodeScripts", path=str(node_scripts_dir()), exclude=ASSET_EXCLUDES
+        )
         self.wait_handle = CfnWaitConditionHandle(self, "SetupHandle")
 
         image = machine_image or deep_learning_ami(image_type, ami_id=ami_id)
         device = root_device_name or family.root_device_name
         pg: ec2.IPlacementGroup | None = None
         if placement_group is True:
-            pg = ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+            pg = ec2.PlacementGroup(
+                self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
+            )
         elif placement_group:
             pg = placement_group  # type: ignore[assignment]
         self.placement_group = pg
 
         def user_data(role: str, wait_handle: str) -> ec2.UserData:
             data = ec2.UserData.for_linux()
-            data.add_commands(*render_bootstrap_commands(
-                asset_s3_url=self.node_scripts.s3_object_url,
-                python=family.python,
-                agent_settings={
-                    "role": role,
-                    "cluster-id": self.cluster_id,
-                    "stack-name": Aws.STACK_NAME,
-                    "region": Aws.REGION,
-                    "master-queue-url": self.master_queue.queue_url,
-                    "worker-queue-url": self.worker_queue.queue_url,
-                    "efs-id": self.file_system.file_system_id,
-                    "mount-point": self.efs_mount_point,
-                    "wait-handle": wait_handle,
-                    "setup-timeout": str(setup_timeout_seconds),
-                },
-            ))
+            data.add_commands(
+                *render_bootstrap_commands(
+                    asset_s3_url=self.node_scripts.s3_object_url,
+                    python=family.python,
+                    agent_settings={
+                        "role": role,
+                        "cluster-id": self.cluster_id,
+                        "stack-name": Aws.STACK_NAME,
+                        "region": Aws.REGION,
+                        "master-queue-url": self.master_queue.queue_url,
+                        "worker-queue-url": self.worker_queue.queue_url,
+                        "efs-id": self.file_system.file_system_id,
+                        "mount-point": self.efs_mount_point,
+                        "wait-handle": wait_handle,
+                        "setup-timeout": str(setup_timeout_seconds),
+                    },
+                )
+            )
             return data
 
         common = dict(
-            cluster_id=self.cluster_id, vpc=self.vpc, machine_image=image,
-            notification_topic=self.topic, root_device_name=device,
-            root_volume_gib=root_volume_gib, key_name=key_name, placement_group=pg, efa=efa,
+            cluster_id=self.cluster_id,
+            vpc=self.vpc,
+            machine_image=image,
+            notification_topic=self.topic,
+            root_device_name=device,
+            root_volume_gib=root_volume_gib,
+            key_name=key_name,
+            placement_group=pg,
+            efa=efa,
         )
         self.master_group = NodeGroup(
-            self, "MasterGroup", role="master", vpc_subnets=master_subnets,
+            self,
+            "MasterGroup",
+            role="master",
+            vpc_subnets=master_subnets,
             instance_type=ec2.InstanceType(master_instance_type),
             user_data=user_data("master", self.wait_handle.ref),
-            security_groups=master_groups, min_capacity=1, max_capacity=1, desired_capacity=1,
-            associate_public_ip=bool(ssh_cidr), **common,
+            security_groups=master_groups,
+            min_capacity=1,
+            max_capacity=1,
+            desired_capacity=1,
+            associate_public_ip=bool(ssh_cidr),
+            **common,
         )
         self.worker_group = NodeGroup(
-            self, "WorkerGroup", role="worker", vpc_subnets=node_subnets,
+            self,
+            "WorkerGroup",
+            role="worker",
+            vpc_subnets=node_subnets,
             instance_type=ec2.InstanceType(worker_instance_type),
             user_data=user_data("worker", ""),
-            security_groups=[self.node_security_group], min_capacity=min_workers,
-            max_capacity=max_workers, desired_capacity=worker_count, **common,
+            security_groups=[self.node_security_group],
+            min_capacity=min_workers,
+            max_capacity=max_workers,
+            desired_capacity=worker_count,
+            **common,
         )
         for group in (self.master_group, self.worker_group):
             self._grant_node_access(group.role)
             # The subscription must exist before the first launch notification is sent.
             group.auto_scaling_group.node.add_dependency(self.capacity_adjuster)
         # As in the original: workers are created after the master group.
-        self.worker_group.auto_scaling_group.node.add_dependency(self.master_group.auto_scaling_group)
+        self.worker_group.auto_scaling_group.node.add_dependency(
+            self.master_group.auto_scaling_group
+        )
 
         self.wait_condition = CfnWaitCondition(
-            self, "SetupComplete", handle=self.wait_handle.ref, count=1,
+            self,
+            "SetupComplete",
+            handle=self.wait_handle.ref,
+            count=1,
             timeout=str(setup_timeout_seconds),
         )
         self.wait_condition.node.add_dependency(self.master_group.auto_scaling_group)
@@ -218,22 +272,33 @@ class DeepLearningCluster(Construct):
         """What the node agent, job executor and health check need, and no more."""
         self.queues.grant_agent_access(role)
         # Exactly the one object (asset.grant_read would allow GetObject* on the whole bucket).
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="ReadNodeScripts",
-            actions=["s3:GetObject"],
-            resources=[self.node_scripts.bucket.arn_for_objects(self.node_scripts.s3_object_key)],
-        ))
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="MountSharedFileSystem",
-            actions=["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite",
-                     "elasticfilesystem:ClientRootAccess"],
-            resources=[self.file_system_arn],
-        ))
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="DiscoverClusterMembers",
-            actions=["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"],
-            resources=["*"],  # these Describe APIs support no resource-level permissions
-        ))
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ReadNodeScripts",
+                actions=["s3:GetObject"],
+                resources=[
+                    self.node_scripts.bucket.arn_for_objects(self.node_scripts.s3_object_key)
+                ],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="MountSharedFileSystem",
+                actions=[
+                    "elasticfilesystem:ClientMount",
+                    "elasticfilesystem:ClientWrite",
+                    "elasticfilesystem:ClientRootAccess",
+                ],
+                resources=[self.file_system_arn],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="DiscoverClusterMembers",
+                actions=["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"],
+                resources=["*"],  # these Describe APIs support no resource-level permissions
+            )
+        )
 
     @property
     def connections(self) -> ec2.Connections:

@@ -9,7 +9,6 @@ See docs/emr.md.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
@@ -174,6 +173,7 @@ class EmrDeepLearningCluster(Construct):
         self.root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         if ami_id:
             validation.ami_id("ami_id", ami_id)
+        validation.mount_point("efs_mount_point", efs_mount_point)
         if file_system is not None and efs_file_system_id:
             raise validation.ConfigError(
                 "give either 'file_system' or 'efs_file_system_id', not both")
@@ -360,7 +360,8 @@ class EmrDeepLearningCluster(Construct):
                     jar=jar["Jar"], args=jar["Args"]))]
         self.training_command = list(training_command) if training_command else None
 
-        def group(name: str, instance_type: str, count: int) -> emr.CfnCluster.InstanceGroupConfigProperty:
+        def group(name: str, instance_type: str,
+                  count: int) -> emr.CfnCluster.InstanceGroupConfigProperty:
             return emr.CfnCluster.InstanceGroupConfigProperty(
                 name=name, instance_count=count, instance_type=instance_type, market="ON_DEMAND")
 

@@ -53,14 +53,19 @@ def image_family(image_type: str) -> ImageFamily:
         raise ValueError(f"unknown image type {image_type!r}; expected one of: {known}") from None
 
 
-def deep_learning_ami(image_type: str = DEFAULT_IMAGE_TYPE, *, ami_id: str | None = None,
-                      ssm_parameter: str | None = None) -> ec2.IMachineImage:
+def deep_learning_ami(
+    image_type: str = DEFAULT_IMAGE_TYPE,
+    *,
+    ami_id: str | None = None,
+    ssm_parameter: str | None = None,
+) -> ec2.IMachineImage:
     """The cluster's machine image: an explicit AMI id, else the DLAMI's SSM parameter."""
     family = image_family(image_type)
     if ami_id:
         return FixedAmi(ami_id)
-    return ec2.MachineImage.from_ssm_parameter(ssm_parameter or family.ssm_parameter,
-                                               os=ec2.OperatingSystemType.LINUX)
+    return ec2.MachineImage.from_ssm_parameter(
+        ssm_parameter or family.ssm_parameter, os=ec2.OperatingSystemType.LINUX
+    )
 
 
 @jsii.implements(ec2.IMachineImage)

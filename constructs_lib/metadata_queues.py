@@ -16,21 +16,24 @@ class MetadataQueues(Construct):
     the dead-letter queue after 5 receives instead of looping forever.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *,
-                 retention: Duration = Duration.days(4)) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, retention: Duration = Duration.days(4)
+    ) -> None:
         super().__init__(scope, construct_id)
         self.master_queue = self._queue("Master", retention)
         self.worker_queue = self._queue("Worker", retention)
 
     def _queue(self, name: str, retention: Duration) -> sqs.Queue:
         dead_letters = sqs.Queue(
-            self, f"{name}DeadLetters",
+            self,
+            f"{name}DeadLetters",
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
             retention_period=Duration.days(14),
         )
         return sqs.Queue(
-            self, name,
+            self,
+            name,
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
             retention_period=retention,

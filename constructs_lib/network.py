@@ -42,7 +42,9 @@ class ClusterNetwork(Construct):
             return
         validation.vpc_cidr("cidr", cidr)
         if max_azs < 2:
-            raise validation.ConfigError(f"'max_azs' must be >= 2 (EFS and NAT resilience), got {max_azs}")
+            raise validation.ConfigError(
+                f"'max_azs' must be >= 2 (EFS and NAT resilience), got {max_azs}"
+            )
         validation.positive_int("nat_gateways", nat_gateways)
         self.flow_log_group = logs.LogGroup(
             self, "FlowLogs", retention=flow_log_retention, removal_policy=RemovalPolicy.DESTROY
@@ -55,7 +57,9 @@ class ClusterNetwork(Construct):
             nat_gateways=nat_gateways,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC),
-                ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+                ec2.SubnetConfiguration(
+                    name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS
+                ),
             ],
             flow_logs={
                 "all": ec2.FlowLogOptions(

@@ -70,7 +70,8 @@ class NodeGroup(Construct):
         self.node_role = role
 
         self.role = iam.Role(
-            self, "InstanceRole",
+            self,
+            "InstanceRole",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             managed_policies=[
                 iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")
@@ -79,7 +80,8 @@ class NodeGroup(Construct):
         )
         primary_sg, *extra_sgs = security_groups
         self.launch_template = ec2.LaunchTemplate(
-            self, "LaunchTemplate",
+            self,
+            "LaunchTemplate",
             instance_type=instance_type,
             machine_image=machine_image,
             user_data=user_data,
@@ -88,15 +90,21 @@ class NodeGroup(Construct):
             require_imdsv2=True,
             http_put_response_hop_limit=2,
             instance_metadata_tags=False,
-            key_pair=ec2.KeyPair.from_key_pair_name(self, "KeyPair", key_name) if key_name else None,
+            key_pair=ec2.KeyPair.from_key_pair_name(self, "KeyPair", key_name)
+            if key_name
+            else None,
             placement_group=placement_group,
-            block_devices=[ec2.BlockDevice(
-                device_name=root_device_name,
-                volume=ec2.BlockDeviceVolume.ebs(
-                    root_volume_gib, encrypted=True, volume_type=ec2.EbsDeviceVolumeType.GP3,
-                    delete_on_termination=True,
-                ),
-            )],
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name=root_device_name,
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        root_volume_gib,
+                        encrypted=True,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
         )
         for sg in extra_sgs:
             self.launch_template.add_security_group(sg)
@@ -104,16 +112,20 @@ class NodeGroup(Construct):
             self._use_explicit_network_interface(efa=efa, public_ip=associate_public_ip)
 
         self.auto_scaling_group = autoscaling.AutoScalingGroup(
-            self, "Group",
+            self,
+            "Group",
             vpc=vpc,
             vpc_subnets=vpc_subnets,
             launch_template=self.launch_template,
             min_capacity=min_capacity,
             max_capacity=max_capacity,
             desired_capacity=desired_capacity,
-            notifications=[autoscaling.NotificationConfiguration(
-                topic=notification_topic, scaling_events=autoscaling.ScalingEvents.ALL,
-            )],
+            notifications=[
+                autoscaling.NotificationConfiguration(
+                    topic=notification_topic,
+                    scaling_events=autoscaling.ScalingEvents.ALL,
+                )
+            ],
             group_metrics=[autoscaling.GroupMetrics.all()],
         )
         Tags.of(self.auto_scaling_group).add(ROLE_TAG_KEY, ROLES[role])
@@ -125,7 +137,9 @@ class NodeGroup(Construct):
         interface: dict = {
             "DeviceIndex": 0,
             "DeleteOnTermination": True,
-            "Groups": [sg.security_group_id for sg in self.launch_template.connections.security_groups],
+            "Groups": [
+                sg.security_group_id for sg in self.launch_template.connections.security_groups
+            ],
         }
         if efa:
             interface["InterfaceType"] = "efa"

@@ -46,7 +46,10 @@ class SharedFileSystem(Construct):
             validation.file_system_id("file_system_id", file_system_id)
             if security_group is None:
                 security_group = ec2.SecurityGroup(
-                    self, "MountTargetAccess", vpc=vpc, allow_all_outbound=False,
+                    self,
+                    "MountTargetAccess",
+                    vpc=vpc,
+                    allow_all_outbound=False,
                     description="Attach to the existing EFS mount targets: NFS from cluster nodes",
                 )
             self.security_group = security_group
@@ -56,7 +59,10 @@ class SharedFileSystem(Construct):
             self.created = False
         else:
             self.security_group = security_group or ec2.SecurityGroup(
-                self, "MountTargets", vpc=vpc, allow_all_outbound=False,
+                self,
+                "MountTargets",
+                vpc=vpc,
+                allow_all_outbound=False,
                 description="EFS mount targets: NFS (2049) from cluster nodes only",
             )
             fs = efs.FileSystem(

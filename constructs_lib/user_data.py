@@ -21,22 +21,23 @@ def _quote(value: str) -> str:
     return "'" + str(value).replace("'", "'\"'\"'") + "'"
 
 
-def render_bootstrap_commands(*, asset_s3_url: str, agent_settings: Mapping[str, str],
-                              python: str = "python3") -> list[str]:
+def render_bootstrap_commands(
+    *, asset_s3_url: str, agent_settings: Mapping[str, str], python: str = "python3"
+) -> list[str]:
     """Shell lines of the user data (after the shebang that CDK adds)."""
     args = " ".join(f"--{key} {_quote(value)}" for key, value in agent_settings.items())
     return [
         "# Deep-learning cluster node bootstrap (rendered by constructs_lib.NodeGroup).",
         "set -euo pipefail",
         f"exec > >(tee -a {BOOTSTRAP_LOG}) 2>&1",
-        f"PY={python}; [ -x \"$PY\" ] || PY=python3",
+        f'PY={python}; [ -x "$PY" ] || PY=python3',
         f"mkdir -p {NODE_LIB_DIR}",
         f"aws s3 cp --only-show-errors {_quote(asset_s3_url)} /opt/deeplearning/node-scripts.zip",
         "rm -rf /opt/deeplearning/lib/bootstrap_scripts",
-        f"\"$PY\" -m zipfile -e /opt/deeplearning/node-scripts.zip {NODE_LIB_DIR}/bootstrap_scripts",
+        f'"$PY" -m zipfile -e /opt/deeplearning/node-scripts.zip {NODE_LIB_DIR}/bootstrap_scripts',
         "# EFS in-transit encryption needs efs-utils (mount -t efs -o tls) where the OS has it.",
         "if command -v dnf >/dev/null; then dnf install -y -q amazon-efs-utils || true; fi",
-        "\"$PY\" -c 'import boto3' 2>/dev/null || \"$PY\" -m pip install -q boto3",
+        '"$PY" -c \'import boto3\' 2>/dev/null || "$PY" -m pip install -q boto3',
         f"cd {NODE_LIB_DIR}",
-        f"PYTHONPATH={NODE_LIB_DIR} exec \"$PY\" -m {INSTALL_MODULE} {args}",
+        f'PYTHONPATH={NODE_LIB_DIR} exec "$PY" -m {INSTALL_MODULE} {args}',
     ]

@@ -55,8 +55,9 @@ def cidr(name: str, value: str) -> str:
     try:
         net = ipaddress.ip_network(str(value), strict=True)
     except ValueError as exc:
-        raise ConfigError(f"{_label(name)} must be a CIDR block like 10.0.0.0/16, got {value!r} "
-                          f"({exc})") from None
+        raise ConfigError(
+            f"{_label(name)} must be a CIDR block like 10.0.0.0/16, got {value!r} ({exc})"
+        ) from None
     if net.version != 4:
         raise ConfigError(f"{_label(name)} must be an IPv4 CIDR block, got {value!r}")
     return str(net)
@@ -65,9 +66,11 @@ def cidr(name: str, value: str) -> str:
 def ssh_cidr(name: str, value: str) -> str:
     block = cidr(name, value)
     if not Token.is_unresolved(block) and ipaddress.ip_network(block).prefixlen == 0:
-        raise ConfigError(f"{_label(name)} must not open SSH to the whole internet, got {value!r}; "
-                          "give your own address range (e.g. 203.0.113.7/32) or leave it unset "
-                          "and connect with SSM Session Manager")
+        raise ConfigError(
+            f"{_label(name)} must not open SSH to the whole internet, got {value!r}; "
+            "give your own address range (e.g. 203.0.113.7/32) or leave it unset "
+            "and connect with SSM Session Manager"
+        )
     return block
 
 
@@ -96,8 +99,9 @@ def ami_id(name: str, value: str) -> str:
 
 def mount_point(name: str, value: str) -> str:
     if not _MOUNT_POINT.match(str(value)) or str(value) == "/" or ".." in str(value).split("/"):
-        raise ConfigError(f"{_label(name)} must be an absolute directory path such as /efs, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"{_label(name)} must be an absolute directory path such as /efs, got {value!r}"
+        )
     return str(value).rstrip("/")
 
 

@@ -37,7 +37,7 @@ from rich.markup import escape
 from emulator import deploy as dp
 from emulator import notifications as nt
 from emulator.nodes import PYTHON, Node, NodeError, base_env, check_agent_args
-from emulator.procs import Tracked, pids_in_groups, start_time, stop_groups
+from emulator.procs import Tracked, descendants, pids_in_groups, start_time, stop_groups
 
 EPOCH_RE = re.compile(r"^\[(\d+) (\S+)\] epoch=(\d+) acc=([\d.]+) loss=([\d.]+) "
                       r"samples_per_s=(\d+) world_size=(\d+)")
@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-launches", type=int, default=0, metavar="K",
                    help="K worker launches fail as on AWS (default: 0)")
     p.add_argument("--kill-node-after", type=float, default=None, metavar="SECONDS",
-                   help="kill one worker this many seconds after training starts, then "
-                        "recover: new membership without it, resume from the checkpoint")
+                   help="kill one worker this many seconds after the job's first epoch "
+                        "(0: at once), then recover: new membership without it, resume "
+                        "from the last checkpoint on the survivors")
     p.add_argument("--epochs", type=int, default=20, help="training epochs (default: 20)")
     p.add_argument("--require-acc", type=float, default=0.9,
                    help="held-out accuracy the job must reach (default: 0.9)")
@@ -497,7 +498,7 @@ class Demo:
                     break
                 if line:
                     out_log.write(line + "\n")
-                    res.output_tail = (res.output_tail + [line])[-40:]
+                    res.output_tail = [*res.output_tail, line][-40:]
                     self.show_job_line(line, res)
                     if first_epoch_at is None and res.epochs:
                         first_epoch_at = time.monotonic()
@@ -561,6 +562,10 @@ class Demo:
                             f"--epochs")
         if job.exit_code == 0:
             raise DemoError(f"the job succeeded although worker {kill['address']} was killed")
+        if job.epochs and job.epochs[-1]["epoch"] >= self.ns.epochs:
+            raise DemoError(f"training finished all {self.ns.epochs} epochs before worker "
+                            f"{kill['address']} was killed: use a smaller --kill-node-after "
+                            f"or more --epochs")
         named = any(kill["address"] in ln for ln in job.output_tail if "[dl-run]" in ln)
         kill["job_error"] = job.failure
         kill["job_error_names_node"] = named
@@ -695,8 +700,11 @@ class Demo:
         self.console.print(tm)
 
     # -- teardown ----------------------------------------------------------------------------
-    def teardown(self) -> list[int]:
+    def teardown(self) -> tuple[list[int], list[int]]:
+        """Stop everything; returns (survivors, every PID that was running at the start)."""
         groups = self.groups()
+        members = pids_in_groups(g.pid for g in groups)
+        seen = sorted(members | descendants(members))
         survivors = stop_groups(groups, grace=15)
         for n in self.nodes:
             for p in n.popens:
@@ -707,7 +715,7 @@ class Demo:
         if self.cloud_popen is not None:
             with contextlib.suppress(Exception):
                 self.cloud_popen.wait(timeout=5)
-        return sorted(survivors)
+        return sorted(survivors), seen
 
     def keep_instructions(self, report_path: Path) -> None:
         master = next((n for n in self.live_nodes() if n.role == "master"), None)
@@ -752,6 +760,9 @@ class Demo:
             if ns.kill_node_after is not None:
                 self.recover(job)
                 job = self.run_job(resume=True, world_sizes=worlds)
+            if job.exit_code == 0 and not job.epochs:
+                raise DemoError(f"job {job.job_id} exited 0 but trained no epoch (nothing "
+                                f"left to resume?): see {self.logs}")
             if job.exit_code != 0:
                 raise DemoError(f"the training job failed with exit status {job.exit_code}: "
                                 f"{job.failure or chr(10).join(job.output_tail[-10:])}")
@@ -779,8 +790,9 @@ class Demo:
         try:
             if not keep:
                 self.step("tearing down: every process we started, by process group")
-                survivors = self.teardown()
+                survivors, seen = self.teardown()
                 report["leftover_pids"] = survivors
+                report["stopped_pids"] = seen
                 report["timings"]["total_s"] = round(time.monotonic() - self.t0, 2)
                 if survivors:
                     self.console.print(f"[bold red]processes still alive: {survivors}[/]")

@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from emulator.deploy import REPO_ROOT, DeployError, Instance
-from emulator.procs import Tracked, signal_group, start_time
+from emulator.procs import (
+    Tracked,
+    descendants,
+    kill_pids,
+    pids_in_groups,
+    signal_group,
+    start_time,
+)
 
 PYTHON = sys.executable
 AGENT_UNIT = "etc/systemd/system/dl-agent.service"
@@ -176,11 +183,14 @@ class Node:
                 if p.poll() is None]
 
     def kill(self, share_pgids: list[int]) -> None:
-        """Lose the machine: SIGKILL the node's group and its job shares' groups."""
-        for pgid in share_pgids:
+        """Lose the machine: SIGKILL the node's group, its job shares' groups, and every
+        descendant that left them (torchrun's workers run in sessions of their own)."""
+        pgids = [*share_pgids, *([self.group.pid] if self.group else [])]
+        members = pids_in_groups(pgids)
+        everything = members | descendants(members)
+        for pgid in pgids:
             signal_group(pgid, signal.SIGKILL)
-        if self.group is not None:
-            signal_group(self.group.pid, signal.SIGKILL)
+        kill_pids(everything)
         for p in self.popens:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)

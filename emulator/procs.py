@@ -50,6 +50,32 @@ def pids_in_groups(pgids: Iterable[int]) -> set[int]:
     return found
 
 
+def descendants(roots: Iterable[int]) -> set[int]:
+    """Every live descendant of ``roots`` (by parent PID). Needed because torchrun starts
+    its workers with ``start_new_session=True``: they leave the share's process group, so a
+    ``killpg`` alone would orphan them (they would keep training)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields and fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_pids(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 @dataclass
 class Tracked:
     """A process group leader we started: ``pid`` == its ``pgid``."""
@@ -80,19 +106,23 @@ def stop_groups(groups: Iterable[Tracked], *, grace: float = 10.0) -> set[int]:
     """SIGTERM every group, wait up to ``grace`` s, SIGKILL what is left; returns survivors
     (empty when everything is gone)."""
     groups = [g for g in groups if g.same_process()]
+    pgids = {g.pid for g in groups}
+    members = pids_in_groups(pgids)
+    escaped = descendants(members) - members  # e.g. torchrun workers (own sessions)
     for g in groups:
         signal_group(g.pid, signal.SIGTERM)
-    pgids = {g.pid for g in groups}
     deadline = time.monotonic() + grace
     while pids_in_groups(pgids) and time.monotonic() < deadline:
         time.sleep(0.1)
     for g in groups:
         signal_group(g.pid, signal.SIGKILL)
+    kill_pids(p for p in escaped if alive(p))
     deadline = time.monotonic() + 5
-    while pids_in_groups(pgids) and time.monotonic() < deadline:
+    while (pids_in_groups(pgids) or any(alive(p) for p in escaped)) and \
+            time.monotonic() < deadline:
         time.sleep(0.05)
     reap(g.pid for g in groups)
-    return pids_in_groups(pgids)
+    return pids_in_groups(pgids) | {p for p in escaped if alive(p)}
 
 
 def reap(pids: Iterable[int]) -> None:

@@ -31,12 +31,14 @@ class ClusterSettings:
 class DLClusterStack(Stack):
     """Deploys one DeepLearningCluster and prints what a user needs to reach it."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, settings: ClusterSettings,
-                 **kwargs) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, settings: ClusterSettings, **kwargs
+    ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.settings = settings
         self.cluster = DeepLearningCluster(
-            self, "Cluster",
+            self,
+            "Cluster",
             vpc_cidr=settings.vpc_cidr,
             worker_count=settings.worker_count,
             worker_instance_type=settings.worker_instance_type,
@@ -53,15 +55,30 @@ class DLClusterStack(Stack):
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster
         master_group = c.master_group.group_name
-        CfnOutput(self, "MasterGroupName", value=master_group,
-                  description="Auto Scaling group of the master node")
-        CfnOutput(self, "WorkerGroupName", value=c.worker_group.group_name,
-                  description="Auto Scaling group of the workers (dl-scale changes its capacity)")
-        CfnOutput(self, "WorkerLaunchTemplateId",
-                  value=c.worker_group.launch_template.launch_template_id or "",
-                  description="Launch template to start extra workers by hand")
-        CfnOutput(self, "FileSystemId", value=c.file_system.file_system_id,
-                  description=f"EFS mounted at {c.efs_mount_point} on every node")
+        CfnOutput(
+            self,
+            "MasterGroupName",
+            value=master_group,
+            description="Auto Scaling group of the master node",
+        )
+        CfnOutput(
+            self,
+            "WorkerGroupName",
+            value=c.worker_group.group_name,
+            description="Auto Scaling group of the workers (dl-scale changes its capacity)",
+        )
+        CfnOutput(
+            self,
+            "WorkerLaunchTemplateId",
+            value=c.worker_group.launch_template.launch_template_id or "",
+            description="Launch template to start extra workers by hand",
+        )
+        CfnOutput(
+            self,
+            "FileSystemId",
+            value=c.file_system.file_system_id,
+            description=f"EFS mounted at {c.efs_mount_point} on every node",
+        )
         CfnOutput(self, "MasterQueueUrl", value=c.master_queue.queue_url)
         CfnOutput(self, "WorkerQueueUrl", value=c.worker_queue.queue_url)
         master_instance = (
@@ -69,6 +86,9 @@ class DLClusterStack(Stack):
             f"--auto-scaling-group-names {master_group} "
             "--query 'AutoScalingGroups[0].Instances[0].InstanceId' --output text)"
         )
-        CfnOutput(self, "ConnectCommand",
-                  value=f"aws ssm start-session --region {self.region} --target {master_instance}",
-                  description="Open a shell on the master (SSM Session Manager, no SSH needed)")
+        CfnOutput(
+            self,
+            "ConnectCommand",
+            value=f"aws ssm start-session --region {self.region} --target {master_instance}",
+            description="Open a shell on the master (SSM Session Manager, no SSH needed)",
+        )

@@ -66,9 +66,12 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
         values["root_volume_gib"] = named("rootVolumeGiB", validation.root_volume)
     if text("imageType") is not None:
         values["image_type"] = named(
-            "imageType", lambda n, v: validation.one_of(n, v, tuple(IMAGE_FAMILIES)))
-    for key, field in (("workerInstanceType", "worker_instance_type"),
-                       ("masterInstanceType", "master_instance_type")):
+            "imageType", lambda n, v: validation.one_of(n, v, tuple(IMAGE_FAMILIES))
+        )
+    for key, field in (
+        ("workerInstanceType", "worker_instance_type"),
+        ("masterInstanceType", "master_instance_type"),
+    ):
         if text(key) is not None:
             values[field] = named(key, _instance_type)
     if text("amiId") is not None:
@@ -93,5 +96,6 @@ def _instance_type(name: str, value: object) -> str:
     parts = text.split(".")
     if len(parts) != 2 or not all(p and p.replace("-", "").isalnum() for p in parts):
         raise validation.ConfigError(
-            f"'{name}' must be an EC2 instance type like g5.xlarge, got {value!r}")
+            f"'{name}' must be an EC2 instance type like g5.xlarge, got {value!r}"
+        )
     return text

@@ -64,7 +64,7 @@ def test_efs_utils_with_tls_when_installed(tmp_path, tools):
     fake_tools(bindir, state, fail_times=0, efs_utils=True)
     mp = str(tmp_path / "efs")
     assert ensure_mounted("fs-12345678", "us-east-1", mp, sleep=lambda _s: None) == "mounted"
-    assert (state / "calls").read_text().strip() == f"-t efs -o tls fs-12345678:/ {mp}"
+    assert (state / "calls").read_text().strip() == f"-t efs -o tls,iam fs-12345678:/ {mp}"
 
 
 def test_already_mounted_is_left_alone(tmp_path, tools):

@@ -57,8 +57,8 @@ def test_every_node_writes_the_same_workers_file_primary_first_then_numeric(
     emr, ec2, endpoint = clients
     cluster_id = make_cluster(endpoint)
     primary, core = instances_of(endpoint, cluster_id)
-    expected_order = [primary["PrivateIpAddress"]] + sorted(
-        (c["PrivateIpAddress"] for c in core), key=ipaddress.ip_address)
+    core_addresses = sorted((c["PrivateIpAddress"] for c in core), key=ipaddress.ip_address)
+    expected_order = [primary["PrivateIpAddress"], *core_addresses]
     expected_workers = "".join(f"{a}\n" for a in expected_order)
 
     workers_files, memberships = set(), set()

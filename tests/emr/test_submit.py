@@ -76,6 +76,9 @@ def test_usage_errors(argv: list[str], needle: str, capsys: pytest.CaptureFixtur
     assert needle in capsys.readouterr().err
 
 
+WAIT_ARGV = ["--emr", "j-1ABC", "--wait", "--poll", "0", "--", "python", "t.py"]
+
+
 class ScriptedEmr:
     """A stand-in EMR client that walks a step through given states (no timing involved)."""
 
@@ -84,11 +87,11 @@ class ScriptedEmr:
         self.failure = failure or {}
         self.added: list[dict] = []
 
-    def add_job_flow_steps(self, JobFlowId: str, Steps: list[dict]) -> dict:  # noqa: N803
+    def add_job_flow_steps(self, JobFlowId: str, Steps: list[dict]) -> dict:
         self.added.extend(Steps)
         return {"StepIds": ["s-SCRIPTED"]}
 
-    def describe_step(self, ClusterId: str, StepId: str) -> dict:  # noqa: N803
+    def describe_step(self, ClusterId: str, StepId: str) -> dict:
         state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
         status = {"State": state}
         if state == "FAILED":
@@ -96,24 +99,20 @@ class ScriptedEmr:
         return {"Step": {"Status": status}}
 
 
-def test_wait_prints_each_state_and_succeeds_on_completed(capsys: pytest.CaptureFixture,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(submit.time, "sleep", lambda _s: None)
+def test_wait_prints_each_state_and_succeeds_on_completed(capsys: pytest.CaptureFixture) -> None:
     emr = ScriptedEmr(["PENDING", "PENDING", "RUNNING", "COMPLETED"])
-    assert submit.main(["--emr", "j-1ABC", "--wait", "--", "python", "t.py"], client=emr) == 0
+    assert submit.main(WAIT_ARGV, client=emr) == 0
     out, err = capsys.readouterr()
     assert out.strip() == "s-SCRIPTED"
     assert err.splitlines() == ["s-SCRIPTED PENDING", "s-SCRIPTED RUNNING",
                                 "s-SCRIPTED COMPLETED"]
 
 
-def test_wait_reports_the_failure_reason_and_log(capsys: pytest.CaptureFixture,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(submit.time, "sleep", lambda _s: None)
+def test_wait_reports_the_failure_reason_and_log(capsys: pytest.CaptureFixture) -> None:
     emr = ScriptedEmr(["RUNNING", "FAILED"], failure={
         "Reason": "Unknown Error.", "Message": "dl-run exited 1",
         "LogFile": "s3://logs/emr-logs/j-1ABC/steps/s-SCRIPTED/stderr.gz"})
-    assert submit.main(["--emr", "j-1ABC", "--wait", "--", "python", "t.py"], client=emr) == 1
+    assert submit.main(WAIT_ARGV, client=emr) == 1
     err = capsys.readouterr().err
     assert "step s-SCRIPTED on j-1ABC ended FAILED" in err
     assert "dl-run exited 1" in err and "steps/s-SCRIPTED/stderr.gz" in err

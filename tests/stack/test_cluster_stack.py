@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from aws_cdk.assertions import Match, Template
@@ -33,14 +34,19 @@ def test_root_volumes_encrypted_gp3_100gib_by_default(template: Template) -> Non
     for lt in _resources(template, "AWS::EC2::LaunchTemplate").values():
         (bdm,) = lt["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
         assert bdm["DeviceName"] == "/dev/sda1"  # Ubuntu DLAMI root device: resizes root
-        assert bdm["Ebs"] == {"Encrypted": True, "VolumeType": "gp3", "VolumeSize": 100,
-                              "DeleteOnTermination": True}
+        assert bdm["Ebs"] == {
+            "Encrypted": True,
+            "VolumeType": "gp3",
+            "VolumeSize": 100,
+            "DeleteOnTermination": True,
+        }
 
 
 def test_no_ingress_from_anywhere_by_default(template: Template) -> None:
     text = json.dumps(template.to_json())
     assert "0.0.0.0/0" not in text.replace('"DestinationCidrBlock": "0.0.0.0/0"', "").replace(
-        '"CidrIp": "0.0.0.0/0", "Description": "Allow all outbound traffic by default"', "")
+        '"CidrIp": "0.0.0.0/0", "Description": "Allow all outbound traffic by default"', ""
+    )
     for sg in _resources(template, "AWS::EC2::SecurityGroup").values():
         for rule in sg["Properties"].get("SecurityGroupIngress", []):
             assert rule.get("CidrIp") != "0.0.0.0/0"
@@ -52,16 +58,26 @@ def test_no_ingress_from_anywhere_by_default(template: Template) -> None:
 
 def test_ssh_only_from_ssh_cidr_and_master_public() -> None:
     t = cluster_template(sshCidr="203.0.113.7/32")
-    t.has_resource_properties("AWS::EC2::SecurityGroup", {
-        "SecurityGroupIngress": [Match.object_like({
-            "CidrIp": "203.0.113.7/32", "FromPort": 22, "ToPort": 22, "IpProtocol": "tcp"})],
-    })
-    sgs_with_22 = [sg for sg in t.find_resources("AWS::EC2::SecurityGroup").values()
-                   if any(r.get("FromPort") == 22 for r in sg["Properties"].get("SecurityGroupIngress", []))]
+    t.has_resource_properties(
+        "AWS::EC2::SecurityGroup",
+        {
+            "SecurityGroupIngress": [
+                Match.object_like(
+                    {"CidrIp": "203.0.113.7/32", "FromPort": 22, "ToPort": 22, "IpProtocol": "tcp"}
+                )
+            ],
+        },
+    )
+    sgs_with_22 = [
+        sg
+        for sg in t.find_resources("AWS::EC2::SecurityGroup").values()
+        if any(r.get("FromPort") == 22 for r in sg["Properties"].get("SecurityGroupIngress", []))
+    ]
     assert len(sgs_with_22) == 1
     lts = t.find_resources("AWS::EC2::LaunchTemplate")
-    public = [lt for lt in lts.values()
-              if lt["Properties"]["LaunchTemplateData"].get("NetworkInterfaces")]
+    public = [
+        lt for lt in lts.values() if lt["Properties"]["LaunchTemplateData"].get("NetworkInterfaces")
+    ]
     assert len(public) == 1  # the master only
     nic = public[0]["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]
     assert nic["AssociatePublicIpAddress"] is True and len(nic["Groups"]) == 2
@@ -75,16 +91,23 @@ def test_efs_is_encrypted_retained_and_its_logical_id_is_pinned(template: Templa
     assert res["Properties"]["Encrypted"] is True
     assert res["Properties"]["PerformanceMode"] == "generalPurpose"
     statements = res["Properties"]["FileSystemPolicy"]["Statement"]
-    assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-               for s in statements)
+    assert any(
+        s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        for s in statements
+    )
     assert len(template.find_resources("AWS::EFS::MountTarget")) == 2  # one per private subnet
 
 
 def test_efs_allows_nfs_only_from_cluster_nodes(template: Template) -> None:
-    ingress = [r["Properties"] for r in template.find_resources("AWS::EC2::SecurityGroupIngress").values()
-               if r["Properties"].get("FromPort") == 2049]
+    ingress = [
+        r["Properties"]
+        for r in template.find_resources("AWS::EC2::SecurityGroupIngress").values()
+        if r["Properties"].get("FromPort") == 2049
+    ]
     assert len(ingress) == 1
-    assert ingress[0]["SourceSecurityGroupId"]["Fn::GetAtt"][0].startswith("ClusterNodeSecurityGroup")
+    assert ingress[0]["SourceSecurityGroupId"]["Fn::GetAtt"][0].startswith(
+        "ClusterNodeSecurityGroup"
+    )
 
 
 def test_existing_file_system_creates_none() -> None:
@@ -108,8 +131,18 @@ def test_queues_and_topic_encrypted_and_tls_only(template: Template) -> None:
     (t,) = topic.values()
     assert "KmsMasterKeyId" in t["Properties"]
     template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
-    template.has_resource_properties("AWS::SNS::TopicPolicy", {"PolicyDocument": {"Statement": [
-        Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]}})
+    template.has_resource_properties(
+        "AWS::SNS::TopicPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": [
+                    Match.object_like(
+                        {"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+                    )
+                ]
+            }
+        },
+    )
 
 
 def test_groups_notify_all_four_events_and_are_tagged(template: Template) -> None:
@@ -118,53 +151,76 @@ def test_groups_notify_all_four_events_and_are_tagged(template: Template) -> Non
     roles = {}
     for lid, g in groups.items():
         (nc,) = g["Properties"]["NotificationConfigurations"]
-        assert sorted(nc["NotificationTypes"]) == sorted([
-            "autoscaling:EC2_INSTANCE_LAUNCH", "autoscaling:EC2_INSTANCE_LAUNCH_ERROR",
-            "autoscaling:EC2_INSTANCE_TERMINATE", "autoscaling:EC2_INSTANCE_TERMINATE_ERROR"])
+        assert sorted(nc["NotificationTypes"]) == sorted(
+            [
+                "autoscaling:EC2_INSTANCE_LAUNCH",
+                "autoscaling:EC2_INSTANCE_LAUNCH_ERROR",
+                "autoscaling:EC2_INSTANCE_TERMINATE",
+                "autoscaling:EC2_INSTANCE_TERMINATE_ERROR",
+            ]
+        )
         tags = {t["Key"]: t for t in g["Properties"]["Tags"]}
         assert tags["dl-cluster:id"]["Value"] == "DLClusterStack"
         assert tags["NodeType"]["PropagateAtLaunch"] is True
         roles[tags["NodeType"]["Value"]] = (lid, g)
     master_id, master = roles["Master"]
-    worker_id, worker = roles["Worker"]
-    assert (master["Properties"]["MinSize"], master["Properties"]["MaxSize"],
-            master["Properties"]["DesiredCapacity"]) == ("1", "1", "1")
-    assert (worker["Properties"]["MinSize"], worker["Properties"]["MaxSize"],
-            worker["Properties"]["DesiredCapacity"]) == ("1", "2", "2")
+    _, worker = roles["Worker"]
+    assert (
+        master["Properties"]["MinSize"],
+        master["Properties"]["MaxSize"],
+        master["Properties"]["DesiredCapacity"],
+    ) == ("1", "1", "1")
+    assert (
+        worker["Properties"]["MinSize"],
+        worker["Properties"]["MaxSize"],
+        worker["Properties"]["DesiredCapacity"],
+    ) == ("1", "2", "2")
     # workers after the master, both after the capacity adjuster's subscription
     assert master_id in worker["DependsOn"]
-    assert any(d.startswith("ClusterCapacityAdjusterTopic") and "Subscription" in d or
-               d.startswith("ClusterCapacityAdjusterFunctionTopic") for d in worker["DependsOn"])
+    assert any(
+        (d.startswith("ClusterCapacityAdjusterTopic")
+        and "Subscription" in d)
+        or d.startswith("ClusterCapacityAdjusterFunctionTopic")
+        for d in worker["DependsOn"]
+    )
     for g in (master, worker):
         assert len(g["Properties"]["VPCZoneIdentifier"]) == 1  # one AZ: latency, placement group
 
 
 def test_worker_count_context_drives_capacity() -> None:
     t = cluster_template(workerCount="5")
-    t.has_resource_properties("AWS::AutoScaling::AutoScalingGroup", {
-        "DesiredCapacity": "5", "MaxSize": "5", "MinSize": "1"})
+    t.has_resource_properties(
+        "AWS::AutoScaling::AutoScalingGroup",
+        {"DesiredCapacity": "5", "MaxSize": "5", "MinSize": "1"},
+    )
 
 
 def test_wait_condition_55_minutes_after_master(template: Template) -> None:
-    (wc_id, wc), = template.find_resources("AWS::CloudFormation::WaitCondition").items()
+    ((_, wc),) = template.find_resources("AWS::CloudFormation::WaitCondition").items()
     assert wc["Properties"]["Timeout"] == "3300" and wc["Properties"]["Count"] == 1
     assert any(d.startswith("ClusterMasterGroup") for d in wc["DependsOn"])
 
 
 def test_lambda_role_limited_to_this_clusters_groups(template: Template) -> None:
     policies = template.find_resources("AWS::IAM::Policy")
-    (adjuster,) = [p for lid, p in policies.items() if lid.startswith("ClusterCapacityAdjusterRole")]
+    (adjuster,) = [
+        p for lid, p in policies.items() if lid.startswith("ClusterCapacityAdjusterRole")
+    ]
     statements = {s.get("Sid"): s for s in adjuster["Properties"]["PolicyDocument"]["Statement"]}
     write = statements["AdjustOnlyThisClustersGroups"]
     assert write["Action"] == "autoscaling:SetDesiredCapacity"  # the only write it makes
-    assert write["Condition"] == {"StringEquals": {
-        "autoscaling:ResourceTag/dl-cluster:id": "DLClusterStack"}}
+    assert write["Condition"] == {
+        "StringEquals": {"autoscaling:ResourceTag/dl-cluster:id": "DLClusterStack"}
+    }
     assert statements["ReadGroups"]["Action"] == "autoscaling:DescribeAutoScalingGroups"
-    sends = [s for s in statements.values() if s.get("Action") == "sqs:SendMessage"
-             or "sqs:SendMessage" in s.get("Action", [])]
+    sends = [
+        s
+        for s in statements.values()
+        if s.get("Action") == "sqs:SendMessage" or "sqs:SendMessage" in s.get("Action", [])
+    ]
     assert len(sends) == 1 and "ClusterMetadataQueuesMaster" in json.dumps(sends[0]["Resource"])
     actions = json.dumps([s["Action"] for s in statements.values()])
-    assert "*\"" not in actions.replace("kms:GenerateDataKey*", "")  # no wildcard actions
+    assert '*"' not in actions.replace("kms:GenerateDataKey*", "")  # no wildcard actions
     assert "Suspend" not in actions  # never suspends ReplaceUnhealthy (the original's bug)
 
 
@@ -173,9 +229,13 @@ def test_lambda_matches_its_code() -> None:
     import importlib
 
     from constructs_lib.capacity_adjuster import HANDLER
+
     t = cluster_template()
-    fns = {lid: f for lid, f in t.find_resources("AWS::Lambda::Function").items()
-           if lid.startswith("ClusterCapacityAdjuster")}
+    fns = {
+        lid: f
+        for lid, f in t.find_resources("AWS::Lambda::Function").items()
+        if lid.startswith("ClusterCapacityAdjuster")
+    }
     (fn,) = fns.values()
     props = fn["Properties"]
     assert props["Handler"] == HANDLER
@@ -184,10 +244,16 @@ def test_lambda_matches_its_code() -> None:
     module = importlib.import_module(f"lambda_src.{module_name}")
     assert callable(getattr(module, func_name))
     env = props["Environment"]["Variables"]
-    assert set(env) == {"MASTER_QUEUE_URL", "CLUSTER_ID", "CLUSTER_TAG_KEY", "ROLE_TAG_KEY", "LOG_LEVEL"}
+    assert set(env) == {
+        "MASTER_QUEUE_URL",
+        "CLUSTER_ID",
+        "CLUSTER_TAG_KEY",
+        "ROLE_TAG_KEY",
+        "LOG_LEVEL",
+    }
     assert env["CLUSTER_TAG_KEY"] == "dl-cluster:id" and env["ROLE_TAG_KEY"] == "NodeType"
-    source = (importlib.util.find_spec(f"lambda_src.{module_name}").origin)
-    code = open(source).read()
+    source = importlib.util.find_spec(f"lambda_src.{module_name}").origin
+    code = Path(source).read_text()
     for var in ("MASTER_QUEUE_URL", "CLUSTER_ID", "CLUSTER_TAG_KEY", "ROLE_TAG_KEY"):
         assert var in code, f"{var} set by the construct but not read by the handler"
     lg = t.find_resources("AWS::Logs::LogGroup")
@@ -195,15 +261,21 @@ def test_lambda_matches_its_code() -> None:
 
 
 def test_node_roles_read_only_their_asset_and_have_ssm(template: Template) -> None:
-    roles = [r for lid, r in template.find_resources("AWS::IAM::Role").items()
-             if "InstanceRole" in lid]
+    roles = [
+        r for lid, r in template.find_resources("AWS::IAM::Role").items() if "InstanceRole" in lid
+    ]
     assert len(roles) == 2
     for r in roles:
         assert "AmazonSSMManagedInstanceCore" in json.dumps(r["Properties"]["ManagedPolicyArns"])
-    node_policies = [p for lid, p in template.find_resources("AWS::IAM::Policy").items()
-                     if "InstanceRole" in lid]
+    node_policies = [
+        p for lid, p in template.find_resources("AWS::IAM::Policy").items() if "InstanceRole" in lid
+    ]
     for p in node_policies:
-        (s3,) = [s for s in p["Properties"]["PolicyDocument"]["Statement"] if s.get("Sid") == "ReadNodeScripts"]
+        (s3,) = [
+            s
+            for s in p["Properties"]["PolicyDocument"]["Statement"]
+            if s.get("Sid") == "ReadNodeScripts"
+        ]
         assert s3["Action"] == "s3:GetObject"
         assert ".zip" in json.dumps(s3["Resource"])
 
@@ -220,17 +292,27 @@ def test_user_data_starts_the_agent_with_its_settings(template: Template) -> Non
     for role, text in rendered.items():
         assert text.startswith("#!/bin/bash\n")
         assert "-m bootstrap_scripts.install --role" in text
-        for flag in ("--cluster-id 'DLClusterStack'", "--master-queue-url '<token>'",
-                     "--worker-queue-url '<token>'", "--efs-id '<token>'", "--mount-point '/efs'",
-                     "--setup-timeout '3300'", "--region '<token>'"):
+        for flag in (
+            "--cluster-id 'DLClusterStack'",
+            "--master-queue-url '<token>'",
+            "--worker-queue-url '<token>'",
+            "--efs-id '<token>'",
+            "--mount-point '/efs'",
+            "--setup-timeout '3300'",
+            "--region '<token>'",
+        ):
             assert flag in text, (role, flag)
     assert "--wait-handle '<token>'" in rendered["master"]
     assert "--wait-handle ''" in rendered["worker"]
 
 
 def test_placement_group_and_custom_ami_and_al2023() -> None:
-    t = cluster_template(placementGroup="true", amiId="ami-0123456789abcdef0",
-                         imageType="amazon-linux-2023", rootVolumeGiB="200")
+    t = cluster_template(
+        placementGroup="true",
+        amiId="ami-0123456789abcdef0",
+        imageType="amazon-linux-2023",
+        rootVolumeGiB="200",
+    )
     t.resource_count_is("AWS::EC2::PlacementGroup", 1)
     t.has_resource_properties("AWS::EC2::PlacementGroup", {"Strategy": "cluster"})
     for lt in t.find_resources("AWS::EC2::LaunchTemplate").values():
@@ -251,8 +333,15 @@ def test_default_image_from_public_dlami_parameter(template: Template) -> None:
 
 def test_outputs_for_the_user(template: Template) -> None:
     outputs = template.to_json()["Outputs"]
-    for key in ("MasterGroupName", "WorkerGroupName", "FileSystemId", "MasterQueueUrl",
-                "WorkerQueueUrl", "ConnectCommand", "WorkerLaunchTemplateId"):
+    for key in (
+        "MasterGroupName",
+        "WorkerGroupName",
+        "FileSystemId",
+        "MasterQueueUrl",
+        "WorkerQueueUrl",
+        "ConnectCommand",
+        "WorkerLaunchTemplateId",
+    ):
         assert key in outputs
     assert "aws ssm start-session" in json.dumps(outputs["ConnectCommand"])
 

@@ -13,8 +13,12 @@ from tests.stack.synth import REPO, new_app
 
 CONTEXTS = {
     "default": {},
-    "ssh-efs-placement": {"sshCidr": "203.0.113.7/32", "efsFileSystemId": "fs-0123abcd",
-                          "placementGroup": "true", "keyName": "ops"},
+    "ssh-efs-placement": {
+        "sshCidr": "203.0.113.7/32",
+        "efsFileSystemId": "fs-0123abcd",
+        "placementGroup": "true",
+        "keyName": "ops",
+    },
 }
 
 
@@ -30,8 +34,12 @@ def assembly(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 def test_cdk_nag_has_no_unacknowledged_findings(assembly: Path) -> None:
     report = json.loads((assembly / "validation-report.json").read_text())
-    failures = [v["ruleName"] for plugin in report["pluginReports"]
-                for v in plugin.get("violations", []) if v.get("severity") == "error"]
+    failures = [
+        v["ruleName"]
+        for plugin in report["pluginReports"]
+        for v in plugin.get("violations", [])
+        if v.get("severity") == "error"
+    ]
     assert not failures
 
 
@@ -50,7 +58,9 @@ def test_cdk_nag_is_live_and_acknowledgements_are_exactly_what_clears_it(tmp_pat
         app.synth()
     report = json.loads((tmp_path / "validation-report.json").read_text())
     found = {v["ruleName"] for p in report["pluginReports"] for v in p["violations"]}
-    text = (REPO / "constructs_lib" / "nag_suppressions.py").read_text().replace('"\n         "', "")
+    text = (
+        (REPO / "constructs_lib" / "nag_suppressions.py").read_text().replace('"\n         "', "")
+    )
     assert found, "cdk-nag reported nothing: is the plugin registered?"
     for rule in found:
         bare = rule.removeprefix("Annotation::").split("[")[0]
@@ -61,9 +71,14 @@ def test_cdk_nag_is_live_and_acknowledgements_are_exactly_what_clears_it(tmp_pat
 def test_every_acknowledgement_has_a_reason_and_lives_in_one_file() -> None:
     text = (REPO / "constructs_lib" / "nag_suppressions.py").read_text()
     assert "Acknowledgment(id=rule, reason=reason)" in text
-    offenders = [p for p in REPO.glob("**/*.py")
-                 if ".venv" not in p.parts and "tests" not in p.parts
-                 and p.name != "nag_suppressions.py" and ".acknowledge(" in p.read_text()]
+    offenders = [
+        p
+        for p in REPO.glob("**/*.py")
+        if ".venv" not in p.parts
+        and "tests" not in p.parts
+        and p.name != "nag_suppressions.py"
+        and ".acknowledge(" in p.read_text()
+    ]
     assert not offenders, offenders
 
 
@@ -71,8 +86,17 @@ def test_cfn_lint_has_no_errors(assembly: Path) -> None:
     templates = sorted(assembly.glob("*.template.json"))
     assert templates
     # W3005 (redundant DependsOn) comes from CDK's own dependency rendering.
-    proc = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--ignore-checks", "W3005", "--",
-                           *map(str, templates)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "cfn-lint"),
+            "--ignore-checks",
+            "W3005",
+            "--",
+            *map(str, templates),
+        ],
+        capture_output=True,
+        text=True,
+    )
     errors = [line for line in proc.stdout.splitlines() if line[:1] == "E"]
     assert not errors, proc.stdout
     assert proc.returncode in (0, 4, 8, 12), proc.stdout + proc.stderr  # warnings/info only

@@ -16,33 +16,73 @@ def settings(**ctx: object) -> ClusterSettings:
 def test_defaults() -> None:
     s = settings()
     assert s == ClusterSettings()
-    assert (s.worker_count, s.image_type, s.efs_mount_point, s.root_volume_gib) == (2, "ubuntu", "/efs", 100)
+    assert (s.worker_count, s.image_type, s.efs_mount_point, s.root_volume_gib) == (
+        2,
+        "ubuntu",
+        "/efs",
+        100,
+    )
     assert s.ssh_cidr is None and s.key_name is None and s.placement_group is False
 
 
 def test_every_documented_key_is_parsed() -> None:
-    ctx = {"workerCount": "3", "workerInstanceType": "p4d.24xlarge", "masterInstanceType": "g5.2xlarge",
-           "imageType": "amazon-linux-2023", "amiId": "ami-0123456789abcdef0", "sshCidr": "203.0.113.0/24",
-           "keyName": "me", "efsFileSystemId": "fs-0123abcd", "efsMountPoint": "/shared",
-           "vpcCidr": "10.1.0.0/16", "rootVolumeGiB": "500", "placementGroup": "true"}
+    ctx = {
+        "workerCount": "3",
+        "workerInstanceType": "p4d.24xlarge",
+        "masterInstanceType": "g5.2xlarge",
+        "imageType": "amazon-linux-2023",
+        "amiId": "ami-0123456789abcdef0",
+        "sshCidr": "203.0.113.0/24",
+        "keyName": "me",
+        "efsFileSystemId": "fs-0123abcd",
+        "efsMountPoint": "/shared",
+        "vpcCidr": "10.1.0.0/16",
+        "rootVolumeGiB": "500",
+        "placementGroup": "true",
+    }
     assert set(ctx) == set(CONTEXT_KEYS)
     s = settings(**ctx)
     assert s == ClusterSettings(
-        worker_count=3, worker_instance_type="p4d.24xlarge", master_instance_type="g5.2xlarge",
-        image_type="amazon-linux-2023", ami_id="ami-0123456789abcdef0", ssh_cidr="203.0.113.0/24",
-        key_name="me", efs_file_system_id="fs-0123abcd", efs_mount_point="/shared",
-        vpc_cidr="10.1.0.0/16", root_volume_gib=500, placement_group=True)
+        worker_count=3,
+        worker_instance_type="p4d.24xlarge",
+        master_instance_type="g5.2xlarge",
+        image_type="amazon-linux-2023",
+        ami_id="ami-0123456789abcdef0",
+        ssh_cidr="203.0.113.0/24",
+        key_name="me",
+        efs_file_system_id="fs-0123abcd",
+        efs_mount_point="/shared",
+        vpc_cidr="10.1.0.0/16",
+        root_volume_gib=500,
+        placement_group=True,
+    )
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("workerCount", "0"), ("workerCount", "two"), ("workerCount", "-1"), ("workerCount", "1.5"),
-    ("rootVolumeGiB", "49"), ("rootVolumeGiB", "big"),
-    ("vpcCidr", "10.0.0.0/33"), ("vpcCidr", "10.0.0.1/16"), ("vpcCidr", "not-a-cidr"), ("vpcCidr", "10.0.0.0/8"),
-    ("sshCidr", "0.0.0.0/0"), ("sshCidr", "1.2.3"),
-    ("efsFileSystemId", "fs-XYZ"), ("efsFileSystemId", "12345"),
-    ("imageType", "windows"), ("amiId", "ami-nothex!"), ("efsMountPoint", "relative/path"),
-    ("efsMountPoint", "/"), ("workerInstanceType", "g5"), ("placementGroup", "maybe"),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("workerCount", "0"),
+        ("workerCount", "two"),
+        ("workerCount", "-1"),
+        ("workerCount", "1.5"),
+        ("rootVolumeGiB", "49"),
+        ("rootVolumeGiB", "big"),
+        ("vpcCidr", "10.0.0.0/33"),
+        ("vpcCidr", "10.0.0.1/16"),
+        ("vpcCidr", "not-a-cidr"),
+        ("vpcCidr", "10.0.0.0/8"),
+        ("sshCidr", "0.0.0.0/0"),
+        ("sshCidr", "1.2.3"),
+        ("efsFileSystemId", "fs-XYZ"),
+        ("efsFileSystemId", "12345"),
+        ("imageType", "windows"),
+        ("amiId", "ami-nothex!"),
+        ("efsMountPoint", "relative/path"),
+        ("efsMountPoint", "/"),
+        ("workerInstanceType", "g5"),
+        ("placementGroup", "maybe"),
+    ],
+)
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:
     with pytest.raises(ConfigError) as err:
         settings(**{key: value})

@@ -1,6 +1,7 @@
 """One snapshot per stack, asset hashes masked so CDK upgrades and code edits do not churn it.
 
-Update after an intended change with: .venv/bin/pytest tests/stack/test_snapshot.py --snapshot-update
+Update after an intended change with:
+    .venv/bin/pytest tests/stack/test_snapshot.py --snapshot-update
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ def masked(template: dict) -> dict:
 
 
 @pytest.fixture()
-def snapshot_json(snapshot):  # noqa: ANN001, ANN201 - syrupy fixture
+def snapshot_json(snapshot):
     return snapshot.use_extension(JSONSnapshotExtension)
 
 
-def test_dl_cluster_stack_snapshot(snapshot_json) -> None:  # noqa: ANN001
+def test_dl_cluster_stack_snapshot(snapshot_json) -> None:
     assert masked(cluster_template().to_json()) == snapshot_json

@@ -1,0 +1,137 @@
+"""DLEmrClusterStack: cdk-nag, cfn-lint, the snapshot, and its context keys."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from cdk_nag import AwsSolutionsChecks
+
+from constructs_lib import ConfigError, EmrDeepLearningCluster
+from stacks.emr_stack import EMR_CONTEXT_KEYS, EmrSettings, emr_settings_from_context
+from tests.conftest import REPO_ROOT
+from tests.emr.conftest import Synth, cdk_context
+
+HASH = re.compile(r"[0-9a-f]{64}")
+
+#: What an EmrDeepLearningCluster raises before acknowledge_emr_findings (all with reasons).
+EXPECTED_FINDINGS = {
+    "AwsSolutions-S1",
+    "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
+    "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+    "AmazonEMRServicePolicy_v2]",
+    "AwsSolutions-IAM5[Resource::*]",
+    "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:elasticmapreduce:<AWS::Region>:"
+    "<AWS::AccountId>:cluster/*]",
+    "AwsSolutions-IAM5[Resource::<EmrLogBucketC96092F3.Arn>/emr-logs/*]",
+    "AwsSolutions-EMR4",
+    "AwsSolutions-EMR5",
+    "AwsSolutions-EMR6",
+}
+
+
+def test_cdk_nag_passes_with_every_finding_acknowledged(default_synth: Synth,
+                                                        custom_synth: Synth) -> None:
+    """The fixtures synthesised with AwsSolutionsChecks: an unacknowledged finding raises."""
+    for synth in (default_synth, custom_synth):
+        report = synth.outdir / "validation-report.json"
+        if report.exists():
+            data = json.loads(report.read_text())
+            assert all(p["conclusion"] == "success" for p in data["pluginReports"]), data
+
+
+def test_acknowledgements_match_exactly_the_findings(tmp_path: Path) -> None:
+    """Without acknowledge_emr_findings the construct raises exactly the acknowledged rules:
+    none is missing and none is stale."""
+    app = cdk.App(context=cdk_context(), outdir=str(tmp_path))
+    EmrDeepLearningCluster(cdk.Stack(app, "Bare"), "Emr")
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    with pytest.raises(Exception, match="ValidationFailed"):
+        app.synth()
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    rules = {v["ruleName"] for p in report["pluginReports"] for v in p["violations"]}
+    assert rules == EXPECTED_FINDINGS
+
+
+def cfn_lint(template: Path) -> list[dict]:
+    proc = subprocess.run([str(Path(REPO_ROOT) / ".venv/bin/cfn-lint"), "--format", "json",
+                           str(template)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    return json.loads(proc.stdout or "[]")
+
+
+def test_cfn_lint_reports_no_errors(default_synth: Synth, custom_synth: Synth) -> None:
+    for synth in (default_synth, custom_synth):
+        findings = cfn_lint(synth.outdir / "DLEmrClusterStack.template.json")
+        errors = [f for f in findings if f["Level"] == "Error"]
+        assert errors == []
+        # Warnings only on what CDK generates itself (the default-SG custom resource).
+        ours = [f for f in findings if "CustomVpcRestrictDefaultSG" not in json.dumps(f)]
+        assert ours == []
+
+
+def test_snapshot(default_synth: Synth, snapshot) -> None:
+    """One snapshot of the whole template, asset hashes masked so CDK upgrades do not churn
+    it; the fine-grained assertions live in test_emr_construct.py."""
+    text = json.dumps(default_synth.template.to_json(), indent=1, sort_keys=True)
+    assert HASH.sub("<hash>", text) == snapshot
+
+
+def test_outputs_tell_how_to_submit_and_connect(default_synth: Synth) -> None:
+    outputs = default_synth.template.to_json()["Outputs"]
+    assert outputs["ClusterId"]["Value"] == {"Ref": "EmrCluster58CC5E16"}
+    submit = json.dumps(outputs["SubmitCommand"]["Value"])
+    assert "dl-submit --emr " in submit and "--wait -- python train.py" in submit
+    connect = json.dumps(outputs["ConnectCommand"]["Value"])
+    assert "aws ssm start-session" in connect and "--instance-group-types MASTER" in connect
+
+
+# -- context keys -------------------------------------------------------------------------------
+
+
+def test_no_context_gives_the_defaults() -> None:
+    assert emr_settings_from_context(lambda _key: None) == EmrSettings()
+
+
+def test_context_values_arrive_as_strings_from_the_command_line() -> None:
+    ctx = {
+        "emrCoreInstanceCount": "4", "emrRootVolumeGiB": "150", "emrApplications": "Hadoop,Spark",
+        "emrAllowUnstableApplications": "false", "emrAmiId": "ami-0123456789abcdef0",
+        "emrTrainingCommand": "python train.py --epochs '3'", "emrIdleTimeoutMinutes": "60",
+        "emrEfsFileSystemId": "fs-0123456789abcdef0", "emrCoreInstanceType": "p5.48xlarge",
+        "emrTlsCertificatesS3Url": "s3://certs/tls.zip", "emrReleaseLabel": "emr-7.14.0",
+    }
+    s = emr_settings_from_context(ctx.get)
+    assert s.core_instance_count == 4 and s.root_volume_gib == 150
+    assert s.applications == ("Hadoop", "Spark")
+    assert s.training_command == ("python", "train.py", "--epochs", "3")
+    assert s.idle_timeout_minutes == 60 and s.ami_id == "ami-0123456789abcdef0"
+    assert s.core_instance_type == "p5.48xlarge" and s.release_label == "emr-7.14.0"
+    # JSON from cdk.json works too.
+    assert emr_settings_from_context({"emrApplications": ["Spark"]}.get).applications == (
+        "Spark",)
+
+
+@pytest.mark.parametrize(("ctx", "pattern"), [
+    ({"emrRootVolumeGiB": "20"}, r"context key 'emrRootVolumeGiB' must be at least 50 GiB"),
+    ({"emrCoreInstanceCount": "two"}, r"context key 'emrCoreInstanceCount' must be an integer"),
+    ({"emrAmiId": "img-1"}, r"context key 'emrAmiId' must look like ami-"),
+    ({"emrAllowUnstableApplications": "maybe"},
+     r"context key 'emrAllowUnstableApplications' must be true or false, got 'maybe'"),
+    ({"emrTrainingCommand": "python 'unclosed"}, r"'emrTrainingCommand' is not a valid command"),
+])
+def test_bad_context_values_name_the_key(ctx: dict, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        emr_settings_from_context(ctx.get)
+
+
+def test_every_context_key_maps_to_a_setting_and_is_documented() -> None:
+    fields = set(EmrSettings.__dataclass_fields__)
+    docs = (Path(REPO_ROOT) / "docs" / "emr.md").read_text()
+    for key, (field, _meaning) in EMR_CONTEXT_KEYS.items():
+        assert field in fields
+        assert f"`{key}`" in docs, f"docs/emr.md does not document {key}"

@@ -326,17 +326,25 @@ def unpack_scripts(scripts_url: str, lib_dir: str, region: str | None) -> None:
 
 
 def bootstrap(args: argparse.Namespace) -> int:
-    """The bootstrap action. Needs root for /opt, /usr/local and systemd: re-run with sudo."""
-    if os.geteuid() != 0 and not args.no_sudo:
-        os.execvp("sudo", ["sudo", "-E", sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
+    """The bootstrap action: unpack, install the wrapper and units, start them, return."""
+    # Root (for /opt, /usr/local and systemd) and the DLAMI's Python (the node scripts need
+    # 3.10+; Amazon Linux 2023's /usr/bin/python3 is 3.9): re-run ourselves with both.
+    preferred = args.python if os.access(args.python, os.X_OK) else sys.executable
+    same_python = os.path.realpath(preferred) == os.path.realpath(sys.executable)
+    if not args.no_sudo and (os.geteuid() != 0 or not same_python):
+        argv = [preferred, os.path.abspath(__file__), *sys.argv[1:], "--no-sudo"]
+        if os.geteuid() != 0:
+            os.execvp("sudo", ["sudo", "-E", *argv])
+        os.execv(preferred, argv)
     unpack_scripts(args.scripts_url, args.lib_dir, args.region)
     sys.path.insert(0, args.lib_dir)
-    python = args.python if os.access(args.python, os.X_OK) else sys.executable
+    python = sys.executable  # the preferred interpreter, after the re-run above
     watch_args = ["--root", "/", "--efs-mount", args.efs_mount]
     if args.region:
         watch_args += ["--region", args.region]
-    written = install_node_services(root="/", python=python, lib_dir=args.lib_dir,
-                                    efs_mount=args.efs_mount, watch_args=watch_args)
+    written = install_node_services(root=args.root, python=python, lib_dir=args.lib_dir,
+                                    efs_mount=args.efs_mount, watch_args=watch_args,
+                                    systemctl=not args.no_systemctl)
     print(f"emr_metadata: installed {', '.join(str(p) for p in written)}; the membership "
           "watcher writes /opt/deeplearning/* once the cluster is up", flush=True)
     return EXIT_OK
@@ -403,7 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interpreter for the services (default: the DLAMI's PyTorch env; "
                         "falls back to this one)")
     b.add_argument("--lib-dir", default=LIB_DIR)
-    b.add_argument("--no-sudo", action="store_true", help=argparse.SUPPRESS)
+    b.add_argument("--root", default="/", help=argparse.SUPPRESS)  # tests: a temp dir
+    b.add_argument("--no-systemctl", action="store_true", help=argparse.SUPPRESS)
+    b.add_argument("--no-sudo", action="store_true", help=argparse.SUPPRESS)  # re-run done
     for name in ("watch", "sync"):
         w = sub.add_parser(name)
         w.add_argument("--cluster-id", default="", help=f"default: jobFlowId of {JOB_FLOW_INFO}")

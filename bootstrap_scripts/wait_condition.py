@@ -3,8 +3,9 @@
 The handle is a presigned S3 URL; CloudFormation reads the JSON body we PUT there. The
 presigned signature covers the Content-Type, which is empty, so we must send an empty
 Content-Type header (urllib would otherwise add a form-encoded one and S3 would answer 403).
-An empty handle means "nothing to signal" (the local emulator's CloudFormation resolves
-the handle to ''), which is logged and is not an error.
+A handle that is not an http(s) URL means "nothing to signal": CloudFormation emulators
+resolve the handle to '' or to the text 'None'. That is logged with the value and is not an
+error; the cluster still forms.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def signal_body(status: str, reason: str, unique_id: str, data: str = "") -> byt
     return json.dumps(body).encode()
 
 
+def is_signal_url(handle_url: str | None) -> bool:
+    """Only an http(s) URL can be signalled; anything else (empty, 'None') is no handle."""
+    return bool(handle_url) and str(handle_url).lower().startswith(("https://", "http://"))
+
+
 def signal(
     handle_url: str,
     status: str,
@@ -44,9 +50,9 @@ def signal(
 ) -> bool:
     """PUT the signal; True when delivered (or nothing to signal). Retries transient errors."""
     body = signal_body(status, reason, unique_id, data)
-    if not handle_url:
-        logger.info("event=wait-condition status=%s nothing to signal (empty handle) reason=%r",
-                    status, reason)
+    if not is_signal_url(handle_url):
+        logger.info("event=wait-condition status=%s nothing to signal (handle %r is not a URL) "
+                    "reason=%r", status, handle_url, reason)
         return True
     delay = 1.0
     for attempt in range(1, attempts + 1):

@@ -45,3 +45,14 @@ def test_unreachable_handle_gives_up_after_the_attempts(monkeypatch):
     monkeypatch.setattr(wc.time, "sleep", lambda _s: None)
     url = f"http://127.0.0.1:{free_port()}/handle"
     assert wc.signal(url, "SUCCESS", "ok", "i-1", attempts=2, timeout=1) is False
+
+
+@pytest.mark.parametrize("handle", ["", "None", "null", "s3://bucket/key"])
+def test_a_handle_that_is_not_a_url_is_nothing_to_signal(handle, caplog, monkeypatch):
+    def no_network(*_a, **_k):
+        raise AssertionError("must not try to PUT to a non-URL handle")
+
+    monkeypatch.setattr(wc.urllib.request, "urlopen", no_network)
+    with caplog.at_level(logging.INFO):
+        assert wc.signal(handle, wc.SUCCESS, "ready", "i-1") is True
+    assert "nothing to signal" in caplog.text and repr(handle) in caplog.text

@@ -11,6 +11,8 @@ cluster still takes a ``dl-submit`` step.
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import shlex
 import subprocess
@@ -77,7 +79,7 @@ def deployed(moto_reset: str, tmp_path: Path) -> dict:
                     "--output", str(out), "-c", f"emrAmiId={ami}",
                     "-c", "emrTrainingCommand=python train.py"], env=env, log=log)
     print(f"\n[figures] cdk bootstrap {bootstrap_s:.1f}s, cdk deploy {STACK} {deploy_s:.1f}s")
-    return {"endpoint": moto_reset, "ami": ami, "log": log}
+    return {"endpoint": moto_reset, "ami": ami, "log": log, "out": out}
 
 
 def test_cdk_deploy_creates_the_emr_cluster_in_moto(deployed: dict) -> None:
@@ -110,6 +112,25 @@ def test_cdk_deploy_creates_the_emr_cluster_in_moto(deployed: dict) -> None:
     assert subnet["MapPublicIpOnLaunch"] is False  # a private subnet
     assert attrs["AdditionalMasterSecurityGroups"] == attrs["AdditionalSlaveSecurityGroups"]
     assert len(attrs["AdditionalMasterSecurityGroups"]) == 1  # the EFS group
+    (sc_name,) = by_type["AWS::EMR::SecurityConfiguration"]
+    doc = emr.describe_security_configuration(Name=sc_name)["SecurityConfiguration"]
+    # moto returns the document as Python repr (single quotes) when it came from a
+    # CloudFormation object rather than a JSON string: another moto gap.
+    doc = ast.literal_eval(doc) if isinstance(doc, str) and doc.startswith("{'") else (
+        json.loads(doc) if isinstance(doc, str) else doc)
+    assert doc["EncryptionConfiguration"]["EnableAtRestEncryption"] is True
+
+    # The bootstrap scripts were published where the bootstrap actions point.
+    template = json.loads((deployed["out"] / f"{STACK}.template.json").read_text())
+    cluster_props = next(r for r in template["Resources"].values()
+                         if r["Type"] == "AWS::EMR::Cluster")["Properties"]
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint)
+    for action in cluster_props["BootstrapActions"]:
+        url = action["ScriptBootstrapAction"]["Path"]["Fn::Sub"].replace(
+            "${AWS::AccountId}", ACCOUNT).replace("${AWS::Region}", REGION)
+        bucket, key = url.removeprefix("s3://").split("/", 1)
+        assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
+
     # moto's gaps (see the module docstring): asserted so a moto upgrade that closes them
     # shows up here and the tests can then use the deployed cluster directly.
     assert emr.list_instances(ClusterId=cluster_id)["Instances"] == []

@@ -238,3 +238,38 @@ def test_wait_returns_once_the_membership_exists(tmp_path: Path) -> None:
                             master={"instance_id": "i-1", "address": "10.0.0.1"}, workers=[])
     node_files.apply_membership(tmp_path, m, instance_id="i-1")
     assert em.wait(args) == em.EXIT_OK
+
+
+def test_bootstrap_action_unpacks_the_scripts_and_installs(tmp_path: Path) -> None:
+    """The bootstrap action as EMR runs it (a downloaded file), with ``aws s3 cp`` faked."""
+    import zipfile
+
+    archive = tmp_path / "node-scripts.zip"
+    package = Path(REPO_ROOT) / "bootstrap_scripts"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in package.rglob("*.py"):
+            zf.write(path, path.relative_to(package))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    aws = bindir / "aws"
+    aws.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/aws.calls\n"
+                   f"[ \"$1 $2\" = \"s3 cp\" ] && cp {archive} \"$5\"\n")
+    aws.chmod(0o755)
+    downloaded = tmp_path / "bootstrap-actions" / "2" / "emr_metadata.py"
+    downloaded.parent.mkdir(parents=True)
+    shutil.copy(package / "emr_metadata.py", downloaded)
+    root, lib = tmp_path / "root", tmp_path / "lib"
+    proc = subprocess.run(
+        [sys.executable, str(downloaded), "bootstrap", "--scripts-url",
+         "s3://assets/abc.zip", "--region", REGION, "--efs-mount", "/efs", "--python",
+         sys.executable, "--lib-dir", str(lib), "--root", str(root), "--no-sudo",
+         "--no-systemctl"],
+        env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}, cwd=tmp_path,
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "aws.calls").read_text().startswith(
+        f"s3 cp --only-show-errors s3://assets/abc.zip {lib}/node-scripts.zip --region {REGION}")
+    assert (lib / "bootstrap_scripts" / "membership.py").is_file()
+    assert os.access(root / "usr/local/bin/dl-run", os.X_OK)
+    unit = (root / "etc/systemd/system" / em.WATCH_UNIT).read_text()
+    assert f'"PYTHONPATH={lib}"' in unit and '"--region" "us-east-1"' in unit

@@ -18,7 +18,7 @@ NO_AWS := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN
 help:
 	@echo "make demo    deploy the cluster to a local AWS emulator and train across its nodes"
 	@echo "make test    run the whole test suite (sets everything up first)"
-	@echo "make synth   write cdk.out/DLClusterStack.template.json (no AWS access needed)"
+	@echo "make synth   write the stacks' templates to cdk.out/ (no AWS access needed)"
 	@echo "make bench   print the performance figures"
 	@echo "make setup   create .venv and install the Python and npm dependencies"
 
@@ -44,8 +44,8 @@ test: setup system-deps lint
 	$(PY) -m pytest -m "not bench" $(PYTEST_ARGS)
 
 synth: setup
-	$(NO_AWS) npx cdk synth DLClusterStack --no-lookups -q
-	@echo "wrote cdk.out/DLClusterStack.template.json"
+	$(NO_AWS) npx cdk synth DLClusterStack DLEmrClusterStack --no-lookups -q
+	@echo "wrote cdk.out/DLClusterStack.template.json and cdk.out/DLEmrClusterStack.template.json"
 
 demo: setup system-deps
 	$(PY) -m emulator.demo $(ARGS)

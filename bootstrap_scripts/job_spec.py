@@ -15,9 +15,12 @@ Layout of one job directory::
     result.json          per-node exit codes, as the runner saw them
     nodes/<rank>.log     output of the node's share (``<rank>-<label>.log`` if several procs)
     nodes/<rank>.started executor's acknowledgement: pids, process group, start time
-    nodes/<rank>.exit    the share's exit: {"returncode": N, ...}
+    nodes/<rank>.exit    the share's exit: {"returncode": N, "drained": false, ...}
+    nodes/<rank>.claim   elastic jobs: a joining node's executor claims rank N (O_EXCL)
 
-Executors heartbeat to ``<EFS>/cluster/executors/<address>.json``.
+Executors heartbeat to ``<EFS>/cluster/executors/<address>.json``. Elastic membership
+(protocol §7): ``<EFS>/cluster/drain/<instance-id>.json`` asks the node at its ``address``
+to leave; its executor stops its shares and writes ``<instance-id>.done``.
 Plain Python only: runs on nodes without torch.
 """
 
@@ -76,6 +79,11 @@ class JobSpec:
     grace_seconds: float = 5.0
     orphan_timeout: float = 30.0
     master_only: bool = False
+    #: elastic jobs: nodes of a membership generation newer than ``generation`` join by
+    #: starting ``join_template`` (its ``{address}`` replaced) under a rank they claim
+    elastic: bool = False
+    generation: int = 0
+    join_template: Proc | None = None
     schema: int = SPEC_SCHEMA
 
     def share_for(self, address: str) -> Share | None:
@@ -94,18 +102,11 @@ class JobSpec:
                 Share(
                     rank=int(s["rank"]),
                     address=str(s["address"]),
-                    procs=tuple(
-                        Proc(
-                            argv=tuple(str(a) for a in p["argv"]),
-                            env={str(k): str(v) for k, v in p.get("env", {}).items()},
-                            label=str(p.get("label", "")),
-                            wait=bool(p.get("wait", True)),
-                        )
-                        for p in s["procs"]
-                    ),
+                    procs=tuple(_proc(p) for p in s["procs"]),
                 )
                 for s in data["shares"]
             )
+            template = data.get("join_template")
             spec = cls(
                 job_id=validate_job_id(str(data["job_id"])),
                 launcher=str(data["launcher"]),
@@ -116,6 +117,9 @@ class JobSpec:
                 grace_seconds=float(data.get("grace_seconds", 5.0)),
                 orphan_timeout=float(data.get("orphan_timeout", 30.0)),
                 master_only=bool(data.get("master_only", False)),
+                elastic=bool(data.get("elastic", False)),
+                generation=int(data.get("generation", 0)),
+                join_template=_proc(template) if template else None,
             )
         except JobSpecError:
             raise
@@ -125,6 +129,15 @@ class JobSpec:
             if not share.procs or any(not p.argv for p in share.procs):
                 raise JobSpecError(f"share of node {share.address} has an empty command")
         return spec
+
+
+def _proc(p: dict) -> Proc:
+    return Proc(
+        argv=tuple(str(a) for a in p["argv"]),
+        env={str(k): str(v) for k, v in p.get("env", {}).items()},
+        label=str(p.get("label", "")),
+        wait=bool(p.get("wait", True)),
+    )
 
 
 def validate_job_id(job_id: str) -> str:
@@ -168,6 +181,21 @@ def exit_path(jdir: Path, rank: int) -> Path:
 
 def started_path(jdir: Path, rank: int) -> Path:
     return nodes_dir(jdir) / f"{rank}.started"
+
+
+def claim_path(jdir: Path, rank: int) -> Path:
+    return nodes_dir(jdir) / f"{rank}.claim"
+
+
+DRAIN_DIR = f"{EFS_CLUSTER_DIR}/drain"
+
+
+def drain_dir(efs: str | os.PathLike) -> Path:
+    return Path(efs) / DRAIN_DIR
+
+
+def drain_done_path(efs: str | os.PathLike, instance_id: str) -> Path:
+    return drain_dir(efs) / f"{instance_id}.done"
 
 
 def executor_heartbeat_path(efs: str | os.PathLike, address: str) -> Path:

@@ -49,6 +49,10 @@ class LaunchOptions:
     nproc_per_node: int = 0  # 0 = GPU count (1 on CPU nodes)
     max_restarts: int = 0
     rdzv_port: int = 29400
+    #: elastic: nodes may join and leave while the job runs (see docs/elastic-training.md)
+    elastic: bool = False
+    #: seconds the rendezvous waits for more nodes once MIN are there (torchrun: 30)
+    rdzv_last_call: float = 0.0
     # mpi / horovod
     mpirun: str = "mpirun"
     horovodrun: str = "horovodrun"
@@ -74,6 +78,9 @@ class LaunchPlan:
     master_only: bool
     files: dict[str, str] = field(default_factory=dict)  # relative to the job dir
     summary: str = ""
+    #: elastic jobs: the share a node that joins later runs; ``{address}`` in its argv is
+    #: replaced by the joining node's address (its executor builds its own share)
+    join_template: Proc | None = None
 
 
 def plan(launcher: str, m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
@@ -118,36 +125,93 @@ def parse_nnodes(value: str, count: int) -> str:
     return value
 
 
+ELASTIC_MAX_NODES = 64
+ELASTIC_MAX_RESTARTS = 100
+ELASTIC_LAST_CALL = 5.0
+ADDRESS_PLACEHOLDER = "{address}"
+
+
+def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, address: str,
+                  nproc: int, is_host: bool, nnodes: str, max_restarts: int) -> tuple[str, ...]:
+    conf = f"is_host={'true' if is_host else 'false'}"
+    if opts.rdzv_last_call:
+        conf += f",last_call_timeout={opts.rdzv_last_call:g}"
+    return (
+        opts.python, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={m.master_addr}:{opts.rdzv_port}",
+        f"--rdzv-id={opts.job_id}",
+        # The master hosts the rendezvous store, bound to its own address; nobody else
+        # may guess they are the host (on loopback every node would).
+        f"--rdzv-conf={conf}",
+        f"--local-addr={address}",
+        f"--max-restarts={max_restarts}",
+        *script,
+    )
+
+
 def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
+    """One torchrun agent per node. Elastic: ``--nnodes 1:MAX`` by default (any node but the
+    master may leave; the master holds the rendezvous store and is protected from
+    scale-in), generous ``--max-restarts`` (a leaving node fails its peers' all-reduce,
+    which torchrun counts as a restart), a short last call (a re-rendezvous after a join or
+    leave completes seconds after the nodes are there, not 30 s) and a join template."""
     if opts.max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0, got {opts.max_restarts}")
     if not 0 < opts.rdzv_port < 65536:
         raise LaunchError(f"rendezvous port must be 1..65535, got {opts.rdzv_port}")
-    nnodes = parse_nnodes(opts.nnodes, len(m.nodes))
+    if opts.rdzv_last_call < 0:
+        raise LaunchError(f"rendezvous last call must be >= 0 s, got {opts.rdzv_last_call}")
+    if opts.elastic:
+        nnodes = parse_nnodes(opts.nnodes or f"1:{max(ELASTIC_MAX_NODES, len(m.nodes))}",
+                              len(m.nodes))
+        if ":" not in nnodes:
+            raise LaunchError(f"an elastic job needs --nnodes MIN:MAX, got {nnodes!r}")
+        hi = int(nnodes.split(":")[1])
+        if hi < len(m.nodes):
+            raise LaunchError(f"--nnodes {nnodes}: MAX is below the {len(m.nodes)} node(s) "
+                              f"of the membership")
+        max_restarts = opts.max_restarts or ELASTIC_MAX_RESTARTS
+        opts = opts if opts.rdzv_last_call else _with_last_call(opts, ELASTIC_LAST_CALL)
+    else:
+        nnodes = parse_nnodes(opts.nnodes, len(m.nodes))
+        max_restarts = opts.max_restarts
     script = strip_python(command)
     shares = []
     for node in m.nodes:
-        nproc = opts.nproc_per_node or node.slots
-        argv = (
-            opts.python, "-m", "torch.distributed.run",
-            f"--nnodes={nnodes}",
-            f"--nproc-per-node={nproc}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={m.master_addr}:{opts.rdzv_port}",
-            f"--rdzv-id={opts.job_id}",
-            # The master hosts the rendezvous store, bound to its own address; nobody else
-            # may guess they are the host (on loopback every node would).
-            f"--rdzv-conf=is_host={'true' if node.rank == 0 else 'false'}",
-            f"--local-addr={node.address}",
-            f"--max-restarts={opts.max_restarts}",
-            *script,
-        )
+        argv = torchrun_argv(opts, m, script, address=node.address,
+                             nproc=opts.nproc_per_node or node.slots, is_host=node.rank == 0,
+                             nnodes=nnodes, max_restarts=max_restarts)
         shares.append(Share(node.rank, node.address, (Proc(argv=argv),)))
+    template = None
+    if opts.elastic:
+        # Joining nodes are CPU or GPU alike: 0 = torchrun's "gpu" auto-detection would
+        # differ from the others' explicit count, so use the same rule as for the members.
+        nproc = opts.nproc_per_node or m.nodes[-1].slots
+        template = Proc(argv=torchrun_argv(opts, m, script, address=ADDRESS_PLACEHOLDER,
+                                           nproc=nproc, is_host=False, nnodes=nnodes,
+                                           max_restarts=max_restarts))
     return LaunchPlan(
         "torchrun", tuple(shares), False,
         summary=f"torchrun on {len(m.nodes)} node(s), nnodes={nnodes}, "
-        f"rendezvous c10d at {m.master_addr}:{opts.rdzv_port}",
+        f"rendezvous c10d at {m.master_addr}:{opts.rdzv_port}"
+        + (f", elastic (max restarts {max_restarts})" if opts.elastic else ""),
+        join_template=template,
     )
+
+
+def _with_last_call(opts: LaunchOptions, seconds: float) -> LaunchOptions:
+    from dataclasses import replace
+
+    return replace(opts, rdzv_last_call=seconds)
+
+
+def join_share(template: Proc, rank: int, address: str) -> Share:
+    """The share of a node joining an elastic job (built by that node's executor)."""
+    argv = tuple(a.replace(ADDRESS_PLACEHOLDER, address) for a in template.argv)
+    return Share(rank, address, (Proc(argv=argv, env=dict(template.env), label=template.label),))
 
 
 # -- mpi / horovod -------------------------------------------------------------------------

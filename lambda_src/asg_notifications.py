@@ -12,9 +12,20 @@ The real service publishes one JSON document per SNS message (``Sns.Message`` is
      Zone": "..."}, "AutoScalingGroupName": "...", "Cause": "At ... a user request ...",
      "Event": "autoscaling:EC2_INSTANCE_LAUNCH_ERROR"}
 
-``autoscaling:TEST_NOTIFICATION`` (sent when the notification configuration is created)
-is smaller: ``AccountId, RequestId, AutoScalingGroupARN, AutoScalingGroupName, Service,
-Event, Time``. Examples of every type live in ``tests/lambda/fixtures/``.
+``autoscaling:TEST_NOTIFICATION`` (sent when the notification configuration is created,
+and again when a lifecycle hook is created with this topic as target) is smaller:
+``AccountId, RequestId, AutoScalingGroupARN, AutoScalingGroupName, Service, Event, Time``.
+
+Lifecycle-hook notifications (the worker group's ``drain`` hook, docs/elastic.md) have no
+``Event`` at all; they carry ``LifecycleTransition`` instead::
+
+    {"Origin": "AutoScalingGroup", "Destination": "EC2", "LifecycleHookName": "drain",
+     "AccountId": "123456789012", "RequestId": "...", "LifecycleTransition":
+     "autoscaling:EC2_INSTANCE_TERMINATING", "AutoScalingGroupName": "...", "Service":
+     "AWS Auto Scaling", "Time": "...", "EC2InstanceId": "i-...", "LifecycleActionToken":
+     "<uuid>"}  (+ "NotificationMetadata" when the hook has metadata)
+
+Examples of every type live in ``tests/lambda/fixtures/``.
 
 Everything that comes in is untrusted: each check below turns a bad record into a
 :class:`MalformedRecord` naming the offending field, so the handler can log it and move on.
@@ -32,6 +43,10 @@ LAUNCH_ERROR = "autoscaling:EC2_INSTANCE_LAUNCH_ERROR"
 TERMINATE = "autoscaling:EC2_INSTANCE_TERMINATE"
 TERMINATE_ERROR = "autoscaling:EC2_INSTANCE_TERMINATE_ERROR"
 TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
+#: Lifecycle transitions (the ``LifecycleTransition`` of a lifecycle-hook notification).
+INSTANCE_TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
+INSTANCE_LAUNCHING = "autoscaling:EC2_INSTANCE_LAUNCHING"
+LIFECYCLE_TRANSITIONS = (INSTANCE_TERMINATING, INSTANCE_LAUNCHING)
 
 #: Events that describe an instance of a group (everything but the test notification).
 INSTANCE_EVENTS = (LAUNCH, LAUNCH_ERROR, TERMINATE, TERMINATE_ERROR)
@@ -46,6 +61,9 @@ CHANGE_BY_EVENT = {
 }
 
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
+#: The API's own pattern for hook names, and a generous one for tokens (UUIDs in practice).
+_HOOK_NAME = re.compile(r"^[A-Za-z0-9\-_/]{1,255}$")
+_ACTION_TOKEN = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 #: Auto Scaling group names: 1..255 characters, none of them control characters (the API's
 #: own pattern excludes most of them; we are stricter so a name is always safe to log/send).
 _GROUP_NAME = re.compile(r"^[^\x00-\x1f\x7f\ud800-\udfff]{1,255}$")
@@ -69,10 +87,17 @@ class Notification:
     cause: str
     description: str
     activity_id: str
+    #: Lifecycle-hook notifications only ("" otherwise).
+    lifecycle_hook: str = ""
+    lifecycle_action_token: str = ""
 
     @property
     def is_test(self) -> bool:
         return self.event == TEST_NOTIFICATION
+
+    @property
+    def is_lifecycle(self) -> bool:
+        return self.event in LIFECYCLE_TRANSITIONS
 
 
 def sns_records(event: Any) -> list[Any]:
@@ -119,16 +144,13 @@ def parse_record(record: Any) -> Notification:
             f"Sns.Message decodes to a {type(message).__name__}, expected an object"
         )
 
+    if "Event" not in message and "LifecycleTransition" in message:
+        return _parse_lifecycle(message)
     event = message.get("Event")
     if not isinstance(event, str) or event not in KNOWN_EVENTS:
         raise MalformedRecord(f"unknown Event {str(event)[:100]!r}")
 
-    group_name = message.get("AutoScalingGroupName")
-    if not isinstance(group_name, str) or not _GROUP_NAME.match(group_name):
-        raise MalformedRecord(
-            f"AutoScalingGroupName {str(group_name)[:100]!r} is not a valid group name"
-        )
-
+    group_name = _group_name(message)
     instance_id = _text(message, "EC2InstanceId")
     if instance_id and not _INSTANCE_ID.match(instance_id):
         raise MalformedRecord(f"EC2InstanceId {instance_id[:100]!r} is not an instance id")
@@ -142,4 +164,43 @@ def parse_record(record: Any) -> Notification:
         cause=_text(message, "Cause"),
         description=_text(message, "Description"),
         activity_id=_text(message, "ActivityId"),
+    )
+
+
+def _group_name(message: dict[str, Any]) -> str:
+    group_name = message.get("AutoScalingGroupName")
+    if not isinstance(group_name, str) or not _GROUP_NAME.match(group_name):
+        raise MalformedRecord(
+            f"AutoScalingGroupName {str(group_name)[:100]!r} is not a valid group name"
+        )
+    return group_name
+
+
+def _parse_lifecycle(message: dict[str, Any]) -> Notification:
+    """A lifecycle-hook notification: every field the completion call needs must be valid,
+    because the master agent hands them back to CompleteLifecycleAction verbatim."""
+    transition = message.get("LifecycleTransition")
+    if not isinstance(transition, str) or transition not in LIFECYCLE_TRANSITIONS:
+        raise MalformedRecord(f"unknown LifecycleTransition {str(transition)[:100]!r}")
+    group_name = _group_name(message)
+    instance_id = _text(message, "EC2InstanceId")
+    if not _INSTANCE_ID.match(instance_id):
+        raise MalformedRecord(f"EC2InstanceId {instance_id[:100]!r} is not an instance id")
+    hook = _text(message, "LifecycleHookName")
+    if not _HOOK_NAME.match(hook):
+        raise MalformedRecord(f"LifecycleHookName {hook[:100]!r} is not a valid hook name")
+    token = _text(message, "LifecycleActionToken")
+    if not _ACTION_TOKEN.match(token):
+        raise MalformedRecord(f"LifecycleActionToken {token[:100]!r} is not a valid token")
+    return Notification(
+        event=transition,
+        group_name=group_name,
+        instance_id=instance_id,
+        status_code="",
+        status_message="",
+        cause="",
+        description=_text(message, "NotificationMetadata"),
+        activity_id=_text(message, "RequestId"),
+        lifecycle_hook=hook,
+        lifecycle_action_token=token,
     )

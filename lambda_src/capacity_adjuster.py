@@ -6,7 +6,9 @@ back. On each launch / launch-error the group's healthy instances are counted; a
 its desired capacity is reported set up, a launch error that leaves it short (but at or
 above its minimum) lowers desired capacity to what launched, and a group below its minimum
 is reported as a failure at once so the master agent fails fast. Terminations are reported
-as membership changes.
+as membership changes. A lifecycle-hook notification of a terminating instance (the worker
+group's ``drain`` hook) becomes a ``drain-request``: the master agent drains the node and
+completes the lifecycle action (protocol.md §7); this function never completes it itself.
 
 Handler: ``capacity_adjuster.handler`` (the Lambda asset is the ``lambda_src/`` directory).
 Configuration (environment, set by the construct; docs/protocol.md §2): ``MASTER_QUEUE_URL``,
@@ -100,6 +102,26 @@ def _handle_instance_event(
         "max": snapshot.max_size,
         "launched": snapshot.launched,
     }
+
+    if note.event == notes.INSTANCE_TERMINATING:
+        message = messages.drain_request(
+            asg=snapshot.name,
+            role=snapshot.role,
+            cluster_id=config.cluster_id,
+            instance_id=note.instance_id,
+            lifecycle_hook=note.lifecycle_hook,
+            lifecycle_action_token=note.lifecycle_action_token,
+        )
+        message_id = clients.send(config.master_queue_url, message)
+        log.info(
+            "decision",
+            action="drain-request",
+            lifecycle_hook=note.lifecycle_hook,
+            dedupe_key=message["dedupe_key"],
+            sqs_message_id=message_id,
+            **state,
+        )
+        return "drain-request"
 
     if note.event in (notes.TERMINATE, notes.TERMINATE_ERROR):
         message = messages.membership_change(
@@ -216,6 +238,11 @@ def process_event(
         if note.is_test:
             record_log.info("record-skipped", reason="test-notification")
             outcomes.append("test-notification")
+            continue
+        if note.event == notes.INSTANCE_LAUNCHING:
+            # The stack installs no launch hook; someone else's must not be answered by us.
+            record_log.info("record-skipped", reason="launch-hook-not-ours")
+            outcomes.append("ignored-launch-hook")
             continue
         try:
             outcomes.append(_handle_instance_event(note, config, clients, record_log))

@@ -92,3 +92,36 @@ def membership_change(
         ),
         "sent_at": _now(),
     }
+
+
+def drain_request(
+    *,
+    asg: str,
+    role: str,
+    cluster_id: str,
+    instance_id: str,
+    lifecycle_hook: str,
+    lifecycle_action_token: str,
+) -> dict[str, Any]:
+    """A ``drain-request`` message (protocol.md §7): the instance waits in Terminating:Wait
+    until the master agent completes the lifecycle action with these hook/token values.
+
+    The key covers the lifecycle action itself (group, instance, hook, token): a re-delivered
+    notification is the same drain, a later termination of the same instance is not."""
+    return {
+        "event": "drain-request",
+        "asg": asg,
+        "role": role,
+        "cluster_id": cluster_id,
+        "instance_id": instance_id,
+        "lifecycle_hook": lifecycle_hook,
+        "lifecycle_action_token": lifecycle_action_token,
+        "dedupe_key": dedupe_key(
+            asg=asg,
+            kind=f"drain-request:{instance_id}:{lifecycle_hook}:{lifecycle_action_token}",
+            desired=0,
+            launched=0,
+            instances=[instance_id],
+        ),
+        "sent_at": _now(),
+    }

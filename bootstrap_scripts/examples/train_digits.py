@@ -2,21 +2,37 @@
 
     dl-run -- -m bootstrap_scripts.examples.train_digits            # every node, torchrun
     dl-run -- -m bootstrap_scripts.examples.train_digits --resume   # continue from EFS
+    dl-run --elastic -- -m bootstrap_scripts.examples.train_digits  # nodes may join / leave
 
 The first thing to run on a new cluster: it exercises the rendezvous, the collective
 backend (gloo on CPU, nccl on GPU), EFS checkpoints and resume, in about 20 s on CPUs.
 
-Rank 0 prints one line per epoch, readable and machine-parsable::
+Rank 0 prints one line per (re)start and one per epoch, readable and machine-parsable::
 
-    epoch=3 acc=0.962 loss=0.1234 samples_per_s=12345 world_size=2 lr=0.002 global_batch=64
+    start world_size=3 restart=0 step=0 epoch=1 resumed_from=- ...
+    epoch=3 acc=0.962 loss=0.1234 samples_per_s=12345 world_size=3 lr=0.002 global_batch=64
 
-World-size policy (why resume stays correct when the cluster grows or shrinks): the GLOBAL
-batch size and the learning rate are fixed; each rank takes ``global_batch // world_size``
-samples per step. The optimisation is then the same maths at any world size, so a
-checkpoint (model + optimizer state + epoch) taken with 4 ranks resumes unchanged with 2.
-The data order per epoch comes from DistributedSampler(seed, epoch), so it is reproducible.
-Checkpoints go to ``<EFS>/checkpoints/<name>/epoch-<N>.pt`` (rank 0, temp file + rename)
-with ``latest.json`` pointing at the newest; ``--resume`` starts after it.
+Every rank prints ``first_step rank=R world_size=W step=S`` when it takes its first step
+after a (re)start (how the harness measures when a joining node really trains).
+
+World-size policy (why training stays correct when the cluster grows or shrinks): the
+GLOBAL batch (``--global-batch-size``, default 64) and the learning-rate schedule are fixed.
+Global step ``k`` of epoch ``e`` always uses the same samples: a permutation seeded with
+``seed + e``, chunk ``k`` of ``global_batch`` samples, split across the ranks as evenly as it
+goes (any world size: 64 on 3 ranks is 22 + 21 + 21). Each rank's loss is its samples' SUM
+scaled by ``world_size / samples in the global batch``, so DDP's gradient average is exactly
+the mean over the global batch whatever the split. A run at any world size, or one whose
+world size changes mid-epoch, therefore follows the same optimisation path (up to float
+summation order). This is why the job shards the data itself rather than with
+DistributedSampler, whose padding and interleaving depend on the world size, so a position
+inside an epoch would not carry over to another world size.
+
+Checkpoints (rank 0, temp file + rename, ``latest.json`` points at the newest), on EFS under
+``<EFS>/checkpoints/<name>/``: ``epoch-NNNN.pt`` at the end of every epoch and
+``step-NNNNNN.pt`` every ``--checkpoint-every`` steps (and when the job is stopped with
+SIGTERM). A (re)start resumes from the latest checkpoint automatically when it was written
+by the SAME run (torchrun's run id = the job id: an elastic restart after a join or a leave),
+or of any run with ``--resume``. A restart thus loses at most ``--checkpoint-every`` steps.
 """
 
 from __future__ import annotations
@@ -26,6 +42,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -36,20 +53,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="DDP example on scikit-learn's digits")
     p.add_argument("--epochs", type=int, default=20, help="total epochs (default: 20)")
     p.add_argument("--global-batch-size", type=int, default=64,
-                   help="samples per optimizer step over ALL ranks (default: 64)")
+                   help="samples per optimizer step over ALL ranks, any world size "
+                   "(default: 64)")
     p.add_argument("--lr", type=float, default=3e-3,
-                   help="peak Adam learning rate, cosine-decayed (default: 3e-3)")
+                   help="peak Adam learning rate, cosine-decayed per epoch (default: 3e-3)")
     p.add_argument("--hidden", type=int, default=128, help="hidden units (default: 128)")
     p.add_argument("--seed", type=int, default=0, help="split / init / shuffle seed")
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--name", default="digits", help="checkpoint sub-directory name")
     p.add_argument("--checkpoint-dir", default="", help="default: $EFS_MOUNT/checkpoints/<name>"
                    " (./checkpoints/<name> without EFS_MOUNT)")
-    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default: 3)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--checkpoint-every", type=int, default=10,
+                   help="step checkpoint every N optimizer steps; 0: epoch ends only "
+                   "(default: 10)")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints of each kind to keep "
+                   "(default: 3)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint, whichever run wrote it")
     p.add_argument("--require-acc", type=float, default=0.0,
                    help="exit 1 if the final held-out accuracy is below this")
-    return p.parse_args(argv)
+    p.add_argument("--step-delay", type=float, default=0.0,
+                   help="sleep this long after each step (demos: stretch the short job so "
+                   "nodes can join and leave while it runs; default: 0)")
+    ns = p.parse_args(argv)
+    if ns.global_batch_size < 1:
+        p.error(f"--global-batch-size must be >= 1, got {ns.global_batch_size}")
+    if ns.epochs < 1:
+        p.error(f"--epochs must be >= 1, got {ns.epochs}")
+    if ns.checkpoint_every < 0:
+        p.error(f"--checkpoint-every must be >= 0, got {ns.checkpoint_every}")
+    return ns
 
 
 def epoch_lr(base: float, epoch: int, epochs: int) -> float:
@@ -77,37 +110,91 @@ def load_data(seed: int, test_fraction: float):
                             stratify=y)
 
 
-def save_checkpoint(ckdir: Path, state: dict, epoch: int, keep: int) -> Path:
+def steps_per_epoch(n: int, global_batch: int) -> int:
+    return math.ceil(n / global_batch)
+
+
+def rank_slice(count: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank ``rank``'s part of ``count`` samples: sizes differ by at most one, earlier ranks
+    take the remainder (64 over 3 ranks: 22, 21, 21). Works for any world size."""
+    base, extra = divmod(count, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def epoch_batches(n: int, seed: int, epoch: int, global_batch: int, rank: int, world: int,
+                  start_step: int = 0):
+    """This rank's sample indices for each step of ``epoch`` from ``start_step`` on, with the
+    size of the global batch: ``[(indices, global_count), ...]``. The permutation depends on
+    the seed and epoch only, so step k means the same samples at every world size."""
     import torch
 
-    ckdir.mkdir(parents=True, exist_ok=True)
-    final = ckdir / f"epoch-{epoch:04d}.pt"
-    fd, tmp = tempfile.mkstemp(dir=ckdir, prefix=".epoch-", suffix=".tmp")
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    perm = torch.randperm(n, generator=g)
+    out = []
+    for step in range(start_step, steps_per_epoch(n, global_batch)):
+        chunk = perm[step * global_batch:(step + 1) * global_batch]
+        lo, hi = rank_slice(len(chunk), rank, world)
+        out.append((chunk[lo:hi], len(chunk)))
+    return out
+
+
+def _atomic_save(obj: object, final: Path) -> None:
+    import torch
+
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.stem}-", suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(state, tmp)
+        torch.save(obj, tmp)
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def save_checkpoint(ckdir: Path, state: dict, name: str, keep: int) -> Path:
+    """Write ``name`` atomically, point ``latest.json`` at it, prune old ones of its kind.
+    A reader (another rank, a restarted job) sees a whole checkpoint or the previous one."""
+    ckdir.mkdir(parents=True, exist_ok=True)
+    final = ckdir / name
+    _atomic_save(state, final)
     fd, tmp = tempfile.mkstemp(dir=ckdir, prefix=".latest-", suffix=".tmp")
     with os.fdopen(fd, "w") as fh:
-        json.dump({"epoch": epoch, "file": final.name}, fh)
+        json.dump({"epoch": state["epoch"], "step": state["step"],
+                   "global_step": state["global_step"], "file": final.name,
+                   "run_id": state.get("run_id", ""), "acc": state.get("acc")}, fh)
     os.replace(tmp, ckdir / "latest.json")
-    for old in sorted(ckdir.glob("epoch-*.pt"))[:-keep]:
+    kind = name.split("-", 1)[0]
+    for old in sorted(ckdir.glob(f"{kind}-*.pt"))[:-keep]:
         with contextlib.suppress(FileNotFoundError):
             old.unlink()
     return final
 
 
-def latest_checkpoint(ckdir: Path) -> Path | None:
+def latest_info(ckdir: Path) -> dict | None:
     try:
-        name = json.loads((ckdir / "latest.json").read_text())["file"]
-    except (OSError, ValueError, KeyError):
+        info = json.loads((ckdir / "latest.json").read_text())
+        path = ckdir / info["file"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    path = ckdir / name
-    return path if path.exists() else None
+    return {**info, "path": path} if path.exists() else None
+
+
+def latest_checkpoint(ckdir: Path) -> Path | None:
+    info = latest_info(ckdir)
+    return info["path"] if info else None
+
+
+def evaluate(model, xt, yt) -> float:
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        acc = (model(xt).argmax(dim=1) == yt).float().mean().item()
+    model.train()
+    return acc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,9 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, TensorDataset
-    from torch.utils.data.distributed import DistributedSampler
 
+    stop = {"signal": 0}
+
+    def on_term(signum: int, _frame: object) -> None:
+        stop["signal"] = signum  # finish the step, checkpoint, exit (see the loop)
+
+    signal.signal(signal.SIGTERM, on_term)
     distributed = "WORLD_SIZE" in os.environ
     use_cuda = torch.cuda.is_available()
     backend = "nccl" if use_cuda else "gloo"
@@ -132,21 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     if use_cuda:
         torch.cuda.set_device(device)
     torch.set_num_threads(1)  # small model: threads only fight the other ranks for cores
-
-    if args.global_batch_size % world:
-        if rank == 0:
-            print(f"error: --global-batch-size {args.global_batch_size} is not divisible by the "
-                  f"world size {world}", file=sys.stderr)
-        return 2
-    per_rank_batch = args.global_batch_size // world
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "") or os.environ.get("DL_JOB_ID", "")
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
     x_train, x_test, y_train, y_test = load_data(args.seed, args.test_fraction)
-    train = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train))
-    sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True,
-                                 seed=args.seed) if distributed else None
-    loader = DataLoader(train, batch_size=per_rank_batch, sampler=sampler,
-                        shuffle=sampler is None, drop_last=False)
+    xtr, ytr = torch.from_numpy(x_train), torch.from_numpy(y_train)
     xt, yt = torch.from_numpy(x_test).to(device), torch.from_numpy(y_test).to(device)
+    n, gb = len(ytr), args.global_batch_size
+    spe = steps_per_epoch(n, gb)
 
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     model = nn.Sequential(
@@ -155,63 +239,115 @@ def main(argv: list[str] | None = None) -> int:
         nn.Linear(args.hidden, 10),
     ).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    start_epoch = 1
+    epoch, step = 1, 0  # the next step to take: step `step` of epoch `epoch`
+    acc: float | None = None
     ckdir = checkpoint_dir(args)
-    if args.resume:
-        path = latest_checkpoint(ckdir)
-        if path is not None:
-            state = torch.load(path, map_location=device, weights_only=False)
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start_epoch = int(state["epoch"]) + 1
-            if rank == 0:
-                print(f"resumed from {path} (epoch {state['epoch']}, saved with world size "
-                      f"{state['world_size']}, now {world})", flush=True)
-        elif rank == 0:
-            print(f"no checkpoint in {ckdir}: starting from scratch", flush=True)
+    info = latest_info(ckdir)
+    same_run = bool(info and run_id and info.get("run_id") == run_id)
+    resumed = ""
+    if info and (args.resume or same_run):
+        state = torch.load(info["path"], map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        epoch, step = int(state["epoch"]), int(state["step"])
+        if step >= spe:  # an epoch-end checkpoint: the next epoch starts
+            epoch, step = epoch + 1, 0
+        acc = state.get("acc")
+        resumed = info["path"].name
+        if rank == 0:
+            print(f"resumed from {info['path']} (epoch {state['epoch']}, step "
+                  f"{state['step']}/{spe}, saved with world size {state['world_size']}, "
+                  f"now {world})", flush=True)
+    elif args.resume and rank == 0:
+        print(f"no checkpoint in {ckdir}: starting from scratch", flush=True)
     net = DDP(model) if distributed else model
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    global_step = (epoch - 1) * spe + step
     if rank == 0:
-        print(f"start world_size={world} backend={backend} device={device} "
-              f"train={len(train)} test={len(yt)} per_rank_batch={per_rank_batch} "
-              f"epochs={start_epoch}..{args.epochs} checkpoints={ckdir}", flush=True)
+        print(f"start world_size={world} restart={restart} step={global_step} epoch={epoch} "
+              f"resumed_from={resumed or '-'} backend={backend} device={device} train={n} "
+              f"test={len(yt)} global_batch={gb} epochs={epoch}..{args.epochs} "
+              f"checkpoints={ckdir}", flush=True)
 
-    acc = 0.0
-    for epoch in range(start_epoch, args.epochs + 1):
-        if sampler is not None:
-            sampler.set_epoch(epoch)
+    def state_dict(ep: int, st: int) -> dict:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "epoch": ep, "step": st, "global_step": (ep - 1) * spe + st,
+                "world_size": world, "acc": acc, "run_id": run_id,
+                "global_batch_size": gb, "lr": args.lr}
+
+    first = True
+    while epoch <= args.epochs and not stop["signal"]:
         lr = epoch_lr(args.lr, epoch, args.epochs)
         for group in optimizer.param_groups:
             group["lr"] = lr
         net.train()
         t0 = time.perf_counter()
-        total_loss, batches = 0.0, 0
-        for xb, yb in loader:
-            xb, yb = xb.to(device), yb.to(device)
+        total_loss, samples = 0.0, 0
+        for idx, count in epoch_batches(n, args.seed, epoch, gb, rank, world, step):
+            xb, yb = xtr[idx].to(device), ytr[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(net(xb), yb)
-            loss.backward()
+            try:
+                loss = loss_fn(net(xb), yb)
+                (loss * (world / count)).backward()  # DDP averages: the global-batch mean
+            except Exception:
+                # A peer left (drain, lost node): the gradient all-reduce failed before this
+                # step changed anything, so the weights are those after the last completed
+                # step. Rank 0 saves them: the restarted workers lose no step at all.
+                if rank == 0 and step:
+                    save_checkpoint(ckdir, state_dict(epoch, step),
+                                    f"step-{(epoch - 1) * spe + step:06d}.pt", args.keep)
+                    print(f"peer lost at step {(epoch - 1) * spe + step}: saved it "
+                          f"world_size={world}", flush=True)
+                if stop["signal"]:
+                    break
+                raise
             optimizer.step()
-            total_loss, batches = total_loss + loss.item(), batches + 1
+            total_loss, samples = total_loss + loss.item(), samples + len(idx)
+            step += 1
+            if first:
+                print(f"first_step rank={rank} world_size={world} "
+                      f"step={(epoch - 1) * spe + step}", flush=True)
+                first = False
+            if rank == 0 and args.checkpoint_every and step < spe and \
+                    step % args.checkpoint_every == 0:
+                save_checkpoint(ckdir, state_dict(epoch, step),
+                                f"step-{(epoch - 1) * spe + step:06d}.pt", args.keep)
+            if args.step_delay:
+                time.sleep(args.step_delay)
+            if stop["signal"]:
+                break
+        if stop["signal"] and step < spe:
+            if rank == 0:  # stopped mid-epoch (drain, cancel): keep the progress
+                save_checkpoint(ckdir, state_dict(epoch, step),
+                                f"step-{(epoch - 1) * spe + step:06d}.pt", args.keep)
+                print(f"stopped by signal {stop['signal']} at step "
+                      f"{(epoch - 1) * spe + step} world_size={world}", flush=True)
+            break
         elapsed = time.perf_counter() - t0
         if rank == 0:
-            model.eval()
-            with torch.no_grad():
-                acc = (model(xt).argmax(dim=1) == yt).float().mean().item()
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "epoch": epoch, "world_size": world, "acc": acc,
-                     "global_batch_size": args.global_batch_size, "lr": args.lr}
-            save_checkpoint(ckdir, state, epoch, args.keep)
-            print(f"epoch={epoch} acc={acc:.4f} loss={total_loss / max(1, batches):.4f} "
-                  f"samples_per_s={len(train) / elapsed:.0f} world_size={world} lr={lr:.2e} "
-                  f"global_batch={args.global_batch_size}", flush=True)
+            acc = evaluate(model, xt, yt)
+            save_checkpoint(ckdir, state_dict(epoch, spe), f"epoch-{epoch:04d}.pt", args.keep)
+            print(f"epoch={epoch} acc={acc:.4f} loss={total_loss / max(1, samples):.4f} "
+                  f"samples_per_s={samples * world / max(elapsed, 1e-9):.0f} world_size={world} "
+                  f"lr={lr:.2e} global_batch={gb}", flush=True)
+        epoch, step = epoch + 1, 0
         if distributed:
             dist.barrier()  # nobody races ahead of the checkpoint of this epoch
+    if stop["signal"]:
+        if distributed:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        return 128 + stop["signal"]
     if rank == 0:
+        if acc is None:  # resumed after the last epoch from a checkpoint without accuracy
+            acc = evaluate(model, xt, yt)
         print(f"final acc={acc:.4f} world_size={world}", flush=True)
-    ok = acc >= args.require_acc or rank != 0 or start_epoch > args.epochs
+    ok = rank != 0 or (acc is not None and acc >= args.require_acc)
     if distributed:
         dist.destroy_process_group()
+    if not ok:
+        print(f"error: final held-out accuracy {acc:.4f} is below --require-acc "
+              f"{args.require_acc}", file=sys.stderr, flush=True)
     return 0 if ok else 1
 
 

@@ -32,6 +32,12 @@ FIXTURE_BY_EVENT = {
     "autoscaling:EC2_INSTANCE_TERMINATE_ERROR": "terminate_error.json",
     "autoscaling:TEST_NOTIFICATION": "test_notification.json",
 }
+#: Lifecycle-hook notifications (no "Event" key; "LifecycleTransition" instead).
+LIFECYCLE_FIXTURES = {
+    "autoscaling:EC2_INSTANCE_TERMINATING": "lifecycle_terminating.json",
+}
+ALL_FIXTURES = {**FIXTURE_BY_EVENT, **LIFECYCLE_FIXTURES}
+TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 LAUNCH = "autoscaling:EC2_INSTANCE_LAUNCH"
 LAUNCH_ERROR = "autoscaling:EC2_INSTANCE_LAUNCH_ERROR"
 TERMINATE = "autoscaling:EC2_INSTANCE_TERMINATE"
@@ -45,7 +51,7 @@ def load_fixture(name: str) -> dict[str, Any]:
 
 def fixture_record(event: str, group: str, instance_id: str | None = None) -> dict[str, Any]:
     """One SNS record of the fixture for ``event``, retargeted at ``group`` (and instance)."""
-    record = copy.deepcopy(load_fixture(FIXTURE_BY_EVENT[event])["Records"][0])
+    record = copy.deepcopy(load_fixture(ALL_FIXTURES[event])["Records"][0])
     message = json.loads(record["Sns"]["Message"])
     old_group = message["AutoScalingGroupName"]
     message["AutoScalingGroupName"] = group
@@ -53,10 +59,25 @@ def fixture_record(event: str, group: str, instance_id: str | None = None) -> di
     if instance_id is not None and "EC2InstanceId" in message:
         old_id = message["EC2InstanceId"]
         message["EC2InstanceId"] = instance_id
-        if old_id:
+        if old_id and "Description" in message:
             message["Description"] = message["Description"].replace(old_id, instance_id)
+        if old_id:
+            record["Sns"]["Subject"] = record["Sns"]["Subject"].replace(old_id, instance_id)
     record["Sns"]["Message"] = json.dumps(message, separators=(",", ":"))
     record["Sns"]["Subject"] = record["Sns"]["Subject"].replace(old_group, group)
+    return record
+
+
+def lifecycle_record(
+    group: str, instance_id: str, *, token: str = "71514b9d-6a40-4b26-8523-05e7ee35fa40",
+    hook: str = "drain",
+) -> dict[str, Any]:
+    """A terminating lifecycle-hook notification for ``instance_id`` with this token."""
+    record = fixture_record(TERMINATING, group, instance_id)
+    message = json.loads(record["Sns"]["Message"])
+    message["LifecycleActionToken"] = token
+    message["LifecycleHookName"] = hook
+    record["Sns"]["Message"] = json.dumps(message, separators=(",", ":"))
     return record
 
 

@@ -22,6 +22,7 @@ from adjuster_harness import (
     fixture_record,
     import_adjuster,
     lambda_environment,
+    lifecycle_record,
     load_fixture,
     log_lines,
     set_lifecycle_state,
@@ -541,3 +542,91 @@ def test_no_region_is_a_config_error_not_a_crash(
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     result = run(fixture_record(LAUNCH, WORKERS))
     assert "Region" in result["error"]
+
+
+# --- lifecycle hook (drain) ----------------------------------------------------------------
+
+
+def test_lifecycle_fixture_has_real_shape() -> None:
+    record = load_fixture("lifecycle_terminating.json")["Records"][0]
+    message = json.loads(record["Sns"]["Message"])
+    assert set(message) == {
+        "Origin", "Destination", "LifecycleHookName", "AccountId", "RequestId",
+        "LifecycleTransition", "AutoScalingGroupName", "Service", "Time", "EC2InstanceId",
+        "LifecycleActionToken",
+    }  # fmt: skip
+    assert "Event" not in message  # lifecycle notifications carry a transition, not an Event
+    parsed = adjuster.notes.parse_record(record)
+    assert parsed.is_lifecycle and not parsed.is_test
+    assert (parsed.lifecycle_hook, parsed.lifecycle_action_token) == (
+        "drain", message["LifecycleActionToken"],
+    )  # fmt: skip
+
+
+def test_terminating_hook_becomes_drain_request(cloud: tuple[Cloud, str]) -> None:
+    c, queue = cloud
+    ids = c.group(WORKERS, min_size=0, desired=3, max_size=4)
+    result = run(lifecycle_record(WORKERS, ids[1], token="0b1c2d3e-aaaa-4bbb-8ccc-123456789abc"))
+    assert result["outcomes"] == ["drain-request"]
+    [message] = c.messages(queue)
+    assert message == {
+        "event": "drain-request", "asg": WORKERS, "role": "worker",
+        "cluster_id": "DLClusterStack", "instance_id": ids[1], "lifecycle_hook": "drain",
+        "lifecycle_action_token": "0b1c2d3e-aaaa-4bbb-8ccc-123456789abc",
+        "dedupe_key": message["dedupe_key"], "sent_at": message["sent_at"],
+    }  # fmt: skip
+    assert len(message["dedupe_key"]) == 32
+    assert c.desired(WORKERS) == 3  # a drain never changes capacity
+
+
+def test_duplicate_lifecycle_notification_gives_the_same_key(cloud: tuple[Cloud, str]) -> None:
+    c, queue = cloud
+    ids = c.group(WORKERS, min_size=0, desired=2, max_size=4)
+    run(lifecycle_record(WORKERS, ids[0]), lifecycle_record(WORKERS, ids[0]))
+    run(lifecycle_record(WORKERS, ids[0], token="99999999-9999-4999-8999-999999999999"))
+    first, again, other = c.messages(queue)
+    assert first["dedupe_key"] == again["dedupe_key"]
+    assert other["dedupe_key"] != first["dedupe_key"]  # another lifecycle action
+
+
+def test_lifecycle_notification_of_another_cluster_is_ignored(cloud: tuple[Cloud, str]) -> None:
+    c, queue = cloud
+    ids = c.group("Other-Workers", min_size=0, desired=1, max_size=2, cluster_id="Other")
+    assert run(lifecycle_record("Other-Workers", ids[0]))["outcomes"] == ["ignored-group"]
+    assert c.messages(queue) == []
+
+
+def test_launching_hook_and_hook_test_notification_are_skipped(cloud: tuple[Cloud, str]) -> None:
+    c, queue = cloud
+    ids = c.group(WORKERS, min_size=0, desired=1, max_size=2)
+    launching = lifecycle_record(WORKERS, ids[0])
+    message = json.loads(launching["Sns"]["Message"])
+    message["LifecycleTransition"] = "autoscaling:EC2_INSTANCE_LAUNCHING"
+    launching["Sns"]["Message"] = json.dumps(message)
+    # creating the hook sends autoscaling:TEST_NOTIFICATION to the topic (same shape)
+    result = run(launching, fixture_record(TEST_NOTIFICATION, WORKERS))
+    assert result["outcomes"] == ["ignored-launch-hook", "test-notification"]
+    assert c.messages(queue) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("LifecycleActionToken", ""),
+        ("LifecycleActionToken", "not a token; rm -rf"),
+        ("LifecycleHookName", "drain hook"),
+        ("EC2InstanceId", ""),
+        ("LifecycleTransition", "autoscaling:EC2_INSTANCE_EXPLODING"),
+    ],
+)
+def test_malformed_lifecycle_notification_is_skipped(
+    cloud: tuple[Cloud, str], field: str, value: str
+) -> None:
+    c, queue = cloud
+    ids = c.group(WORKERS, min_size=0, desired=1, max_size=2)
+    record = lifecycle_record(WORKERS, ids[0])
+    message = json.loads(record["Sns"]["Message"])
+    message[field] = value
+    record["Sns"]["Message"] = json.dumps(message)
+    assert run(record)["outcomes"] == ["malformed"]
+    assert c.messages(queue) == []

@@ -12,12 +12,14 @@ each one; the queue must only ever receive well-formed messages about our group.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import hypothesis
 import pytest
 from adjuster_harness import (
+    ALL_FIXTURES,
     FIXTURE_BY_EVENT,
     Cloud,
     drop_instances,
@@ -76,7 +78,10 @@ def _check(c: Cloud, queue_url: str, event: Any) -> None:
     for message in c.messages(queue_url):
         assert message["asg"] == OURS, message
         assert message["cluster_id"] == "DLClusterStack"
-        assert message["event"] in ("asg-setup", "membership-change")
+        assert message["event"] in ("asg-setup", "membership-change", "drain-request")
+        if message["event"] == "drain-request":
+            assert re.fullmatch(r"i-[0-9a-f]{8,17}", message["instance_id"]), message
+            assert message["lifecycle_action_token"] and message["lifecycle_hook"], message
         if message["event"] == "asg-setup":
             assert (message["status"], message["desired"], message["launched"]) == (
                 "success", 3, 3,
@@ -120,7 +125,7 @@ field_values = st.one_of(hostile_text, json_values)
 @st.composite
 def hostile_messages(draw: st.DrawFn) -> dict[str, Any]:
     """A real fixture's message with fields replaced, removed or retyped."""
-    event = draw(st.sampled_from(sorted(FIXTURE_BY_EVENT)))
+    event = draw(st.sampled_from(sorted(ALL_FIXTURES)))
     message = json.loads(fixture_record(event, OURS)["Sns"]["Message"])
     # mostly real group names and events, so the interesting paths (another cluster's
     # short group, a look-alike name) are reached often, not by luck
@@ -128,7 +133,10 @@ def hostile_messages(draw: st.DrawFn) -> dict[str, Any]:
         message["AutoScalingGroupName"] = draw(st.sampled_from([OURS, FOREIGN, LOOKALIKE]))
     else:
         message["AutoScalingGroupName"] = draw(group_names)
-    if draw(st.integers(0, 9)) < 2:
+    if "LifecycleTransition" in message:
+        if draw(st.integers(0, 9)) < 2:
+            message["LifecycleTransition"] = draw(event_names)
+    elif draw(st.integers(0, 9)) < 2:
         message["Event"] = draw(event_names)
     for key in draw(st.lists(st.sampled_from(sorted(message)), max_size=3, unique=True)):
         if draw(st.booleans()):

@@ -29,6 +29,8 @@ class Instance:
     instance_id: str
     address: str
     instance_type: str = ""
+    #: A Spot instance (EC2 ``InstanceLifecycle``): never chosen as a protected base worker.
+    spot: bool = False
 
 
 @dataclass
@@ -81,7 +83,8 @@ def describe_addresses(ec2, instance_ids: list[str]) -> dict[str, Instance]:
                     ip = inst.get("PrivateIpAddress")
                     if state in ("pending", "running") and ip:
                         found[inst["InstanceId"]] = Instance(
-                            inst["InstanceId"], ip, inst.get("InstanceType", "")
+                            inst["InstanceId"], ip, inst.get("InstanceType", ""),
+                            spot=inst.get("InstanceLifecycle") == "spot",
                         )
     return found
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -63,6 +64,7 @@ class RunningShare:
     cancel_reason: str = ""
     term_sent: float | None = None
     kill_sent: bool = False
+    drained: bool = False
 
     @property
     def token(self) -> str:
@@ -125,11 +127,46 @@ def pids_with_token(token: str) -> list[int]:
     return found
 
 
+def _safe_getpgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def signal_share(pgid: int, token: str, sig: int) -> None:
     killpg(pgid, sig)
     for pid in pids_with_token(token):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
+
+
+def sweep_share(pgid: int, token: str, timeout: float = 5.0) -> list[int]:
+    """SIGKILL the share's group and every process carrying its token, again and again
+    until none is left (or ``timeout``): a dying torchrun may still be starting workers
+    when the first sweep runs, and its workers live in sessions of their own, so they
+    survive it. Works whether or not the torchrun parent is still there. Returns the PIDs
+    still alive at the end (normally none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if pgid:
+            killpg(pgid, signal.SIGKILL)
+        left = [pid for pid in pids_with_token(token) if _alive(pid)]
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Live and not a zombie (a zombie child of ours still shows its environ)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 class Executor:
@@ -148,6 +185,11 @@ class Executor:
         self.last_beat = 0.0
         self.efs_ok = True
         self.stopping = False
+        #: elastic jobs without a share for this node: re-checked when the generation moves
+        self.elastic_waiting: dict[str, tuple[js.JobSpec, Path]] = {}
+        #: set once ``cluster/drain/<instance-id>.json`` names this node: (id, request)
+        self.drain: tuple[str, dict] | None = None
+        self.drain_done = False
 
     # -- identity ----------------------------------------------------------------------
     def resolve_address(self) -> str:
@@ -227,10 +269,20 @@ class Executor:
                 LOG.error("job %s: unreadable spec, ignoring it: %s", job_id, exc)
                 self.seen.add(job_id)
                 continue
-            share = spec.share_for(self.address)
+            share = spec.share_for(self.address) or self._joined_share(spec, jdir)
+            if share is None and spec.elastic and spec.join_template is not None:
+                self.elastic_waiting[job_id] = (spec, jdir)
+                self.seen.add(job_id)
+                continue
+            if share is not None and js.started_path(jdir, share.rank).exists() and \
+                    not js.exit_path(jdir, share.rank).exists() and self.first_scan:
+                self.clean_up_orphan(spec, share, jdir)
             if share is None or js.exit_path(jdir, share.rank).exists() or \
                     js.started_path(jdir, share.rank).exists():
                 self.seen.add(job_id)
+                continue
+            if self.drain is not None:
+                self.seen.add(job_id)  # leaving the cluster: no new work
                 continue
             if self.first_scan or job_id in self.pending:
                 beat = self._runner_beat(jdir)
@@ -244,6 +296,130 @@ class Executor:
                 self.pending.pop(job_id, None)
             self.start(spec, share, jdir)
         self.first_scan = False
+        self.join_elastic()
+
+    # -- elastic jobs (protocol §7) ------------------------------------------------------
+    def _joined_share(self, spec: js.JobSpec, jdir: Path) -> js.Share | None:
+        """The share this node claimed in an elastic job earlier (an executor restart)."""
+        if not spec.elastic:
+            return None
+        for claim in js.nodes_dir(jdir).glob("*.claim"):
+            rec = js.read_json(claim) or {}
+            if rec.get("address") == self.address and spec.join_template is not None:
+                from bootstrap_scripts.launchers import join_share
+
+                return join_share(spec.join_template, int(rec["rank"]), self.address)
+        return None
+
+    def current_generation(self) -> tuple[int, list[str]]:
+        try:
+            m = Membership.load(self.root / MEMBERSHIP_FILE)
+        except (OSError, ValueError):
+            return 0, []
+        return m.generation, [n.address for n in m.nodes]
+
+    def join_elastic(self) -> None:
+        """Start this node's share of every running elastic job whose start predates the
+        generation that added this node: torchrun's c10d rendezvous admits the new agent,
+        the others restart their workers, which resume from the latest step checkpoint."""
+        if not self.elastic_waiting or self.drain is not None:
+            return
+        generation, addresses = self.current_generation()
+        for job_id, (spec, jdir) in list(self.elastic_waiting.items()):
+            if (jdir / "done").exists() or (jdir / "cancel").exists():
+                del self.elastic_waiting[job_id]
+                continue
+            if generation <= spec.generation or self.address not in addresses:
+                continue
+            beat = self._runner_beat(jdir)
+            key = f"elastic:{job_id}"
+            prev = self.pending.setdefault(key, (beat, time.monotonic()))
+            if beat == prev[0]:  # the runner must be alive: never join a dead job
+                if time.monotonic() - prev[1] > max(STARTUP_LIVENESS_SECONDS,
+                                                     spec.orphan_timeout):
+                    LOG.info("job %s: runner not alive, not joining it", job_id)
+                    del self.elastic_waiting[job_id]
+                continue
+            self.pending.pop(key, None)
+            del self.elastic_waiting[job_id]
+            rank = self.claim_rank(spec, jdir, generation)
+            from bootstrap_scripts.launchers import join_share
+
+            assert spec.join_template is not None
+            share = join_share(spec.join_template, rank, self.address)
+            LOG.info("job %s: joining the elastic job as node rank %d (generation %d > %d)",
+                     job_id, rank, generation, spec.generation)
+            self.start(spec, share, jdir)
+
+    def claim_rank(self, spec: js.JobSpec, jdir: Path, generation: int) -> int:
+        """The first free share rank after the spec's, claimed with O_EXCL: several nodes
+        may join at once and no coordinator hands out numbers."""
+        nodes = js.nodes_dir(jdir)
+        nodes.mkdir(parents=True, exist_ok=True)
+        rank = max(s.rank for s in spec.shares) + 1
+        while True:
+            try:
+                fd = os.open(js.claim_path(jdir, rank), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                             0o644)
+            except FileExistsError:
+                rank += 1
+                continue
+            with os.fdopen(fd, "w") as fh:
+                json.dump({"rank": rank, "address": self.address, "generation": generation,
+                           "claimed_at": time.time()}, fh)
+            return rank
+
+    def check_drain(self) -> None:
+        """A drain request naming this node's address: stop every share (SIGTERM to
+        torchrun, which stops its workers WITHOUT closing the rendezvous for the others;
+        SIGKILL after the grace), start nothing new, then write ``<instance-id>.done``."""
+        if self.drain is None:
+            try:
+                names = [e.name for e in os.scandir(js.drain_dir(self.efs))
+                         if e.name.endswith(".json")]
+            except FileNotFoundError:
+                return
+            for name in names:
+                req = js.read_json(js.drain_dir(self.efs) / name)
+                if req and req.get("address") == self.address:
+                    self.drain = (name[:-5], req)
+                    LOG.info("drain requested for %s (%s): stopping %d share(s)",
+                             name[:-5], self.address, len(self.running))
+                    break
+            else:
+                return
+        for r in self.running.values():
+            if not r.cancel_reason:
+                r.drained = True
+                self.cancel(r, "drained: node leaving the cluster")
+        if not self.running and not self.drain_done:
+            instance_id, req = self.drain
+            js.write_json_atomic(js.drain_done_path(self.efs, instance_id), {
+                "instance_id": instance_id, "address": self.address,
+                "requested_at": req.get("requested_at"), "done_at": time.time(),
+                "executor_pid": os.getpid()})
+            self.drain_done = True
+            LOG.info("drain of %s done: no share running", instance_id)
+
+    def clean_up_orphan(self, spec: js.JobSpec, share: js.Share, jdir: Path) -> None:
+        """A share this node started before the executor restarted (``.started`` without
+        ``.exit``): its processes are not our children any more and nobody records their
+        exit, so stop them all (by token) and record why. The runner sees a clear exit."""
+        token = share_token(spec.job_id, share.rank, self.address)
+        rec = js.read_json(js.started_path(jdir, share.rank)) or {}
+        pgid = int(rec.get("pgid") or 0)
+        if pgid and not any(_safe_getpgid(p) == pgid for p in pids_with_token(token)):
+            pgid = 0  # the group is gone (its number may belong to someone else now)
+        left = sweep_share(pgid, token)
+        js.write_json_atomic(js.exit_path(jdir, share.rank), {
+            "rank": share.rank, "address": self.address, "returncode": -signal.SIGKILL,
+            "signal": signal.SIGKILL, "cancelled": True, "drained": False,
+            "reason": "the job executor restarted; the share it found running was stopped",
+            "started_at": rec.get("started_at"), "finished_at": time.time(),
+            "left_alive": left})
+        LOG.warning("job %s: stopped the orphaned share of node rank %d left by a previous "
+                    "executor%s", spec.job_id, share.rank, f" ({left} still alive)" if left
+                    else "")
 
     @staticmethod
     def _runner_beat(jdir: Path) -> str | None:
@@ -319,7 +495,8 @@ class Executor:
         record = {
             "rank": r.share.rank, "address": self.address, "returncode": returncode,
             "signal": -returncode if returncode < 0 else 0,
-            "cancelled": bool(r.cancel_reason), "reason": reason or r.cancel_reason,
+            "cancelled": bool(r.cancel_reason), "drained": r.drained,
+            "reason": reason or r.cancel_reason,
             "started_at": r.started_at, "finished_at": time.time(),
         }
         js.write_json_atomic(js.exit_path(r.jdir, r.share.rank), record)
@@ -332,7 +509,13 @@ class Executor:
             LOG.info("job %s: stopping share (%s)", r.spec.job_id, reason)
         if r.term_sent is None:
             r.term_sent = time.monotonic()
-            r.signal(signal.SIGTERM)
+            if r.drained:
+                # Only torchrun (the group leader): it stops its own workers and, dying of
+                # a signal, leaves the rendezvous open for the survivors. Workers hit
+                # directly could be seen as failed and restarted by it first.
+                killpg(r.pgid, signal.SIGTERM)
+            else:
+                r.signal(signal.SIGTERM)
 
     def supervise(self) -> None:
         now = time.monotonic()
@@ -353,11 +536,18 @@ class Executor:
                 r.kill_sent = True
             if r.main_done():
                 rc = r.returncode() if not r.cancel_reason else (r.returncode() or -signal.SIGTERM)
-                # Leftovers (helper processes, grandchildren) must not outlive the share.
-                r.signal(signal.SIGKILL)
+                # Leftovers (helpers, grandchildren, torchrun workers in their own
+                # sessions when torchrun died first) must not outlive the share.
+                for p in r.procs:
+                    if p.popen.poll() is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            p.popen.kill()
+                left = sweep_share(r.pgid, r.token)
                 for p in r.procs:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         p.popen.wait(timeout=5)
+                if left:
+                    LOG.error("job %s: processes %s survived SIGKILL", job_id, left)
                 self.finish(r, rc)
                 del self.running[job_id]
                 self.seen.add(job_id)
@@ -376,6 +566,7 @@ class Executor:
                 self.scan()
             except OSError as exc:
                 LOG.error("scanning %s failed: %s", js.jobs_dir(self.efs), exc)
+            self.check_drain()
             self.supervise()
             time.sleep(POLL_SECONDS)
         self.shutdown()

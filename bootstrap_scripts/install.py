@@ -8,7 +8,7 @@ Written under ``--root`` (default ``/``):
 - ``etc/systemd/system/dl-agent.service``: ``python3 -m bootstrap_scripts.node_agent <args>``,
   restarted on crashes, but not after a definite setup failure (exit 2: already signalled);
 - ``etc/systemd/system/dl-executor.service``: the per-node job executor;
-- ``usr/local/bin/{dl-run,dl-health,dl-agent}``: wrappers that find this package wherever
+- ``usr/local/bin/{dl-run,dl-health,dl-agent,dl-scale}``: wrappers that find this package wherever
   the user data unpacked it.
 Then ``systemctl daemon-reload`` and ``systemctl enable --now`` both units, unless
 ``--no-systemctl`` (tests, images being baked).
@@ -29,7 +29,7 @@ BIN_DIR = "usr/local/bin"
 AGENT_UNIT = "dl-agent.service"
 EXECUTOR_UNIT = "dl-executor.service"
 WRAPPERS = {"dl-run": "bootstrap_scripts.runner", "dl-health": "bootstrap_scripts.health",
-            "dl-agent": "bootstrap_scripts.node_agent"}
+            "dl-agent": "bootstrap_scripts.node_agent", "dl-scale": "bootstrap_scripts.scale"}
 
 
 def systemd_quote(arg: str) -> str:

@@ -127,7 +127,9 @@ def parse_nnodes(value: str, count: int) -> str:
 
 ELASTIC_MAX_NODES = 64
 ELASTIC_MAX_RESTARTS = 100
-ELASTIC_LAST_CALL = 5.0
+ELASTIC_LAST_CALL = 3.0
+ELASTIC_KEEP_ALIVE_S = 1
+ELASTIC_KEEP_ALIVE_ATTEMPTS = 5
 ADDRESS_PLACEHOLDER = "{address}"
 
 
@@ -136,6 +138,11 @@ def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, addr
     conf = f"is_host={'true' if is_host else 'false'}"
     if opts.rdzv_last_call:
         conf += f",last_call_timeout={opts.rdzv_last_call:g}"
+    if opts.elastic:
+        # A node that leaves by signal stays a participant of the finished round until its
+        # keep-alive expires (torchrun: 5 s x 3); the survivors' next round waits for that.
+        conf += (f",keep_alive_interval={ELASTIC_KEEP_ALIVE_S},"
+                 f"keep_alive_max_attempt={ELASTIC_KEEP_ALIVE_ATTEMPTS}")
     return (
         opts.python, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}",
@@ -179,12 +186,17 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
         nnodes = parse_nnodes(opts.nnodes, len(m.nodes))
         max_restarts = opts.max_restarts
     script = strip_python(command)
+    # torch 2.x shares the rendezvous TCPStore with the workers and publishes its address
+    # only in the FIRST round: a node joining a later round waits for a key that the
+    # (unchanged) rank 0 never writes again, and the round times out. Without sharing,
+    # every round publishes it. Needed for nodes to join a running job.
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if opts.elastic else {}
     shares = []
     for node in m.nodes:
         argv = torchrun_argv(opts, m, script, address=node.address,
                              nproc=opts.nproc_per_node or node.slots, is_host=node.rank == 0,
                              nnodes=nnodes, max_restarts=max_restarts)
-        shares.append(Share(node.rank, node.address, (Proc(argv=argv),)))
+        shares.append(Share(node.rank, node.address, (Proc(argv=argv, env=dict(env)),)))
     template = None
     if opts.elastic:
         # Joining nodes are CPU or GPU alike: 0 = torchrun's "gpu" auto-detection would
@@ -192,7 +204,7 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
         nproc = opts.nproc_per_node or m.nodes[-1].slots
         template = Proc(argv=torchrun_argv(opts, m, script, address=ADDRESS_PLACEHOLDER,
                                            nproc=nproc, is_host=False, nnodes=nnodes,
-                                           max_restarts=max_restarts))
+                                           max_restarts=max_restarts), env=dict(env))
     return LaunchPlan(
         "torchrun", tuple(shares), False,
         summary=f"torchrun on {len(m.nodes)} node(s), nnodes={nnodes}, "

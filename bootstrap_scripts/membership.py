@@ -61,6 +61,9 @@ class Node:
     alias: str
     gpus: int = 0
     instance_type: str = ""
+    #: Base nodes (the master and the first ``workerCount`` workers) are protected from
+    #: scale-in; elastic ones come and go (docs/elastic.md). Old documents: every node base.
+    base: bool = True
 
     @property
     def slots(self) -> int:
@@ -129,6 +132,7 @@ class Membership:
                     alias=str(n["alias"]),
                     gpus=int(n.get("gpus", 0)),
                     instance_type=str(n.get("instance_type", "")),
+                    base=bool(n.get("base", True)),
                 )
                 for n in raw_nodes
             )
@@ -200,7 +204,8 @@ def build_membership(
 
     Workers are sorted numerically by IP address (the original sorted them as strings,
     which put 10.0.0.10 before 10.0.0.9). Each mapping needs ``instance_id``, ``address``
-    and may carry ``gpus`` and ``instance_type``. The master's own instance is dropped from
+    and may carry ``gpus``, ``instance_type`` and ``base`` (default True; the master is
+    always base). The master's own instance is dropped from
     ``workers`` if it appears there.
     """
     others = [w for w in workers if w["instance_id"] != master["instance_id"]]
@@ -215,6 +220,7 @@ def build_membership(
             alias=f"{ALIAS_PREFIX}{rank}",
             gpus=int(item.get("gpus", 0)),
             instance_type=str(item.get("instance_type", "")),
+            base=True if role == "master" else bool(item.get("base", True)),
         )
         for rank, (role, item) in enumerate(ordered)
     )

@@ -41,12 +41,25 @@ class MembershipChange:
 
 
 @dataclass(frozen=True)
+class DrainRequest:
+    """A worker is terminating (lifecycle hook ``drain``): drain it, then complete the action."""
+
+    asg: str
+    role: str
+    cluster_id: str
+    instance_id: str
+    lifecycle_hook: str
+    lifecycle_action_token: str
+    dedupe_key: str = ""
+
+
+@dataclass(frozen=True)
 class BadMessage:
     reason: str
     body: str = field(repr=False, default="")
 
 
-Message = AsgSetup | MembershipChange | BadMessage
+Message = AsgSetup | MembershipChange | DrainRequest | BadMessage
 
 
 def parse_message(body: str) -> Message:
@@ -61,7 +74,7 @@ def parse_message(body: str) -> Message:
     if "event" not in data and isinstance(data.get("Message"), str):
         return parse_message(data["Message"])
     event = data.get("event")
-    if event not in ("asg-setup", "membership-change"):
+    if event not in ("asg-setup", "membership-change", "drain-request"):
         return BadMessage(f"unknown event {event!r}", body[:500])
     try:
         role = str(data["role"])
@@ -83,6 +96,14 @@ def parse_message(body: str) -> Message:
                 reason=str(data.get("reason", "")), cause=str(data.get("cause", "")),
                 dedupe_key=str(data.get("dedupe_key", "")),
             )
+        if event == "drain-request":
+            fields = {k: str(data[k]) for k in ("asg", "instance_id", "lifecycle_hook",
+                                                 "lifecycle_action_token")}
+            empty = [k for k, v in fields.items() if not v]
+            if empty:
+                return BadMessage(f"drain-request has empty {', '.join(empty)}", body[:500])
+            return DrainRequest(role=role, cluster_id=str(data.get("cluster_id", "")),
+                                dedupe_key=str(data.get("dedupe_key", "")), **fields)
         if event == "membership-change":
             return MembershipChange(
                 change=str(data["change"]), asg=str(data["asg"]), role=role,

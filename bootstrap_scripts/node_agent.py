@@ -11,6 +11,13 @@ Then:
 - a **worker** watches ``<EFS>/cluster/membership.json`` (every ~0.25 s) and applies every
   newer generation that lists it.
 
+Elastic membership (protocol.md §7, docs/elastic.md): with ``--data-prep`` every node runs
+that command before it may join and records ``cluster/prepared/<id>.ok|.failed``; after
+formation the master adds only registered (and prepared) nodes, drains workers on
+``drain-request`` (drain file, new generation without the node, wait for ``.done`` or the
+deadline, then CompleteLifecycleAction CONTINUE), and keeps itself and the base workers
+protected from scale-in.
+
 The worker SQS queue is deliberately unused: SQS delivers each message to ONE consumer, so
 it cannot broadcast; the original faked a broadcast with visibility timeout 0 and never
 deleting, which made every worker re-read stale messages forever. EFS already is the
@@ -28,6 +35,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -42,7 +50,13 @@ from bootstrap_scripts import wait_condition as wc
 from bootstrap_scripts.efs_mount import MountError, ensure_mounted
 from bootstrap_scripts.gpus import count_gpus
 from bootstrap_scripts.identity import IdentityError, NodeIdentity, fetch_identity
-from bootstrap_scripts.messages import AsgSetup, BadMessage, MembershipChange, parse_message
+from bootstrap_scripts.messages import (
+    AsgSetup,
+    BadMessage,
+    DrainRequest,
+    MembershipChange,
+    parse_message,
+)
 from bootstrap_scripts.node_files import apply_membership
 
 #: Exit status for a definite failure already reported (systemd must not restart it).
@@ -51,6 +65,11 @@ EXIT_FAILED = 2
 STATE_FILE = "var/lib/dl-agent/state.json"
 #: Seconds the master polls every second while a node's GPU count is still a guess.
 FAST_POLL_WINDOW = 600.0
+#: Longest SQS wait of a formed master: it also looks for nodes that registered without any
+#: Auto Scaling message (an instance started by hand from the worker launch template).
+JOIN_POLL_SECONDS = 5
+#: Attempts at CompleteLifecycleAction before leaving it to the hook's default (CONTINUE).
+COMPLETE_ATTEMPTS = 5
 
 
 @dataclass
@@ -74,6 +93,10 @@ class AgentConfig:
     mount_timeout: float = 900.0
     resync_interval: float = 300.0
     nvidia_smi: str = "nvidia-smi"
+    data_prep: str = ""
+    data_prep_timeout: float = 3300.0
+    base_workers: int = -1
+    drain_timeout: float = 240.0
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -86,6 +109,13 @@ class AgentConfig:
             raise ValueError(f"--poll-wait must be 0..20 (SQS limit), got {self.poll_wait}")
         if self.setup_timeout <= 0:
             raise ValueError(f"--setup-timeout must be positive, got {self.setup_timeout}")
+        if self.drain_timeout <= 0:
+            raise ValueError(f"--drain-timeout must be positive, got {self.drain_timeout}")
+        if self.data_prep_timeout <= 0:
+            raise ValueError(
+                f"--data-prep-timeout must be positive, got {self.data_prep_timeout}")
+        if self.base_workers < -1:
+            raise ValueError(f"--base-workers must be >= 0 (or -1: all), got {self.base_workers}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resync-interval", type=float, default=300.0,
                    help="master re-reads the groups this often even without messages")
     p.add_argument("--nvidia-smi", default="nvidia-smi")
+    p.add_argument("--data-prep", default="",
+                   help="shell command every node runs before it joins ('' = none)")
+    p.add_argument("--data-prep-timeout", type=float, default=3300.0,
+                   help="seconds the data-preparation command may run (default 3300)")
+    p.add_argument("--base-workers", type=int, default=-1,
+                   help="master: workers protected from scale-in (-1 = all at formation)")
+    p.add_argument("--drain-timeout", type=float, default=240.0,
+                   help="master: seconds a drained node gets to stop its job shares "
+                        "(below the lifecycle hook's 300 s heartbeat)")
     return p
 
 
@@ -161,6 +200,17 @@ class NodeAgent:
         #: nodes whose GPU count we guessed (not registered yet): re-checked until they are.
         self._fallback_gpus: set[str] = set()
         self._fast_poll_until = 0.0
+        #: master: drains in progress (instance id -> drain record), see protocol.md §7.
+        self._drains: dict[str, dict] = {}
+        #: master: live workers waiting to join (not registered / not prepared yet).
+        self._pending_join: set[str] = set()
+        self._seen_registrations: set[str] = set()
+        self._prep_failed_logged: set[str] = set()
+        self._group_names: dict[str, str] = {}
+        self._group_members: set[str] = set()
+        self._base_target: int | None = None
+        #: worker: this node is being drained (stop heartbeating: it is leaving).
+        self.draining = False
 
     # -- lifecycle -----------------------------------------------------------------------
     def run(self) -> int:
@@ -238,6 +288,8 @@ class NodeAgent:
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(self.config.heartbeat_interval):
+            if self.draining:  # leaving: a heartbeat now would only leave a ghost behind
+                continue
             try:
                 self._register()
             except OSError as exc:
@@ -273,9 +325,18 @@ class NodeAgent:
 
     # -- worker ----------------------------------------------------------------------------
     def _run_worker(self) -> int:
+        if self.config.data_prep and not self.prepare():
+            if not self.stop.is_set():
+                self.log.error("event=not-joining reason=data-prep-failed (this node stays out "
+                               "of the cluster; see %s)", shared.prepared_path(
+                                   self.efs, self.identity.instance_id, "failed"))
+                self.stop.wait()
+            return 0
         path = self.efs / ms.EFS_MEMBERSHIP
         cluster_dir = self.efs / ms.EFS_CLUSTER_DIR
+        drain_file = shared.drain_path(self.efs, self.identity.instance_id)
         last: shared.FileStamp | None = None
+        ticks = 0
         self.log.info("event=watch path=%s interval=%.2fs", path, self.config.watch_interval)
         while not self.stop.is_set():
             current = shared.stamp(path)
@@ -284,8 +345,69 @@ class NodeAgent:
             elif current != last:
                 last = current
                 self._apply_from_efs(path)
+            ticks += 1
+            if not self.draining and ticks % 4 == 0 and shared.stamp(drain_file) is not None:
+                self.draining = True
+                self.log.info("event=draining path=%s (heartbeat stopped; the job executor "
+                              "stops this node's shares)", drain_file)
             self.stop.wait(self.config.watch_interval)
         return 0
+
+    # -- data preparation (every node, before it joins) --------------------------------------
+    def prepare(self) -> bool:
+        """Run ``--data-prep`` once per instance; True when ``<EFS>/cluster/prepared/<id>.ok``.
+
+        The outcome is a marker on EFS, so a restarted agent does not run it again and the
+        master (and ``dl-scale --status``) can see it. Output goes to ``<id>.log`` beside it.
+        """
+        iid = self.identity.instance_id
+        done = shared.prep_status(self.efs, iid)
+        if done is not None:
+            self.log.info("event=data-prep-skipped reason=already-%s", done)
+            return done == "ok"
+        directory = self.efs / shared.EFS_PREPARED_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        log_path = directory / f"{iid}.log"
+        env = {**os.environ, "DL_INSTANCE_ID": iid, "DL_NODE_ADDRESS": self.identity.address,
+               "DL_CLUSTER_ID": self.config.cluster_id, "DL_ROLE": self.config.role,
+               "EFS_MOUNT": self.config.mount_point}
+        started = time.time()
+        self.log.info("event=data-prep-start command=%r timeout=%.0fs", self.config.data_prep,
+                      self.config.data_prep_timeout)
+        error = ""
+        with open(log_path, "ab") as out:
+            try:
+                proc = subprocess.Popen(["/bin/sh", "-c", self.config.data_prep], stdout=out,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env, start_new_session=True)
+            except OSError as exc:
+                proc, error = None, f"cannot start: {exc}"
+            give_up = time.monotonic() + self.config.data_prep_timeout
+            while proc is not None and proc.poll() is None:
+                if self.stop.wait(0.1):
+                    _stop_group(proc)
+                    self.log.info("event=data-prep-interrupted (will run again at restart)")
+                    return False
+                if time.monotonic() >= give_up:
+                    _stop_group(proc)
+                    error = f"timed out after {self.config.data_prep_timeout:.0f}s"
+        exit_code = proc.returncode if proc is not None else None
+        if not error and exit_code != 0:
+            error = f"exit status {exit_code}"
+        record = {"instance_id": iid, "address": self.identity.address,
+                  "command": self.config.data_prep, "started_at": started,
+                  "finished_at": time.time(), "seconds": round(time.time() - started, 3),
+                  "exit_code": exit_code}
+        if error:
+            record["error"] = error
+            record["output_tail"] = _tail(log_path)
+        outcome = "failed" if error else "ok"
+        ms.atomic_write(shared.prepared_path(self.efs, iid, outcome),
+                        json.dumps(record, sort_keys=True) + "\n")
+        self.log.log(logging.ERROR if error else logging.INFO,
+                     "event=data-prep-%s seconds=%.1f exit_code=%s error=%r", outcome,
+                     record["seconds"], exit_code, error)
+        return not error
 
     def _apply_from_efs(self, path: Path) -> None:
         try:
@@ -324,7 +446,16 @@ class NodeAgent:
                               " (see the traceback above)")
         state = self._load_state()
         self._save_state(state)
+        self._drains = shared.pending_drains(self.efs)
+        if self._drains:
+            self.log.info("event=drains-resumed instances=%s", ",".join(sorted(self._drains)))
         published = self._resume()
+        if published is None and self.config.data_prep and not self.prepare():
+            if self.stop.is_set():
+                return 0
+            failed = shared.prepared_path(self.efs, self.identity.instance_id, "failed")
+            raise SetupFailed(f"data preparation failed on the master "
+                              f"{self.identity.instance_id}: see {failed}")
         if published is not None:
             self.formed.set()
             self.log.info("event=resume generation=%d (cluster already formed)",
@@ -332,14 +463,22 @@ class NodeAgent:
         deadline = state.setup_started + self.config.setup_timeout
         last_resync = time.monotonic()
         resync_wanted = published is not None
+        if published is not None:
+            self._protect(published)
         while not self.stop.is_set():
             wait = self.config.poll_wait
             if not self.formed.is_set():
                 wait = max(0, min(wait, int(deadline - time.time()) + 1))
-            elif self._fallback_gpus and time.monotonic() < self._fast_poll_until:
-                wait = min(wait, 1)  # a guessed GPU count: look for its registration often
+            else:
+                wait = min(wait, JOIN_POLL_SECONDS)
+                if (self._fallback_gpus and time.monotonic() < self._fast_poll_until) \
+                        or self._pending_join or self._drains:
+                    wait = min(wait, 1)  # something to look for on EFS: look often
+            if self._drains:
+                wait = min(wait, 1)
             for msg in self._receive(wait):
                 resync_wanted |= self._handle(msg, state)
+            self._check_drains()
             if not self.formed.is_set():
                 if self._setup_complete(state):
                     self._form(state)
@@ -352,6 +491,8 @@ class NodeAgent:
                         f"{' and '.join(missing)} group(s) within {self.config.setup_timeout:.0f}s")
                 continue
             if self._fallback_gpus and self._gpu_counts_changed():
+                resync_wanted = True
+            if self._joiners_ready() or self._new_registrations():
                 resync_wanted = True
             if resync_wanted or time.monotonic() - last_resync >= self.config.resync_interval:
                 self._resync("membership-change" if resync_wanted else "periodic-resync")
@@ -420,6 +561,10 @@ class NodeAgent:
                 self._save_state(state)
             else:
                 resync = True
+        elif isinstance(msg, DrainRequest):
+            self.log.info("event=drain-request role=%s asg=%s instance_id=%s hook=%s",
+                          msg.role, msg.asg, msg.instance_id, msg.lifecycle_hook)
+            resync = self._start_drain(msg)
         elif isinstance(msg, MembershipChange):
             self.log.info("event=membership-change role=%s asg=%s change=%s instance_id=%s",
                           msg.role, msg.asg, msg.change, msg.instance_id)
@@ -450,6 +595,9 @@ class NodeAgent:
                                role, self.config.cluster_id, disco.CLUSTER_TAG_KEY,
                                disco.ROLE_TAG_KEY)
                 continue
+            self._group_names[role] = group.name
+            if role == "worker":
+                self._group_members = {i.instance_id for i in group.instances}
             if group.missing_address:
                 self.log.info("event=no-address-yet role=%s instances=%s", role,
                               ",".join(group.missing_address))
@@ -466,9 +614,10 @@ class NodeAgent:
                 found[inst.instance_id] = inst
         return sorted(found.values(), key=lambda i: i.instance_id)
 
-    def _entries(self, workers: list[disco.Instance],
-                 registrations: dict[str, dict]) -> tuple[list[dict], set[str]]:
-        """Worker entries with GPU counts from registrations; ids that used the fallback."""
+    def _entries(self, workers: list[disco.Instance], registrations: dict[str, dict],
+                 base: set[str] | None = None) -> tuple[list[dict], set[str]]:
+        """Worker entries with GPU counts from registrations; ids that used the fallback.
+        ``base`` names the protected workers (None: every worker is base)."""
         entries, fallback = [], set()
         for inst in workers:
             reg = registrations.get(inst.instance_id)
@@ -478,7 +627,8 @@ class NodeAgent:
                 gpus = self.gpus
                 fallback.add(inst.instance_id)
             entries.append({"instance_id": inst.instance_id, "address": inst.address,
-                            "gpus": gpus, "instance_type": inst.instance_type})
+                            "gpus": gpus, "instance_type": inst.instance_type,
+                            "base": base is None or inst.instance_id in base})
         return entries, fallback
 
     def _read_registrations(self, ids: list[str]) -> dict[str, dict]:
@@ -493,7 +643,14 @@ class NodeAgent:
 
     def _form(self, state: MasterState) -> None:
         expected = tuple(state.setup["worker"].get("instances", ()))
+        for role in ("master", "worker"):
+            if state.setup.get(role, {}).get("asg"):
+                self._group_names.setdefault(role, state.setup[role]["asg"])
         give_up = time.monotonic() + self.config.registration_wait
+        # With a data-preparation hook, registered nodes may take long to be prepared: wait
+        # for their markers up to the setup deadline (not the registration wait).
+        prep_give_up = time.monotonic() + max(
+            0.0, state.setup_started + self.config.setup_timeout - time.time() - 5.0)
         workers = self._discover_with_retry(expected)
         described = time.monotonic()
         while True:
@@ -501,8 +658,11 @@ class NodeAgent:
             registrations = self._read_registrations(ids)  # cheap: one open() per node
             unregistered = [i for i in ids if i not in registrations]
             absent = [i for i in expected if i not in ids]
-            if (not unregistered and not absent) or time.monotonic() >= give_up \
-                    or self.stop.is_set():
+            unprepared = [i for i in ids if i in registrations and self.config.data_prep
+                          and shared.prep_status(self.efs, i) is None]
+            waiting_registration = (unregistered or absent) and time.monotonic() < give_up
+            waiting_prep = unprepared and time.monotonic() < prep_give_up
+            if not (waiting_registration or waiting_prep) or self.stop.is_set():
                 break
             self.stop.wait(0.1)
             if absent and time.monotonic() - described >= 2.0:  # AWS APIs: every 2 s at most
@@ -515,9 +675,23 @@ class NodeAgent:
             self.log.warning("event=workers-unregistered instances=%s waited=%.0fs (using the "
                              "master's GPU count %d for them)", ",".join(unregistered),
                              self.config.registration_wait, self.gpus)
-        entries, fallback = self._entries(workers, registrations)
+        workers = [w for w in workers if w.instance_id not in self._drains]
+        if self.config.data_prep:
+            # A node joins only once prepared; late ones join after formation (and are
+            # promoted to base while the base count is short).
+            ready = [w for w in workers if w.instance_id in registrations
+                     and shared.prep_status(self.efs, w.instance_id) == "ok"]
+            left_out = sorted({w.instance_id for w in workers} - {w.instance_id for w in ready})
+            if left_out:
+                self.log.warning("event=workers-not-prepared instances=%s (they join when "
+                                 "prepared)", ",".join(left_out))
+                self._pending_join = set(left_out)
+            workers = ready
+        base = self._choose_base(workers)
+        entries, fallback = self._entries(workers, registrations, base)
         m = self._publish(entries, reason="initial")
         self._set_fallback(fallback)
+        self._protect(m)
         self.formed.set()
         data = json.dumps({"nodes": len(m.nodes), "generation": m.generation,
                            "master": m.master_addr})
@@ -553,8 +727,12 @@ class NodeAgent:
         return changed
 
     def _resync(self, reason: str) -> None:
+        """Re-read the groups (and hand-started nodes) and publish if the membership changed.
+
+        Members stay while their instance is live and not draining; a newcomer joins only
+        once registered and, with a data-preparation hook, prepared (protocol.md §7)."""
         try:
-            workers = self._discover_workers()
+            workers = self._discover_workers(self._registered_outsiders())
         except SetupFailed as exc:
             self.log.error("event=resync-failed error=%s", exc)
             return
@@ -562,7 +740,25 @@ class NodeAgent:
             self.log.warning("event=resync-failed error=%r", exc)
             return
         registrations = self._read_registrations([w.instance_id for w in workers])
-        entries, fallback = self._entries(workers, registrations)
+        members = {n.instance_id: n for n in (self.current.nodes if self.current else ())}
+        eligible: list[disco.Instance] = []
+        pending: set[str] = set()
+        for w in workers:
+            if w.instance_id in self._drains:
+                continue
+            if w.instance_id in members:
+                eligible.append(w)
+                continue
+            blocker = self._join_blocker(w.instance_id, registrations)
+            if blocker is None:
+                eligible.append(w)
+            elif blocker != "excluded":
+                pending.add(w.instance_id)
+        if pending != self._pending_join and pending:
+            self.log.info("event=joiners-pending instances=%s", ",".join(sorted(pending)))
+        self._pending_join = pending
+        base = self._base_after(eligible, members)
+        entries, fallback = self._entries(eligible, registrations, base)
         candidate = ms.build_membership(
             cluster_id=self.config.cluster_id, generation=1, master=self._self_entry(),
             workers=entries, efs_mount=self.config.mount_point)
@@ -570,8 +766,203 @@ class NodeAgent:
             self.log.info("event=resync reason=%s unchanged generation=%d", reason,
                           self.current.generation)
             return
-        self._publish(entries, reason=reason)
-        self._set_fallback(fallback)
+        m = self._publish(entries, reason=reason)
+        self._set_fallback(fallback | (self._fallback_gpus & set(members)))
+        promoted = {n.instance_id for n in m.nodes[1:] if n.base} - {
+            i for i, n in members.items() if n.base}
+        if promoted:
+            self._protect(m, only=promoted)
+
+    # -- elastic membership: joins, base workers, protection, drains (protocol.md §7) --------
+    def _join_blocker(self, iid: str, registrations: dict[str, dict]) -> str | None:
+        """Why a live worker that is not a member cannot join yet (None: it can)."""
+        if shared.read_drain(self.efs, iid) is not None:
+            return "excluded"  # drained once: it is on its way out
+        if iid not in registrations:
+            return "unregistered"
+        if self.config.data_prep:
+            status = shared.prep_status(self.efs, iid)
+            if status is None:
+                return "preparing"
+            if status == "failed":
+                if iid not in self._prep_failed_logged:
+                    self._prep_failed_logged.add(iid)
+                    self.log.warning("event=join-refused instance_id=%s reason=data-prep-failed",
+                                     iid)
+                return "excluded"
+        return None
+
+    def _joiners_ready(self) -> bool:
+        """True when a pending joiner has registered and prepared (or failed: drop it)."""
+        if not self._pending_join:
+            return False
+        ids = sorted(self._pending_join)
+        registrations = self._read_registrations(ids)
+        ready = False
+        for iid in ids:
+            blocker = self._join_blocker(iid, registrations)
+            if blocker == "excluded":
+                self._pending_join.discard(iid)
+            elif blocker is None:
+                ready = True
+        return ready
+
+    def _new_registrations(self) -> bool:
+        """True when a node registered that we have not considered yet (e.g. started by
+        hand from the worker launch template: no Auto Scaling message announces it)."""
+        try:
+            names = {e.name[:-5] for e in os.scandir(self.efs / ms.EFS_NODES_DIR)
+                     if e.name.endswith(".json") and not e.name.startswith(".")}
+        except FileNotFoundError:
+            return False
+        known = {n.instance_id for n in self.current.nodes} if self.current else set()
+        unknown = names - known - self._seen_registrations - self._pending_join
+        self._seen_registrations |= unknown
+        return bool(unknown)
+
+    def _registered_outsiders(self) -> tuple[str, ...]:
+        """Registered workers of this cluster that are in no group (started by hand)."""
+        out = []
+        for iid, reg in shared.read_registrations(self.efs).items():
+            if reg.get("role") == "worker" and reg.get("cluster_id", self.config.cluster_id) \
+                    == self.config.cluster_id and iid not in self._group_members:
+                out.append(iid)
+        return tuple(sorted(out))
+
+    def _choose_base(self, workers: list[disco.Instance]) -> set[str]:
+        """The protected workers at formation: the first ``--base-workers`` in membership
+        order, on-demand before Spot (a Spot instance can be reclaimed whatever we set)."""
+        target = len(workers) if self.config.base_workers < 0 else self.config.base_workers
+        self._base_target = target
+        ordered = sorted(workers, key=lambda w: (w.spot, ms._address_key(w.address),
+                                                 w.instance_id))
+        return {w.instance_id for w in ordered[:target]}
+
+    def _base_after(self, eligible: list[disco.Instance], members: dict[str, ms.Node]) -> set[str]:
+        """Members keep their flag; while fewer base workers remain than the target (a base
+        worker was replaced), on-demand group members joining now are promoted."""
+        base = {w.instance_id for w in eligible if members.get(w.instance_id)
+                and members[w.instance_id].base}
+        target = self._base_target
+        if target is None:
+            target = (self.config.base_workers if self.config.base_workers >= 0
+                      else sum(1 for n in members.values() if n.role == "worker" and n.base))
+            self._base_target = target
+        candidates = sorted((w for w in eligible if w.instance_id not in members
+                             and not w.spot and w.instance_id in self._group_members),
+                            key=lambda w: (ms._address_key(w.address), w.instance_id))
+        for w in candidates:
+            if len(base) >= target:
+                break
+            base.add(w.instance_id)
+        return base
+
+    def _protect(self, m: ms.Membership, only: set[str] | None = None) -> None:
+        """Scale-in protection for the master and the base workers (idempotent)."""
+        wanted = {"master": [m.master.instance_id],
+                  "worker": [n.instance_id for n in m.nodes[1:] if n.base]}
+        for role, ids in wanted.items():
+            if only is not None:
+                ids = [i for i in ids if i in only]
+            group = self._group_names.get(role)
+            if not ids or not group:
+                continue
+            try:
+                for start in range(0, len(ids), 50):  # the API takes 50 ids per call
+                    self._autoscaling.set_instance_protection(
+                        InstanceIds=ids[start:start + 50], AutoScalingGroupName=group,
+                        ProtectedFromScaleIn=True)
+                self.log.info("event=protected role=%s asg=%s instances=%s", role, group,
+                              ",".join(ids))
+            except Exception as exc:  # not fatal: dl-scale still refuses to remove them
+                self.log.warning("event=protect-failed role=%s asg=%s error=%r", role, group, exc)
+
+    def _start_drain(self, msg: DrainRequest) -> bool:
+        """Record the drain and take the node out; True when the groups must be re-read.
+        The same lifecycle action twice (a duplicate message) changes nothing."""
+        iid = msg.instance_id
+        existing = shared.read_drain(self.efs, iid)
+        if existing and existing.get("lifecycle_action_token") == msg.lifecycle_action_token:
+            if not existing.get("completed_at"):
+                self._drains.setdefault(iid, existing)
+            self.log.info("event=drain-duplicate instance_id=%s", iid)
+            return False
+        member = self.current.node_by_instance(iid) if self.current else None
+        address = member.address if member else ""
+        if not address:
+            reg = self._read_registrations([iid]).get(iid, {})
+            address = str(reg.get("address", ""))
+        now = time.time()
+        record = {"instance_id": iid, "address": address, "requested_at": now,
+                  "deadline": now + self.config.drain_timeout, "asg": msg.asg,
+                  "role": msg.role, "lifecycle_hook": msg.lifecycle_hook,
+                  "lifecycle_action_token": msg.lifecycle_action_token,
+                  "member": member is not None, "base": bool(member and member.base)}
+        shared.write_drain(self.efs, record)
+        self._drains[iid] = record
+        self._pending_join.discard(iid)
+        self.log.info("event=drain-start instance_id=%s address=%s member=%s deadline=%.0fs",
+                      iid, address or "-", member is not None, self.config.drain_timeout)
+        if iid == self.identity.instance_id:
+            self.log.error("event=drain-self (the master cannot drain itself; completing)")
+            self._complete_drain(iid, "master")
+            return False
+        if member is None or not self.formed.is_set():
+            self._complete_drain(iid, "not-a-member")
+            return self.formed.is_set()
+        if member.base:
+            self.log.warning("event=base-worker-leaving instance_id=%s (protection does not "
+                             "stop Spot reclaims, health replacements or manual termination)",
+                             iid)
+        return True
+
+    def _check_drains(self) -> None:
+        now = time.time()
+        for iid, record in list(self._drains.items()):
+            if record.get("retry_at", 0) > now:
+                continue
+            if shared.stamp(shared.drain_done_path(self.efs, iid)) is not None:
+                self._complete_drain(iid, "done")
+            elif now >= float(record.get("deadline", 0)):
+                self._complete_drain(iid, "deadline")
+
+    def _complete_drain(self, iid: str, reason: str) -> None:
+        """CompleteLifecycleAction CONTINUE, then mark the drain record completed."""
+        record = self._drains.get(iid) or shared.read_drain(self.efs, iid) or {}
+        outcome = "completed"
+        try:
+            self._autoscaling.complete_lifecycle_action(
+                LifecycleHookName=record["lifecycle_hook"],
+                AutoScalingGroupName=record["asg"],
+                LifecycleActionToken=record["lifecycle_action_token"],
+                LifecycleActionResult="CONTINUE", InstanceId=iid)
+        except Exception as exc:
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+            if type(exc).__name__ == "ParamValidationError":  # a retry cannot fix the values
+                outcome = f"invalid-request (the hook's default CONTINUE applies): {exc}"[:300]
+            elif code == "ValidationError":
+                # No such action any more (already completed, or the hook timed out and Auto
+                # Scaling continued by itself): nothing left to do.
+                outcome = f"no-active-action: {exc}"[:300]
+            else:
+                attempts = int(record.get("attempts", 0)) + 1
+                record["attempts"] = attempts
+                if attempts < COMPLETE_ATTEMPTS:
+                    record["retry_at"] = time.time() + 2.0 * attempts
+                    self.log.warning("event=drain-complete-retry instance_id=%s attempt=%d "
+                                     "error=%r", iid, attempts, exc)
+                    return
+                outcome = f"gave-up (the hook's default CONTINUE applies): {exc!r}"[:300]
+        record.pop("retry_at", None)
+        finished = time.time()
+        record.update(completed_at=finished, reason=reason, result="CONTINUE", outcome=outcome,
+                      seconds=round(finished - float(record.get("requested_at", finished)), 3))
+        shared.write_drain(self.efs, record)
+        self._drains.pop(iid, None)
+        with contextlib.suppress(FileNotFoundError):
+            shared.node_registration_path(self.efs, iid).unlink()
+        self.log.info("event=drain-complete instance_id=%s reason=%s seconds=%.1f outcome=%r",
+                      iid, reason, record["seconds"], outcome)
 
     def _set_fallback(self, fallback: set[str]) -> None:
         """Remember guessed GPU counts; poll fast for their registrations for 10 minutes
@@ -612,6 +1003,26 @@ class NodeAgent:
     def _signal(self, status: str, reason: str, data: str = "") -> None:
         unique_id = self.identity.instance_id if self.identity else "unknown"
         wc.signal(self.config.wait_handle, status, reason, unique_id, data, logger=self.log)
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the command's process group, SIGKILL what is left after ``grace``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, limit: int = 2000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-limit:].decode("utf-8", errors="replace")
 
 
 def main(argv: list[str] | None = None) -> int:

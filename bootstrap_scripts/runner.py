@@ -82,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes per node (default: its GPU count, 1 on CPU nodes)")
     g.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts (default: 0)")
     g.add_argument("--rdzv-port", type=int, default=29400, help="rendezvous port (default: 29400)")
+    g.add_argument("--elastic", action="store_true",
+                   help="elastic job: nodes that join the cluster while it runs join the job, "
+                   "draining nodes leave it, the others re-rendezvous and continue "
+                   "(implies --nnodes 1:64 and --max-restarts 100 unless given; see "
+                   "docs/elastic-training.md)")
+    g.add_argument("--rdzv-last-call", type=float, default=0.0,
+                   help="seconds a rendezvous waits for more nodes once MIN are there "
+                   "(default: torchrun's 30, elastic jobs 5)")
     g = p.add_argument_group("mpi / horovod")
     g.add_argument("--mpi-if-include", default="", help="only these interfaces for MPI traffic "
                    "(replaces --mpi-if-exclude; the loopback emulator uses 'lo')")
@@ -174,7 +182,8 @@ def launch_options(args: argparse.Namespace, job_id: str, jdir: Path) -> ln.Laun
     return ln.LaunchOptions(
         job_id=job_id, job_dir=str(jdir), python=args.python or default_python(),
         nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, max_restarts=args.max_restarts,
-        rdzv_port=args.rdzv_port, mpirun=args.mpirun, horovodrun=args.horovodrun,
+        rdzv_port=args.rdzv_port, elastic=args.elastic, rdzv_last_call=args.rdzv_last_call,
+        mpirun=args.mpirun, horovodrun=args.horovodrun,
         mpi_if_include=args.mpi_if_include, mpi_if_exclude=args.mpi_if_exclude,
         nccl_socket_ifname=args.nccl_socket_ifname, mpi_rsh_agent=args.mpi_rsh_agent,
         mpi_extra=tuple(args.mpi_arg), forward_env=tuple(args.forward) + tuple(
@@ -300,9 +309,21 @@ class Watch:
     exits: dict[int, dict] = field(default_factory=dict)
     signal_received: int = 0
     signals: int = 0
+    tailer: LogTailer | None = None
     cancelled_at: float | None = None
     first_failure_at: float | None = None
     lost: dict[int, str] = field(default_factory=dict)
+    lost_at: dict[int, float] = field(default_factory=dict)
+    #: every share of the job: the spec's, plus (elastic) those of nodes that joined
+    shares: list[js.Share] = field(default_factory=list)
+    left: dict[int, str] = field(default_factory=dict)  # elastic: drained / lost, tolerated
+
+    def __post_init__(self) -> None:
+        self.shares = list(self.spec.shares)
+
+    def active(self) -> int:
+        return sum(1 for s in self.shares if s.rank not in self.exits and s.rank not in
+                   self.left and s.rank not in self.lost)
 
     def cancel(self, why: str) -> None:
         if self.cancelled_at is None:
@@ -326,6 +347,7 @@ def install_signal_handlers(w: Watch) -> dict:
 def watch(w: Watch, old_handlers: dict) -> Watch:
     spec, jdir, args = w.spec, w.jdir, w.args
     tailer = LogTailer(js.nodes_dir(jdir), spec, prefix=not args.no_prefix)
+    w.tailer = tailer
     old = old_handlers
     started_at = time.monotonic()
     beat_seq, next_beat = 0, 0.0
@@ -343,16 +365,22 @@ def watch(w: Watch, old_handlers: dict) -> Watch:
             if w.signal_received and w.cancelled_at is None:
                 w.cancel(f"runner got {signal.Signals(w.signal_received).name}")
             tailer.poll()
-            for share in spec.shares:
+            for share in list(w.shares):
                 if share.rank not in w.exits:
                     rec = js.read_json(js.exit_path(jdir, share.rank))
                     if rec is not None:
                         w.exits[share.rank] = rec
-                        if rec.get("returncode") != 0 and w.first_failure_at is None:
+                        if spec.elastic and rec.get("drained"):
+                            w.left[share.rank] = "drained"
+                            say(f"node {share.rank} ({share.address}) left the job (drained):"
+                                f" {w.active()} node(s) now")
+                        elif rec.get("returncode") != 0 and w.first_failure_at is None \
+                                and share.rank not in w.left:
                             w.first_failure_at = now
                             say(f"node {share.rank} ({share.address}) exited with code "
                                 f"{rec.get('returncode')}")
-            if len(w.exits) == len(spec.shares):
+            if all(s.rank in w.exits or s.rank in w.lost or s.rank in w.left
+                   for s in w.shares) and w.shares:
                 break
             if w.lost and w.cancelled_at is None:
                 w.cancel("lost node(s): " + ", ".join(w.lost.values()))
@@ -374,10 +402,14 @@ def watch(w: Watch, old_handlers: dict) -> Watch:
 
 
 def check_nodes(w: Watch, hb_seen: dict, acked: set[int], started_at: float) -> None:
-    """Once a second: executors still alive (heartbeat moving), shares acknowledged."""
+    """Once a second: executors still alive (heartbeat moving), shares acknowledged; in an
+    elastic job, also nodes that joined (a ``.started`` for a rank the spec does not have)
+    and nodes lost while the others carry on (torchrun re-rendezvous without them)."""
     now = time.monotonic()
-    for share in w.spec.shares:
-        if share.rank in w.exits or share.rank in w.lost:
+    if w.spec.elastic:
+        discover_joined(w)
+    for share in w.shares:
+        if share.rank in w.exits or share.rank in w.lost or share.rank in w.left:
             continue
         if share.rank not in acked:
             if js.started_path(w.jdir, share.rank).exists():
@@ -393,41 +425,88 @@ def check_nodes(w: Watch, hb_seen: dict, acked: set[int], started_at: float) -> 
             hb_seen[share.address] = (seq, now)
         elif (now - prev[1] > w.args.heartbeat_timeout or hb.get("state") == "stopped") and \
                 js.read_json(js.exit_path(w.jdir, share.rank)) is None:
-            w.lost[share.rank] = (f"node {share.rank} ({share.address}): executor heartbeat "
-                                  f"stopped {now - prev[1]:.0f} s ago")
+            why = (f"node {share.rank} ({share.address}): executor heartbeat stopped "
+                   f"{now - prev[1]:.0f} s ago")
+            if w.spec.elastic and share.rank != 0 and w.active() > 1:
+                w.left[share.rank] = why
+                w.lost_at[share.rank] = time.time()
+                say(f"{why}: lost; the elastic job continues on {w.active()} node(s)")
+            else:
+                w.lost[share.rank] = why
+                w.lost_at[share.rank] = time.time()
+
+
+def discover_joined(w: Watch) -> None:
+    """Shares that executors of joining nodes started (elastic jobs, protocol §7)."""
+    known = {s.rank for s in w.shares}
+    try:
+        names = [e.name for e in os.scandir(js.nodes_dir(w.jdir)) if e.name.endswith(".started")]
+    except FileNotFoundError:
+        return
+    for name in sorted(names):
+        try:
+            rank = int(name.split(".")[0])
+        except ValueError:
+            continue
+        if rank in known:
+            continue
+        rec = js.read_json(js.nodes_dir(w.jdir) / name)
+        if not rec or not rec.get("address"):
+            continue
+        share = js.Share(rank, str(rec["address"]), ())
+        w.shares.append(share)
+        if w.tailer is not None:
+            w.tailer.addresses[rank] = share.address
+        say(f"node {rank} ({share.address}) joined the job: {w.active()} node(s) now")
 
 
 def summarize(w: Watch) -> int:
     results = []
     failed = []
-    for share in w.spec.shares:
+    for share in w.shares:
         rec = w.exits.get(share.rank)
         rc = rec.get("returncode") if rec else None
-        reason = rec.get("reason", "") if rec else w.lost.get(share.rank, "no exit recorded")
+        reason = rec.get("reason", "") if rec else (w.lost.get(share.rank) or
+                                                     w.left.get(share.rank, "no exit recorded"))
+        left = share.rank in w.left
         results.append({"rank": share.rank, "address": share.address, "returncode": rc,
-                        "reason": reason if rc != 0 else ""})
-        if rc != 0:
-            failed.append((share, rc, reason, bool(rec and rec.get("cancelled"))))
+                        "reason": reason if rc != 0 else "", "left": left,
+                        "joined": share.rank not in {s.rank for s in w.spec.shares}})
+        if rc != 0 and not left:
+            lost = share.rank in w.lost
+            finished = w.lost_at.get(share.rank) if lost else (rec or {}).get("finished_at")
+            failed.append((share, rc, reason, bool(rec and rec.get("cancelled")), lost,
+                           float(finished or 0.0)))
+    ok_exits = [r for r in results if r["returncode"] == 0]
+    if w.spec.elastic and not failed and not ok_exits and not w.signal_received:
+        failed = [(s, None, "every node left the job", False, True, 0.0) for s in w.shares[:1]]
     status = "succeeded" if not failed and not w.signal_received else "failed"
     if w.signal_received:
         status = "cancelled"
     js.write_json_atomic(w.jdir / "result.json", {"job_id": w.spec.job_id, "status": status,
-                                                  "launcher": w.spec.launcher, "nodes": results})
+                                                  "launcher": w.spec.launcher,
+                                                  "elastic": w.spec.elastic, "nodes": results})
     with contextlib.suppress(OSError):
         js.write_text_atomic(w.jdir / "done", status + "\n")
     if w.signal_received:
         say(f"job {w.spec.job_id} cancelled ({signal.Signals(w.signal_received).name})")
         return EXIT_SIGINT if w.signal_received == signal.SIGINT else EXIT_SIGTERM
     if not failed:
-        say(f"job {w.spec.job_id} succeeded on {len(w.spec.shares)} node(s)")
+        extra = ""
+        if w.spec.elastic:
+            joined = sum(r["joined"] for r in results)
+            extra = f" ({joined} joined, {len(w.left)} left while it ran)"
+        say(f"job {w.spec.job_id} succeeded on {len(ok_exits)} node(s){extra}")
         return 0
-    # The first failure is the cause; nodes stopped because of it come after.
-    failed.sort(key=lambda f: (f[3], f[0].rank))
+    # The cause comes first: a LOST node (its survivors' errors are consequences), then
+    # nodes that failed by themselves in the order they failed, then those stopped for it.
+    failed.sort(key=lambda f: (not f[4], f[3], f[5], f[0].rank))
     parts = []
-    for share, rc, reason, cancelled in failed:
+    for share, rc, reason, cancelled, lost, _when in failed:
         node = f"node rank {share.rank} ({share.address})"
         if rc is None:
-            parts.append(f"{node}: {reason}")
+            parts.append(f"{node}: {reason.removeprefix(f'node {share.rank} ({share.address}): ')}"
+                         + (" (lost)" if lost else ""))
         elif cancelled:
             parts.append(f"{node} was stopped ({reason}, code {rc})")
         else:
@@ -449,6 +528,9 @@ def run(argv: list[str]) -> int:
         args.name or args.launcher)
     jdir = js.job_dir(ctx.efs, job_id)
     env = job_env(args)
+    if args.elastic and args.launcher != "torchrun":
+        raise RunError(f"--elastic needs the torchrun launcher (its elastic rendezvous), "
+                       f"not {args.launcher!r}", EXIT_USAGE)
     try:
         plan = ln.plan(args.launcher, m, command, launch_options(args, job_id, jdir))
     except ln.LaunchError as exc:
@@ -475,7 +557,8 @@ def run(argv: list[str]) -> int:
         job_id=job_id, launcher=plan.launcher, shares=plan.shares, env=env,
         cwd=os.path.abspath(args.cwd or os.getcwd()), created_at=time.time(),
         grace_seconds=args.grace, orphan_timeout=args.orphan_timeout,
-        master_only=plan.master_only,
+        master_only=plan.master_only, elastic=args.elastic, generation=m.generation,
+        join_template=plan.join_template,
     )
     w = Watch(spec, jdir, ctx.efs, args)
     old = install_signal_handlers(w)

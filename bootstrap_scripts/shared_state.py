@@ -16,6 +16,61 @@ from pathlib import Path
 
 from bootstrap_scripts import membership as ms
 
+#: Elastic membership (protocol.md §7), relative to the EFS mount point.
+EFS_DRAIN_DIR = f"{ms.EFS_CLUSTER_DIR}/drain"
+EFS_PREPARED_DIR = f"{ms.EFS_CLUSTER_DIR}/prepared"
+
+
+def drain_path(efs: str | os.PathLike, instance_id: str) -> Path:
+    """``cluster/drain/<id>.json``: the master asks this node to stop its job shares."""
+    return Path(efs) / EFS_DRAIN_DIR / f"{instance_id}.json"
+
+
+def drain_done_path(efs: str | os.PathLike, instance_id: str) -> Path:
+    """``cluster/drain/<id>.done``: written by the node's job executor once its shares stopped."""
+    return Path(efs) / EFS_DRAIN_DIR / f"{instance_id}.done"
+
+
+def read_drain(efs: str | os.PathLike, instance_id: str) -> dict | None:
+    try:
+        record = json.loads(drain_path(efs, instance_id).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_drain(efs: str | os.PathLike, record: dict) -> None:
+    ms.atomic_write(drain_path(efs, record["instance_id"]), json.dumps(record, sort_keys=True)
+                    + "\n")
+
+
+def pending_drains(efs: str | os.PathLike) -> dict[str, dict]:
+    """Drain records not completed yet (a restarted master picks them up again)."""
+    out: dict[str, dict] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(Path(efs) / EFS_DRAIN_DIR):
+            if entry.name.endswith(".json") and not entry.name.startswith("."):
+                record = read_drain(efs, entry.name.removesuffix(".json"))
+                if record and not record.get("completed_at"):
+                    out[str(record["instance_id"])] = record
+    return out
+
+
+def prepared_path(efs: str | os.PathLike, instance_id: str, outcome: str) -> Path:
+    """``cluster/prepared/<id>.ok`` or ``.failed`` (``outcome`` is "ok" or "failed")."""
+    return Path(efs) / EFS_PREPARED_DIR / f"{instance_id}.{outcome}"
+
+
+def prep_status(efs: str | os.PathLike, instance_id: str) -> str | None:
+    """"ok", "failed" or None (not finished, or never run). Opened, not stat'ed (NFS)."""
+    for outcome in ("ok", "failed"):
+        try:
+            os.close(os.open(prepared_path(efs, instance_id, outcome), os.O_RDONLY))
+        except FileNotFoundError:
+            continue
+        return outcome
+    return None
+
 
 def node_registration_path(efs: str | os.PathLike, instance_id: str) -> Path:
     return Path(efs) / ms.EFS_NODES_DIR / f"{instance_id}.json"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Aws, CfnWaitCondition, CfnWaitConditionHandle, Stack
+from aws_cdk import ArnFormat, Aws, CfnWaitCondition, CfnWaitConditionHandle, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
@@ -10,7 +10,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from constructs_lib import validation
-from constructs_lib.capacity_adjuster import CapacityAdjuster
+from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, CapacityAdjuster
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami, image_family
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork
@@ -21,6 +21,19 @@ from constructs_lib.user_data import render_bootstrap_commands
 
 DEFAULT_INSTANCE_TYPE = "g5.xlarge"
 SETUP_TIMEOUT_SECONDS = 3300  # the original's 55 minutes
+
+
+def _command_line(name: str, value: object) -> str:
+    """A command (or script path) the nodes run: one non-empty line without NUL, since it
+    travels as one argument through the user data and a systemd ExecStart line."""
+    if isinstance(value, str) and Token.is_unresolved(value):
+        return value
+    text = value.strip() if isinstance(value, str) else ""
+    if not text or any(c in text for c in "\n\r\x00"):
+        raise validation.ConfigError(
+            f"'{name}' must be one non-empty line (a command or a script path), got {value!r}"
+        )
+    return text
 
 
 class DeepLearningCluster(Construct):
@@ -34,6 +47,14 @@ class DeepLearningCluster(Construct):
     The master also trains (rank 0), as in the original template. Nodes live in one AZ's
     private subnet (lowest latency, and a cluster placement group needs a single AZ); the
     master moves to that AZ's public subnet only when ``ssh_cidr`` is given.
+
+    Elastic training (docs/elastic.md): ``max_workers`` (default ``worker_count +
+    spot_workers``) is the worker group's maximum, the ceiling of ``dl-scale --workers``;
+    ``spot_workers`` (default 0) adds that many Spot workers above the ``worker_count``
+    on-demand base; ``data_prep_script`` (default none) is a command every node runs before
+    it joins. The worker group has a termination lifecycle hook (``drain``) so leaving
+    workers are drained, and the master agent protects itself and the ``worker_count`` base
+    workers from scale-in.
     """
 
     def __init__(
@@ -64,20 +85,27 @@ class DeepLearningCluster(Construct):
         efa: bool = False,
         cluster_id: str | None = None,
         setup_timeout_seconds: int = SETUP_TIMEOUT_SECONDS,
+        spot_workers: int = 0,
+        data_prep_script: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
         min_workers = validation.positive_int("min_workers", min_workers, minimum=0)
+        spot_workers = validation.positive_int("spot_workers", spot_workers, minimum=0)
+        desired_workers = worker_count + spot_workers
         max_workers = (
-            worker_count
+            desired_workers
             if max_workers is None
             else validation.positive_int("max_workers", max_workers)
         )
-        if not min_workers <= worker_count <= max_workers:
+        if not min_workers <= worker_count <= desired_workers <= max_workers:
             raise validation.ConfigError(
-                f"workers must satisfy min_workers <= worker_count <= max_workers, got "
-                f"{min_workers} <= {worker_count} <= {max_workers}"
+                f"workers must satisfy min_workers <= worker_count <= worker_count + "
+                f"spot_workers <= max_workers, got {min_workers} <= {worker_count} <= "
+                f"{desired_workers} <= {max_workers}"
             )
+        if data_prep_script is not None:
+            data_prep_script = _command_line("data_prep_script", data_prep_script)
         root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         family = image_family(image_type)
         if ami_id:
@@ -90,6 +118,9 @@ class DeepLearningCluster(Construct):
             )
         self.cluster_id = cluster_id or Stack.of(self).stack_name
         self.worker_count = worker_count
+        self.spot_workers = spot_workers
+        self.max_workers = max_workers
+        self.data_prep_script = data_prep_script
 
         # -- network, storage, queues --------------------------------------------------------
         self.network = ClusterNetwork(self, "Network", vpc=vpc, cidr=vpc_cidr)
@@ -191,23 +222,28 @@ class DeepLearningCluster(Construct):
         self.placement_group = pg
 
         def user_data(role: str, wait_handle: str) -> ec2.UserData:
+            settings = {
+                "role": role,
+                "cluster-id": self.cluster_id,
+                "stack-name": Aws.STACK_NAME,
+                "region": Aws.REGION,
+                "master-queue-url": self.master_queue.queue_url,
+                "worker-queue-url": self.worker_queue.queue_url,
+                "efs-id": self.file_system.file_system_id,
+                "mount-point": self.efs_mount_point,
+                "wait-handle": wait_handle,
+                "setup-timeout": str(setup_timeout_seconds),
+            }
+            if role == "master":  # only the master decides who is a protected base worker
+                settings["base-workers"] = str(worker_count)
+            if data_prep_script:
+                settings["data-prep"] = data_prep_script
             data = ec2.UserData.for_linux()
             data.add_commands(
                 *render_bootstrap_commands(
                     asset_s3_url=self.node_scripts.s3_object_url,
                     python=family.python,
-                    agent_settings={
-                        "role": role,
-                        "cluster-id": self.cluster_id,
-                        "stack-name": Aws.STACK_NAME,
-                        "region": Aws.REGION,
-                        "master-queue-url": self.master_queue.queue_url,
-                        "worker-queue-url": self.worker_queue.queue_url,
-                        "efs-id": self.file_system.file_system_id,
-                        "mount-point": self.efs_mount_point,
-                        "wait-handle": wait_handle,
-                        "setup-timeout": str(setup_timeout_seconds),
-                    },
+                    agent_settings=settings,
                 )
             )
             return data
@@ -247,9 +283,14 @@ class DeepLearningCluster(Construct):
             security_groups=[self.node_security_group],
             min_capacity=min_workers,
             max_capacity=max_workers,
-            desired_capacity=worker_count,
+            desired_capacity=desired_workers,
+            spot_capacity=spot_workers,
             **common,
         )
+        # Leaving workers are drained first (protocol.md §7).
+        self.drain_hook = self.worker_group.add_drain_hook(self.topic)
+        self.drain_hook.node.add_dependency(self.capacity_adjuster)
+        self._grant_elastic_control(self.master_group.role)
         for group in (self.master_group, self.worker_group):
             self._grant_node_access(group.role)
             # The subscription must exist before the first launch notification is sent.
@@ -297,6 +338,33 @@ class DeepLearningCluster(Construct):
                 sid="DiscoverClusterMembers",
                 actions=["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"],
                 resources=["*"],  # these Describe APIs support no resource-level permissions
+            )
+        )
+
+    def _grant_elastic_control(self, role: iam.IRole) -> None:
+        """The master agent completes drains and sets scale-in protection; ``dl-scale`` (run
+        on the master) changes capacity and removes workers. Only this cluster's groups:
+        the same tag condition as the capacity adjuster's (protocol.md §1)."""
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ElasticMembershipOfThisCluster",
+                actions=[
+                    "autoscaling:CompleteLifecycleAction",
+                    "autoscaling:SetInstanceProtection",
+                    "autoscaling:SetDesiredCapacity",
+                    "autoscaling:TerminateInstanceInAutoScalingGroup",
+                ],
+                resources=[
+                    Stack.of(self).format_arn(
+                        service="autoscaling",
+                        resource="autoScalingGroup",
+                        resource_name="*:autoScalingGroupName/*",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+                conditions={
+                    "StringEquals": {f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": self.cluster_id}
+                },
             )
         )
 

@@ -29,6 +29,19 @@ TAG_CONDITIONED_REASON = (
     "dl-cluster:id=<this cluster> by an autoscaling:ResourceTag condition, which is exactly "
     "this cluster's two groups, without making the function depend on them."
 )
+ELASTIC_CONTROL_REASON = (
+    "The master agent completes drain lifecycle actions and sets scale-in protection, and "
+    "dl-scale changes the worker count: CompleteLifecycleAction, SetInstanceProtection, "
+    "SetDesiredCapacity and TerminateInstanceInAutoScalingGroup are limited by an "
+    "autoscaling:ResourceTag condition to groups tagged dl-cluster:id=<this cluster>; the "
+    "group ARNs hold a generated UUID unknown when the role is created."
+)
+HOOK_KEY_REASON = (
+    "kms:GenerateDataKey* is what CDK's topic.grant_publish gives a publisher of a topic "
+    "encrypted with a customer key (SNS asks for GenerateDataKey and "
+    "GenerateDataKeyWithoutPlaintext); the statement's resource is that one key, and the "
+    "role is assumable only by Auto Scaling to publish the drain hook's notifications."
+)
 DESIRED_CAPACITY_REASON = (
     "desiredCapacity is the cluster's worker count setting: a deploy is expected to restore "
     "it (the capacity adjuster lowers it only when launches fail)."
@@ -47,6 +60,17 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
         _ack(group.role, "AwsSolutions-IAM5[Resource::*]", DESCRIBE_APIS_REASON)
         _ack(group.auto_scaling_group, "@aws-cdk/aws-autoscaling:desiredCapacitySet",
              DESIRED_CAPACITY_REASON)
+    _ack(cluster.master_group.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
+         "autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/*]",
+         ELASTIC_CONTROL_REASON)
+    _ack(cluster.drain_hook.role, "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
+         HOOK_KEY_REASON)
+    if cluster.spot_workers:
+        _ack(cluster.worker_group.auto_scaling_group, "AwsSolutions-EC26",
+             "The root volume IS encrypted (gp3, Encrypted=true in the worker launch template, "
+             "asserted by tests/stack); with Spot workers the group names that template "
+             "inside a MixedInstancesPolicy, which cdk-nag 3's EC26 rule cannot follow (it "
+             "errors on the intrinsic reference).")
     adjuster = cluster.capacity_adjuster
     _ack(adjuster.role, "AwsSolutions-IAM5[Resource::*]", DESCRIBE_APIS_REASON)
     _ack(adjuster.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import Tags
+from aws_cdk import Duration, Tags
 from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_autoscaling_hooktargets as hooktargets
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sns as sns
@@ -16,6 +17,10 @@ from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, ROLE_TAG_KEY
 
 ROLES = {"master": "Master", "worker": "Worker"}
 DEFAULT_ROOT_VOLUME_GIB = 100
+#: Name of the worker group's termination lifecycle hook (protocol.md §7).
+DRAIN_HOOK_NAME = "drain"
+#: Seconds a terminating instance may wait for its drain (then Auto Scaling CONTINUEs).
+DRAIN_HEARTBEAT_SECONDS = 300
 
 
 class NodeGroup(Construct):
@@ -30,6 +35,12 @@ class NodeGroup(Construct):
 
     ``efa=True`` gives the launch template an EFA network interface (the instance type must
     support it); ``placement_group`` puts every instance in that (cluster) placement group.
+
+    ``spot_capacity`` (default 0) runs that many of the group's instances on Spot: the group
+    then uses a mixed instances policy whose on-demand base is ``desired_capacity -
+    spot_capacity`` (0 % on-demand above it, price-capacity-optimized Spot) and capacity
+    rebalancing, so an at-risk Spot instance is replaced and then terminated through the
+    group, which runs its termination lifecycle hook (a drain) like any scale-in.
     """
 
     def __init__(
@@ -55,6 +66,7 @@ class NodeGroup(Construct):
         placement_group: ec2.IPlacementGroup | None = None,
         efa: bool = False,
         associate_public_ip: bool = False,
+        spot_capacity: int = 0,
     ) -> None:
         super().__init__(scope, construct_id)
         if role not in ROLES:
@@ -64,6 +76,11 @@ class NodeGroup(Construct):
             raise validation.ConfigError(
                 f"capacities must satisfy 0 <= min <= desired <= max, got min={min_capacity} "
                 f"desired={desired_capacity} max={max_capacity}"
+            )
+        if not 0 <= spot_capacity <= desired_capacity:
+            raise validation.ConfigError(
+                f"'spot_capacity' must be between 0 and desired_capacity ({desired_capacity}), "
+                f"got {spot_capacity}"
             )
         if not security_groups:
             raise validation.ConfigError("'security_groups' must name at least one group")
@@ -111,12 +128,27 @@ class NodeGroup(Construct):
         if efa or associate_public_ip:
             self._use_explicit_network_interface(efa=efa, public_ip=associate_public_ip)
 
+        self.spot_capacity = spot_capacity
+        placement: dict = {"launch_template": self.launch_template}
+        if spot_capacity:
+            placement = {
+                "mixed_instances_policy": autoscaling.MixedInstancesPolicy(
+                    launch_template=self.launch_template,
+                    instances_distribution=autoscaling.InstancesDistribution(
+                        on_demand_base_capacity=desired_capacity - spot_capacity,
+                        on_demand_percentage_above_base_capacity=0,
+                        spot_allocation_strategy=(
+                            autoscaling.SpotAllocationStrategy.PRICE_CAPACITY_OPTIMIZED
+                        ),
+                    ),
+                ),
+                "capacity_rebalance": True,
+            }
         self.auto_scaling_group = autoscaling.AutoScalingGroup(
             self,
             "Group",
             vpc=vpc,
             vpc_subnets=vpc_subnets,
-            launch_template=self.launch_template,
             min_capacity=min_capacity,
             max_capacity=max_capacity,
             desired_capacity=desired_capacity,
@@ -127,9 +159,30 @@ class NodeGroup(Construct):
                 )
             ],
             group_metrics=[autoscaling.GroupMetrics.all()],
+            **placement,
         )
         Tags.of(self.auto_scaling_group).add(ROLE_TAG_KEY, ROLES[role])
         Tags.of(self.auto_scaling_group).add(CLUSTER_TAG_KEY, cluster_id)
+
+    def add_drain_hook(
+        self, topic: sns.ITopic, *, heartbeat: Duration = Duration.seconds(DRAIN_HEARTBEAT_SECONDS)
+    ) -> autoscaling.LifecycleHook:
+        """The termination lifecycle hook ``drain`` (protocol.md §7): Auto Scaling holds a
+        terminating instance in ``Terminating:Wait`` and notifies ``topic`` (the capacity
+        adjuster turns that into a ``drain-request``) until the master agent completes the
+        action, or ``heartbeat`` runs out. Default result CONTINUE: a lost notification or a
+        dead master delays a termination, it never blocks it.
+
+        CDK creates the role Auto Scaling assumes to publish, with ``sns:Publish`` on the
+        topic and, the topic being KMS-encrypted, the key permissions publishing needs."""
+        return self.auto_scaling_group.add_lifecycle_hook(
+            "DrainHook",
+            lifecycle_hook_name=DRAIN_HOOK_NAME,
+            lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_TERMINATING,
+            heartbeat_timeout=heartbeat,
+            default_result=autoscaling.DefaultResult.CONTINUE,
+            notification_target=hooktargets.TopicHook(topic),
+        )
 
     def _use_explicit_network_interface(self, *, efa: bool, public_ip: bool) -> None:
         """EFA and public IPs need an explicit interface, which then carries the groups."""

@@ -44,6 +44,11 @@ EPOCH_RE = re.compile(r"^\[(\d+) (\S+)\] epoch=(\d+) acc=([\d.]+) loss=([\d.]+) 
 FINAL_RE = re.compile(r"^\[(\d+) (\S+)\] final acc=([\d.]+) world_size=(\d+)")
 JOB_RE = re.compile(r"\[dl-run\] job (\S+)$")
 STATE_FILE = "state.json"
+#: The default data-preparation hook with --fail-data-prep: fails on a node whose address
+#: the harness marked (the agent gives the hook DL_NODE_ADDRESS and EFS_MOUNT).
+PREP_COMMAND = 'test ! -e "$EFS_MOUNT/emulator/prep-fail-$DL_NODE_ADDRESS"'
+START_RE = re.compile(r"^\[(\d+) (\S+)\] start world_size=(\d+) restart=(\d+) step=(\d+)")
+FIRST_STEP_RE = re.compile(r"^\[(\d+) (\S+)\] first_step rank=(\d+) world_size=(\d+)")
 
 
 class DemoError(RuntimeError):
@@ -65,6 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kill one worker this many seconds after the job's first epoch "
                         "(0: at once), then recover: new membership without it, resume "
                         "from the last checkpoint on the survivors")
+    p.add_argument("--elastic", action="store_true",
+                   help="run the job elastic (dl-run --elastic): workers may join and leave")
+    p.add_argument("--add-worker-after", type=float, default=None, metavar="SECONDS",
+                   help="elastic: this many seconds after the first epoch, raise the worker "
+                        "group's desired capacity by one (as dl-scale does) and boot the node")
+    p.add_argument("--remove-worker-after", type=float, default=None, metavar="SECONDS",
+                   help="elastic: this many seconds after the added worker joined, remove it "
+                        "through the drain lifecycle hook (master and base workers are "
+                        "protected)")
+    p.add_argument("--data-prep", default="", metavar="COMMAND",
+                   help="data-preparation command every node runs before joining "
+                        "(-c dataPrepScript=...)")
+    p.add_argument("--fail-data-prep", action="store_true",
+                   help="the added worker's data preparation fails: it must never join")
     p.add_argument("--epochs", type=int, default=20, help="training epochs (default: 20)")
     p.add_argument("--require-acc", type=float, default=0.9,
                    help="held-out accuracy the job must reach (default: 0.9)")
@@ -106,6 +125,19 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if ns.epochs < 2 and ns.kill_node_after is not None:
         parser.error(f"--kill-node-after needs --epochs >= 2 (a checkpoint to resume from), "
                      f"got {ns.epochs}")
+    if (ns.add_worker_after is not None or ns.remove_worker_after is not None) and \
+            not ns.elastic:
+        parser.error("--add-worker-after / --remove-worker-after need --elastic")
+    if ns.remove_worker_after is not None and ns.add_worker_after is None:
+        parser.error("--remove-worker-after needs --add-worker-after: the master and the base "
+                     "workers are protected from scale-in, only an added worker can leave")
+    if ns.fail_data_prep and ns.add_worker_after is None:
+        parser.error("--fail-data-prep needs --add-worker-after (the added node's hook fails)")
+    for name in ("add_worker_after", "remove_worker_after"):
+        if getattr(ns, name) is not None and getattr(ns, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(ns, name)}")
+    if ns.elastic and ns.kill_node_after is not None:
+        parser.error("--kill-node-after and --elastic are separate scenarios; pick one")
     if ns.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {ns.epochs}")
     if not 0 <= ns.require_acc <= 1:
@@ -207,6 +239,7 @@ class Demo:
         self.generations: list[dict] = []
         self.runners: list[Tracked] = []
         self.kill_info: dict | None = None
+        self.elastic: dict = {"starts": []}
 
     # -- output --------------------------------------------------------------------------
     def step(self, text: str) -> None:
@@ -314,8 +347,13 @@ class Demo:
         self.timings["bootstrap_s"] = dp.bootstrap(env, log, self.work / "cdk.out")
         self.ok(f"cdk bootstrap aws://{dp.ACCOUNT}/{dp.REGION} in "
                 f"{self.timings['bootstrap_s']:.1f} s")
+        context = {}
+        if self.ns.add_worker_after is not None:
+            context["maxWorkers"] = str(self.ns.workers + 1)  # room for the added worker
+        if self.ns.data_prep or self.ns.fail_data_prep:
+            context["dataPrepScript"] = self.ns.data_prep or PREP_COMMAND
         self.timings["deploy_s"] = dp.deploy(env, log, self.work / "cdk.out",
-                                             workers=self.ns.workers, ami=ami)
+                                             workers=self.ns.workers, ami=ami, context=context)
         self.cluster = dp.read_cluster(self.session())
         c = self.cluster
         self.ok(f"cdk deploy: CREATE_COMPLETE, {c.resource_count} resources in "
@@ -466,8 +504,14 @@ class Demo:
                  "--global-batch-size", str(global_batch(world_sizes))]
         if resume:
             train.append("--resume")
+        if self.ns.elastic:
+            # checkpoint often and stretch the steps a little: the short job must still be
+            # running when nodes join and leave on this 2-core machine
+            train += ["--checkpoint-every", "4", "--step-delay", "0.03"]
+            train[train.index("--global-batch-size") + 1] = "64"  # any world size works
         argv = [str(dl_run), "--root", str(master.root), "--rdzv-port", str(port),
-                "--heartbeat-timeout", "4", "--fail-grace", "3", "--grace", "3", "--", *train]
+                "--heartbeat-timeout", "4", "--fail-grace", "3", "--grace", "3",
+                *(["--elastic", "--grace", "10"] if self.ns.elastic else []), "--", *train]
         self.step(("resuming" if resume else "running") + " the example job with dl-run on the "
                   f"master: {' '.join(train)}")
         res = JobResult(resumed=resume)
@@ -497,6 +541,7 @@ class Demo:
                 if line is None:
                     break
                 if line:
+                    self.elastic_line(line, res)
                     out_log.write(line + "\n")
                     res.output_tail = [*res.output_tail, line][-40:]
                     self.show_job_line(line, res)
@@ -505,6 +550,8 @@ class Demo:
                 if kill_after is not None and res.killed is None and first_epoch_at and \
                         time.monotonic() - first_epoch_at >= kill_after:
                     res.killed = self.kill_worker(res.job_id)
+                if self.ns.elastic and first_epoch_at:
+                    self.elastic_events(first_epoch_at)
         res.exit_code = p.wait()
         self.runners.remove(tracked)
         res.seconds = time.monotonic() - t
@@ -512,6 +559,131 @@ class Demo:
         res.failure = failed[-1] if failed else ""
         self.jobs.append(res)
         return res
+
+    # -- elastic: scale-out and drain, as AWS would play them ---------------------------
+    def elastic_line(self, line: str, res: JobResult) -> None:
+        now = time.monotonic()
+        el = self.elastic
+        if m := START_RE.match(line):
+            el["starts"].append({"world_size": int(m.group(3)), "step": int(m.group(5)),
+                                 "at_s": round(now - self.t0, 2)})
+            world = int(m.group(3))
+            drain = el.get("drain")
+            if drain and "continued_s" not in drain and world < drain["world_before"]:
+                drain["continued_s"] = round(now - drain["t"], 2)
+                self.ok(f"training continues at world size {world} without "
+                        f"{drain['address']}, {drain['continued_s']:.1f} s after the "
+                        f"lifecycle notice")
+        elif m := FIRST_STEP_RE.match(line):
+            join = el.get("join")
+            if join and m.group(2) == join["address"] and "first_step_s" not in join:
+                join["first_step_s"] = round(now - join["agent_started"], 2)
+                join["first_step_t"] = now
+                join["world_size"] = int(m.group(4))
+                self.ok(f"{join['address']} took its first training step at world size "
+                        f"{m.group(4)}, {join['first_step_s']:.1f} s after its agent started")
+
+    def elastic_events(self, first_epoch_at: float) -> None:
+        ns, el = self.ns, self.elastic
+        now = time.monotonic()
+        if ns.add_worker_after is not None and "join" not in el and \
+                now - first_epoch_at >= ns.add_worker_after:
+            self.scale_out()
+        join = el.get("join")
+        if ns.remove_worker_after is not None and join and "drain" not in el and \
+                "first_step_t" in join and now - join["first_step_t"] >= ns.remove_worker_after:
+            self.scale_in(join)
+
+    def scale_out(self) -> None:
+        c = self.cluster
+        want = len(c.worker.instances) + 1
+        self.step(f"scale-out: worker group desired capacity -> {want} (dl-scale --workers "
+                  f"{want})")
+        master = next(n for n in self.live_nodes() if n.role == "master")
+        how = "dl-scale"
+        res = subprocess.run([PYTHON, "-m", "bootstrap_scripts.scale", "--root",
+                              str(master.root), "--mount-point", str(self.efs), "--workers",
+                              str(want)], cwd=dp.REPO_ROOT, env=base_env(self.aws),
+                             capture_output=True, text=True, timeout=60)
+        if res.returncode != 0:
+            how = "set_desired_capacity"
+            why = (res.stderr or res.stdout).strip()[-300:]
+            self.info(f"dl-scale exited {res.returncode}: {escape(why)}; setting the desired "
+                      "capacity with boto3")
+            self.session().client("autoscaling").set_desired_capacity(
+                AutoScalingGroupName=c.worker.name, DesiredCapacity=want)
+        known = {n.instance_id for n in self.nodes}
+        dp.refresh_instances(self.session(), c.groups.values())
+        new = [i for i in c.worker.instances if i.instance_id not in known]
+        if not new:
+            raise DemoError(f"the worker group launched no instance for desired {want}")
+        inst = new[0]
+        if self.ns.fail_data_prep:
+            marker = self.efs / "emulator" / f"prep-fail-{inst.address}"
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text("the harness makes this node's data preparation fail\n")
+        node = Node(inst, "worker", self.work / "nodes" / inst.instance_id, self.efs, self.logs)
+        self.nodes.append(node)
+        t = time.monotonic()
+        node.boot(c.worker.install_args, self.aws, f"{self.control}/wait-handle")
+        self.save_state()
+        rec = self.invoker.deliver(c.topic_arn, nt.notification(
+            nt.LAUNCH, c.worker.name, instance_id=inst.instance_id, desired=want))
+        self.info(f"{inst.instance_id} {inst.address} booted (agent pid {node.agent_pid}); "
+                  f"EC2_INSTANCE_LAUNCH -> {', '.join(rec['outcomes']) or rec['error']}")
+        self.elastic["join"] = {"instance_id": inst.instance_id, "address": inst.address,
+                                "agent_started": t, "how": how,
+                                "at_s": round(t - self.t0, 2)}
+
+    def scale_in(self, join: dict) -> None:
+        c = self.cluster
+        iid, addr = join["instance_id"], join["address"]
+        self.step(f"scale-in: {iid} ({addr}) leaves through the drain lifecycle hook")
+        asg = self.session().client("autoscaling")
+        hook = "drain"
+        hooks = asg.describe_lifecycle_hooks(AutoScalingGroupName=c.worker.name)
+        if not any(h["LifecycleHookName"] == hook for h in hooks["LifecycleHooks"]):
+            asg.put_lifecycle_hook(  # moto does not create hooks from CloudFormation
+                LifecycleHookName=hook, AutoScalingGroupName=c.worker.name,
+                LifecycleTransition=nt.TERMINATING, HeartbeatTimeout=300,
+                DefaultResult="CONTINUE")
+        world_before = max((s["world_size"] for s in self.elastic["starts"]), default=0)
+        t = time.monotonic()
+        rec = self.invoker.deliver(c.topic_arn, nt.lifecycle_notification(c.worker.name, iid))
+        self.info(f"EC2_INSTANCE_TERMINATING {iid} -> {', '.join(rec['outcomes']) or rec['error']}")
+        drain = {"instance_id": iid, "address": addr, "t": t, "world_before": world_before,
+                 "at_s": round(t - self.t0, 2), "requested_by": "master agent"}
+        self.elastic["drain"] = drain
+        req = self.efs / "cluster" / "drain" / f"{iid}.json"
+        deadline = time.monotonic() + 10
+        while not req.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not req.exists():
+            # the master agent did not turn the lifecycle notice into a drain: play its part
+            drain["requested_by"] = "harness (no drain request from the master agent)"
+            self.info("[yellow]no drain request from the master agent within 10 s: the "
+                      "harness writes it (protocol §7 step 2)[/]")
+            req.parent.mkdir(parents=True, exist_ok=True)
+            req.write_text(json.dumps({"instance_id": iid, "address": addr,
+                                       "requested_at": time.time(),
+                                       "deadline": time.time() + 240}))
+        done = req.with_suffix(".done")
+        deadline = time.monotonic() + 90
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        drain["done_s"] = round(time.monotonic() - t, 2) if done.exists() else None
+        self.ok(f"{done.name} written {drain['done_s']} s after the notice"
+                if done.exists() else f"[yellow]no {done.name} within 90 s[/]")
+        # moto has no complete_lifecycle_action: after the drain, terminate as AWS would
+        asg.terminate_instance_in_auto_scaling_group(InstanceId=iid,
+                                                     ShouldDecrementDesiredCapacity=True)
+        node = next(n for n in self.nodes if n.instance_id == iid)
+        stop_groups([node.group], grace=10)
+        node.status = "removed"
+        rec = self.invoker.deliver(c.topic_arn, nt.notification(nt.TERMINATE, c.worker.name,
+                                                                instance_id=iid))
+        self.info(f"EC2_INSTANCE_TERMINATE {iid} -> {', '.join(rec['outcomes']) or rec['error']}")
+        dp.refresh_instances(self.session(), c.groups.values())
 
     def show_job_line(self, line: str, res: JobResult) -> None:
         if m := JOB_RE.search(line):
@@ -663,9 +835,35 @@ class Demo:
             "final_acc": last.final_acc if last else None,
             "jobs": [j.to_dict() for j in self.jobs],
             "kill": self.kill_info,
+            "elastic": self.elastic_report() if ns.elastic else None,
             "work_dir": str(self.work),
             "kept": ns.keep and status == "succeeded",
         }
+
+    def elastic_report(self) -> dict:
+        el = self.elastic
+        sizes = [x["world_size"] for x in el["starts"]]
+        distinct = [w for i, w in enumerate(sizes) if i == 0 or sizes[i - 1] != w]
+        try:
+            log = (self.efs / "cluster" / "membership.log").read_text().splitlines()
+        except OSError:
+            log = []
+        gens = []
+        for f in sorted((self.efs / "cluster" / "generations").glob("*.json"),
+                        key=lambda p: int(p.stem) if p.stem.isdigit() else 0):
+            with contextlib.suppress(OSError, ValueError):
+                doc = json.loads(f.read_text())
+                gens.append({"generation": doc.get("generation"), "reason": doc.get("reason"),
+                             "addresses": [x["address"] for x in doc.get("nodes", [])]})
+        clean = {k: {kk: vv for kk, vv in v.items() if kk not in ("t", "agent_started",
+                                                                 "first_step_t")}
+                 for k, v in el.items() if k in ("join", "drain")}
+        prepared = sorted(p.name for p in (self.efs / "cluster" / "prepared").glob("*")
+                          if p.suffix in (".ok", ".failed"))
+        return {"world_sizes": distinct, "restarts": el["starts"], "membership_log": log,
+                "generations": gens, "prepared": prepared,
+                "join_latency_s": clean.get("join", {}).get("first_step_s"),
+                "drain_latency_s": clean.get("drain", {}).get("continued_s"), **clean}
 
     def summary_table(self, report: dict) -> None:
         from rich.table import Table

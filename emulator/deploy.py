@@ -96,10 +96,13 @@ def bootstrap(env: dict[str, str], log: Path, outdir: Path) -> float:
                    env=env, log=log, what="cdk bootstrap")
 
 
-def deploy(env: dict[str, str], log: Path, outdir: Path, *, workers: int, ami: str) -> float:
+def deploy(env: dict[str, str], log: Path, outdir: Path, *, workers: int, ami: str,
+           context: dict[str, str] | None = None) -> float:
+    extra = [a for k, v in (context or {}).items() for a in ("-c", f"{k}={v}")]
     return run_cli(["deploy", STACK, "--require-approval", "never", "--progress", "events",
                     "--output", str(outdir), "-c", f"vpcCidr={VPC_CIDR}", "-c", f"amiId={ami}",
-                    "-c", f"workerCount={workers}"], env=env, log=log, what="cdk deploy")
+                    "-c", f"workerCount={workers}", *extra], env=env, log=log,
+                   what="cdk deploy")
 
 
 @dataclass

@@ -81,6 +81,24 @@ def notification(event: str, group: str, *, instance_id: str = "", desired: int 
     }
 
 
+TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
+
+
+def lifecycle_notification(group: str, instance_id: str, *, hook: str = "drain",
+                           token: str = "") -> dict:
+    """A termination lifecycle-hook notification, as Auto Scaling publishes it to the hook's
+    SNS topic (no ``Event`` key: ``LifecycleTransition`` says what happens)."""
+    return {
+        "Origin": "AutoScalingGroup", "Destination": "EC2",
+        "LifecycleHookName": hook, "AccountId": ACCOUNT,
+        "RequestId": str(uuid.uuid4()),
+        "LifecycleTransition": TERMINATING,
+        "AutoScalingGroupName": group, "Service": "AWS Auto Scaling", "Time": _now(),
+        "EC2InstanceId": instance_id,
+        "LifecycleActionToken": token or str(uuid.uuid4()),
+    }
+
+
 def sns_event(topic_arn: str, *messages: dict) -> dict:
     """A Lambda SNS event with one record per notification."""
     records = []
@@ -93,7 +111,9 @@ def sns_event(topic_arn: str, *messages: dict) -> dict:
                 "Type": "Notification",
                 "MessageId": str(uuid.uuid4()),
                 "TopicArn": topic_arn,
-                "Subject": f"Auto Scaling: {_SUBJECT.get(message['Event'], 'event')} for group "
+                "Subject": "Auto Scaling: "
+                           f"{_SUBJECT.get(message.get('Event', ''), 'lifecycle action')} "
+                           f"for group "
                            f"\"{message['AutoScalingGroupName']}\"",
                 "Message": json.dumps(message, separators=(",", ":")),
                 "Timestamp": _now(),
@@ -149,7 +169,8 @@ class LambdaInvoker:
                 event, _Context(str(uuid.uuid4()), self.function_name))
         with open(self.log, "a") as fh:
             fh.write(out.getvalue())
-        record = {"events": [m["Event"] for m in messages],
+        record = {"events": [m.get("Event") or m.get("LifecycleTransition", "")
+                             for m in messages],
                   "instances": [m["EC2InstanceId"] for m in messages],
                   "group": messages[0]["AutoScalingGroupName"] if messages else "",
                   "outcomes": list(result.get("outcomes", [])),

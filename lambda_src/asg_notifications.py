@@ -61,9 +61,9 @@ CHANGE_BY_EVENT = {
 }
 
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
-#: The API's own pattern for hook names, and a generous one for tokens (UUIDs in practice).
+#: The API's own pattern for hook names; tokens are UUIDs (length 36 in the API).
 _HOOK_NAME = re.compile(r"^[A-Za-z0-9\-_/]{1,255}$")
-_ACTION_TOKEN = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+_ACTION_TOKEN = re.compile(r"^[A-Za-z0-9-]{36}$")  # the API takes exactly 36 characters
 #: Auto Scaling group names: 1..255 characters, none of them control characters (the API's
 #: own pattern excludes most of them; we are stricter so a name is always safe to log/send).
 _GROUP_NAME = re.compile(r"^[^\x00-\x1f\x7f\ud800-\udfff]{1,255}$")

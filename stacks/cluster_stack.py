@@ -26,6 +26,9 @@ class ClusterSettings:
     vpc_cidr: str = "10.0.0.0/16"
     root_volume_gib: int = 100
     placement_group: bool = False
+    max_workers: int | None = None  # None = worker_count + spot_workers
+    spot_workers: int = 0
+    data_prep_script: str | None = None
 
 
 class DLClusterStack(Stack):
@@ -51,6 +54,9 @@ class DLClusterStack(Stack):
             efs_mount_point=settings.efs_mount_point,
             root_volume_gib=settings.root_volume_gib,
             placement_group=settings.placement_group,
+            max_workers=settings.max_workers,
+            spot_workers=settings.spot_workers,
+            data_prep_script=settings.data_prep_script,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster

@@ -25,6 +25,12 @@ CONTEXT_KEYS: dict[str, tuple[str, str]] = {
     "vpcCidr": ("vpc_cidr", "CIDR of the new VPC"),
     "rootVolumeGiB": ("root_volume_gib", "encrypted gp3 root volume size, >= 50"),
     "placementGroup": ("placement_group", "true = cluster placement group for all nodes"),
+    "maxWorkers": ("max_workers", "most workers dl-scale may add; default workerCount + "
+                   "spotWorkers (docs/elastic.md)"),
+    "spotWorkers": ("spot_workers", "extra Spot workers above the on-demand workerCount; "
+                    "default 0"),
+    "dataPrepScript": ("data_prep_script", "command or script path every node runs before "
+                       "it joins; default none"),
 }
 
 _TRUE = {"true", "1", "yes"}
@@ -86,9 +92,32 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
         values["efs_mount_point"] = named("efsMountPoint", validation.mount_point)
     if text("vpcCidr") is not None:
         values["vpc_cidr"] = named("vpcCidr", validation.vpc_cidr)
+    if text("maxWorkers") is not None:
+        values["max_workers"] = named("maxWorkers", validation.positive_int)
+    if text("spotWorkers") is not None:
+        values["spot_workers"] = named(
+            "spotWorkers", lambda n, v: validation.positive_int(n, v, minimum=0)
+        )
+    if get("dataPrepScript") is not None:
+        script = get("dataPrepScript")
+        if not isinstance(script, str) or not script.strip() or any(
+            c in script for c in "\n\r\x00"
+        ):
+            raise validation.ConfigError(
+                "context key 'dataPrepScript' must be one non-empty line (a command or a "
+                f"script path), got {script!r}"
+            )
+        values["data_prep_script"] = script.strip()
     if get("placementGroup") is not None:
         values["placement_group"] = _bool("placementGroup", get("placementGroup"))
-    return ClusterSettings(**{**defaults.__dict__, **values})
+    settings = ClusterSettings(**{**defaults.__dict__, **values})
+    needed = settings.worker_count + settings.spot_workers
+    if settings.max_workers is not None and settings.max_workers < needed:
+        raise validation.ConfigError(
+            f"context key 'maxWorkers' must be at least workerCount + spotWorkers ({needed}), "
+            f"got {settings.max_workers}"
+        )
+    return settings
 
 
 def _instance_type(name: str, value: object) -> str:

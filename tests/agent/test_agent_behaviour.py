@@ -161,9 +161,12 @@ def test_restarted_master_resumes_without_a_second_signal(env, tmp_path):
     # A scale-out after the restart still produces a new generation.
     asg = cluster.client("autoscaling")
     asg.set_desired_capacity(AutoScalingGroupName=cluster.worker_asg, DesiredCapacity=2)
-    new_id = [i for i, _ in cluster.instances("worker")][-1]
+    new_id, new_ip = cluster.instances("worker")[-1]
     cluster.send(cluster.change_message("worker", "launch", new_id))
     efs = tmp_path / "efs"
+    # A newcomer joins once registered (protocol.md §7): its agent does that at boot.
+    shared.write_registration(efs, {"instance_id": new_id, "address": new_ip, "gpus": 1,
+                                    "role": "worker", "cluster_id": cluster.cluster_id})
     wait_until(lambda: shared.read_current(efs).generation == 2, 30, what="generation 2")
     assert len(shared.read_current(efs).nodes) == 3
     assert len(recorder.signals) == 1

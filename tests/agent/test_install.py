@@ -31,7 +31,7 @@ def exec_start_argv(unit: str) -> list[str]:
 def test_units_and_wrappers_are_written(tmp_path):
     written = install.install([*agent_args(tmp_path), "--no-systemctl",
                                "--python", "/usr/bin/python3", "--package-dir", "/opt/dl"])
-    assert len(written) == 5
+    assert len(written) == 6
     unit = (tmp_path / "etc/systemd/system/dl-agent.service").read_text()
     argv = exec_start_argv(unit)
     assert argv[:3] == ["/usr/bin/python3", "-m", "bootstrap_scripts.node_agent"]
@@ -43,7 +43,7 @@ def test_units_and_wrappers_are_written(tmp_path):
     executor = (tmp_path / "etc/systemd/system/dl-executor.service").read_text()
     assert exec_start_argv(executor) == ["/usr/bin/python3", "-m", "bootstrap_scripts.executor",
                                          "--root", str(tmp_path), "--mount-point", "/efs"]
-    for name in ("dl-run", "dl-health", "dl-agent"):
+    for name in ("dl-run", "dl-health", "dl-agent", "dl-scale"):
         wrapper = tmp_path / "usr/local/bin" / name
         assert wrapper.stat().st_mode & 0o111
         assert "PYTHONPATH='/opt/dl'" in wrapper.read_text()

@@ -104,6 +104,13 @@ def assert_consistent(nodes: list[Node], generation: int) -> ms.Membership:
     return m
 
 
+def shared_generation(efs: Path) -> int:
+    try:
+        return ms.Membership.load(efs / ms.EFS_MEMBERSHIP).generation
+    except (OSError, ms.MembershipError):
+        return 0
+
+
 def test_master_and_three_workers_form_and_survive_a_replacement(moto_reset, tmp_path):
     cluster = create_cluster(moto_reset, workers=3)
     efs = tmp_path / "efs"
@@ -160,18 +167,28 @@ def test_master_and_three_workers_form_and_survive_a_replacement(moto_reset, tmp
         procs.start(new_id, agent_argv(cluster, "worker", nodes[new_id].root, efs,
                                        recorder.url), nodes[new_id].env(moto_reset))
 
+        # The victim leaves at once; the newcomer joins once its agent registered (protocol
+        # §7), so that is generation 2 or 3 depending on which the master saw first.
         live = list(nodes.values())
-        wait_until(lambda: all(n.generation() == 2 for n in live), 60,
-                   what="every live node to apply generation 2")
-        m2 = assert_consistent(live, 2)
+
+        def joined() -> int:
+            current = shared_generation(efs)
+            ok = current >= 2 and all(n.generation() == current for n in live)
+            return current if ok and new_ip in nodes[new_id].read(ms.WORKERS_FILE) else 0
+
+        final = wait_until(joined, 60, what="every live node to apply the newcomer's generation")
+        m2 = assert_consistent(live, final)
         assert new_ip in [n.address for n in m2.nodes]
         assert workers[0][1] not in [n.address for n in m2.nodes] or workers[0][1] == new_ip
+        assert m2.node_by_instance(new_id).base  # replaces a base worker: promoted, protected
         assert len(recorder.signals) == 1  # the wait condition is signalled once
 
         log = (efs / ms.EFS_MEMBERSHIP_LOG).read_text().splitlines()
         assert [line.split()[:2] for line in log][:4] == [["1", "ADDED"]] * 4
-        assert any(line.split()[:3] == ["2", "ADDED", new_ip] for line in log)
-        assert (efs / ms.EFS_GENERATIONS_DIR / "2.json").read_text() == \
+        assert any(line.split()[1:3] == ["ADDED", new_ip] and int(line.split()[0]) >= 2
+                   for line in log)
+        assert any(line.split()[1:3] == ["REMOVED", workers[0][1]] for line in log)
+        assert (efs / ms.EFS_GENERATIONS_DIR / f"{final}.json").read_text() == \
             (efs / ms.EFS_MEMBERSHIP).read_text()
         for iid in nodes:
             reg = json.loads((efs / ms.EFS_NODES_DIR / f"{iid}.json").read_text())

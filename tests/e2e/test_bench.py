@@ -42,3 +42,18 @@ def test_bench_demo_figures(tmp_path, workers):
     print(f"[bench] boot to membership          {t['boot_to_membership_s']:6.1f} s")
     print(f"[bench] training job ({len(report['epochs'])} epochs)     {t['job_s']:6.1f} s")
     print(f"[bench] whole demo                  {t['total_s']:6.1f} s")
+
+
+def test_bench_elastic_join_and_drain(tmp_path):
+    code, out, report = run_demo(tmp_path, "--elastic", "--add-worker-after", "2",
+                                 "--remove-worker-after", "5", "--epochs", "40",
+                                 "--require-acc", "0")
+    assert code == 0, out
+    assert_nothing_left(tmp_path, report)
+    el = report["elastic"]
+    print(f"\n[bench] elastic world sizes         {el['world_sizes']}")
+    print(f"[bench] join latency                {el['join_latency_s']} s  (agent start -> "
+          "first training step of the new node)")
+    print(f"[bench] drain latency               {el['drain_latency_s']} s  (lifecycle notice "
+          "-> training again without the node)")
+    print(f"[bench] drain .done after notice    {el['drain'].get('done_s')} s")

@@ -55,7 +55,8 @@ def fixture_record(event: str, group: str, instance_id: str | None = None) -> di
     message = json.loads(record["Sns"]["Message"])
     old_group = message["AutoScalingGroupName"]
     message["AutoScalingGroupName"] = group
-    message["AutoScalingGroupARN"] = message["AutoScalingGroupARN"].replace(old_group, group)
+    if "AutoScalingGroupARN" in message:  # lifecycle notifications carry only the name
+        message["AutoScalingGroupARN"] = message["AutoScalingGroupARN"].replace(old_group, group)
     if instance_id is not None and "EC2InstanceId" in message:
         old_id = message["EC2InstanceId"]
         message["EC2InstanceId"] = instance_id

@@ -19,6 +19,7 @@ CONTEXTS = {
         "placementGroup": "true",
         "keyName": "ops",
     },
+    "elastic-spot": {"spotWorkers": "2", "maxWorkers": "6", "dataPrepScript": "/efs/prep.sh"},
 }
 
 

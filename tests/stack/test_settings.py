@@ -39,6 +39,9 @@ def test_every_documented_key_is_parsed() -> None:
         "vpcCidr": "10.1.0.0/16",
         "rootVolumeGiB": "500",
         "placementGroup": "true",
+        "maxWorkers": "8",
+        "spotWorkers": "2",
+        "dataPrepScript": "/efs/prep.sh --fast",
     }
     assert set(ctx) == set(CONTEXT_KEYS)
     s = settings(**ctx)
@@ -55,6 +58,9 @@ def test_every_documented_key_is_parsed() -> None:
         vpc_cidr="10.1.0.0/16",
         root_volume_gib=500,
         placement_group=True,
+        max_workers=8,
+        spot_workers=2,
+        data_prep_script="/efs/prep.sh --fast",
     )
 
 
@@ -81,6 +87,11 @@ def test_every_documented_key_is_parsed() -> None:
         ("efsMountPoint", "/"),
         ("workerInstanceType", "g5"),
         ("placementGroup", "maybe"),
+        ("maxWorkers", "0"),
+        ("maxWorkers", "many"),
+        ("spotWorkers", "-1"),
+        ("dataPrepScript", "line one\nline two"),
+        ("dataPrepScript", "  "),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:
@@ -92,3 +103,11 @@ def test_bad_values_name_key_and_value(key: str, value: str) -> None:
 
 def test_numbers_from_cdk_json_are_accepted() -> None:
     assert settings(workerCount=4, placementGroup=False).worker_count == 4
+
+
+def test_elastic_defaults_and_max_below_the_deployed_count() -> None:
+    s = settings()
+    assert (s.max_workers, s.spot_workers, s.data_prep_script) == (None, 0, None)
+    with pytest.raises(ConfigError) as err:
+        settings(workerCount="3", spotWorkers="2", maxWorkers="4")
+    assert "'maxWorkers' must be at least workerCount + spotWorkers (5), got 4" in str(err.value)

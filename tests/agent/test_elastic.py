@@ -1,0 +1,286 @@
+"""Elastic membership on the master agent (protocol.md §7), as threads against moto's server.
+
+moto lacks two things the agent relies on, bridged here and only here:
+- ``CompleteLifecycleAction`` is not implemented: a botocore ``before-call`` handler on the
+  agent's own client records the call (after botocore validated its parameters) and answers
+  200, as Auto Scaling would;
+- it sends no lifecycle notifications: the test sends the Lambda's ``drain-request`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from bootstrap_scripts import membership as ms
+from bootstrap_scripts import shared_state as shared
+from bootstrap_scripts.identity import NodeIdentity
+from bootstrap_scripts.node_agent import NodeAgent
+from tests.agent.fakecloud import FakeCluster, SignalRecorder, create_cluster, wait_until
+from tests.agent.test_agent_behaviour import AgentThread, config, master_identity
+from tests.conftest import REGION
+
+LOG_LINE = re.compile(r"^(\d+) (ADDED|REMOVED) (\d+\.\d+\.\d+\.\d+) (\S+)$")
+
+
+@pytest.fixture()
+def completions(monkeypatch) -> list[dict]:
+    """Every CompleteLifecycleAction the agents make (moto does not implement it)."""
+    calls: list[dict] = []
+    lock = threading.Lock()
+    original = NodeAgent._clients
+
+    def answer(params, **_kwargs):
+        with lock:
+            calls.append({k: v for k, v in params["body"].items()
+                          if k not in ("Action", "Version")})  # the serialised request
+        return AWSResponse("http://moto/", 200, {}, None), {}
+
+    def clients(self):
+        original(self)
+        self._autoscaling.meta.events.register(
+            "before-call.autoscaling.CompleteLifecycleAction", answer)
+
+    monkeypatch.setattr(NodeAgent, "_clients", clients)
+    return calls
+
+
+@pytest.fixture()
+def env(moto_reset, monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_reset)
+    monkeypatch.setenv("PATH", f"{tmp_path}/nobin:/usr/bin:/bin")
+    recorder = SignalRecorder()
+    threads: list[AgentThread] = []
+    try:
+        yield moto_reset, recorder, threads
+    finally:
+        for t in threads:
+            t.stop()
+        recorder.stop()
+
+
+def drain_message(cluster: FakeCluster, instance_id: str, token: str) -> dict:
+    """The capacity adjuster's drain-request for a terminating worker (protocol.md §7)."""
+    return {"event": "drain-request", "asg": cluster.worker_asg, "role": "worker",
+            "cluster_id": cluster.cluster_id, "instance_id": instance_id,
+            "lifecycle_hook": "drain", "lifecycle_action_token": token,
+            "dedupe_key": uuid.uuid4().hex[:32], "sent_at": "2026-11-21T21:30:35Z"}
+
+
+def register(efs: Path, cluster: FakeCluster, iid: str, address: str, gpus: int = 1) -> None:
+    shared.write_registration(efs, {"instance_id": iid, "address": address, "role": "worker",
+                                    "gpus": gpus, "cluster_id": cluster.cluster_id})
+
+
+def protected(cluster: FakeCluster) -> dict[str, bool]:
+    out = {}
+    for name in (cluster.master_asg, cluster.worker_asg):
+        group = cluster.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+        out.update({i["InstanceId"]: i["ProtectedFromScaleIn"] for i in group["Instances"]})
+    return out
+
+
+def log_lines(efs: Path) -> list[tuple[str, str, str]]:
+    lines = (efs / ms.EFS_MEMBERSHIP_LOG).read_text().splitlines()
+    parsed = [LOG_LINE.match(line) for line in lines]
+    assert all(parsed), lines  # exactly "SEQ ADDED|REMOVED ADDRESS TIMESTAMP"
+    return [(m[1], m[2], m[3]) for m in parsed if m]
+
+
+def form(cluster: FakeCluster, recorder: SignalRecorder, threads: list, tmp_path: Path,
+         **kw) -> tuple[AgentThread, Path]:
+    efs = tmp_path / "efs"
+    for iid, ip in cluster.instances("worker"):
+        register(efs, cluster, iid, ip)
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(cluster.setup_message("worker"))
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url, **kw),
+                    master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "SUCCESS", sig
+    return t, efs
+
+
+def test_base_protected_elastic_worker_drained_then_completed(env, tmp_path, completions):
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=3)
+    master, efs = form(cluster, recorder, threads, tmp_path, base_workers=2)
+    m1 = shared.read_current(efs)
+    workers = m1.nodes[1:]
+    assert [n.base for n in workers] == [True, True, False]  # first two in membership order
+    elastic = workers[2]
+    flags = protected(cluster)
+    assert flags[m1.master.instance_id] is True
+    assert [flags[n.instance_id] for n in workers] == [True, True, False]
+
+    token = str(uuid.uuid4())
+    cluster.send(drain_message(cluster, elastic.instance_id, token))
+    wait_until(lambda: shared.read_current(efs).generation == 2, 20, what="generation 2")
+    m2 = shared.read_current(efs)
+    assert m2.node_by_instance(elastic.instance_id) is None
+    assert m2.reason == "membership-change"
+    record = shared.read_drain(efs, elastic.instance_id)
+    assert record["address"] == elastic.address and record["deadline"] > record["requested_at"]
+    assert not record.get("completed_at") and completions == []  # waits for the executor
+    assert ("2", "REMOVED", elastic.address) in log_lines(efs)
+    root = tmp_path / "nodes" / "m"
+    assert elastic.address not in (root / ms.WORKERS_FILE).read_text()
+
+    shared.drain_done_path(efs, elastic.instance_id).write_text("stopped\n")  # the executor
+    wait_until(lambda: completions, 20, what="CompleteLifecycleAction")
+    assert completions == [{
+        "LifecycleHookName": "drain", "AutoScalingGroupName": cluster.worker_asg,
+        "LifecycleActionToken": token, "LifecycleActionResult": "CONTINUE",
+        "InstanceId": elastic.instance_id}]
+    done = wait_until(lambda: (r := shared.read_drain(efs, elastic.instance_id))
+                      .get("completed_at") and r, 10, what="the drain record to complete")
+    assert (done["reason"], done["outcome"], done["result"]) == ("done", "completed", "CONTINUE")
+
+    # a duplicate of the same lifecycle action changes nothing
+    cluster.send(drain_message(cluster, elastic.instance_id, token))
+    cluster.send(cluster.setup_message("worker"))  # and a re-read finds nothing new
+    wait_until(lambda: cluster.queue_depth() == 0, 20, what="the queue to drain")
+    master.agent.stop.wait(1.5)
+    assert shared.read_current(efs).generation == 2
+    assert len(completions) == 1
+
+
+def test_drain_deadline_completes_without_the_executor(env, tmp_path, completions):
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=2)
+    _master, efs = form(cluster, recorder, threads, tmp_path, drain_timeout=1.0)
+    victim = shared.read_current(efs).nodes[2]
+    cluster.send(drain_message(cluster, victim.instance_id, str(uuid.uuid4())))
+    wait_until(lambda: completions, 20, what="CompleteLifecycleAction at the deadline")
+    record = wait_until(lambda: (r := shared.read_drain(efs, victim.instance_id))
+                        .get("completed_at") and r, 10, what="the completed record")
+    assert record["reason"] == "deadline"
+    assert shared.read_current(efs).node_by_instance(victim.instance_id) is None
+
+
+def test_drain_of_a_non_member_completes_at_once(env, tmp_path, completions):
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    _master, efs = form(cluster, recorder, threads, tmp_path)
+    cluster.send(drain_message(cluster, "i-0123456789abcdef0", str(uuid.uuid4())))
+    wait_until(lambda: completions, 20, what="CompleteLifecycleAction")
+    assert shared.read_drain(efs, "i-0123456789abcdef0")["reason"] == "not-a-member"
+    assert shared.read_current(efs).generation == 1
+
+
+def test_scale_out_joins_only_registered_and_prepared_nodes(env, tmp_path, completions):
+    """Workers run --data-prep; a failing one never joins, the others do, as elastic."""
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    efs = tmp_path / "efs"
+    prep = 'test "$DL_INSTANCE_ID" != "$FAIL_ON" || { echo "no data for me" >&2; exit 3; }'
+    ((w1, ip1),) = cluster.instances("worker")
+
+    def worker(iid: str, ip: str) -> AgentThread:
+        t = AgentThread(config(cluster, "worker", tmp_path, iid, data_prep=prep),
+                        NodeIdentity(iid, "p3.2xlarge", ip, REGION))
+        threads.append(t)
+        return t
+
+    worker(w1, ip1)
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(cluster.setup_message("worker"))
+    threads.append(AgentThread(config(cluster, "master", tmp_path, "m", recorder.url,
+                                      data_prep=prep, base_workers=1),
+                               master_identity(cluster)))
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "SUCCESS", sig
+    assert shared.prep_status(efs, w1) == "ok"
+    m1 = shared.read_current(efs)
+    assert [n.instance_id for n in m1.nodes[1:]] == [w1] and m1.nodes[1].base
+
+    cluster.client("autoscaling").set_desired_capacity(
+        AutoScalingGroupName=cluster.worker_asg, DesiredCapacity=3)
+    new = [(i, a) for i, a in cluster.instances("worker") if i != w1]
+    (good, good_ip), (bad, bad_ip) = new
+    import os
+
+    os.environ["FAIL_ON"] = bad  # the worker threads' prep command reads it
+    try:
+        cluster.send(cluster.setup_message("worker"))  # the Lambda: group at desired
+        worker(good, good_ip)
+        worker(bad, bad_ip)
+        wait_until(lambda: shared.read_current(efs).generation == 2, 30, what="generation 2")
+        wait_until(lambda: shared.prep_status(efs, bad) == "failed", 30, what="the failure")
+    finally:
+        del os.environ["FAIL_ON"]
+    m2 = shared.read_current(efs)
+    assert [n.instance_id for n in m2.nodes[1:]] == [w1, good]
+    assert m2.node_by_instance(good).base is False
+    failed = json.loads(shared.prepared_path(efs, bad, "failed").read_text())
+    assert failed["exit_code"] == 3 and "no data for me" in failed["output_tail"]
+    assert ("2", "ADDED", good_ip) in log_lines(efs)
+    assert bad_ip not in [a for _s, _k, a in log_lines(efs)]
+    good_root = tmp_path / "nodes" / good
+    wait_until(lambda: good_root.joinpath(ms.WORKERS_FILE).exists(), 10, what="workers file")
+    assert good_root.joinpath(ms.WORKERS_FILE).read_text() == \
+        "".join(f"{n.address}\n" for n in m2.nodes)
+    assert not (tmp_path / "nodes" / bad / ms.WORKERS_FILE).exists()
+    master_log = (efs / ms.EFS_LOGS_DIR / f"{m1.master.instance_id}.log").read_text()
+    assert "event=join-refused instance_id=" + bad in master_log
+
+
+def test_node_started_by_hand_from_the_launch_template_joins(env, tmp_path, completions):
+    """No Auto Scaling message announces it: the master finds its registration."""
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    _master, efs = form(cluster, recorder, threads, tmp_path)
+    ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=REGION)
+    subnet = ec2.describe_subnets(Filters=[{"Name": "cidr-block", "Values": [
+        "127.20.128.0/24"]}])["Subnets"][0]["SubnetId"]
+    template = {"LaunchTemplateName": f"{cluster.cluster_id}-worker-lt"}
+    inst = ec2.run_instances(LaunchTemplate=template, MinCount=1, MaxCount=1,
+                             SubnetId=subnet)["Instances"][0]
+    register(efs, cluster, inst["InstanceId"], inst["PrivateIpAddress"], gpus=2)
+    wait_until(lambda: shared.read_current(efs).generation == 2, 30, what="generation 2")
+    node = shared.read_current(efs).node_by_instance(inst["InstanceId"])
+    assert node is not None and node.gpus == 2 and node.base is False
+    assert protected(cluster).get(inst["InstanceId"]) is None  # not a group member
+
+
+@pytest.mark.bench
+def test_bench_drain_and_join_latency(env, tmp_path, completions):
+    """Figures for docs/elastic.md: drain-request sent -> generation without the node, and
+    a newcomer's registration -> generation with it (master thread, moto server)."""
+    import time
+
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=2)
+    _master, efs = form(cluster, recorder, threads, tmp_path)
+    drains, joins = [], []
+    for round_ in range(5):
+        gen = shared.read_current(efs).generation
+        victim = shared.read_current(efs).nodes[-1]
+        started = time.monotonic()
+        cluster.send(drain_message(cluster, victim.instance_id, str(uuid.uuid4())))
+        wait_until(lambda g=gen: shared.read_current(efs).generation == g + 1, 30,
+                   interval=0.005, what="the drain generation")
+        drains.append(time.monotonic() - started)
+        cluster.client("autoscaling").set_desired_capacity(
+            AutoScalingGroupName=cluster.worker_asg, DesiredCapacity=2 + round_ + 1)
+        members = {n.instance_id for n in shared.read_current(efs).nodes}
+        iid, ip = next((i, a) for i, a in cluster.instances("worker")
+                       if i not in members and shared.read_drain(efs, i) is None)
+        started = time.monotonic()
+        register(efs, cluster, iid, ip)
+        wait_until(lambda g=gen: shared.read_current(efs).generation == g + 2, 30,
+                   interval=0.005, what="the join generation")
+        joins.append(time.monotonic() - started)
+    print(f"\ndrain-request -> generation without the node: median "
+          f"{sorted(drains)[2]:.2f}s max {max(drains):.2f}s")
+    print(f"registration (no Auto Scaling message) -> generation with the node: median "
+          f"{sorted(joins)[2]:.2f}s max {max(joins):.2f}s")

@@ -1,0 +1,213 @@
+"""Elastic jobs on emulated nodes, driven the way the node agents drive them (protocol §7):
+a newer membership generation that lists a new node makes its executor join the running
+job; a drain request makes a node's executor stop its share and write ``.done``. Also the
+executor's clean-up guarantees: workers die when torchrun dies first, and a restarted
+executor stops a share it finds running without a recorded exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts import job_spec as js
+from bootstrap_scripts.executor import pids_with_token, share_token
+from bootstrap_scripts.membership import build_membership, render_node_files
+from tests.runner.emu import EmuCluster, alive, free_rdzv_port
+
+pytestmark = pytest.mark.slow
+JOBS = Path(__file__).parent / "jobs"
+START_RE = re.compile(r"^\[(\d+) (\S+)\] start world_size=(\d+) restart=(\d+) step=(\d+) "
+                      r"epoch=(\d+) resumed_from=(\S+)")
+EPOCH_RE = re.compile(r"^\[(\d+) (\S+)\] epoch=(\d+) acc=([\d.]+) .*world_size=(\d+)")
+FIRST_RE = re.compile(r"^\[(\d+) (\S+)\] first_step rank=(\d+) world_size=(\d+) step=(\d+)")
+
+
+def publish(c: EmuCluster, generation: int, addresses: list[str]) -> None:
+    """What the agents do for a new generation: every member's files rewritten."""
+    master, *workers = addresses
+    m = build_membership(
+        cluster_id="runner-test", generation=generation,
+        master={"instance_id": "i-master", "address": master, "gpus": 0},
+        workers=[{"instance_id": f"i-{a}", "address": a, "gpus": 0} for a in workers],
+        efs_mount=str(c.efs), reason=f"generation {generation}")
+    for node in m.nodes:
+        root = c.roots[node.address]
+        for rel, content in render_node_files(m, node, root=root).items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(content)
+            os.replace(tmp, path)
+
+
+class Lines:
+    """The runner's output, line by line, with the time each line arrived."""
+
+    def __init__(self, p) -> None:
+        self.q: queue.Queue = queue.Queue()
+        self.all: list[tuple[float, str]] = []
+        threading.Thread(target=self._read, args=(p,), daemon=True).start()
+
+    def _read(self, p) -> None:
+        for line in p.stdout:
+            self.q.put((time.monotonic(), line.rstrip("\n")))
+        self.q.put(None)
+
+    def mark(self) -> int:
+        return len(self.all)
+
+    def wait_for(self, pattern: re.Pattern, pred=lambda m: True, timeout: float = 120,
+                 since: int = 0):
+        """The first line from index ``since`` on (lines of different nodes arrive in any
+        order) matching ``pattern`` and ``pred``: (arrival time, match)."""
+        deadline = time.monotonic() + timeout
+        i = since
+        while True:
+            while i < len(self.all):
+                t, line = self.all[i]
+                i += 1
+                m = pattern.match(line)
+                if m and pred(m):
+                    return t, m
+            if time.monotonic() > deadline:
+                break
+            try:
+                item = self.q.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if item is None:
+                self.q.put(None)
+                if i >= len(self.all):
+                    break
+                continue
+            self.all.append(item)
+        raise AssertionError(f"no line matching {pattern.pattern} in time; output:\n"
+                             + "\n".join(x[1] for x in self.all[-60:]))
+
+    def rest(self) -> str:
+        while (item := self.q.get(timeout=120)) is not None:
+            self.all.append(item)
+        self.q.put(None)
+        return "\n".join(x[1] for x in self.all)
+
+
+def test_node_joins_and_drains_while_an_elastic_job_trains(emu):
+    c = emu(3)
+    master, w1, extra = c.addresses
+    publish(c, 1, [master, w1])
+    (c.roots[extra] / "opt/deeplearning/membership.json").unlink()  # not a member yet
+    c.start_executors()
+    p = c.popen_runner("--elastic", "--rdzv-port", free_rdzv_port(c), "--grace", "10", "--",
+                       "-m", "bootstrap_scripts.examples.train_digits", "--epochs", "40",
+                       "--checkpoint-every", "4", "--step-delay", "0.03",
+                       "--require-acc", "0.95", "--name", "elastic")
+    out = Lines(p)
+    out.wait_for(EPOCH_RE, lambda m: m.group(5) == "2")
+
+    # scale-out: generation 2 lists the new node; its executor joins the running job
+    publish(c, 2, [master, w1, extra])
+    t_join, since = time.monotonic(), out.mark()
+    out.wait_for(re.compile(r"^\[dl-run\] node (\d+) \((\S+)\) joined the job"),
+                 lambda m: m.group(2) == extra, timeout=30, since=since)
+    t_first, _ = out.wait_for(FIRST_RE, lambda m: m.group(2) == extra and m.group(4) == "3",
+                              since=since)
+    _, start3 = out.wait_for(START_RE, lambda m: m.group(3) == "3", since=since)
+    assert start3.group(7) != "-", "the restart after the join did not resume"
+    out.wait_for(EPOCH_RE, lambda m: m.group(5) == "3", since=since)
+
+    # scale-in: the master agent's drain request names the new node
+    drain = js.drain_dir(c.efs)
+    drain.mkdir(parents=True, exist_ok=True)
+    js.write_json_atomic(drain / "i-extra.json", {"instance_id": "i-extra", "address": extra,
+                                                 "requested_at": time.time(),
+                                                 "deadline": time.time() + 120})
+    t_drain, since = time.monotonic(), out.mark()
+    out.wait_for(re.compile(r"^\[dl-run\] node \d+ \((\S+)\) left the job \(drained\)"),
+                 lambda m: m.group(1) == extra, timeout=60, since=since)
+    _wait(lambda: js.drain_done_path(c.efs, "i-extra").exists(), 10, "no .done")
+    done = js.read_json(js.drain_done_path(c.efs, "i-extra"))
+    assert done and done["address"] == extra
+    publish(c, 3, [master, w1])
+    t_back, start2 = out.wait_for(START_RE, lambda m: m.group(3) == "2", since=since)
+    assert int(start2.group(5)) > 0 and start2.group(7).startswith(("step-", "epoch-"))
+    text = out.rest()
+    assert p.wait(timeout=60) == 0, text
+    print(f"\njoin: generation published -> first step on the new node "
+          f"{t_first - t_join:.1f} s; drain: request -> training again without it "
+          f"{t_back - t_drain:.1f} s")
+
+    starts = [START_RE.match(line) for line in text.splitlines()]
+    worlds = [int(m.group(3)) for m in starts if m]
+    # consecutive duplicates: a restart at the same size (e.g. a slow first rendezvous)
+    sizes = [w for i, w in enumerate(worlds) if i == 0 or worlds[i - 1] != w]
+    assert sizes == [2, 3, 2], text
+    steps = [int(m.group(5)) for m in starts if m]
+    assert steps == sorted(steps), f"a restart went back in training: {steps}\n{text}"
+    epochs = [EPOCH_RE.match(line) for line in text.splitlines()]
+    epochs = [m for m in epochs if m]
+    assert [int(m.group(3)) for m in epochs] == list(range(1, 41)), text
+    assert float(text.split("final acc=")[1].split()[0]) >= 0.95
+    (jdir,) = c.job_dirs()
+    result = json.loads((jdir / "result.json").read_text())
+    assert result["status"] == "succeeded" and result["elastic"]
+    by_addr = {n["address"]: n for n in result["nodes"]}
+    assert by_addr[extra]["joined"] and by_addr[extra]["left"]
+    assert by_addr[master]["returncode"] == 0 and by_addr[w1]["returncode"] == 0
+    spec = js.JobSpec.from_json((jdir / "spec.json").read_text())
+    assert spec.elastic and spec.generation == 1 and spec.join_template is not None
+    assert "--nnodes=1:64" in spec.shares[0].procs[0].argv
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_workers_die_when_torchrun_dies_first(emu):
+    c = emu(1)
+    c.start_executors()
+    p = c.popen_runner("--rdzv-port", free_rdzv_port(c), "--", str(JOBS / "sleeper.py"))
+    _wait(lambda: any("ready" in x.read_text() for x in c.efs.glob("jobs/*/nodes/0.log")),
+          90, "the sleeper never got ready")
+    (jdir,) = c.job_dirs()
+    token = share_token(jdir.name, 0, c.addresses[0])
+    workers = [pid for pid in pids_with_token(token) if alive(pid)]
+    torchrun = json.loads(js.started_path(jdir, 0).read_text())["pids"][0]
+    assert len(workers) >= 3  # torchrun, its worker, the worker's child
+    os.kill(torchrun, signal.SIGKILL)  # the workers live in sessions of their own
+    _wait(lambda: js.exit_path(jdir, 0).exists(), 30, "no exit recorded")
+    assert not [pid for pid in workers if alive(pid)]
+    assert p.wait(timeout=30) == 1
+
+
+def test_restarted_executor_stops_the_share_it_finds_running(emu):
+    c = emu(1)
+    c.start_executors()
+    addr = c.addresses[0]
+    p = c.popen_runner("--launcher", "each", "--", "python3", str(JOBS / "sleeper.py"))
+    _wait(lambda: any("ready" in x.read_text() for x in c.efs.glob("jobs/*/nodes/0.log")),
+          60, "the sleeper never got ready")
+    (jdir,) = c.job_dirs()
+    token = share_token(jdir.name, 0, addr)
+    share = [pid for pid in pids_with_token(token) if alive(pid)]
+    assert share
+    c.executors[addr].kill()  # the executor dies; its share keeps running
+    c.executors[addr].wait()
+    assert [pid for pid in share if alive(pid)] == share
+    c.start_executors([addr])
+    _wait(lambda: js.exit_path(jdir, 0).exists(), 30, "the restarted executor did nothing")
+    rec = json.loads(js.exit_path(jdir, 0).read_text())
+    assert "executor restarted" in rec["reason"] and rec["returncode"] != 0
+    assert not [pid for pid in share if alive(pid)]
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == 1 and f"node rank 0 ({addr})" in out

@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 ARGS ?=
 # jsii prints an end-of-life banner for Node 20 on every run; it is noise here.
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 1
+# The end-of-life one must name the Node major version(s) to silence (a comma list).
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 18,20
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 export CDK_DISABLE_VERSION_CHECK := 1

@@ -45,7 +45,7 @@ def cli_env(endpoint: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_PROFILE",)}
     env.update(aws_env(endpoint))
     env.update({
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "1",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "18,20",
         "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
         "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
         "CDK_DISABLE_VERSION_CHECK": "1",

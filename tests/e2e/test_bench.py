@@ -16,7 +16,7 @@ pytestmark = pytest.mark.bench
 
 def synth_seconds(out_dir: str) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "1",
+    env.update({"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "18,20",
                 "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
                 "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
                 "CDK_DISABLE_VERSION_CHECK": "1", "CDK_CLI_NOTICES": "false"})

@@ -37,7 +37,7 @@ def cli_env(endpoint: str) -> dict[str, str]:
         "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
         "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "1",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "18,20",
         "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
         "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
         "CDK_DISABLE_VERSION_CHECK": "1", "CDK_CLI_NOTICES": "false", "CI": "true",

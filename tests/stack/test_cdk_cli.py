@@ -26,7 +26,7 @@ def cdk(*args: str, outdir: Path) -> subprocess.CompletedProcess:
         if not k.startswith("AWS_") or k in ("AWS_DEFAULT_REGION", "AWS_REGION")
     }
     env.update(
-        JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="1",
+        JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="18,20",
         JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION="1",
         JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION="1",
         CDK_DISABLE_VERSION_CHECK="1",

@@ -89,7 +89,7 @@ def test_wheel_installs_and_synthesizes_outside_the_repo(tmp_path: Path) -> None
     env = {
         **os.environ,
         "PYTHONPATH": str(site),
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "1",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "18,20",
         "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
         "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",
     }

@@ -12,6 +12,8 @@ import jsii
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from constructs_lib.validation import ConfigError
+
 
 @dataclass(frozen=True)
 class ImageFamily:
@@ -50,7 +52,7 @@ def image_family(image_type: str) -> ImageFamily:
         return IMAGE_FAMILIES[image_type]
     except KeyError:
         known = ", ".join(sorted(IMAGE_FAMILIES))
-        raise ValueError(f"unknown image type {image_type!r}; expected one of: {known}") from None
+        raise ConfigError(f"unknown image type {image_type!r}; expected one of: {known}") from None
 
 
 def deep_learning_ami(

@@ -209,3 +209,37 @@ def test_port_in_use_stops_with_a_clear_message_and_cleans_up(tmp_path):
     assert report["status"] == "failed" and "already in use" in report["error"]
     assert not (tmp_path / "work" / "state.json").exists() or not pids_in_groups(
         recorded_groups(tmp_path))
+
+
+def test_demo_keep_leaves_a_usable_cluster_and_stop_removes_it(tmp_path: Path) -> None:
+    """--keep: the cluster stays up and answers dl-health; --stop: every process and the
+    temp dir it made are gone."""
+    report_path = tmp_path / "keep-report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "emulator.demo", "--keep", "--epochs", "2", "--require-acc", "0.3",
+         "--report", str(report_path)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT)
+    report = json.loads(report_path.read_text())
+    work = Path(report["work_dir"])
+    state_file = work / "state.json"
+    try:
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert report["kept"] is True and state_file.exists()
+        assert f"--stop {state_file}" in proc.stdout
+        state = json.loads(state_file.read_text())
+        groups = {n["group"]["pid"] for n in state["nodes"]} | {state["cloud"]["pid"]}
+        assert all(alive(g) for g in groups), "kept cluster is not running"
+        master = next(n for n in state["nodes"] if n["role"] == "master")
+        health = subprocess.run(
+            [str(Path(master["root"]) / "usr/local/bin/dl-health"), "--root", master["root"]],
+            capture_output=True, text=True, timeout=120)
+        assert health.returncode == 0, health.stdout + health.stderr
+        assert "healthy" in health.stdout
+    finally:
+        stop = subprocess.run([sys.executable, "-m", "emulator.demo", "--stop", str(state_file)],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    left = pids_in_groups(groups) | {g for g in groups if alive(g)}
+    assert not left, f"processes left behind after --stop: {sorted(left)}"
+    assert not work.exists(), "--stop did not remove the demo's temp dir"

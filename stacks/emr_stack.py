@@ -22,6 +22,7 @@ from constructs_lib.emr_cluster import (
     DEFAULT_ROOT_VOLUME_GIB,
 )
 from constructs_lib.nag_suppressions import acknowledge_emr_findings
+from stacks.context import ContextReader
 
 
 @dataclass(frozen=True)
@@ -66,65 +67,38 @@ EMR_CONTEXT_KEYS: dict[str, tuple[str, str]] = {
     "emrIdleTimeoutMinutes": ("idle_timeout_minutes", "terminate after this long idle"),
 }
 
-_TRUE = {"true", "1", "yes"}
-_FALSE = {"false", "0", "no", ""}
-
-
-def _bool(key: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise validation.ConfigError(f"context key '{key}' must be true or false, got {value!r}")
+#: context key -> validator (name, value) -> setting value. Unset keys keep the default.
+_CHECKS: dict[str, Callable[[str, object], object]] = {
+    "emrReleaseLabel": lambda _n, v: v,
+    "emrPrimaryInstanceType": lambda _n, v: v,
+    "emrCoreInstanceType": lambda _n, v: v,
+    "emrKeyName": lambda _n, v: v,
+    "emrTlsCertificatesS3Url": lambda _n, v: v,
+    "emrCoreInstanceCount": validation.positive_int,
+    "emrRootVolumeGiB": validation.root_volume,
+    "emrAmiId": validation.ami_id,
+    "emrEfsFileSystemId": validation.file_system_id,
+    "emrEfsMountPoint": validation.mount_point,
+    "emrVpcCidr": validation.vpc_cidr,
+    "emrIdleTimeoutMinutes": validation.positive_int,
+}
 
 
 def emr_settings_from_context(get: Callable[[str], object]) -> EmrSettings:
     """Build the settings from a context getter (``app.node.try_get_context``)."""
-    values: dict[str, object] = {}
-
-    def text(key: str) -> str | None:
-        raw = get(key)
-        if raw is None:
-            return None
-        if isinstance(raw, list):
-            return ",".join(str(x) for x in raw)
-        value = str(raw).strip()
-        return value or None
-
-    def named(key: str, check: Callable[[str, object], object]) -> object:
-        try:
-            return check(key, text(key))
-        except validation.ConfigError as exc:
-            raise validation.ConfigError(f"context key {exc}") from None
-
-    for key in ("emrReleaseLabel", "emrPrimaryInstanceType", "emrCoreInstanceType",
-                "emrKeyName", "emrTlsCertificatesS3Url"):
-        if text(key) is not None:
-            values[EMR_CONTEXT_KEYS[key][0]] = text(key)
+    ctx = ContextReader(get)
+    text = ctx.text
+    values: dict[str, object] = {
+        EMR_CONTEXT_KEYS[key][0]: ctx.checked(key, check)
+        for key, check in _CHECKS.items()
+        if text(key) is not None
+    }
     if text("emrApplications") is not None:
         raw = get("emrApplications")
         items = raw if isinstance(raw, list) else str(raw).split(",")
         values["applications"] = tuple(str(a).strip() for a in items if str(a).strip())
-    if get("emrAllowUnstableApplications") is not None:
-        values["allow_unstable_applications"] = _bool(
-            "emrAllowUnstableApplications", get("emrAllowUnstableApplications"))
-    if text("emrCoreInstanceCount") is not None:
-        values["core_instance_count"] = named("emrCoreInstanceCount", validation.positive_int)
-    if text("emrRootVolumeGiB") is not None:
-        values["root_volume_gib"] = named("emrRootVolumeGiB", validation.root_volume)
-    if text("emrAmiId") is not None:
-        values["ami_id"] = named("emrAmiId", validation.ami_id)
-    if text("emrEfsFileSystemId") is not None:
-        values["efs_file_system_id"] = named("emrEfsFileSystemId", validation.file_system_id)
-    if text("emrEfsMountPoint") is not None:
-        values["efs_mount_point"] = named("emrEfsMountPoint", validation.mount_point)
-    if text("emrVpcCidr") is not None:
-        values["vpc_cidr"] = named("emrVpcCidr", validation.vpc_cidr)
-    if text("emrIdleTimeoutMinutes") is not None:
-        values["idle_timeout_minutes"] = named("emrIdleTimeoutMinutes", validation.positive_int)
+    if (allow := ctx.flag("emrAllowUnstableApplications")) is not None:
+        values["allow_unstable_applications"] = allow
     if text("emrTrainingCommand") is not None:
         raw = get("emrTrainingCommand")
         try:

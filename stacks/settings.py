@@ -10,6 +10,7 @@ from collections.abc import Callable
 from constructs_lib import validation
 from constructs_lib.images import IMAGE_FAMILIES
 from stacks.cluster_stack import ClusterSettings
+from stacks.context import ContextReader
 
 #: context key -> (ClusterSettings field, meaning). The README's settings table mirrors this.
 CONTEXT_KEYS: dict[str, tuple[str, str]] = {
@@ -33,93 +34,6 @@ CONTEXT_KEYS: dict[str, tuple[str, str]] = {
                        "it joins; default none"),
 }
 
-_TRUE = {"true", "1", "yes"}
-_FALSE = {"false", "0", "no", ""}
-
-
-def _bool(key: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise validation.ConfigError(f"context key '{key}' must be true or false, got {value!r}")
-
-
-def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
-    """Build the stack's settings from a context getter (``app.node.try_get_context``)."""
-    defaults = ClusterSettings()
-    values: dict[str, object] = {}
-
-    def text(key: str) -> str | None:
-        raw = get(key)
-        if raw is None:
-            return None
-        value = str(raw).strip()
-        return value or None
-
-    def named(key: str, check: Callable[[str, object], object]) -> object:
-        try:
-            return check(key, text(key))
-        except validation.ConfigError as exc:
-            raise validation.ConfigError(f"context key {exc}") from None
-
-    if text("workerCount") is not None:
-        values["worker_count"] = named("workerCount", validation.positive_int)
-    if text("rootVolumeGiB") is not None:
-        values["root_volume_gib"] = named("rootVolumeGiB", validation.root_volume)
-    if text("imageType") is not None:
-        values["image_type"] = named(
-            "imageType", lambda n, v: validation.one_of(n, v, tuple(IMAGE_FAMILIES))
-        )
-    for key, field in (
-        ("workerInstanceType", "worker_instance_type"),
-        ("masterInstanceType", "master_instance_type"),
-    ):
-        if text(key) is not None:
-            values[field] = named(key, _instance_type)
-    if text("amiId") is not None:
-        values["ami_id"] = named("amiId", validation.ami_id)
-    if text("sshCidr") is not None:
-        values["ssh_cidr"] = named("sshCidr", validation.ssh_cidr)
-    if text("keyName") is not None:
-        values["key_name"] = text("keyName")
-    if text("efsFileSystemId") is not None:
-        values["efs_file_system_id"] = named("efsFileSystemId", validation.file_system_id)
-    if text("efsMountPoint") is not None:
-        values["efs_mount_point"] = named("efsMountPoint", validation.mount_point)
-    if text("vpcCidr") is not None:
-        values["vpc_cidr"] = named("vpcCidr", validation.vpc_cidr)
-    if text("maxWorkers") is not None:
-        values["max_workers"] = named("maxWorkers", validation.positive_int)
-    if text("spotWorkers") is not None:
-        values["spot_workers"] = named(
-            "spotWorkers", lambda n, v: validation.positive_int(n, v, minimum=0)
-        )
-    if get("dataPrepScript") is not None:
-        script = get("dataPrepScript")
-        if not isinstance(script, str) or not script.strip() or any(
-            c in script for c in "\n\r\x00"
-        ):
-            raise validation.ConfigError(
-                "context key 'dataPrepScript' must be one non-empty line (a command or a "
-                f"script path), got {script!r}"
-            )
-        values["data_prep_script"] = script.strip()
-    if get("placementGroup") is not None:
-        values["placement_group"] = _bool("placementGroup", get("placementGroup"))
-    settings = ClusterSettings(**{**defaults.__dict__, **values})
-    needed = settings.worker_count + settings.spot_workers
-    if settings.max_workers is not None and settings.max_workers < needed:
-        raise validation.ConfigError(
-            f"context key 'maxWorkers' must be at least workerCount + spotWorkers ({needed}), "
-            f"got {settings.max_workers}"
-        )
-    return settings
-
-
 def _instance_type(name: str, value: object) -> str:
     text = str(value)
     parts = text.split(".")
@@ -128,3 +42,51 @@ def _instance_type(name: str, value: object) -> str:
             f"'{name}' must be an EC2 instance type like g5.xlarge, got {value!r}"
         )
     return text
+
+
+def _one_line(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip() or any(c in value for c in "\n\r\x00"):
+        raise validation.ConfigError(
+            f"'{name}' must be one non-empty line (a command or a script path), got {value!r}"
+        )
+    return value.strip()
+
+
+#: context key -> validator (name, value) -> setting value. Unset keys keep the default.
+_CHECKS: dict[str, Callable[[str, object], object]] = {
+    "workerCount": validation.positive_int,
+    "rootVolumeGiB": validation.root_volume,
+    "imageType": lambda n, v: validation.one_of(n, str(v), tuple(IMAGE_FAMILIES)),
+    "workerInstanceType": _instance_type,
+    "masterInstanceType": _instance_type,
+    "amiId": validation.ami_id,
+    "sshCidr": validation.ssh_cidr,
+    "keyName": lambda _n, v: v,
+    "efsFileSystemId": validation.file_system_id,
+    "efsMountPoint": validation.mount_point,
+    "vpcCidr": validation.vpc_cidr,
+    "maxWorkers": validation.positive_int,
+    "spotWorkers": lambda n, v: validation.positive_int(n, v, minimum=0),
+}
+
+
+def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
+    """Build the stack's settings from a context getter (``app.node.try_get_context``)."""
+    ctx = ContextReader(get)
+    values: dict[str, object] = {
+        CONTEXT_KEYS[key][0]: ctx.checked(key, check)
+        for key, check in _CHECKS.items()
+        if ctx.text(key) is not None
+    }
+    if get("dataPrepScript") is not None:  # a blank one is a mistake, not "unset"
+        values["data_prep_script"] = ctx.checked("dataPrepScript", _one_line, raw=True)
+    if (placement := ctx.flag("placementGroup")) is not None:
+        values["placement_group"] = placement
+    settings = ClusterSettings(**{**ClusterSettings().__dict__, **values})
+    needed = settings.worker_count + settings.spot_workers
+    if settings.max_workers is not None and settings.max_workers < needed:
+        raise validation.ConfigError(
+            f"context key 'maxWorkers' must be at least workerCount + spotWorkers ({needed}), "
+            f"got {settings.max_workers}"
+        )
+    return settings

@@ -91,20 +91,11 @@ class CapacityAdjuster(Construct):
             )
         )
         self.role.add_to_policy(
-            iam.PolicyStatement(
+            this_clusters_groups(
+                self,
                 sid="AdjustOnlyThisClustersGroups",
+                cluster_id=cluster_id,
                 actions=["autoscaling:SetDesiredCapacity"],
-                resources=[
-                    Stack.of(self).format_arn(
-                        service="autoscaling",
-                        resource="autoScalingGroup",
-                        resource_name="*:autoScalingGroupName/*",
-                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
-                conditions={
-                    "StringEquals": {f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": cluster_id}
-                },
             )
         )
         master_queue.grant_send_messages(self.role)
@@ -130,3 +121,26 @@ class CapacityAdjuster(Construct):
         )
         # Decrypting the notification is SNS's job; the function needs no key access.
         self.topic.add_subscription(subs.LambdaSubscription(self.function))
+
+
+def this_clusters_groups(
+    scope: Construct, *, sid: str, cluster_id: str, actions: list[str]
+) -> iam.PolicyStatement:
+    """Auto Scaling write ``actions`` on exactly the groups tagged ``dl-cluster:id=<id>``.
+
+    Group ARNs contain a generated UUID, so the resource is a wildcard narrowed by an
+    ``autoscaling:ResourceTag`` condition (protocol.md §1); the one place this rule lives.
+    """
+    return iam.PolicyStatement(
+        sid=sid,
+        actions=actions,
+        resources=[
+            Stack.of(scope).format_arn(
+                service="autoscaling",
+                resource="autoScalingGroup",
+                resource_name="*:autoScalingGroupName/*",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+        ],
+        conditions={"StringEquals": {f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": cluster_id}},
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import ArnFormat, Aws, CfnWaitCondition, CfnWaitConditionHandle, Stack, Token
+from aws_cdk import Aws, CfnWaitCondition, CfnWaitConditionHandle, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
@@ -10,7 +10,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from constructs_lib import validation
-from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, CapacityAdjuster
+from constructs_lib.capacity_adjuster import CapacityAdjuster, this_clusters_groups
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami, image_family
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork
@@ -346,25 +346,16 @@ class DeepLearningCluster(Construct):
         on the master) changes capacity and removes workers. Only this cluster's groups:
         the same tag condition as the capacity adjuster's (protocol.md §1)."""
         role.add_to_principal_policy(
-            iam.PolicyStatement(
+            this_clusters_groups(
+                self,
                 sid="ElasticMembershipOfThisCluster",
+                cluster_id=self.cluster_id,
                 actions=[
                     "autoscaling:CompleteLifecycleAction",
                     "autoscaling:SetInstanceProtection",
                     "autoscaling:SetDesiredCapacity",
                     "autoscaling:TerminateInstanceInAutoScalingGroup",
                 ],
-                resources=[
-                    Stack.of(self).format_arn(
-                        service="autoscaling",
-                        resource="autoScalingGroup",
-                        resource_name="*:autoScalingGroupName/*",
-                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
-                conditions={
-                    "StringEquals": {f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": self.cluster_id}
-                },
             )
         )
 

@@ -14,15 +14,13 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shlex
-import subprocess
-import time
 from pathlib import Path
 
 import boto3
 import pytest
 
 from bootstrap_scripts import submit
+from emulator.deploy import run_cli
 from tests.conftest import REGION, REPO_ROOT
 
 ACCOUNT = "123456789012"
@@ -46,25 +44,6 @@ def cli_env(endpoint: str) -> dict[str, str]:
     return env
 
 
-def cdk(args: list[str], *, env: dict[str, str], log: Path, timeout: float = 900) -> float:
-    """``npx cdk <args>``; the whole process group is stopped if it overruns."""
-    started = time.monotonic()
-    with open(log, "ab") as fh:
-        fh.write(f"$ npx cdk {shlex.join(args)}\n".encode())
-        fh.flush()
-        proc = subprocess.Popen(["npx", "--no-install", "cdk", *args], cwd=REPO_ROOT, env=env,
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except BaseException:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            raise
-    assert rc == 0, "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-    return time.monotonic() - started
-
-
 @pytest.fixture()
 def deployed(moto_reset: str, tmp_path: Path) -> dict:
     env = cli_env(moto_reset)
@@ -73,11 +52,13 @@ def deployed(moto_reset: str, tmp_path: Path) -> dict:
     ami = sorted(ec2.describe_images(Owners=["amazon"])["Images"],
                  key=lambda i: i["ImageId"])[0]["ImageId"]
     out = tmp_path / "cdk.out"
-    bootstrap_s = cdk(["bootstrap", f"aws://{ACCOUNT}/{REGION}", "--output", str(out)],
-                      env=env, log=log)
-    deploy_s = cdk(["deploy", STACK, "--require-approval", "never", "--progress", "events",
-                    "--output", str(out), "-c", f"emrAmiId={ami}",
-                    "-c", "emrTrainingCommand=python train.py"], env=env, log=log)
+    # the emulator's own CLI runner: one way to drive `npx cdk`, group-killed on overrun
+    bootstrap_s = run_cli(["bootstrap", f"aws://{ACCOUNT}/{REGION}", "--output", str(out)],
+                          env=env, log=log, what="cdk bootstrap", timeout=900)
+    deploy_s = run_cli(["deploy", STACK, "--require-approval", "never", "--progress", "events",
+                        "--output", str(out), "-c", f"emrAmiId={ami}",
+                        "-c", "emrTrainingCommand=python train.py"],
+                       env=env, log=log, what=f"cdk deploy {STACK}", timeout=900)
     print(f"\n[figures] cdk bootstrap {bootstrap_s:.1f}s, cdk deploy {STACK} {deploy_s:.1f}s")
     return {"endpoint": moto_reset, "ami": ami, "log": log, "out": out}
 

@@ -6,13 +6,11 @@ import json
 import threading
 from pathlib import Path
 
-import pytest
-
 from bootstrap_scripts import membership as ms
 from bootstrap_scripts import shared_state as shared
 from bootstrap_scripts.identity import NodeIdentity
 from bootstrap_scripts.node_agent import EXIT_FAILED, AgentConfig, NodeAgent
-from tests.agent.fakecloud import FakeCluster, SignalRecorder, create_cluster, wait_until
+from tests.agent.fakecloud import FakeCluster, create_cluster, wait_until
 from tests.conftest import REGION
 
 
@@ -39,20 +37,6 @@ def config(cluster: FakeCluster, role: str, tmp: Path, name: str, handle: str = 
                        worker_queue_url=cluster.worker_queue_url, mount_point=str(tmp / "efs"),
                        wait_handle=handle, root=str(tmp / "nodes" / name), no_mount=True,
                        poll_wait=1, **kw)
-
-
-@pytest.fixture()
-def env(moto_reset, monkeypatch, tmp_path):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_reset)
-    monkeypatch.setenv("PATH", f"{tmp_path}/nobin:/usr/bin:/bin")  # no nvidia-smi: 0 GPUs
-    recorder = SignalRecorder()
-    threads: list[AgentThread] = []
-    try:
-        yield moto_reset, recorder, threads
-    finally:
-        for t in threads:
-            t.stop()
-        recorder.stop()
 
 
 def master_identity(cluster: FakeCluster) -> NodeIdentity:

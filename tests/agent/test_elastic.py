@@ -52,20 +52,6 @@ def completions(monkeypatch) -> list[dict]:
     return calls
 
 
-@pytest.fixture()
-def env(moto_reset, monkeypatch, tmp_path):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_reset)
-    monkeypatch.setenv("PATH", f"{tmp_path}/nobin:/usr/bin:/bin")
-    recorder = SignalRecorder()
-    threads: list[AgentThread] = []
-    try:
-        yield moto_reset, recorder, threads
-    finally:
-        for t in threads:
-            t.stop()
-        recorder.stop()
-
-
 def drain_message(cluster: FakeCluster, instance_id: str, token: str) -> dict:
     """The capacity adjuster's drain-request for a terminating worker (protocol.md §7)."""
     return {"event": "drain-request", "asg": cluster.worker_asg, "role": "worker",

@@ -13,11 +13,16 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from constructs_lib.package_paths import ASSET_EXCLUDES, lambda_source_dir
+from constructs_lib.validation import reports_path
 
 CLUSTER_TAG_KEY = "dl-cluster:id"
 ROLE_TAG_KEY = "NodeType"
 HANDLER = "capacity_adjuster.handler"
 RUNTIME = lambda_.Runtime.PYTHON_3_14
+#: How long the function's logs are kept.
+DEFAULT_LOG_RETENTION = logs.RetentionDays.ONE_MONTH
+#: The function's timeout.
+DEFAULT_TIMEOUT = Duration.seconds(60)
 
 
 class CapacityAdjuster(Construct):
@@ -29,11 +34,13 @@ class CapacityAdjuster(Construct):
     change only this cluster's groups) without depending on the groups, which must be
     created AFTER the subscription so that their first launch notifications are delivered.
 
-    Defaults: customer-managed KMS key (rotation on) for the topic, because Auto Scaling's
-    service-linked role cannot publish to a topic encrypted with the AWS-managed SNS key;
-    TLS-only topic policy; Python 3.14 (the latest runtime); 60 s timeout; logs kept one month.
+    The topic is encrypted with a customer-managed KMS key (rotation on), because Auto
+    Scaling's service-linked role cannot publish to a topic encrypted with the AWS-managed SNS
+    key, and its policy refuses clients without TLS; the function runs Python 3.14 (the latest
+    runtime).
     """
 
+    @reports_path
     def __init__(
         self,
         scope: Construct,
@@ -41,9 +48,17 @@ class CapacityAdjuster(Construct):
         *,
         cluster_id: str,
         master_queue: sqs.IQueue,
-        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
-        timeout: Duration = Duration.seconds(60),
+        log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
+        timeout: Duration = DEFAULT_TIMEOUT,
     ) -> None:
+        """
+        :param cluster_id: the ``dl-cluster:id`` tag value of the cluster's groups.
+        :param master_queue: where the function sends ``asg-setup`` and drain messages.
+        :param log_retention: how long the function's logs are kept.
+            :default: one month
+        :param timeout: the function's timeout.
+            :default: 60 seconds
+        """
         super().__init__(scope, construct_id)
         self.cluster_id = cluster_id
         self.key = kms.Key(
@@ -129,7 +144,8 @@ def this_clusters_groups(
     """Auto Scaling write ``actions`` on exactly the groups tagged ``dl-cluster:id=<id>``.
 
     Group ARNs contain a generated UUID, so the resource is a wildcard narrowed by an
-    ``autoscaling:ResourceTag`` condition (protocol.md §1); the one place this rule lives.
+    ``autoscaling:ResourceTag`` condition on the cluster's tag (docs/protocol.md, "Tags that
+    identify a cluster's groups"); the one place this rule lives.
     """
     return iam.PolicyStatement(
         sid=sid,

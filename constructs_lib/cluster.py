@@ -1,8 +1,9 @@
-"""DeepLearningCluster: network, EFS, queues, capacity adjuster, master and worker groups."""
+"""DeepLearningCluster: network, EFS, queue, capacity adjuster, master and worker groups."""
 
 from __future__ import annotations
 
-from aws_cdk import Aws, CfnWaitCondition, CfnWaitConditionHandle, Stack, Token
+import jsii
+from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
@@ -16,47 +17,40 @@ from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
-from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT, SharedFileSystem
-from constructs_lib.user_data import render_bootstrap_commands
+from constructs_lib.shared_storage import (
+    DEFAULT_MOUNT_POINT,
+    NFS_RULE_DESCRIPTION,
+    SharedFileSystem,
+)
+from constructs_lib.user_data import node_user_data
 
+#: Instance type of the master and of the workers.
 DEFAULT_INSTANCE_TYPE = "g5.xlarge"
-SETUP_TIMEOUT_SECONDS = 3300  # the original's 55 minutes
+#: On-demand workers (the master trains too, so the cluster has one node more).
+DEFAULT_WORKER_COUNT = 2
+#: Fewest workers the cluster comes up with when launches fail.
+DEFAULT_MIN_WORKERS = 1
+#: Spot workers above the on-demand workers.
+DEFAULT_SPOT_WORKERS = 0
+#: How long the stack waits for the cluster to form: the original template's 55 minutes.
+SETUP_TIMEOUT_SECONDS = 3300
 
 
-def _command_line(name: str, value: object) -> str:
-    """A command (or script path) the nodes run: one non-empty line without NUL, since it
-    travels as one argument through the user data and a systemd ExecStart line."""
-    if isinstance(value, str) and Token.is_unresolved(value):
-        return value
-    text = value.strip() if isinstance(value, str) else ""
-    if not text or any(c in text for c in "\n\r\x00"):
-        raise validation.ConfigError(
-            f"'{name}' must be one non-empty line (a command or a script path), got {value!r}"
-        )
-    return text
-
-
+@jsii.implements(ec2.IConnectable)
 class DeepLearningCluster(Construct):
     """A distributed-training cluster: one master and ``worker_count`` workers.
-
-    All props are keyword-only; every one has a default (see README "DeepLearningCluster"):
-    a new VPC (10.0.0.0/16), 2 workers, g5.xlarge master and workers, the PyTorch Deep
-    Learning AMI for Ubuntu, a new encrypted EFS at /efs, no SSH ingress (use SSM Session
-    Manager), no key pair, 100 GiB encrypted gp3 root volumes, no placement group, no EFA.
 
     The master also trains (rank 0), as in the original template. Nodes live in one AZ's
     private subnet (lowest latency, and a cluster placement group needs a single AZ); the
     master moves to that AZ's public subnet only when ``ssh_cidr`` is given.
 
-    Elastic training (docs/elastic.md): ``max_workers`` (default ``worker_count +
-    spot_workers``) is the worker group's maximum, the ceiling of ``dl-scale --workers``;
-    ``spot_workers`` (default 0) adds that many Spot workers above the ``worker_count``
-    on-demand base; ``data_prep_script`` (default none) is a command every node runs before
-    it joins. The worker group has a termination lifecycle hook (``drain``) so leaving
-    workers are drained, and the master agent protects itself and the ``worker_count`` base
-    workers from scale-in.
+    Elastic training (docs/elastic.md): ``max_workers`` is the worker group's maximum, the
+    ceiling of ``dl-scale --workers``; the worker group has a termination lifecycle hook
+    (``drain``) so leaving workers are drained, and the master agent protects itself and the
+    ``worker_count`` base workers from scale-in.
     """
 
+    @validation.reports_path
     def __init__(
         self,
         scope: Construct,
@@ -64,30 +58,92 @@ class DeepLearningCluster(Construct):
         *,
         vpc: ec2.IVpc | None = None,
         vpc_cidr: str = DEFAULT_VPC_CIDR,
-        worker_count: int = 2,
-        min_workers: int = 1,
+        worker_count: int = DEFAULT_WORKER_COUNT,
+        min_workers: int = DEFAULT_MIN_WORKERS,
         max_workers: int | None = None,
-        worker_instance_type: str = DEFAULT_INSTANCE_TYPE,
-        master_instance_type: str = DEFAULT_INSTANCE_TYPE,
+        worker_instance_type: ec2.InstanceType | str = DEFAULT_INSTANCE_TYPE,
+        master_instance_type: ec2.InstanceType | str = DEFAULT_INSTANCE_TYPE,
         machine_image: ec2.IMachineImage | None = None,
         image_type: str = DEFAULT_IMAGE_TYPE,
-        ami_id: str | None = None,
         root_device_name: str | None = None,
         file_system: efs.IFileSystem | None = None,
-        efs_file_system_id: str | None = None,
         efs_security_group: ec2.ISecurityGroup | None = None,
         efs_mount_point: str = DEFAULT_MOUNT_POINT,
         efs_require_tls: bool = True,
         ssh_cidr: str | None = None,
-        key_name: str | None = None,
+        key_pair: ec2.IKeyPair | None = None,
         root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB,
-        placement_group: bool | ec2.IPlacementGroup = False,
+        placement_group: ec2.IPlacementGroup | None = None,
+        create_placement_group: bool = False,
         efa: bool = False,
         cluster_id: str | None = None,
         setup_timeout_seconds: int = SETUP_TIMEOUT_SECONDS,
-        spot_workers: int = 0,
+        spot_workers: int = DEFAULT_SPOT_WORKERS,
         data_prep_script: str | None = None,
     ) -> None:
+        """
+        :param vpc: the VPC to run in; it needs private subnets with egress (and a public
+            one for ``ssh_cidr``).
+            :default: a new ``ClusterNetwork`` (2 AZs, public + private subnets, 1 NAT,
+                flow logs)
+        :param vpc_cidr: CIDR block of the new VPC (not used with ``vpc``).
+            :default: ``10.0.0.0/16``
+        :param worker_count: on-demand workers; the master trains too.
+            :default: 2
+        :param min_workers: fewest workers the cluster comes up with when launches fail.
+            :default: 1
+        :param max_workers: the worker group's maximum, how far ``dl-scale --workers`` grows.
+            :default: ``worker_count + spot_workers``
+        :param worker_instance_type: instance type of the workers (``ec2.InstanceType`` or
+            its name).
+            :default: ``g5.xlarge``
+        :param master_instance_type: instance type of the master (``ec2.InstanceType`` or
+            its name).
+            :default: ``g5.xlarge``
+        :param machine_image: the nodes' AMI; ``FixedAmi("ami-...")`` for an AMI id.
+            :default: the latest PyTorch Deep Learning AMI of ``image_type``, resolved at
+                deploy time from its public SSM parameter
+        :param image_type: OS family of the AMI (``ubuntu`` or ``amazon-linux-2023``): the
+            default image, its root device and its Python.
+            :default: ``ubuntu``
+        :param root_device_name: the AMI's root device, which gets the root volume.
+            :default: ``image_type``'s (``/dev/sda1`` on Ubuntu, ``/dev/xvda`` on AL2023)
+        :param file_system: an existing EFS file system (e.g. from
+            ``SharedFileSystem.from_file_system_id``); the cluster opens NFS to its nodes on
+            its connections and grants them root access.
+            :default: a new ``SharedFileSystem``
+        :param efs_security_group: security group of the new file system's mount targets
+            (not used with ``file_system``).
+            :default: a new group that admits NFS from the cluster's nodes only
+        :param efs_mount_point: where every node mounts the file system.
+            :default: ``/efs``
+        :param efs_require_tls: the new file system refuses clients without TLS (not used
+            with ``file_system``).
+            :default: True
+        :param ssh_cidr: open SSH (22) from this CIDR to the master, which then starts in a
+            public subnet; ``0.0.0.0/0`` is refused.
+            :default: no SSH ingress at all (use SSM Session Manager)
+        :param key_pair: EC2 key pair of the nodes.
+            :default: none
+        :param root_volume_gib: size of every node's encrypted gp3 root volume, at least 50.
+            :default: 100
+        :param placement_group: start every node in this placement group.
+            :default: none (see ``create_placement_group``)
+        :param create_placement_group: start every node in a new cluster placement group
+            (``placement_group`` attribute), for the lowest latency between nodes.
+            :default: False
+        :param efa: give the nodes an EFA network interface (the instance type must
+            support it).
+            :default: False
+        :param cluster_id: the ``dl-cluster:id`` tag that scopes the cluster's permissions.
+            :default: the stack name
+        :param setup_timeout_seconds: how long the stack waits for the cluster to form.
+            :default: 3300 (55 minutes)
+        :param spot_workers: Spot workers above the ``worker_count`` on-demand base.
+            :default: 0
+        :param data_prep_script: a command every node runs before it joins (one line).
+            :default: none
+        """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
         min_workers = validation.positive_int("min_workers", min_workers, minimum=0)
@@ -105,16 +161,31 @@ class DeepLearningCluster(Construct):
                 f"{desired_workers} <= {max_workers}"
             )
         if data_prep_script is not None:
-            data_prep_script = _command_line("data_prep_script", data_prep_script)
+            data_prep_script = validation.one_line("data_prep_script", data_prep_script)
+        worker_type = ec2.InstanceType(
+            validation.instance_type("worker_instance_type", worker_instance_type)
+        )
+        master_type = ec2.InstanceType(
+            validation.instance_type("master_instance_type", master_instance_type)
+        )
         root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         family = image_family(image_type)
-        if ami_id:
-            validation.ami_id("ami_id", ami_id)
         if ssh_cidr:
             validation.ssh_cidr("ssh_cidr", ssh_cidr)
-        if file_system is not None and efs_file_system_id:
+        self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)
+        if file_system is not None and efs_security_group is not None:
             raise validation.ConfigError(
-                "give either 'file_system' or 'efs_file_system_id', not both"
+                "efs_security_group is for the file system the cluster creates; a "
+                "file_system brings its own security groups"
+            )
+        if isinstance(placement_group, bool):
+            raise validation.ConfigError(
+                "placement_group takes an ec2.IPlacementGroup; for a new cluster placement "
+                f"group pass create_placement_group=True, got {placement_group!r}"
+            )
+        if create_placement_group and placement_group is not None:
+            raise validation.ConfigError(
+                "give either placement_group or create_placement_group=True, not both"
             )
         self.cluster_id = cluster_id or Stack.of(self).stack_name
         self.worker_count = worker_count
@@ -122,7 +193,7 @@ class DeepLearningCluster(Construct):
         self.max_workers = max_workers
         self.data_prep_script = data_prep_script
 
-        # -- network, storage, queues --------------------------------------------------------
+        # -- network, storage, queue ---------------------------------------------------------
         self.network = ClusterNetwork(self, "Network", vpc=vpc, cidr=vpc_cidr)
         self.vpc = self.network.vpc
         private = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets
@@ -137,37 +208,24 @@ class DeepLearningCluster(Construct):
                 if s.availability_zone == private[0].availability_zone
             ] or self.vpc.public_subnets
             if not public:
-                raise validation.ConfigError("'ssh_cidr' needs a public subnet for the master")
+                raise validation.ConfigError("ssh_cidr needs a public subnet for the master")
             master_subnets = ec2.SubnetSelection(subnets=[public[0]])
 
-        if file_system is not None:
-            self.storage = None
-            self.file_system: efs.IFileSystem = file_system
-            self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)
-        else:
+        self.storage: SharedFileSystem | None = None
+        if file_system is None:
             self.storage = SharedFileSystem(
                 self,
                 "SharedStorage",
                 vpc=self.vpc,
-                file_system_id=efs_file_system_id,
                 security_group=efs_security_group,
-                mount_point=efs_mount_point,
+                mount_point=self.efs_mount_point,
                 require_tls=efs_require_tls,
             )
-            self.file_system = self.storage.file_system
-            self.efs_mount_point = self.storage.mount_point
-
-        # Built from the id rather than GetAtt: the same ARN, and it also works for an imported
-        # file system and on CloudFormation emulators that lack EFS attributes.
-        self.file_system_arn = Stack.of(self).format_arn(
-            service="elasticfilesystem",
-            resource="file-system",
-            resource_name=self.file_system.file_system_id,
-        )
+            file_system = self.storage.file_system
+        self.file_system: efs.IFileSystem = file_system
 
         self.queues = MetadataQueues(self, "MetadataQueues")
         self.master_queue = self.queues.master_queue
-        self.worker_queue = self.queues.worker_queue
 
         self.capacity_adjuster = CapacityAdjuster(
             self, "CapacityAdjuster", cluster_id=self.cluster_id, master_queue=self.master_queue
@@ -186,6 +244,7 @@ class DeepLearningCluster(Construct):
         self.node_security_group.add_ingress_rule(
             self.node_security_group, ec2.Port.all_traffic(), "all traffic between cluster nodes"
         )
+        self._connections = ec2.Connections(security_groups=[self.node_security_group])
         master_groups: list[ec2.ISecurityGroup] = [self.node_security_group]
         self.admin_security_group: ec2.SecurityGroup | None = None
         if ssh_cidr:
@@ -200,9 +259,11 @@ class DeepLearningCluster(Construct):
                 ec2.Peer.ipv4(ssh_cidr), ec2.Port.tcp(22), "SSH from the administrators' range"
             )
             master_groups.append(self.admin_security_group)
-        self.file_system.connections.allow_default_port_from(
-            self.node_security_group, "NFS from cluster nodes"
-        )
+        # The file system admits NFS from the nodes (its connections' default port, 2049).
+        if self.storage is not None:
+            self.storage.allow_from(self)
+        else:
+            self.file_system.connections.allow_default_port_from(self, NFS_RULE_DESCRIPTION)
 
         # -- node scripts and the setup wait condition -----------------------------------------
         self.node_scripts = s3_assets.Asset(
@@ -210,43 +271,28 @@ class DeepLearningCluster(Construct):
         )
         self.wait_handle = CfnWaitConditionHandle(self, "SetupHandle")
 
-        image = machine_image or deep_learning_ami(image_type, ami_id=ami_id)
+        image = machine_image or deep_learning_ami(image_type)
         device = root_device_name or family.root_device_name
-        pg: ec2.IPlacementGroup | None = None
-        if placement_group is True:
-            pg = ec2.PlacementGroup(
+        self.placement_group = placement_group
+        if create_placement_group:
+            self.placement_group = ec2.PlacementGroup(
                 self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
             )
-        elif placement_group:
-            pg = placement_group  # type: ignore[assignment]
-        self.placement_group = pg
 
-        def user_data(role: str, wait_handle: str) -> ec2.UserData:
-            settings = {
-                "role": role,
-                "cluster-id": self.cluster_id,
-                "stack-name": Aws.STACK_NAME,
-                "region": Aws.REGION,
-                "master-queue-url": self.master_queue.queue_url,
-                "worker-queue-url": self.worker_queue.queue_url,
-                "efs-id": self.file_system.file_system_id,
-                "mount-point": self.efs_mount_point,
-                "wait-handle": wait_handle,
-                "setup-timeout": str(setup_timeout_seconds),
-            }
-            if role == "master":  # only the master decides who is a protected base worker
-                settings["base-workers"] = str(worker_count)
-            if data_prep_script:
-                settings["data-prep"] = data_prep_script
-            data = ec2.UserData.for_linux()
-            data.add_commands(
-                *render_bootstrap_commands(
-                    asset_s3_url=self.node_scripts.s3_object_url,
-                    python=family.python,
-                    agent_settings=settings,
-                )
+        def user_data(node_type: str, wait_handle: str) -> ec2.UserData:
+            return node_user_data(
+                node_type=node_type,
+                cluster_id=self.cluster_id,
+                master_queue_url=self.master_queue.queue_url,
+                efs_id=self.file_system.file_system_id,
+                mount_point=self.efs_mount_point,
+                wait_handle=wait_handle,
+                setup_timeout_seconds=setup_timeout_seconds,
+                asset_s3_url=self.node_scripts.s3_object_url,
+                python=family.python,
+                base_workers=worker_count if node_type == "master" else None,
+                data_prep=data_prep_script,
             )
-            return data
 
         common = dict(
             cluster_id=self.cluster_id,
@@ -255,16 +301,16 @@ class DeepLearningCluster(Construct):
             notification_topic=self.topic,
             root_device_name=device,
             root_volume_gib=root_volume_gib,
-            key_name=key_name,
-            placement_group=pg,
+            key_pair=key_pair,
+            placement_group=self.placement_group,
             efa=efa,
         )
         self.master_group = NodeGroup(
             self,
             "MasterGroup",
-            role="master",
+            node_type="master",
             vpc_subnets=master_subnets,
-            instance_type=ec2.InstanceType(master_instance_type),
+            instance_type=master_type,
             user_data=user_data("master", self.wait_handle.ref),
             security_groups=master_groups,
             min_capacity=1,
@@ -276,9 +322,9 @@ class DeepLearningCluster(Construct):
         self.worker_group = NodeGroup(
             self,
             "WorkerGroup",
-            role="worker",
+            node_type="worker",
             vpc_subnets=node_subnets,
-            instance_type=ec2.InstanceType(worker_instance_type),
+            instance_type=worker_type,
             user_data=user_data("worker", ""),
             security_groups=[self.node_security_group],
             min_capacity=min_workers,
@@ -287,7 +333,7 @@ class DeepLearningCluster(Construct):
             spot_capacity=spot_workers,
             **common,
         )
-        # Leaving workers are drained first (protocol.md §7).
+        # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
         self.drain_hook = self.worker_group.add_drain_hook(self.topic)
         self.drain_hook.node.add_dependency(self.capacity_adjuster)
         self._grant_elastic_control(self.master_group.role)
@@ -322,17 +368,8 @@ class DeepLearningCluster(Construct):
                 ],
             )
         )
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="MountSharedFileSystem",
-                actions=[
-                    "elasticfilesystem:ClientMount",
-                    "elasticfilesystem:ClientWrite",
-                    "elasticfilesystem:ClientRootAccess",
-                ],
-                resources=[self.file_system_arn],
-            )
-        )
+        # Mount (as root, through a mount target) and write: the agents own the cluster files.
+        self.file_system.grant_root_access(role)
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="DiscoverClusterMembers",
@@ -344,7 +381,7 @@ class DeepLearningCluster(Construct):
     def _grant_elastic_control(self, role: iam.IRole) -> None:
         """The master agent completes drains and sets scale-in protection; ``dl-scale`` (run
         on the master) changes capacity and removes workers. Only this cluster's groups:
-        the same tag condition as the capacity adjuster's (protocol.md §1)."""
+        the same tag condition as the capacity adjuster's."""
         role.add_to_principal_policy(
             this_clusters_groups(
                 self,
@@ -363,4 +400,4 @@ class DeepLearningCluster(Construct):
     def connections(self) -> ec2.Connections:
         """The nodes' connections: ``cluster.connections.allow_from(peer, port)`` opens a port
         on every node (for example a notebook host reaching TensorBoard)."""
-        return ec2.Connections(security_groups=[self.node_security_group])
+        return self._connections

@@ -1,17 +1,17 @@
 """EmrDeepLearningCluster: an EMR cluster on the Deep Learning AMI, with EFS and membership.
 
-What the original (seed 000) did by hand, as one construct: EMR with the DLAMI as a custom
-AMI, EFS mounted at /efs by a bootstrap action, the workers file and ``DEEPLEARNING_*``
-environment on EVERY node (rendered by ``bootstrap_scripts.membership``, the same renderer
-as the EC2 cluster's node agent; nothing is copied by hand), and ``dl-run`` as an EMR step.
+What the original EMR recipe left to be done by hand, as one construct: EMR with the DLAMI
+as a custom AMI, EFS mounted at /efs by a bootstrap action, the workers file and
+``DEEPLEARNING_*`` environment on EVERY node (written by the same membership code as the EC2
+cluster's node agent; nothing is copied between nodes), and ``dl-run`` as an EMR step.
 See docs/emr.md.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
+import jsii
 from aws_cdk import Aws, Duration, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
@@ -22,8 +22,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from bootstrap_scripts.submit import dl_run_step
-from constructs_lib import validation
+from constructs_lib import emr_config, validation
 from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY
 from constructs_lib.images import deep_learning_ami, image_family
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork
@@ -32,7 +31,11 @@ from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT, SharedFileSystem
 
 #: A current EMR 7 release. EMR 7 custom AMIs must be based on Amazon Linux 2023.
 DEFAULT_RELEASE_LABEL = "emr-7.12.0"
+#: Instance type of the primary node and of the core nodes.
 DEFAULT_INSTANCE_TYPE = "g5.xlarge"
+#: Core nodes (the primary node trains too).
+DEFAULT_CORE_INSTANCE_COUNT = 2
+#: Root EBS volume size of every node.
 DEFAULT_ROOT_VOLUME_GIB = 100
 #: Minimal: YARN/HDFS only. Training runs through dl-run, not through an EMR application.
 DEFAULT_APPLICATIONS: tuple[str, ...] = ("Hadoop",)
@@ -42,98 +45,26 @@ EMR_IMAGE_TYPE = "amazon-linux-2023"
 #: it may use; without it EMR cannot place the cluster (AccessDenied on RunInstances).
 EMR_MANAGED_POLICY_TAG = "for-use-with-amazon-emr-managed-policies"
 LOG_PREFIX = "emr-logs/"
-
-#: Applications offered by EMR 7.x releases (canonical spelling; matching is case-blind).
-EMR7_APPLICATIONS: tuple[str, ...] = (
-    "AmazonCloudWatchAgent", "Delta", "Flink", "HBase", "HCatalog", "Hadoop", "Hive", "Hudi",
-    "Hue", "Iceberg", "JupyterEnterpriseGateway", "JupyterHub", "Livy", "Oozie", "Phoenix",
-    "Pig", "Presto", "Spark", "TensorFlow", "Tez", "Trino", "Zeppelin", "ZooKeeper",
-)
-#: Applications that made the original's cluster fail to start, and why.
-UNSTABLE_APPLICATIONS: dict[str, str] = {
-    "Hue": ("Hue failed to start on the Deep Learning AMI (its service expects the stock EMR "
-            "AMI's Python and database packages), which failed the whole cluster start"),
-    "Zeppelin": ("Zeppelin failed to start on the Deep Learning AMI (its interpreter setup "
-                 "collides with the AMI's Python/conda environments), which failed the whole "
-                 "cluster start"),
-}
-
-_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
-_RELEASE_LABEL = re.compile(r"^emr-(\d+)\.(\d+)\.(\d+)$")
-_S3_URL = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(.+)$")
+#: The bootstrap actions' scripts, relative to the node scripts' directory.
+EFS_MOUNT_SCRIPT = "emr/efs_mount.sh"
+METADATA_SCRIPT = "emr/metadata.py"
 
 
-def _instance_type(name: str, value: str) -> str:
-    if not _INSTANCE_TYPE.match(str(value)):
-        raise validation.ConfigError(
-            f"'{name}' must be an EC2 instance type like g5.xlarge, got {value!r}")
-    return str(value)
-
-
-def _release_label(value: str) -> str:
-    match = _RELEASE_LABEL.match(str(value))
-    if not match:
-        raise validation.ConfigError(
-            f"'release_label' must look like emr-7.12.0, got {value!r}")
-    if int(match.group(1)) < 7:
-        raise validation.ConfigError(
-            f"'release_label' must be an emr-7.x release or later (the construct uses an "
-            f"Amazon Linux 2023 Deep Learning AMI, which EMR supports from 7.0), got {value!r}")
-    return str(value)
-
-
-def check_applications(applications: Sequence[str], *, allow_unstable: bool) -> list[str]:
-    """Canonical application names; unknown names and (unless allowed) Hue/Zeppelin refused."""
-    if isinstance(applications, str):
-        raise validation.ConfigError(
-            f"'applications' must be a list of names, got the string {applications!r}")
-    known = {a.lower(): a for a in EMR7_APPLICATIONS}
-    result: list[str] = []
-    for raw in applications:
-        name = known.get(str(raw).strip().lower())
-        if name is None:
-            raise validation.ConfigError(
-                f"'applications' contains {raw!r}, which is not an EMR 7 application; "
-                f"expected some of: {', '.join(EMR7_APPLICATIONS)}")
-        if name in UNSTABLE_APPLICATIONS and not allow_unstable:
-            raise validation.ConfigError(
-                f"'applications' contains {name!r}: {UNSTABLE_APPLICATIONS[name]}. Leave it "
-                "out, or pass allow_unstable_applications=True (context "
-                "emrAllowUnstableApplications=true) if you have checked it starts on your AMI")
-        if name not in result:
-            result.append(name)
-    return result
-
-
-def _s3_url(name: str, value: str) -> tuple[str, str]:
-    match = _S3_URL.match(str(value))
-    if not match:
-        raise validation.ConfigError(
-            f"'{name}' must be an S3 object URL like s3://my-bucket/certs/emr-tls.zip, "
-            f"got {value!r}")
-    return match.group(1), match.group(2)
-
-
+@jsii.implements(ec2.IConnectable)
 class EmrDeepLearningCluster(Construct):
     """An EMR cluster for distributed training on the Deep Learning AMI.
 
-    All props are keyword-only; defaults (docs/emr.md "Props and defaults"):
-    a new VPC (10.0.0.0/16, private subnets with NAT, flow logs) unless ``vpc`` is given;
-    release ``emr-7.12.0``; applications ``["Hadoop"]``; one ``g5.xlarge`` primary and two
-    ``g5.xlarge`` core nodes in uniform instance groups; the PyTorch DLAMI for Amazon Linux
-    2023 from its public SSM parameter (or ``ami_id``); 100 GiB root volume (minimum 50);
-    a new encrypted, TLS-only EFS at /efs (or ``file_system`` / ``efs_file_system_id``); the
-    first private subnet; no key pair (SSM Session Manager); a new encrypted, TLS-only,
-    private S3 log bucket; at-rest encryption (SSE-S3 for EMRFS, KMS for local disks and EBS)
-    and IMDSv2 in a security configuration, in-transit encryption only with
-    ``tls_certificates_s3_url``; no training step; no idle auto-termination.
+    Uniform instance groups (one primary, ``core_instance_count`` core nodes, on-demand),
+    a security configuration with at-rest encryption (SSE-S3 for EMRFS, KMS for local disks
+    and EBS) and IMDSv2, in-transit encryption only with ``tls_certificates_s3_url``.
 
-    Every node runs two bootstrap actions: ``emr_efs_mount.sh <fs-id> <region> <mount>``
-    and ``emr_metadata.py bootstrap ...``, which unpacks the node scripts, installs
+    Every node runs two bootstrap actions: ``emr/efs_mount.sh <fs-id> <region> <mount>``
+    and ``emr/metadata.py bootstrap ...``, which unpacks the node scripts, installs
     ``dl-run`` and the job executor, and starts the watcher that writes the workers file,
     hostfiles and ``DEEPLEARNING_*`` environment from ``ListInstances`` on every node.
     """
 
+    @validation.reports_path
     def __init__(
         self,
         scope: Construct,
@@ -145,53 +76,96 @@ class EmrDeepLearningCluster(Construct):
         release_label: str = DEFAULT_RELEASE_LABEL,
         applications: Sequence[str] = DEFAULT_APPLICATIONS,
         allow_unstable_applications: bool = False,
-        primary_instance_type: str = DEFAULT_INSTANCE_TYPE,
-        core_instance_type: str = DEFAULT_INSTANCE_TYPE,
-        core_instance_count: int = 2,
-        ami_id: str | None = None,
+        primary_instance_type: ec2.InstanceType | str = DEFAULT_INSTANCE_TYPE,
+        core_instance_type: ec2.InstanceType | str = DEFAULT_INSTANCE_TYPE,
+        core_instance_count: int = DEFAULT_CORE_INSTANCE_COUNT,
+        machine_image: ec2.IMachineImage | None = None,
         root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB,
         file_system: efs.IFileSystem | None = None,
-        efs_file_system_id: str | None = None,
         efs_security_group: ec2.ISecurityGroup | None = None,
         efs_mount_point: str = DEFAULT_MOUNT_POINT,
         log_bucket: s3.IBucket | None = None,
         tls_certificates_s3_url: str | None = None,
-        key_name: str | None = None,
+        key_pair: ec2.IKeyPair | None = None,
         cluster_name: str | None = None,
         training_command: Sequence[str] | None = None,
         idle_timeout: Duration | None = None,
     ) -> None:
+        """
+        :param vpc: the VPC to run in (tag its private subnets for EMR's managed policy).
+            :default: a new ``ClusterNetwork`` (2 AZs, private subnets with NAT, flow logs),
+                tagged for EMR's managed policy
+        :param vpc_cidr: CIDR block of the new VPC (not used with ``vpc``).
+            :default: ``10.0.0.0/16``
+        :param subnet: the subnet of the instance groups.
+            :default: the VPC's first private subnet with egress
+        :param release_label: EMR release, emr-7.x or later.
+            :default: ``emr-7.12.0``
+        :param applications: EMR 7 application names (case-blind).
+            :default: ``["Hadoop"]``
+        :param allow_unstable_applications: let Hue and Zeppelin through (they failed the
+            original's cluster start on the Deep Learning AMI).
+            :default: False
+        :param primary_instance_type: instance type of the primary node (``ec2.InstanceType``
+            or its name).
+            :default: ``g5.xlarge``
+        :param core_instance_type: instance type of the core nodes (``ec2.InstanceType`` or
+            its name).
+            :default: ``g5.xlarge``
+        :param core_instance_count: core nodes, at least 1.
+            :default: 2
+        :param machine_image: the custom AMI (Amazon Linux 2023 based);
+            ``FixedAmi("ami-...")`` for an AMI id.
+            :default: the latest PyTorch Deep Learning AMI for Amazon Linux 2023, resolved at
+                deploy time from its public SSM parameter
+        :param root_volume_gib: root EBS volume size of every node, at least 50.
+            :default: 100
+        :param file_system: an existing EFS file system (e.g. from
+            ``SharedFileSystem.from_file_system_id``); its security groups go on the nodes.
+            :default: a new encrypted, TLS-only ``SharedFileSystem`` (RETAIN)
+        :param efs_security_group: security group of the new file system's mount targets
+            (not used with ``file_system``).
+            :default: a new group
+        :param efs_mount_point: where EFS is mounted on every node.
+            :default: ``/efs``
+        :param log_bucket: where EMR writes its logs (under ``emr-logs/``).
+            :default: a new private, encrypted, TLS-only bucket (RETAIN)
+        :param tls_certificates_s3_url: ``s3://bucket/key.zip`` of PEM certificates; turns on
+            in-transit encryption.
+            :default: none (in-transit encryption off)
+        :param key_pair: EC2 key pair of the nodes.
+            :default: none (use SSM Session Manager)
+        :param cluster_name: the cluster's name and its ``dl-cluster:id`` tag, which scopes
+            the node role.
+            :default: the stack name
+        :param training_command: ``dl-run`` arguments for a step at deploy time.
+            :default: no step
+        :param idle_timeout: terminate after this long idle (1 minute to 7 days).
+            :default: never
+        """
         super().__init__(scope, construct_id)
         # -- validation: every bad prop fails synth with its name and value ----------------------
-        self.release_label = _release_label(release_label)
-        self.applications = check_applications(
+        self.release_label = emr_config.release_label(release_label)
+        self.applications = emr_config.applications(
             applications, allow_unstable=allow_unstable_applications)
-        _instance_type("primary_instance_type", primary_instance_type)
-        _instance_type("core_instance_type", core_instance_type)
+        primary_type = validation.instance_type("primary_instance_type", primary_instance_type)
+        core_type = validation.instance_type("core_instance_type", core_instance_type)
         self.core_instance_count = validation.positive_int(
             "core_instance_count", core_instance_count)
         self.root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
-        if ami_id:
-            validation.ami_id("ami_id", ami_id)
-        validation.mount_point("efs_mount_point", efs_mount_point)
-        if file_system is not None and efs_file_system_id:
-            raise validation.ConfigError(
-                "give either 'file_system' or 'efs_file_system_id', not both")
+        self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)
         if file_system is not None and efs_security_group is not None:
             raise validation.ConfigError(
-                "'efs_security_group' is only for 'efs_file_system_id'; a 'file_system' "
-                "brings its own security groups")
-        cert_object = (_s3_url("tls_certificates_s3_url", tls_certificates_s3_url)
+                "efs_security_group is for the file system the cluster creates; a "
+                "file_system brings its own security groups")
+        cert_object = (emr_config.s3_object_url("tls_certificates_s3_url",
+                                                tls_certificates_s3_url)
                        if tls_certificates_s3_url else None)
-        if training_command is not None and (isinstance(training_command, str)
-                                             or not list(training_command)):
-            raise validation.ConfigError(
-                "'training_command' must be a non-empty list of arguments such as "
-                f"['python', 'train.py'], got {training_command!r}")
+        self.training_command = emr_config.training_command(training_command)
         if idle_timeout is not None and not idle_timeout.is_unresolved() and not (
                 60 <= idle_timeout.to_seconds() <= 7 * 24 * 3600):
             raise validation.ConfigError(
-                "'idle_timeout' must be between 1 minute and 7 days, got "
+                "idle_timeout must be between 1 minute and 7 days, got "
                 f"{idle_timeout.to_seconds()} s")
         stack = Stack.of(self)
 
@@ -203,37 +177,29 @@ class EmrDeepLearningCluster(Construct):
                 subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets
             if not private:
                 raise validation.ConfigError(
-                    "the VPC has no private subnets with egress; pass 'subnet' explicitly")
+                    "the VPC has no private subnets with egress; pass subnet explicitly")
             subnet = private[0]
         self.subnet = subnet
         if vpc is None:
             # Our own VPC: tag it so EMR's managed policy v2 may place the cluster in it.
             Tags.of(self.network).add(EMR_MANAGED_POLICY_TAG, "true")
 
-        if file_system is not None:
-            self.storage: SharedFileSystem | None = None
-            self.file_system: efs.IFileSystem = file_system
-            self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)
-            efs_groups = list(file_system.connections.security_groups)
-        else:
+        self.storage: SharedFileSystem | None = None
+        if file_system is None:
             self.storage = SharedFileSystem(
-                self, "SharedStorage", vpc=self.vpc, file_system_id=efs_file_system_id,
-                security_group=efs_security_group, mount_point=efs_mount_point)
-            self.file_system = self.storage.file_system
-            self.efs_mount_point = self.storage.mount_point
-            efs_groups = [self.storage.security_group]
+                self, "SharedStorage", vpc=self.vpc, security_group=efs_security_group,
+                mount_point=self.efs_mount_point)
+            file_system = self.storage.file_system
+        self.file_system: efs.IFileSystem = file_system
+        efs_groups = list(file_system.connections.security_groups)
         if not efs_groups:
             raise validation.ConfigError(
                 "the file system has no security group to attach to the EMR nodes")
         self.efs_security_groups = efs_groups
         # As in the original: the EFS group goes on the nodes as an additional group, and
         # lets its own members reach NFS.
-        for group in efs_groups:
-            group.connections.allow_internally(ec2.Port.tcp(2049),
-                                               "NFS from EMR nodes carrying this group")
-        self.file_system_arn = stack.format_arn(
-            service="elasticfilesystem", resource="file-system",
-            resource_name=self.file_system.file_system_id)
+        file_system.connections.allow_default_port_internally(
+            "NFS from EMR nodes carrying this group")
 
         # -- EMR managed security groups (EMR adds its own rules to them) -----------------------
         self.primary_security_group = ec2.SecurityGroup(
@@ -267,39 +233,19 @@ class EmrDeepLearningCluster(Construct):
         self.local_disk_key = kms.Key(
             self, "LocalDiskKey", enable_key_rotation=True, removal_policy=RemovalPolicy.RETAIN,
             description="EMR local disk and EBS encryption of the deep-learning cluster")
-        encryption: dict = {
-            "EnableAtRestEncryption": True,
-            "AtRestEncryptionConfiguration": {
-                "S3EncryptionConfiguration": {"EncryptionMode": "SSE-S3"},
-                "LocalDiskEncryptionConfiguration": {
-                    "EncryptionKeyProviderType": "AwsKms",
-                    "AwsKmsKey": self.local_disk_key.key_arn,
-                    "EnableEbsEncryption": True,
-                },
-            },
-            "EnableInTransitEncryption": cert_object is not None,
-        }
-        if tls_certificates_s3_url:
-            encryption["InTransitEncryptionConfiguration"] = {
-                "TLSCertificateConfiguration": {
-                    "CertificateProviderType": "PEM", "S3Object": tls_certificates_s3_url}}
         self.in_transit_encryption = cert_object is not None
         self.security_configuration = emr.CfnSecurityConfiguration(
             self, "SecurityConfiguration",
-            security_configuration={
-                "EncryptionConfiguration": encryption,
-                "InstanceMetadataServiceConfiguration": {
-                    "MinimumInstanceMetadataServiceVersion": 2,
-                    "HttpPutResponseHopLimit": 2,
-                },
-            })
+            security_configuration=emr_config.security_configuration(
+                local_disk_key_arn=self.local_disk_key.key_arn,
+                tls_certificates_s3_url=tls_certificates_s3_url or None))
 
         # -- bootstrap assets -------------------------------------------------------------------
         scripts = node_scripts_dir()
         self.efs_mount_script = s3_assets.Asset(
-            self, "EfsMountScript", path=str(scripts / "emr_efs_mount.sh"))
+            self, "EfsMountScript", path=str(scripts / EFS_MOUNT_SCRIPT))
         self.metadata_script = s3_assets.Asset(
-            self, "MetadataScript", path=str(scripts / "emr_metadata.py"))
+            self, "MetadataScript", path=str(scripts / METADATA_SCRIPT))
         self.node_scripts = s3_assets.Asset(
             self, "NodeScripts", path=str(scripts), exclude=ASSET_EXCLUDES)
 
@@ -333,8 +279,8 @@ class EmrDeepLearningCluster(Construct):
 
         # -- the cluster -----------------------------------------------------------------------
         family = image_family(EMR_IMAGE_TYPE)
-        self.custom_ami_id = deep_learning_ami(EMR_IMAGE_TYPE, ami_id=ami_id).get_image(
-            self).image_id
+        image = machine_image or deep_learning_ami(EMR_IMAGE_TYPE)
+        self.custom_ami_id = image.get_image(self).image_id
         region = Aws.REGION
         bootstrap_actions = [
             emr.CfnCluster.BootstrapActionConfigProperty(
@@ -350,15 +296,6 @@ class EmrDeepLearningCluster(Construct):
                           "--region", region, "--efs-mount", self.efs_mount_point,
                           "--python", family.python])),
         ]
-        steps = None
-        if training_command is not None:
-            spec = dl_run_step(list(training_command), name="dl-run (deploy-time training)")
-            jar = spec["HadoopJarStep"]
-            steps = [emr.CfnCluster.StepConfigProperty(
-                name=spec["Name"], action_on_failure=spec["ActionOnFailure"],
-                hadoop_jar_step=emr.CfnCluster.HadoopJarStepConfigProperty(
-                    jar=jar["Jar"], args=jar["Args"]))]
-        self.training_command = list(training_command) if training_command else None
 
         def group(name: str, instance_type: str,
                   count: int) -> emr.CfnCluster.InstanceGroupConfigProperty:
@@ -378,14 +315,14 @@ class EmrDeepLearningCluster(Construct):
             security_configuration=self.security_configuration.ref,
             visible_to_all_users=True,
             bootstrap_actions=bootstrap_actions,
-            steps=steps,
+            steps=emr_config.deploy_time_steps(self.training_command),
             auto_termination_policy=(emr.CfnCluster.AutoTerminationPolicyProperty(
                 idle_timeout=int(idle_timeout.to_seconds())) if idle_timeout else None),
             instances=emr.CfnCluster.JobFlowInstancesConfigProperty(
-                master_instance_group=group("Primary", primary_instance_type, 1),
-                core_instance_group=group("Core", core_instance_type, self.core_instance_count),
+                master_instance_group=group("Primary", primary_type, 1),
+                core_instance_group=group("Core", core_type, self.core_instance_count),
                 ec2_subnet_id=self.subnet.subnet_id,
-                ec2_key_name=key_name,
+                ec2_key_name=key_pair.key_pair_name if key_pair else None,
                 emr_managed_master_security_group=self.primary_security_group.security_group_id,
                 emr_managed_slave_security_group=self.core_security_group.security_group_id,
                 service_access_security_group=(
@@ -405,9 +342,7 @@ class EmrDeepLearningCluster(Construct):
             policy = role.node.try_find_child("DefaultPolicy")
             if policy is not None:
                 self.cluster.node.add_dependency(policy)
-        for child in self.file_system.node.children:
-            if isinstance(child, efs.CfnMountTarget) or child.node.id.startswith("EfsMountTarget"):
-                self.cluster.node.add_dependency(child)
+        self.cluster.node.add_dependency(self.file_system.mount_targets_available)
         self.cluster_id = self.cluster.ref
 
     def _grant_node_access(self, cert_object: tuple[str, str] | None) -> None:
@@ -420,16 +355,11 @@ class EmrDeepLearningCluster(Construct):
         role.add_to_principal_policy(iam.PolicyStatement(
             sid="WriteClusterLogs", actions=["s3:PutObject"],
             resources=[self.log_bucket.arn_for_objects(f"{LOG_PREFIX}*")]))
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="WaitForSharedFileSystem",
-            actions=["elasticfilesystem:DescribeFileSystems",
-                     "elasticfilesystem:DescribeMountTargets"],
-            resources=[self.file_system_arn]))
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="MountSharedFileSystem",
-            actions=["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite",
-                     "elasticfilesystem:ClientRootAccess"],
-            resources=[self.file_system_arn]))
+        # The EFS bootstrap action waits until the file system and its mount targets are
+        # available, then mounts it (as root, through a mount target) and hands it to hadoop.
+        self.file_system.grant(role, "elasticfilesystem:DescribeFileSystems",
+                               "elasticfilesystem:DescribeMountTargets")
+        self.file_system.grant_root_access(role)
         # The cluster id is only known after creation; the tag limits this to our cluster.
         role.add_to_principal_policy(iam.PolicyStatement(
             sid="ListOwnClusterInstances",

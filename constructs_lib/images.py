@@ -12,6 +12,7 @@ import jsii
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from constructs_lib import validation
 from constructs_lib.validation import ConfigError
 
 
@@ -44,6 +45,7 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
     ),
 }
 
+#: The image family of the constructs' default machine image.
 DEFAULT_IMAGE_TYPE = "ubuntu"
 
 
@@ -52,19 +54,15 @@ def image_family(image_type: str) -> ImageFamily:
         return IMAGE_FAMILIES[image_type]
     except KeyError:
         known = ", ".join(sorted(IMAGE_FAMILIES))
-        raise ConfigError(f"unknown image type {image_type!r}; expected one of: {known}") from None
+        raise ConfigError(f"image_type must be one of {known}, got {image_type!r}") from None
 
 
 def deep_learning_ami(
-    image_type: str = DEFAULT_IMAGE_TYPE,
-    *,
-    ami_id: str | None = None,
-    ssm_parameter: str | None = None,
+    image_type: str = DEFAULT_IMAGE_TYPE, *, ssm_parameter: str | None = None
 ) -> ec2.IMachineImage:
-    """The cluster's machine image: an explicit AMI id, else the DLAMI's SSM parameter."""
+    """The latest PyTorch Deep Learning AMI of ``image_type``, resolved at deploy time from
+    its public SSM parameter (or from ``ssm_parameter``). For an AMI id use :class:`FixedAmi`."""
     family = image_family(image_type)
-    if ami_id:
-        return FixedAmi(ami_id)
     return ec2.MachineImage.from_ssm_parameter(
         ssm_parameter or family.ssm_parameter, os=ec2.OperatingSystemType.LINUX
     )
@@ -72,14 +70,16 @@ def deep_learning_ami(
 
 @jsii.implements(ec2.IMachineImage)
 class FixedAmi:
-    """One AMI id used as is, in whatever region the stack deploys to.
+    """One AMI id (``ami-...``) used as is, in whatever region the stack deploys to: the
+    helper for a custom or copied AMI, e.g. ``machine_image=FixedAmi("ami-0123456789abcdef0")``.
 
     ``MachineImage.generic_linux`` needs a region map, which breaks env-agnostic stacks; a
-    custom AMI (copied or built by the user) is simply an id.
+    custom AMI (copied or built by the user) is simply an id. A malformed id raises
+    :class:`~constructs_lib.validation.ConfigError`.
     """
 
     def __init__(self, ami_id: str) -> None:
-        self.ami_id = ami_id
+        self.ami_id = validation.ami_id("ami_id", ami_id)
 
     def get_image(self, scope: Construct) -> ec2.MachineImageConfig:
         return ec2.MachineImageConfig(

@@ -1,4 +1,4 @@
-"""The two SQS queues through which the cluster learns its membership at boot."""
+"""The SQS queue through which the master learns the cluster's membership."""
 
 from __future__ import annotations
 
@@ -7,42 +7,54 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from constructs_lib.validation import reports_path
+
+#: How long an unprocessed message stays on the master queue.
+DEFAULT_RETENTION = Duration.days(4)
+#: How long a message stays on the dead-letter queue.
+DEAD_LETTER_RETENTION = Duration.days(14)
+#: Receives after which a message the agent cannot process moves to the dead-letter queue.
+MAX_RECEIVE_COUNT = 5
+
 
 class MetadataQueues(Construct):
-    """Master and worker queues: SQS-managed encryption, TLS-only policies, dead-letter queues.
+    """The master queue and its dead-letter queue: SQS-managed encryption, TLS-only policies.
 
     The master queue carries the capacity adjuster's ``asg-setup`` / ``membership-change``
-    messages to the master agent (docs/protocol.md). Messages the agent cannot process go to
-    the dead-letter queue after 5 receives instead of looping forever.
+    messages to the master agent (docs/protocol.md, "Messages on the master queue"). Messages
+    the agent cannot process go to the dead-letter queue after 5 receives instead of looping
+    forever. Workers learn the membership from the shared file system, not from a queue.
     """
 
+    @reports_path
     def __init__(
-        self, scope: Construct, construct_id: str, *, retention: Duration = Duration.days(4)
+        self, scope: Construct, construct_id: str, *, retention: Duration = DEFAULT_RETENTION
     ) -> None:
+        """
+        :param retention: how long an unprocessed message stays on the master queue.
+            :default: 4 days
+        """
         super().__init__(scope, construct_id)
-        self.master_queue = self._queue("Master", retention)
-        self.worker_queue = self._queue("Worker", retention)
-
-    def _queue(self, name: str, retention: Duration) -> sqs.Queue:
         dead_letters = sqs.Queue(
             self,
-            f"{name}DeadLetters",
+            "MasterDeadLetters",
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
-            retention_period=Duration.days(14),
+            retention_period=DEAD_LETTER_RETENTION,
         )
-        return sqs.Queue(
+        self.master_queue = sqs.Queue(
             self,
-            name,
+            "Master",
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
             retention_period=retention,
             visibility_timeout=Duration.seconds(60),
-            dead_letter_queue=sqs.DeadLetterQueue(queue=dead_letters, max_receive_count=5),
+            dead_letter_queue=sqs.DeadLetterQueue(
+                queue=dead_letters, max_receive_count=MAX_RECEIVE_COUNT
+            ),
         )
+        self.master_dead_letter_queue = dead_letters
 
-    def grant_agent_access(self, grantee: iam.IGrantable) -> None:
-        """What a node agent needs: consume both queues and post to the worker queue."""
-        self.master_queue.grant_consume_messages(grantee)
-        self.worker_queue.grant_consume_messages(grantee)
-        self.worker_queue.grant_send_messages(grantee)
+    def grant_agent_access(self, grantee: iam.IGrantable) -> iam.Grant:
+        """What a node agent needs: consume the master queue."""
+        return self.master_queue.grant_consume_messages(grantee)

@@ -13,6 +13,7 @@ from constructs import IConstruct
 
 if TYPE_CHECKING:  # pragma: no cover
     from constructs_lib.cluster import DeepLearningCluster
+    from constructs_lib.emr_cluster import EmrDeepLearningCluster
 
 DESCRIBE_APIS_REASON = (
     "autoscaling:DescribeAutoScalingGroups, autoscaling:DescribeScalingActivities and "
@@ -78,7 +79,7 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
          TAG_CONDITIONED_REASON)
 
 
-def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:  # noqa: F821
+def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:
     """Acknowledge the findings an EmrDeepLearningCluster knowingly raises, and only those."""
     role = cluster.instance_role
     _ack(role, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"

@@ -9,21 +9,28 @@ from constructs import Construct
 
 from constructs_lib import validation
 
+#: CIDR block of a new VPC.
 DEFAULT_VPC_CIDR = "10.0.0.0/16"
+#: Availability zones of a new VPC (EFS and NAT resilience need at least 2).
+DEFAULT_MAX_AZS = 2
+#: NAT gateways of a new VPC (training traffic stays inside; NAT carries package installs).
+DEFAULT_NAT_GATEWAYS = 1
+#: Retention of a new VPC's flow logs.
+DEFAULT_FLOW_LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 
 
 class ClusterNetwork(Construct):
     """A VPC for a training cluster, or an existing one passed in as ``vpc``.
 
-    Defaults: CIDR 10.0.0.0/16, 2 AZs, one public and one private (egress via NAT) subnet per
-    AZ, 1 NAT gateway (training traffic stays inside the VPC; the NAT only carries package
-    installs), VPC flow logs of rejected and accepted traffic to CloudWatch Logs (1 month).
+    A new VPC has one public and one private (egress via NAT) subnet per AZ and VPC flow logs
+    of rejected and accepted traffic to CloudWatch Logs.
 
     The local emulator passes ``cidr="127.20.0.0/16"`` so moto hands instances loopback
     addresses (public subnets 127.20.0.0/18 + 127.20.64.0/18, private 127.20.128.0/18 +
     127.20.192.0/18).
     """
 
+    @validation.reports_path
     def __init__(
         self,
         scope: Construct,
@@ -31,10 +38,22 @@ class ClusterNetwork(Construct):
         *,
         vpc: ec2.IVpc | None = None,
         cidr: str = DEFAULT_VPC_CIDR,
-        max_azs: int = 2,
-        nat_gateways: int = 1,
-        flow_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        max_azs: int = DEFAULT_MAX_AZS,
+        nat_gateways: int = DEFAULT_NAT_GATEWAYS,
+        flow_log_retention: logs.RetentionDays = DEFAULT_FLOW_LOG_RETENTION,
     ) -> None:
+        """
+        :param vpc: an existing VPC to use; the other props then do not apply.
+            :default: a new VPC
+        :param cidr: CIDR block of the new VPC, a /16 to /24.
+            :default: ``10.0.0.0/16``
+        :param max_azs: availability zones of the new VPC, at least 2.
+            :default: 2
+        :param nat_gateways: NAT gateways of the new VPC.
+            :default: 1
+        :param flow_log_retention: how long the new VPC's flow logs are kept.
+            :default: one month
+        """
         super().__init__(scope, construct_id)
         if vpc is not None:
             self.vpc: ec2.IVpc = vpc
@@ -43,7 +62,7 @@ class ClusterNetwork(Construct):
         validation.vpc_cidr("cidr", cidr)
         if max_azs < 2:
             raise validation.ConfigError(
-                f"'max_azs' must be >= 2 (EFS and NAT resilience), got {max_azs}"
+                f"max_azs must be >= 2 (EFS and NAT resilience), got {max_azs}"
             )
         validation.positive_int("nat_gateways", nat_gateways)
         self.flow_log_group = logs.LogGroup(

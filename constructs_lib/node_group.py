@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jsii
 from aws_cdk import Duration, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_autoscaling_hooktargets as hooktargets
@@ -15,44 +16,48 @@ from constructs import Construct
 from constructs_lib import validation
 from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, ROLE_TAG_KEY
 
-ROLES = {"master": "Master", "worker": "Worker"}
+#: Node types and the ``NodeType`` tag value of each.
+NODE_TYPES = {"master": "Master", "worker": "Worker"}
+#: Size of the encrypted gp3 root volume of every node.
 DEFAULT_ROOT_VOLUME_GIB = 100
-#: Name of the worker group's termination lifecycle hook (protocol.md §7).
+#: Root device of the default machine image (the Ubuntu Deep Learning AMI).
+DEFAULT_ROOT_DEVICE_NAME = "/dev/sda1"
+#: Name of the worker group's termination lifecycle hook (docs/protocol.md, "Elastic
+#: membership": the master agent completes it once the leaving worker is drained).
 DRAIN_HOOK_NAME = "drain"
 #: Seconds a terminating instance may wait for its drain (then Auto Scaling CONTINUEs).
 DRAIN_HEARTBEAT_SECONDS = 300
 
 
+@jsii.implements(ec2.IConnectable)
 class NodeGroup(Construct):
-    """An Auto Scaling group from a launch template, secure by default.
+    """An Auto Scaling group of cluster nodes (the master group, or the worker group) from a
+    launch template, secure by default.
 
-    Defaults: IMDSv2 required (hop limit 2 so containers on the node still reach it),
-    encrypted gp3 root volume of 100 GiB (minimum 50), an instance role with SSM Session
-    Manager core access and nothing else (callers add grants), no key pair, no public IP,
-    tags ``NodeType=Master|Worker`` and ``dl-cluster:id`` on the group and its instances, and
-    all four Auto Scaling notifications (launch, launch error, terminate, terminate error)
-    sent to ``notification_topic``.
+    IMDSv2 is required (hop limit 2 so containers on the node still reach it), the root
+    volume is encrypted gp3, the group and its instances carry the tags
+    ``NodeType=Master|Worker`` and ``dl-cluster:id``, and all four Auto Scaling
+    notifications (launch, launch error, terminate, terminate error) go to
+    ``notification_topic``.
 
-    ``efa=True`` gives the launch template an EFA network interface (the instance type must
-    support it); ``placement_group`` puts every instance in that (cluster) placement group.
-
-    ``spot_capacity`` (default 0) runs that many of the group's instances on Spot: the group
-    then uses a mixed instances policy whose on-demand base is ``desired_capacity -
-    spot_capacity`` (0 % on-demand above it, price-capacity-optimized Spot) and capacity
-    rebalancing, so an at-risk Spot instance is replaced and then terminated through the
-    group, which runs its termination lifecycle hook (a drain) like any scale-in.
+    With ``spot_capacity`` the group uses a mixed instances policy whose on-demand base is
+    ``desired_capacity - spot_capacity`` (0 % on-demand above it, price-capacity-optimized
+    Spot) and capacity rebalancing, so an at-risk Spot instance is replaced and then
+    terminated through the group, which runs its termination lifecycle hook (a drain) like
+    any scale-in.
     """
 
+    @validation.reports_path
     def __init__(
         self,
         scope: Construct,
         construct_id: str,
         *,
-        role: str,
+        node_type: str,
         cluster_id: str,
         vpc: ec2.IVpc,
         vpc_subnets: ec2.SubnetSelection,
-        instance_type: ec2.InstanceType,
+        instance_type: ec2.InstanceType | str,
         machine_image: ec2.IMachineImage,
         user_data: ec2.UserData,
         security_groups: Sequence[ec2.ISecurityGroup],
@@ -60,17 +65,52 @@ class NodeGroup(Construct):
         min_capacity: int,
         max_capacity: int,
         desired_capacity: int,
-        root_device_name: str = "/dev/sda1",
+        role: iam.IRole | None = None,
+        root_device_name: str = DEFAULT_ROOT_DEVICE_NAME,
         root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB,
-        key_name: str | None = None,
+        key_pair: ec2.IKeyPair | None = None,
         placement_group: ec2.IPlacementGroup | None = None,
         efa: bool = False,
         associate_public_ip: bool = False,
         spot_capacity: int = 0,
     ) -> None:
+        """
+        :param node_type: ``master`` or ``worker``: the ``NodeType`` tag and the role's
+            description.
+        :param cluster_id: the cluster's ``dl-cluster:id`` tag value.
+        :param vpc: the VPC of the group.
+        :param vpc_subnets: where the instances start.
+        :param instance_type: instance type of the nodes (``ec2.InstanceType`` or its name).
+        :param machine_image: the nodes' AMI.
+        :param user_data: the nodes' boot script.
+        :param security_groups: the nodes' groups (at least one).
+        :param notification_topic: receives the group's Auto Scaling notifications.
+        :param min_capacity: the group's minimum size.
+        :param max_capacity: the group's maximum size.
+        :param desired_capacity: the group's size at deployment.
+        :param role: the instance role; grants the cluster makes are added to it.
+            :default: a new role with SSM Session Manager core access
+                (``AmazonSSMManagedInstanceCore``) and nothing else
+        :param root_device_name: the AMI's root device, which gets the root volume.
+            :default: ``/dev/sda1`` (the Ubuntu Deep Learning AMI's)
+        :param root_volume_gib: size of the encrypted gp3 root volume, at least 50.
+            :default: 100
+        :param key_pair: EC2 key pair for SSH.
+            :default: none (use SSM Session Manager)
+        :param placement_group: every instance starts in this placement group.
+            :default: none
+        :param efa: give the launch template an EFA network interface (the instance type
+            must support it).
+            :default: False
+        :param associate_public_ip: give the instances a public address (needs a public
+            subnet).
+            :default: False
+        :param spot_capacity: how many of ``desired_capacity`` run on Spot.
+            :default: 0 (all on-demand)
+        """
         super().__init__(scope, construct_id)
-        if role not in ROLES:
-            raise validation.ConfigError(f"'role' must be master or worker, got {role!r}")
+        if node_type not in NODE_TYPES:
+            raise validation.ConfigError(f"node_type must be master or worker, got {node_type!r}")
         validation.root_volume("root_volume_gib", root_volume_gib)
         if not 0 <= min_capacity <= desired_capacity <= max_capacity:
             raise validation.ConfigError(
@@ -79,27 +119,29 @@ class NodeGroup(Construct):
             )
         if not 0 <= spot_capacity <= desired_capacity:
             raise validation.ConfigError(
-                f"'spot_capacity' must be between 0 and desired_capacity ({desired_capacity}), "
+                f"spot_capacity must be between 0 and desired_capacity ({desired_capacity}), "
                 f"got {spot_capacity}"
             )
         if not security_groups:
-            raise validation.ConfigError("'security_groups' must name at least one group")
-        self.node_role = role
+            raise validation.ConfigError("security_groups must name at least one group")
+        self.node_type = node_type
 
-        self.role = iam.Role(
+        self.role: iam.IRole = role or iam.Role(
             self,
             "InstanceRole",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             managed_policies=[
                 iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")
             ],
-            description=f"{ROLES[role]} nodes of cluster {cluster_id}",
+            description=f"{NODE_TYPES[node_type]} nodes of cluster {cluster_id}",
         )
         primary_sg, *extra_sgs = security_groups
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
-            instance_type=instance_type,
+            instance_type=ec2.InstanceType(
+                validation.instance_type("instance_type", instance_type)
+            ),
             machine_image=machine_image,
             user_data=user_data,
             role=self.role,
@@ -107,9 +149,7 @@ class NodeGroup(Construct):
             require_imdsv2=True,
             http_put_response_hop_limit=2,
             instance_metadata_tags=False,
-            key_pair=ec2.KeyPair.from_key_pair_name(self, "KeyPair", key_name)
-            if key_name
-            else None,
+            key_pair=key_pair,
             placement_group=placement_group,
             block_devices=[
                 ec2.BlockDevice(
@@ -161,17 +201,17 @@ class NodeGroup(Construct):
             group_metrics=[autoscaling.GroupMetrics.all()],
             **placement,
         )
-        Tags.of(self.auto_scaling_group).add(ROLE_TAG_KEY, ROLES[role])
+        Tags.of(self.auto_scaling_group).add(ROLE_TAG_KEY, NODE_TYPES[node_type])
         Tags.of(self.auto_scaling_group).add(CLUSTER_TAG_KEY, cluster_id)
 
     def add_drain_hook(
         self, topic: sns.ITopic, *, heartbeat: Duration = Duration.seconds(DRAIN_HEARTBEAT_SECONDS)
     ) -> autoscaling.LifecycleHook:
-        """The termination lifecycle hook ``drain`` (protocol.md §7): Auto Scaling holds a
-        terminating instance in ``Terminating:Wait`` and notifies ``topic`` (the capacity
-        adjuster turns that into a ``drain-request``) until the master agent completes the
-        action, or ``heartbeat`` runs out. Default result CONTINUE: a lost notification or a
-        dead master delays a termination, it never blocks it.
+        """The termination lifecycle hook ``drain`` (docs/protocol.md, "Elastic membership"):
+        Auto Scaling holds a terminating instance in ``Terminating:Wait`` and notifies
+        ``topic`` (the capacity adjuster turns that into a ``drain-request``) until the master
+        agent completes the action, or ``heartbeat`` runs out. Default result CONTINUE: a lost
+        notification or a dead master delays a termination, it never blocks it.
 
         CDK creates the role Auto Scaling assumes to publish, with ``sns:Publish`` on the
         topic and, the topic being KMS-encrypted, the key permissions publishing needs."""
@@ -203,8 +243,10 @@ class NodeGroup(Construct):
 
     @property
     def connections(self) -> ec2.Connections:
+        """The nodes' connections (the launch template's security groups)."""
         return self.auto_scaling_group.connections
 
     @property
     def group_name(self) -> str:
+        """The Auto Scaling group's name."""
         return self.auto_scaling_group.auto_scaling_group_name

@@ -1,16 +1,19 @@
 """The node bootstrap script (user data): short, readable, and calling tested code.
 
 Everything interesting happens in ``bootstrap_scripts`` (installed from an S3 asset); this
-script only fetches it and runs ``bootstrap_scripts.install`` with the node's settings. The
-local emulator reads the arguments back from the launch template, so what is rendered here
-is exactly what the emulated nodes run.
+script only fetches it and runs ``bootstrap_scripts.agent.install`` with the node's
+settings. The local emulator reads the arguments back from the launch template, so what is
+rendered here is exactly what the emulated nodes run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-INSTALL_MODULE = "bootstrap_scripts.install"
+from aws_cdk import Aws
+from aws_cdk import aws_ec2 as ec2
+
+INSTALL_MODULE = "bootstrap_scripts.agent.install"
 NODE_LIB_DIR = "/opt/deeplearning/lib"
 BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
 
@@ -41,3 +44,43 @@ def render_bootstrap_commands(
         f"cd {NODE_LIB_DIR}",
         f'PYTHONPATH={NODE_LIB_DIR} exec "$PY" -m {INSTALL_MODULE} {args}',
     ]
+
+
+def node_user_data(
+    *,
+    node_type: str,
+    cluster_id: str,
+    master_queue_url: str,
+    efs_id: str,
+    mount_point: str,
+    wait_handle: str,
+    setup_timeout_seconds: int,
+    asset_s3_url: str,
+    python: str,
+    base_workers: int | None = None,
+    data_prep: str | None = None,
+) -> ec2.UserData:
+    """The user data of a master or worker node: the node agent's settings
+    (docs/protocol.md, "The node agent's command line")."""
+    settings = {
+        "role": node_type,
+        "cluster-id": cluster_id,
+        "stack-name": Aws.STACK_NAME,
+        "region": Aws.REGION,
+        "master-queue-url": master_queue_url,
+        "efs-id": efs_id,
+        "mount-point": mount_point,
+        "wait-handle": wait_handle,
+        "setup-timeout": str(setup_timeout_seconds),
+    }
+    if base_workers is not None:  # the master's: it decides who is a protected base worker
+        settings["base-workers"] = str(base_workers)
+    if data_prep:
+        settings["data-prep"] = data_prep
+    data = ec2.UserData.for_linux()
+    data.add_commands(
+        *render_bootstrap_commands(
+            asset_s3_url=asset_s3_url, python=python, agent_settings=settings
+        )
+    )
+    return data

@@ -1,29 +1,65 @@
-"""Prop and context validation with messages that name the bad value.
+"""Prop and context validation with messages that name the setting and the bad value.
 
 Raised at synth time, so a typo fails `cdk synth` with the key and the value instead of a
 CloudFormation rollback twenty minutes later. Tokens (unresolved deploy-time values) are let
 through: they cannot be checked before deployment.
+
+Every check takes the ``name`` to print as given: constructs pass the prop name
+(``worker_count``) and raise through :func:`reports_path`, which puts the construct's path
+in front (``DLClusterStack/Cluster: worker_count must be an integer >= 1, got 0``); the
+stacks pass the quoted context key (``context key 'workerCount' must be ...``).
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aws_cdk import Token
+from aws_cdk import aws_ec2 as ec2
+from constructs import Construct
 
 MIN_ROOT_VOLUME_GIB = 50
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 _AMI_ID = re.compile(r"^ami-[0-9a-f]{8,40}$")
 _MOUNT_POINT = re.compile(r"^/[A-Za-z0-9._/-]*$")
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
 
 
 class ConfigError(ValueError):
-    """A setting is invalid; the message names the setting and the value."""
+    """A setting is invalid; the message names the setting and the value, and ``path`` the
+    construct whose prop it is (None for a stack's context keys)."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
 
 
-def _label(name: str) -> str:
-    return f"'{name}'"
+def reports_path(init: _Init) -> _Init:
+    """Decorate a construct's ``__init__(self, scope, construct_id, ...)`` so that a
+    :class:`ConfigError` raised while it runs names the construct's path (an error from a
+    nested construct keeps the nested path)."""
+
+    @functools.wraps(init)
+    def wrapper(self: Any, scope: Construct, construct_id: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, scope, construct_id, *args, **kwargs)
+        except ConfigError as exc:
+            if exc.path is None:
+                parent = scope.node.path
+                exc.path = f"{parent}/{construct_id}" if parent else construct_id
+            raise
+
+    return wrapper  # type: ignore[return-value]
 
 
 def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
@@ -33,9 +69,9 @@ def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
     elif isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
         number = int(value)
     else:
-        raise ConfigError(f"{_label(name)} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if number < minimum:
-        raise ConfigError(f"{_label(name)} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return number
 
 
@@ -43,7 +79,7 @@ def root_volume(name: str, value: object) -> int:
     size = positive_int(name, value, minimum=1)
     if size < MIN_ROOT_VOLUME_GIB:
         raise ConfigError(
-            f"{_label(name)} must be at least {MIN_ROOT_VOLUME_GIB} GiB (the Deep Learning AMI's "
+            f"{name} must be at least {MIN_ROOT_VOLUME_GIB} GiB (the Deep Learning AMI's "
             f"root file system does not fit in less), got {value!r}"
         )
     return size
@@ -56,10 +92,10 @@ def cidr(name: str, value: str) -> str:
         net = ipaddress.ip_network(str(value), strict=True)
     except ValueError as exc:
         raise ConfigError(
-            f"{_label(name)} must be a CIDR block like 10.0.0.0/16, got {value!r} ({exc})"
+            f"{name} must be a CIDR block like 10.0.0.0/16, got {value!r} ({exc})"
         ) from None
     if net.version != 4:
-        raise ConfigError(f"{_label(name)} must be an IPv4 CIDR block, got {value!r}")
+        raise ConfigError(f"{name} must be an IPv4 CIDR block, got {value!r}")
     return str(net)
 
 
@@ -67,7 +103,7 @@ def ssh_cidr(name: str, value: str) -> str:
     block = cidr(name, value)
     if not Token.is_unresolved(block) and ipaddress.ip_network(block).prefixlen == 0:
         raise ConfigError(
-            f"{_label(name)} must not open SSH to the whole internet, got {value!r}; "
+            f"{name} must not open SSH to the whole internet, got {value!r}; "
             "give your own address range (e.g. 203.0.113.7/32) or leave it unset "
             "and connect with SSM Session Manager"
         )
@@ -77,7 +113,7 @@ def ssh_cidr(name: str, value: str) -> str:
 def vpc_cidr(name: str, value: str) -> str:
     block = cidr(name, value)
     if not Token.is_unresolved(block) and not 16 <= ipaddress.ip_network(block).prefixlen <= 24:
-        raise ConfigError(f"{_label(name)} must have a prefix between /16 and /24, got {value!r}")
+        raise ConfigError(f"{name} must have a prefix between /16 and /24, got {value!r}")
     return block
 
 
@@ -85,7 +121,7 @@ def file_system_id(name: str, value: str) -> str:
     if Token.is_unresolved(value):
         return value
     if not _FS_ID.match(str(value)):
-        raise ConfigError(f"{_label(name)} must look like fs-0123456789abcdef0, got {value!r}")
+        raise ConfigError(f"{name} must look like fs-0123456789abcdef0, got {value!r}")
     return str(value)
 
 
@@ -93,19 +129,43 @@ def ami_id(name: str, value: str) -> str:
     if Token.is_unresolved(value):
         return value
     if not _AMI_ID.match(str(value)):
-        raise ConfigError(f"{_label(name)} must look like ami-0123456789abcdef0, got {value!r}")
+        raise ConfigError(f"{name} must look like ami-0123456789abcdef0, got {value!r}")
     return str(value)
+
+
+def instance_type(name: str, value: object) -> str:
+    """The name of an EC2 instance type such as g5.xlarge (family.size), given as a string
+    or an ``ec2.InstanceType``."""
+    if isinstance(value, ec2.InstanceType):
+        value = value.to_string()
+    if isinstance(value, str) and Token.is_unresolved(value):
+        return value
+    if not isinstance(value, str) or not _INSTANCE_TYPE.match(value):
+        raise ConfigError(f"{name} must be an EC2 instance type like g5.xlarge, got {value!r}")
+    return value
 
 
 def mount_point(name: str, value: str) -> str:
     if not _MOUNT_POINT.match(str(value)) or str(value) == "/" or ".." in str(value).split("/"):
         raise ConfigError(
-            f"{_label(name)} must be an absolute directory path such as /efs, got {value!r}"
+            f"{name} must be an absolute directory path such as /efs, got {value!r}"
         )
     return str(value).rstrip("/")
 
 
+def one_line(name: str, value: object) -> str:
+    """A command (or script path) the nodes run: one non-empty line without NUL, since it
+    travels as one argument through the user data and a systemd ExecStart line."""
+    if isinstance(value, str) and Token.is_unresolved(value):
+        return value
+    if not isinstance(value, str) or not value.strip() or any(c in value for c in "\n\r\x00"):
+        raise ConfigError(
+            f"{name} must be one non-empty line (a command or a script path), got {value!r}"
+        )
+    return value.strip()
+
+
 def one_of(name: str, value: str, choices: list[str] | tuple[str, ...]) -> str:
     if value not in choices:
-        raise ConfigError(f"{_label(name)} must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value

@@ -14,7 +14,13 @@ endpoint reach moto's backend for the one state its API cannot produce:
   K instances are removed from the group's backend list and terminated in EC2: desired
   stays at N while only N-K instances exist, which is what AWS shows after launch errors.
 - ``PUT /wait-handle``: a stand-in for the presigned wait-condition URL (moto resolves the
-  handle to ''); signals are kept and listed by ``GET /signals``.
+  handle to ''); signals are kept and listed by ``GET /signals`` (see ``emulator.wait_handle``).
+
+Attributes and APIs moto lacks are added to moto's models in this process by
+``emulator.moto_extensions`` (the one place where the emulator extends moto).
+
+Tests run the same pair in their own process (:class:`Cloud`), so they can also reach moto's
+backends directly; ``POST /moto-api/reset`` on the endpoint gives a test a clean account.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from emulator import moto_extensions
+from emulator.wait_handle import parse_signal
 
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
@@ -95,15 +104,13 @@ class _Control(BaseHTTPRequestHandler):
         if not self.path.startswith("/wait-handle"):
             self._reply(404, {"error": f"no such path {self.path}"})
             return
-        try:
-            record = json.loads(body or b"{}")
-        except ValueError:
-            record = {"raw": body.decode(errors="replace")}
+        record = parse_signal(body)
         record["_content_type"] = self.headers.get("Content-Type", "")
         with self.server.lock:
             self.server.signals.append(record)
-            with open(self.server.state_dir / "signals.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            if self.server.state_dir is not None:
+                with open(self.server.state_dir / "signals.jsonl", "a") as fh:
+                    fh.write(json.dumps(record) + "\n")
         self._reply(200, {"ok": True})
 
     def do_POST(self) -> None:
@@ -123,11 +130,52 @@ class _Control(BaseHTTPRequestHandler):
 class _ControlServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], state_dir: Path) -> None:
+    def __init__(self, address: tuple[str, int], state_dir: Path | None) -> None:
         super().__init__(address, _Control)
         self.state_dir = state_dir
         self.signals: list[dict] = []
         self.lock = threading.Lock()
+
+
+class Cloud:
+    """moto's server on ``localhost:port`` plus the control endpoint, both in this process.
+
+    ``state_dir`` (optional) receives ``signals.jsonl``. ``stop()`` stops both."""
+
+    def __init__(self, port: int, state_dir: Path | None = None) -> None:
+        from moto.server import ThreadedMotoServer
+
+        moto_extensions.install()  # what moto lacks that AWS has, before it serves
+
+        if state_dir is not None:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        self._moto = ThreadedMotoServer(ip_address="localhost", port=port, verbose=False)
+        self._moto.start()
+        self._control = _ControlServer(("localhost", 0), state_dir)
+        threading.Thread(target=self._control.serve_forever, daemon=True,
+                         name="control").start()
+        self.endpoint = f"http://localhost:{port}"
+        self.control = f"http://localhost:{self._control.server_address[1]}"
+
+    def reset(self) -> None:
+        """A clean account: every resource gone (moto's reset API), no signal recorded."""
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(
+            f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).read()
+        with self._control.lock:
+            self._control.signals.clear()
+
+    def stop(self) -> None:
+        self._control.shutdown()
+        self._control.server_close()
+        self._moto.stop()
+
+
+def free_port(host: str = "localhost") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,22 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": f"port {ns.port} on localhost is already in use"}),
               flush=True)
         return 3
-    from moto.server import ThreadedMotoServer
-
-    state_dir = Path(ns.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    moto = ThreadedMotoServer(ip_address="localhost", port=ns.port, verbose=False)
-    moto.start()
-    control = _ControlServer(("localhost", 0), state_dir)
-    threading.Thread(target=control.serve_forever, daemon=True, name="control").start()
+    cloud = Cloud(ns.port, Path(ns.state_dir))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(json.dumps({"endpoint": f"http://localhost:{ns.port}",
-                      "control": f"http://localhost:{control.server_address[1]}"}), flush=True)
+    print(json.dumps({"endpoint": cloud.endpoint, "control": cloud.control}), flush=True)
     stop.wait()
-    control.shutdown()
-    moto.stop()
+    cloud.stop()
     return 0
 
 

@@ -22,7 +22,7 @@ REGION = "us-east-1"
 VPC_CIDR = "127.20.0.0/16"
 CLUSTER_TAG_KEY = "dl-cluster:id"
 ROLE_TAG_KEY = "NodeType"
-INSTALL_MODULE = "bootstrap_scripts.install"
+INSTALL_MODULE = "bootstrap_scripts.agent.install"
 
 
 class DeployError(RuntimeError):
@@ -145,7 +145,7 @@ class Cluster:
 
 
 def install_args_from_user_data(user_data: str, group: str) -> list[str]:
-    """The arguments the user data passes to ``python -m bootstrap_scripts.install``."""
+    """The arguments the user data passes to ``python -m bootstrap_scripts.agent.install``."""
     for line in reversed(user_data.splitlines()):
         tokens = shlex.split(line, comments=True) if INSTALL_MODULE in line else []
         if INSTALL_MODULE in tokens:
@@ -155,7 +155,7 @@ def install_args_from_user_data(user_data: str, group: str) -> list[str]:
                       + "\n".join(user_data.splitlines()[-5:]))
 
 
-def _group_user_data(ec2, group: dict) -> str:
+def group_user_data(ec2, group: dict) -> str:
     spec = group.get("LaunchTemplate") or (group.get("MixedInstancesPolicy") or {}).get(
         "LaunchTemplate", {}).get("LaunchTemplateSpecification")
     if not spec:
@@ -199,7 +199,7 @@ def read_cluster(session, stack: str = STACK) -> Cluster:
             raise DeployError(f"two {role} groups carry {CLUSTER_TAG_KEY}: "
                               f"{groups[role].name}, {g['AutoScalingGroupName']}")
         cluster_id = tags[CLUSTER_TAG_KEY]
-        user_data = _group_user_data(ec2, g)
+        user_data = group_user_data(ec2, g)
         groups[role] = Group(
             name=g["AutoScalingGroupName"], role=role, desired=g["DesiredCapacity"],
             min_size=g["MinSize"], max_size=g["MaxSize"], instances=[], user_data=user_data,

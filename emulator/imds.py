@@ -35,7 +35,7 @@ MAX_TTL = 21600
 
 
 def metadata_paths(identity: Mapping[str, str]) -> dict[str, str]:
-    """meta-data paths served for ``identity`` (keys as in bootstrap_scripts.identity)."""
+    """meta-data paths served for ``identity`` (keys as in bootstrap_scripts.agent.identity)."""
     region = identity.get("region", "us-east-1")
     az = identity.get("availability_zone") or f"{region}a"
     address = identity["address"]

@@ -3,13 +3,22 @@
 A node is what a real instance's user data would produce, run on loopback:
 1. its own root directory (``<root>/etc``, ``<root>/opt/deeplearning``) and the shared EFS dir;
 2. its own fake IMDSv2 endpoint bound to the address moto assigned (``emulator.imds``);
-3. ``python -m bootstrap_scripts.install <the user data's args>`` with ``--root``,
+3. ``python -m bootstrap_scripts.agent.install <the user data's args>`` with ``--root``,
    ``--no-mount`` and ``--no-systemctl``: the real installer writes the systemd units;
 4. the ``ExecStart`` of ``dl-agent.service`` and ``dl-executor.service`` started as
    processes, so a drift between user data, installer and agent fails here, not on AWS.
 
 All three processes share one process group (the IMDS server leads it): killing the
 node is one ``killpg``, as losing the machine would be.
+
+A node with ``gpus=N`` has a stand-in ``nvidia-smi`` first on its PATH (``emulator.gpus``;
+``gpu_fault=True``: a failing driver). Without, it sees whatever the host has (normally none).
+
+Executor-only nodes (:meth:`Node.boot_executor`) are for suites that need jobs to run but no
+AWS at all: the same root, installer and executor unit, no metadata endpoint and no agent;
+the caller plays the agent's part with :meth:`Node.apply`, which writes the node's files
+with the agent's own code (``bootstrap_scripts.agent.node_files.apply_membership``). The
+executor then leads the node's process group.
 """
 
 from __future__ import annotations
@@ -23,19 +32,23 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from contextlib import redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.deploy import REPO_ROOT, DeployError, Instance
-from emulator.procs import (
+from bootstrap_scripts.procgroup import (
     Tracked,
     descendants,
     kill_pids,
     pids_in_groups,
+    reap,
     signal_group,
     start_time,
+    stop_groups,
 )
+from emulator.deploy import REPO_ROOT, DeployError, Instance
+from emulator.gpus import NODE_BIN_DIR, fake_nvidia_smi
 
 PYTHON = sys.executable
 AGENT_UNIT = "etc/systemd/system/dl-agent.service"
@@ -46,9 +59,11 @@ class NodeError(RuntimeError):
     """A node could not boot; the message names the node and what failed."""
 
 
-def base_env(aws: dict[str, str]) -> dict[str, str]:
+def base_env(aws: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process on an emulated node: this repo on PYTHONPATH, this
+    Python first on PATH, and of AWS only what ``aws`` says (nothing: no AWS at all)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(aws)
+    env.update(aws or {})
     env["PYTHONPATH"] = str(REPO_ROOT)
     env["PATH"] = os.path.dirname(PYTHON) + os.pathsep + env.get("PATH", "")
     env["PYTHONUNBUFFERED"] = "1"
@@ -57,7 +72,7 @@ def base_env(aws: dict[str, str]) -> dict[str, str]:
 
 def check_agent_args(args: list[str], group: str) -> None:
     """The user data's arguments must parse with the agent's own parser (drift check)."""
-    from bootstrap_scripts.node_agent import build_parser
+    from bootstrap_scripts.agent.settings import build_parser
 
     err = io.StringIO()
     try:
@@ -110,12 +125,17 @@ class Node:
     root: Path
     efs: Path
     logs: Path
+    gpus: int | None = None
+    gpu_fault: bool = False
     imds_url: str = ""
-    group: Tracked | None = None
+    group: Tracked | None = None  # the process group the node's processes join now
+    groups: list[Tracked] = field(default_factory=list)  # every group the node ever led
     agent_pid: int = 0
     executor_pid: int = 0
     status: str = "created"  # running | killed | stopped | launch-failed
     popens: list[subprocess.Popen] = field(default_factory=list)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # imds, agent, executor
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def instance_id(self) -> str:
@@ -125,27 +145,25 @@ class Node:
     def address(self) -> str:
         return self.instance.address
 
+    @property
+    def executor(self) -> subprocess.Popen | None:
+        return self.procs.get("executor")
+
     def log_path(self, what: str) -> Path:
         return self.logs / f"{self.instance_id}-{what}.log"
 
     def boot(self, install_args: list[str], aws: dict[str, str], wait_handle: str) -> None:
         """Start IMDS, run the installer, start the units' processes. NodeError on failure."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "etc").mkdir(exist_ok=True)
-        hosts = self.root / "etc/hosts"
-        if not hosts.exists():
-            hosts.write_text("127.0.0.1 localhost\n")
-        env = base_env(aws)
+        self._prepare(aws)
         # 1. the metadata endpoint leads the node's process group (a new group in OUR
         #    session: the agent and executor can only join a group of the same session)
         imds = subprocess.Popen(
             [PYTHON, "-m", "emulator.imds", "--address", self.address, "--port", "0",
              "--instance-id", self.instance_id, "--instance-type",
              self.instance.instance_type or "t3.micro", "--region", aws["AWS_REGION"]],
-            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=open(  # noqa: SIM115
+            cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE, stderr=open(  # noqa: SIM115
                 self.log_path("imds"), "ab"), process_group=0, text=True)
-        self.popens.append(imds)
-        self.group = Tracked(f"node {self.instance_id}", imds.pid, start_time(imds.pid))
+        self._track("imds", imds, leader=True)
         line = imds.stdout.readline() if imds.stdout else ""
         imds.stdout.close()
         try:
@@ -153,39 +171,95 @@ class Node:
         except (ValueError, KeyError, TypeError):
             raise NodeError(f"node {self.instance_id}: the metadata server on {self.address} "
                             f"did not start (log: {self.log_path('imds')})") from None
-        env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = self.imds_url
-        env["AWS_EC2_METADATA_DISABLED"] = "false"
+        self.env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = self.imds_url
+        self.env["AWS_EC2_METADATA_DISABLED"] = "false"
         # 2. the real installer, as the user data runs it
-        args = emulator_args(install_args, root=self.root, efs=self.efs, wait_handle=wait_handle)
-        res = subprocess.run(
-            [PYTHON, "-m", "bootstrap_scripts.install", "--no-systemctl", "--python", PYTHON,
-             "--package-dir", str(REPO_ROOT), *args],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
-        self.log_path("install").write_text(res.stdout + res.stderr)
-        if res.returncode != 0:
-            raise NodeError(f"node {self.instance_id}: bootstrap_scripts.install exited "
-                            f"{res.returncode}: {(res.stderr or res.stdout).strip()[-800:]}")
+        self._install(install_args, wait_handle)
         # 3. what systemd would start
-        for unit, attr in ((AGENT_UNIT, "agent_pid"), (EXECUTOR_UNIT, "executor_pid")):
-            argv, unit_env = unit_exec((self.root / unit).read_text(), unit)
-            if unit == EXECUTOR_UNIT and "--no-mount" not in argv:
-                argv.append("--no-mount")
-            with open(self.log_path(Path(unit).stem), "ab") as log:
-                p = subprocess.Popen(argv, cwd=self.root, env={**env, **unit_env},
-                                     stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, process_group=imds.pid)
-            self.popens.append(p)
-            setattr(self, attr, p.pid)
+        self.agent_pid = self._start_unit(AGENT_UNIT, "agent").pid
+        self.start_executor()
         self.status = "running"
 
+    def install(self, install_args: list[str]) -> None:
+        """Executor-only, step 1: the root and the installer (no IMDS, no agent, no AWS)."""
+        self._prepare({})
+        self._install(install_args, "")
+
+    def boot_executor(self, install_args: list[str]) -> None:
+        """Executor-only: the installer, then its executor unit."""
+        self.install(install_args)
+        self.start_executor()
+
+    def start_executor(self) -> subprocess.Popen:
+        """(Re)start ``dl-executor.service``'s process, as systemd's ``Restart=always`` would."""
+        p = self._start_unit(EXECUTOR_UNIT, "executor")
+        self.executor_pid = p.pid
+        self.status = "running"
+        return p
+
+    def apply(self, membership):
+        """What the node agent does with a published membership: the node's files, written
+        by the agent's own code (an older generation or a non-member changes nothing)."""
+        from bootstrap_scripts.agent.node_files import apply_membership
+
+        return apply_membership(self.root, membership, instance_id=self.instance_id)
+
+    def _prepare(self, aws: dict[str, str]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.root / "etc").mkdir(exist_ok=True)
+        hosts = self.root / "etc/hosts"
+        if not hosts.exists():
+            hosts.write_text("127.0.0.1 localhost\n")
+        self.env = base_env(aws)
+        if self.gpus is not None or self.gpu_fault:
+            bindir = fake_nvidia_smi(self.root / NODE_BIN_DIR, self.gpus or 0,
+                                     fault=self.gpu_fault)
+            self.env["PATH"] = f"{bindir}{os.pathsep}{self.env['PATH']}"
+
+    def _install(self, install_args: list[str], wait_handle: str) -> None:
+        args = emulator_args(install_args, root=self.root, efs=self.efs, wait_handle=wait_handle)
+        res = subprocess.run(
+            [PYTHON, "-m", "bootstrap_scripts.agent.install", "--no-systemctl", "--python",
+             PYTHON, "--package-dir", str(REPO_ROOT), *args],
+            cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, timeout=60)
+        self.log_path("install").write_text(res.stdout + res.stderr)
+        if res.returncode != 0:
+            raise NodeError(f"node {self.instance_id}: bootstrap_scripts.agent.install exited "
+                            f"{res.returncode}: {(res.stderr or res.stdout).strip()[-800:]}")
+
+    def _start_unit(self, unit: str, name: str) -> subprocess.Popen:
+        """A unit's ``ExecStart`` in the node's process group (or leading a new one when the
+        group is gone, e.g. an executor-only node's executor restarted)."""
+        argv, unit_env = unit_exec((self.root / unit).read_text(), unit)
+        if unit == EXECUTOR_UNIT and "--no-mount" not in argv:
+            argv.append("--no-mount")
+        join = self.group is not None and bool(pids_in_groups([self.group.pid]))
+        with open(self.log_path(Path(unit).stem), "ab") as log:
+            p = subprocess.Popen(argv, cwd=self.root, env={**self.env, **unit_env},
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 process_group=self.group.pid if join and self.group else 0)
+        self._track(name, p, leader=not join)
+        return p
+
+    def _track(self, name: str, p: subprocess.Popen, *, leader: bool) -> None:
+        self.popens.append(p)
+        self.procs[name] = p
+        if leader:
+            self.group = Tracked(f"node {self.instance_id}", p.pid, start_time(p.pid))
+            self.groups.append(self.group)
+
     def processes_alive(self) -> list[str]:
-        return [name for name, p in zip(("imds", "agent", "executor"), self.popens, strict=False)
-                if p.poll() is None]
+        return [name for name, p in self.procs.items() if p.poll() is None]
+
+    def stop(self, grace: float = 10.0) -> set[int]:
+        """Shut the machine down (see :func:`stop_nodes`); returns the survivors (none)."""
+        return stop_nodes([self], grace=grace)
 
     def kill(self, share_pgids: list[int]) -> None:
         """Lose the machine: SIGKILL the node's group, its job shares' groups, and every
         descendant that left them (torchrun's workers run in sessions of their own)."""
-        pgids = [*share_pgids, *([self.group.pid] if self.group else [])]
+        pgids = [*share_pgids, *(g.pid for g in self.groups)]
         members = pids_in_groups(pgids)
         everything = members | descendants(members)
         for pgid in pgids:
@@ -200,3 +274,20 @@ class Node:
         return {"instance_id": self.instance_id, "role": self.role, "address": self.address,
                 "root": str(self.root), "imds_url": self.imds_url, "status": self.status,
                 "group": self.group.to_dict() if self.group else None}
+
+
+def stop_nodes(nodes: Iterable[Node], *, grace: float = 10.0,
+               also: Iterable[Tracked] = ()) -> set[int]:
+    """Shut machines down at once: SIGTERM every group the nodes led, and ``also`` (the
+    executors stop their job shares), SIGKILL what is left after ``grace``, descendants
+    that left their group included; returns the survivors (normally none)."""
+    nodes = list(nodes)
+    left = stop_groups([*(g for n in nodes for g in n.groups), *also], grace=grace)
+    for node in nodes:
+        for p in node.popens:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+        reap(p.pid for p in node.popens)
+        if node.status == "running":
+            node.status = "stopped"
+    return left

@@ -5,29 +5,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from constructs_lib import DeepLearningCluster, acknowledge_cluster_findings
+from constructs_lib import DeepLearningCluster, FixedAmi, acknowledge_cluster_findings
+from constructs_lib.cluster import DEFAULT_INSTANCE_TYPE, DEFAULT_SPOT_WORKERS, DEFAULT_WORKER_COUNT
+from constructs_lib.images import DEFAULT_IMAGE_TYPE
+from constructs_lib.network import DEFAULT_VPC_CIDR
+from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
+from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
+from stacks.existing import existing_file_system
+
+CLUSTER_ID = "Cluster"
 
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """The stack's settings, read from CDK context by app.py (README "Settings")."""
+    """The stack's settings, read from CDK context by app.py (README "Settings"). Unset
+    settings take the construct's defaults (the constants imported above)."""
 
-    worker_count: int = 2
-    worker_instance_type: str = "g5.xlarge"
-    master_instance_type: str = "g5.xlarge"
-    image_type: str = "ubuntu"
+    worker_count: int = DEFAULT_WORKER_COUNT
+    worker_instance_type: str = DEFAULT_INSTANCE_TYPE
+    master_instance_type: str = DEFAULT_INSTANCE_TYPE
+    image_type: str = DEFAULT_IMAGE_TYPE
     ami_id: str | None = None
     ssh_cidr: str | None = None
     key_name: str | None = None
     efs_file_system_id: str | None = None
-    efs_mount_point: str = "/efs"
-    vpc_cidr: str = "10.0.0.0/16"
-    root_volume_gib: int = 100
+    efs_mount_point: str = DEFAULT_MOUNT_POINT
+    vpc_cidr: str = DEFAULT_VPC_CIDR
+    root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB
     placement_group: bool = False
     max_workers: int | None = None  # None = worker_count + spot_workers
-    spot_workers: int = 0
+    spot_workers: int = DEFAULT_SPOT_WORKERS
     data_prep_script: str | None = None
 
 
@@ -38,25 +48,32 @@ class DLClusterStack(Stack):
         self, scope: Construct, construct_id: str, *, settings: ClusterSettings, **kwargs
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        self.settings = settings
+        self.settings = s = settings
+        file_system = None
+        if s.efs_file_system_id:
+            file_system = existing_file_system(
+                self, cluster_construct_id=CLUSTER_ID, file_system_id=s.efs_file_system_id,
+                cluster_vpc=lambda: self.cluster.vpc,
+            )
         self.cluster = DeepLearningCluster(
             self,
-            "Cluster",
-            vpc_cidr=settings.vpc_cidr,
-            worker_count=settings.worker_count,
-            worker_instance_type=settings.worker_instance_type,
-            master_instance_type=settings.master_instance_type,
-            image_type=settings.image_type,
-            ami_id=settings.ami_id,
-            ssh_cidr=settings.ssh_cidr,
-            key_name=settings.key_name,
-            efs_file_system_id=settings.efs_file_system_id,
-            efs_mount_point=settings.efs_mount_point,
-            root_volume_gib=settings.root_volume_gib,
-            placement_group=settings.placement_group,
-            max_workers=settings.max_workers,
-            spot_workers=settings.spot_workers,
-            data_prep_script=settings.data_prep_script,
+            CLUSTER_ID,
+            vpc_cidr=s.vpc_cidr,
+            worker_count=s.worker_count,
+            worker_instance_type=s.worker_instance_type,
+            master_instance_type=s.master_instance_type,
+            image_type=s.image_type,
+            machine_image=FixedAmi(s.ami_id) if s.ami_id else None,
+            ssh_cidr=s.ssh_cidr,
+            key_pair=(ec2.KeyPair.from_key_pair_name(self, "KeyPair", s.key_name)
+                      if s.key_name else None),
+            file_system=file_system,
+            efs_mount_point=s.efs_mount_point,
+            root_volume_gib=s.root_volume_gib,
+            create_placement_group=s.placement_group,
+            max_workers=s.max_workers,
+            spot_workers=s.spot_workers,
+            data_prep_script=s.data_prep_script,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster
@@ -86,7 +103,6 @@ class DLClusterStack(Stack):
             description=f"EFS mounted at {c.efs_mount_point} on every node",
         )
         CfnOutput(self, "MasterQueueUrl", value=c.master_queue.queue_url)
-        CfnOutput(self, "WorkerQueueUrl", value=c.worker_queue.queue_url)
         master_instance = (
             f"$(aws autoscaling describe-auto-scaling-groups --region {self.region} "
             f"--auto-scaling-group-names {master_group} "

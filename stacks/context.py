@@ -32,10 +32,11 @@ class ContextReader:
 
     def checked(self, key: str, check: Callable[[str, object], object], *,
                 raw: bool = False) -> object:
-        """Run a validator from constructs_lib.validation, naming the context key on error.
-        ``raw`` hands the validator the value as given (e.g. to refuse a blank one)."""
+        """Run a validator from constructs_lib.validation, naming the context key on error
+        (``context key 'workerCount' must be ...``). ``raw`` hands the validator the value as
+        given (e.g. to refuse a blank one)."""
         try:
-            return check(key, self.get(key) if raw else self.text(key))
+            return check(f"'{key}'", self.get(key) if raw else self.text(key))
         except validation.ConfigError as exc:
             raise validation.ConfigError(f"context key {exc}") from None
 

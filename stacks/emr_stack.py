@@ -1,4 +1,4 @@
-"""DLEmrClusterStack: the EMR deep-learning cluster (seed 000), configured from ``emr*`` context.
+"""DLEmrClusterStack: the EMR deep-learning cluster, configured from ``emr*`` context.
 
 ``emr_settings_from_context`` turns CDK context (strings from ``-c key=value`` or JSON from
 cdk.json) into :class:`EmrSettings`; app.py calls it. Every bad value fails synth with a
@@ -12,34 +12,42 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from constructs_lib import EmrDeepLearningCluster, validation
+from constructs_lib import EmrDeepLearningCluster, FixedAmi, validation
 from constructs_lib.emr_cluster import (
     DEFAULT_APPLICATIONS,
+    DEFAULT_CORE_INSTANCE_COUNT,
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_RELEASE_LABEL,
     DEFAULT_ROOT_VOLUME_GIB,
 )
 from constructs_lib.nag_suppressions import acknowledge_emr_findings
+from constructs_lib.network import DEFAULT_VPC_CIDR
+from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
 from stacks.context import ContextReader
+from stacks.existing import existing_file_system
+
+CLUSTER_ID = "EmrCluster"
 
 
 @dataclass(frozen=True)
 class EmrSettings:
-    """The stack's settings (docs/emr.md "Context keys"); defaults match the construct's."""
+    """The stack's settings (docs/emr.md "Context keys"); unset settings take the
+    construct's defaults (the constants imported above)."""
 
     release_label: str = DEFAULT_RELEASE_LABEL
     applications: tuple[str, ...] = DEFAULT_APPLICATIONS
     allow_unstable_applications: bool = False
     primary_instance_type: str = DEFAULT_INSTANCE_TYPE
     core_instance_type: str = DEFAULT_INSTANCE_TYPE
-    core_instance_count: int = 2
+    core_instance_count: int = DEFAULT_CORE_INSTANCE_COUNT
     ami_id: str | None = None
     root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB
     efs_file_system_id: str | None = None
-    efs_mount_point: str = "/efs"
-    vpc_cidr: str = "10.0.0.0/16"
+    efs_mount_point: str = DEFAULT_MOUNT_POINT
+    vpc_cidr: str = DEFAULT_VPC_CIDR
     key_name: str | None = None
     tls_certificates_s3_url: str | None = None
     training_command: tuple[str, ...] | None = None
@@ -70,8 +78,8 @@ EMR_CONTEXT_KEYS: dict[str, tuple[str, str]] = {
 #: context key -> validator (name, value) -> setting value. Unset keys keep the default.
 _CHECKS: dict[str, Callable[[str, object], object]] = {
     "emrReleaseLabel": lambda _n, v: v,
-    "emrPrimaryInstanceType": lambda _n, v: v,
-    "emrCoreInstanceType": lambda _n, v: v,
+    "emrPrimaryInstanceType": validation.instance_type,
+    "emrCoreInstanceType": validation.instance_type,
     "emrKeyName": lambda _n, v: v,
     "emrTlsCertificatesS3Url": lambda _n, v: v,
     "emrCoreInstanceCount": validation.positive_int,
@@ -120,8 +128,13 @@ class DLEmrClusterStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         s = settings or EmrSettings()
         self.settings = s
+        file_system = None
+        if s.efs_file_system_id:
+            file_system = existing_file_system(
+                self, cluster_construct_id=CLUSTER_ID, file_system_id=s.efs_file_system_id,
+                cluster_vpc=lambda: self.cluster.vpc)
         self.cluster = EmrDeepLearningCluster(
-            self, "EmrCluster",
+            self, CLUSTER_ID,
             vpc_cidr=s.vpc_cidr,
             release_label=s.release_label,
             applications=list(s.applications),
@@ -129,11 +142,12 @@ class DLEmrClusterStack(Stack):
             primary_instance_type=s.primary_instance_type,
             core_instance_type=s.core_instance_type,
             core_instance_count=s.core_instance_count,
-            ami_id=s.ami_id,
+            machine_image=FixedAmi(s.ami_id) if s.ami_id else None,
             root_volume_gib=s.root_volume_gib,
-            efs_file_system_id=s.efs_file_system_id,
+            file_system=file_system,
             efs_mount_point=s.efs_mount_point,
-            key_name=s.key_name,
+            key_pair=(ec2.KeyPair.from_key_pair_name(self, "KeyPair", s.key_name)
+                      if s.key_name else None),
             tls_certificates_s3_url=s.tls_certificates_s3_url,
             training_command=list(s.training_command) if s.training_command else None,
             idle_timeout=(Duration.minutes(s.idle_timeout_minutes)

@@ -1,6 +1,7 @@
 """Turn CDK context values (strings from `-c key=value`, or JSON from cdk.json) into settings.
 
-Every bad value fails synth with a message naming the context key and the value.
+Every bad value fails synth with a message naming the context key and the value; unset keys
+keep ClusterSettings' defaults, which are the constructs' own.
 """
 
 from __future__ import annotations
@@ -26,39 +27,20 @@ CONTEXT_KEYS: dict[str, tuple[str, str]] = {
     "vpcCidr": ("vpc_cidr", "CIDR of the new VPC"),
     "rootVolumeGiB": ("root_volume_gib", "encrypted gp3 root volume size, >= 50"),
     "placementGroup": ("placement_group", "true = cluster placement group for all nodes"),
-    "maxWorkers": ("max_workers", "most workers dl-scale may add; default workerCount + "
+    "maxWorkers": ("max_workers", "most workers dl-scale may add; unset: workerCount + "
                    "spotWorkers (docs/elastic.md)"),
-    "spotWorkers": ("spot_workers", "extra Spot workers above the on-demand workerCount; "
-                    "default 0"),
+    "spotWorkers": ("spot_workers", "extra Spot workers above the on-demand workerCount"),
     "dataPrepScript": ("data_prep_script", "command or script path every node runs before "
-                       "it joins; default none"),
+                       "it joins"),
 }
-
-def _instance_type(name: str, value: object) -> str:
-    text = str(value)
-    parts = text.split(".")
-    if len(parts) != 2 or not all(p and p.replace("-", "").isalnum() for p in parts):
-        raise validation.ConfigError(
-            f"'{name}' must be an EC2 instance type like g5.xlarge, got {value!r}"
-        )
-    return text
-
-
-def _one_line(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip() or any(c in value for c in "\n\r\x00"):
-        raise validation.ConfigError(
-            f"'{name}' must be one non-empty line (a command or a script path), got {value!r}"
-        )
-    return value.strip()
-
 
 #: context key -> validator (name, value) -> setting value. Unset keys keep the default.
 _CHECKS: dict[str, Callable[[str, object], object]] = {
     "workerCount": validation.positive_int,
     "rootVolumeGiB": validation.root_volume,
     "imageType": lambda n, v: validation.one_of(n, str(v), tuple(IMAGE_FAMILIES)),
-    "workerInstanceType": _instance_type,
-    "masterInstanceType": _instance_type,
+    "workerInstanceType": validation.instance_type,
+    "masterInstanceType": validation.instance_type,
     "amiId": validation.ami_id,
     "sshCidr": validation.ssh_cidr,
     "keyName": lambda _n, v: v,
@@ -79,10 +61,10 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
         if ctx.text(key) is not None
     }
     if get("dataPrepScript") is not None:  # a blank one is a mistake, not "unset"
-        values["data_prep_script"] = ctx.checked("dataPrepScript", _one_line, raw=True)
+        values["data_prep_script"] = ctx.checked("dataPrepScript", validation.one_line, raw=True)
     if (placement := ctx.flag("placementGroup")) is not None:
         values["placement_group"] = placement
-    settings = ClusterSettings(**{**ClusterSettings().__dict__, **values})
+    settings = ClusterSettings(**values)  # type: ignore[arg-type]
     needed = settings.worker_count + settings.spot_workers
     if settings.max_workers is not None and settings.max_workers < needed:
         raise validation.ConfigError(

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from emulator.cloud import Cloud
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGION = "us-east-1"
@@ -30,25 +34,25 @@ def _dummy_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    """moto's real HTTP server on localhost (not an in-process mock), stopped at the end."""
-    from moto.server import ThreadedMotoServer
+def emulator_cloud() -> Iterator[Cloud]:
+    """The emulator's AWS (``emulator.cloud``): moto's real HTTP server on localhost (not an
+    in-process mock) plus its control endpoint, in this process, stopped at the end."""
+    from emulator.cloud import Cloud
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="localhost", port=port, verbose=False)
-    server.start()
+    server = Cloud(free_port("localhost"))
     try:
-        yield f"http://localhost:{port}"
+        yield server
     finally:
         server.stop()
 
 
-@pytest.fixture()
-def moto_reset(moto_endpoint: str) -> Iterator[str]:
-    """A clean moto state for one test (the server is shared by the session)."""
-    import urllib.request
+@pytest.fixture(scope="session")
+def moto_endpoint(emulator_cloud: Cloud) -> str:
+    return emulator_cloud.endpoint
 
-    urllib.request.urlopen(
-        urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST"), timeout=10
-    ).read()
-    yield moto_endpoint
+
+@pytest.fixture()
+def moto_reset(emulator_cloud: Cloud) -> Iterator[str]:
+    """A clean moto state for one test (the server is shared by the session)."""
+    emulator_cloud.reset()
+    yield emulator_cloud.endpoint

@@ -2,46 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from pathlib import Path
-
-from bootstrap_scripts import membership as ms
-from bootstrap_scripts import shared_state as shared
-from bootstrap_scripts.identity import NodeIdentity
-from bootstrap_scripts.node_agent import EXIT_FAILED, AgentConfig, NodeAgent
-from tests.agent.fakecloud import FakeCluster, create_cluster, wait_until
+from bootstrap_scripts.agent.identity import NodeIdentity
+from bootstrap_scripts.agent.node_agent import EXIT_FAILED
+from bootstrap_scripts.protocol import state as shared
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.membership import Membership, build_membership
+from bootstrap_scripts.protocol.paths import WORKERS_FILE, ClusterPaths
+from bootstrap_scripts.protocol.records import Registration
+from emulator.resources import create_cluster
 from tests.conftest import REGION
-
-
-class AgentThread:
-    def __init__(self, config: AgentConfig, identity: NodeIdentity) -> None:
-        self.agent = NodeAgent(config, identity=identity, stop_event=threading.Event())
-        self.exit_code: int | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        self.exit_code = self.agent.run()
-
-    def stop(self) -> None:
-        self.agent.stop.set()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive()
-
-
-def config(cluster: FakeCluster, role: str, tmp: Path, name: str, handle: str = "",
-           **kw) -> AgentConfig:
-    return AgentConfig(role=role, cluster_id=cluster.cluster_id, stack_name="s", region=REGION,
-                       master_queue_url=cluster.master_queue_url,
-                       worker_queue_url=cluster.worker_queue_url, mount_point=str(tmp / "efs"),
-                       wait_handle=handle, root=str(tmp / "nodes" / name), no_mount=True,
-                       poll_wait=1, **kw)
-
-
-def master_identity(cluster: FakeCluster) -> NodeIdentity:
-    (iid, ip), = cluster.instances("master")
-    return NodeIdentity(iid, "p3.2xlarge", ip, REGION)
+from tests.support.agents import AgentThread, config, master_identity, wait_until
 
 
 def test_failure_message_fails_the_wait_condition_at_once(env, tmp_path):
@@ -89,8 +59,8 @@ def test_unregistered_worker_gets_fallback_gpus_then_its_own(env, tmp_path):
     m1 = shared.read_current(efs)
     assert m1.generation == 1 and [n.gpus for n in m1.nodes] == [0, 0]
     (wid, wip), = cluster.instances("worker")
-    shared.write_registration(efs, {"instance_id": wid, "address": wip, "gpus": 4,
-                                    "role": "worker"})
+    shared.write_registration(efs, Registration(instance_id=wid, address=wip, gpus=4,
+                                                role="worker"))
     wait_until(lambda: (m := shared.read_current(efs)).generation == 2 and m, 30,
                what="a generation with the worker's real GPU count")
     m2 = shared.read_current(efs)
@@ -104,8 +74,8 @@ def test_worker_applies_newer_generations_and_ignores_older(env, tmp_path):
     efs = tmp_path / "efs"
     me = NodeIdentity("i-w", "p3.2xlarge", "127.20.128.9", REGION)
 
-    def membership(gen: int, other: str) -> ms.Membership:
-        return ms.build_membership(
+    def membership(gen: int, other: str) -> Membership:
+        return build_membership(
             cluster_id=cluster.cluster_id, generation=gen,
             master={"instance_id": "i-m", "address": "127.20.0.4"},
             workers=[{"instance_id": "i-w", "address": me.address},
@@ -117,16 +87,16 @@ def test_worker_applies_newer_generations_and_ignores_older(env, tmp_path):
     shared.publish(efs, membership(3, "127.20.128.30"), None)
     wait_until(lambda: t.agent.applied_generation == 3, 10, what="generation 3")
     shared.publish(efs, membership(2, "127.20.128.20"), None)  # a stale writer
-    wait_until(lambda: "reason=older" in (efs / "cluster/logs/i-w.log").read_text(), 10,
+    wait_until(lambda: "reason=older" in ClusterPaths(efs).agent_log("i-w").read_text(), 10,
                what="the older generation to be seen and skipped")
-    assert "127.20.128.30" in (root / ms.WORKERS_FILE).read_text()
+    assert "127.20.128.30" in (root / WORKERS_FILE).read_text()
     shared.publish(efs, membership(4, "127.20.128.40"), None)
     wait_until(lambda: t.agent.applied_generation == 4, 10, what="generation 4")
-    assert (root / ms.WORKERS_FILE).read_text() == "127.20.0.4\n127.20.128.9\n127.20.128.40\n"
-    reg = wait_until(lambda: (r := json.loads(
-        (efs / ms.EFS_NODES_DIR / "i-w.json").read_text()))["generation_applied"] == 4 and r,
+    assert (root / WORKERS_FILE).read_text() == "127.20.0.4\n127.20.128.9\n127.20.128.40\n"
+    reg = wait_until(lambda: (r := store.read_record(
+        ClusterPaths(efs).registration("i-w"), Registration)).generation_applied == 4 and r,
         10, what="the heartbeat to report generation 4")
-    assert reg["address"] == me.address and reg["role"] == "worker"
+    assert reg.address == me.address and reg.role == "worker"
 
 
 def test_restarted_master_resumes_without_a_second_signal(env, tmp_path):
@@ -149,8 +119,8 @@ def test_restarted_master_resumes_without_a_second_signal(env, tmp_path):
     cluster.send(cluster.change_message("worker", "launch", new_id))
     efs = tmp_path / "efs"
     # A newcomer joins once registered (protocol.md §7): its agent does that at boot.
-    shared.write_registration(efs, {"instance_id": new_id, "address": new_ip, "gpus": 1,
-                                    "role": "worker", "cluster_id": cluster.cluster_id})
+    shared.write_registration(efs, Registration(instance_id=new_id, address=new_ip, gpus=1,
+                                                role="worker", cluster_id=cluster.cluster_id))
     wait_until(lambda: shared.read_current(efs).generation == 2, 30, what="generation 2")
     assert len(shared.read_current(efs).nodes) == 3
     assert len(recorder.signals) == 1
@@ -186,5 +156,5 @@ def test_untagged_worker_group_forms_with_the_instances_the_lambda_listed(env, t
     assert sig["Status"] == "SUCCESS"
     m = shared.read_current(tmp_path / "efs")
     assert sorted(n.instance_id for n in m.nodes[1:]) == sorted(setup["instances"])
-    log = (tmp_path / "efs/cluster/logs" / f"{m.master.instance_id}.log").read_text()
+    log = ClusterPaths(tmp_path / "efs").agent_log(m.master.instance_id).read_text()
     assert "event=group-missing role=worker" in log

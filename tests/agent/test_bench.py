@@ -13,10 +13,13 @@ import time
 
 import pytest
 
-from bootstrap_scripts.identity import NodeIdentity
-from bootstrap_scripts.node_agent import AgentConfig, NodeAgent
-from tests.agent.fakecloud import create_cluster, wait_until
+from bootstrap_scripts.agent.identity import NodeIdentity
+from bootstrap_scripts.agent.node_agent import AgentConfig, NodeAgent
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from emulator.resources import create_cluster
 from tests.conftest import REGION
+from tests.support.agents import wait_until
 
 pytestmark = pytest.mark.bench
 
@@ -63,7 +66,7 @@ def test_time_to_membership(nodes, moto_reset, tmp_path, monkeypatch):
                              if i not in agents and i != victim]
         agents[new_id] = _agent(cluster, "worker", tmp_path, new_id, new_ip)
         agents[new_id][1].start()
-        wait_until(lambda: (tmp_path / "efs/cluster/nodes" / f"{new_id}.json").exists(), 30,
+        wait_until(lambda: store.exists(ClusterPaths(tmp_path / "efs").registration(new_id)), 30,
                    interval=0.005, what="the new node to register")
         sent = time.monotonic()
         cluster.send(cluster.change_message("worker", "launch", new_id))

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import efs_mount
-from bootstrap_scripts.efs_mount import NFS_OPTIONS, MountError, ensure_mounted
-from bootstrap_scripts.identity import NodeIdentity
-from bootstrap_scripts.node_agent import EXIT_FAILED, AgentConfig, NodeAgent
-from tests.agent.fakecloud import SignalRecorder
+from bootstrap_scripts.agent import efs_mount
+from bootstrap_scripts.agent.efs_mount import NFS_OPTIONS, MountError, ensure_mounted
+from bootstrap_scripts.agent.identity import NodeIdentity
+from bootstrap_scripts.agent.node_agent import EXIT_FAILED, AgentConfig, NodeAgent
+from emulator.wait_handle import WaitHandle
 
 
 def fake_tools(bindir: Path, state: Path, *, fail_times: int, efs_utils: bool = False) -> None:
@@ -106,7 +106,7 @@ def test_no_mount_uses_a_plain_directory(tmp_path):
 
 def test_master_signals_failure_when_efs_never_mounts(tmp_path, tools):
     fake_tools(*tools, fail_times=10**6)
-    recorder = SignalRecorder()
+    recorder = WaitHandle()
     try:
         config = AgentConfig(role="master", cluster_id="c", stack_name="s", region="us-east-1",
                              master_queue_url="http://localhost:1/q", efs_id="fs-12345678",

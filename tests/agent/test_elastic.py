@@ -9,7 +9,6 @@ moto lacks two things the agent relies on, bridged here and only here:
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import uuid
@@ -19,13 +18,16 @@ import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from bootstrap_scripts import membership as ms
-from bootstrap_scripts import shared_state as shared
-from bootstrap_scripts.identity import NodeIdentity
-from bootstrap_scripts.node_agent import NodeAgent
-from tests.agent.fakecloud import FakeCluster, SignalRecorder, create_cluster, wait_until
-from tests.agent.test_agent_behaviour import AgentThread, config, master_identity
+from bootstrap_scripts.agent.aws import MasterAws
+from bootstrap_scripts.agent.identity import NodeIdentity
+from bootstrap_scripts.protocol import state as shared
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.paths import WORKERS_FILE, ClusterPaths
+from bootstrap_scripts.protocol.records import DrainDone, PrepResult, Registration
+from emulator.resources import ClusterResources, create_cluster
+from emulator.wait_handle import WaitHandle
 from tests.conftest import REGION
+from tests.support.agents import AgentThread, config, master_identity, wait_until
 
 LOG_LINE = re.compile(r"^(\d+) (ADDED|REMOVED) (\d+\.\d+\.\d+\.\d+) (\S+)$")
 
@@ -35,7 +37,7 @@ def completions(monkeypatch) -> list[dict]:
     """Every CompleteLifecycleAction the agents make (moto does not implement it)."""
     calls: list[dict] = []
     lock = threading.Lock()
-    original = NodeAgent._clients
+    original = MasterAws.connect
 
     def answer(params, **_kwargs):
         with lock:
@@ -43,29 +45,21 @@ def completions(monkeypatch) -> list[dict]:
                           if k not in ("Action", "Version")})  # the serialised request
         return AWSResponse("http://moto/", 200, {}, None), {}
 
-    def clients(self):
+    def connect(self):
         original(self)
-        self._autoscaling.meta.events.register(
+        self.autoscaling.meta.events.register(
             "before-call.autoscaling.CompleteLifecycleAction", answer)
 
-    monkeypatch.setattr(NodeAgent, "_clients", clients)
+    monkeypatch.setattr(MasterAws, "connect", connect)
     return calls
 
 
-def drain_message(cluster: FakeCluster, instance_id: str, token: str) -> dict:
-    """The capacity adjuster's drain-request for a terminating worker (protocol.md §7)."""
-    return {"event": "drain-request", "asg": cluster.worker_asg, "role": "worker",
-            "cluster_id": cluster.cluster_id, "instance_id": instance_id,
-            "lifecycle_hook": "drain", "lifecycle_action_token": token,
-            "dedupe_key": uuid.uuid4().hex[:32], "sent_at": "2026-11-21T21:30:35Z"}
+def register(efs: Path, cluster: ClusterResources, iid: str, address: str, gpus: int = 1) -> None:
+    shared.write_registration(efs, Registration(instance_id=iid, address=address, role="worker",
+                                                gpus=gpus, cluster_id=cluster.cluster_id))
 
 
-def register(efs: Path, cluster: FakeCluster, iid: str, address: str, gpus: int = 1) -> None:
-    shared.write_registration(efs, {"instance_id": iid, "address": address, "role": "worker",
-                                    "gpus": gpus, "cluster_id": cluster.cluster_id})
-
-
-def protected(cluster: FakeCluster) -> dict[str, bool]:
+def protected(cluster: ClusterResources) -> dict[str, bool]:
     out = {}
     for name in (cluster.master_asg, cluster.worker_asg):
         group = cluster.client("autoscaling").describe_auto_scaling_groups(
@@ -75,13 +69,13 @@ def protected(cluster: FakeCluster) -> dict[str, bool]:
 
 
 def log_lines(efs: Path) -> list[tuple[str, str, str]]:
-    lines = (efs / ms.EFS_MEMBERSHIP_LOG).read_text().splitlines()
+    lines = ClusterPaths(efs).membership_log.read_text().splitlines()
     parsed = [LOG_LINE.match(line) for line in lines]
     assert all(parsed), lines  # exactly "SEQ ADDED|REMOVED ADDRESS TIMESTAMP"
     return [(m[1], m[2], m[3]) for m in parsed if m]
 
 
-def form(cluster: FakeCluster, recorder: SignalRecorder, threads: list, tmp_path: Path,
+def form(cluster: ClusterResources, recorder: WaitHandle, threads: list, tmp_path: Path,
          **kw) -> tuple[AgentThread, Path]:
     efs = tmp_path / "efs"
     for iid, ip in cluster.instances("worker"):
@@ -109,30 +103,36 @@ def test_base_protected_elastic_worker_drained_then_completed(env, tmp_path, com
     assert [flags[n.instance_id] for n in workers] == [True, True, False]
 
     token = str(uuid.uuid4())
-    cluster.send(drain_message(cluster, elastic.instance_id, token))
+    cluster.send(cluster.drain_message(elastic.instance_id, token))
     wait_until(lambda: shared.read_current(efs).generation == 2, 20, what="generation 2")
     m2 = shared.read_current(efs)
     assert m2.node_by_instance(elastic.instance_id) is None
     assert m2.reason == "membership-change"
     record = shared.read_drain(efs, elastic.instance_id)
-    assert record["address"] == elastic.address and record["deadline"] > record["requested_at"]
-    assert not record.get("completed_at") and completions == []  # waits for the executor
-    assert ("2", "REMOVED", elastic.address) in log_lines(efs)
+    assert record.address == elastic.address and record.deadline > record.requested_at
+    assert not record.completed and completions == []  # waits for the executor
+    # The master appends the log line and applies the generation locally just after it
+    # publishes membership.json: wait for both, bounded.
+    wait_until(lambda: ("2", "REMOVED", elastic.address) in log_lines(efs), 10,
+               what="the REMOVED line")
     root = tmp_path / "nodes" / "m"
-    assert elastic.address not in (root / ms.WORKERS_FILE).read_text()
+    wait_until(lambda: elastic.address not in (root / WORKERS_FILE).read_text(), 10,
+               what="the master's workers file without the node")
 
-    shared.drain_done_path(efs, elastic.instance_id).write_text("stopped\n")  # the executor
+    store.write_record(ClusterPaths(efs).drain_done(elastic.instance_id),  # the executor
+                       DrainDone(instance_id=elastic.instance_id, address=elastic.address,
+                                 done_at=record.requested_at + 1))
     wait_until(lambda: completions, 20, what="CompleteLifecycleAction")
     assert completions == [{
         "LifecycleHookName": "drain", "AutoScalingGroupName": cluster.worker_asg,
         "LifecycleActionToken": token, "LifecycleActionResult": "CONTINUE",
         "InstanceId": elastic.instance_id}]
     done = wait_until(lambda: (r := shared.read_drain(efs, elastic.instance_id))
-                      .get("completed_at") and r, 10, what="the drain record to complete")
-    assert (done["reason"], done["outcome"], done["result"]) == ("done", "completed", "CONTINUE")
+                      .completed and r, 10, what="the drain record to complete")
+    assert (done.reason, done.outcome, done.result) == ("done", "completed", "CONTINUE")
 
     # a duplicate of the same lifecycle action changes nothing
-    cluster.send(drain_message(cluster, elastic.instance_id, token))
+    cluster.send(cluster.drain_message(elastic.instance_id, token))
     cluster.send(cluster.setup_message("worker"))  # and a re-read finds nothing new
     wait_until(lambda: cluster.queue_depth() == 0, 20, what="the queue to drain")
     master.agent.stop.wait(1.5)
@@ -145,11 +145,11 @@ def test_drain_deadline_completes_without_the_executor(env, tmp_path, completion
     cluster = create_cluster(endpoint, workers=2)
     _master, efs = form(cluster, recorder, threads, tmp_path, drain_timeout=1.0)
     victim = shared.read_current(efs).nodes[2]
-    cluster.send(drain_message(cluster, victim.instance_id, str(uuid.uuid4())))
+    cluster.send(cluster.drain_message(victim.instance_id, str(uuid.uuid4())))
     wait_until(lambda: completions, 20, what="CompleteLifecycleAction at the deadline")
     record = wait_until(lambda: (r := shared.read_drain(efs, victim.instance_id))
-                        .get("completed_at") and r, 10, what="the completed record")
-    assert record["reason"] == "deadline"
+                        .completed and r, 10, what="the completed record")
+    assert record.reason == "deadline"
     assert shared.read_current(efs).node_by_instance(victim.instance_id) is None
 
 
@@ -157,9 +157,9 @@ def test_drain_of_a_non_member_completes_at_once(env, tmp_path, completions):
     endpoint, recorder, threads = env
     cluster = create_cluster(endpoint, workers=1)
     _master, efs = form(cluster, recorder, threads, tmp_path)
-    cluster.send(drain_message(cluster, "i-0123456789abcdef0", str(uuid.uuid4())))
+    cluster.send(cluster.drain_message("i-0123456789abcdef0", str(uuid.uuid4())))
     wait_until(lambda: completions, 20, what="CompleteLifecycleAction")
-    assert shared.read_drain(efs, "i-0123456789abcdef0")["reason"] == "not-a-member"
+    assert shared.read_drain(efs, "i-0123456789abcdef0").reason == "not-a-member"
     assert shared.read_current(efs).generation == 1
 
 
@@ -207,18 +207,18 @@ def test_scale_out_joins_only_registered_and_prepared_nodes(env, tmp_path, compl
     m2 = shared.read_current(efs)
     assert [n.instance_id for n in m2.nodes[1:]] == [w1, good]
     assert m2.node_by_instance(good).base is False
-    failed = json.loads(shared.prepared_path(efs, bad, "failed").read_text())
-    assert failed["exit_code"] == 3 and "no data for me" in failed["output_tail"]
-    assert ("2", "ADDED", good_ip) in log_lines(efs)
+    failed = store.read_record(ClusterPaths(efs).prepared(bad, "failed"), PrepResult)
+    assert failed.exit_code == 3 and "no data for me" in failed.output_tail
+    wait_until(lambda: ("2", "ADDED", good_ip) in log_lines(efs), 10, what="the ADDED line")
     assert bad_ip not in [a for _s, _k, a in log_lines(efs)]
     good_root = tmp_path / "nodes" / good
-    wait_until(lambda: good_root.joinpath(ms.WORKERS_FILE).exists(), 10, what="workers file")
-    assert good_root.joinpath(ms.WORKERS_FILE).read_text() == \
+    wait_until(lambda: good_root.joinpath(WORKERS_FILE).exists(), 10, what="workers file")
+    assert good_root.joinpath(WORKERS_FILE).read_text() == \
         "".join(f"{n.address}\n" for n in m2.nodes)
-    assert not (tmp_path / "nodes" / bad / ms.WORKERS_FILE).exists()
+    assert not (tmp_path / "nodes" / bad / WORKERS_FILE).exists()
     # The refusal is logged when the master next sees the .failed marker, which can come
     # after generation 2 (with the good node) was published: wait for it, bounded.
-    master_log = efs / ms.EFS_LOGS_DIR / f"{m1.master.instance_id}.log"
+    master_log = ClusterPaths(efs).agent_log(m1.master.instance_id)
     wait_until(lambda: "event=join-refused instance_id=" + bad in master_log.read_text(), 15,
                what="the master refusing the unprepared node")
 
@@ -229,11 +229,9 @@ def test_node_started_by_hand_from_the_launch_template_joins(env, tmp_path, comp
     cluster = create_cluster(endpoint, workers=1)
     _master, efs = form(cluster, recorder, threads, tmp_path)
     ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=REGION)
-    subnet = ec2.describe_subnets(Filters=[{"Name": "cidr-block", "Values": [
-        "127.20.128.0/24"]}])["Subnets"][0]["SubnetId"]
-    template = {"LaunchTemplateName": f"{cluster.cluster_id}-worker-lt"}
+    template = {"LaunchTemplateName": cluster.launch_templates["worker"]}
     inst = ec2.run_instances(LaunchTemplate=template, MinCount=1, MaxCount=1,
-                             SubnetId=subnet)["Instances"][0]
+                             SubnetId=cluster.subnet_id)["Instances"][0]
     register(efs, cluster, inst["InstanceId"], inst["PrivateIpAddress"], gpus=2)
     wait_until(lambda: shared.read_current(efs).generation == 2, 30, what="generation 2")
     node = shared.read_current(efs).node_by_instance(inst["InstanceId"])
@@ -255,7 +253,7 @@ def test_bench_drain_and_join_latency(env, tmp_path, completions):
         gen = shared.read_current(efs).generation
         victim = shared.read_current(efs).nodes[-1]
         started = time.monotonic()
-        cluster.send(drain_message(cluster, victim.instance_id, str(uuid.uuid4())))
+        cluster.send(cluster.drain_message(victim.instance_id, str(uuid.uuid4())))
         wait_until(lambda g=gen: shared.read_current(efs).generation == g + 1, 30,
                    interval=0.005, what="the drain generation")
         drains.append(time.monotonic() - started)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bootstrap_scripts.gpus import count_gpus, parse_nvidia_smi_list
-from tests.agent.fakecloud import fake_nvidia_smi
+from bootstrap_scripts.agent.gpus import count_gpus, parse_nvidia_smi_list
+from emulator.gpus import fake_nvidia_smi
 
 
 def test_counts_gpu_lines_not_mig_devices():
@@ -25,8 +25,6 @@ def test_no_driver_means_zero(tmp_path, monkeypatch):
 
 
 def test_failing_driver_means_zero(tmp_path, monkeypatch):
-    script = tmp_path / "nvidia-smi"
-    script.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    bindir = fake_nvidia_smi(tmp_path / "bin", 8, fault=True)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     assert count_gpus() == 0

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from bootstrap_scripts.identity import IdentityError, NodeIdentity, fetch_identity
+from bootstrap_scripts.agent.identity import IdentityError, NodeIdentity, fetch_identity
 from emulator.imds import MetadataServer
 from tests.conftest import free_port
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from bootstrap_scripts import install
-from bootstrap_scripts.node_agent import build_parser
+from bootstrap_scripts.agent import install
+from bootstrap_scripts.agent.settings import build_parser
 
 HANDLE = ("https://cloudformation-waitcondition-us-east-1.s3.amazonaws.com/arn%3Aaws%3A"
           "cloudformation%3Aus-east-1%3A1234%3Astack/s/x?X-Amz-Signature=a%2Fb&X-Amz-Date=1")
@@ -17,8 +17,8 @@ HANDLE = ("https://cloudformation-waitcondition-us-east-1.s3.amazonaws.com/arn%3
 
 def agent_args(root) -> list[str]:
     return ["--role", "worker", "--cluster-id", "dlc", "--stack-name", "dlc", "--region",
-            "us-east-1", "--master-queue-url", "https://sqs/q-master", "--worker-queue-url",
-            "https://sqs/q-worker", "--efs-id", "fs-0123abcd", "--mount-point", "/efs",
+            "us-east-1", "--master-queue-url", "https://sqs/q-master",
+            "--efs-id", "fs-0123abcd", "--mount-point", "/efs",
             "--wait-handle", HANDLE, "--setup-timeout", "3300", "--root", str(root)]
 
 
@@ -34,14 +34,15 @@ def test_units_and_wrappers_are_written(tmp_path):
     assert len(written) == 6
     unit = (tmp_path / "etc/systemd/system/dl-agent.service").read_text()
     argv = exec_start_argv(unit)
-    assert argv[:3] == ["/usr/bin/python3", "-m", "bootstrap_scripts.node_agent"]
+    assert argv[:3] == ["/usr/bin/python3", "-m", "bootstrap_scripts.agent.node_agent"]
     ns = build_parser().parse_args(argv[3:])
     assert ns.wait_handle == HANDLE
     assert (ns.role, ns.efs_id, ns.mount_point, ns.root) == ("worker", "fs-0123abcd", "/efs",
                                                             str(tmp_path))
     assert "RestartPreventExitStatus=2 64" in unit
     executor = (tmp_path / "etc/systemd/system/dl-executor.service").read_text()
-    assert exec_start_argv(executor) == ["/usr/bin/python3", "-m", "bootstrap_scripts.executor",
+    assert exec_start_argv(executor) == ["/usr/bin/python3", "-m",
+                                         "bootstrap_scripts.jobs.executor",
                                          "--root", str(tmp_path), "--mount-point", "/efs"]
     for name in ("dl-run", "dl-health", "dl-agent", "dl-scale"):
         wrapper = tmp_path / "usr/local/bin" / name

@@ -1,8 +1,10 @@
-"""One master and three workers as separate processes against moto's server.
+"""One master and three workers as emulated nodes (``emulator.nodes``) against moto's server.
 
 Each node has its own fake IMDSv2 endpoint bound to its moto-assigned loopback address, its
-own root directory and its own GPU count; they share one directory as "EFS". The Lambda is
-played by the test: it sends the ``asg-setup`` and ``membership-change`` messages.
+own root directory and its own GPU count, and runs the installer with its launch template's
+arguments, then its agent and executor; they share one directory as "EFS". The Lambda's
+``asg-setup`` and ``membership-change`` messages are built by its own code and queued by
+the test.
 """
 
 from __future__ import annotations
@@ -12,17 +14,24 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import membership as ms
-from emulator.imds import MetadataServer
-from tests.agent.fakecloud import (
-    AgentProcesses,
-    SignalRecorder,
-    agent_argv,
-    create_cluster,
-    fake_nvidia_smi,
-    wait_until,
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.membership import Membership, MembershipError
+from bootstrap_scripts.protocol.node_files import HOSTS_BEGIN, parse_env_file
+from bootstrap_scripts.protocol.paths import (
+    ENV_FILE,
+    HOROVOD_HOSTS_FILE,
+    HOSTS_FILE,
+    MEMBERSHIP_FILE,
+    MPI_HOSTFILE,
+    PROFILE_FILE,
+    WORKERS_FILE,
+    ClusterPaths,
 )
-from tests.conftest import REGION
+from bootstrap_scripts.protocol.records import Registration
+from emulator.nodes import Node as EmulatedNode
+from emulator.resources import create_cluster
+from emulator.wait_handle import WaitHandle
+from tests.support.agents import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -31,39 +40,28 @@ PER_NODE_KEYS = {"DEEPLEARNING_NODE_RANK", "DEEPLEARNING_NODE_ADDR",
                  "DEEPLEARNING_WORKER_GPU_COUNT"}
 ROOT_PATH_KEYS = {"DEEPLEARNING_WORKERS_PATH", "DEEPLEARNING_HOSTFILE",
                   "DEEPLEARNING_MEMBERSHIP_PATH"}
-SHARED_FILES = [ms.WORKERS_FILE, ms.MPI_HOSTFILE, ms.HOROVOD_HOSTS_FILE, ms.MEMBERSHIP_FILE]
+SHARED_FILES = [WORKERS_FILE, MPI_HOSTFILE, HOROVOD_HOSTS_FILE, MEMBERSHIP_FILE]
 
 
 class Node:
-    def __init__(self, tmp: Path, instance_id: str, address: str, gpus: int) -> None:
-        self.instance_id, self.address, self.gpus = instance_id, address, gpus
-        self.root = tmp / "nodes" / instance_id
-        self.root.mkdir(parents=True)
-        (self.root / "etc").mkdir()
-        (self.root / "etc/hosts").write_text("127.0.0.1 localhost\n")
-        self.bin = fake_nvidia_smi(tmp / "bin" / instance_id, gpus)
-        self.imds = MetadataServer()
-        self.imds_url = self.imds.start(address, 0, {
-            "instance_id": instance_id, "address": address, "instance_type": "p3.2xlarge",
-            "region": REGION})
+    """An emulated node and the files its agent wrote."""
 
-    def env(self, endpoint: str) -> dict[str, str]:
-        import os
-
-        return {"AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.imds_url,
-                "PATH": f"{self.bin}:{os.environ['PATH']}"}
+    def __init__(self, node: EmulatedNode) -> None:
+        self.node = node
+        self.instance_id, self.address, self.gpus = node.instance_id, node.address, node.gpus
+        self.root = node.root
 
     def generation(self) -> int:
         try:
-            return ms.Membership.load(self.root / ms.MEMBERSHIP_FILE).generation
-        except (OSError, ms.MembershipError):
+            return Membership.load(self.root / MEMBERSHIP_FILE).generation
+        except (OSError, MembershipError):
             return 0
 
     def read(self, rel: str) -> str:
         return (self.root / rel).read_text()
 
     def env_file(self) -> dict[str, str]:
-        return ms.parse_env_file(self.read(ms.ENV_FILE))
+        return parse_env_file(self.read(ENV_FILE))
 
 
 def shared_env(node: Node) -> dict[str, str]:
@@ -76,21 +74,21 @@ def shared_env(node: Node) -> dict[str, str]:
 
 
 def hosts_block(node: Node) -> str:
-    text = node.read(ms.HOSTS_FILE)
-    return text[text.index(ms.HOSTS_BEGIN):]
+    text = node.read(HOSTS_FILE)
+    return text[text.index(HOSTS_BEGIN):]
 
 
-def assert_consistent(nodes: list[Node], generation: int) -> ms.Membership:
+def assert_consistent(nodes: list[Node], generation: int) -> Membership:
     first = nodes[0]
     for node in nodes:
         assert node.generation() == generation, f"{node.instance_id} at {node.generation()}"
         for rel in SHARED_FILES:
             assert node.read(rel) == first.read(rel), f"{rel} differs on {node.instance_id}"
         assert shared_env(node) == shared_env(first), node.instance_id
-        assert node.read(ms.PROFILE_FILE).count("export ") == len(node.env_file())
+        assert node.read(PROFILE_FILE).count("export ") == len(node.env_file())
         assert hosts_block(node) == hosts_block(first)
-        assert node.read(ms.HOSTS_FILE).startswith("127.0.0.1 localhost\n")
-    m = ms.Membership.load(first.root / ms.MEMBERSHIP_FILE)
+        assert node.read(HOSTS_FILE).startswith("127.0.0.1 localhost\n")
+    m = Membership.load(first.root / MEMBERSHIP_FILE)
     for node in nodes:
         env = node.env_file()
         me = m.node_by_instance(node.instance_id)
@@ -100,31 +98,31 @@ def assert_consistent(nodes: list[Node], generation: int) -> ms.Membership:
         assert env["DEEPLEARNING_WORKER_GPU_COUNT"] == str(node.gpus)
         assert env["DEEPLEARNING_MASTER_ADDR"] == m.master_addr
         assert env["DEEPLEARNING_WORKERS_COUNT"] == str(len(nodes))
-        assert f"{node.address} slots={max(1, node.gpus)}\n" in node.read(ms.MPI_HOSTFILE)
+        assert f"{node.address} slots={max(1, node.gpus)}\n" in node.read(MPI_HOSTFILE)
     return m
 
 
 def shared_generation(efs: Path) -> int:
     try:
-        return ms.Membership.load(efs / ms.EFS_MEMBERSHIP).generation
-    except (OSError, ms.MembershipError):
+        return Membership.load(ClusterPaths(efs).membership).generation
+    except (OSError, MembershipError):
         return 0
 
 
-def test_master_and_three_workers_form_and_survive_a_replacement(moto_reset, tmp_path):
+def test_master_and_three_workers_form_and_survive_a_replacement(moto_reset, tmp_path,
+                                                                  boot_node):
     cluster = create_cluster(moto_reset, workers=3)
     efs = tmp_path / "efs"
-    efs.mkdir()
-    (tmp_path / "logs").mkdir()
-    recorder = SignalRecorder()
-    procs = AgentProcesses(tmp_path / "logs")
+    recorder = WaitHandle()
     nodes: dict[str, Node] = {}
+
+    def boot(role: str, instance, gpus: int) -> None:
+        node = boot_node(cluster, role, instance, gpus=gpus, wait_handle=recorder.url)
+        nodes[instance.instance_id] = Node(node)
+
     try:
-        (master_id, master_ip), = cluster.instances("master")
+        ((master_id, _master_ip),) = cluster.instances("master")
         workers = cluster.instances("worker")
-        nodes[master_id] = Node(tmp_path, master_id, master_ip, gpus=2)
-        for n, (iid, ip) in enumerate(workers):
-            nodes[iid] = Node(tmp_path, iid, ip, gpus=n + 1)
 
         # The groups are up before the agents finish booting: messages wait in the queue.
         cluster.send(cluster.setup_message("worker"))
@@ -132,13 +130,12 @@ def test_master_and_three_workers_form_and_survive_a_replacement(moto_reset, tmp
         cluster.send("this is not JSON")  # malformed: logged, deleted, ignored
         cluster.send({"event": "scale-the-moon", "role": "worker"})
 
-        for iid, node in nodes.items():
-            role = "master" if iid == master_id else "worker"
-            procs.start(iid, agent_argv(cluster, role, node.root, efs, recorder.url),
-                        node.env(moto_reset))
+        boot("master", cluster.node_instances("master")[0], gpus=2)
+        for n, instance in enumerate(cluster.node_instances("worker")):
+            boot("worker", instance, gpus=n + 1)
 
         signals = recorder.wait_for(1, timeout=90)
-        assert signals, procs.output(master_id)
+        assert signals, nodes[master_id].node.log_path("dl-agent").read_text()
         assert signals[0]["Status"] == "SUCCESS", signals[0]
         assert signals[0]["UniqueId"] == master_id
         assert json.loads(signals[0]["Data"])["nodes"] == 4
@@ -155,17 +152,14 @@ def test_master_and_three_workers_form_and_survive_a_replacement(moto_reset, tmp
 
         # -- replacement: the instance dies, the group launches another one ------------------
         victim_id = workers[0][0]
-        procs.stop(victim_id)
-        nodes.pop(victim_id).imds.stop()
+        nodes.pop(victim_id).node.stop()
         cluster.client("autoscaling").terminate_instance_in_auto_scaling_group(
             InstanceId=victim_id, ShouldDecrementDesiredCapacity=False)
-        (new_id, new_ip), = [(i, a) for i, a in cluster.instances("worker")
-                             if i not in nodes]
-        nodes[new_id] = Node(tmp_path, new_id, new_ip, gpus=2)
+        (new,) = [i for i in cluster.node_instances("worker") if i.instance_id not in nodes]
+        new_id, new_ip = new.instance_id, new.address
         cluster.send(cluster.change_message("worker", "terminate", victim_id))
         cluster.send(cluster.change_message("worker", "launch", new_id))
-        procs.start(new_id, agent_argv(cluster, "worker", nodes[new_id].root, efs,
-                                       recorder.url), nodes[new_id].env(moto_reset))
+        boot("worker", new, gpus=2)
 
         # The victim leaves at once; the newcomer joins once its agent registered (protocol
         # §7), so that is generation 2 or 3 depending on which the master saw first.
@@ -174,7 +168,7 @@ def test_master_and_three_workers_form_and_survive_a_replacement(moto_reset, tmp
         def joined() -> int:
             current = shared_generation(efs)
             ok = current >= 2 and all(n.generation() == current for n in live)
-            return current if ok and new_ip in nodes[new_id].read(ms.WORKERS_FILE) else 0
+            return current if ok and new_ip in nodes[new_id].read(WORKERS_FILE) else 0
 
         final = wait_until(joined, 60, what="every live node to apply the newcomer's generation")
         m2 = assert_consistent(live, final)
@@ -183,23 +177,21 @@ def test_master_and_three_workers_form_and_survive_a_replacement(moto_reset, tmp
         assert m2.node_by_instance(new_id).base  # replaces a base worker: promoted, protected
         assert len(recorder.signals) == 1  # the wait condition is signalled once
 
-        log = (efs / ms.EFS_MEMBERSHIP_LOG).read_text().splitlines()
+        cluster_paths = ClusterPaths(efs)
+        log = cluster_paths.membership_log.read_text().splitlines()
         assert [line.split()[:2] for line in log][:4] == [["1", "ADDED"]] * 4
         assert any(line.split()[1:3] == ["ADDED", new_ip] and int(line.split()[0]) >= 2
                    for line in log)
         assert any(line.split()[1:3] == ["REMOVED", workers[0][1]] for line in log)
-        assert (efs / ms.EFS_GENERATIONS_DIR / f"{final}.json").read_text() == \
-            (efs / ms.EFS_MEMBERSHIP).read_text()
+        assert cluster_paths.generation(final).read_text() == \
+            cluster_paths.membership.read_text()
         for iid in nodes:
-            reg = json.loads((efs / ms.EFS_NODES_DIR / f"{iid}.json").read_text())
-            assert reg["gpus"] == nodes[iid].gpus
-            assert (efs / ms.EFS_LOGS_DIR / f"{iid}.log").exists()
-        assert not (efs / ms.EFS_NODES_DIR / f"{victim_id}.json").exists()
-        master_log = (efs / ms.EFS_LOGS_DIR / f"{master_id}.log").read_text()
+            reg = store.read_record(cluster_paths.registration(iid), Registration)
+            assert reg.gpus == nodes[iid].gpus
+            assert cluster_paths.agent_log(iid).exists()
+        assert not cluster_paths.registration(victim_id).exists()
+        master_log = cluster_paths.agent_log(master_id).read_text()
         assert "event=skip-message" in master_log
         assert master_log.count("event=skip-message") == 2
     finally:
-        procs.stop_all()
-        for node in nodes.values():
-            node.imds.stop()
         recorder.stop()

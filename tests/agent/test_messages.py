@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from bootstrap_scripts.messages import AsgSetup, BadMessage, MembershipChange, parse_message
+from bootstrap_scripts.protocol.messages import (
+    AsgSetup,
+    BadMessage,
+    MembershipChange,
+    parse_message,
+)
 
 SETUP = {"event": "asg-setup", "status": "success", "asg": "g-w", "role": "worker",
          "cluster_id": "c", "min": 0, "desired": 3, "max": 4, "launched": 3,

@@ -7,19 +7,29 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import membership as ms
-from bootstrap_scripts.node_files import applied_generation, apply_membership
+from bootstrap_scripts.agent.node_files import applied_generation, apply_membership
+from bootstrap_scripts.protocol.membership import Membership, MembershipError, build_membership
+from bootstrap_scripts.protocol.node_files import HOSTS_BEGIN, parse_env_file
+from bootstrap_scripts.protocol.paths import (
+    ENV_FILE,
+    HOROVOD_HOSTS_FILE,
+    HOSTS_FILE,
+    MEMBERSHIP_FILE,
+    MPI_HOSTFILE,
+    PROFILE_FILE,
+    WORKERS_FILE,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
 
 def make(generation: int = 1, workers: list[tuple[str, str, int]] | None = None,
-         reason: str = "initial") -> ms.Membership:
+         reason: str = "initial") -> Membership:
     if workers is None:
         workers = [("i-w9", "10.0.128.9", 8), ("i-w10", "10.0.128.10", 8),
                    ("i-w2", "10.0.128.2", 4)]
-    return ms.build_membership(
+    return build_membership(
         cluster_id="dlc", generation=generation,
         master={"instance_id": "i-m", "address": "10.0.0.5", "gpus": 8,
                 "instance_type": "p4d.24xlarge"},
@@ -38,7 +48,7 @@ def test_master_first_then_workers_in_numeric_address_order():
 
 
 def test_master_listed_among_workers_appears_once():
-    m = ms.build_membership(cluster_id="c", generation=1,
+    m = build_membership(cluster_id="c", generation=1,
                             master={"instance_id": "i-m", "address": "10.0.0.5"},
                             workers=[{"instance_id": "i-m", "address": "10.0.0.5"},
                                      {"instance_id": "i-w", "address": "10.0.0.6"}])
@@ -46,16 +56,16 @@ def test_master_listed_among_workers_appears_once():
 
 
 def test_duplicate_address_is_rejected_with_the_address_named():
-    with pytest.raises(ms.MembershipError, match=r"10\.0\.0\.6"):
-        ms.build_membership(cluster_id="c", generation=1,
+    with pytest.raises(MembershipError, match=r"10\.0\.0\.6"):
+        build_membership(cluster_id="c", generation=1,
                             master={"instance_id": "i-m", "address": "10.0.0.5"},
                             workers=[{"instance_id": "i-a", "address": "10.0.0.6"},
                                      {"instance_id": "i-b", "address": "10.0.0.6"}])
 
 
-@pytest.mark.parametrize("rel", [ms.WORKERS_FILE, ms.MPI_HOSTFILE, ms.HOROVOD_HOSTS_FILE,
-                                 ms.MEMBERSHIP_FILE, ms.ENV_FILE, ms.PROFILE_FILE,
-                                 ms.HOSTS_FILE])
+@pytest.mark.parametrize("rel", [WORKERS_FILE, MPI_HOSTFILE, HOROVOD_HOSTS_FILE,
+                                 MEMBERSHIP_FILE, ENV_FILE, PROFILE_FILE,
+                                 HOSTS_FILE])
 def test_rendered_files_match_golden(rel, tmp_path):
     m = make()
     root = tmp_path / "root"
@@ -73,17 +83,17 @@ def test_rendered_files_match_golden(rel, tmp_path):
 
 def test_env_and_profile_export_the_original_variables_and_ours(tmp_path):
     apply_membership(tmp_path, make(), instance_id="i-w9")
-    env = ms.parse_env_file((tmp_path / ms.ENV_FILE).read_text())
-    assert env["DEEPLEARNING_WORKERS_PATH"] == str(tmp_path / ms.WORKERS_FILE)
+    env = parse_env_file((tmp_path / ENV_FILE).read_text())
+    assert env["DEEPLEARNING_WORKERS_PATH"] == str(tmp_path / WORKERS_FILE)
     assert env["DEEPLEARNING_WORKERS_COUNT"] == "4"
     assert env["DEEPLEARNING_WORKER_GPU_COUNT"] == "8"
     assert env["EFS_MOUNT"] == "/efs"
     assert env["DEEPLEARNING_MASTER_ADDR"] == "10.0.0.5"
     assert env["DEEPLEARNING_NODE_RANK"] == "2"
-    profile = (tmp_path / ms.PROFILE_FILE).read_text()
+    profile = (tmp_path / PROFILE_FILE).read_text()
     for key, value in env.items():
         assert f"export {key}={value}\n" in profile
-    assert (tmp_path / ms.WORKERS_FILE).read_text().count("\n") == 4
+    assert (tmp_path / WORKERS_FILE).read_text().count("\n") == 4
 
 
 def _mtimes(root: Path) -> dict[str, int]:
@@ -111,12 +121,12 @@ def test_newer_generation_replaces_files_and_older_is_ignored(tmp_path):
                  reason="membership-change")
     result = apply_membership(tmp_path, newer, instance_id="i-m")
     assert result.status == "applied"
-    assert (tmp_path / ms.WORKERS_FILE).read_text() == "10.0.0.5\n10.0.128.9\n10.0.128.11\n"
+    assert (tmp_path / WORKERS_FILE).read_text() == "10.0.0.5\n10.0.128.9\n10.0.128.11\n"
     assert applied_generation(tmp_path) == 2
     stale = apply_membership(tmp_path, make(1), instance_id="i-m")
     assert stale.status == "older"
     assert applied_generation(tmp_path) == 2
-    assert (tmp_path / ms.WORKERS_FILE).read_text() == "10.0.0.5\n10.0.128.9\n10.0.128.11\n"
+    assert (tmp_path / WORKERS_FILE).read_text() == "10.0.0.5\n10.0.128.9\n10.0.128.11\n"
 
 
 def test_node_not_in_membership_writes_nothing(tmp_path):
@@ -132,6 +142,6 @@ def test_hosts_block_is_replaced_not_appended(tmp_path):
     apply_membership(tmp_path, make(2, workers=[("i-w3", "10.0.128.3", 1)]), instance_id="i-m")
     text = (tmp_path / "etc/hosts").read_text()
     assert text.startswith("127.0.0.1 localhost\n10.9.9.9 mine\n")
-    assert text.count(ms.HOSTS_BEGIN) == 1
+    assert text.count(HOSTS_BEGIN) == 1
     assert "10.0.128.3 deeplearning-worker1\n" in text
     assert "10.0.128.9" not in text

@@ -6,18 +6,20 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import membership as ms
-from bootstrap_scripts import scale
-from bootstrap_scripts import shared_state as shared
-from bootstrap_scripts.node_files import apply_membership
-from tests.agent.fakecloud import FakeCluster, create_cluster
+from bootstrap_scripts.agent.node_files import apply_membership
+from bootstrap_scripts.ops import scale
+from bootstrap_scripts.protocol import membership as ms
+from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.records import DrainRecord, PrepResult, Registration
+from emulator.resources import ClusterResources, create_cluster
 
 
 @pytest.fixture()
-def cloud(moto_reset, monkeypatch, tmp_path) -> tuple[FakeCluster, Path, ms.Membership]:
+def cloud(moto_reset, monkeypatch, tmp_path) -> tuple[ClusterResources, Path, ms.Membership]:
     """Master + 3 workers (2 base, 1 elastic) as the master agent would have published."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_reset)
-    cluster = create_cluster(moto_reset, workers=3)
+    cluster = create_cluster(moto_reset, workers=3, min_workers=0)
     asg = cluster.client("autoscaling")
     asg.update_auto_scaling_group(AutoScalingGroupName=cluster.worker_asg, MaxSize=5)
     efs = tmp_path / "efs"
@@ -28,7 +30,7 @@ def cloud(moto_reset, monkeypatch, tmp_path) -> tuple[FakeCluster, Path, ms.Memb
         master={"instance_id": mid, "address": mip},
         workers=[{"instance_id": i, "address": a, "base": n < 2}
                  for n, (i, a) in enumerate(workers)])
-    shared.publish(efs, m, None)
+    state.publish(efs, m, None)
     root = tmp_path / "node"
     apply_membership(root, m, instance_id=mid)
     base_ids = [n.instance_id for n in m.nodes[1:] if n.base]
@@ -41,7 +43,7 @@ def run(root: Path, *args: str) -> int:
     return scale.main(["--root", str(root), *args])
 
 
-def desired(cluster: FakeCluster) -> int:
+def desired(cluster: ClusterResources) -> int:
     return cluster.client("autoscaling").describe_auto_scaling_groups(
         AutoScalingGroupNames=[cluster.worker_asg])["AutoScalingGroups"][0]["DesiredCapacity"]
 
@@ -93,11 +95,16 @@ def test_remove_elastic_worker_terminates_it_through_the_group(cloud, capsys):
 def test_status_lists_roles_kinds_and_joiners(cloud, capsys):
     _cluster, root, m = cloud
     efs = Path(m.efs_mount)
-    shared.write_registration(efs, {"instance_id": "i-0aaaaaaaaaaaaaaa1", "role": "worker",
-                                    "address": "127.20.128.77", "generation_applied": 0})
-    shared.prepared_path(efs, "i-0aaaaaaaaaaaaaaa1", "failed").parent.mkdir(parents=True)
-    shared.prepared_path(efs, "i-0aaaaaaaaaaaaaaa1", "failed").write_text("{}")
-    shared.write_drain(efs, {"instance_id": m.nodes[3].instance_id, "address": "x"})
+    joiner = "i-0aaaaaaaaaaaaaaa1"
+    state.write_registration(efs, Registration(instance_id=joiner, role="worker",
+                                               address="127.20.128.77", generation_applied=0))
+    store.write_record(ClusterPaths(efs).prepared(joiner, "failed"), PrepResult(
+        instance_id=joiner, address="127.20.128.77", command="prepare", started_at=0.0,
+        finished_at=1.0, seconds=1.0, exit_code=1))
+    state.write_drain(efs, DrainRecord(
+        instance_id=m.nodes[3].instance_id, address=m.nodes[3].address, requested_at=0.0,
+        deadline=0.0, asg="workers", role="worker", lifecycle_hook="drain",
+        lifecycle_action_token="token"))
     assert run(root, "--status") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("cluster dlc-test  generation 4  workers desired 3 (min 0, max 5, "

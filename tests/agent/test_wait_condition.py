@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from bootstrap_scripts import wait_condition as wc
-from tests.agent.fakecloud import SignalRecorder
+from bootstrap_scripts.agent import wait_condition as wc
+from emulator.wait_handle import WaitHandle
 from tests.conftest import free_port
 
 
@@ -24,7 +24,7 @@ def test_bad_status_is_rejected_by_name():
 
 
 def test_put_reaches_the_presigned_url_with_empty_content_type():
-    recorder = SignalRecorder()
+    recorder = WaitHandle()
     try:
         assert wc.signal(recorder.url, "FAILURE", "worker group: 0 of 3 launched", "i-m")
         (sig,) = recorder.wait_for(1, timeout=10)

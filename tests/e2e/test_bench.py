@@ -9,13 +9,13 @@ import time
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.e2e.test_demo import assert_nothing_left, run_demo
+from tests.support.demo import assert_nothing_left, demo_env, run_demo
 
 pytestmark = pytest.mark.bench
 
 
 def synth_seconds(out_dir: str) -> float:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env = demo_env()
     env.update({"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "18,20",
                 "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
                 "JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION": "1",

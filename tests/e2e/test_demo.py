@@ -8,10 +8,7 @@ process group, so a failing test never leaves a cluster behind.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,72 +16,29 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import membership as ms
-from emulator.procs import alive, pids_in_groups
+from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.protocol import paths as pp
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.records import JobResult
+from emulator.demo.context import BIN_DIR, STATE_FILE
 from tests.conftest import REPO_ROOT
+from tests.support.demo import (
+    DEMO_TIMEOUT,
+    assert_nothing_left,
+    demo_env,
+    recorded_groups,
+    run_demo,
+)
 
 pytestmark = pytest.mark.slow
-DEMO_TIMEOUT = 420
-
-
-def run_demo(tmp_path: Path, *args: str, timeout: float = DEMO_TIMEOUT) -> tuple[int, str, dict]:
-    report = tmp_path / "demo-report.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    p = subprocess.Popen(
-        [sys.executable, "-m", "emulator.demo", "--work-dir", str(tmp_path / "work"),
-         "--report", str(report), *args],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_everything(tmp_path)
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        raise AssertionError(f"demo timed out; output:\n{out}") from None
-    data = json.loads(report.read_text()) if report.exists() else {}
-    return p.returncode, out, data
-
-
-def recorded_groups(tmp_path: Path) -> set[int]:
-    """Every process group the demo recorded (state file) plus every job share's group."""
-    work = tmp_path / "work"
-    groups: set[int] = set()
-    with contextlib.suppress(OSError, ValueError):
-        state = json.loads((work / "state.json").read_text())
-        groups |= {n["group"]["pid"] for n in state["nodes"] if n.get("group")}
-        groups |= {r["pid"] for r in state.get("runners", [])}
-        if state.get("cloud"):
-            groups.add(state["cloud"]["pid"])
-    for started in work.glob("efs/jobs/*/nodes/*.started"):
-        with contextlib.suppress(OSError, ValueError):
-            groups.add(int(json.loads(started.read_text())["pgid"]))
-    return groups
-
-
-def kill_everything(tmp_path: Path) -> None:
-    for pgid in recorded_groups(tmp_path):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-
-
-def assert_nothing_left(tmp_path: Path, report: dict) -> None:
-    groups = recorded_groups(tmp_path)
-    assert groups, "the demo recorded no process groups"
-    left = pids_in_groups(groups) | {g for g in groups if alive(g)}
-    if left:
-        kill_everything(tmp_path)
-    assert not left, f"processes left behind: {sorted(left)}"
-    assert report.get("leftover_pids") == []
-    # Including processes that left their group (torchrun workers start new sessions).
-    stopped = report.get("stopped_pids") or []
-    assert stopped and not [p for p in stopped if alive(p)]
 
 
 def node_files(report: dict, node: dict) -> dict[str, str]:
     root = Path(node["root"])
     return {rel: (root / rel).read_text() for rel in
-            (ms.WORKERS_FILE, ms.MPI_HOSTFILE, ms.MEMBERSHIP_FILE, ms.ENV_FILE, ms.HOSTS_FILE)}
+            (pp.WORKERS_FILE, pp.MPI_HOSTFILE, pp.MEMBERSHIP_FILE, pp.ENV_FILE, pp.HOSTS_FILE)}
 
 
 def check_common(tmp_path: Path, report: dict, n_nodes: int) -> list[dict]:
@@ -110,7 +64,7 @@ def check_common(tmp_path: Path, report: dict, n_nodes: int) -> list[dict]:
     assert epochs and all(e["world_size"] == report["world_size"] for e in epochs)
     assert all(e["samples_per_s"] > 0 for e in epochs)
     efs = tmp_path / "work" / "efs"
-    assert (efs / ms.EFS_MEMBERSHIP).exists()
+    assert ClusterPaths(efs).membership.exists()
     assert (efs / "checkpoints" / "digits" / "latest.json").exists()
     return live
 
@@ -128,13 +82,15 @@ def test_demo_with_two_workers(tmp_path):
     assert report["final_acc"] >= 0.85
     # Every node wrote the same shared files for generation 1, each with its own rank.
     files = [node_files(report, n) for n in live]
-    for rel in (ms.WORKERS_FILE, ms.MPI_HOSTFILE, ms.MEMBERSHIP_FILE):
+    for rel in (pp.WORKERS_FILE, pp.MPI_HOSTFILE, pp.MEMBERSHIP_FILE):
         assert len({f[rel] for f in files}) == 1, rel
     assert sorted(n["env"]["DEEPLEARNING_NODE_RANK"] for n in live) == ["0", "1", "2"]
-    assert all("deeplearning-master" in f[ms.HOSTS_FILE] for f in files)
-    assert ms.Membership.from_json(files[0][ms.MEMBERSHIP_FILE]).generation == 1
-    (jdir,) = (tmp_path / "work" / "efs" / "jobs").iterdir()
-    assert json.loads((jdir / "result.json").read_text())["status"] == "succeeded"
+    assert all("deeplearning-master" in f[pp.HOSTS_FILE] for f in files)
+    assert Membership.from_json(files[0][pp.MEMBERSHIP_FILE]).generation == 1
+    cluster = ClusterPaths(tmp_path / "work" / "efs")
+    (jdir,) = cluster.jobs_dir.iterdir()
+    result = store.read_record(cluster.job(jdir.name).result, JobResult)
+    assert result is not None and result.status == "succeeded"
     assert "job" in out and "succeeded on 3 node(s)" in out
     assert_nothing_left(tmp_path, report)
 
@@ -181,9 +137,9 @@ def test_demo_kill_a_worker_mid_training_then_resume(tmp_path):
     killed = [n for n in report["nodes"] if n["status"] == "killed"]
     assert [n["address"] for n in killed] == [kill["address"]]
     efs = tmp_path / "work" / "efs"
-    log = (efs / ms.EFS_MEMBERSHIP_LOG).read_text()
+    log = ClusterPaths(efs).membership_log.read_text()
     assert f"REMOVED {kill['address']}" in log
-    assert (efs / ms.EFS_GENERATIONS_DIR / "2.json").exists()
+    assert ClusterPaths(efs).generation(2).exists()
     assert_nothing_left(tmp_path, report)
 
 
@@ -207,7 +163,7 @@ def test_port_in_use_stops_with_a_clear_message_and_cleans_up(tmp_path):
     assert code == 1, out
     assert f"port {port} on localhost is already in use" in out
     assert report["status"] == "failed" and "already in use" in report["error"]
-    assert not (tmp_path / "work" / "state.json").exists() or not pids_in_groups(
+    assert not (tmp_path / "work" / STATE_FILE).exists() or not pids_in_groups(
         recorded_groups(tmp_path))
 
 
@@ -215,14 +171,14 @@ def test_demo_keep_leaves_a_usable_cluster_and_stop_removes_it(tmp_path: Path) -
     """--keep: the cluster stays up and answers dl-health; --stop: every process and the
     temp dir it made are gone."""
     report_path = tmp_path / "keep-report.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env = demo_env()
     proc = subprocess.run(
         [sys.executable, "-m", "emulator.demo", "--keep", "--epochs", "2", "--require-acc", "0.3",
          "--report", str(report_path)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT)
     report = json.loads(report_path.read_text())
     work = Path(report["work_dir"])
-    state_file = work / "state.json"
+    state_file = work / STATE_FILE
     try:
         assert proc.returncode == 0, proc.stdout[-3000:]
         assert report["kept"] is True and state_file.exists()
@@ -232,7 +188,7 @@ def test_demo_keep_leaves_a_usable_cluster_and_stop_removes_it(tmp_path: Path) -
         assert all(alive(g) for g in groups), "kept cluster is not running"
         master = next(n for n in state["nodes"] if n["role"] == "master")
         health = subprocess.run(
-            [str(Path(master["root"]) / "usr/local/bin/dl-health"), "--root", master["root"]],
+            [str(Path(master["root"]) / BIN_DIR / "dl-health"), "--root", master["root"]],
             capture_output=True, text=True, timeout=120)
         assert health.returncode == 0, health.stdout + health.stderr
         assert "healthy" in health.stdout

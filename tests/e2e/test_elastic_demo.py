@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_demo import assert_nothing_left, run_demo
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+from tests.support.demo import assert_nothing_left, run_demo
 
 pytestmark = pytest.mark.slow
 LOG_RE = re.compile(r"^(\d+) (ADDED|REMOVED) (\S+) (\S+)$")
@@ -41,11 +42,11 @@ def test_worker_added_then_drained_while_training(tmp_path: Path):
     base = [n for n in report["nodes"] if n["status"] != "removed" and n["address"]]
     want = [a for a in report["membership"]["nodes"]] or None
     for n in base:
-        workers = (Path(n["root"]) / "opt/deeplearning/workers").read_text().split()
+        workers = NodePaths(n["root"]).workers.read_text().split()
         assert join["address"] not in workers, (n["address"], workers)
         if want:
             assert workers == want
-    assert (work / "efs/cluster/drain" / f"{join['instance_id']}.done").exists()
+    assert ClusterPaths(work / "efs").drain_done(join["instance_id"]).exists()
     assert_nothing_left(tmp_path, report)
 
 

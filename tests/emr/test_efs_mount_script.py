@@ -1,4 +1,5 @@
-"""The EMR EFS bootstrap action (emr_efs_mount.sh) with its commands faked on PATH.
+"""The EMR EFS bootstrap action (bootstrap_scripts/emr/efs_mount.sh) with its commands faked
+on PATH.
 
 ``aws``, ``mount``, ``mountpoint``, ``chown``, ``sleep``, ``sudo`` and ``dnf`` are small
 scripts in a temp bin dir that record their arguments; ``mount`` "mounts" by appending a line
@@ -15,7 +16,7 @@ import pytest
 
 from constructs_lib.package_paths import node_scripts_dir
 
-SCRIPT = node_scripts_dir() / "emr_efs_mount.sh"
+SCRIPT = node_scripts_dir() / "emr" / "efs_mount.sh"
 FS_ID = "fs-0123456789abcdef0"
 REGION = "us-east-1"
 NFS_OPTIONS = "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport"

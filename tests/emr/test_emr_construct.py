@@ -12,8 +12,13 @@ from aws_cdk import aws_efs as efs
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Match, Template
 
-from constructs_lib import ConfigError, EmrDeepLearningCluster
-from constructs_lib.emr_cluster import DEFAULT_RELEASE_LABEL, EMR_MANAGED_POLICY_TAG
+from constructs_lib import ConfigError, EmrDeepLearningCluster, FixedAmi, SharedFileSystem
+from constructs_lib.emr_cluster import (
+    DEFAULT_RELEASE_LABEL,
+    EFS_MOUNT_SCRIPT,
+    EMR_MANAGED_POLICY_TAG,
+    METADATA_SCRIPT,
+)
 from constructs_lib.images import IMAGE_FAMILIES
 from constructs_lib.package_paths import node_scripts_dir
 from tests.emr.conftest import Synth, cdk_context
@@ -110,7 +115,8 @@ def test_bootstrap_actions_mount_efs_then_set_up_membership(default_synth: Synth
 def test_bootstrap_assets_are_the_shipped_scripts(default_synth: Synth) -> None:
     """The .sh/.py objects the actions point at hold exactly the package's scripts."""
     mount, membership = default_synth.cluster()["BootstrapActions"]
-    for action, name in ((mount, "emr_efs_mount.sh"), (membership, "emr_metadata.py")):
+    assert (EFS_MOUNT_SCRIPT, METADATA_SCRIPT) == ("emr/efs_mount.sh", "emr/metadata.py")
+    for action, name in ((mount, EFS_MOUNT_SCRIPT), (membership, METADATA_SCRIPT)):
         asset_name = action["ScriptBootstrapAction"]["Path"]["Fn::Sub"].rsplit("/", 1)[1]
         shipped = (default_synth.outdir / f"asset.{asset_name}")
         assert shipped.read_bytes() == (node_scripts_dir() / name).read_bytes()
@@ -220,11 +226,12 @@ def managed_policies(synth: Synth, contains: str) -> list[str]:
 
 
 def policy_statements(synth: Synth, role_contains: str) -> dict[str, dict]:
+    """The role's statements by Sid (CDK's own grants have none: numbered instead)."""
     role = logical_id(synth, "AWS::IAM::Role", role_contains)
     for policy in synth.template.find_resources("AWS::IAM::Policy").values():
         if ref(role) in policy["Properties"]["Roles"]:
             statements = policy["Properties"]["PolicyDocument"]["Statement"]
-            return {s.get("Sid", ""): s for s in statements}
+            return {s.get("Sid", f"#{i}"): s for i, s in enumerate(statements)}
     raise AssertionError(f"no policy on {role}")
 
 
@@ -251,8 +258,17 @@ def test_instance_role_grants_exactly_what_the_node_scripts_use(default_synth: S
     assert sorted(s["ListOwnClusterInstances"]["Action"]) == [
         "elasticmapreduce:DescribeCluster", "elasticmapreduce:ListInstances"]
     assert s["GpuCountsOfInstanceTypes"]["Action"] == "ec2:DescribeInstanceTypes"
-    fs_arn = s["MountSharedFileSystem"]["Resource"]
-    assert s["WaitForSharedFileSystem"]["Resource"] == fs_arn
+    # The file system's own grants (efs.FileSystem.grant / grant_root_access): its ARN.
+    fs_arn = {"Fn::GetAtt": [logical_id(default_synth, "AWS::EFS::FileSystem"), "Arn"]}
+    (mount,) = [st for st in s.values() if "elasticfilesystem:ClientRootAccess" in st["Action"]]
+    assert sorted(mount["Action"]) == ["elasticfilesystem:ClientMount",
+                                       "elasticfilesystem:ClientRootAccess",
+                                       "elasticfilesystem:ClientWrite"]
+    assert mount["Resource"] == fs_arn
+    assert mount["Condition"] == {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}
+    (wait,) = [st for st in s.values()
+               if "elasticfilesystem:DescribeMountTargets" in st["Action"]]
+    assert wait["Resource"] == fs_arn
     assert s["WriteClusterLogs"]["Action"] == "s3:PutObject"
     assert s["WriteClusterLogs"]["Resource"]["Fn::Join"][1][-1] == "/emr-logs/*"
     assert default_synth.cluster()["Tags"][0] == {"Key": "dl-cluster:id",
@@ -320,10 +336,17 @@ def test_construct_accepts_interfaces_for_vpc_file_system_and_bucket() -> None:
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
     fs = efs.FileSystem(stack, "Fs", vpc=vpc)
     logs = s3.Bucket(stack, "Logs", enforce_ssl=True)
-    emr = EmrDeepLearningCluster(stack, "Emr", vpc=vpc, file_system=fs, log_bucket=logs,
-                                 core_instance_count=1)
+    emr = EmrDeepLearningCluster(
+        stack, "Emr", vpc=vpc, file_system=fs, log_bucket=logs, core_instance_count=1,
+        core_instance_type=ec2.InstanceType("g5.12xlarge"),
+        machine_image=FixedAmi("ami-0123456789abcdef0"),
+        key_pair=ec2.KeyPair.from_key_pair_name(stack, "Ops", "ops"))
     assert emr.storage is None and emr.file_system is fs and emr.log_bucket is logs
     template = Template.from_stack(stack)
+    cluster = next(iter(template.find_resources("AWS::EMR::Cluster").values()))["Properties"]
+    assert cluster["Instances"]["CoreInstanceGroup"]["InstanceType"] == "g5.12xlarge"
+    assert cluster["Instances"]["Ec2KeyName"] == "ops"
+    assert cluster["CustomAmiId"] == "ami-0123456789abcdef0"
     template.resource_count_is("AWS::EFS::FileSystem", 1)
     template.resource_count_is("AWS::S3::Bucket", 1)
     props = next(iter(template.find_resources("AWS::EMR::Cluster").values()))["Properties"]
@@ -344,34 +367,34 @@ def build(**props):
 
 
 @pytest.mark.parametrize(("props", "pattern"), [
-    ({"root_volume_gib": 49}, r"'root_volume_gib' must be at least 50 GiB .* got 49"),
+    ({"root_volume_gib": 49}, r"^Bad/Emr: root_volume_gib must be at least 50 GiB .* got 49$"),
     ({"applications": ["Hadoop", "Hue"]},
-     r"'applications' contains 'Hue': Hue failed to start .*allow_unstable_applications=True"),
+     r"applications contains 'Hue': Hue failed to start .*allow_unstable_applications=True"),
     ({"applications": ["Zeppelin"]}, r"'Zeppelin': Zeppelin failed to start"),
     ({"applications": ["Hadoop", "Sparkk"]}, r"contains 'Sparkk', which is not an EMR 7 app"),
-    ({"applications": "Spark"}, r"'applications' must be a list of names, got the string"),
+    ({"applications": "Spark"}, r"applications must be a list of names, got the string"),
     ({"release_label": "emr-6.15.0"}, r"emr-7.x release or later .* got 'emr-6.15.0'"),
-    ({"release_label": "7.12"}, r"'release_label' must look like emr-7.12.0, got '7.12'"),
-    ({"core_instance_count": 0}, r"'core_instance_count' must be an integer >= 1, got 0"),
-    ({"core_instance_type": "g5-xlarge"}, r"'core_instance_type' must be an EC2 instance type"),
-    ({"ami_id": "ubuntu-24"}, r"'ami_id' must look like ami-.*got 'ubuntu-24'"),
+    ({"release_label": "7.12"}, r"^Bad/Emr: release_label must look like emr-7.12.0, got '7.12'$"),
+    ({"core_instance_count": 0}, r"^Bad/Emr: core_instance_count must be an integer >= 1, got 0$"),
+    ({"core_instance_type": "g5-xlarge"}, r"core_instance_type must be an EC2 instance type"),
     ({"tls_certificates_s3_url": "https://x/y.zip"},
-     r"'tls_certificates_s3_url' must be an S3 object URL .* got 'https://x/y.zip'"),
-    ({"training_command": "python train.py"}, r"'training_command' must be a non-empty list"),
-    ({"training_command": []}, r"'training_command' must be a non-empty list"),
-    ({"efs_mount_point": "efs"}, r"'efs_mount_point' must be an absolute directory"),
-    ({"idle_timeout": cdk.Duration.seconds(10)}, r"'idle_timeout' must be between 1 minute"),
+     r"tls_certificates_s3_url must be an S3 object URL .* got 'https://x/y.zip'"),
+    ({"training_command": "python train.py"}, r"training_command must be a non-empty list"),
+    ({"training_command": []}, r"training_command must be a non-empty list"),
+    ({"efs_mount_point": "efs"}, r"^Bad/Emr: efs_mount_point must be an absolute directory"),
+    ({"idle_timeout": cdk.Duration.seconds(10)}, r"idle_timeout must be between 1 minute"),
 ])
 def test_bad_props_fail_synth_naming_the_value(props: dict, pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):
         build(**props)
 
 
-def test_file_system_and_file_system_id_are_exclusive() -> None:
+def test_a_file_system_brings_its_own_security_groups() -> None:
     app = cdk.App(context=cdk_context())
     stack = cdk.Stack(app, "Both")
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
-    fs = efs.FileSystem(stack, "Fs", vpc=vpc)
-    with pytest.raises(ConfigError, match="either 'file_system' or 'efs_file_system_id'"):
-        EmrDeepLearningCluster(stack, "Emr", vpc=vpc, file_system=fs,
-                               efs_file_system_id="fs-0123456789abcdef0")
+    group = ec2.SecurityGroup(stack, "Sg", vpc=vpc)
+    fs = SharedFileSystem.from_file_system_id(
+        stack, "Data", file_system_id="fs-0123456789abcdef0", security_group=group)
+    with pytest.raises(ConfigError, match=r"^Both/Emr: efs_security_group is for the file "):
+        EmrDeepLearningCluster(stack, "Emr", vpc=vpc, file_system=fs, efs_security_group=group)

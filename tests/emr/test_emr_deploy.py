@@ -19,7 +19,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from bootstrap_scripts import submit
+from bootstrap_scripts.emr import submit
 from emulator.deploy import run_cli
 from tests.conftest import REGION, REPO_ROOT
 

@@ -1,4 +1,5 @@
-"""emr_metadata against moto's EMR: the membership built from the cluster's own instance list.
+"""bootstrap_scripts.emr against moto's EMR: the membership built from the cluster's own
+instance list.
 
 A cluster is created with ``run_job_flow`` on moto's server (1 primary g5.xlarge + 3 core
 g5.12xlarge; moto gives them random 10.x addresses and answers DescribeInstanceTypes with
@@ -18,32 +19,22 @@ from pathlib import Path
 import boto3
 import pytest
 
-from bootstrap_scripts import emr_metadata as em
-from bootstrap_scripts import membership as ms
-from bootstrap_scripts import node_files
+from bootstrap_scripts.agent import node_files
+from bootstrap_scripts.emr import aws_cli, services
+from bootstrap_scripts.emr import metadata as em
+from bootstrap_scripts.protocol.membership import Membership, build_membership
+from bootstrap_scripts.protocol.node_files import parse_env_file
+from bootstrap_scripts.protocol.paths import NodePaths
 from tests.conftest import REGION, REPO_ROOT
+from tests.support.emr import instances_of, make_cluster
 
 
-def make_cluster(endpoint: str, *, core: int = 3, core_type: str = "g5.12xlarge") -> str:
-    emr = boto3.client("emr", region_name=REGION, endpoint_url=endpoint)
-    return emr.run_job_flow(
-        Name="dl-emr-test", ReleaseLabel="emr-7.12.0", JobFlowRole="role", ServiceRole="svc",
-        Instances={"InstanceGroups": [
-            {"InstanceRole": "MASTER", "InstanceType": "g5.xlarge", "InstanceCount": 1,
-             "Market": "ON_DEMAND", "Name": "Primary"},
-            {"InstanceRole": "CORE", "InstanceType": core_type, "InstanceCount": core,
-             "Market": "ON_DEMAND", "Name": "Core"}],
-            "KeepJobFlowAliveWhenNoSteps": True},
-        Tags=[{"Key": "dl-cluster:id", "Value": "dl-emr-test"}])["JobFlowId"]
-
-
-def instances_of(endpoint: str, cluster_id: str) -> tuple[dict, list[dict]]:
-    """Independent view (EMR API directly): the primary and the core nodes."""
-    emr = boto3.client("emr", region_name=REGION, endpoint_url=endpoint)
-    primary = emr.list_instances(ClusterId=cluster_id, InstanceGroupTypes=["MASTER"])["Instances"]
-    core = emr.list_instances(ClusterId=cluster_id, InstanceGroupTypes=["CORE"])["Instances"]
-    assert len(primary) == 1
-    return primary[0], core
+def aws_cli_path() -> str:
+    """The AWS CLI the dev requirements install next to this interpreter, else PATH's."""
+    beside = Path(sys.executable).with_name("aws")
+    found = str(beside) if beside.exists() else shutil.which("aws")
+    assert found, "no AWS CLI: requirements-dev.txt pins awscli (run make setup)"
+    return found
 
 
 @pytest.fixture()
@@ -67,8 +58,8 @@ def test_every_node_writes_the_same_workers_file_primary_first_then_numeric(
         result = em.sync_once(emr, ec2, cluster_id=cluster_id,
                               instance_id=node["Ec2InstanceId"], root=str(root), efs_mount="/efs")
         assert result["status"] == "applied", result
-        workers_files.add((root / ms.WORKERS_FILE).read_text())
-        memberships.add((root / ms.MEMBERSHIP_FILE).read_text())
+        workers_files.add(NodePaths(root).workers.read_text())
+        memberships.add(NodePaths(root).membership.read_text())
         # Re-running with an unchanged cluster touches nothing.
         again = em.sync_once(emr, ec2, cluster_id=cluster_id,
                              instance_id=node["Ec2InstanceId"], root=str(root), efs_mount="/efs")
@@ -88,21 +79,22 @@ def test_env_has_the_deeplearning_variables_with_each_nodes_gpu_count(
         root = tmp_path / node["Ec2InstanceId"]
         em.sync_once(emr, ec2, cluster_id=cluster_id, instance_id=node["Ec2InstanceId"],
                      root=str(root), efs_mount="/efs")
-        env = ms.parse_env_file((root / ms.ENV_FILE).read_text())
+        paths = NodePaths(root)
+        env = parse_env_file(paths.env.read_text())
         assert env["DEEPLEARNING_WORKERS_COUNT"] == "4"
-        assert env["DEEPLEARNING_WORKERS_PATH"] == str(root / ms.WORKERS_FILE)
+        assert env["DEEPLEARNING_WORKERS_PATH"] == str(paths.workers)
         assert env["DEEPLEARNING_WORKER_GPU_COUNT"] == gpus  # g5.xlarge 1, g5.12xlarge 4
         assert env["DEEPLEARNING_MASTER_ADDR"] == primary["PrivateIpAddress"]
         assert env["DEEPLEARNING_NODE_ADDR"] == node["PrivateIpAddress"]
         assert env["DEEPLEARNING_NODE_RANK"] == rank
         assert env["EFS_MOUNT"] == "/efs"
         # The same renderer as the EC2 node agent: the profile script exports the same env.
-        profile = (root / ms.PROFILE_FILE).read_text()
+        profile = paths.profile.read_text()
         assert f"export DEEPLEARNING_WORKER_GPU_COUNT={gpus}\n" in profile
-        hostfile = (root / ms.MPI_HOSTFILE).read_text().splitlines()
+        hostfile = paths.hostfile.read_text().splitlines()
         assert hostfile[0] == f"{primary['PrivateIpAddress']} slots=1"
         assert all(line.endswith("slots=4") for line in hostfile[1:])
-        m = ms.Membership.load(root / ms.MEMBERSHIP_FILE)
+        m = Membership.load(paths.membership)
         assert m.cluster_id == cluster_id
         assert [n.instance_type for n in m.nodes] == ["g5.xlarge"] + ["g5.12xlarge"] * 3
 
@@ -139,7 +131,7 @@ def test_nothing_is_written_before_the_cluster_is_up(clients, tmp_path: Path) ->
                           root=str(tmp_path))
     assert result["status"] == "cluster-not-up"
     assert result["cluster_state"] in em.ENDED_STATES
-    assert not (tmp_path / ms.WORKERS_FILE).exists()
+    assert not NodePaths(tmp_path).workers.exists()
 
 
 def test_generation_is_the_same_for_the_same_list_and_grows_with_every_transition() -> None:
@@ -155,7 +147,7 @@ def test_generation_is_the_same_for_the_same_list_and_grows_with_every_transitio
 
 
 def test_sync_command_runs_as_its_own_process_against_moto(clients, tmp_path: Path) -> None:
-    """The entry point a node runs (``python -m bootstrap_scripts.emr_metadata sync``)."""
+    """The entry point a node runs (``python -m bootstrap_scripts.emr.metadata sync``)."""
     _, _, endpoint = clients
     cluster_id = make_cluster(endpoint, core=1)
     primary, core = instances_of(endpoint, cluster_id)
@@ -163,16 +155,15 @@ def test_sync_command_runs_as_its_own_process_against_moto(clients, tmp_path: Pa
     info.write_text(json.dumps({"jobFlowId": cluster_id}))
     env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "bootstrap_scripts.emr_metadata", "sync", "--job-flow-info",
+        [sys.executable, "-m", "bootstrap_scripts.emr.metadata", "sync", "--job-flow-info",
          str(info), "--instance-id", core[0]["Ec2InstanceId"], "--root", str(tmp_path / "n"),
          "--region", REGION], env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["status"] == "applied"
-    assert (tmp_path / "n" / ms.WORKERS_FILE).read_text() == (
+    assert NodePaths(tmp_path / "n").workers.read_text() == (
         f"{primary['PrivateIpAddress']}\n{core[0]['PrivateIpAddress']}\n")
 
 
-@pytest.mark.skipif(shutil.which("aws") is None, reason="needs the AWS CLI")
 def test_cli_client_gives_the_same_membership_as_boto3(clients, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Nodes whose system Python lacks boto3 go through the AWS CLI instead."""
@@ -180,24 +171,50 @@ def test_cli_client_gives_the_same_membership_as_boto3(clients, tmp_path: Path,
     cluster_id = make_cluster(endpoint, core=2)
     primary, _ = instances_of(endpoint, cluster_id)
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    via_cli = em.sync_once(em.CliClient("emr", REGION), em.CliClient("ec2", REGION),
+    aws = aws_cli_path()
+    via_cli = em.sync_once(aws_cli.CliClient("emr", REGION, aws=aws),
+                           aws_cli.CliClient("ec2", REGION, aws=aws),
                            cluster_id=cluster_id, instance_id=primary["Ec2InstanceId"],
                            root=str(tmp_path / "cli"))
     via_boto = em.sync_once(emr, ec2, cluster_id=cluster_id,
                             instance_id=primary["Ec2InstanceId"], root=str(tmp_path / "boto"))
     assert via_cli["status"] == via_boto["status"] == "applied"
     assert via_cli["nodes"] == via_boto["nodes"]
-    for rel in (ms.WORKERS_FILE, ms.MPI_HOSTFILE):
-        assert (tmp_path / "cli" / rel).read_text() == (tmp_path / "boto" / rel).read_text()
+    cli, boto = NodePaths(tmp_path / "cli"), NodePaths(tmp_path / "boto")
+    assert cli.workers.read_text() == boto.workers.read_text()
+    assert cli.hostfile.read_text() == boto.hostfile.read_text()
+    assert cli.membership.read_text() == boto.membership.read_text()
 
 
-def test_cli_client_error_names_the_operation(tmp_path: Path) -> None:
-    fake = tmp_path / "aws"
+@pytest.fixture()
+def failing_aws(tmp_path: Path) -> str:
+    """An ``aws`` that fails every call the way the CLI does (exit 254, message on stderr)."""
+    fake = tmp_path / "bin" / "aws"
+    fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho 'An error occurred (InvalidRequestException)' >&2\nexit 254\n")
     fake.chmod(0o755)
-    client = em.CliClient("emr", REGION, aws=str(fake))
-    with pytest.raises(em.MetadataError, match=r"'aws emr list-instances' failed \(exit 254\)"):
+    return str(fake)
+
+
+def test_cli_client_error_names_the_operation(failing_aws: str) -> None:
+    client = aws_cli.CliClient("emr", REGION, aws=failing_aws)
+    with pytest.raises(aws_cli.AwsCliError,
+                       match=r"'aws emr list-instances' failed \(exit 254\)"):
         client.list_instances(ClusterId="j-NOPE")
+    assert aws_cli.kebab("InstanceGroupTypes") == "instance-group-types"
+
+
+def test_sync_command_reports_a_failing_aws_cli(failing_aws: str, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture) -> None:
+    """Where boto3 is missing, a failed CLI call is one line naming the call, exit 1."""
+    monkeypatch.setattr(aws_cli, "make_client",
+                        lambda service, region: aws_cli.CliClient(service, region, failing_aws))
+    code = em.main(["sync", "--cluster-id", "j-NOPE", "--instance-id", "i-1", "--root",
+                    str(tmp_path / "n")])
+    assert code == em.EXIT_FAILED
+    assert "emr_metadata: 'aws emr describe-cluster' failed (exit 254)" in capsys.readouterr().err
+    assert not NodePaths(tmp_path / "n").workers.exists()
 
 
 def test_read_cluster_id_from_emr_job_flow_info(tmp_path: Path) -> None:
@@ -212,36 +229,38 @@ def test_read_cluster_id_from_emr_job_flow_info(tmp_path: Path) -> None:
 
 
 def test_install_writes_dl_run_wrapper_and_units(tmp_path: Path) -> None:
-    written = em.install_node_services(
+    written = services.install_node_services(
         root=str(tmp_path), python="/opt/pytorch/bin/python", lib_dir="/opt/deeplearning/lib",
         efs_mount="/efs", watch_args=["--root", "/", "--efs-mount", "/efs"], systemctl=False)
-    assert {p.name for p in written} == {"dl-run", em.WATCH_UNIT, em.EXECUTOR_UNIT}
+    assert {p.name for p in written} == {"dl-run", services.WATCH_UNIT, services.EXECUTOR_UNIT}
     wrapper = tmp_path / "usr/local/bin/dl-run"
     assert os.access(wrapper, os.X_OK)
     text = wrapper.read_text()
     # Waits for the membership, then the ordinary runner with the user's arguments.
-    assert "-m bootstrap_scripts.emr_metadata wait --root '/' || exit $?" in text
+    assert "-m bootstrap_scripts.emr.metadata wait --root '/' || exit $?" in text
     assert text.rstrip().endswith(
-        "-m bootstrap_scripts.runner --root '/' --mount-point '/efs' \"$@\"")
-    unit = (tmp_path / "etc/systemd/system" / em.WATCH_UNIT).read_text()
-    assert ('ExecStart="/opt/pytorch/bin/python" "-m" "bootstrap_scripts.emr_metadata" '
+        "-m bootstrap_scripts.jobs.runner --root '/' --mount-point '/efs' \"$@\"")
+    unit = (tmp_path / "etc/systemd/system" / services.WATCH_UNIT).read_text()
+    assert ('ExecStart="/opt/pytorch/bin/python" "-m" "bootstrap_scripts.emr.metadata" '
             '"watch" "--root" "/" "--efs-mount" "/efs"') in unit
-    executor = (tmp_path / "etc/systemd/system" / em.EXECUTOR_UNIT).read_text()
-    assert '"bootstrap_scripts.executor"' in executor and '"/efs"' in executor
+    executor = (tmp_path / "etc/systemd/system" / services.EXECUTOR_UNIT).read_text()
+    assert '"bootstrap_scripts.jobs.executor"' in executor and '"/efs"' in executor
 
 
 def test_wait_returns_once_the_membership_exists(tmp_path: Path) -> None:
     args = em.build_parser().parse_args(["wait", "--root", str(tmp_path), "--timeout", "0",
                                          "--poll", "0"])
     assert em.wait(args) == em.EXIT_TIMEOUT
-    m = ms.build_membership(cluster_id="j-1", generation=1,
-                            master={"instance_id": "i-1", "address": "10.0.0.1"}, workers=[])
+    m = build_membership(cluster_id="j-1", generation=1,
+                         master={"instance_id": "i-1", "address": "10.0.0.1"}, workers=[])
     node_files.apply_membership(tmp_path, m, instance_id="i-1")
     assert em.wait(args) == em.EXIT_OK
 
 
 def test_bootstrap_action_unpacks_the_scripts_and_installs(tmp_path: Path) -> None:
-    """The bootstrap action as EMR runs it (a downloaded file), with ``aws s3 cp`` faked."""
+    """The bootstrap action as EMR runs it: metadata.py downloaded alone, outside any package
+    (cwd is a temp dir and the repo is not on sys.path), with ``aws s3 cp`` faked. Its
+    installer part comes from the node scripts it unpacks."""
     import zipfile
 
     archive = tmp_path / "node-scripts.zip"
@@ -255,21 +274,22 @@ def test_bootstrap_action_unpacks_the_scripts_and_installs(tmp_path: Path) -> No
     aws.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/aws.calls\n"
                    f"[ \"$1 $2\" = \"s3 cp\" ] && cp {archive} \"$5\"\n")
     aws.chmod(0o755)
-    downloaded = tmp_path / "bootstrap-actions" / "2" / "emr_metadata.py"
+    downloaded = tmp_path / "bootstrap-actions" / "2" / "metadata.py"
     downloaded.parent.mkdir(parents=True)
-    shutil.copy(package / "emr_metadata.py", downloaded)
+    shutil.copy(package / "emr" / "metadata.py", downloaded)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     root, lib = tmp_path / "root", tmp_path / "lib"
     proc = subprocess.run(
         [sys.executable, str(downloaded), "bootstrap", "--scripts-url",
          "s3://assets/abc.zip", "--region", REGION, "--efs-mount", "/efs", "--python",
          sys.executable, "--lib-dir", str(lib), "--root", str(root), "--no-sudo",
          "--no-systemctl"],
-        env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}, cwd=tmp_path,
+        env={**env, "PATH": f"{bindir}:{os.environ['PATH']}"}, cwd=tmp_path,
         capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "aws.calls").read_text().startswith(
         f"s3 cp --only-show-errors s3://assets/abc.zip {lib}/node-scripts.zip --region {REGION}")
-    assert (lib / "bootstrap_scripts" / "membership.py").is_file()
+    assert (lib / "bootstrap_scripts" / "emr" / "services.py").is_file()
     assert os.access(root / "usr/local/bin/dl-run", os.X_OK)
-    unit = (root / "etc/systemd/system" / em.WATCH_UNIT).read_text()
+    unit = (root / "etc/systemd/system" / services.WATCH_UNIT).read_text()
     assert f'"PYTHONPATH={lib}"' in unit and '"--region" "us-east-1"' in unit

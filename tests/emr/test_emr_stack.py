@@ -151,3 +151,18 @@ def test_every_context_key_maps_to_a_setting_and_is_documented() -> None:
     for key, (field, _meaning) in EMR_CONTEXT_KEYS.items():
         assert field in fields
         assert f"`{key}`" in docs, f"docs/emr.md does not document {key}"
+
+
+def test_settings_defaults_are_the_constructs_own() -> None:
+    """EmrSettings restates no default: an unset key means the construct's default."""
+    import inspect
+
+    props = inspect.signature(EmrDeepLearningCluster.__init__).parameters
+    s = EmrSettings()
+    for field in ("release_label", "applications", "allow_unstable_applications",
+                  "primary_instance_type", "core_instance_type", "core_instance_count",
+                  "root_volume_gib", "efs_mount_point", "vpc_cidr",
+                  "tls_certificates_s3_url"):
+        assert getattr(s, field) == props[field].default, field
+    assert s.idle_timeout_minutes is props["idle_timeout"].default
+    assert s.training_command is props["training_command"].default

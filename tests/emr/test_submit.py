@@ -9,9 +9,9 @@ import sys
 import boto3
 import pytest
 
-from bootstrap_scripts import submit
+from bootstrap_scripts.emr import submit
 from tests.conftest import REGION, REPO_ROOT
-from tests.emr.test_emr_metadata import make_cluster
+from tests.support.emr import make_cluster
 
 
 def test_submit_adds_a_command_runner_step_that_moto_lists(moto_reset: str,
@@ -50,8 +50,8 @@ def test_runner_options_pass_through_to_dl_run(moto_reset: str) -> None:
 def test_console_entry_point_runs_as_a_process(moto_reset: str) -> None:
     cluster_id = make_cluster(moto_reset, core=1)
     env = {**os.environ, "AWS_ENDPOINT_URL": moto_reset, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "bootstrap_scripts.submit", "--emr", cluster_id,
-                           "--region", REGION, "--", "python", "train.py"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "bootstrap_scripts.emr.submit", "--emr",
+                           cluster_id, "--region", REGION, "--", "python", "train.py"], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     client = boto3.client("emr", region_name=REGION, endpoint_url=moto_reset)

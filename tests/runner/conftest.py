@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.runner.emu import EmuCluster, make_cluster
+from tests.support.cluster import LocalCluster, start_local_cluster
 
 
 @pytest.fixture()
-def emu(tmp_path: Path) -> Iterator[Callable[..., EmuCluster]]:
-    """Factory: ``emu(n_nodes, gpus=0)`` -> an EmuCluster (executors not yet started).
+def emu(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """Factory: ``emu(n_nodes, gpus=0)`` -> a LocalCluster (executors not yet started).
 
     Teardown stops every process it started (by PID / process group) and fails the test if
     any of them, or any process of a job share, is still alive afterwards."""
-    clusters: list[EmuCluster] = []
+    clusters: list[LocalCluster] = []
 
-    def factory(n_nodes: int, gpus: int = 0) -> EmuCluster:
-        c = make_cluster(tmp_path / f"cluster{len(clusters)}", n_nodes, gpus)
+    def factory(n_nodes: int, gpus: int = 0) -> LocalCluster:
+        c = start_local_cluster(tmp_path / f"cluster{len(clusters)}", n_nodes, gpus)
         clusters.append(c)
         return c
 

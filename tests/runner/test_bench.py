@@ -7,15 +7,16 @@ figure grows with the node count mostly through that start-up CPU cost.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import job_spec as js
-from tests.runner.emu import free_rdzv_port
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.paths import JobPaths
+from bootstrap_scripts.protocol.records import ShareStarted
+from tests.support.cluster import free_rdzv_port
 
 JOBS = Path(__file__).parent / "jobs"
 RESULTS: dict[int, dict[str, float]] = {}
@@ -34,7 +35,8 @@ def test_bench_start_to_rendezvous(emu, n_nodes):
                                            res.stdout)]
     assert len(stamps) == n_nodes, res.stdout
     (jdir,) = c.job_dirs()
-    acks = [json.loads(js.started_path(jdir, r).read_text())["started_at"] for r in range(n_nodes)]
+    acks = [store.read_record(JobPaths(jdir).started(r), ShareStarted).started_at
+            for r in range(n_nodes)]
     RESULTS[n_nodes] = {
         "all shares started": max(acks) - t0,
         "all ranks past rendezvous": max(stamps) - t0,

@@ -6,7 +6,6 @@ executor stops a share it finds running without a recorded exit."""
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import re
@@ -17,10 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import job_spec as js
-from bootstrap_scripts.executor import pids_with_token, share_token
-from bootstrap_scripts.membership import build_membership, render_node_files
-from tests.runner.emu import EmuCluster, alive, free_rdzv_port
+from bootstrap_scripts.procgroup import alive, pids_with_token, share_token
+from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol.jobs import JobSpec
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths, NodePaths
+from bootstrap_scripts.protocol.records import (
+    DrainDone,
+    DrainRecord,
+    JobResult,
+    ShareExit,
+    ShareStarted,
+)
+from tests.support.cluster import LocalCluster, free_rdzv_port
 
 pytestmark = pytest.mark.slow
 JOBS = Path(__file__).parent / "jobs"
@@ -28,24 +35,6 @@ START_RE = re.compile(r"^\[(\d+) (\S+)\] start world_size=(\d+) restart=(\d+) st
                       r"epoch=(\d+) resumed_from=(\S+)")
 EPOCH_RE = re.compile(r"^\[(\d+) (\S+)\] epoch=(\d+) acc=([\d.]+) .*world_size=(\d+)")
 FIRST_RE = re.compile(r"^\[(\d+) (\S+)\] first_step rank=(\d+) world_size=(\d+) step=(\d+)")
-
-
-def publish(c: EmuCluster, generation: int, addresses: list[str]) -> None:
-    """What the agents do for a new generation: every member's files rewritten."""
-    master, *workers = addresses
-    m = build_membership(
-        cluster_id="runner-test", generation=generation,
-        master={"instance_id": "i-master", "address": master, "gpus": 0},
-        workers=[{"instance_id": f"i-{a}", "address": a, "gpus": 0} for a in workers],
-        efs_mount=str(c.efs), reason=f"generation {generation}")
-    for node in m.nodes:
-        root = c.roots[node.address]
-        for rel, content in render_node_files(m, node, root=root).items():
-            path = root / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            tmp.write_text(content)
-            os.replace(tmp, path)
 
 
 class Lines:
@@ -102,8 +91,8 @@ class Lines:
 def test_node_joins_and_drains_while_an_elastic_job_trains(emu):
     c = emu(3)
     master, w1, extra = c.addresses
-    publish(c, 1, [master, w1])
-    (c.roots[extra] / "opt/deeplearning/membership.json").unlink()  # not a member yet
+    c.publish(1, [master, w1])
+    NodePaths(c.roots[extra]).membership.unlink()  # not a member yet
     c.start_executors()
     p = c.popen_runner("--elastic", "--rdzv-port", free_rdzv_port(c), "--grace", "10", "--",
                        "-m", "bootstrap_scripts.examples.train_digits", "--epochs", "40",
@@ -113,7 +102,7 @@ def test_node_joins_and_drains_while_an_elastic_job_trains(emu):
     out.wait_for(EPOCH_RE, lambda m: m.group(5) == "2")
 
     # scale-out: generation 2 lists the new node; its executor joins the running job
-    publish(c, 2, [master, w1, extra])
+    c.publish(2, [master, w1, extra])
     t_join, since = time.monotonic(), out.mark()
     out.wait_for(re.compile(r"^\[dl-run\] node (\d+) \((\S+)\) joined the job"),
                  lambda m: m.group(2) == extra, timeout=30, since=since)
@@ -124,18 +113,19 @@ def test_node_joins_and_drains_while_an_elastic_job_trains(emu):
     out.wait_for(EPOCH_RE, lambda m: m.group(5) == "3", since=since)
 
     # scale-in: the master agent's drain request names the new node
-    drain = js.drain_dir(c.efs)
-    drain.mkdir(parents=True, exist_ok=True)
-    js.write_json_atomic(drain / "i-extra.json", {"instance_id": "i-extra", "address": extra,
-                                                 "requested_at": time.time(),
-                                                 "deadline": time.time() + 120})
+    now = time.time()
+    state.write_drain(c.efs, DrainRecord(
+        instance_id="i-extra", address=extra, requested_at=now, deadline=now + 120,
+        asg="workers", role="worker", lifecycle_hook="drain", lifecycle_action_token="t-1",
+        member=True))
     t_drain, since = time.monotonic(), out.mark()
     out.wait_for(re.compile(r"^\[dl-run\] node \d+ \((\S+)\) left the job \(drained\)"),
                  lambda m: m.group(1) == extra, timeout=60, since=since)
-    _wait(lambda: js.drain_done_path(c.efs, "i-extra").exists(), 10, "no .done")
-    done = js.read_json(js.drain_done_path(c.efs, "i-extra"))
-    assert done and done["address"] == extra
-    publish(c, 3, [master, w1])
+    done_path = ClusterPaths(c.efs).drain_done("i-extra")
+    _wait(lambda: store.exists(done_path), 10, "no .done")
+    done = store.read_record(done_path, DrainDone)
+    assert done and done.address == extra and done.requested_at == now
+    c.publish(3, [master, w1])
     t_back, start2 = out.wait_for(START_RE, lambda m: m.group(3) == "2", since=since)
     assert int(start2.group(5)) > 0 and start2.group(7).startswith(("step-", "epoch-"))
     text = out.rest()
@@ -156,14 +146,21 @@ def test_node_joins_and_drains_while_an_elastic_job_trains(emu):
     assert [int(m.group(3)) for m in epochs] == list(range(1, 41)), text
     assert float(text.split("final acc=")[1].split()[0]) >= 0.95
     (jdir,) = c.job_dirs()
-    result = json.loads((jdir / "result.json").read_text())
-    assert result["status"] == "succeeded" and result["elastic"]
-    by_addr = {n["address"]: n for n in result["nodes"]}
-    assert by_addr[extra]["joined"] and by_addr[extra]["left"]
-    assert by_addr[master]["returncode"] == 0 and by_addr[w1]["returncode"] == 0
-    spec = js.JobSpec.from_json((jdir / "spec.json").read_text())
+    result = store.read_record(JobPaths(jdir).result, JobResult)
+    assert result and result.status == "succeeded" and result.elastic
+    by_addr = {n.address: n for n in result.nodes}
+    assert by_addr[extra].joined and by_addr[extra].left
+    assert by_addr[master].returncode == 0 and by_addr[w1].returncode == 0
+    spec = JobSpec.from_json(store.read_text(JobPaths(jdir).spec) or "")
     assert spec.elastic and spec.generation == 1 and spec.join_template is not None
     assert "--nnodes=1:64" in spec.shares[0].procs[0].argv
+
+
+def _share_ready(c: LocalCluster) -> bool:
+    """The sleeper job printed "ready" on node rank 0."""
+    jobs = ClusterPaths(c.efs).jobs_dir
+    return jobs.is_dir() and any("ready" in (store.read_text(JobPaths(d).log(0)) or "")
+                                 for d in jobs.iterdir())
 
 
 def _wait(cond, timeout: float, what: str) -> None:
@@ -177,15 +174,14 @@ def test_workers_die_when_torchrun_dies_first(emu):
     c = emu(1)
     c.start_executors()
     p = c.popen_runner("--rdzv-port", free_rdzv_port(c), "--", str(JOBS / "sleeper.py"))
-    _wait(lambda: any("ready" in x.read_text() for x in c.efs.glob("jobs/*/nodes/0.log")),
-          90, "the sleeper never got ready")
+    _wait(lambda: _share_ready(c), 90, "the sleeper never got ready")
     (jdir,) = c.job_dirs()
     token = share_token(jdir.name, 0, c.addresses[0])
     workers = [pid for pid in pids_with_token(token) if alive(pid)]
-    torchrun = json.loads(js.started_path(jdir, 0).read_text())["pids"][0]
+    torchrun = store.read_record(JobPaths(jdir).started(0), ShareStarted).pids[0]
     assert len(workers) >= 3  # torchrun, its worker, the worker's child
     os.kill(torchrun, signal.SIGKILL)  # the workers live in sessions of their own
-    _wait(lambda: js.exit_path(jdir, 0).exists(), 30, "no exit recorded")
+    _wait(lambda: store.exists(JobPaths(jdir).exit(0)), 30, "no exit recorded")
     assert not [pid for pid in workers if alive(pid)]
     assert p.wait(timeout=30) == 1
 
@@ -195,8 +191,7 @@ def test_restarted_executor_stops_the_share_it_finds_running(emu):
     c.start_executors()
     addr = c.addresses[0]
     p = c.popen_runner("--launcher", "each", "--", "python3", str(JOBS / "sleeper.py"))
-    _wait(lambda: any("ready" in x.read_text() for x in c.efs.glob("jobs/*/nodes/0.log")),
-          60, "the sleeper never got ready")
+    _wait(lambda: _share_ready(c), 60, "the sleeper never got ready")
     (jdir,) = c.job_dirs()
     token = share_token(jdir.name, 0, addr)
     share = [pid for pid in pids_with_token(token) if alive(pid)]
@@ -205,9 +200,9 @@ def test_restarted_executor_stops_the_share_it_finds_running(emu):
     c.executors[addr].wait()
     assert [pid for pid in share if alive(pid)] == share
     c.start_executors([addr])
-    _wait(lambda: js.exit_path(jdir, 0).exists(), 30, "the restarted executor did nothing")
-    rec = json.loads(js.exit_path(jdir, 0).read_text())
-    assert "executor restarted" in rec["reason"] and rec["returncode"] != 0
+    _wait(lambda: store.exists(JobPaths(jdir).exit(0)), 30, "the restarted executor did nothing")
+    rec = store.read_record(JobPaths(jdir).exit(0), ShareExit)
+    assert rec and "executor restarted" in rec.reason and rec.returncode != 0
     assert not [pid for pid in share if alive(pid)]
     out, _ = p.communicate(timeout=30)
     assert p.returncode == 1 and f"node rank 0 ({addr})" in out

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from bootstrap_scripts import job_spec as js
-from bootstrap_scripts.membership import EFS_NODES_DIR
+from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Registration
+from emulator.nodes import PYTHON, base_env
 from tests.conftest import REPO_ROOT
-from tests.runner.emu import PYTHON, base_env
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +26,13 @@ def register(c, node, **overrides):
               "gpus": node.gpus, "instance_type": "c5.xlarge", "agent_pid": 4242,
               "started_at": now - 60, "heartbeat": now, "generation_applied": 1,
               "efs_mount": str(c.efs), **overrides}
-    js.write_json_atomic(c.efs / EFS_NODES_DIR / f"{node.instance_id}.json", record)
+    state.write_registration(c.efs, Registration(**record))
 
 
 def health(c, *args):
-    return subprocess.run([PYTHON, "-m", "bootstrap_scripts.health", "--root", str(c.master_root),
-                           *args], cwd=REPO_ROOT, env=base_env(), capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([PYTHON, "-m", "bootstrap_scripts.ops.health", "--root",
+                           str(c.master_root), *args], cwd=REPO_ROOT, env=base_env(),
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_healthy_cluster_reports_every_node_and_leaves_no_probe(emu):
@@ -44,7 +45,7 @@ def test_healthy_cluster_reports_every_node_and_leaves_no_probe(emu):
     for node in c.membership.nodes:
         assert f"{node.rank}     {node.address}" in res.stdout
     assert res.stdout.rstrip().endswith("healthy")
-    assert list((c.efs / "cluster" / "health").iterdir()) == []
+    assert list(ClusterPaths(c.efs).health_dir.iterdir()) == []
 
     data = json.loads(health(c, "--json").stdout)
     assert data["healthy"] is True and len(data["nodes"]) == 3
@@ -79,9 +80,9 @@ def test_skewed_clock_and_unwritable_efs_are_reported(emu):
         register(c, node)
     # The worker's "executor" heartbeats with a clock 30 s ahead and a failed EFS read-back.
     worker = c.membership.nodes[1]
-    js.write_json_atomic(js.executor_heartbeat_path(c.efs, worker.address), {
-        "address": worker.address, "state": "running", "seq": 1, "heartbeat": time.time() + 30,
-        "efs_ok": False, "efs_mounted": False, "gpus": 0, "generation": 1})
+    store.write_record(ClusterPaths(c.efs).executor_heartbeat(worker.address), ExecutorHeartbeat(
+        address=worker.address, state="running", seq=1, heartbeat=time.time() + 30,
+        efs_ok=False, efs_mounted=False, gpus=0, generation=1))
     res = health(c)
     assert res.returncode == 1, res.stdout
     failed = [line for line in res.stdout.splitlines() if " FAILED:" in line]
@@ -91,7 +92,7 @@ def test_skewed_clock_and_unwritable_efs_are_reported(emu):
 
 
 def test_missing_membership_is_a_clear_error(tmp_path):
-    res = subprocess.run([PYTHON, "-m", "bootstrap_scripts.health", "--root", str(tmp_path)],
+    res = subprocess.run([PYTHON, "-m", "bootstrap_scripts.ops.health", "--root", str(tmp_path)],
                          cwd=REPO_ROOT, env=base_env(), capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
-    assert str(tmp_path / "opt/deeplearning/membership.json") in res.stderr
+    assert str(NodePaths(tmp_path).membership) in res.stderr

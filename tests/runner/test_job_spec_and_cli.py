@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bootstrap_scripts import job_spec as js
-from bootstrap_scripts import runner
+from bootstrap_scripts.jobs import runner
+from bootstrap_scripts.protocol import jobs as js
+from bootstrap_scripts.protocol.errors import ProtocolError
+from bootstrap_scripts.protocol.paths import validate_job_id
 
 
 def test_spec_round_trips_and_finds_shares():
@@ -23,8 +25,8 @@ def test_spec_round_trips_and_finds_shares():
 
 @pytest.mark.parametrize("bad", ["", "../etc", ".hidden", "a/b", "x" * 129, "sp ace"])
 def test_bad_job_ids_are_rejected_by_name(bad):
-    with pytest.raises(js.JobSpecError, match="invalid job id"):
-        js.validate_job_id(bad)
+    with pytest.raises(ProtocolError, match="invalid job id"):
+        validate_job_id(bad)
 
 
 def test_generated_job_ids_are_valid_and_unique():
@@ -32,7 +34,7 @@ def test_generated_job_ids_are_valid_and_unique():
     assert len(ids) == 50
     assert all(i.startswith("my-job-..-x-") or i.startswith("my-job") for i in ids)
     for i in ids:
-        js.validate_job_id(i)
+        validate_job_id(i)
 
 
 def test_malformed_spec_names_the_problem():
@@ -49,6 +51,8 @@ def test_malformed_spec_names_the_problem():
     (["--dry-run", "train.py"], ["--dry-run"], ["train.py"]),
     (["--nnodes", "1:4", "--", "train.py"], ["--nnodes", "1:4"], ["train.py"]),
     (["--dry-run"], ["--dry-run"], []),
+    (["--env", "A=1", "--elastic", "t.py", "--env"], ["--env", "A=1", "--elastic"],
+     ["t.py", "--env"]),
 ])
 def test_split_command(argv, opts, cmd):
     assert runner.split_command(argv) == (opts, cmd)

@@ -7,8 +7,8 @@ import shlex
 
 import pytest
 
-from bootstrap_scripts import launchers as ln
-from bootstrap_scripts.membership import build_membership
+from bootstrap_scripts.jobs import launchers as ln
+from bootstrap_scripts.protocol.membership import build_membership
 
 NODES = [1, 2, 5]
 GPUS = [0, 1, 8]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runner.emu import alive
+from bootstrap_scripts.procgroup import alive
 
 pytestmark = pytest.mark.slow
 

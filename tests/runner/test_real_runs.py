@@ -13,16 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import job_spec as js
+from bootstrap_scripts.procgroup import alive
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import JobSpec
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
+from bootstrap_scripts.protocol.records import JobResult, RunnerHeartbeat, ShareExit
+from emulator.nodes import PYTHON, base_env
 from tests.conftest import REPO_ROOT
-from tests.runner.emu import (
-    PYTHON,
-    alive,
-    base_env,
-    free_rdzv_port,
-    pids_in_groups,
-    pids_of_jobs_under,
-)
+from tests.support.cluster import free_rdzv_port
 
 pytestmark = pytest.mark.slow
 JOBS = Path(__file__).parent / "jobs"
@@ -45,12 +43,12 @@ def test_example_job_trains_on_two_nodes_and_resumes_with_another_world_size(emu
     assert f"job {c.job_dirs()[0].name} succeeded on 2 node(s)" in res.stdout
 
     (jdir,) = c.job_dirs()
-    spec = js.JobSpec.from_json((jdir / "spec.json").read_text())
+    spec = JobSpec.from_json(store.read_text(JobPaths(jdir).spec) or "")
     assert [s.address for s in spec.shares] == c.addresses
     assert "torch.distributed.run" in (jdir / "commands.txt").read_text()
     for rank in (0, 1):
-        assert json.loads(js.exit_path(jdir, rank).read_text())["returncode"] == 0
-    assert json.loads((jdir / "result.json").read_text())["status"] == "succeeded"
+        assert store.read_record(JobPaths(jdir).exit(rank), ShareExit).returncode == 0
+    assert store.read_record(JobPaths(jdir).result, JobResult).status == "succeeded"
     ckdir = c.efs / "checkpoints" / "digits"
     assert json.loads((ckdir / "latest.json").read_text())["epoch"] == 20
 
@@ -78,7 +76,7 @@ def test_a_failing_rank_fails_the_job_naming_node_and_rank(emu):
     assert re.search(rf"FAILED: node rank 1 \({re.escape(worker)}\) exited with code 1", failed[0])
     assert f"[1 {worker}] node=1" in res.stdout
     (jdir,) = c.job_dirs()
-    assert json.loads(js.exit_path(jdir, 1).read_text())["returncode"] == 1
+    assert store.read_record(JobPaths(jdir).exit(1), ShareExit).returncode == 1
 
 
 def test_plain_command_on_three_nodes_reports_each_exit(emu):
@@ -106,7 +104,7 @@ def test_sigterm_to_the_runner_stops_every_process_of_the_job(emu):
         assert p.poll() is None, "".join(lines)
         assert time.monotonic() < deadline, "ranks never became ready:\n" + "".join(lines)
         time.sleep(0.1)
-    job_pids = pids_in_groups(c.share_pgids()) | pids_of_jobs_under(c.efs)
+    job_pids = c.job_pids()
     reported = {int(x) for line in lines for x in re.findall(r"(?:pid|child)=(\d+)", line)}
     assert len(reported) == 4
     assert reported <= job_pids  # torchrun's workers (own sessions) and their children too
@@ -120,9 +118,9 @@ def test_sigterm_to_the_runner_stops_every_process_of_the_job(emu):
     still = [pid for pid in job_pids if alive(pid)]
     assert not still, f"still alive after dl-run exited: {still}\n{out}"
     (jdir,) = c.job_dirs()
-    assert (jdir / "cancel").exists()
+    assert store.exists(JobPaths(jdir).cancel)
     for rank in (0, 1):
-        assert json.loads(js.exit_path(jdir, rank).read_text())["cancelled"] is True
+        assert store.read_record(JobPaths(jdir).exit(rank), ShareExit).cancelled is True
 
 
 def test_node_without_executor_fails_fast_naming_its_address(emu):
@@ -163,7 +161,7 @@ def test_dry_run_prints_commands_and_starts_nothing(emu):
         assert f"--local-addr={node.address}" in res.stdout
     assert res.stdout.count("--nproc-per-node=8") == 2
     assert "--max-restarts=3" in res.stdout
-    assert not js.jobs_dir(c.efs).exists()
+    assert not ClusterPaths(c.efs).jobs_dir.exists()
 
 
 def test_executor_does_not_replay_an_old_job_after_restart(emu):
@@ -172,16 +170,14 @@ def test_executor_does_not_replay_an_old_job_after_restart(emu):
     res = c.run("--launcher", "each", "--", "true")
     assert res.returncode == 0, res.stdout
     (jdir,) = c.job_dirs()
-    # Forge an unfinished job from a runner that died: no heartbeat will ever move.
-    stale = jdir.parent / "stale-job"
-    stale.mkdir()
-    spec = js.JobSpec.from_json((jdir / "spec.json").read_text())
-    js.write_text_atomic(stale / "spec.json",
-                         js.JobSpec(**{**spec.__dict__, "job_id": "stale-job"}).to_json())
-    js.write_json_atomic(stale / "runner.json", {"seq": 7})
     addr = c.addresses[0]
     os.killpg(c.executors[addr].pid, signal.SIGTERM)
     c.executors[addr].wait(timeout=20)
+    # Forge an unfinished job from a runner that died: no heartbeat will ever move.
+    stale = ClusterPaths(c.efs).job("stale-job")
+    spec = JobSpec.from_json(store.read_text(JobPaths(jdir).spec) or "")
+    store.atomic_write(stale.spec, JobSpec(**{**spec.__dict__, "job_id": "stale-job"}).to_json())
+    store.write_record(stale.runner_heartbeat, RunnerHeartbeat(seq=7))
     c.start_executors([addr])
     time.sleep(4.5)  # longer than the executor's start-up liveness window
-    assert not js.nodes_dir(stale).exists() or not list(js.nodes_dir(stale).iterdir())
+    assert not stale.nodes.exists() or not list(stale.nodes.iterdir())

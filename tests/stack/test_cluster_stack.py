@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from aws_cdk.assertions import Match, Template
 
+from constructs_lib.user_data import INSTALL_MODULE
 from tests.stack.synth import cluster_template
 
 EFS_LOGICAL_ID = "ClusterSharedStorageFileSystemB0CC6D61"
@@ -119,11 +120,12 @@ def test_existing_file_system_creates_none() -> None:
 
 def test_queues_and_topic_encrypted_and_tls_only(template: Template) -> None:
     queues = template.find_resources("AWS::SQS::Queue")
-    assert len(queues) == 4  # master, worker and their dead-letter queues
+    assert len(queues) == 2  # the master queue and its dead-letter queue: no worker queue
+    assert not [q for q in queues if "Worker" in q]
     for q in queues.values():
         assert q["Properties"]["SqsManagedSseEnabled"] is True
     policies = template.find_resources("AWS::SQS::QueuePolicy")
-    assert len(policies) == 4
+    assert len(policies) == 2
     for p in policies.values():
         (st,) = [s for s in p["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
         assert st["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
@@ -291,11 +293,11 @@ def test_user_data_starts_the_agent_with_its_settings(template: Template) -> Non
     assert set(rendered) == {"master", "worker"}
     for role, text in rendered.items():
         assert text.startswith("#!/bin/bash\n")
-        assert "-m bootstrap_scripts.install --role" in text
+        assert f"-m {INSTALL_MODULE} --role" in text
+        assert "--worker-queue-url" not in text
         for flag in (
             "--cluster-id 'DLClusterStack'",
             "--master-queue-url '<token>'",
-            "--worker-queue-url '<token>'",
             "--efs-id '<token>'",
             "--mount-point '/efs'",
             "--setup-timeout '3300'",
@@ -338,11 +340,11 @@ def test_outputs_for_the_user(template: Template) -> None:
         "WorkerGroupName",
         "FileSystemId",
         "MasterQueueUrl",
-        "WorkerQueueUrl",
         "ConnectCommand",
         "WorkerLaunchTemplateId",
     ):
         assert key in outputs
+    assert "WorkerQueueUrl" not in outputs
     assert "aws ssm start-session" in json.dumps(outputs["ConnectCommand"])
 
 

@@ -126,8 +126,8 @@ def test_construct_rejects_inconsistent_elastic_props() -> None:
     for kwargs, message in (
         ({"worker_count": 2, "spot_workers": 2, "max_workers": 3},
          "2 <= 4 <= 3"),
-        ({"data_prep_script": "a\nb"}, "'data_prep_script' must be one non-empty line"),
-        ({"spot_workers": -1}, "'spot_workers' must be an integer >= 0"),
+        ({"data_prep_script": "a\nb"}, "^Bad/C: data_prep_script must be one non-empty line"),
+        ({"spot_workers": -1}, "^Bad/C: spot_workers must be an integer >= 0, got -1$"),
     ):
         with pytest.raises(ConfigError, match=message):
-            DeepLearningCluster(cdk.Stack(cdk.App()), "C", **kwargs)
+            DeepLearningCluster(cdk.Stack(cdk.App(), "Bad"), "C", **kwargs)

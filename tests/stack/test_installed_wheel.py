@@ -10,7 +10,11 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+from constructs_lib.user_data import INSTALL_MODULE
 from tests.stack.synth import REPO
+
+#: The node installer the user data runs, inside the package and inside the node-scripts asset.
+INSTALLER = INSTALL_MODULE.replace(".", "/") + ".py"
 
 USER_APP = textwrap.dedent("""
     import sys
@@ -28,7 +32,7 @@ USER_APP = textwrap.dedent("""
         image_type="amazon-linux-2023",
         efs_mount_point="/shared",
         root_volume_gib=250,
-        placement_group=True,
+        create_placement_group=True,
         vpc_cidr="10.42.0.0/16",
     )
     cdk.CfnOutput(stack, "Workers", value=cluster.worker_group.group_name)
@@ -61,7 +65,7 @@ def test_wheel_installs_and_synthesizes_outside_the_repo(tmp_path: Path) -> None
     for expected in (
         "constructs_lib/cluster.py",
         "lambda_src/capacity_adjuster.py",
-        "bootstrap_scripts/membership.py",
+        INSTALLER,
         "stacks/cluster_stack.py",
     ):
         assert expected in names, expected
@@ -114,4 +118,4 @@ def test_wheel_installs_and_synthesizes_outside_the_repo(tmp_path: Path) -> None
     assert sum(1 for s in sources if s.startswith("asset.")) >= 2
     staged = [p for p in out.glob("asset.*") if p.is_dir()]
     assert any((p / "capacity_adjuster.py").exists() for p in staged)
-    assert any((p / "membership.py").exists() for p in staged)
+    assert any((p / INSTALLER.removeprefix("bootstrap_scripts/")).exists() for p in staged)

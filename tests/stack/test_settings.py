@@ -111,3 +111,25 @@ def test_elastic_defaults_and_max_below_the_deployed_count() -> None:
     with pytest.raises(ConfigError) as err:
         settings(workerCount="3", spotWorkers="2", maxWorkers="4")
     assert "'maxWorkers' must be at least workerCount + spotWorkers (5), got 4" in str(err.value)
+
+
+def test_context_errors_name_the_key_not_a_construct() -> None:
+    """app.py prints this after "error: " (README "Settings")."""
+    with pytest.raises(ConfigError) as err:
+        settings(workerCount="0")
+    assert str(err.value) == "context key 'workerCount' must be an integer >= 1, got '0'"
+
+
+def test_defaults_are_the_constructs_own() -> None:
+    """ClusterSettings restates no default: an unset key means the construct's default."""
+    import inspect
+
+    from constructs_lib import DeepLearningCluster
+
+    props = inspect.signature(DeepLearningCluster.__init__).parameters
+    s = ClusterSettings()
+    for field in ("worker_count", "worker_instance_type", "master_instance_type", "image_type",
+                  "efs_mount_point", "vpc_cidr", "root_volume_gib", "spot_workers",
+                  "max_workers", "ssh_cidr", "data_prep_script"):
+        assert getattr(s, field) == props[field].default, field
+    assert s.placement_group is props["create_placement_group"].default

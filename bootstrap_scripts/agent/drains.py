@@ -1,0 +1,134 @@
+"""Draining a terminating worker (the master's side): start, watch, complete.
+
+A ``drain-request`` (the worker group's termination lifecycle hook, via the capacity
+adjuster) becomes a :class:`~bootstrap_scripts.protocol.records.DrainRecord` at
+``cluster/drain/<id>.json``: the node's job executor sees it and stops its shares, the
+master publishes a generation without the node. The drain completes when the executor
+writes ``cluster/drain/<id>.done`` or at the record's deadline (``--drain-timeout``):
+CompleteLifecycleAction CONTINUE, retried with backoff for transient errors, then the
+record is rewritten with ``completed_at``, ``reason``, ``outcome`` and ``seconds``. The
+records are the state: a restarted master resumes every drain not completed yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from bootstrap_scripts.agent import policy
+from bootstrap_scripts.agent.aws import OUTCOME_LIMIT, MasterAws
+from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol.membership import Node
+from bootstrap_scripts.protocol.messages import DrainRequest
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.records import DrainRecord
+
+#: Attempts at CompleteLifecycleAction before leaving it to the hook's default (CONTINUE).
+COMPLETE_ATTEMPTS = 5
+
+
+class Drains:
+    """The drains in progress (instance id -> record), and the calls that move them on."""
+
+    def __init__(self, cluster: ClusterPaths, aws: MasterAws, *, drain_timeout: float,
+                 log: logging.Logger) -> None:
+        self.cluster = cluster
+        self.aws = aws
+        self.drain_timeout = drain_timeout
+        self.log = log
+        self.active: dict[str, DrainRecord] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.active)
+
+    def __contains__(self, instance_id: object) -> bool:
+        return instance_id in self.active
+
+    def resume(self) -> None:
+        """Pick up the drains an earlier master left pending (their records on EFS)."""
+        self.active = state.pending_drains(self.cluster.efs)
+        if self.active:
+            self.log.info("event=drains-resumed instances=%s", ",".join(sorted(self.active)))
+
+    def is_duplicate(self, msg: DrainRequest) -> bool:
+        """The same lifecycle action seen before (a redelivered message): changes nothing,
+        except that a pending one is tracked again."""
+        existing = state.read_drain(self.cluster.efs, msg.instance_id)
+        if existing is None or existing.lifecycle_action_token != msg.lifecycle_action_token:
+            return False
+        if not existing.completed:
+            self.active.setdefault(msg.instance_id, existing)
+        self.log.info("event=drain-duplicate instance_id=%s", msg.instance_id)
+        return True
+
+    def start(self, msg: DrainRequest, *, member: Node | None, address: str, is_master: bool,
+              formed: bool) -> bool:
+        """Record the drain (the node's executor acts on the file); True when the groups
+        must be re-read. Callers check :meth:`is_duplicate` first."""
+        iid = msg.instance_id
+        now = time.time()
+        record = DrainRecord(
+            instance_id=iid, address=address, requested_at=now,
+            deadline=now + self.drain_timeout, asg=msg.asg, role=msg.role,
+            lifecycle_hook=msg.lifecycle_hook,
+            lifecycle_action_token=msg.lifecycle_action_token, member=member is not None,
+            base=bool(member and member.base))
+        state.write_drain(self.cluster.efs, record)
+        self.active[iid] = record
+        self.log.info("event=drain-start instance_id=%s address=%s member=%s deadline=%.0fs",
+                      iid, address or "-", member is not None, self.drain_timeout)
+        plan = policy.plan_drain(is_master=is_master, is_member=member is not None,
+                                 formed=formed)
+        if plan.complete_now == "master":
+            self.log.error("event=drain-self (the master cannot drain itself; completing)")
+        if plan.complete_now is not None:
+            self.complete(iid, plan.complete_now)
+        elif member is not None and member.base:
+            self.log.warning("event=base-worker-leaving instance_id=%s (protection does not "
+                             "stop Spot reclaims, health replacements or manual termination)",
+                             iid)
+        return plan.resync
+
+    def check(self) -> None:
+        """Complete every drain whose node is done or whose deadline passed."""
+        now = time.time()
+        for iid, record in list(self.active.items()):
+            reason = policy.drain_due(now=now, deadline=record.deadline,
+                                      retry_at=record.retry_at,
+                                      done=record.retry_at <= now
+                                      and store.exists(self.cluster.drain_done(iid)))
+            if reason is not None:
+                self.complete(iid, reason)
+
+    def complete(self, iid: str, reason: str) -> None:
+        """CompleteLifecycleAction CONTINUE, then mark the drain record completed (or
+        schedule another attempt after a transient error)."""
+        record = self.active.get(iid) or state.read_drain(self.cluster.efs, iid)
+        if record is None:
+            self.log.warning("event=drain-complete-skipped instance_id=%s (no drain record)",
+                             iid)
+            return
+        result = self.aws.complete_lifecycle_action(record)
+        outcome = result.outcome
+        if not result.final:
+            attempts = record.attempts + 1
+            if attempts < COMPLETE_ATTEMPTS:
+                self.active[iid] = dataclasses.replace(
+                    record, attempts=attempts,
+                    retry_at=time.time() + policy.retry_delay(attempts))
+                self.log.warning("event=drain-complete-retry instance_id=%s attempt=%d "
+                                 "error=%r", iid, attempts, result.error)
+                return
+            record = dataclasses.replace(record, attempts=attempts)
+            outcome = (f"gave-up (the hook's default CONTINUE applies): "
+                       f"{result.error!r}")[:OUTCOME_LIMIT]
+        finished = time.time()
+        record = dataclasses.replace(
+            record, retry_at=0.0, completed_at=finished, reason=reason, result="CONTINUE",
+            outcome=outcome, seconds=round(finished - record.requested_at, 3))
+        state.write_drain(self.cluster.efs, record)
+        self.active.pop(iid, None)
+        state.forget_registration(self.cluster.efs, iid)
+        self.log.info("event=drain-complete instance_id=%s reason=%s seconds=%.1f outcome=%r",
+                      iid, reason, record.seconds, outcome)

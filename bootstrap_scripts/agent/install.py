@@ -1,0 +1,143 @@
+"""Install the node agent and the job executor as systemd services, and the CLI wrappers.
+
+Run by the user data as ``python3 -m bootstrap_scripts.agent.install <agent args>``. The agent
+arguments are validated here with the agent's own parser, so a bad user data fails at once,
+with the offending value in cloud-init's log, instead of in a crash-looping unit.
+
+Written under ``--root`` (default ``/``):
+- ``etc/systemd/system/dl-agent.service``: ``python3 -m bootstrap_scripts.agent.node_agent <args>``,
+  restarted on crashes, but not after a definite setup failure (exit 2: already signalled);
+- ``etc/systemd/system/dl-executor.service``: the per-node job executor;
+- ``usr/local/bin/{dl-run,dl-health,dl-agent,dl-scale}``: wrappers that find this package wherever
+  the user data unpacked it.
+Then ``systemctl daemon-reload`` and ``systemctl enable --now`` both units, unless
+``--no-systemctl`` (tests, images being baked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
+from bootstrap_scripts.protocol.store import atomic_write
+
+UNIT_DIR = "etc/systemd/system"
+BIN_DIR = "usr/local/bin"
+AGENT_UNIT = "dl-agent.service"
+EXECUTOR_UNIT = "dl-executor.service"
+WRAPPERS = {"dl-run": "bootstrap_scripts.jobs.runner",
+            "dl-health": "bootstrap_scripts.ops.health",
+            "dl-agent": "bootstrap_scripts.agent.node_agent",
+            "dl-scale": "bootstrap_scripts.ops.scale"}
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one ExecStart argument: ``%`` is a specifier and ``$`` an expansion in unit
+    files, so a presigned wait-handle URL (full of ``%2F``) must have them doubled."""
+    escaped = (arg.replace("\\", "\\\\").replace('"', '\\"')
+               .replace("%", "%%").replace("$", "$$"))
+    return f'"{escaped}"'
+
+
+def agent_unit(python: str, package_dir: str, agent_args: list[str]) -> str:
+    exec_start = " ".join(systemd_quote(a) for a in
+                          [python, "-m", "bootstrap_scripts.agent.node_agent", *agent_args])
+    return f"""[Unit]
+Description=Deep-learning cluster node agent (membership, DEEPLEARNING_* environment)
+Documentation=file://{package_dir}/docs/node-agent.md
+Wants=network-online.target
+After=network-online.target remote-fs.target cloud-init.service
+
+[Service]
+Type=simple
+Environment={systemd_quote("PYTHONPATH=" + package_dir)}
+Environment=PYTHONUNBUFFERED=1
+ExecStart={exec_start}
+Restart=on-failure
+RestartSec=5
+# 2: setup failed and the wait condition was told; 64: bad arguments. Restarting won't help.
+RestartPreventExitStatus={EXIT_FAILED} {EXIT_USAGE}
+TimeoutStopSec=40
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def executor_unit(python: str, package_dir: str, root: str, mount_point: str) -> str:
+    exec_start = " ".join(systemd_quote(a) for a in
+                          [python, "-m", "bootstrap_scripts.jobs.executor", "--root", root,
+                           "--mount-point", mount_point])
+    return f"""[Unit]
+Description=Deep-learning cluster job executor (runs this node's share of dl-run jobs)
+Wants={AGENT_UNIT}
+After={AGENT_UNIT} remote-fs.target
+
+[Service]
+Type=simple
+Environment={systemd_quote("PYTHONPATH=" + package_dir)}
+Environment=PYTHONUNBUFFERED=1
+ExecStart={exec_start}
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def wrapper_script(python: str, package_dir: str, module: str) -> str:
+    return f"""#!/bin/sh
+# Installed by bootstrap_scripts.agent.install; runs {module} from {package_dir}.
+PYTHONPATH='{package_dir}'${{PYTHONPATH:+:$PYTHONPATH}}
+export PYTHONPATH
+exec '{python}' -m {module} "$@"
+"""
+
+
+def install(argv: list[str] | None = None) -> list[Path]:
+    """Write the units and wrappers; returns the files written (changed or not)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--no-systemctl", action="store_true")
+    pre.add_argument("--python", default=sys.executable)
+    pre.add_argument("--package-dir", default=str(Path(__file__).resolve().parent.parent))
+    opts, agent_argv = pre.parse_known_args(argv)
+    ns = build_parser().parse_args(agent_argv)  # exits 2 with a clear message on bad args
+    root = Path(ns.root)
+    agent_args = canonical_args(ns)  # --name=value: empty values survive
+    files = {
+        root / UNIT_DIR / AGENT_UNIT: (agent_unit(opts.python, opts.package_dir, agent_args),
+                                       0o644),
+        root / UNIT_DIR / EXECUTOR_UNIT: (
+            executor_unit(opts.python, opts.package_dir, ns.root, ns.mount_point), 0o644),
+    }
+    for name, module in WRAPPERS.items():
+        files[root / BIN_DIR / name] = (wrapper_script(opts.python, opts.package_dir, module),
+                                        0o755)
+    for path, (content, mode) in files.items():
+        atomic_write(path, content, mode=mode)
+        path.chmod(mode)
+    if not opts.no_systemctl:
+        for cmd in (["systemctl", "daemon-reload"],
+                    ["systemctl", "enable", "--now", AGENT_UNIT, EXECUTOR_UNIT]):
+            subprocess.run(cmd, check=True)
+    return list(files)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        written = install(argv)
+    except subprocess.CalledProcessError as exc:
+        print(f"dl-install: {' '.join(exc.cmd)} failed with exit status {exc.returncode}",
+              file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"dl-install: wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,399 @@
+"""The master agent, as an explicit state machine.
+
+States (:class:`Phase`) and the events (:class:`Event`) that move between them::
+
+    STARTING            --resumed-------------> FORMED    (EFS: this cluster, us as master)
+    STARTING            --new-cluster---------> PREPARING
+    STARTING            --aws-unavailable-----> FAILED
+    PREPARING           --prepared------------> WAITING_FOR_GROUPS
+    PREPARING           --prep-failed---------> FAILED
+    WAITING_FOR_GROUPS  --groups-ready--------> FORMING   (both groups reported success)
+    WAITING_FOR_GROUPS  --group-failed--------> FAILED    (an asg-setup failure message)
+    WAITING_FOR_GROUPS  --setup-timeout-------> FAILED
+    FORMING             --cluster-formed------> FORMED
+    FORMING             --discovery-failed----> FAILED
+    any but FAILED/STOPPED --stop-------------> STOPPED
+
+- STARTING: AWS clients ready, local state loaded, pending drains resumed, EFS checked for
+  a cluster this agent already formed (then no second wait-condition signal).
+- PREPARING: the data-preparation command, if any (its failure fails the setup).
+- WAITING_FOR_GROUPS: long-poll the master queue for the capacity adjuster's ``asg-setup``
+  messages until both groups report success; a ``failure`` message, or no success by the
+  setup deadline (``--setup-timeout`` after the first start), fails the setup.
+- FORMING: describe both groups, wait (bounded) for their nodes to register (and prepare),
+  publish generation 1, protect the base nodes, signal the wait condition SUCCESS.
+- FORMED: every message, registration, guessed GPU count, drain and periodic resync may
+  publish a new generation. Failures here are logged, never fatal.
+- FAILED: the reason goes to the wait condition (FAILURE); the agent exits with status 2.
+
+:meth:`Master.decide` alone maps (state, event) to the next state; each state's work is one
+``_step_*`` method that returns the event it produced (None: stay).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import field
+from enum import Enum
+from typing import TYPE_CHECKING, ClassVar
+
+from bootstrap_scripts.agent import data_prep, policy
+from bootstrap_scripts.agent import wait_condition as wc
+from bootstrap_scripts.agent.aws import MasterAws
+from bootstrap_scripts.agent.drains import Drains
+from bootstrap_scripts.agent.roster import Roster, SetupFailed
+from bootstrap_scripts.agent.settings import EXIT_FAILED
+from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol.membership import Membership, MembershipError
+from bootstrap_scripts.protocol.messages import (
+    AsgSetup,
+    BadMessage,
+    DrainRequest,
+    MembershipChange,
+    Message,
+)
+from bootstrap_scripts.protocol.records import Record, record
+
+if TYPE_CHECKING:
+    from bootstrap_scripts.agent.node_agent import NodeAgent
+
+#: Longest SQS wait of a formed master: it also looks for nodes that registered without any
+#: Auto Scaling message (an instance started by hand from the worker launch template).
+JOIN_POLL_SECONDS = 5
+
+
+class Phase(Enum):
+    STARTING = "starting"
+    PREPARING = "preparing"
+    WAITING_FOR_GROUPS = "waiting-for-groups"
+    FORMING = "forming"
+    FORMED = "formed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Event(Enum):
+    RESUMED = "resumed"
+    NEW_CLUSTER = "new-cluster"
+    AWS_UNAVAILABLE = "aws-unavailable"
+    PREPARED = "prepared"
+    PREP_FAILED = "prep-failed"
+    GROUPS_READY = "groups-ready"
+    GROUP_FAILED = "group-failed"
+    SETUP_TIMEOUT = "setup-timeout"
+    DISCOVERY_FAILED = "discovery-failed"
+    CLUSTER_FORMED = "cluster-formed"
+    STOP = "stop"
+
+
+TERMINAL = frozenset({Phase.FAILED, Phase.STOPPED})
+TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
+    (Phase.STARTING, Event.RESUMED): Phase.FORMED,
+    (Phase.STARTING, Event.NEW_CLUSTER): Phase.PREPARING,
+    (Phase.STARTING, Event.AWS_UNAVAILABLE): Phase.FAILED,
+    (Phase.PREPARING, Event.PREPARED): Phase.WAITING_FOR_GROUPS,
+    (Phase.PREPARING, Event.PREP_FAILED): Phase.FAILED,
+    (Phase.WAITING_FOR_GROUPS, Event.GROUPS_READY): Phase.FORMING,
+    (Phase.WAITING_FOR_GROUPS, Event.GROUP_FAILED): Phase.FAILED,
+    (Phase.WAITING_FOR_GROUPS, Event.SETUP_TIMEOUT): Phase.FAILED,
+    (Phase.FORMING, Event.CLUSTER_FORMED): Phase.FORMED,
+    (Phase.FORMING, Event.DISCOVERY_FAILED): Phase.FAILED,
+}
+
+
+@record
+class GroupSetup(Record):
+    """An ``asg-setup`` message as the master keeps it (the same fields)."""
+
+    KIND: ClassVar[str] = "asg-setup seen"
+    status: str
+    asg: str
+    role: str
+    cluster_id: str = ""
+    desired: int = 0
+    launched: int = 0
+    min: int = 0
+    max: int = 0
+    instances: tuple[str, ...] = ()
+    reason: str = ""
+    cause: str = ""
+    dedupe_key: str = ""
+
+
+@record
+class MasterState(Record):
+    """``var/lib/dl-agent/state.json``: what the master remembers across an agent restart
+    (local disk, this instance only): when setup started (the deadline counts from there)
+    and the setup messages it already deleted from the queue."""
+
+    KIND: ClassVar[str] = "master agent state"
+    setup_started: float
+    setup: dict[str, GroupSetup] = field(default_factory=dict)  # role -> asg-setup
+
+
+class Master:
+    """The master role of one :class:`NodeAgent` (``run`` blocks until stop or failure)."""
+
+    def __init__(self, agent: NodeAgent, aws: MasterAws) -> None:
+        self.agent = agent
+        self.config = agent.config
+        self.log = agent.log
+        self.aws = aws
+        aws.log = agent.log
+        self.roster = Roster(agent, aws)
+        self.drains = Drains(agent.cluster, aws, drain_timeout=self.config.drain_timeout,
+                             log=agent.log)
+        self.phase = Phase.STARTING
+        self.failure = ""
+        self.state = MasterState(setup_started=time.time())
+        self.resync_wanted = False
+        self.last_resync = time.monotonic()
+
+    # -- the machine -------------------------------------------------------------------------
+    @staticmethod
+    def decide(phase: Phase, event: Event) -> Phase:
+        """The next state after ``event`` in ``phase`` (ValueError: not a valid transition)."""
+        if event is Event.STOP and phase not in TERMINAL:
+            return Phase.STOPPED
+        try:
+            return TRANSITIONS[(phase, event)]
+        except KeyError:
+            raise ValueError(f"master: no transition from {phase.value} on {event.value}") \
+                from None
+
+    def run(self) -> int:
+        steps = {Phase.STARTING: self._step_starting, Phase.PREPARING: self._step_preparing,
+                 Phase.WAITING_FOR_GROUPS: self._step_waiting,
+                 Phase.FORMING: self._step_forming, Phase.FORMED: self._step_formed}
+        while self.phase not in TERMINAL:
+            event = Event.STOP if self.agent.stop.is_set() else steps[self.phase]()
+            if event is not None:
+                new = self.decide(self.phase, event)
+                self.log.info("event=master-state from=%s to=%s on=%s", self.phase.value,
+                              new.value, event.value)
+                self.phase = new
+        if self.phase is Phase.FAILED:
+            self.log.error("event=setup-failed reason=%r", self.failure)
+            self.agent.signal(wc.FAILURE, self.failure)
+            return EXIT_FAILED
+        return 0
+
+    def _fail(self, event: Event, reason: str) -> Event:
+        self.failure = reason
+        return event
+
+    # -- the states' work ------------------------------------------------------------------
+    def _step_starting(self) -> Event:
+        if not self.aws.ready():
+            return self._fail(Event.AWS_UNAVAILABLE, f"could not create AWS clients for region "
+                              f"{self.config.region!r} (see the traceback above)")
+        path = self.agent.paths.agent_state
+        self.state = (store.read_record_or_none(path, MasterState)
+                      or MasterState(setup_started=time.time()))
+        self._save_state()
+        self.drains.resume()
+        published = self._resume()
+        if published is None:
+            return Event.NEW_CLUSTER
+        self.agent.formed.set()
+        self.log.info("event=resume generation=%d (cluster already formed)",
+                      published.generation)
+        self.roster.protect(published)
+        self.resync_wanted = True
+        self.last_resync = time.monotonic()
+        return Event.RESUMED
+
+    def _step_preparing(self) -> Event:
+        if not self.config.data_prep or data_prep.prepare(
+                self.config, self.agent.identity, stop=self.agent.stop, log=self.log):
+            return Event.PREPARED
+        if self.agent.stop.is_set():
+            return Event.STOP
+        failed = self.agent.cluster.prepared(self.agent.identity.instance_id, "failed")
+        return self._fail(Event.PREP_FAILED, f"data preparation failed on the master "
+                          f"{self.agent.identity.instance_id}: see {failed}")
+
+    def _step_waiting(self) -> Event | None:
+        deadline = self.state.setup_started + self.config.setup_timeout
+        wait = policy.receive_wait(poll_wait=self.config.poll_wait, formed=False,
+                                   seconds_left=deadline - time.time(),
+                                   join_poll=JOIN_POLL_SECONDS, look_often=False,
+                                   drains=bool(self.drains))
+        try:
+            self._receive_and_handle(wait)
+        except SetupFailed as exc:
+            return self._fail(Event.GROUP_FAILED, str(exc))
+        self.drains.check()
+        if policy.setup_complete(self._setup_statuses()):
+            return Event.GROUPS_READY
+        if time.time() >= deadline:
+            missing = policy.missing_groups(self._setup_statuses())
+            return self._fail(Event.SETUP_TIMEOUT, f"cluster {self.config.cluster_id}: no "
+                              f"asg-setup success for {' and '.join(missing)} group(s) within "
+                              f"{self.config.setup_timeout:.0f}s")
+        return None
+
+    def _step_forming(self) -> Event:
+        try:
+            self._form()
+        except SetupFailed as exc:
+            return self._fail(Event.DISCOVERY_FAILED, str(exc))
+        self.resync_wanted = False
+        self.last_resync = time.monotonic()
+        return Event.CLUSTER_FORMED
+
+    def _step_formed(self) -> None:
+        roster = self.roster
+        wait = policy.receive_wait(poll_wait=self.config.poll_wait, formed=True,
+                                   seconds_left=0.0, join_poll=JOIN_POLL_SECONDS,
+                                   look_often=roster.look_often(), drains=bool(self.drains))
+        self._receive_and_handle(wait)
+        self.drains.check()
+        if roster.fallback_gpus and roster.gpu_counts_changed():
+            self.resync_wanted = True
+        if roster.joiners_ready() or roster.new_registrations():
+            self.resync_wanted = True
+        if self.resync_wanted or \
+                time.monotonic() - self.last_resync >= self.config.resync_interval:
+            roster.resync("membership-change" if self.resync_wanted else "periodic-resync",
+                          self.drains.active)
+            self.resync_wanted = False
+            self.last_resync = time.monotonic()
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _save_state(self) -> None:
+        store.write_record(self.agent.paths.agent_state, self.state, mode=0o600)
+
+    def _setup_statuses(self) -> dict[str, str]:
+        return {role: seen.status for role, seen in self.state.setup.items()}
+
+    def _resume(self) -> Membership | None:
+        """After an agent restart: the cluster formed earlier iff EFS says so, with us master."""
+        try:
+            m = state.read_current(self.agent.cluster.efs)
+        except (OSError, MembershipError) as exc:
+            self.log.warning("event=bad-membership path=%s error=%s",
+                             self.agent.cluster.membership, exc)
+            return None
+        if m is None or m.cluster_id != self.config.cluster_id:
+            return None
+        if m.master.instance_id != self.agent.identity.instance_id:
+            return None
+        self.agent.apply(m)
+        return m
+
+    def _receive_and_handle(self, wait: int) -> None:
+        for receipt, msg in self.aws.receive(wait):
+            self.resync_wanted |= self._handle(receipt, msg)
+
+    def _handle(self, receipt: str, msg: Message) -> bool:
+        """Process one message and delete it; True when the groups should be re-read.
+        Raises SetupFailed for an ``asg-setup`` failure before formation."""
+        formed = self.agent.formed.is_set()
+        resync = False
+        if isinstance(msg, BadMessage):
+            self.log.warning("event=skip-message reason=%r body=%r", msg.reason, msg.body[:200])
+        elif msg.cluster_id and msg.cluster_id != self.config.cluster_id:
+            self.log.warning("event=skip-message reason=other-cluster cluster_id=%r",
+                             msg.cluster_id)
+        elif isinstance(msg, AsgSetup):
+            self.log.info("event=asg-setup role=%s asg=%s status=%s desired=%d launched=%d "
+                          "reason=%r", msg.role, msg.asg, msg.status, msg.desired, msg.launched,
+                          msg.reason)
+            if formed:
+                resync = True
+            elif msg.status == "failure":
+                self.aws.delete(receipt)
+                cause = f" ({msg.cause})" if msg.cause else ""
+                raise SetupFailed(f"{msg.role} group {msg.asg}: {msg.reason}{cause}")
+            else:
+                setup = {**self.state.setup, msg.role: GroupSetup(**dataclasses.asdict(msg))}
+                self.state = dataclasses.replace(self.state, setup=setup)
+                self._save_state()
+        elif isinstance(msg, DrainRequest):
+            self.log.info("event=drain-request role=%s asg=%s instance_id=%s hook=%s",
+                          msg.role, msg.asg, msg.instance_id, msg.lifecycle_hook)
+            resync = self._start_drain(msg, formed)
+        elif isinstance(msg, MembershipChange):
+            self.log.info("event=membership-change role=%s asg=%s change=%s instance_id=%s",
+                          msg.role, msg.asg, msg.change, msg.instance_id)
+            resync = formed  # before formation, formation reads the groups
+        self.aws.delete(receipt)
+        return resync
+
+    def _start_drain(self, msg: DrainRequest, formed: bool) -> bool:
+        if self.drains.is_duplicate(msg):
+            return False
+        iid = msg.instance_id
+        current = self.agent.current
+        member = current.node_by_instance(iid) if current else None
+        address = member.address if member else ""
+        if not address:
+            reg = self.roster.read_registrations([iid]).get(iid)
+            address = reg.address if reg else ""
+        self.roster.pending_join.discard(iid)
+        return self.drains.start(msg, member=member, address=address, formed=formed,
+                                 is_master=iid == self.agent.identity.instance_id)
+
+    def _form(self) -> None:
+        """Generation 1: the groups' nodes, once registered (and prepared), or the wait is
+        over; then protection and the SUCCESS signal."""
+        roster, config, cluster = self.roster, self.config, self.agent.cluster
+        expected = self.state.setup["worker"].instances
+        for role, seen in self.state.setup.items():
+            if seen.asg:
+                roster.group_names.setdefault(role, seen.asg)
+        give_up = time.monotonic() + config.registration_wait
+        # With a data-preparation hook, registered nodes may take long to be prepared: wait
+        # for their markers up to the setup deadline (not the registration wait).
+        prep_give_up = time.monotonic() + max(
+            0.0, self.state.setup_started + config.setup_timeout - time.time() - 5.0)
+        workers = roster.discover_with_retry(expected)
+        described = time.monotonic()
+        while True:
+            ids = [w.instance_id for w in workers]
+            registrations = roster.read_registrations(ids)  # cheap: one open() per node
+            unregistered = [i for i in ids if i not in registrations]
+            absent = [i for i in expected if i not in ids]
+            unprepared = [i for i in ids if i in registrations and config.data_prep
+                          and state.prep_status(cluster.efs, i) is None]
+            waiting_registration = (unregistered or absent) and time.monotonic() < give_up
+            waiting_prep = unprepared and time.monotonic() < prep_give_up
+            if not (waiting_registration or waiting_prep) or self.agent.stop.is_set():
+                break
+            self.agent.stop.wait(0.1)
+            if absent and time.monotonic() - described >= 2.0:  # AWS APIs: every 2 s at most
+                workers = roster.discover_with_retry(expected)
+                described = time.monotonic()
+        if absent:
+            self.log.warning("event=workers-absent instances=%s (the Lambda listed them; "
+                             "proceeding with the nodes present)", ",".join(absent))
+        if unregistered:
+            self.log.warning("event=workers-unregistered instances=%s waited=%.0fs (using the "
+                             "master's GPU count %d for them)", ",".join(unregistered),
+                             config.registration_wait, self.agent.gpus)
+        prepared = None
+        if config.data_prep:
+            prepared = {w.instance_id for w in workers if w.instance_id in registrations
+                        and state.prep_status(cluster.efs, w.instance_id) == "ok"}
+        workers, left_out = policy.forming_workers(workers, draining=self.drains.active,
+                                                   prepared=prepared)
+        if left_out:
+            # They join when prepared (and are promoted to base while the base count is short).
+            self.log.warning("event=workers-not-prepared instances=%s (they join when "
+                             "prepared)", ",".join(left_out))
+            roster.pending_join = set(left_out)
+        roster.base_target = policy.base_target(config.base_workers, len(workers))
+        base = policy.choose_base(workers, roster.base_target)
+        entries, fallback = policy.worker_entries(workers, registrations, base=base,
+                                                  fallback_gpus=self.agent.gpus)
+        m = roster.publish(entries, reason="initial")
+        roster.set_fallback(fallback)
+        roster.protect(m)
+        self.agent.formed.set()
+        data = json.dumps({"nodes": len(m.nodes), "generation": m.generation,
+                           "master": m.master_addr})
+        self.agent.signal(wc.SUCCESS, f"cluster {config.cluster_id} formed: {len(m.nodes)} "
+                          f"nodes, generation {m.generation}", data)

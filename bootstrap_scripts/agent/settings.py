@@ -1,0 +1,164 @@
+"""The node agent's settings: :class:`AgentConfig`, its command line and its exit statuses.
+
+Standard library only, so the installer (``bootstrap_scripts.agent.install``) and the local
+emulator can validate a user data's arguments without importing the agent itself (boto3,
+threads, EFS). Every option is declared once, in :data:`OPTIONS`; the parser and the
+installer's ``--name=value`` rendering are both built from that list, and each option's
+default is the matching :class:`AgentConfig` field's, so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Exit status for a definite failure already reported (systemd must not restart it).
+EXIT_FAILED = 2
+#: Exit status for bad arguments (systemd must not restart it either).
+EXIT_USAGE = 64
+
+
+@dataclass
+class AgentConfig:
+    role: str
+    cluster_id: str
+    stack_name: str
+    region: str
+    master_queue_url: str = ""
+    efs_id: str = ""
+    mount_point: str = "/efs"
+    wait_handle: str = ""
+    setup_timeout: float = 3300.0
+    root: str = "/"
+    no_mount: bool = False
+    poll_wait: int = 20
+    watch_interval: float = 0.25
+    heartbeat_interval: float = 5.0
+    registration_wait: float = 60.0
+    mount_timeout: float = 900.0
+    resync_interval: float = 300.0
+    nvidia_smi: str = "nvidia-smi"
+    data_prep: str = ""
+    data_prep_timeout: float = 3300.0
+    base_workers: int = -1
+    drain_timeout: float = 240.0
+
+    def __post_init__(self) -> None:
+        if self.role not in ("master", "worker"):
+            raise ValueError(f"--role must be master or worker, got {self.role!r}")
+        if not self.cluster_id:
+            raise ValueError("--cluster-id must not be empty")
+        if self.role == "master" and not self.master_queue_url:
+            raise ValueError("--master-queue-url is required on the master")
+        if not 0 <= self.poll_wait <= 20:
+            raise ValueError(f"--poll-wait must be 0..20 (SQS limit), got {self.poll_wait}")
+        if self.setup_timeout <= 0:
+            raise ValueError(f"--setup-timeout must be positive, got {self.setup_timeout}")
+        if self.drain_timeout <= 0:
+            raise ValueError(f"--drain-timeout must be positive, got {self.drain_timeout}")
+        if self.data_prep_timeout <= 0:
+            raise ValueError(
+                f"--data-prep-timeout must be positive, got {self.data_prep_timeout}")
+        if self.base_workers < -1:
+            raise ValueError(f"--base-workers must be >= 0 (or -1: all), got {self.base_workers}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option; ``--name`` maps to the AgentConfig field ``name``."""
+
+    flag: str
+    help: str = ""
+    choices: tuple[str, ...] = ()
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def field(self) -> dataclasses.Field:
+        return _FIELDS[self.dest]
+
+    @property
+    def required(self) -> bool:
+        return self.field.default is dataclasses.MISSING
+
+    @property
+    def is_switch(self) -> bool:
+        """A flag without a value (``--no-mount``)."""
+        return self.field.type in (bool, "bool")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
+_TYPES = {"str": str, "int": int, "float": float}
+
+#: Every option of ``dl-agent``, in the order the installer writes them.
+OPTIONS: tuple[Option, ...] = (
+    Option("--role", choices=("master", "worker")),
+    Option("--cluster-id"),
+    Option("--stack-name"),
+    Option("--region"),
+    Option("--master-queue-url"),
+    Option("--efs-id"),
+    Option("--mount-point"),
+    Option("--wait-handle", "presigned URL; '' = nothing to signal"),
+    Option("--setup-timeout", "seconds the master waits for both groups (default 3300)"),
+    Option("--root", "prefix for node files (emulator/tests)"),
+    Option("--no-mount", "treat --mount-point as a plain shared directory (emulator/tests)"),
+    Option("--poll-wait", "SQS long-poll seconds (0..20)"),
+    Option("--watch-interval", "seconds between checks of the EFS membership (workers)"),
+    Option("--heartbeat-interval"),
+    Option("--registration-wait", "seconds the master waits for nodes to register before "
+           "forming"),
+    Option("--mount-timeout"),
+    Option("--resync-interval", "master re-reads the groups this often even without messages"),
+    Option("--nvidia-smi"),
+    Option("--data-prep", "shell command every node runs before it joins ('' = none)"),
+    Option("--data-prep-timeout", "seconds the data-preparation command may run "
+           "(default 3300)"),
+    Option("--base-workers", "master: workers protected from scale-in (-1 = all at "
+           "formation)"),
+    Option("--drain-timeout", "master: seconds a drained node gets to stop its job shares "
+           "(below the lifecycle hook's 300 s heartbeat)"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dl-agent", description="The node agent: learns the cluster's membership and "
+        "writes the files and DEEPLEARNING_* variables that training jobs use.")
+    for opt in OPTIONS:
+        kwargs: dict = {"help": opt.help or None}
+        if opt.is_switch:
+            kwargs["action"] = "store_true"
+        elif opt.required:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = opt.field.default
+        if not opt.is_switch:
+            kwargs["type"] = _TYPES[str(opt.field.type)]
+        if opt.choices:
+            kwargs["choices"] = list(opt.choices)
+        p.add_argument(opt.flag, **kwargs)
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> AgentConfig:
+    ns = build_parser().parse_args(argv)
+    return AgentConfig(**vars(ns))
+
+
+def canonical_args(ns: argparse.Namespace | AgentConfig) -> list[str]:
+    """Every option as ``--name=value`` (empty values survive: ``--wait-handle=``); a switch
+    only when set. Parsing the result gives back the same settings."""
+    args: list[str] = []
+    for opt in OPTIONS:
+        value = getattr(ns, opt.dest)
+        if opt.is_switch:
+            if value:
+                args.append(opt.flag)
+        else:
+            args.append(f"{opt.flag}={value}")
+    return args

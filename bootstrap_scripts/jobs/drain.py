@@ -1,0 +1,61 @@
+"""Draining this node: the master agent asks it to leave the cluster.
+
+A drain request (``cluster/drain/<instance-id>.json``) naming this node's address makes its
+executor stop every share (SIGTERM to torchrun only, which stops its workers WITHOUT closing
+the rendezvous for the others; SIGKILL after the grace), start nothing new, and write
+``<instance-id>.done`` once nothing runs: the master then completes the lifecycle action.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from bootstrap_scripts.jobs.node import ThisNode
+from bootstrap_scripts.jobs.shares import Shares
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.records import DrainDone, DrainRecord
+
+LOG = logging.getLogger("dl-executor")
+
+
+class Drain:
+    """Whether this node is being drained, and the drain's progress."""
+
+    def __init__(self, node: ThisNode, shares: Shares) -> None:
+        self.node = node
+        self.shares = shares
+        #: (instance id, request) once a drain request names this node
+        self.request: tuple[str, DrainRecord] | None = None
+        self.done = False
+
+    @property
+    def requested(self) -> bool:
+        return self.request is not None
+
+    def find_request(self) -> tuple[str, DrainRecord] | None:
+        for instance_id, req in store.scan_records(self.node.cluster.drain_dir, DrainRecord):
+            if req.address == self.node.address:
+                return instance_id, req
+        return None
+
+    def check(self) -> None:
+        if self.request is None:
+            self.request = self.find_request()
+            if self.request is None:
+                return
+            LOG.info("drain requested for %s (%s): stopping %d share(s)",
+                     self.request[0], self.node.address, len(self.shares.running))
+        for r in self.shares.running.values():
+            if not r.cancel_reason:
+                r.drained = True
+                self.shares.cancel(r, "drained: node leaving the cluster")
+        if not self.shares.running and not self.done:
+            instance_id, req = self.request
+            store.write_record(self.node.cluster.drain_done(instance_id), DrainDone(
+                instance_id=instance_id, address=self.node.address,
+                requested_at=req.requested_at, done_at=time.time(),
+                executor_pid=os.getpid()))
+            self.done = True
+            LOG.info("drain of %s done: no share running", instance_id)

@@ -1,0 +1,84 @@
+"""Elastic jobs on a node that joins the cluster while they run.
+
+A running elastic job's spec names the membership generation it started with. Once this
+node appears in a newer generation, its executor claims the first free share rank (with
+O_EXCL: several nodes may join at once and nobody hands out numbers) and starts the
+spec's ``join_template`` with its own address: torchrun's c10d rendezvous admits the new
+agent, the others restart their workers, which resume from the latest step checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from bootstrap_scripts.jobs.node import ThisNode
+from bootstrap_scripts.jobs.shares import STARTUP_LIVENESS_SECONDS, RunnerProbation, Shares
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import JobSpec, Share, join_share
+from bootstrap_scripts.protocol.paths import SHARE_CLAIM_SUFFIX, JobPaths
+from bootstrap_scripts.protocol.records import ShareClaim
+
+LOG = logging.getLogger("dl-executor")
+
+
+class ElasticJoins:
+    """Elastic jobs without a share for this node, waiting for a generation that adds it."""
+
+    def __init__(self, node: ThisNode, shares: Shares) -> None:
+        self.node = node
+        self.shares = shares
+        self.waiting: dict[str, tuple[JobSpec, JobPaths]] = {}
+        self.probation = RunnerProbation()
+
+    def joined_share(self, spec: JobSpec, paths: JobPaths) -> Share | None:
+        """The share this node claimed in an elastic job earlier (an executor restart)."""
+        if not spec.elastic or spec.join_template is None:
+            return None
+        for _, claim in store.scan_records(paths.nodes, ShareClaim, suffix=SHARE_CLAIM_SUFFIX):
+            if claim.address == self.node.address:
+                return join_share(spec.join_template, claim.rank, self.node.address)
+        return None
+
+    def wait(self, spec: JobSpec, paths: JobPaths) -> None:
+        """Remember an elastic job this node may join once a generation lists it."""
+        self.waiting[spec.job_id] = (spec, paths)
+
+    def join(self, *, draining: bool) -> None:
+        """Start this node's share of every waiting job whose start predates the generation
+        that added this node, if the job's runner is alive (never join a dead job)."""
+        if not self.waiting or draining:
+            return
+        m = self.node.membership()
+        generation = m.generation if m else 0
+        addresses = [n.address for n in m.nodes] if m else []
+        for job_id, (spec, paths) in list(self.waiting.items()):
+            if store.exists(paths.done) or store.exists(paths.cancel):
+                del self.waiting[job_id]
+                continue
+            if generation <= spec.generation or self.node.address not in addresses:
+                continue
+            verdict = self.probation.check(job_id, paths,
+                                           max(STARTUP_LIVENESS_SECONDS, spec.orphan_timeout))
+            if verdict == RunnerProbation.DEAD:
+                LOG.info("job %s: runner not alive, not joining it", job_id)
+                del self.waiting[job_id]
+                continue
+            if verdict == RunnerProbation.WAITING:
+                continue
+            del self.waiting[job_id]
+            assert spec.join_template is not None
+            rank = self.claim_rank(spec, paths, generation)
+            share = join_share(spec.join_template, rank, self.node.address)
+            LOG.info("job %s: joining the elastic job as node rank %d (generation %d > %d)",
+                     job_id, rank, generation, spec.generation)
+            self.shares.start(spec, share, paths)
+
+    def claim_rank(self, spec: JobSpec, paths: JobPaths, generation: int) -> int:
+        """The first free share rank after the spec's, claimed with O_EXCL."""
+        rank = max(s.rank for s in spec.shares) + 1
+        while not store.create_exclusive(paths.claim(rank), ShareClaim(
+                rank=rank, address=self.node.address, generation=generation,
+                claimed_at=time.time()).to_json()):
+            rank += 1
+        return rank

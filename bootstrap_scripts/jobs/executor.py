@@ -1,0 +1,186 @@
+"""Per-node job executor: starts this node's share of every job ``dl-run`` publishes on EFS.
+
+``python3 -m bootstrap_scripts.jobs.executor --root DIR --mount-point EFS [--address ADDR]``
+
+Why a daemon watching EFS rather than SSH from the runner: every node already shares EFS,
+so publishing a job is one atomic file write, all nodes start in parallel (each polls every
+~0.2 s), no private key has to exist anywhere, and the executor owns its children: each
+share runs in its own process group, so stopping a job means one ``killpg`` per node, never
+``pkill -f python``.
+
+Contract (layout: ``protocol.paths.JobPaths``): for each new ``<EFS>/jobs/<id>/spec.json``
+with a share for this node's address, start the share with the job's env + this node's
+``DEEPLEARNING_*`` env, output to ``nodes/<rank>.log``, acknowledge in ``nodes/<rank>.started``
+and record the exit in ``nodes/<rank>.exit``. On ``cancel`` (or when the runner's heartbeat
+stops changing for ``orphan_timeout`` s) send SIGTERM to the share's process group, then
+SIGKILL after ``grace_seconds``. Heartbeat: ``<EFS>/cluster/executors/<address>.json``, ~1 s.
+
+This module is the daemon's loop; the work is in ``discovery`` (which jobs to start),
+``shares`` (starting, supervising and stopping them), ``elastic`` (joining running elastic
+jobs) and ``drain`` (leaving the cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from bootstrap_scripts.jobs.discovery import JobScanner
+from bootstrap_scripts.jobs.drain import Drain
+from bootstrap_scripts.jobs.elastic import ElasticJoins
+from bootstrap_scripts.jobs.node import ThisNode, read_node_env
+from bootstrap_scripts.jobs.shares import Shares
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.records import ExecutorHeartbeat
+
+LOG = logging.getLogger("dl-executor")
+
+POLL_SECONDS = 0.2
+HEARTBEAT_SECONDS = 1.0
+
+
+class Executor:
+    """One node's executor: heartbeat, scan, join, drain and supervise, every 0.2 s."""
+
+    def __init__(self, root: Path, efs: Path, address: str = "", *, require_mount: bool = False):
+        self.node = ThisNode(NodePaths(root), ClusterPaths(efs), address)
+        self.require_mount = require_mount
+        self.shares = Shares(self.node)
+        self.drain = Drain(self.node, self.shares)
+        self.joins = ElasticJoins(self.node, self.shares)
+        self.scanner = JobScanner(self.node, self.shares, self.joins, self.drain)
+        self.started_at = time.time()
+        self.seq = 0
+        self.last_beat = 0.0
+        self.efs_ok = True
+        self.stopping = False
+
+    @property
+    def efs(self) -> Path:
+        return self.node.cluster.efs
+
+    # -- identity ----------------------------------------------------------------------
+    def resolve_address(self) -> str:
+        """``--address``, else the node agent's env file (the agent may not have written it
+        yet at boot: keep waiting rather than guessing from the network)."""
+        if self.node.address:
+            return self.node.address
+        warned = 0.0
+        while not self.stopping:
+            addr = self.node.env().get("DEEPLEARNING_NODE_ADDR", "")
+            if addr:
+                self.node.address = addr
+                return addr
+            if time.monotonic() - warned > 30:
+                LOG.info("waiting for %s (DEEPLEARNING_NODE_ADDR) from the node agent",
+                         self.node.paths.env)
+                warned = time.monotonic()
+            time.sleep(POLL_SECONDS)
+        return ""
+
+    # -- heartbeat ---------------------------------------------------------------------
+    def heartbeat(self, state: str = "running") -> None:
+        self.seq += 1
+        env = self.node.env()
+        m = self.node.membership()
+        record = ExecutorHeartbeat(
+            address=self.node.address,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            state=state,
+            seq=self.seq,
+            heartbeat=time.time(),
+            started_at=self.started_at,
+            root=str(self.node.paths.root),
+            efs_mount=str(self.efs),
+            efs_mounted=os.path.ismount(self.efs),
+            gpus=int(env.get("DEEPLEARNING_WORKER_GPU_COUNT", "0") or 0),
+            generation=m.generation if m else 0,
+            running=tuple(sorted(self.shares.running)),
+            efs_ok=self.efs_ok,  # result of the previous write + read-back
+        )
+        path = self.node.cluster.executor_heartbeat(self.node.address)
+        try:
+            store.write_record(path, record)
+            back = store.read_record_or_none(path, ExecutorHeartbeat)
+            self.efs_ok = bool(back and back.seq == self.seq)
+        except OSError as exc:
+            self.efs_ok = False
+            LOG.error("cannot write heartbeat %s: %s", path, exc)
+        self.last_beat = time.monotonic()
+
+    # -- main loop -----------------------------------------------------------------------
+    def run(self) -> int:
+        if not self.resolve_address():
+            return 0
+        LOG.info("executor for %s: root %s, EFS %s", self.node.address, self.node.paths.root,
+                 self.efs)
+        if self.require_mount and not os.path.ismount(self.efs):
+            LOG.warning("%s is not a mount point (yet); jobs will wait for it", self.efs)
+        while not self.stopping:
+            if time.monotonic() - self.last_beat >= HEARTBEAT_SECONDS:
+                self.heartbeat()
+            try:
+                self.scanner.scan()
+                self.joins.join(draining=self.drain.requested)
+            except OSError as exc:
+                LOG.error("scanning %s failed: %s", self.node.cluster.jobs_dir, exc)
+            self.drain.check()
+            self.scanner.seen.update(self.shares.supervise())
+            time.sleep(POLL_SECONDS)
+        self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        """Stop every running share (TERM, then KILL after its grace) before exiting."""
+        self.shares.stop_all("executor stopped")
+        with contextlib.suppress(OSError):
+            self.heartbeat(state="stopped")
+
+
+AGENT_ARGS_IGNORED = ("--role", "--cluster-id", "--stack-name", "--region", "--master-queue-url",
+                      "--worker-queue-url", "--efs-id", "--wait-handle", "--setup-timeout")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dl-executor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default="/", help="node root prefix (emulator: the node's dir)")
+    p.add_argument("--mount-point", default="", help="EFS mount point (default: EFS_MOUNT "
+                   "from the node's env file, else /efs)")
+    p.add_argument("--address", default="", help="this node's address (default: "
+                   "DEEPLEARNING_NODE_ADDR from the node's env file)")
+    p.add_argument("--no-mount", action="store_true",
+                   help="EFS is a plain directory (emulator): do not expect a mount point")
+    # Accepted so the installer can pass the agent's argument list unchanged.
+    for name in AGENT_ARGS_IGNORED:
+        p.add_argument(name, default=None, help=argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s dl-executor %(levelname)s %(message)s")
+    root = Path(args.root)
+    efs = args.mount_point or read_node_env(NodePaths(root)).get("EFS_MOUNT", "") or "/efs"
+    ex = Executor(root, Path(efs), args.address, require_mount=not args.no_mount)
+
+    def stop(signum: int, _frame: object) -> None:
+        ex.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return ex.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

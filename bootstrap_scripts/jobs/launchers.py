@@ -1,0 +1,374 @@
+"""Per-launcher command generation: membership + user command -> what each node runs.
+
+Pure functions (no I/O, no torch), so every launcher's commands, hostfiles and TF_CONFIG
+can be unit-tested for any cluster shape. The runner writes ``LaunchPlan.files`` into the
+job directory on EFS and publishes ``LaunchPlan.shares`` in the job spec.
+
+Two kinds of launcher:
+- per-node (torchrun, tf, each): every node's executor starts its own share in parallel;
+- master-only (mpi, horovod, mxnet): one process on the master, which reaches the other
+  nodes itself over ssh (that is how mpirun / horovodrun / MXNet's launch.py work).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field, replace
+
+from bootstrap_scripts.protocol.jobs import ADDRESS_PLACEHOLDER, Proc, Share
+from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.node_files import (
+    render_horovod_hosts,
+    render_mpi_hostfile,
+    render_workers_file,
+)
+
+LAUNCHERS = ("torchrun", "mpi", "horovod", "tf", "mxnet", "each")
+MASTER_ONLY = frozenset({"mpi", "horovod", "mxnet"})
+
+#: The interface flags the original Horovod cluster template passed to mpirun; right for real
+#: clusters, where ``lo`` and ``docker0`` must not carry traffic. The loopback emulator
+#: overrides them.
+DEFAULT_MPI_IF_EXCLUDE = "lo,docker0"
+DEFAULT_NCCL_SOCKET_IFNAME = "^docker0"
+#: Variables mpirun always forwards (as the original did).
+MPI_ALWAYS_FORWARD = ("LD_LIBRARY_PATH", "PATH")
+
+
+class LaunchError(ValueError):
+    """Options that cannot produce a valid command; the message names the bad value."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    job_id: str = "job"
+    #: the job's directory on EFS (``ClusterPaths(efs).job(job_id).dir``); the runner sets it
+    job_dir: str = ""
+    python: str = "python3"
+    # torchrun
+    nnodes: str = ""  # "" = exactly the membership's node count; or "MIN:MAX"
+    nproc_per_node: int = 0  # 0 = GPU count (1 on CPU nodes)
+    max_restarts: int = 0
+    rdzv_port: int = 29400
+    #: elastic: nodes may join and leave while the job runs (see docs/elastic-training.md)
+    elastic: bool = False
+    #: seconds the rendezvous waits for more nodes once MIN are there (torchrun: 30)
+    rdzv_last_call: float = 0.0
+    # mpi / horovod
+    mpirun: str = "mpirun"
+    horovodrun: str = "horovodrun"
+    mpi_if_include: str = ""  # when set, replaces the exclude list (e.g. "lo" in the emulator)
+    mpi_if_exclude: str = DEFAULT_MPI_IF_EXCLUDE
+    nccl_socket_ifname: str = DEFAULT_NCCL_SOCKET_IFNAME
+    mpi_rsh_agent: str = ""  # e.g. "ssh -F /path/cfg"
+    mpi_extra: tuple[str, ...] = ()
+    forward_env: tuple[str, ...] = ()
+    allow_run_as_root: bool = False
+    # tf
+    tf_mode: str = "worker"  # "worker" (multi-worker) | "ps" (parameter server)
+    tf_port: int = 2222  # multi-worker port; the PS port in ps mode
+    tf_worker_base_port: int = 2230
+    # mxnet
+    mxnet_launch: str = "launch.py"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    launcher: str
+    shares: tuple[Share, ...]
+    master_only: bool
+    files: dict[str, str] = field(default_factory=dict)  # relative to the job dir
+    summary: str = ""
+    #: elastic jobs: the share a node that joins later runs; ``{address}`` in its argv is
+    #: replaced by the joining node's address (its executor builds its own share)
+    join_template: Proc | None = None
+
+
+def plan(launcher: str, m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
+    if launcher not in LAUNCHERS:
+        raise LaunchError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
+    if not command:
+        raise LaunchError("no command given: put the training command after the options")
+    return _PLANNERS[launcher](m, list(command), opts)
+
+
+def _job_path(opts: LaunchOptions, name: str) -> str:
+    return os.path.join(opts.job_dir, name)
+
+
+def strip_python(command: list[str]) -> list[str]:
+    """torchrun wants ``script args`` or ``-m module args``; accept ``python script`` too."""
+    if command and os.path.basename(command[0]).startswith("python") and len(command) > 1:
+        return command[1:]
+    return command
+
+
+def _python_command(command: list[str], python: str) -> list[str]:
+    """Prefix the interpreter when the user gave a script or ``-m module`` (tf launcher)."""
+    if command[0].endswith(".py") or command[0] == "-m":
+        return [python, *command]
+    return command
+
+
+# -- torchrun ------------------------------------------------------------------------------
+
+
+def parse_nnodes(value: str, count: int) -> str:
+    if not value:
+        return str(count)
+    parts = value.split(":")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        raise LaunchError(f"--nnodes must be N or MIN:MAX, got {value!r}") from None
+    if len(nums) not in (1, 2) or min(nums) < 1 or nums[0] > nums[-1]:
+        raise LaunchError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
+    return value
+
+
+ELASTIC_MAX_NODES = 64
+ELASTIC_MAX_RESTARTS = 100
+ELASTIC_LAST_CALL = 3.0
+ELASTIC_KEEP_ALIVE_S = 1
+ELASTIC_KEEP_ALIVE_ATTEMPTS = 5
+
+
+def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, address: str,
+                  nproc: int, is_host: bool, nnodes: str, max_restarts: int) -> tuple[str, ...]:
+    conf = f"is_host={'true' if is_host else 'false'}"
+    if opts.rdzv_last_call:
+        conf += f",last_call_timeout={opts.rdzv_last_call:g}"
+    if opts.elastic:
+        # A node that leaves by signal stays a participant of the finished round until its
+        # keep-alive expires (torchrun: 5 s x 3); the survivors' next round waits for that.
+        conf += (f",keep_alive_interval={ELASTIC_KEEP_ALIVE_S},"
+                 f"keep_alive_max_attempt={ELASTIC_KEEP_ALIVE_ATTEMPTS}")
+    return (
+        opts.python, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={m.master_addr}:{opts.rdzv_port}",
+        f"--rdzv-id={opts.job_id}",
+        # The master hosts the rendezvous store, bound to its own address; nobody else
+        # may guess they are the host (on loopback every node would).
+        f"--rdzv-conf={conf}",
+        f"--local-addr={address}",
+        f"--max-restarts={max_restarts}",
+        *script,
+    )
+
+
+def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
+    """One torchrun agent per node. Elastic: ``--nnodes 1:MAX`` by default (any node but the
+    master may leave; the master holds the rendezvous store and is protected from
+    scale-in), generous ``--max-restarts`` (a leaving node fails its peers' all-reduce,
+    which torchrun counts as a restart), a short last call (a re-rendezvous after a join or
+    leave completes seconds after the nodes are there, not 30 s) and a join template."""
+    if opts.max_restarts < 0:
+        raise LaunchError(f"--max-restarts must be >= 0, got {opts.max_restarts}")
+    if not 0 < opts.rdzv_port < 65536:
+        raise LaunchError(f"rendezvous port must be 1..65535, got {opts.rdzv_port}")
+    if opts.rdzv_last_call < 0:
+        raise LaunchError(f"rendezvous last call must be >= 0 s, got {opts.rdzv_last_call}")
+    if opts.elastic:
+        nnodes = parse_nnodes(opts.nnodes or f"1:{max(ELASTIC_MAX_NODES, len(m.nodes))}",
+                              len(m.nodes))
+        if ":" not in nnodes:
+            raise LaunchError(f"an elastic job needs --nnodes MIN:MAX, got {nnodes!r}")
+        hi = int(nnodes.split(":")[1])
+        if hi < len(m.nodes):
+            raise LaunchError(f"--nnodes {nnodes}: MAX is below the {len(m.nodes)} node(s) "
+                              f"of the membership")
+        max_restarts = opts.max_restarts or ELASTIC_MAX_RESTARTS
+        opts = opts if opts.rdzv_last_call else replace(opts, rdzv_last_call=ELASTIC_LAST_CALL)
+    else:
+        nnodes = parse_nnodes(opts.nnodes, len(m.nodes))
+        max_restarts = opts.max_restarts
+    script = strip_python(command)
+    # torch 2.x shares the rendezvous TCPStore with the workers and publishes its address
+    # only in the FIRST round: a node joining a later round waits for a key that the
+    # (unchanged) rank 0 never writes again, and the round times out. Without sharing,
+    # every round publishes it. Needed for nodes to join a running job.
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if opts.elastic else {}
+    shares = []
+    for node in m.nodes:
+        argv = torchrun_argv(opts, m, script, address=node.address,
+                             nproc=opts.nproc_per_node or node.slots, is_host=node.rank == 0,
+                             nnodes=nnodes, max_restarts=max_restarts)
+        shares.append(Share(node.rank, node.address, (Proc(argv=argv, env=dict(env)),)))
+    template = None
+    if opts.elastic:
+        # Joining nodes are CPU or GPU alike: 0 = torchrun's "gpu" auto-detection would
+        # differ from the others' explicit count, so use the same rule as for the members.
+        nproc = opts.nproc_per_node or m.nodes[-1].slots
+        template = Proc(argv=torchrun_argv(opts, m, script, address=ADDRESS_PLACEHOLDER,
+                                           nproc=nproc, is_host=False, nnodes=nnodes,
+                                           max_restarts=max_restarts), env=dict(env))
+    return LaunchPlan(
+        "torchrun", tuple(shares), False,
+        summary=f"torchrun on {len(m.nodes)} node(s), nnodes={nnodes}, "
+        f"rendezvous c10d at {m.master_addr}:{opts.rdzv_port}"
+        + (f", elastic (max restarts {max_restarts})" if opts.elastic else ""),
+        join_template=template,
+    )
+
+
+# -- mpi / horovod -------------------------------------------------------------------------
+
+
+def total_slots(m: Membership) -> int:
+    return sum(n.slots for n in m.nodes)
+
+
+def mpi_argv(m: Membership, command: list[str], opts: LaunchOptions, hostfile: str) -> list[str]:
+    argv = [opts.mpirun]
+    if opts.allow_run_as_root:
+        argv.append("--allow-run-as-root")
+    argv += ["-np", str(total_slots(m)), "--hostfile", hostfile,
+             "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib"]
+    if opts.mpi_if_include:
+        argv += ["-mca", "btl_tcp_if_include", opts.mpi_if_include,
+                 "-mca", "oob_tcp_if_include", opts.mpi_if_include]
+    elif opts.mpi_if_exclude:
+        argv += ["-mca", "btl_tcp_if_exclude", opts.mpi_if_exclude]
+    if opts.mpi_rsh_agent:
+        argv += ["-mca", "plm_rsh_agent", opts.mpi_rsh_agent]
+    if opts.nccl_socket_ifname:
+        argv += ["-x", f"NCCL_SOCKET_IFNAME={opts.nccl_socket_ifname}"]
+    for var in _forwarded(opts):
+        argv += ["-x", var]
+    argv += list(opts.mpi_extra)
+    argv += _python_command(command, opts.python)
+    return argv
+
+
+def _forwarded(opts: LaunchOptions) -> list[str]:
+    out: list[str] = []
+    for var in (*MPI_ALWAYS_FORWARD, *opts.forward_env):
+        if var not in out:
+            out.append(var)
+    return out
+
+
+def mpi_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
+    hostfile = _job_path(opts, "hostfile")
+    argv = mpi_argv(m, command, opts, hostfile)
+    master = m.master
+    return LaunchPlan(
+        "mpi", (Share(master.rank, master.address, (Proc(argv=tuple(argv)),)),), True,
+        files={"hostfile": render_mpi_hostfile(m)},
+        summary=f"mpirun from the master {master.address}: {total_slots(m)} process(es) on "
+        f"{len(m.nodes)} node(s)",
+    )
+
+
+def horovod_hosts_arg(m: Membership) -> str:
+    return ",".join(line for line in render_horovod_hosts(m).splitlines() if line)
+
+
+def horovod_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
+    argv = [opts.horovodrun, "-np", str(total_slots(m)), "-H", horovod_hosts_arg(m)]
+    if opts.mpi_if_include:
+        argv += ["--network-interface", opts.mpi_if_include]
+    mpi_args = ["-bind-to", "none", "-map-by", "slot",
+                "-mca", "pml", "ob1", "-mca", "btl", "^openib"]
+    if not opts.mpi_if_include and opts.mpi_if_exclude:
+        mpi_args += ["-mca", "btl_tcp_if_exclude", opts.mpi_if_exclude]
+    if opts.mpi_rsh_agent:
+        mpi_args += ["-mca", "plm_rsh_agent", opts.mpi_rsh_agent]
+    if opts.allow_run_as_root:
+        mpi_args.append("--allow-run-as-root")
+    for var in _forwarded(opts):
+        mpi_args += ["-x", var]
+    argv += [f"--mpi-args={' '.join(shlex.quote(a) for a in mpi_args)}"]
+    argv += _python_command(command, opts.python)
+    master = m.master
+    return LaunchPlan(
+        "horovod", (Share(master.rank, master.address, (Proc(argv=tuple(argv)),)),), True,
+        files={"horovod_hosts": render_horovod_hosts(m)},
+        summary=f"horovodrun from the master {master.address}: {total_slots(m)} process(es)",
+    )
+
+
+# -- tensorflow ----------------------------------------------------------------------------
+
+
+def tf_cluster(m: Membership, opts: LaunchOptions) -> dict[str, list[str]]:
+    """The cluster part of TF_CONFIG. PS mode keeps the original's assignment: one PS per
+    host at ``tf_port`` (2222) and one worker per GPU at ``tf_worker_base_port + g``."""
+    if opts.tf_mode == "worker":
+        return {"worker": [f"{n.address}:{opts.tf_port}" for n in m.nodes]}
+    if opts.tf_mode == "ps":
+        return {
+            "ps": [f"{n.address}:{opts.tf_port}" for n in m.nodes],
+            "worker": [f"{n.address}:{opts.tf_worker_base_port + g}"
+                       for n in m.nodes for g in range(n.slots)],
+        }
+    raise LaunchError(f"--tf-mode must be 'worker' or 'ps', got {opts.tf_mode!r}")
+
+
+def tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def tf_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
+    cluster = tf_cluster(m, opts)
+    argv = tuple(_python_command(command, opts.python))
+    shares = []
+    worker_index = 0
+    for node in m.nodes:
+        if opts.tf_mode == "worker":
+            procs = (Proc(argv=argv, env={"TF_CONFIG": tf_config(cluster, "worker", node.rank)}),)
+        else:
+            ps = Proc(argv=argv, label="ps", wait=False,
+                      env={"TF_CONFIG": tf_config(cluster, "ps", node.rank)})
+            workers = []
+            for g in range(node.slots):
+                env = {"TF_CONFIG": tf_config(cluster, "worker", worker_index)}
+                if node.gpus:
+                    env["CUDA_VISIBLE_DEVICES"] = str(g)
+                workers.append(Proc(argv=argv, env=env, label=f"worker{g}"))
+                worker_index += 1
+            procs = (ps, *workers)
+        shares.append(Share(node.rank, node.address, procs))
+    return LaunchPlan(
+        "tf", tuple(shares), False,
+        files={"tf_cluster.json": json.dumps(cluster, indent=2, sort_keys=True) + "\n"},
+        summary=f"TensorFlow {opts.tf_mode} mode on {len(m.nodes)} node(s)",
+    )
+
+
+# -- mxnet / each --------------------------------------------------------------------------
+
+
+def mxnet_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
+    workers = _job_path(opts, "workers")
+    argv = (opts.python, opts.mxnet_launch, "-n", str(len(m.nodes)), "-H", workers,
+            "--launcher", "ssh", *command)
+    master = m.master
+    return LaunchPlan(
+        "mxnet", (Share(master.rank, master.address, (Proc(argv=argv),)),), True,
+        files={"workers": render_workers_file(m)},
+        summary=f"MXNet launch.py from the master {master.address} on {len(m.nodes)} node(s)",
+    )
+
+
+def each_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
+    """The command as given, once on every node (with its DEEPLEARNING_* environment)."""
+    shares = tuple(Share(n.rank, n.address, (Proc(argv=tuple(command)),)) for n in m.nodes)
+    return LaunchPlan("each", shares, False,
+                      summary=f"the command once on each of {len(m.nodes)} node(s)")
+
+
+_PLANNERS = {
+    "torchrun": torchrun_plan,
+    "mpi": mpi_plan,
+    "horovod": horovod_plan,
+    "tf": tf_plan,
+    "mxnet": mxnet_plan,
+    "each": each_plan,
+}

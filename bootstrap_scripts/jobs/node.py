@@ -1,0 +1,47 @@
+"""The node a job executor runs on: the files its node agent wrote, the shared EFS, its address.
+
+The executor never asks the network who it is: the node agent already decided (the
+``DEEPLEARNING_*`` env file and the membership it applied), and emulated nodes on one
+machine differ only by their root directory.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.node_files import parse_env_file
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+
+LOG = logging.getLogger("dl-executor")
+
+
+def read_node_env(paths: NodePaths) -> dict[str, str]:
+    """The node's ``DEEPLEARNING_*`` / ``EFS_MOUNT`` variables ({} before the agent wrote them)."""
+    try:
+        text = store.read_text(paths.env)
+    except OSError:
+        return {}
+    return parse_env_file(text) if text is not None else {}
+
+
+@dataclass
+class ThisNode:
+    """Where this executor's node keeps its files, where EFS is, and the node's address
+    (empty until known: see the executor's ``resolve_address``)."""
+
+    paths: NodePaths
+    cluster: ClusterPaths
+    address: str = ""
+
+    def env(self) -> dict[str, str]:
+        return read_node_env(self.paths)
+
+    def membership(self) -> Membership | None:
+        """The membership this node applied, None if there is none (yet) or it is unreadable."""
+        try:
+            return Membership.load(self.paths.membership)
+        except (OSError, ValueError):
+            return None

@@ -1,0 +1,309 @@
+"""``dl-run``: start a training job on every node, stream its output, return one exit status.
+
+    dl-run [options] -- <command ...>
+    dl-run -- -m bootstrap_scripts.examples.train_digits --epochs 20
+
+The runner reads the membership the node agent wrote (``<root>/opt/deeplearning/``), turns
+the command into per-node shares with the chosen launcher (``launchers``), checks that every
+node's executor is alive (``preflight``), publishes them as a job spec on EFS, and every
+node's job executor starts its share at once (``executor``). It then follows the job
+(``watch``): every node's log with a ``[node-rank address]`` prefix, the shares' exits, lost
+and (elastic) joined nodes; and exits 0 only if every share exited 0 (``summary``). Ctrl-C /
+SIGTERM writes a cancel marker; the executors stop their process groups within seconds.
+See docs/runner.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from bootstrap_scripts.jobs import launchers as ln
+from bootstrap_scripts.jobs.console import EXIT_SIGINT, EXIT_USAGE, RunError, say
+from bootstrap_scripts.jobs.preflight import check_reachable
+from bootstrap_scripts.jobs.summary import summarize
+from bootstrap_scripts.jobs.watch import Watch, install_signal_handlers, watch
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.errors import ProtocolError
+from bootstrap_scripts.protocol.jobs import JobSpec, new_job_id
+from bootstrap_scripts.protocol.membership import Membership, MembershipError
+from bootstrap_scripts.protocol.paths import (
+    MEMBERSHIP_FILE,
+    ClusterPaths,
+    JobPaths,
+    NodePaths,
+    validate_job_id,
+)
+from bootstrap_scripts.protocol.records import RunnerHeartbeat
+
+#: Variables of the runner's environment that every share inherits (the nodes are
+#: identical machines, so the user's PATH / venv / conda env mean the same there).
+FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX",
+                 "CONDA_DEFAULT_ENV", "HOME", "USER", "LOGNAME")
+
+
+# -- arguments -----------------------------------------------------------------------------
+
+
+class ArgumentContainer(Protocol):
+    """An argparse parser or argument group."""
+
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action: ...
+
+    def add_argument_group(self, title: str) -> ArgumentContainer: ...
+
+
+@dataclass
+class OptionSet:
+    """A parser (or one of its groups) that remembers which options take a value, so that
+    :func:`split_command` can tell an option's value from the start of the command."""
+
+    container: ArgumentContainer
+    value_options: set[str] = field(default_factory=set)
+
+    def add(self, *names: str, **kwargs: Any) -> None:
+        action = self.container.add_argument(*names, **kwargs)
+        if action.nargs is None:  # one value ("store", "append"); flags have nargs=0
+            self.value_options.update(action.option_strings)
+
+    def group(self, title: str) -> OptionSet:
+        return OptionSet(self.container.add_argument_group(title), self.value_options)
+
+
+def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
+    """The parser, and the option strings that take a value."""
+    parser = argparse.ArgumentParser(
+        prog="dl-run", usage="dl-run [options] -- <command ...>",
+        description="Start a training job on every node of the cluster and watch it.")
+    p = OptionSet(parser)
+    p.add("--launcher", default="torchrun", choices=ln.LAUNCHERS,
+          help="how ranks are started (default: torchrun)")
+    p.add("--dry-run", action="store_true", help="print per-node commands, run nothing")
+    p.add("--name", default="", help="job name, prefix of the job id (default: launcher)")
+    p.add("--job-id", default="", help="explicit job id (default: generated)")
+    p.add("--root", default=os.environ.get("DL_ROOT", "/"),
+          help="node root prefix where the agent wrote its files (default: /)")
+    p.add("--membership", default="", help=f"membership to use (default: <root>/{MEMBERSHIP_FILE})")
+    p.add("--mount-point", default="", help="EFS mount point (default: the membership's)")
+    p.add("--env", action="append", default=[], metavar="KEY=VALUE",
+          help="extra environment for every rank (repeatable)")
+    p.add("--forward", action="append", default=[], metavar="VAR",
+          help="forward this variable of the runner's environment (repeatable)")
+    p.add("--cwd", default="", help="working directory of every rank (default: current)")
+    p.add("--python", default="", help="interpreter for torchrun/tf/mxnet "
+          "(default: this one if it has torch, else python3)")
+    g = p.group("torchrun")
+    g.add("--nnodes", default="", help="N or MIN:MAX (default: the node count)")
+    g.add("--nproc-per-node", type=int, default=0,
+          help="processes per node (default: its GPU count, 1 on CPU nodes)")
+    g.add("--max-restarts", type=int, default=0, help="torchrun restarts (default: 0)")
+    g.add("--rdzv-port", type=int, default=29400, help="rendezvous port (default: 29400)")
+    g.add("--elastic", action="store_true",
+          help="elastic job: nodes that join the cluster while it runs join the job, "
+          "draining nodes leave it, the others re-rendezvous and continue "
+          "(implies --nnodes 1:64 and --max-restarts 100 unless given; see "
+          "docs/elastic-training.md)")
+    g.add("--rdzv-last-call", type=float, default=0.0,
+          help="seconds a rendezvous waits for more nodes once MIN are there "
+          f"(default: torchrun's 30, elastic jobs {ln.ELASTIC_LAST_CALL:g})")
+    g = p.group("mpi / horovod")
+    g.add("--mpi-if-include", default="", help="only these interfaces for MPI traffic "
+          "(replaces --mpi-if-exclude; the loopback emulator uses 'lo')")
+    g.add("--mpi-if-exclude", default=ln.DEFAULT_MPI_IF_EXCLUDE,
+          help=f"interfaces MPI must not use (default: {ln.DEFAULT_MPI_IF_EXCLUDE})")
+    g.add("--nccl-socket-ifname", default=ln.DEFAULT_NCCL_SOCKET_IFNAME,
+          help=f"NCCL_SOCKET_IFNAME (default: {ln.DEFAULT_NCCL_SOCKET_IFNAME})")
+    g.add("--mpi-rsh-agent", default="", help="ssh command for mpirun, e.g. 'ssh -F cfg'")
+    g.add("--mpi-arg", action="append", default=[], help="extra mpirun argument")
+    g.add("--mpirun", default="mpirun")
+    g.add("--horovodrun", default="horovodrun")
+    g = p.group("tensorflow / mxnet")
+    g.add("--tf-mode", default="worker", choices=("worker", "ps"))
+    g.add("--tf-port", type=int, default=2222)
+    g.add("--mxnet-launch", default="launch.py", help="path of MXNet's tools/launch.py")
+    g = p.group("supervision")
+    g.add("--grace", type=float, default=5.0,
+          help="seconds between SIGTERM and SIGKILL when stopping (default: 5)")
+    g.add("--fail-grace", type=float, default=10.0,
+          help="after one node fails, seconds the others get to exit by themselves "
+          "before they are stopped (default: 10)")
+    g.add("--heartbeat-timeout", type=float, default=10.0,
+          help="an executor heartbeat older than this is a lost node (default: 10)")
+    g.add("--reach-timeout", type=float, default=3.0,
+          help="how long to wait for a missing executor before failing (default: 3)")
+    g.add("--start-timeout", type=float, default=30.0,
+          help="seconds for every node to acknowledge its share (default: 30)")
+    g.add("--orphan-timeout", type=float, default=30.0,
+          help="executors stop a share whose runner is silent this long (default: 30)")
+    g.add("--no-prefix", action="store_true", help="print rank output without prefix")
+    return parser, frozenset(p.value_options)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return build_cli()[0]
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Options before ``--``, the command after it. Without ``--`` the first token that is
+    not an option (or an option's value) starts the command, as with torchrun itself."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    takes_value = build_cli()[1]
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("-"):
+            return argv[:i], argv[i:]
+        i += 2 if tok in takes_value else 1
+    return argv, []
+
+
+# -- context -------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    membership: Membership
+    efs: Path
+
+
+def load_context(args: argparse.Namespace) -> Context:
+    path = Path(args.membership) if args.membership else NodePaths(args.root).membership
+    try:
+        m = Membership.load(path)
+    except FileNotFoundError:
+        raise RunError(f"no membership at {path}: is the node agent running, and is --root "
+                       f"({args.root}) right?", EXIT_USAGE) from None
+    except (OSError, MembershipError) as exc:
+        raise RunError(f"cannot read membership {path}: {exc}", EXIT_USAGE) from None
+    efs = Path(args.mount_point or m.efs_mount)
+    return Context(m, efs)
+
+
+def default_python() -> str:
+    return sys.executable if importlib.util.find_spec("torch") else "python3"
+
+
+def job_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {k: os.environ[k] for k in (*FORWARDED_ENV, *args.forward) if k in os.environ}
+    env["PYTHONUNBUFFERED"] = "1"  # lines reach the log (and the runner) as they are printed
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RunError(f"--env expects KEY=VALUE, got {item!r}", EXIT_USAGE)
+        env[key] = value
+    return env
+
+
+def launch_options(args: argparse.Namespace, job_id: str, paths: JobPaths) -> ln.LaunchOptions:
+    return ln.LaunchOptions(
+        job_id=job_id, job_dir=str(paths.dir), python=args.python or default_python(),
+        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, max_restarts=args.max_restarts,
+        rdzv_port=args.rdzv_port, elastic=args.elastic, rdzv_last_call=args.rdzv_last_call,
+        mpirun=args.mpirun, horovodrun=args.horovodrun,
+        mpi_if_include=args.mpi_if_include, mpi_if_exclude=args.mpi_if_exclude,
+        nccl_socket_ifname=args.nccl_socket_ifname, mpi_rsh_agent=args.mpi_rsh_agent,
+        mpi_extra=tuple(args.mpi_arg), forward_env=tuple(args.forward) + tuple(
+            e.partition("=")[0] for e in args.env),
+        allow_run_as_root=os.geteuid() == 0, tf_mode=args.tf_mode, tf_port=args.tf_port,
+        mxnet_launch=args.mxnet_launch,
+    )
+
+
+def render_commands(plan: ln.LaunchPlan, m: Membership, env: dict[str, str]) -> str:
+    """Human-readable per-node commands (dry run output and ``commands.txt``)."""
+    lines = [f"# launcher: {plan.launcher} ({plan.summary})"]
+    lines += [f"# job env: {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    for share in plan.shares:
+        node = m.nodes[share.rank]
+        lines.append(f"# node {share.rank} {share.address} ({node.role}, {node.gpus} GPU)")
+        for proc in share.procs:
+            prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(proc.env.items()))
+            tag = f"[{proc.label}] " if proc.label else ""
+            lines.append(f"{tag}{prefix + ' ' if prefix else ''}{shlex.join(proc.argv)}")
+    if plan.master_only:
+        others = [n.address for n in m.nodes if n.rank != m.master.rank]
+        if others:
+            lines.append(f"# reached from the master over ssh: {', '.join(others)}")
+    for name, content in sorted(plan.files.items()):
+        lines.append(f"# file {name}:")
+        lines += [f"#   {line}" for line in content.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def run(argv: list[str]) -> int:
+    opts_argv, command = split_command(argv)
+    args = build_parser().parse_args(opts_argv)
+    ctx = load_context(args)
+    m = ctx.membership
+    job_id = validate_job_id(args.job_id) if args.job_id else new_job_id(
+        args.name or args.launcher)
+    paths = ClusterPaths(ctx.efs).job(job_id)
+    env = job_env(args)
+    if args.elastic and args.launcher != "torchrun":
+        raise RunError(f"--elastic needs the torchrun launcher (its elastic rendezvous), "
+                       f"not {args.launcher!r}", EXIT_USAGE)
+    try:
+        plan = ln.plan(args.launcher, m, command, launch_options(args, job_id, paths))
+    except ln.LaunchError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
+    commands = render_commands(plan, m, env)
+    say(f"job {job_id}")
+    say(f"launcher: {plan.summary}")
+    say("nodes: " + ", ".join(f"{n.rank}={n.address}{' (master)' if n.role == 'master' else ''}"
+                              for n in m.nodes) + f" (membership generation {m.generation})")
+    if args.dry_run:
+        sys.stdout.write(commands)
+        return 0
+    check_reachable(ctx.efs, [s.address for s in plan.shares],
+                    timeout=args.heartbeat_timeout, reach_timeout=args.reach_timeout)
+    if paths.dir.exists():
+        raise RunError(f"job directory {paths.dir} already exists: choose another --job-id",
+                       EXIT_USAGE)
+    say(f"logs: {paths.nodes}/")
+    paths.nodes.mkdir(parents=True)
+    for name, content in plan.files.items():
+        store.atomic_write(paths.dir / name, content)
+    store.atomic_write(paths.commands, commands)
+    store.write_record(paths.runner_heartbeat,
+                       RunnerHeartbeat(seq=0, pid=os.getpid(), time=time.time()))
+    spec = JobSpec(
+        job_id=job_id, launcher=plan.launcher, shares=plan.shares, env=env,
+        cwd=os.path.abspath(args.cwd or os.getcwd()), created_at=time.time(),
+        grace_seconds=args.grace, orphan_timeout=args.orphan_timeout,
+        master_only=plan.master_only, elastic=args.elastic, generation=m.generation,
+        join_template=plan.join_template,
+    )
+    w = Watch(spec, paths, ctx.efs, args)
+    old = install_signal_handlers(w)
+    store.atomic_write(paths.spec, spec.to_json())  # the go signal: written last
+    return summarize(watch(w, old))
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(list(sys.argv[1:] if argv is None else argv))
+    except RunError as exc:
+        say(f"error: {exc}")
+        return exc.code
+    except ProtocolError as exc:  # a bad --job-id, a malformed spec
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # before the job was published: nothing to stop
+        say("interrupted before the job started")
+        return EXIT_SIGINT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

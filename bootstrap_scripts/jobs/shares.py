@@ -1,0 +1,269 @@
+"""This node's shares of jobs: start one, supervise it, cancel it, record how it ended.
+
+Each share runs in a process group of its own, and every process of it carries the share's
+``DL_SHARE_TOKEN`` in its environment (torchrun moves its workers to sessions of their own,
+out of the group): stopping a share is a ``killpg`` plus a signal to every process with the
+token, never a search by name (:mod:`bootstrap_scripts.procgroup`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from bootstrap_scripts import procgroup
+from bootstrap_scripts.jobs.node import ThisNode
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
+from bootstrap_scripts.protocol.paths import JobPaths
+from bootstrap_scripts.protocol.records import RunnerHeartbeat, ShareExit, ShareStarted
+
+LOG = logging.getLogger("dl-executor")
+
+#: A job found at start-up is only started if its runner proves alive within this time
+#: (its heartbeat changes): a node rebooting must not replay old jobs.
+STARTUP_LIVENESS_SECONDS = 3.0
+
+
+def runner_beat(paths: JobPaths) -> RunnerHeartbeat | None:
+    """The runner's latest heartbeat (None while missing or unreadable)."""
+    return store.read_record_or_none(paths.runner_heartbeat, RunnerHeartbeat)
+
+
+class RunnerProbation:
+    """Jobs whose runner has to prove it is alive (its heartbeat changes while we watch)
+    before this node starts or joins them: never start a job nobody follows any more."""
+
+    ALIVE, WAITING, DEAD = "alive", "waiting", "dead"
+
+    def __init__(self) -> None:
+        self.first_seen: dict[str, tuple[RunnerHeartbeat | None, float]] = {}
+
+    def watching(self, job_id: str) -> bool:
+        return job_id in self.first_seen
+
+    def check(self, job_id: str, paths: JobPaths, give_up_after: float) -> str:
+        beat = runner_beat(paths)
+        now = time.monotonic()
+        first = self.first_seen.setdefault(job_id, (beat, now))
+        if beat == first[0]:
+            if now - first[1] > give_up_after:
+                del self.first_seen[job_id]
+                return self.DEAD
+            return self.WAITING
+        del self.first_seen[job_id]
+        return self.ALIVE
+
+
+@dataclass
+class RunningProc:
+    proc: Proc
+    popen: subprocess.Popen
+
+
+@dataclass
+class RunningShare:
+    spec: JobSpec
+    share: Share
+    paths: JobPaths
+    pgid: int
+    procs: list[RunningProc]
+    started_at: float
+    runner_beat: RunnerHeartbeat | None = None
+    runner_beat_changed: float = field(default_factory=time.monotonic)
+    cancel_reason: str = ""
+    term_sent: float | None = None
+    kill_sent: bool = False
+    drained: bool = False
+
+    @property
+    def token(self) -> str:
+        return procgroup.share_token(self.spec.job_id, self.share.rank, self.share.address)
+
+    def signal(self, sig: int) -> None:
+        if self.pgid:
+            procgroup.signal_share(self.pgid, self.token, sig)
+
+    def main_done(self) -> bool:
+        return all(p.popen.poll() is not None for p in self.procs if p.proc.wait)
+
+    def returncode(self) -> int:
+        for p in self.procs:
+            if p.proc.wait and p.popen.returncode not in (0, None):
+                return p.popen.returncode
+        return 0
+
+
+def job_owner(paths: JobPaths) -> dict:
+    """Jobs run as the user who published them (the owner of spec.json), not as the
+    executor's root: a user must not gain root on every node by submitting a job."""
+    if os.geteuid() != 0:
+        return {}
+    st = paths.spec.stat()
+    if st.st_uid == 0:
+        return {}
+    return {"user": st.st_uid, "group": st.st_gid, "extra_groups": []}
+
+
+class Shares:
+    """The shares running on this node, keyed by job id."""
+
+    def __init__(self, node: ThisNode) -> None:
+        self.node = node
+        self.running: dict[str, RunningShare] = {}
+
+    def child_env(self, spec: JobSpec, proc: Proc, paths: JobPaths, rank: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.update(self.node.env())  # the node's own DEEPLEARNING_* always win
+        env.update({"DL_JOB_ID": spec.job_id, "DL_JOB_DIR": str(paths.dir),
+                    "DL_NODE_RANK": str(rank),
+                    "DL_SHARE_TOKEN": procgroup.share_token(spec.job_id, rank,
+                                                            self.node.address)})
+        env.update(proc.env)
+        return env
+
+    def start(self, spec: JobSpec, share: Share, paths: JobPaths) -> bool:
+        """Start every process of ``share`` in one new process group, acknowledge it in
+        ``nodes/<rank>.started``. False (and the exit recorded) if a process cannot start."""
+        paths.nodes.mkdir(parents=True, exist_ok=True)
+        cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else str(self.node.paths.root)
+        started: list[RunningProc] = []
+        pgid = 0
+        as_user = job_owner(paths)
+        error = ""
+        for proc in share.procs:
+            with open(paths.log(share.rank, proc.label), "ab", buffering=0) as log:
+                try:
+                    popen = subprocess.Popen(
+                        list(proc.argv), cwd=cwd,
+                        env=self.child_env(spec, proc, paths, share.rank),
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                        **({"process_group": pgid} if pgid else {"start_new_session": True}),
+                        **as_user,
+                    )
+                except OSError as exc:
+                    error = f"cannot start {proc.argv[0]!r}: {exc}"
+                    log.write(f"dl-executor: {error}\n".encode())
+                    break
+            pgid = pgid or popen.pid
+            started.append(RunningProc(proc, popen))
+        running = RunningShare(spec, share, paths, pgid, started, time.time(),
+                               runner_beat=runner_beat(paths))
+        store.write_record(paths.started(share.rank), ShareStarted(
+            rank=share.rank, address=self.node.address, pgid=pgid,
+            pids=tuple(p.popen.pid for p in started), started_at=running.started_at,
+            hostname=socket.gethostname(), error=error))
+        if error:
+            LOG.error("job %s: %s", spec.job_id, error)
+            running.signal(signal.SIGKILL)
+            for p in started:
+                p.popen.wait()
+            self.finish(running, 127, reason=error)
+            return False
+        LOG.info("job %s: started share of node rank %d (pgid %d)", spec.job_id, share.rank, pgid)
+        self.running[spec.job_id] = running
+        return True
+
+    def finish(self, r: RunningShare, returncode: int, *, reason: str = "") -> None:
+        record = ShareExit(
+            rank=r.share.rank, address=self.node.address, returncode=returncode,
+            signal=-returncode if returncode < 0 else 0,
+            cancelled=bool(r.cancel_reason), drained=r.drained,
+            reason=reason or r.cancel_reason,
+            started_at=r.started_at, finished_at=time.time())
+        store.write_record(r.paths.exit(r.share.rank), record)
+        LOG.info("job %s: node rank %d exited with %d%s", r.spec.job_id, r.share.rank,
+                 returncode, f" ({record.reason})" if record.reason else "")
+
+    def cancel(self, r: RunningShare, reason: str) -> None:
+        if not r.cancel_reason:
+            r.cancel_reason = reason
+            LOG.info("job %s: stopping share (%s)", r.spec.job_id, reason)
+        if r.term_sent is None:
+            r.term_sent = time.monotonic()
+            if r.drained:
+                # Only torchrun (the group leader): it stops its own workers and, dying of
+                # a signal, leaves the rendezvous open for the survivors. Workers hit
+                # directly could be seen as failed and restarted by it first.
+                procgroup.killpg(r.pgid, signal.SIGTERM)
+            else:
+                r.signal(signal.SIGTERM)
+
+    def supervise(self) -> list[str]:
+        """Cancel shares whose job was cancelled or whose runner went silent, SIGKILL them
+        after their grace, record the exit of those that ended. Returns their job ids."""
+        now = time.monotonic()
+        ended = []
+        for job_id, r in list(self.running.items()):
+            if not r.cancel_reason:
+                if store.exists(r.paths.cancel):
+                    self.cancel(r, "cancelled by the runner")
+                else:
+                    beat = runner_beat(r.paths)
+                    if beat != r.runner_beat:
+                        r.runner_beat, r.runner_beat_changed = beat, now
+                    elif now - r.runner_beat_changed > r.spec.orphan_timeout:
+                        self.cancel(r, f"runner heartbeat stale for {r.spec.orphan_timeout:.0f} s")
+            if r.term_sent is not None and not r.kill_sent and \
+                    now - r.term_sent > r.spec.grace_seconds:
+                LOG.info("job %s: grace period over, SIGKILL to process group %d", job_id, r.pgid)
+                r.signal(signal.SIGKILL)
+                r.kill_sent = True
+            if r.main_done():
+                rc = r.returncode() if not r.cancel_reason else (r.returncode() or -signal.SIGTERM)
+                # Leftovers (helpers, grandchildren, torchrun workers in their own
+                # sessions when torchrun died first) must not outlive the share.
+                for p in r.procs:
+                    if p.popen.poll() is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            p.popen.kill()
+                left = procgroup.sweep_share(r.pgid, r.token)
+                for p in r.procs:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.popen.wait(timeout=5)
+                if left:
+                    LOG.error("job %s: processes %s survived SIGKILL", job_id, left)
+                self.finish(r, rc)
+                del self.running[job_id]
+                ended.append(job_id)
+        return ended
+
+    def stop_all(self, reason: str) -> None:
+        """Stop every running share (TERM, then KILL after its grace) and record the exits."""
+        for r in self.running.values():
+            self.cancel(r, reason)
+        grace = max([r.spec.grace_seconds for r in self.running.values()] + [0])
+        deadline = time.monotonic() + grace
+        while self.running and time.monotonic() < deadline + 5:
+            self.supervise()
+            time.sleep(0.05)
+        for r in list(self.running.values()):
+            r.signal(signal.SIGKILL)
+        self.supervise()
+
+    def clean_up_orphan(self, spec: JobSpec, share: Share, paths: JobPaths) -> None:
+        """A share this node started before the executor restarted (``.started`` without
+        ``.exit``): its processes are not our children any more and nobody records their
+        exit, so stop them all (by token) and record why. The runner sees a clear exit."""
+        token = procgroup.share_token(spec.job_id, share.rank, self.node.address)
+        rec = store.read_record_or_none(paths.started(share.rank), ShareStarted)
+        pgid = rec.pgid if rec else 0
+        if pgid and not any(procgroup.getpgid(p) == pgid for p in procgroup.pids_with_token(token)):
+            pgid = 0  # the group is gone (its number may belong to someone else now)
+        left = procgroup.sweep_share(pgid, token)
+        store.write_record(paths.exit(share.rank), ShareExit(
+            rank=share.rank, address=self.node.address, returncode=-signal.SIGKILL,
+            signal=signal.SIGKILL, cancelled=True, drained=False,
+            reason="the job executor restarted; the share it found running was stopped",
+            started_at=rec.started_at if rec else None, finished_at=time.time(),
+            left_alive=len(left)))
+        LOG.warning("job %s: stopped the orphaned share of node rank %d left by a previous "
+                    "executor%s", spec.job_id, share.rank,
+                    f" ({len(left)} still alive: {left})" if left else "")

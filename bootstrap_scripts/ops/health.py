@@ -1,0 +1,207 @@
+"""``dl-health``: is every node of the cluster ready to run a job? One table, one exit code.
+
+Replaces the original "ssh to each worker and touch a file on EFS" script. Everything is
+read from EFS, so it needs no SSH and works the same on EC2, EMR and the local emulator:
+
+- reachable   the node's job executor heartbeat (an ExecutorHeartbeat record) is fresh
+- agent       the node agent's registration (a Registration record) is fresh
+- generation  the node applied the current membership generation
+- gpus        the GPU count the node reports equals the membership's
+- efs         EFS is writable from the node (the executor writes and reads back every beat)
+              and, from here, a probe file can be written, read and deleted
+- clock       the node's clock agrees with this one
+
+Ages and skew are measured against the file server's clock (file mtimes), not by
+subtracting two machines' clocks, so a skewed clock is reported as skew, not as staleness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Record, Registration
+
+RecordT = TypeVar("RecordT", bound=Record)
+
+CHECKS = ("reachable", "agent", "generation", "gpus", "efs", "clock")
+
+
+@dataclass
+class Row:
+    node: Node
+    cells: dict[str, tuple[bool, str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(ok for ok, _ in self.cells.values())
+
+
+def probe_efs(efs: Path) -> tuple[bool, str, float, float]:
+    """Write, read back and delete a probe file. Returns (ok, detail, local time of the
+    write, the server's mtime of it): the pair maps local time onto the server's clock."""
+    probe = ClusterPaths(efs).health_probe(f"{socket.gethostname()}-{os.getpid()}")
+    token = f"{time.time()}-{os.getpid()}"
+    try:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        t_local = time.time()
+        probe.write_text(token)
+        mtime = probe.stat().st_mtime
+        back = probe.read_text()
+        probe.unlink()
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        return False, f"probe on {efs} failed: {exc}", time.time(), time.time()
+    if back != token:
+        return False, f"probe on {efs} read back different content", t_local, mtime
+    return True, "writable", t_local, mtime
+
+
+def stamped(path: Path, cls: type[RecordT]) -> tuple[RecordT | None, float]:
+    """The record at ``path`` (None if missing or malformed) and its mtime (server clock)."""
+    record = store.read_record_or_none(path, cls)
+    st = store.stamp(path)
+    return record, (st.mtime_ns / 1e9 if st else 0.0)
+
+
+def check_node(node: Node, efs: Path, generation: int, server_now: float, local_offset: float,
+               args: argparse.Namespace) -> Row:
+    row = Row(node)
+    paths = ClusterPaths(efs)
+    hb, hb_mtime = stamped(paths.executor_heartbeat(node.address), ExecutorHeartbeat)
+    reg, reg_mtime = stamped(paths.registration(node.instance_id), Registration)
+
+    if hb is None:
+        row.cells["reachable"] = (False, "no executor heartbeat")
+    elif hb.state == "stopped":
+        row.cells["reachable"] = (False, "executor stopped")
+    else:
+        age = server_now - hb_mtime
+        row.cells["reachable"] = (age <= args.heartbeat_timeout, f"{age:.1f}s ago")
+
+    if reg is None:
+        row.cells["agent"] = (False, "not registered")
+    else:
+        age = server_now - reg_mtime
+        row.cells["agent"] = (age <= args.agent_timeout, f"{age:.0f}s ago (pid {reg.agent_pid})")
+
+    # The agent's registration is the authority; the executor's heartbeat is the fallback.
+    applied = reg.generation_applied if reg else (hb.generation if hb else None)
+    if applied is None:
+        row.cells["generation"] = (False, "unknown")
+    else:
+        row.cells["generation"] = (applied == generation, f"{applied}/{generation}")
+
+    reported = reg.gpus if reg else (hb.gpus if hb else None)
+    if reported is None:
+        row.cells["gpus"] = (False, f"unknown (expected {node.gpus})")
+    else:
+        row.cells["gpus"] = (reported == node.gpus, f"{reported} (expected {node.gpus})"
+                             if reported != node.gpus else str(reported))
+
+    if hb is None:
+        row.cells["efs"] = (False, "unknown")
+    elif not hb.efs_ok:
+        row.cells["efs"] = (False, "not writable")
+    elif args.require_mount and not hb.efs_mounted:
+        row.cells["efs"] = (False, f"{hb.efs_mount} not mounted")
+    else:
+        row.cells["efs"] = (True, "writable")
+
+    if hb is None or not hb_mtime:
+        row.cells["clock"] = (False, "unknown")
+    else:
+        # node clock - server clock, minus (our clock - server clock) = node - us
+        skew = (hb.heartbeat - hb_mtime) - local_offset
+        row.cells["clock"] = (abs(skew) <= args.max_skew, f"{skew:+.2f}s")
+    return row
+
+
+def render_table(rows: list[Row]) -> str:
+    header = ["RANK", "ADDRESS", "ROLE", *(c.upper() for c in CHECKS)]
+    body = []
+    for r in rows:
+        cells = []
+        for c in CHECKS:
+            ok, detail = r.cells[c]
+            cells.append(f"{'ok' if ok else 'FAIL'} {detail}".strip())
+        body.append([str(r.node.rank), r.node.address, r.node.role, *cells])
+    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
+    lines = ["  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
+             for line in [header, *body]]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dl-health", description="Check every node of the cluster.")
+    p.add_argument("--root", default=os.environ.get("DL_ROOT", "/"),
+                   help="node root prefix where the agent wrote its files (default: /)")
+    p.add_argument("--membership", default="", help="membership.json (default: the node's)")
+    p.add_argument("--mount-point", default="", help="EFS mount point (default: the membership's)")
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                   help="max executor heartbeat age, s (default: 10)")
+    p.add_argument("--agent-timeout", type=float, default=30.0,
+                   help="max agent registration age, s (default: 30)")
+    p.add_argument("--max-skew", type=float, default=2.0, help="max clock skew, s (default: 2)")
+    p.add_argument("--require-mount", action="store_true",
+                   help="EFS must be a mount point on every node (real clusters)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    path = Path(args.membership) if args.membership else NodePaths(args.root).membership
+    try:
+        m = Membership.load(path)
+    except (OSError, MembershipError) as exc:
+        print(f"dl-health: cannot read membership {path}: {exc}", file=sys.stderr)
+        return 2
+    efs = Path(args.mount_point or m.efs_mount)
+    ok_here, detail_here, t_local, t_server = probe_efs(efs)
+    mounted_here = os.path.ismount(efs)
+    local_offset = t_local - t_server
+    server_now = time.time() - local_offset
+    try:  # the shared copy may be newer than this node's
+        current = state.read_current(efs)
+    except (OSError, MembershipError):
+        current = None
+    generation = max(m.generation, current.generation) if current else m.generation
+    rows = [check_node(n, efs, generation, server_now, local_offset, args) for n in m.nodes]
+    here_ok = ok_here and (mounted_here or not args.require_mount)
+    healthy = here_ok and all(r.ok for r in rows)
+    if args.json:
+        print(json.dumps({
+            "healthy": healthy, "generation": generation, "efs": str(efs),
+            "efs_here": {"ok": here_ok, "detail": detail_here, "mounted": mounted_here},
+            "nodes": [{"rank": r.node.rank, "address": r.node.address, "role": r.node.role,
+                       "ok": r.ok, **{c: {"ok": ok, "detail": d} for c, (ok, d) in r.cells.items()}}
+                      for r in rows]}, indent=2))
+    else:
+        print(f"cluster {m.cluster_id or '?'}: {len(m.nodes)} node(s), generation {generation}, "
+              f"EFS {efs} here: {'ok' if here_ok else 'FAIL'} ({detail_here}"
+              f"{', mounted' if mounted_here else ', not a mount point'})")
+        sys.stdout.write(render_table(rows))
+        failing = [r for r in rows if not r.ok]
+        for r in failing:
+            bad = ", ".join(f"{c}: {d}" for c, (ok, d) in r.cells.items() if not ok)
+            print(f"node {r.node.rank} ({r.node.address}) FAILED: {bad}")
+        print("healthy" if healthy else f"UNHEALTHY: {len(failing)} node(s) failing"
+              + ("" if here_ok else ", EFS not usable here"))
+    return 0 if healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

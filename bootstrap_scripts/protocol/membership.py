@@ -1,0 +1,223 @@
+"""Cluster membership: the one data structure every node, the runner and EMR agree on.
+
+The master agent builds a :class:`Membership` and publishes it on the shared file system
+(:mod:`bootstrap_scripts.protocol.state`); every node renders the SAME files from it
+(:mod:`bootstrap_scripts.protocol.node_files`). A higher ``generation`` always wins.
+
+Plain Python only: this module runs on nodes (no CDK, no boto3 imports).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bootstrap_scripts.protocol.errors import ProtocolError
+
+SCHEMA_VERSION = 1
+MASTER_ALIAS = "deeplearning-master"
+ALIAS_PREFIX = "deeplearning-worker"
+
+
+class MembershipError(ProtocolError):
+    """A membership document is malformed; the message names the offending field/value."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One cluster node as every other node sees it."""
+
+    rank: int
+    role: str  # "master" | "worker"
+    instance_id: str
+    address: str
+    alias: str
+    gpus: int = 0
+    instance_type: str = ""
+    #: Base nodes (the master and the first ``workerCount`` workers) are protected from
+    #: scale-in; elastic ones come and go (docs/elastic.md). Old documents: every node base.
+    base: bool = True
+
+    @property
+    def slots(self) -> int:
+        """Processes this node runs: one per GPU, or one on a CPU-only node."""
+        return max(1, self.gpus)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """A versioned view of the cluster. A higher ``generation`` always wins."""
+
+    cluster_id: str
+    generation: int
+    nodes: tuple[Node, ...]
+    efs_mount: str = "/efs"
+    created_at: str = ""
+    reason: str = "initial"
+    schema: int = field(default=SCHEMA_VERSION)
+
+    @property
+    def master(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def master_addr(self) -> str:
+        return self.master.address
+
+    def node_by_address(self, address: str) -> Node | None:
+        return next((n for n in self.nodes if n.address == address), None)
+
+    def node_by_instance(self, instance_id: str) -> Node | None:
+        return next((n for n in self.nodes if n.instance_id == instance_id), None)
+
+    # -- (de)serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["nodes"] = [asdict(n) for n in self.nodes]
+        data["master_addr"] = self.master_addr
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Membership:
+        if not isinstance(data, Mapping):
+            raise MembershipError(f"membership must be a JSON object, got {type(data).__name__}")
+        try:
+            schema = int(data.get("schema", SCHEMA_VERSION))
+            if schema != SCHEMA_VERSION:
+                raise MembershipError(f"unsupported membership schema {schema!r}")
+            generation = int(data["generation"])
+            raw_nodes = data["nodes"]
+            if not isinstance(raw_nodes, list) or not raw_nodes:
+                raise MembershipError(f"membership 'nodes' must be a non-empty list: {raw_nodes!r}")
+            nodes = tuple(
+                Node(
+                    rank=int(n["rank"]),
+                    role=str(n["role"]),
+                    instance_id=str(n["instance_id"]),
+                    address=str(ipaddress.ip_address(n["address"])),
+                    alias=str(n["alias"]),
+                    gpus=int(n.get("gpus", 0)),
+                    instance_type=str(n.get("instance_type", "")),
+                    base=bool(n.get("base", True)),
+                )
+                for n in raw_nodes
+            )
+        except MembershipError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MembershipError(f"malformed membership document: {exc!r}") from exc
+        membership = cls(
+            cluster_id=str(data.get("cluster_id", "")),
+            generation=generation,
+            nodes=nodes,
+            efs_mount=str(data.get("efs_mount", "/efs")),
+            created_at=str(data.get("created_at", "")),
+            reason=str(data.get("reason", "")),
+            schema=schema,
+        )
+        validate(membership)
+        return membership
+
+    @classmethod
+    def from_json(cls, text: str) -> Membership:
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise MembershipError(f"membership is not valid JSON: {exc}") from exc
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Membership:
+        """The membership at ``path``; MembershipError names the file when it is malformed."""
+        text = Path(path).read_text()
+        try:
+            return cls.from_json(text)
+        except MembershipError as exc:
+            raise MembershipError(str(exc), source=str(path)) from None
+
+
+def validate(m: Membership) -> None:
+    """Reject documents that would make nodes disagree (duplicate addresses, bad ranks)."""
+    if m.generation < 1:
+        raise MembershipError(f"generation must be >= 1, got {m.generation}")
+    if m.nodes[0].role != "master":
+        raise MembershipError(f"first node must be the master, got role {m.nodes[0].role!r}")
+    seen: set[str] = set()
+    for expected_rank, node in enumerate(m.nodes):
+        if node.rank != expected_rank:
+            raise MembershipError(
+                f"node {node.address} has rank {node.rank}, expected {expected_rank}"
+            )
+        if node.role not in ("master", "worker"):
+            raise MembershipError(f"node {node.address} has unknown role {node.role!r}")
+        if node.address in seen:
+            raise MembershipError(f"duplicate node address {node.address}")
+        if node.gpus < 0:
+            raise MembershipError(f"node {node.address} has negative GPU count {node.gpus}")
+        seen.add(node.address)
+
+
+def address_key(address: str) -> tuple[int, int]:
+    ip = ipaddress.ip_address(address)
+    return (ip.version, int(ip))
+
+
+def build_membership(
+    *,
+    cluster_id: str,
+    generation: int,
+    master: Mapping,
+    workers: Iterable[Mapping],
+    efs_mount: str = "/efs",
+    created_at: str = "",
+    reason: str = "initial",
+) -> Membership:
+    """Order the nodes the way every consumer expects: master first, then workers.
+
+    Workers are sorted numerically by IP address (the original sorted them as strings,
+    which put 10.0.0.10 before 10.0.0.9). Each mapping needs ``instance_id``, ``address``
+    and may carry ``gpus``, ``instance_type`` and ``base`` (default True; the master is
+    always base). The master's own instance is dropped from
+    ``workers`` if it appears there.
+    """
+    others = [w for w in workers if w["instance_id"] != master["instance_id"]]
+    others.sort(key=lambda w: (address_key(w["address"]), w["instance_id"]))
+    ordered = [("master", master), *(("worker", w) for w in others)]
+    nodes = tuple(
+        Node(
+            rank=rank,
+            role=role,
+            instance_id=str(item["instance_id"]),
+            address=str(ipaddress.ip_address(item["address"])),
+            alias=f"{ALIAS_PREFIX}{rank}",
+            gpus=int(item.get("gpus", 0)),
+            instance_type=str(item.get("instance_type", "")),
+            base=True if role == "master" else bool(item.get("base", True)),
+        )
+        for rank, (role, item) in enumerate(ordered)
+    )
+    m = Membership(
+        cluster_id=cluster_id,
+        generation=generation,
+        nodes=nodes,
+        efs_mount=efs_mount,
+        created_at=created_at,
+        reason=reason,
+    )
+    validate(m)
+    return m
+
+
+def membership_changes(old: Membership | None, new: Membership) -> list[tuple[str, str]]:
+    """(ADDED|REMOVED, address) pairs between two generations, in membership order."""
+    before = {n.address for n in old.nodes} if old else set()
+    after = {n.address for n in new.nodes}
+    changes = [("REMOVED", n.address) for n in (old.nodes if old else ()) if n.address not in after]
+    changes += [("ADDED", n.address) for n in new.nodes if n.address not in before]
+    return changes

@@ -1,0 +1,305 @@
+"""Every path of the cluster protocol: on a node (under its root) and on the shared EFS.
+
+Nothing else in the project spells these names; it asks here. A node's files live under its
+root prefix ("/" on a real node, a directory per node in the local emulator); the cluster's
+state lives under the EFS mount point.
+
+On a node (relative to its root)::
+
+    opt/deeplearning/workers          one host per line, master first
+    opt/deeplearning/hostfile         MPI hostfile: "host slots=N"
+    opt/deeplearning/horovod_hosts    "host:slots" per line
+    opt/deeplearning/membership.json  the membership this node applied
+    opt/deeplearning/env              DEEPLEARNING_* as KEY=VALUE (systemd, runner)
+    etc/profile.d/deeplearning.sh     the same variables for login shells
+    etc/hosts                         managed block with the deeplearning-* aliases
+    var/lib/dl-agent/state.json       the master agent's memory across restarts
+
+On EFS (relative to the mount point)::
+
+    cluster/membership.json           the live membership (generation N)
+    cluster/generations/<N>.json      every generation ever published
+    cluster/membership.log            "SEQ ADDED|REMOVED ADDRESS TIMESTAMP" lines
+    cluster/nodes/<instance-id>.json  node registrations (agent heartbeat)
+    cluster/logs/<instance-id>.log    each node agent's log
+    cluster/executors/<address>.json  job executor heartbeats
+    cluster/drain/<instance-id>.json  drain request (master -> node)
+    cluster/drain/<instance-id>.done  drain done (node's executor -> master)
+    cluster/prepared/<instance-id>.ok|.failed   data preparation outcome
+    cluster/prepared/<instance-id>.log          data preparation output
+    cluster/health/.probe-<host>-<pid>  dl-health's write/read-back probe (deleted at once)
+    jobs/<job-id>/                    one directory per job (see JobPaths)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootstrap_scripts.protocol.errors import ProtocolError
+
+# -- on a node, relative to its root -------------------------------------------------------------
+DEEPLEARNING_DIR = "opt/deeplearning"
+WORKERS_FILE = f"{DEEPLEARNING_DIR}/workers"
+MPI_HOSTFILE = f"{DEEPLEARNING_DIR}/hostfile"
+HOROVOD_HOSTS_FILE = f"{DEEPLEARNING_DIR}/horovod_hosts"
+MEMBERSHIP_FILE = f"{DEEPLEARNING_DIR}/membership.json"
+ENV_FILE = f"{DEEPLEARNING_DIR}/env"
+PROFILE_FILE = "etc/profile.d/deeplearning.sh"
+HOSTS_FILE = "etc/hosts"
+AGENT_STATE_FILE = "var/lib/dl-agent/state.json"
+
+# -- on EFS, relative to the mount point ---------------------------------------------------------
+CLUSTER_DIR = "cluster"
+MEMBERSHIP = f"{CLUSTER_DIR}/membership.json"
+GENERATIONS_DIR = f"{CLUSTER_DIR}/generations"
+MEMBERSHIP_LOG = f"{CLUSTER_DIR}/membership.log"
+NODES_DIR = f"{CLUSTER_DIR}/nodes"
+LOGS_DIR = f"{CLUSTER_DIR}/logs"
+EXECUTORS_DIR = f"{CLUSTER_DIR}/executors"
+DRAIN_DIR = f"{CLUSTER_DIR}/drain"
+PREPARED_DIR = f"{CLUSTER_DIR}/prepared"
+HEALTH_DIR = f"{CLUSTER_DIR}/health"
+JOBS_DIR = "jobs"
+
+#: Every path above, in the form docs/protocol.md spells it (a test holds the two together).
+LAYOUT = (
+    WORKERS_FILE, MPI_HOSTFILE, HOROVOD_HOSTS_FILE, MEMBERSHIP_FILE, ENV_FILE, PROFILE_FILE,
+    HOSTS_FILE, AGENT_STATE_FILE, MEMBERSHIP, f"{GENERATIONS_DIR}/<N>.json", MEMBERSHIP_LOG,
+    f"{NODES_DIR}/<instance-id>.json", f"{LOGS_DIR}/<instance-id>.log",
+    f"{EXECUTORS_DIR}/<address>.json", f"{DRAIN_DIR}/<instance-id>.json",
+    f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
+    f"{PREPARED_DIR}/<instance-id>.failed", f"{PREPARED_DIR}/<instance-id>.log",
+    f"{HEALTH_DIR}/.probe-<host>-<pid>", f"{JOBS_DIR}/<job-id>/spec.json",
+    f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
+    f"{JOBS_DIR}/<job-id>/cancel", f"{JOBS_DIR}/<job-id>/done", f"{JOBS_DIR}/<job-id>/result.json",
+    f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",
+    f"{JOBS_DIR}/<job-id>/nodes/<rank>.exit", f"{JOBS_DIR}/<job-id>/nodes/<rank>.claim",
+)
+
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def validate_job_id(job_id: str) -> str:
+    """Job ids become directory names on EFS: no slashes, no dot-files, bounded length."""
+    if not JOB_ID_RE.match(job_id):
+        raise ProtocolError(
+            f"invalid job id {job_id!r}: use letters, digits, '.', '_' or '-' (max 128), "
+            "starting with a letter or digit", field="job_id")
+    return job_id
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """A node's own files, under its root prefix."""
+
+    root: Path
+
+    def __init__(self, root: str | os.PathLike = "/") -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def deeplearning_dir(self) -> Path:
+        return self.root / DEEPLEARNING_DIR
+
+    @property
+    def workers(self) -> Path:
+        return self.root / WORKERS_FILE
+
+    @property
+    def hostfile(self) -> Path:
+        return self.root / MPI_HOSTFILE
+
+    @property
+    def horovod_hosts(self) -> Path:
+        return self.root / HOROVOD_HOSTS_FILE
+
+    @property
+    def membership(self) -> Path:
+        return self.root / MEMBERSHIP_FILE
+
+    @property
+    def env(self) -> Path:
+        return self.root / ENV_FILE
+
+    @property
+    def profile(self) -> Path:
+        return self.root / PROFILE_FILE
+
+    @property
+    def hosts(self) -> Path:
+        return self.root / HOSTS_FILE
+
+    @property
+    def agent_state(self) -> Path:
+        return self.root / AGENT_STATE_FILE
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """One job's directory, ``jobs/<job-id>/`` on EFS::
+
+        spec.json            what to run on which node (written last, atomically: it is the go)
+        commands.txt         the resolved per-node commands, for humans
+        runner.json          the runner's heartbeat (executors watch it change)
+        cancel               marker: stop every share now
+        done                 marker: the runner has finished with the job
+        result.json          per-node exit codes, as the runner saw them
+        nodes/<rank>.log     output of the node's share (``<rank>-<label>.log`` if several)
+        nodes/<rank>.started the executor's acknowledgement (pids, process group, start time)
+        nodes/<rank>.exit    the share's exit
+        nodes/<rank>.claim   elastic jobs: a joining node's executor claims rank N (O_EXCL)
+    """
+
+    dir: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.dir.name
+
+    @property
+    def spec(self) -> Path:
+        return self.dir / "spec.json"
+
+    @property
+    def commands(self) -> Path:
+        return self.dir / "commands.txt"
+
+    @property
+    def runner_heartbeat(self) -> Path:
+        return self.dir / "runner.json"
+
+    @property
+    def cancel(self) -> Path:
+        return self.dir / "cancel"
+
+    @property
+    def done(self) -> Path:
+        return self.dir / "done"
+
+    @property
+    def result(self) -> Path:
+        return self.dir / "result.json"
+
+    @property
+    def nodes(self) -> Path:
+        return self.dir / "nodes"
+
+    def log(self, rank: int, label: str = "") -> Path:
+        return self.nodes / (f"{rank}-{label}.log" if label else f"{rank}.log")
+
+    def started(self, rank: int) -> Path:
+        return self.nodes / f"{rank}.started"
+
+    def exit(self, rank: int) -> Path:
+        return self.nodes / f"{rank}.exit"
+
+    def claim(self, rank: int) -> Path:
+        return self.nodes / f"{rank}.claim"
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    """The cluster's state on the shared file system, under the EFS mount point."""
+
+    efs: Path
+
+    def __init__(self, efs: str | os.PathLike) -> None:
+        object.__setattr__(self, "efs", Path(efs))
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.efs / CLUSTER_DIR
+
+    @property
+    def membership(self) -> Path:
+        return self.efs / MEMBERSHIP
+
+    @property
+    def generations_dir(self) -> Path:
+        return self.efs / GENERATIONS_DIR
+
+    def generation(self, number: int) -> Path:
+        return self.generations_dir / f"{number}.json"
+
+    @property
+    def membership_log(self) -> Path:
+        return self.efs / MEMBERSHIP_LOG
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.efs / NODES_DIR
+
+    def registration(self, instance_id: str) -> Path:
+        return self.nodes_dir / f"{instance_id}.json"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.efs / LOGS_DIR
+
+    def agent_log(self, instance_id: str) -> Path:
+        return self.logs_dir / f"{instance_id}.log"
+
+    @property
+    def executors_dir(self) -> Path:
+        return self.efs / EXECUTORS_DIR
+
+    def executor_heartbeat(self, address: str) -> Path:
+        return self.executors_dir / f"{address}.json"
+
+    @property
+    def drain_dir(self) -> Path:
+        return self.efs / DRAIN_DIR
+
+    def drain_request(self, instance_id: str) -> Path:
+        return self.drain_dir / f"{instance_id}.json"
+
+    def drain_done(self, instance_id: str) -> Path:
+        return self.drain_dir / f"{instance_id}.done"
+
+    @property
+    def prepared_dir(self) -> Path:
+        return self.efs / PREPARED_DIR
+
+    def prepared(self, instance_id: str, outcome: str) -> Path:
+        """``outcome`` is "ok" or "failed"."""
+        if outcome not in ("ok", "failed"):
+            raise ValueError(f"prepared outcome must be 'ok' or 'failed', got {outcome!r}")
+        return self.prepared_dir / f"{instance_id}.{outcome}"
+
+    def prepared_log(self, instance_id: str) -> Path:
+        """The data-preparation command's output on that node (appended, for humans)."""
+        return self.prepared_dir / f"{instance_id}.log"
+
+    @property
+    def health_dir(self) -> Path:
+        return self.efs / HEALTH_DIR
+
+    def health_probe(self, tag: str) -> Path:
+        """dl-health's probe file: a dot-file, so record scanners skip it."""
+        return self.health_dir / f".probe-{tag}"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.efs / JOBS_DIR
+
+    def job(self, job_id: str) -> JobPaths:
+        return JobPaths(self.jobs_dir / validate_job_id(job_id))
+
+
+# -- scanning a job's nodes/ directory (the runner follows logs and joins; an executor its claims)
+SHARE_LOG_SUFFIX = ".log"
+SHARE_STARTED_SUFFIX = ".started"
+SHARE_CLAIM_SUFFIX = ".claim"
+
+
+def parse_share_file(name: str, suffix: str) -> tuple[int, str] | None:
+    """The (rank, label) a ``nodes/`` file name stands for (``3.started`` -> (3, ""),
+    ``0-ps.log`` -> (0, "ps")), the inverse of :meth:`JobPaths.log` and friends; None for
+    any other name (temp files, other kinds, names without a rank)."""
+    if name.startswith(".") or not name.endswith(suffix):
+        return None
+    rank, _, label = name[: -len(suffix)].partition("-")
+    return (int(rank), label) if rank.isdigit() else None

@@ -1,0 +1,167 @@
+"""Reading and writing protocol files: one atomic writer, one reader.
+
+EFS gives close-to-open consistency: a reader that opens a file after the writer closed
+(and renamed) it sees the whole new content. So every document is written to a temp file in
+the same directory and renamed into place; readers never see half a document. Readers open
+files rather than ``stat()`` them: on NFS an open revalidates the name, a bare stat may be
+answered from the attribute cache for up to a minute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from bootstrap_scripts.protocol.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from bootstrap_scripts.protocol.records import Record
+
+R = TypeVar("R", bound="Record")
+
+
+def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644,
+                 fsync: bool = True) -> bool:
+    """Write ``content`` via temp file + rename. Returns False (and writes nothing) if the
+    file already holds exactly ``content``: that is what makes re-applying idempotent.
+
+    ``mode`` defaults to world-readable because the runner, the executors and the agents may
+    run as different users. ``fsync=False`` skips the flush for files re-verified anyway."""
+    p = Path(path)
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+        if p.read_text() == content:
+            return False
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(content)
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def write_record(path: str | os.PathLike, record: Record, *, mode: int = 0o644) -> bool:
+    """Atomically write a protocol record as JSON."""
+    return atomic_write(path, record.to_json(), mode=mode)
+
+
+def read_text(path: str | os.PathLike) -> str | None:
+    """The file's text, or None when it does not exist."""
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        return None
+
+
+def read_record(path: str | os.PathLike, cls: type[R]) -> R | None:
+    """The record at ``path``, or None when the file does not exist. A file that exists but
+    does not hold a valid ``cls`` raises :class:`ProtocolError` naming the file and field."""
+    text = read_text(path)
+    if text is None:
+        return None
+    return cls.from_json(text, source=str(path))
+
+
+def read_record_or_none(path: str | os.PathLike, cls: type[R]) -> R | None:
+    """Like :func:`read_record`, but a malformed or unreadable file is None too: for
+    watchers that poll and simply try again (the caller decides to log)."""
+    try:
+        return read_record(path, cls)
+    except (OSError, ProtocolError):
+        return None
+
+
+def scan_records(directory: str | os.PathLike, cls: type[R], *,
+                 suffix: str = ".json") -> Iterator[tuple[str, R]]:
+    """(stem, record) for every readable ``*<suffix>`` record in ``directory``. Temp files
+    (dot-files) are skipped, and so are malformed ones: one bad node file must not blind
+    the reader to all the others."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.name.endswith(suffix):
+            continue
+        record = read_record_or_none(entry.path, cls)
+        if record is not None:
+            yield entry.name[: -len(suffix)], record
+
+
+def create_exclusive(path: str | os.PathLike, content: str) -> bool:
+    """Create ``path`` with ``content`` only if it does not exist (O_EXCL): the one way for
+    several nodes to claim something without a coordinator. False if it already existed."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(content)
+    return True
+
+
+def append_block(path: str | os.PathLike, text: str) -> None:
+    """Append ``text`` with one ``write()`` under O_APPEND, so lines of one block stay
+    together when several writers append."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def exists(path: str | os.PathLike) -> bool:
+    """True when ``path`` can be opened now (open, not stat: see the module docstring)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except FileNotFoundError:
+        return False
+    except IsADirectoryError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What a watcher compares between two looks: cheap and changes on every rename."""
+
+    inode: int
+    mtime_ns: int
+    size: int
+
+
+def stamp(path: str | os.PathLike) -> FileStamp | None:
+    """open() + fstat() of ``path``, or None when it does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return FileStamp(st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def touch_directory(path: str | os.PathLike) -> None:
+    """Open a directory and close it again: asks the NFS client to revalidate it, so a file
+    that appears in it is not hidden by a cached negative lookup."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECTORY))

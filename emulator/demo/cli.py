@@ -1,0 +1,113 @@
+"""The demo's options: parsing, and validation before anything starts.
+
+Bad input stops here with argparse's exit status 2 and a message naming the option, so a
+typo never costs a deploy.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m emulator.demo",
+        description="Deploy the cluster to a local AWS emulator (moto) with the real CDK CLI, "
+                    "boot one emulated node per instance and train across them.")
+    p.add_argument("--workers", type=int, default=2, help="worker count (default: 2)")
+    p.add_argument("--fail-launches", type=int, default=0, metavar="K",
+                   help="K worker launches fail as on AWS (default: 0)")
+    p.add_argument("--kill-node-after", type=float, default=None, metavar="SECONDS",
+                   help="kill one worker this many seconds after the job's first epoch "
+                        "(0: at once), then recover: new membership without it, resume "
+                        "from the last checkpoint on the survivors")
+    p.add_argument("--elastic", action="store_true",
+                   help="run the job elastic (dl-run --elastic): workers may join and leave")
+    p.add_argument("--add-worker-after", type=float, default=None, metavar="SECONDS",
+                   help="elastic: this many seconds after the first epoch, raise the worker "
+                        "group's desired capacity by one (as dl-scale does) and boot the node")
+    p.add_argument("--remove-worker-after", type=float, default=None, metavar="SECONDS",
+                   help="elastic: this many seconds after the added worker joined, remove it "
+                        "through the drain lifecycle hook (master and base workers are "
+                        "protected)")
+    p.add_argument("--data-prep", default="", metavar="COMMAND",
+                   help="data-preparation command every node runs before joining "
+                        "(-c dataPrepScript=...)")
+    p.add_argument("--fail-data-prep", action="store_true",
+                   help="the added worker's data preparation fails: it must never join")
+    p.add_argument("--epochs", type=int, default=20, help="training epochs (default: 20)")
+    p.add_argument("--require-acc", type=float, default=0.95,
+                   help="held-out accuracy the job must reach "
+                        "(default: 0.95, the example's target)")
+    p.add_argument("--keep", action="store_true",
+                   help="leave the emulated cluster running and print how to use and stop it")
+    p.add_argument("--report", default="demo-report.json", help="report path "
+                   "(default: demo-report.json)")
+    p.add_argument("--port", type=int, default=0, help="moto's port on localhost "
+                   "(default: a free one)")
+    p.add_argument("--work-dir", default="", help="where node roots, EFS and logs go "
+                   "(default: a temp dir, removed at the end unless --keep; a directory given "
+                   "here is kept)")
+    p.add_argument("--membership-timeout", type=float, default=120.0,
+                   help="seconds to wait for all nodes to agree (default: 120)")
+    p.add_argument("--stop", metavar="STATE_FILE", default="",
+                   help="stop a cluster left running by --keep and remove its temp dir")
+    return p
+
+
+def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Reject combinations the demo cannot play (exits 2 through ``parser.error``)."""
+    if ns.stop:
+        return
+    if ns.workers < 1:
+        parser.error(f"--workers must be at least 1, got {ns.workers}")
+    if ns.workers > 32:
+        parser.error(f"--workers {ns.workers} is more than this emulator runs on one "
+                     f"machine (32 at most)")
+    if ns.fail_launches < 0:
+        parser.error(f"--fail-launches must be >= 0, got {ns.fail_launches}")
+    if ns.fail_launches > ns.workers:
+        parser.error(f"--fail-launches {ns.fail_launches} is more than --workers "
+                     f"{ns.workers}: at most {ns.workers} worker launches can fail")
+    if ns.kill_node_after is not None:
+        if ns.kill_node_after < 0:
+            parser.error(f"--kill-node-after must be >= 0 seconds, got {ns.kill_node_after}")
+        if ns.workers - ns.fail_launches < 1:
+            parser.error("--kill-node-after needs at least one running worker to kill "
+                         f"(--workers {ns.workers}, --fail-launches {ns.fail_launches})")
+    if ns.epochs < 2 and ns.kill_node_after is not None:
+        parser.error(f"--kill-node-after needs --epochs >= 2 (a checkpoint to resume from), "
+                     f"got {ns.epochs}")
+    if (ns.add_worker_after is not None or ns.remove_worker_after is not None) and \
+            not ns.elastic:
+        parser.error("--add-worker-after / --remove-worker-after need --elastic")
+    if ns.remove_worker_after is not None and ns.add_worker_after is None:
+        parser.error("--remove-worker-after needs --add-worker-after: the master and the base "
+                     "workers are protected from scale-in, only an added worker can leave")
+    if ns.fail_data_prep and ns.add_worker_after is None:
+        parser.error("--fail-data-prep needs --add-worker-after (the added node's hook fails)")
+    for name in ("add_worker_after", "remove_worker_after"):
+        if getattr(ns, name) is not None and getattr(ns, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(ns, name)}")
+    if ns.elastic and ns.kill_node_after is not None:
+        parser.error("--kill-node-after and --elastic are separate scenarios; pick one")
+    if ns.epochs < 1:
+        parser.error(f"--epochs must be >= 1, got {ns.epochs}")
+    if not 0 <= ns.require_acc <= 1:
+        parser.error(f"--require-acc must be within 0..1, got {ns.require_acc}")
+    if ns.port and not 1024 <= ns.port <= 65535:
+        parser.error(f"--port must be 1024..65535, got {ns.port}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    from emulator.demo.orchestration import Demo, stop_from_state
+
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    validate(ns, parser)
+    console = Console(highlight=False, soft_wrap=True)
+    if ns.stop:
+        return stop_from_state(ns.stop, console)
+    return Demo(ns, console).run()

@@ -1,0 +1,161 @@
+"""What the demo reads from a training job: the lines ``dl-run`` prints and the share
+records the executors leave under the job's directory on EFS.
+
+The line formats are the example job's (``bootstrap_scripts.examples.train_digits``), as
+``dl-run`` relays them with a ``[<rank> <address>]`` prefix::
+
+    [dl-run] job <job-id>
+    [0 127.20.0.5] start world_size=3 restart=0 step=0
+    [2 127.20.128.7] first_step rank=2 world_size=3
+    [0 127.20.0.5] epoch=1 acc=0.912 loss=0.3120 samples_per_s=5012 world_size=3
+    [0 127.20.0.5] final acc=0.968 world_size=3
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
+from bootstrap_scripts.protocol.records import ShareStarted
+
+EPOCH_RE = re.compile(r"^\[(\d+) (\S+)\] epoch=(\d+) acc=([\d.]+) loss=([\d.]+) "
+                      r"samples_per_s=(\d+) world_size=(\d+)")
+FINAL_RE = re.compile(r"^\[(\d+) (\S+)\] final acc=([\d.]+) world_size=(\d+)")
+JOB_RE = re.compile(r"\[dl-run\] job (\S+)$")
+START_RE = re.compile(r"^\[(\d+) (\S+)\] start world_size=(\d+) restart=(\d+) step=(\d+)")
+FIRST_STEP_RE = re.compile(r"^\[(\d+) (\S+)\] first_step rank=(\d+) world_size=(\d+)")
+#: Words that make a ``[dl-run]`` line worth showing (the runner's verdicts and failures).
+RUNNER_WORDS = ("FAILED", "error", "succeeded", "stopping", "exited")
+#: Lines of the job's own output shown dimmed (resumption, tracebacks).
+DETAIL_WORDS = ("resumed from", "Traceback", "Error")
+
+
+@dataclass
+class JobRun:
+    """One ``dl-run`` invocation as the demo followed it."""
+
+    job_id: str = ""
+    exit_code: int | None = None
+    resumed: bool = False
+    epochs: list[dict] = field(default_factory=list)
+    final_acc: float | None = None
+    world_size: int = 0
+    seconds: float = 0.0
+    failure: str = ""
+    killed: dict | None = None
+    output_tail: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "exit_code": self.exit_code, "resumed": self.resumed,
+                "world_size": self.world_size, "final_acc": self.final_acc,
+                "seconds": round(self.seconds, 2), "failure": self.failure,
+                "killed": self.killed, "epochs": self.epochs}
+
+    def keep_line(self, line: str) -> None:
+        """Remember the last 40 lines (for failure messages)."""
+        self.output_tail = [*self.output_tail, line][-40:]
+
+    def finish(self, exit_code: int, seconds: float) -> None:
+        self.exit_code = exit_code
+        self.seconds = seconds
+        self.failure = failure_line(self.output_tail)
+
+    def names_node(self, address: str) -> bool:
+        """Did the runner's own output name the node at ``address`` (e.g. as the lost one)?"""
+        return any(address in ln for ln in self.output_tail if "[dl-run]" in ln)
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    """A worker process (re)started: ``world_size`` nodes, resuming at ``step``."""
+
+    address: str
+    world_size: int
+    restart: int
+    step: int
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    """The worker on ``address`` took its first training step."""
+
+    address: str
+    rank: int
+    world_size: int
+
+
+def job_id(line: str) -> str | None:
+    m = JOB_RE.search(line)
+    return m.group(1) if m else None
+
+
+def epoch(line: str) -> dict | None:
+    """An epoch line as the report records it."""
+    m = EPOCH_RE.match(line)
+    if not m:
+        return None
+    return {"epoch": int(m.group(3)), "acc": float(m.group(4)), "loss": float(m.group(5)),
+            "samples_per_s": int(m.group(6)), "world_size": int(m.group(7))}
+
+
+def final_acc(line: str) -> float | None:
+    m = FINAL_RE.match(line)
+    return float(m.group(3)) if m else None
+
+
+def worker_start(line: str) -> WorkerStart | None:
+    m = START_RE.match(line)
+    if not m:
+        return None
+    return WorkerStart(m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5)))
+
+
+def first_step(line: str) -> FirstStep | None:
+    m = FIRST_STEP_RE.match(line)
+    if not m:
+        return None
+    return FirstStep(m.group(2), int(m.group(3)), int(m.group(4)))
+
+
+def is_runner_notice(line: str) -> bool:
+    return line.startswith("[dl-run]") and any(w in line for w in RUNNER_WORDS)
+
+
+def is_detail(line: str) -> bool:
+    return any(w in line for w in DETAIL_WORDS)
+
+
+def failure_line(lines: list[str]) -> str:
+    """The last line that says FAILED, or ""."""
+    failed = [ln for ln in lines if "FAILED" in ln]
+    return failed[-1] if failed else ""
+
+
+# -- the job's share records on EFS ----------------------------------------------------------
+
+
+def shares(job: JobPaths) -> list[ShareStarted]:
+    """Every share of ``job`` an executor acknowledged (``nodes/<rank>.started``)."""
+    suffix = job.started(0).suffix  # the acknowledgement's suffix, whatever the rank
+    return [rec for _, rec in store.scan_records(job.nodes, ShareStarted, suffix=suffix)]
+
+
+def share_groups(efs: str | os.PathLike) -> list[int]:
+    """The process group of every share of every job on this EFS."""
+    jobs_dir = ClusterPaths(efs).jobs_dir
+    try:
+        dirs = sorted(p for p in jobs_dir.iterdir() if p.is_dir())
+    except OSError:
+        return []
+    return [rec.pgid for d in dirs for rec in shares(JobPaths(d)) if rec.pgid]
+
+
+def share_groups_of(efs: str | os.PathLike, job: str, address: str) -> list[int]:
+    """The process groups of job ``job``'s shares on the node at ``address``."""
+    if not job:
+        return []
+    return [rec.pgid for rec in shares(ClusterPaths(efs).job(job))
+            if rec.address == address and rec.pgid]

@@ -1,0 +1,260 @@
+"""One demo run from start to teardown, the training job it runs with ``dl-run``, and
+``--stop`` for a cluster ``--keep`` left running.
+
+Whatever happens (a clear failure, a bug, Ctrl-C) the run ends the same way: every process
+group it started is stopped and checked gone, the report is written, and the temp work dir
+is removed unless the cluster is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from rich.markup import escape
+
+from bootstrap_scripts.procgroup import (
+    Tracked,
+    descendants,
+    pids_in_groups,
+    start_time,
+    stop_groups,
+)
+from emulator import deploy as dp
+from emulator.demo import cluster, joblog, report, scenarios
+from emulator.demo.context import BIN_DIR, DemoContext, DemoError, free_port
+from emulator.demo.joblog import JobRun
+from emulator.nodes import NodeError, base_env
+
+#: The example job's global batch (rounded to a multiple of every world size in play).
+TARGET_BATCH = 64
+
+
+def global_batch(worlds: list[int], target: int = TARGET_BATCH) -> int:
+    """A global batch every world size in play divides (the example keeps it fixed)."""
+    lcm = 1
+    for w in worlds:
+        lcm = lcm * w // math.gcd(lcm, w)
+    return lcm * max(1, round(target / lcm))
+
+
+class Demo(DemoContext):
+    # -- the training job --------------------------------------------------------------------
+    def run_job(self, *, resume: bool, world_sizes: list[int],
+                scenario: scenarios.Scenario | None = None) -> JobRun:
+        """``dl-run`` the example on the master, following its output line by line; a
+        ``scenario`` sees every line and acts on time while the job runs."""
+        master = self.master()
+        if master is None:
+            raise DemoError("no live master node to run the job on")
+        dl_run = master.root / BIN_DIR / "dl-run"
+        port = free_port(master.address)
+        train = ["-m", "bootstrap_scripts.examples.train_digits", "--epochs",
+                 str(self.ns.epochs), "--require-acc", str(self.ns.require_acc),
+                 "--global-batch-size", str(global_batch(world_sizes))]
+        if resume:
+            train.append("--resume")
+        if scenario is not None:
+            # checkpoint often and stretch the steps a little: the training itself takes only
+            # ~0.2 s per epoch, and it must still be running when nodes join, leave or die
+            train += ["--checkpoint-every", "4", "--step-delay", "0.03"]
+        if self.ns.elastic:
+            train[train.index("--global-batch-size") + 1] = str(TARGET_BATCH)  # any world
+        argv = [str(dl_run), "--root", str(master.root), "--rdzv-port", str(port),
+                "--heartbeat-timeout", "4", "--fail-grace", "3", "--grace", "3",
+                *(["--elastic", "--grace", "10"] if self.ns.elastic else []), "--", *train]
+        self.step(("resuming" if resume else "running") + " the example job with dl-run on the "
+                  f"master: {' '.join(train)}")
+        res = JobRun(resumed=resume)
+        t = time.monotonic()
+        p = subprocess.Popen(argv, cwd=dp.REPO_ROOT, env=base_env(self.aws), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        tracked = Tracked("dl-run", p.pid, start_time(p.pid))
+        self.runners.append(tracked)
+        self.save_state()
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def reader() -> None:
+            for line in p.stdout:  # type: ignore[union-attr]
+                lines.put(line.rstrip("\n"))
+            lines.put(None)
+
+        threading.Thread(target=reader, daemon=True).start()
+        out_log = open(self.logs / f"dl-run-{len(self.jobs) + 1}.log", "w")  # noqa: SIM115
+        first_epoch_at: float | None = None
+        with out_log:
+            while True:
+                try:
+                    line = lines.get(timeout=0.2)
+                except queue.Empty:
+                    line = ""
+                if line is None:
+                    break
+                if line:
+                    if scenario is not None:
+                        scenario.on_line(line, res)
+                    out_log.write(line + "\n")
+                    res.keep_line(line)
+                    self.show_job_line(line, res)
+                    if first_epoch_at is None and res.epochs:
+                        first_epoch_at = time.monotonic()
+                if scenario is not None and first_epoch_at:
+                    scenario.on_tick(res, first_epoch_at)
+        res.finish(p.wait(), time.monotonic() - t)
+        self.runners.remove(tracked)
+        self.jobs.append(res)
+        return res
+
+    def show_job_line(self, line: str, res: JobRun) -> None:
+        if (job_id := joblog.job_id(line)) is not None:
+            res.job_id = job_id
+            self.info(f"job {res.job_id}")
+        elif (rec := joblog.epoch(line)) is not None:
+            res.epochs.append(rec)
+            res.world_size = rec["world_size"]
+            self.info(f"epoch {rec['epoch']:3}/{self.ns.epochs}  acc {rec['acc']:.3f}  "
+                      f"loss {rec['loss']:.4f}  {rec['samples_per_s']:6} samples/s  "
+                      f"world size {rec['world_size']}")
+        elif (acc := joblog.final_acc(line)) is not None:
+            res.final_acc = acc
+        elif joblog.is_runner_notice(line):
+            self.info(escape(line) if "succeeded" in line else f"[yellow]{escape(line)}[/]")
+        elif joblog.is_detail(line):
+            self.info(f"[dim]{escape(line)}[/]")
+
+    # -- teardown ----------------------------------------------------------------------------
+    def teardown(self) -> tuple[list[int], list[int]]:
+        """Stop everything; returns (survivors, every PID that was running at the start)."""
+        groups = self.groups()
+        members = pids_in_groups(g.pid for g in groups)
+        seen = sorted(members | descendants(members))
+        survivors = stop_groups(groups, grace=15)
+        for n in self.nodes:
+            for p in n.popens:
+                with contextlib.suppress(Exception):
+                    p.wait(timeout=1)
+            if n.status == "running":
+                n.status = "stopped"
+        if self.cloud_popen is not None:
+            with contextlib.suppress(Exception):
+                self.cloud_popen.wait(timeout=5)
+        return sorted(survivors), seen
+
+    # -- main flow ---------------------------------------------------------------------------
+    def play(self) -> JobRun:
+        """Bring the cluster up and train; the job that must have succeeded."""
+        ns = self.ns
+        cluster.check_install(self)
+        cluster.start_cloud(self)
+        cluster.deploy(self, scenarios.deploy_context(ns))
+        scenarios.fail_launches(self)
+        cluster.boot_nodes(self)
+        cluster.notify_launches(self)
+        cluster.form_cluster(self)
+        world = len(self.membership.nodes)
+        if ns.kill_node_after is not None:
+            kill = scenarios.KillScenario(self, ns.kill_node_after)
+            worlds = [world, world - 1]
+            job = self.run_job(resume=False, world_sizes=worlds, scenario=kill)
+            kill.recover(job)
+            job = self.run_job(resume=True, world_sizes=worlds)
+        else:
+            elastic = scenarios.ElasticScenario(self) if ns.elastic else None
+            job = self.run_job(resume=False, world_sizes=[world], scenario=elastic)
+        return job
+
+    def run(self) -> int:
+        ns = self.ns
+        status, code, error = "failed", 1, ""
+        try:
+            job = self.play()
+            if job.exit_code == 0 and not job.epochs:
+                raise DemoError(f"job {job.job_id} exited 0 but trained no epoch (nothing "
+                                f"left to resume?): see {self.logs}")
+            if job.exit_code != 0:
+                raise DemoError(f"the training job failed with exit status {job.exit_code}: "
+                                f"{job.failure or chr(10).join(job.output_tail[-10:])}")
+            self.ok(f"job {job.job_id} succeeded: accuracy {job.final_acc}, world size "
+                    f"{job.world_size}")
+            status, code = "succeeded", 0
+        except (DemoError, dp.DeployError, NodeError) as exc:
+            error = str(exc)
+            self.console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        except Exception as exc:  # a bug (ours or a component's): still clean up
+            import traceback
+
+            error = f"{type(exc).__name__}: {exc}"
+            (self.logs / "demo-traceback.log").parent.mkdir(parents=True, exist_ok=True)
+            (self.logs / "demo-traceback.log").write_text(traceback.format_exc())
+            self.console.print(f"[bold red]error:[/] {error}", highlight=False)
+            self.console.print(traceback.format_exc(), highlight=False, markup=False)
+        except KeyboardInterrupt:
+            error = "interrupted"
+            code = 130
+            self.console.print("[bold red]interrupted[/]: stopping everything")
+        report_path = Path(ns.report).resolve()
+        rep = report.build_report(self, status, code, error)
+        keep = ns.keep and status == "succeeded"
+        try:
+            if not keep:
+                self.step("tearing down: every process we started, by process group")
+                survivors, seen = self.teardown()
+                rep["leftover_pids"] = survivors
+                rep["stopped_pids"] = seen
+                rep["timings"]["total_s"] = round(time.monotonic() - self.t0, 2)
+                if survivors:
+                    self.console.print(f"[bold red]processes still alive: {survivors}[/]")
+                    code = code or 1
+                else:
+                    self.ok(f"{len(self.groups())} process group(s) stopped, none left")
+            else:
+                self.save_state()
+            rep["nodes"] = report.node_report(self)  # statuses after teardown
+            if self.created_work and not keep:
+                rep["work_dir_removed"] = True
+        finally:
+            report_path.parent.mkdir(parents=True, exist_ok=True)
+            report_path.write_text(json.dumps(rep, indent=2) + "\n")
+            if self.created_work and not keep:
+                shutil.rmtree(self.work, ignore_errors=True)
+        if status == "succeeded":
+            report.summary_table(self.console, rep)
+        self.console.print(f"report: {report_path}")
+        if keep:
+            report.keep_instructions(self)
+        return code
+
+
+def stop_from_state(path: str, console) -> int:
+    """``--stop``: stop what a ``--keep`` run left, using the PIDs it recorded."""
+    state_path = Path(path)
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, ValueError) as exc:
+        console.print(f"[bold red]error:[/] cannot read state file {path}: {exc}")
+        return 2
+    groups = [Tracked.from_dict(n["group"]) for n in state.get("nodes", []) if n.get("group")]
+    groups += [Tracked.from_dict(r) for r in state.get("runners", [])]
+    efs = Path(state["work_dir"]) / "efs"
+    for pgid in joblog.share_groups(efs):
+        if pids_in_groups([pgid]):
+            groups.append(Tracked("job share", pgid, None))
+    if state.get("cloud"):
+        groups.append(Tracked.from_dict(state["cloud"]))
+    left = stop_groups(groups, grace=15)
+    if left:
+        console.print(f"[bold red]still alive:[/] {sorted(left)}")
+        return 1
+    console.print(f"stopped {len(groups)} process group(s)")
+    if state.get("remove_work_dir"):
+        shutil.rmtree(state["work_dir"], ignore_errors=True)
+        console.print(f"removed {state['work_dir']}")
+    return 0

@@ -1,0 +1,53 @@
+"""Existing resources named by context keys, imported for the cluster construct a stack creates.
+
+The ``efsFileSystemId`` / ``emrEfsFileSystemId`` file system needs a group for its mount
+targets in the cluster's VPC, and the cluster construct creates that VPC itself; so the group
+refers to the VPC lazily (the reference resolves at synth time, once the cluster exists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jsii
+from aws_cdk import IStableStringProducer, Lazy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_efs as efs
+from constructs import Construct
+
+from constructs_lib import SharedFileSystem
+
+#: CDK leaves constructs with this id out of logical ids.
+_HIDDEN_ID = "Default"
+
+
+@jsii.implements(IStableStringProducer)
+class _VpcIdOf:
+    def __init__(self, vpc: Callable[[], ec2.IVpc]) -> None:
+        self._vpc = vpc
+
+    def produce(self) -> str:
+        return self._vpc().vpc_id
+
+
+def existing_file_system(
+    stack: Stack, *, cluster_construct_id: str, file_system_id: str,
+    cluster_vpc: Callable[[], ec2.IVpc],
+) -> efs.IFileSystem:
+    """Import ``file_system_id`` with a new mount-target access group ("MountTargetAccess":
+    NFS from the cluster's nodes, to attach to the file system's mount targets) in the VPC
+    that ``cluster_vpc()`` returns once the cluster construct ``cluster_construct_id`` exists.
+
+    The group keeps the logical id it had when the cluster construct imported file systems
+    itself (``<cluster>/SharedStorage/MountTargetAccess``): under a construct named
+    ``Default``, which CDK leaves out of logical ids, so deployed stacks keep the group (and
+    the mount targets it is attached to) and its NFS rule.
+    """
+    scope = Construct(Construct(stack, _HIDDEN_ID), cluster_construct_id)
+    vpc = ec2.Vpc.from_vpc_attributes(
+        scope, "ClusterVpc", vpc_id=Lazy.string(_VpcIdOf(cluster_vpc)),
+        availability_zones=stack.availability_zones,
+    )
+    return SharedFileSystem.from_file_system_id(
+        scope, "SharedStorage", file_system_id=file_system_id, vpc=vpc
+    )

@@ -1,0 +1,189 @@
+"""An emulated cluster for the job runner's tests: N nodes that run jobs, no AWS at all.
+
+Every node is an executor-only ``emulator.nodes.Node`` (its own root, the real installer, the
+``dl-executor.service`` process) on an address ``emulator.resources.loopback_instances``
+hands out; the nodes share one EFS directory. The node agent's part is played with the
+agent's own code: :meth:`LocalCluster.publish` applies a membership on every node
+(``Node.apply``). ``dl-run`` is the master's installed wrapper. Every process started here,
+and every process of a job's shares, is stopped through ``bootstrap_scripts.procgroup``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bootstrap_scripts.agent.install import BIN_DIR
+from bootstrap_scripts.procgroup import (
+    Tracked,
+    alive,
+    pids_in_groups,
+    pids_with_token,
+    share_token,
+    stop_groups,
+    stop_popen_group,
+    sweep_share,
+)
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import JobSpec
+from bootstrap_scripts.protocol.membership import Membership, build_membership
+from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths
+from bootstrap_scripts.protocol.records import ShareStarted
+from emulator.nodes import Node, base_env, stop_nodes
+from emulator.resources import agent_settings, install_args, loopback_instances
+from tests.conftest import REPO_ROOT, free_port
+
+CLUSTER_ID = "runner-test"
+
+
+@dataclass
+class LocalCluster:
+    tmp: Path
+    efs: Path
+    nodes: list[Node]
+    membership: Membership  # generation 1: every node
+    gpus: int = 0
+    runners: list[subprocess.Popen] = field(default_factory=list)
+    #: other processes a test started and wants stopped and checked (e.g. sshd), by group
+    pgids: set[int] = field(default_factory=set)
+    pids: set[int] = field(default_factory=set)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [n.address for n in self.membership.nodes]
+
+    @property
+    def roots(self) -> dict[str, Path]:
+        return {n.address: n.root for n in self.nodes}
+
+    @property
+    def master_root(self) -> Path:
+        return self.roots[self.membership.master_addr]
+
+    @property
+    def executors(self) -> dict[str, subprocess.Popen]:
+        return {n.address: n.executor for n in self.nodes if n.executor is not None}
+
+    def node(self, address: str) -> Node:
+        return next(n for n in self.nodes if n.address == address)
+
+    def publish(self, generation: int, addresses: list[str], reason: str = "") -> Membership:
+        """What the agents do for a new generation: every member applies it (the master
+        first, then workers as listed); a node left out keeps the files it had."""
+        m = membership_of([self.node(a) for a in addresses], self.efs, self.gpus, generation,
+                          reason or f"generation {generation}")
+        for node in self.nodes:
+            node.apply(m)
+        return m
+
+    def start_executors(self, addresses: list[str] | None = None, *, wait: bool = True) -> None:
+        """Start (or restart) the executors of ``addresses`` (default: every node) and wait
+        for their first heartbeat."""
+        chosen = [self.node(a) for a in addresses or self.addresses]
+        for node in chosen:
+            node.start_executor()
+        deadline = time.monotonic() + 30
+        for node in chosen if wait else ():
+            beat = ClusterPaths(self.efs).executor_heartbeat(node.address)
+            while not store.exists(beat):
+                assert node.executor and node.executor.poll() is None, \
+                    self.executor_log(node.address)
+                assert time.monotonic() < deadline, f"executor {node.address} never heartbeat"
+                time.sleep(0.05)
+
+    def executor_log(self, address: str) -> str:
+        return self.node(address).log_path("dl-executor").read_text(errors="replace")
+
+    def popen_runner(self, *args: str) -> subprocess.Popen:
+        """``dl-run --root <master> ARGS`` through the master's installed wrapper."""
+        p = subprocess.Popen([str(self.master_root / BIN_DIR / "dl-run"), "--root",
+                              str(self.master_root), *args], cwd=REPO_ROOT, env=base_env(),
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        self.runners.append(p)
+        return p
+
+    def run(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        p = self.popen_runner(*args)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_popen_group(p)
+            out, _ = p.communicate()
+            raise AssertionError(f"dl-run timed out; output so far:\n{out}") from None
+        return subprocess.CompletedProcess(p.args, p.returncode, out, "")
+
+    def job_dirs(self) -> list[Path]:
+        jobs = ClusterPaths(self.efs).jobs_dir
+        return sorted(p for p in jobs.iterdir() if p.is_dir()) if jobs.is_dir() else []
+
+    def _shares(self) -> list[tuple[int, str]]:
+        """(process group, share token) of every share a job listed or an executor started."""
+        found: dict[str, int] = {}
+        for jdir in self.job_dirs():
+            paths = JobPaths(jdir)
+            text = store.read_text(paths.spec)
+            for share in JobSpec.from_json(text).shares if text else ():
+                found.setdefault(share_token(paths.job_id, share.rank, share.address), 0)
+            for _stem, rec in store.scan_records(paths.nodes, ShareStarted,
+                                                 suffix=SHARE_STARTED_SUFFIX):
+                found[share_token(paths.job_id, rec.rank, rec.address)] = rec.pgid
+        return [(pgid, token) for token, pgid in found.items()]
+
+    def share_pgids(self) -> set[int]:
+        """Process groups of every share any executor started (from its acknowledgement)."""
+        return {pgid for pgid, _token in self._shares() if pgid}
+
+    def job_pids(self) -> set[int]:
+        """Every live process of any job's shares, whatever group or session it moved to."""
+        shares = self._shares()
+        return pids_in_groups(pgid for pgid, _ in shares if pgid) | {
+            pid for _, token in shares for pid in pids_with_token(token) if alive(pid)}
+
+    def stop(self) -> None:
+        """dl-run processes, then every node (its executor stops its shares), then whatever
+        a share or a test left; everything by PID or process group."""
+        stop_nodes(self.nodes, grace=20, also=[
+            Tracked("dl-run", p.pid, None) for p in self.runners if p.poll() is None])
+        for pgid, token in self._shares():
+            sweep_share(pgid, token)
+        stop_groups([Tracked("test process", pgid, None) for pgid in self.pgids], grace=5)
+
+    def leftovers(self) -> set[int]:
+        groups = {g.pid for n in self.nodes for g in n.groups} | self.pgids | {
+            p.pid for p in self.runners}
+        return ({p for p in self.pids if alive(p)} | pids_in_groups(groups) | self.job_pids())
+
+
+def start_local_cluster(tmp: Path, n_nodes: int, gpus: int = 0) -> LocalCluster:
+    """``n_nodes`` nodes (the first the master) with generation 1 applied and the installer
+    run; no executor started yet (:meth:`LocalCluster.start_executors`)."""
+    efs = tmp / "efs"
+    efs.mkdir(parents=True)
+    nodes = [Node(inst, "master" if k == 0 else "worker", tmp / f"node{k}", efs, tmp / "logs")
+             for k, inst in enumerate(loopback_instances(n_nodes))]
+    for node in nodes:
+        node.install(install_args(agent_settings(node.role, cluster_id=CLUSTER_ID,
+                                                 mount_point=str(efs))))
+    m = membership_of(nodes, efs, gpus, 1, "initial")
+    for node in nodes:
+        node.apply(m)
+    return LocalCluster(tmp, efs, nodes, m, gpus)
+
+
+def membership_of(nodes: list[Node], efs: Path, gpus: int, generation: int,
+                  reason: str) -> Membership:
+    """The membership the master agent would publish for ``nodes`` (the first the master)."""
+    master, *workers = nodes
+    return build_membership(
+        cluster_id=CLUSTER_ID, generation=generation, efs_mount=str(efs), reason=reason,
+        master={"instance_id": master.instance_id, "address": master.address, "gpus": gpus},
+        workers=[{"instance_id": n.instance_id, "address": n.address, "gpus": gpus}
+                 for n in workers])
+
+
+def free_rdzv_port(cluster: LocalCluster) -> str:
+    """A free port on the master's address for the torchrun rendezvous."""
+    return str(free_port(cluster.membership.master_addr))

@@ -1,0 +1,94 @@
+"""Running ``python -m emulator.demo`` from a test, and proving it left nothing behind.
+
+The demo runs in a subprocess (its own session) with ``--work-dir`` in the test's temp dir,
+so its state file and the job shares' records stay readable afterwards; a demo that hangs is
+killed by every process group it recorded, so a failing test never leaves a cluster behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.records import ShareStarted
+from emulator.demo.context import STATE_FILE
+from tests.conftest import REPO_ROOT
+
+DEMO_TIMEOUT = 420
+
+
+def demo_env() -> dict[str, str]:
+    """This environment without AWS settings: the demo sets its own, to moto only."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+
+def run_demo(tmp_path: Path, *args: str, timeout: float = DEMO_TIMEOUT) -> tuple[int, str, dict]:
+    """(exit status, output, report) of one demo run in ``tmp_path / "work"``."""
+    report = tmp_path / "demo-report.json"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "emulator.demo", "--work-dir", str(tmp_path / "work"),
+         "--report", str(report), *args],
+        cwd=REPO_ROOT, env=demo_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_everything(tmp_path)
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        raise AssertionError(f"demo timed out; output:\n{out}") from None
+    data = json.loads(report.read_text()) if report.exists() else {}
+    return p.returncode, out, data
+
+
+def share_groups(efs: Path) -> set[int]:
+    """The process group of every job share an executor acknowledged on ``efs``."""
+    paths = ClusterPaths(efs)
+    groups: set[int] = set()
+    with contextlib.suppress(OSError, ValueError):
+        for jdir in paths.jobs_dir.iterdir():
+            job = paths.job(jdir.name)
+            suffix = job.started(0).suffix
+            groups |= {rec.pgid for _, rec in store.scan_records(job.nodes, ShareStarted,
+                                                                  suffix=suffix) if rec.pgid}
+    return groups
+
+
+def recorded_groups(tmp_path: Path) -> set[int]:
+    """Every process group the demo recorded (state file) plus every job share's group."""
+    work = tmp_path / "work"
+    groups: set[int] = set()
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        state = json.loads((work / STATE_FILE).read_text())
+        groups |= {n["group"]["pid"] for n in state["nodes"] if n.get("group")}
+        groups |= {r["pid"] for r in state.get("runners", [])}
+        if state.get("cloud"):
+            groups.add(state["cloud"]["pid"])
+    return groups | share_groups(work / "efs")
+
+
+def kill_everything(tmp_path: Path) -> None:
+    for pgid in recorded_groups(tmp_path):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def assert_nothing_left(tmp_path: Path, report: dict) -> None:
+    groups = recorded_groups(tmp_path)
+    assert groups, "the demo recorded no process groups"
+    left = pids_in_groups(groups) | {g for g in groups if alive(g)}
+    if left:
+        kill_everything(tmp_path)
+    assert not left, f"processes left behind: {sorted(left)}"
+    assert report.get("leftover_pids") == []
+    # Including processes that left their group (torchrun workers start new sessions).
+    stopped = report.get("stopped_pids") or []
+    assert stopped and not [p for p in stopped if alive(p)]

@@ -47,8 +47,12 @@ test: setup system-deps lint
 synth: setup
 	$(NO_AWS) npx cdk synth DLClusterStack DLEmrClusterStack --no-lookups -q
 	@echo "wrote cdk.out/DLClusterStack.template.json and cdk.out/DLEmrClusterStack.template.json"
+	@echo "Deep Learning AMI (public SSM parameter, resolved at deploy time):"
+	@grep -ho '"/aws/service/deeplearning/[^"]*"' cdk.out/DLClusterStack.template.json \
+		cdk.out/DLEmrClusterStack.template.json | tr -d '"' | sort -u | sed 's/^/  /'
 
-demo: setup system-deps
+# The demo needs no Debian package (only the MPI tests do), so no apt-get on the way.
+demo: setup
 	$(PY) -m emulator.demo $(ARGS)
 
 bench: setup system-deps

@@ -6,6 +6,7 @@ from aws_cdk import ArnFormat, Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subs
@@ -23,6 +24,12 @@ RUNTIME = lambda_.Runtime.PYTHON_3_14
 DEFAULT_LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 #: The function's timeout.
 DEFAULT_TIMEOUT = Duration.seconds(60)
+#: Oldest notification Lambda still delivers to the function (throttled or retried events):
+#: well inside the stack's 55-minute setup wait, so one that ages out reaches the failed-
+#: invocations queue, and the master, while the stack still waits.
+MAX_EVENT_AGE = Duration.minutes(30)
+#: Retries of a failed invocation (Lambda's default and maximum).
+RETRY_ATTEMPTS = 2
 
 
 class CapacityAdjuster(Construct):
@@ -36,8 +43,14 @@ class CapacityAdjuster(Construct):
 
     The topic is encrypted with a customer-managed KMS key (rotation on), because Auto
     Scaling's service-linked role cannot publish to a topic encrypted with the AWS-managed SNS
-    key, and its policy refuses clients without TLS; the function runs Python 3.14 (the latest
-    runtime).
+    key, and its policy refuses clients without TLS; the same key encrypts the function's log
+    group. The function runs Python 3.14 (the latest runtime).
+
+    SNS invokes the function asynchronously: an invocation that still fails after Lambda's two
+    retries, or that waits longer than 30 minutes, is sent as an invocation record to
+    ``failed_invocations_queue`` (Lambda's on-failure destination) instead of being dropped;
+    the master agent reads that queue while it waits for setup and fails the stack's wait
+    condition naming the lost notification (docs/capacity-adjuster.md, "Lost notifications").
     """
 
     @reports_path
@@ -48,12 +61,17 @@ class CapacityAdjuster(Construct):
         *,
         cluster_id: str,
         master_queue: sqs.IQueue,
+        failed_invocations_queue: sqs.IQueue | None = None,
         log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
         timeout: Duration = DEFAULT_TIMEOUT,
     ) -> None:
         """
         :param cluster_id: the ``dl-cluster:id`` tag value of the cluster's groups.
         :param master_queue: where the function sends ``asg-setup`` and drain messages.
+        :param failed_invocations_queue: the on-failure destination of the function's
+            asynchronous invocations (a standard queue).
+            :default: ``master_queue``'s dead-letter queue, where the master agent looks for
+                lost notifications; a new encrypted queue if it has none
         :param log_retention: how long the function's logs are kept.
             :default: one month
         :param timeout: the function's timeout.
@@ -65,7 +83,8 @@ class CapacityAdjuster(Construct):
             self,
             "TopicKey",
             enable_key_rotation=True,
-            description=f"Encrypts the Auto Scaling notification topic of cluster {cluster_id}",
+            description=f"Encrypts the Auto Scaling notification topic and the capacity "
+            f"adjuster's logs of cluster {cluster_id}",
             removal_policy=RemovalPolicy.DESTROY,
         )
         autoscaling_role = iam.ArnPrincipal(
@@ -88,9 +107,29 @@ class CapacityAdjuster(Construct):
             display_name=f"{cluster_id} Auto Scaling notifications",
         )
 
-        self.log_group = logs.LogGroup(
-            self, "Logs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
+        # CloudWatch Logs encrypts with the key only for this account's log groups here. The
+        # encryption-context key is a String (StringLike, not ArnLike), and it exists only on
+        # the cryptographic calls, so no kms:Describe* (it could never match).
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchLogsEncryptsLogGroups",
+                principals=[iam.ServicePrincipal(f"logs.{Aws.REGION}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*",
+                         "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={"StringLike": {"kms:EncryptionContext:aws:logs:arn": (
+                    f"arn:{Aws.PARTITION}:logs:{Aws.REGION}:{Aws.ACCOUNT_ID}:log-group:*")}},
+            )
         )
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            retention=log_retention,
+            removal_policy=RemovalPolicy.DESTROY,
+            encryption_key=self.key,
+        )
+        self.failed_invocations_queue = failed_invocations_queue or _dead_letters_of(
+            self, master_queue)
         self.role = iam.Role(
             self,
             "Role",
@@ -125,6 +164,9 @@ class CapacityAdjuster(Construct):
             timeout=timeout,
             memory_size=256,
             log_group=self.log_group,
+            on_failure=destinations.SqsDestination(self.failed_invocations_queue),
+            retry_attempts=RETRY_ATTEMPTS,
+            max_event_age=MAX_EVENT_AGE,
             description="Lowers worker capacity when launches fail; reports cluster setup",
             environment={
                 "MASTER_QUEUE_URL": master_queue.queue_url,
@@ -136,6 +178,15 @@ class CapacityAdjuster(Construct):
         )
         # Decrypting the notification is SNS's job; the function needs no key access.
         self.topic.add_subscription(subs.LambdaSubscription(self.function))
+
+
+def _dead_letters_of(scope: Construct, queue: sqs.IQueue) -> sqs.IQueue:
+    """``queue``'s dead-letter queue, or a new encrypted, TLS-only one."""
+    dead_letters = queue.dead_letter_queue if isinstance(queue, sqs.Queue) else None
+    if dead_letters is not None:
+        return dead_letters.queue
+    return sqs.Queue(scope, "FailedInvocations", encryption=sqs.QueueEncryption.SQS_MANAGED,
+                     enforce_ssl=True, retention_period=Duration.days(14))
 
 
 def this_clusters_groups(

@@ -13,6 +13,7 @@ from constructs import Construct
 from constructs_lib import validation
 from constructs_lib.capacity_adjuster import CapacityAdjuster, this_clusters_groups
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami, image_family
+from constructs_lib.images import pytorch_version as pytorch_version_check
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
@@ -65,6 +66,7 @@ class DeepLearningCluster(Construct):
         master_instance_type: ec2.InstanceType | str = DEFAULT_INSTANCE_TYPE,
         machine_image: ec2.IMachineImage | None = None,
         image_type: str = DEFAULT_IMAGE_TYPE,
+        pytorch_version: str | None = None,
         root_device_name: str | None = None,
         file_system: efs.IFileSystem | None = None,
         efs_security_group: ec2.ISecurityGroup | None = None,
@@ -103,9 +105,12 @@ class DeepLearningCluster(Construct):
         :param machine_image: the nodes' AMI; ``FixedAmi("ami-...")`` for an AMI id.
             :default: the latest PyTorch Deep Learning AMI of ``image_type``, resolved at
                 deploy time from its public SSM parameter
-        :param image_type: OS family of the AMI (``ubuntu`` or ``amazon-linux-2023``): the
-            default image, its root device and its Python.
-            :default: ``ubuntu``
+        :param image_type: OS family of the AMI (``amazon-linux-2023`` or ``ubuntu``): the
+            default image, its root device, its Python and how amazon-efs-utils is installed.
+            :default: ``amazon-linux-2023`` (installs amazon-efs-utils, so TLS to EFS works)
+        :param pytorch_version: the PyTorch line of the default image (``major.minor``), part
+            of its SSM parameter name (not used with ``machine_image``).
+            :default: the newest line AWS documents for ``image_type`` (2.13 on AL2023)
         :param root_device_name: the AMI's root device, which gets the root volume.
             :default: ``image_type``'s (``/dev/sda1`` on Ubuntu, ``/dev/xvda`` on AL2023)
         :param file_system: an existing EFS file system (e.g. from
@@ -170,6 +175,8 @@ class DeepLearningCluster(Construct):
         )
         root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         family = image_family(image_type)
+        if pytorch_version is not None:
+            pytorch_version = pytorch_version_check("pytorch_version", pytorch_version)
         if ssh_cidr:
             validation.ssh_cidr("ssh_cidr", ssh_cidr)
         self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)
@@ -271,7 +278,7 @@ class DeepLearningCluster(Construct):
         )
         self.wait_handle = CfnWaitConditionHandle(self, "SetupHandle")
 
-        image = machine_image or deep_learning_ami(image_type)
+        image = machine_image or deep_learning_ami(image_type, pytorch_version=pytorch_version)
         device = root_device_name or family.root_device_name
         self.placement_group = placement_group
         if create_placement_group:
@@ -290,6 +297,7 @@ class DeepLearningCluster(Construct):
                 setup_timeout_seconds=setup_timeout_seconds,
                 asset_s3_url=self.node_scripts.s3_object_url,
                 python=family.python,
+                efs_utils_install=family.efs_utils_install,
                 base_workers=worker_count if node_type == "master" else None,
                 data_prep=data_prep_script,
             )
@@ -337,10 +345,13 @@ class DeepLearningCluster(Construct):
         self.drain_hook = self.worker_group.add_drain_hook(self.topic)
         self.drain_hook.node.add_dependency(self.capacity_adjuster)
         self._grant_elastic_control(self.master_group.role)
+        self.queues.grant_lost_notifications_read(self.master_group.role)
         for group in (self.master_group, self.worker_group):
             self._grant_node_access(group.role)
-            # The subscription must exist before the first launch notification is sent.
-            group.auto_scaling_group.node.add_dependency(self.capacity_adjuster)
+            # The subscription must exist before the first launch notification is sent, and
+            # nodes boot only once EFS has a mount target to mount.
+            group.auto_scaling_group.node.add_dependency(
+                self.capacity_adjuster, self.file_system.mount_targets_available)
         # As in the original: workers are created after the master group.
         self.worker_group.auto_scaling_group.node.add_dependency(
             self.master_group.auto_scaling_group

@@ -1,11 +1,17 @@
 """Deep Learning AMI selection from AWS's public SSM parameters (no hard-coded AMI table).
 
 The parameter is resolved by CloudFormation at deploy time, so synth needs no AWS access and
-every deploy picks up the latest patched DLAMI.
+every deploy picks up the latest patched DLAMI of the chosen line. AWS documents the name as
+``/aws/service/deeplearning/ami/<architecture>/<ami_type>/latest/ami-id``, where ``ami_type``
+is the DLAMI's name without "Deep Learning" and "AMI" (docs/node-agent.md, "The machine
+image"); for the PyTorch DLAMIs with the open-source NVIDIA driver that is
+``oss-nvidia-driver-gpu-pytorch-<major.minor>-<os>``. The PyTorch version is part of the name,
+so it is a setting (``pytorch_version``), validated against that naming.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import jsii
@@ -15,38 +21,59 @@ from constructs import Construct
 from constructs_lib import validation
 from constructs_lib.validation import ConfigError
 
+#: The documented PyTorch version form in DLAMI names: major.minor ("2.13"), no patch level.
+_PYTORCH_VERSION = re.compile(r"^[1-9][0-9]*\.(0|[1-9][0-9]*)$")
+#: The one architecture the cluster's instance types (g*, p*) use.
+ARCHITECTURE = "x86_64"
+
 
 @dataclass(frozen=True)
 class ImageFamily:
-    """What the cluster needs to know about an OS family of the Deep Learning AMI."""
+    """What the cluster needs to know about an OS family of the PyTorch Deep Learning AMI.
 
-    ssm_parameter: str
+    ``default_pytorch`` is the newest PyTorch line AWS's release notes document for this OS
+    (each line is a separate SSM parameter); ``efs_utils_install`` is the boot command that
+    installs amazon-efs-utils (``mount.efs``, needed for TLS to EFS) from the OS's own package
+    repository, or empty where the OS has no such package."""
+
+    os_suffix: str
     root_device_name: str
     python: str
+    default_pytorch: str
+    efs_utils_install: str
+
+    def ssm_parameter(self, pytorch_version: str) -> str:
+        """The public SSM parameter of the latest DLAMI of this OS and PyTorch line."""
+        return (f"/aws/service/deeplearning/ami/{ARCHITECTURE}/"
+                f"oss-nvidia-driver-gpu-pytorch-{pytorch_version}-{self.os_suffix}/latest/ami-id")
 
 
-#: PyTorch DLAMIs (OSS NVIDIA driver). `/opt/pytorch/bin/python` carries torch + torchrun.
+#: PyTorch DLAMIs (OSS NVIDIA driver). `/opt/pytorch/bin/python` carries torch + torchrun
+#: (the release notes' ``python_location``).
 IMAGE_FAMILIES: dict[str, ImageFamily] = {
-    "ubuntu": ImageFamily(
-        ssm_parameter=(
-            "/aws/service/deeplearning/ami/x86_64/"
-            "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id"
-        ),
-        root_device_name="/dev/sda1",
-        python="/opt/pytorch/bin/python",
-    ),
     "amazon-linux-2023": ImageFamily(
-        ssm_parameter=(
-            "/aws/service/deeplearning/ami/x86_64/"
-            "oss-nvidia-driver-gpu-pytorch-2.9-amazon-linux-2023/latest/ami-id"
-        ),
+        os_suffix="amazon-linux-2023",
         root_device_name="/dev/xvda",
         python="/opt/pytorch/bin/python",
+        default_pytorch="2.13",
+        # amazon-efs-utils is an Amazon Linux 2023 repository package: reachable from a
+        # private subnet through its NAT gateway like any other AL2023 update.
+        efs_utils_install="dnf install -y -q amazon-efs-utils",
+    ),
+    "ubuntu": ImageFamily(
+        os_suffix="ubuntu-24.04",
+        root_device_name="/dev/sda1",
+        python="/opt/pytorch/bin/python",
+        default_pytorch="2.12",
+        # Ubuntu's archive has no amazon-efs-utils (AWS documents building it from source);
+        # without it the node mounts with plain NFS, which a TLS-only file system refuses.
+        efs_utils_install="",
     ),
 }
 
-#: The image family of the constructs' default machine image.
-DEFAULT_IMAGE_TYPE = "ubuntu"
+#: The image family of the constructs' default machine image: the one whose OS installs
+#: amazon-efs-utils at boot, so the default file system (TLS required) mounts.
+DEFAULT_IMAGE_TYPE = "amazon-linux-2023"
 
 
 def image_family(image_type: str) -> ImageFamily:
@@ -57,14 +84,36 @@ def image_family(image_type: str) -> ImageFamily:
         raise ConfigError(f"image_type must be one of {known}, got {image_type!r}") from None
 
 
-def deep_learning_ami(
-    image_type: str = DEFAULT_IMAGE_TYPE, *, ssm_parameter: str | None = None
-) -> ec2.IMachineImage:
-    """The latest PyTorch Deep Learning AMI of ``image_type``, resolved at deploy time from
-    its public SSM parameter (or from ``ssm_parameter``). For an AMI id use :class:`FixedAmi`."""
+def pytorch_version(name: str, value: object) -> str:
+    """A PyTorch line as the DLAMI parameter names spell it: ``major.minor`` such as 2.13."""
+    text = str(value).strip() if isinstance(value, (str, int, float)) else ""
+    if not _PYTORCH_VERSION.match(text) or isinstance(value, bool):
+        raise ConfigError(
+            f"{name} must be a PyTorch version as the Deep Learning AMI parameter names spell "
+            f"it (major.minor, e.g. 2.13), got {value!r}")
+    return text
+
+
+def dlami_parameter(image_type: str = DEFAULT_IMAGE_TYPE, pytorch: str | None = None) -> str:
+    """The SSM parameter name the default machine image of ``image_type`` resolves."""
     family = image_family(image_type)
+    version = family.default_pytorch if pytorch is None else pytorch_version(
+        "pytorch_version", pytorch)
+    return family.ssm_parameter(version)
+
+
+def deep_learning_ami(
+    image_type: str = DEFAULT_IMAGE_TYPE,
+    *,
+    pytorch_version: str | None = None,
+    ssm_parameter: str | None = None,
+) -> ec2.IMachineImage:
+    """The latest PyTorch Deep Learning AMI of ``image_type`` and ``pytorch_version`` (default:
+    the family's newest documented line), resolved at deploy time from its public SSM
+    parameter (or from ``ssm_parameter``). For an AMI id use :class:`FixedAmi`."""
     return ec2.MachineImage.from_ssm_parameter(
-        ssm_parameter or family.ssm_parameter, os=ec2.OperatingSystemType.LINUX
+        ssm_parameter or dlami_parameter(image_type, pytorch_version),
+        os=ec2.OperatingSystemType.LINUX,
     )
 
 

@@ -20,6 +20,10 @@ MAX_RECEIVE_COUNT = 5
 class MetadataQueues(Construct):
     """The master queue and its dead-letter queue: SQS-managed encryption, TLS-only policies.
 
+    The dead-letter queue is where notifications meant for the master end up when they never
+    reach it: master-queue messages received 5 times unprocessed, and (as its on-failure
+    destination) the capacity adjuster's invocations that failed after Lambda's retries.
+
     The master queue carries the capacity adjuster's ``asg-setup`` / ``membership-change``
     messages to the master agent (docs/protocol.md, "Messages on the master queue"). Messages
     the agent cannot process go to the dead-letter queue after 5 receives instead of looping
@@ -58,3 +62,13 @@ class MetadataQueues(Construct):
     def grant_agent_access(self, grantee: iam.IGrantable) -> iam.Grant:
         """What a node agent needs: consume the master queue."""
         return self.master_queue.grant_consume_messages(grantee)
+
+    def grant_lost_notifications_read(self, grantee: iam.IGrantable) -> iam.Grant:
+        """What the master agent needs to see lost notifications: look at (receive, never
+        delete) the dead-letter queue, which also holds the capacity adjuster's failed
+        invocations; the agent finds it through the master queue's redrive policy."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["sqs:ReceiveMessage", "sqs:GetQueueUrl"],
+            resource_arns=[self.master_dead_letter_queue.queue_arn],
+        )

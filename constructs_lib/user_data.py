@@ -16,6 +16,12 @@ from aws_cdk import aws_ec2 as ec2
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
 NODE_LIB_DIR = "/opt/deeplearning/lib"
 BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
+#: Seconds the node agent keeps retrying the EFS mount before it gives up (and the master
+#: signals FAILURE with the reason). The node groups start only after every mount target is
+#: available, so what is left to wait out is the mount target's DNS name and the instance
+#: role reaching EFS; errors that retrying cannot fix end the wait at once
+#: (docs/node-agent.md, "Mounting EFS").
+MOUNT_TIMEOUT_SECONDS = 300
 
 
 def _quote(value: str) -> str:
@@ -25,10 +31,29 @@ def _quote(value: str) -> str:
 
 
 def render_bootstrap_commands(
-    *, asset_s3_url: str, agent_settings: Mapping[str, str], python: str = "python3"
+    *,
+    asset_s3_url: str,
+    agent_settings: Mapping[str, str],
+    python: str = "python3",
+    efs_utils_install: str = "",
 ) -> list[str]:
-    """Shell lines of the user data (after the shebang that CDK adds)."""
+    """Shell lines of the user data (after the shebang that CDK adds).
+
+    ``efs_utils_install`` installs amazon-efs-utils (``mount.efs``: TLS and IAM to EFS) from
+    the OS's repository. A failed install is reported here and not fatal: the agent then
+    mounts without TLS, and when the file system refuses that, the master's wait-condition
+    FAILURE names the missing ``mount.efs`` (a boot script that stops here signals nothing).
+    """
     args = " ".join(f"--{key} {_quote(value)}" for key, value in agent_settings.items())
+    if efs_utils_install:
+        efs_utils = [
+            "# EFS in-transit encryption (mount -t efs -o tls,iam) needs amazon-efs-utils.",
+            f"{efs_utils_install} || echo 'dl-bootstrap: amazon-efs-utils install failed; "
+            "the EFS mount will use plain NFS' >&2",
+        ]
+    else:
+        efs_utils = ["# This image family has no amazon-efs-utils package: the EFS mount uses "
+                     "mount.efs if the AMI has it, else plain NFS."]
     return [
         "# Deep-learning cluster node bootstrap (rendered by constructs_lib.NodeGroup).",
         "set -euo pipefail",
@@ -38,8 +63,7 @@ def render_bootstrap_commands(
         f"aws s3 cp --only-show-errors {_quote(asset_s3_url)} /opt/deeplearning/node-scripts.zip",
         "rm -rf /opt/deeplearning/lib/bootstrap_scripts",
         f'"$PY" -m zipfile -e /opt/deeplearning/node-scripts.zip {NODE_LIB_DIR}/bootstrap_scripts',
-        "# EFS in-transit encryption needs efs-utils (mount -t efs -o tls) where the OS has it.",
-        "if command -v dnf >/dev/null; then dnf install -y -q amazon-efs-utils || true; fi",
+        *efs_utils,
         '"$PY" -c \'import boto3\' 2>/dev/null || "$PY" -m pip install -q boto3',
         f"cd {NODE_LIB_DIR}",
         f'PYTHONPATH={NODE_LIB_DIR} exec "$PY" -m {INSTALL_MODULE} {args}',
@@ -57,6 +81,7 @@ def node_user_data(
     setup_timeout_seconds: int,
     asset_s3_url: str,
     python: str,
+    efs_utils_install: str = "",
     base_workers: int | None = None,
     data_prep: str | None = None,
 ) -> ec2.UserData:
@@ -72,6 +97,7 @@ def node_user_data(
         "mount-point": mount_point,
         "wait-handle": wait_handle,
         "setup-timeout": str(setup_timeout_seconds),
+        "mount-timeout": str(MOUNT_TIMEOUT_SECONDS),
     }
     if base_workers is not None:  # the master's: it decides who is a protected base worker
         settings["base-workers"] = str(base_workers)
@@ -80,7 +106,8 @@ def node_user_data(
     data = ec2.UserData.for_linux()
     data.add_commands(
         *render_bootstrap_commands(
-            asset_s3_url=asset_s3_url, python=python, agent_settings=settings
+            asset_s3_url=asset_s3_url, python=python, agent_settings=settings,
+            efs_utils_install=efs_utils_install,
         )
     )
     return data

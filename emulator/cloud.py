@@ -15,6 +15,10 @@ endpoint reach moto's backend for the one state its API cannot produce:
   stays at N while only N-K instances exist, which is what AWS shows after launch errors.
 - ``PUT /wait-handle``: a stand-in for the presigned wait-condition URL (moto resolves the
   handle to ''); signals are kept and listed by ``GET /signals`` (see ``emulator.wait_handle``).
+- ``GET /published?after=SEQ``: what Auto Scaling published to SNS topics since ``SEQ``
+  (``emulator.notifications.TopicSubscription`` delivers it to the Lambda handler).
+- ``POST /spot-interruption {"instance_id": ID}``: EC2 interrupts a group's Spot instance
+  (``emulator.moto_extensions.spot_interruption``).
 
 Attributes and APIs moto lacks are added to moto's models in this process by
 ``emulator.moto_extensions`` (the one place where the emulator extends moto).
@@ -31,6 +35,7 @@ import signal
 import socket
 import sys
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -92,7 +97,11 @@ class _Control(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def do_GET(self) -> None:
-        if self.path == "/signals":
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == "/published":
+            after = urllib.parse.parse_qs(url.query).get("after", ["0"])[0]
+            self._reply(200, moto_extensions.published(int(after) if after.isdigit() else 0))
+        elif self.path == "/signals":
             self._reply(200, self.server.signals)
         elif self.path == "/health":
             self._reply(200, {"ok": True})
@@ -114,13 +123,17 @@ class _Control(BaseHTTPRequestHandler):
         self._reply(200, {"ok": True})
 
     def do_POST(self) -> None:
-        if self.path != "/fail-launches":
+        if self.path not in ("/fail-launches", "/spot-interruption"):
             self._reply(404, {"error": f"no such path {self.path}"})
             return
         try:
             req = json.loads(self._body() or b"{}")
-            ids = fail_launches(str(req["group"]), int(req["count"]),
-                                str(req.get("region", REGION)))
+            region = str(req.get("region", REGION))
+            if self.path == "/spot-interruption":
+                self._reply(200, moto_extensions.spot_interruption(
+                    str(req["instance_id"]), ACCOUNT, region))
+                return
+            ids = fail_launches(str(req["group"]), int(req["count"]), region)
         except (KeyError, ValueError, TypeError) as exc:
             self._reply(400, {"error": str(exc)})
             return
@@ -165,6 +178,7 @@ class Cloud:
             f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).read()
         with self._control.lock:
             self._control.signals.clear()
+        moto_extensions.reset()
 
     def stop(self) -> None:
         self._control.shutdown()

@@ -1,11 +1,18 @@
 """Auto Scaling notifications, as AWS would send them, delivered to the real Lambda handler.
 
-moto sends no Auto Scaling notifications and cannot run Lambda code without Docker. So the
-harness plays both parts: it builds the SNS event in the shape the real services produce
-(``Records[].Sns.Message`` is the Auto Scaling notification as a JSON *string*; see
-``lambda_src/asg_notifications.py`` and ``tests/lambda/fixtures/``) and calls
-``lambda_src.capacity_adjuster.handler`` in this process, with the environment read from
-the DEPLOYED function's configuration, so a drift between construct and code shows here.
+moto cannot run Lambda code without Docker, and its CloudFormation creates no Lambda
+subscription. So this module plays the topic's subscription: :class:`TopicSubscription`
+takes what Auto Scaling published to the cluster's topic in the emulator's moto (the
+lifecycle-hook notifications, and the launches and terminations of the group's own
+decisions: ``emulator.moto_extensions``) and :class:`LambdaInvoker` calls
+``lambda_src.capacity_adjuster.handler`` in this process with the SNS event (
+``Records[].Sns.Message`` is the notification as a JSON *string*; see
+``lambda_src/asg_notifications.py`` and ``tests/lambda/fixtures/``), with the environment read
+from the DEPLOYED function's configuration, so a drift between construct and code shows here.
+
+The notifications of the instances launched with the group during the deploy (and the
+launches the demo fails) are built here by the demo (:func:`notification`): moto launches
+them inside CreateAutoScalingGroup, before the emulator knows the group's configuration.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import io
 import json
 import os
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +35,11 @@ LAUNCH_ERROR = "autoscaling:EC2_INSTANCE_LAUNCH_ERROR"
 TERMINATE = "autoscaling:EC2_INSTANCE_TERMINATE"
 
 _SUBJECT = {LAUNCH: "launch", LAUNCH_ERROR: "failed launch", TERMINATE: "termination"}
+
+
+def _group_arn(group: str) -> str:
+    return (f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:"
+            f"{uuid.uuid5(uuid.NAMESPACE_DNS, group)}:autoScalingGroupName/{group}")
 INSUFFICIENT_CAPACITY = ("We currently do not have sufficient {type} capacity in the "
                          "Availability Zone you requested (us-east-1a). Our system will be "
                          "working on provisioning additional capacity. Launching EC2 instance "
@@ -57,9 +70,7 @@ def notification(event: str, group: str, *, instance_id: str = "", desired: int 
         "Destination": "AutoScalingGroup" if event != TERMINATE else "EC2",
         "Progress": 50 if status == "InProgress" else 100,
         "AccountId": ACCOUNT,
-        "AutoScalingGroupARN": f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:"
-                               f"{uuid.uuid5(uuid.NAMESPACE_DNS, group)}:"
-                               f"autoScalingGroupName/{group}",
+        "AutoScalingGroupARN": _group_arn(group),
         "Service": "AWS Auto Scaling",
         "AutoScalingGroupName": group,
         "Description": description,
@@ -84,11 +95,15 @@ def notification(event: str, group: str, *, instance_id: str = "", desired: int 
 TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 
 
+TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
+
+
 def lifecycle_notification(group: str, instance_id: str, *, hook: str = "drain",
-                           token: str = "") -> dict:
+                           token: str = "", metadata: str | None = None) -> dict:
     """A termination lifecycle-hook notification, as Auto Scaling publishes it to the hook's
-    SNS topic (no ``Event`` key: ``LifecycleTransition`` says what happens)."""
-    return {
+    SNS topic (no ``Event`` key: ``LifecycleTransition`` says what happens;
+    ``NotificationMetadata`` only when the hook has metadata)."""
+    message = {
         "Origin": "AutoScalingGroup", "Destination": "EC2",
         "LifecycleHookName": hook, "AccountId": ACCOUNT,
         "RequestId": str(uuid.uuid4()),
@@ -97,6 +112,27 @@ def lifecycle_notification(group: str, instance_id: str, *, hook: str = "drain",
         "EC2InstanceId": instance_id,
         "LifecycleActionToken": token or str(uuid.uuid4()),
     }
+    if metadata:
+        message["NotificationMetadata"] = metadata
+    return message
+
+
+def test_notification(group: str) -> dict:
+    """What Auto Scaling publishes to a target when a hook or notification configuration
+    naming it is created."""
+    return {"AccountId": ACCOUNT, "RequestId": str(uuid.uuid4()),
+            "AutoScalingGroupARN": _group_arn(group), "AutoScalingGroupName": group,
+            "Service": "AWS Auto Scaling", "Event": TEST_NOTIFICATION, "Time": _now()}
+
+
+def subject(message: dict) -> str:
+    """The SNS subject Auto Scaling gives ``message``."""
+    if "LifecycleTransition" in message:
+        what = message["LifecycleTransition"].rsplit("_", 1)[-1]
+        return (f"Auto Scaling:  Lifecycle action '{what}' for instance "
+                f"{message['EC2InstanceId']} in progress.")
+    what = _SUBJECT.get(message.get("Event", ""), "test notification")
+    return f"Auto Scaling: {what} for group \"{message['AutoScalingGroupName']}\""
 
 
 def sns_event(topic_arn: str, *messages: dict) -> dict:
@@ -111,10 +147,7 @@ def sns_event(topic_arn: str, *messages: dict) -> dict:
                 "Type": "Notification",
                 "MessageId": str(uuid.uuid4()),
                 "TopicArn": topic_arn,
-                "Subject": "Auto Scaling: "
-                           f"{_SUBJECT.get(message.get('Event', ''), 'lifecycle action')} "
-                           f"for group "
-                           f"\"{message['AutoScalingGroupName']}\"",
+                "Subject": subject(message),
                 "Message": json.dumps(message, separators=(",", ":")),
                 "Timestamp": _now(),
                 "SignatureVersion": "1",
@@ -171,9 +204,33 @@ class LambdaInvoker:
             fh.write(out.getvalue())
         record = {"events": [m.get("Event") or m.get("LifecycleTransition", "")
                              for m in messages],
-                  "instances": [m["EC2InstanceId"] for m in messages],
+                  "instances": [m.get("EC2InstanceId", "") for m in messages],
                   "group": messages[0]["AutoScalingGroupName"] if messages else "",
                   "outcomes": list(result.get("outcomes", [])),
                   "error": result.get("error", "")}
         self.invocations.append(record)
         return record
+
+
+class TopicSubscription:
+    """The topic's Lambda subscription: every message published to ``topic_arn`` in the
+    emulator's moto (``GET /published`` on its control endpoint), in order, each delivered
+    to the handler in one invocation, as SNS invokes a subscribed function."""
+
+    def __init__(self, control: str, topic_arn: str, invoker: LambdaInvoker) -> None:
+        self.control = control
+        self.topic_arn = topic_arn
+        self.invoker = invoker
+        self.after = 0
+
+    def pump(self) -> list[dict]:
+        """Deliver what was published since the last call; the invocation records."""
+        with urllib.request.urlopen(f"{self.control}/published?after={self.after}",
+                                    timeout=10) as resp:
+            items = json.loads(resp.read())
+        out = []
+        for item in items:
+            self.after = max(self.after, int(item["seq"]))
+            if item["topic_arn"] == self.topic_arn:
+                out.append(self.invoker.deliver(self.topic_arn, json.loads(item["message"])))
+        return out

@@ -135,9 +135,11 @@ def decide_launch(
             f"(minimum {minimum})",
             new_desired=launched,
         )
+    # No group name here: the asg-setup message carries role and group, and the master
+    # prefixes them ("worker group <name>: cannot reach ..."), so the name appears once.
     return LaunchDecision(
         "report",
         "failure",
-        f"{snapshot.role} group {snapshot.name} cannot reach its minimum: only {launched} of "
-        f"{desired} instance(s) launched, minimum is {minimum}{because}",
+        f"cannot reach its minimum: only {launched} of {desired} instance(s) launched, "
+        f"minimum is {minimum}{because}",
     )

@@ -28,6 +28,7 @@ class ClusterSettings:
     worker_instance_type: str = DEFAULT_INSTANCE_TYPE
     master_instance_type: str = DEFAULT_INSTANCE_TYPE
     image_type: str = DEFAULT_IMAGE_TYPE
+    pytorch_version: str | None = None  # None = the newest line documented for image_type
     ami_id: str | None = None
     ssh_cidr: str | None = None
     key_name: str | None = None
@@ -63,6 +64,7 @@ class DLClusterStack(Stack):
             worker_instance_type=s.worker_instance_type,
             master_instance_type=s.master_instance_type,
             image_type=s.image_type,
+            pytorch_version=s.pytorch_version,
             machine_image=FixedAmi(s.ami_id) if s.ami_id else None,
             ssh_cidr=s.ssh_cidr,
             key_pair=(ec2.KeyPair.from_key_pair_name(self, "KeyPair", s.key_name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from constructs_lib import validation
-from constructs_lib.images import IMAGE_FAMILIES
+from constructs_lib.images import IMAGE_FAMILIES, pytorch_version
 from stacks.cluster_stack import ClusterSettings
 from stacks.context import ContextReader
 
@@ -18,7 +18,9 @@ CONTEXT_KEYS: dict[str, tuple[str, str]] = {
     "workerCount": ("worker_count", "number of worker nodes (the master trains too)"),
     "workerInstanceType": ("worker_instance_type", "EC2 instance type of the workers"),
     "masterInstanceType": ("master_instance_type", "EC2 instance type of the master"),
-    "imageType": ("image_type", "Deep Learning AMI family: ubuntu | amazon-linux-2023"),
+    "imageType": ("image_type", "Deep Learning AMI family: amazon-linux-2023 | ubuntu"),
+    "pytorchVersion": ("pytorch_version", "PyTorch line of the DLAMI (major.minor), part of "
+                       "its SSM parameter name; unset: the newest documented for imageType"),
     "amiId": ("ami_id", "custom AMI id, overrides imageType's public DLAMI"),
     "sshCidr": ("ssh_cidr", "CIDR allowed to SSH to the master; unset = no SSH at all"),
     "keyName": ("key_name", "EC2 key pair for SSH; unset = none"),
@@ -39,6 +41,7 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "workerCount": validation.positive_int,
     "rootVolumeGiB": validation.root_volume,
     "imageType": lambda n, v: validation.one_of(n, str(v), tuple(IMAGE_FAMILIES)),
+    "pytorchVersion": pytorch_version,
     "workerInstanceType": validation.instance_type,
     "masterInstanceType": validation.instance_type,
     "amiId": validation.ami_id,

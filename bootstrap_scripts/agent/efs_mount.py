@@ -11,6 +11,10 @@ and authenticates with the instance role (the file-system policy refuses anonymo
 non-TLS clients).
 Otherwise plain NFS 4.1 with the options AWS recommends (the original's, plus
 ``noresvport`` so reconnects after a network blip use a fresh source port).
+
+Errors that no retry can fix end the wait at once (:func:`final_error`): a plain-NFS mount
+that the file system refuses (its policy requires TLS, which only ``mount.efs`` provides),
+or a file-system type the host cannot mount at all.
 """
 
 from __future__ import annotations
@@ -38,6 +42,23 @@ def mount_command(efs_id: str, region: str, mount_point: str) -> list[str]:
         return ["mount", "-t", "efs", "-o", "tls,iam", f"{efs_id}:/", mount_point]
     return ["mount", "-t", "nfs4", "-o", NFS_OPTIONS,
             f"{efs_id}.efs.{region}.amazonaws.com:/", mount_point]
+
+
+def final_error(cmd: list[str], error: str) -> str:
+    """Why retrying ``cmd`` cannot succeed, or "" when the error may pass (DNS not yet
+    resolving, the instance role not yet effective, a network blip)."""
+    text = error.lower()
+    if "unknown filesystem type" in text:
+        return f"this host cannot mount file-system type {cmd[2]!r} (missing mount helper)"
+    if cmd[2] == "nfs4" and "access denied" in text:
+        # Anonymous NFS through a mount target is refused only by the file-system policy,
+        # and the policy does not change while we wait.
+        return ("the file system refused a mount without TLS: mount.efs (amazon-efs-utils) "
+                "is not installed on this node, so it mounted with plain NFS, which a "
+                "file-system policy that requires TLS refuses; use the Amazon Linux 2023 "
+                "image (imageType amazon-linux-2023), an AMI with amazon-efs-utils, or a "
+                "file system that does not require TLS")
+    return ""
 
 
 def is_mounted(mount_point: str) -> bool:
@@ -89,6 +110,10 @@ def ensure_mounted(
             logger.info("event=efs-mount mode=mounted efs_id=%s mount_point=%s attempts=%d "
                         "command=%r", efs_id, mount_point, attempt, " ".join(cmd))
             return "mounted"
+        final = final_error(cmd, last)
+        if final:
+            raise MountError(f"could not mount EFS {efs_id} at {mount_point}: {final}; "
+                             f"error: {last}; command: {' '.join(cmd)}")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise MountError(

@@ -10,6 +10,7 @@ States (:class:`Phase`) and the events (:class:`Event`) that move between them::
     WAITING_FOR_GROUPS  --groups-ready--------> FORMING   (both groups reported success)
     WAITING_FOR_GROUPS  --group-failed--------> FAILED    (an asg-setup failure message)
     WAITING_FOR_GROUPS  --setup-timeout-------> FAILED
+    WAITING_FOR_GROUPS  --notification-lost---> FAILED    (on the master queue's DLQ)
     FORMING             --cluster-formed------> FORMED
     FORMING             --discovery-failed----> FAILED
     any but FAILED/STOPPED --stop-------------> STOPPED
@@ -18,7 +19,8 @@ States (:class:`Phase`) and the events (:class:`Event`) that move between them::
   a cluster this agent already formed (then no second wait-condition signal).
 - PREPARING: the data-preparation command, if any (its failure fails the setup).
 - WAITING_FOR_GROUPS: long-poll the master queue for the capacity adjuster's ``asg-setup``
-  messages until both groups report success; a ``failure`` message, or no success by the
+  messages until both groups report success; a ``failure`` message, a notification lost
+  on the way (:mod:`bootstrap_scripts.agent.lost_notifications`), or no success by the
   setup deadline (``--setup-timeout`` after the first start), fails the setup.
 - FORMING: describe both groups, wait (bounded) for their nodes to register (and prepare),
   publish generation 1, protect the base nodes, signal the wait condition SUCCESS.
@@ -43,6 +45,8 @@ from bootstrap_scripts.agent import data_prep, policy
 from bootstrap_scripts.agent import wait_condition as wc
 from bootstrap_scripts.agent.aws import MasterAws
 from bootstrap_scripts.agent.drains import Drains
+from bootstrap_scripts.agent.lost_notifications import LOOKBACK_SECONDS, LostNotifications
+from bootstrap_scripts.agent.lost_notifications import reason as lost_reason
 from bootstrap_scripts.agent.roster import Roster, SetupFailed
 from bootstrap_scripts.agent.settings import EXIT_FAILED
 from bootstrap_scripts.protocol import state, store
@@ -62,6 +66,8 @@ if TYPE_CHECKING:
 #: Longest SQS wait of a formed master: it also looks for nodes that registered without any
 #: Auto Scaling message (an instance started by hand from the worker launch template).
 JOIN_POLL_SECONDS = 5
+#: While waiting for setup, the master looks for lost notifications at most this often.
+LOST_CHECK_SECONDS = 10.0
 
 
 class Phase(Enum):
@@ -83,6 +89,7 @@ class Event(Enum):
     GROUPS_READY = "groups-ready"
     GROUP_FAILED = "group-failed"
     SETUP_TIMEOUT = "setup-timeout"
+    NOTIFICATION_LOST = "notification-lost"
     DISCOVERY_FAILED = "discovery-failed"
     CLUSTER_FORMED = "cluster-formed"
     STOP = "stop"
@@ -98,6 +105,7 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (Phase.WAITING_FOR_GROUPS, Event.GROUPS_READY): Phase.FORMING,
     (Phase.WAITING_FOR_GROUPS, Event.GROUP_FAILED): Phase.FAILED,
     (Phase.WAITING_FOR_GROUPS, Event.SETUP_TIMEOUT): Phase.FAILED,
+    (Phase.WAITING_FOR_GROUPS, Event.NOTIFICATION_LOST): Phase.FAILED,
     (Phase.FORMING, Event.CLUSTER_FORMED): Phase.FORMED,
     (Phase.FORMING, Event.DISCOVERY_FAILED): Phase.FAILED,
 }
@@ -150,6 +158,8 @@ class Master:
         self.state = MasterState(setup_started=time.time())
         self.resync_wanted = False
         self.last_resync = time.monotonic()
+        self.lost = LostNotifications(self.config.master_queue_url, agent.log)
+        self.last_lost_check = float("-inf")
 
     # -- the machine -------------------------------------------------------------------------
     @staticmethod
@@ -228,6 +238,12 @@ class Master:
         self.drains.check()
         if policy.setup_complete(self._setup_statuses()):
             return Event.GROUPS_READY
+        if time.monotonic() - self.last_lost_check >= LOST_CHECK_SECONDS:
+            self.last_lost_check = time.monotonic()
+            lost = self.lost.since(self.aws.sqs, self.state.setup_started - LOOKBACK_SECONDS)
+            if lost:
+                return self._fail(Event.NOTIFICATION_LOST,
+                                  lost_reason(self.config.cluster_id, lost))
         if time.time() >= deadline:
             missing = policy.missing_groups(self._setup_statuses())
             return self._fail(Event.SETUP_TIMEOUT, f"cluster {self.config.cluster_id}: no "

@@ -29,14 +29,13 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from bootstrap_scripts.agent import log as agent_log
 from bootstrap_scripts.agent import wait_condition as wc
-from bootstrap_scripts.agent.aws import MasterAws
 from bootstrap_scripts.agent.efs_mount import MountError, ensure_mounted
 from bootstrap_scripts.agent.gpus import count_gpus
 from bootstrap_scripts.agent.identity import IdentityError, NodeIdentity, fetch_identity
-from bootstrap_scripts.agent.master import Master
 from bootstrap_scripts.agent.node_files import apply_membership
 from bootstrap_scripts.agent.settings import (
     EXIT_FAILED,
@@ -50,6 +49,9 @@ from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import Registration
+
+if TYPE_CHECKING:
+    from bootstrap_scripts.agent.aws import MasterAws
 
 __all__ = ["EXIT_FAILED", "AgentConfig", "NodeAgent", "build_parser", "config_from_args",
            "main"]
@@ -75,6 +77,10 @@ class NodeAgent:
         self.draining = False
         self.aws: MasterAws | None = None
         if config.role == "master":
+            # The master's modules (boto3, the state machine) load on the master only: a
+            # worker's start-up is on the critical path of every join.
+            from bootstrap_scripts.agent.aws import MasterAws
+
             self.aws = MasterAws(region=config.region, queue_url=config.master_queue_url,
                                  cluster_id=config.cluster_id, stop=self.stop)
         self._file_handler: logging.Handler | None = None
@@ -101,6 +107,8 @@ class NodeAgent:
         heartbeat.start()
         try:
             if self.aws is not None:
+                from bootstrap_scripts.agent.master import Master
+
                 return Master(self, self.aws).run()
             return run_worker(self)
         finally:

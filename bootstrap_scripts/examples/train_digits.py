@@ -1,8 +1,8 @@
 """Example job: PyTorch DDP on scikit-learn's digits (ships with scikit-learn: no download).
 
-    dl-run -- -m bootstrap_scripts.examples.train_digits            # every node, torchrun
-    dl-run -- -m bootstrap_scripts.examples.train_digits --resume   # continue from EFS
-    dl-run --elastic -- -m bootstrap_scripts.examples.train_digits  # nodes may join / leave
+    dl-run -- python -m bootstrap_scripts.examples.train_digits            # every node
+    dl-run -- python -m bootstrap_scripts.examples.train_digits --resume   # from EFS
+    dl-run --elastic -- python -m bootstrap_scripts.examples.train_digits  # join / leave
 
 The first thing to run on a new cluster: it exercises the rendezvous, the collective
 backend (gloo on CPU, nccl on GPU), EFS checkpoints and resume, in about 20 s on CPUs.

@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -38,13 +39,37 @@ from bootstrap_scripts.jobs.elastic import ElasticJoins
 from bootstrap_scripts.jobs.node import ThisNode, read_node_env
 from bootstrap_scripts.jobs.shares import Shares
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.paths import SHARED_USER_DIRS, ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
 
 LOG = logging.getLogger("dl-executor")
 
 POLL_SECONDS = 0.2
 HEARTBEAT_SECONDS = 1.0
+#: EFS directories in which every user of the cluster creates entries of their own: job
+#: directories (``dl-run`` runs as the user who starts it) and the example's checkpoints.
+SHARED_EFS_DIRS = SHARED_USER_DIRS
+#: Like /tmp: anyone may create an entry, only its owner (or root) may remove or rename it.
+SHARED_DIR_MODE = 0o1777
+
+
+def prepare_shared_dirs(efs: Path) -> list[Path]:
+    """Create (or fix) the EFS directories every user writes in, with mode 1777.
+
+    Only root may write in a new EFS file system's root directory, so without this only
+    root could start a job. Done by the executor because it runs as root on every node
+    from boot, once EFS is there; a directory someone else owns is left as it is (its
+    owner chose its mode). Returns the directories whose mode it set."""
+    changed = []
+    for name in SHARED_EFS_DIRS:
+        path = efs / name
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        st = path.stat()
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != SHARED_DIR_MODE:
+            os.chmod(path, SHARED_DIR_MODE)
+            changed.append(path)
+    return changed
 
 
 class Executor:
@@ -62,6 +87,7 @@ class Executor:
         self.last_beat = 0.0
         self.efs_ok = True
         self.stopping = False
+        self.shared_dirs_ready = False
 
     @property
     def efs(self) -> Path:
@@ -117,6 +143,18 @@ class Executor:
             LOG.error("cannot write heartbeat %s: %s", path, exc)
         self.last_beat = time.monotonic()
 
+    def prepare_efs(self) -> None:
+        """Once EFS is there (mounted, or a plain directory with ``--no-mount``), make the
+        directories every user writes in (:func:`prepare_shared_dirs`)."""
+        if self.shared_dirs_ready or (self.require_mount and not os.path.ismount(self.efs)):
+            return
+        try:
+            for path in prepare_shared_dirs(self.efs):
+                LOG.info("%s: mode %o (every user may create entries)", path, SHARED_DIR_MODE)
+            self.shared_dirs_ready = True
+        except OSError as exc:
+            LOG.error("cannot prepare the shared EFS directories under %s: %s", self.efs, exc)
+
     # -- main loop -----------------------------------------------------------------------
     def run(self) -> int:
         if not self.resolve_address():
@@ -127,6 +165,7 @@ class Executor:
             LOG.warning("%s is not a mount point (yet); jobs will wait for it", self.efs)
         while not self.stopping:
             if time.monotonic() - self.last_beat >= HEARTBEAT_SECONDS:
+                self.prepare_efs()  # first: a heartbeat on EFS then means the dirs are there
                 self.heartbeat()
             try:
                 self.scanner.scan()

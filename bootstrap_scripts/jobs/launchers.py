@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, field, replace
 
+from bootstrap_scripts.jobs.rdzv_store import RDZV_STORE_LABEL, RDZV_STORE_SCRIPT
 from bootstrap_scripts.protocol.jobs import ADDRESS_PLACEHOLDER, Proc, Share
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.node_files import (
@@ -91,16 +93,34 @@ def plan(launcher: str, m: Membership, command: list[str], opts: LaunchOptions) 
         raise LaunchError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
     if not command:
         raise LaunchError("no command given: put the training command after the options")
-    return _PLANNERS[launcher](m, list(command), opts)
+    return _PLANNERS[launcher](m, node_python(list(command), opts.python), opts)
 
 
 def _job_path(opts: LaunchOptions, name: str) -> str:
     return os.path.join(opts.job_dir, name)
 
 
-def strip_python(command: list[str]) -> list[str]:
-    """torchrun wants ``script args`` or ``-m module args``; accept ``python script`` too."""
-    if command and os.path.basename(command[0]).startswith("python") and len(command) > 1:
+#: A bare interpreter name as the command's first word: ``python``, ``python3``, ``python3.11``.
+PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def node_python(command: list[str], python: str) -> list[str]:
+    """A leading bare ``python`` / ``python3`` / ``python3.N`` means the job's interpreter
+    (``--python``), for every launcher: which ``python`` a node's PATH finds first (the
+    system's, a conda base, none at all) must not decide what runs. A path to an
+    interpreter, a script or any other program stays as given."""
+    if command and PYTHON_NAME.fullmatch(command[0]):
+        return [python, *command[1:]]
+    return command
+
+
+def strip_python(command: list[str], python: str) -> list[str]:
+    """torchrun wants ``script args`` or ``-m module args`` and runs them with its own
+    interpreter (``--python``); a leading interpreter is dropped when it is that one."""
+    if len(command) > 1 and PYTHON_NAME.fullmatch(os.path.basename(command[0])):
+        if command[0] != python:
+            raise LaunchError(f"torchrun runs the command with the job's interpreter "
+                              f"({python}), not {command[0]}: pass --python {command[0]}")
         return command[1:]
     return command
 
@@ -135,9 +155,18 @@ ELASTIC_KEEP_ALIVE_S = 1
 ELASTIC_KEEP_ALIVE_ATTEMPTS = 5
 
 
+def rdzv_store_proc(opts: LaunchOptions, m: Membership) -> Proc:
+    """The master's helper that serves the job's rendezvous store (see ``rdzv_store.py``
+    for why no torchrun agent hosts it)."""
+    return Proc(argv=(opts.python, RDZV_STORE_SCRIPT, "--host", m.master_addr,
+                      "--port", str(opts.rdzv_port)), label=RDZV_STORE_LABEL, wait=False)
+
+
 def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, address: str,
-                  nproc: int, is_host: bool, nnodes: str, max_restarts: int) -> tuple[str, ...]:
-    conf = f"is_host={'true' if is_host else 'false'}"
+                  nproc: int, nnodes: str, max_restarts: int) -> tuple[str, ...]:
+    # No agent hosts the store: it is the master's ``rdzv-store`` process, which outlives
+    # every agent, so none of them loses it while closing the rendezvous.
+    conf = "is_host=false"
     if opts.rdzv_last_call:
         conf += f",last_call_timeout={opts.rdzv_last_call:g}"
     if opts.elastic:
@@ -152,8 +181,8 @@ def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, addr
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={m.master_addr}:{opts.rdzv_port}",
         f"--rdzv-id={opts.job_id}",
-        # The master hosts the rendezvous store, bound to its own address; nobody else
-        # may guess they are the host (on loopback every node would).
+        # Explicit: without it an agent whose host name or address matches the endpoint
+        # tries to host the store itself (on loopback every node would).
         f"--rdzv-conf={conf}",
         f"--local-addr={address}",
         f"--max-restarts={max_restarts}",
@@ -162,10 +191,12 @@ def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, addr
 
 
 def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
-    """One torchrun agent per node. Elastic: ``--nnodes 1:MAX`` by default (any node but the
-    master may leave; the master holds the rendezvous store and is protected from
-    scale-in), generous ``--max-restarts`` (a leaving node fails its peers' all-reduce,
-    which torchrun counts as a restart), a short last call (a re-rendezvous after a join or
+    """One torchrun agent per node, every one a client of the rendezvous store that the
+    master's share serves from a process of its own (``rdzv-store``, next to the master's
+    agent). Elastic: ``--nnodes 1:MAX`` by default (any node but the master may leave; the
+    master holds the rendezvous store and is protected from scale-in), generous
+    ``--max-restarts`` (a leaving node fails its peers' all-reduce, which torchrun counts
+    as a restart), a short last call (a re-rendezvous after a join or
     leave completes seconds after the nodes are there, not 30 s) and a join template."""
     if opts.max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0, got {opts.max_restarts}")
@@ -187,7 +218,7 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
     else:
         nnodes = parse_nnodes(opts.nnodes, len(m.nodes))
         max_restarts = opts.max_restarts
-    script = strip_python(command)
+    script = strip_python(command, opts.python)
     # torch 2.x shares the rendezvous TCPStore with the workers and publishes its address
     # only in the FIRST round: a node joining a later round waits for a key that the
     # (unchanged) rank 0 never writes again, and the round times out. Without sharing,
@@ -196,16 +227,19 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
     shares = []
     for node in m.nodes:
         argv = torchrun_argv(opts, m, script, address=node.address,
-                             nproc=opts.nproc_per_node or node.slots, is_host=node.rank == 0,
-                             nnodes=nnodes, max_restarts=max_restarts)
-        shares.append(Share(node.rank, node.address, (Proc(argv=argv, env=dict(env)),)))
+                             nproc=opts.nproc_per_node or node.slots, nnodes=nnodes,
+                             max_restarts=max_restarts)
+        procs = (Proc(argv=argv, env=dict(env)),)
+        if node.rank == 0:
+            procs += (rdzv_store_proc(opts, m),)
+        shares.append(Share(node.rank, node.address, procs))
     template = None
     if opts.elastic:
         # Joining nodes are CPU or GPU alike: 0 = torchrun's "gpu" auto-detection would
         # differ from the others' explicit count, so use the same rule as for the members.
         nproc = opts.nproc_per_node or m.nodes[-1].slots
         template = Proc(argv=torchrun_argv(opts, m, script, address=ADDRESS_PLACEHOLDER,
-                                           nproc=nproc, is_host=False, nnodes=nnodes,
+                                           nproc=nproc, nnodes=nnodes,
                                            max_restarts=max_restarts), env=dict(env))
     return LaunchPlan(
         "torchrun", tuple(shares), False,

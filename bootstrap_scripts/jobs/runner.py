@@ -1,7 +1,7 @@
 """``dl-run``: start a training job on every node, stream its output, return one exit status.
 
     dl-run [options] -- <command ...>
-    dl-run -- -m bootstrap_scripts.examples.train_digits --epochs 20
+    dl-run -- python -m bootstrap_scripts.examples.train_digits --epochs 20
 
 The runner reads the membership the node agent wrote (``<root>/opt/deeplearning/``), turns
 the command into per-node shares with the chosen launcher (``launchers``), checks that every
@@ -97,7 +97,8 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     p.add("--forward", action="append", default=[], metavar="VAR",
           help="forward this variable of the runner's environment (repeatable)")
     p.add("--cwd", default="", help="working directory of every rank (default: current)")
-    p.add("--python", default="", help="interpreter for torchrun/tf/mxnet "
+    p.add("--python", default="", help="the job's interpreter: runs torchrun, tf and mxnet, "
+          "and replaces a leading 'python'/'python3' of the command on every node "
           "(default: this one if it has torch, else python3)")
     g = p.group("torchrun")
     g.add("--nnodes", default="", help="N or MIN:MAX (default: the node count)")
@@ -272,7 +273,12 @@ def run(argv: list[str]) -> int:
         raise RunError(f"job directory {paths.dir} already exists: choose another --job-id",
                        EXIT_USAGE)
     say(f"logs: {paths.nodes}/")
-    paths.nodes.mkdir(parents=True)
+    try:
+        paths.nodes.mkdir(parents=True)
+    except PermissionError as exc:
+        raise RunError(f"cannot create the job directory {paths.dir} ({exc.strerror}): the "
+                       f"job executors make {paths.dir.parent} writable for every user when "
+                       f"they start; is one running on this cluster?", EXIT_USAGE) from None
     for name, content in plan.files.items():
         store.atomic_write(paths.dir / name, content)
     store.atomic_write(paths.commands, commands)

@@ -4,6 +4,12 @@ Each share runs in a process group of its own, and every process of it carries t
 ``DL_SHARE_TOKEN`` in its environment (torchrun moves its workers to sessions of their own,
 out of the group): stopping a share is a ``killpg`` plus a signal to every process with the
 token, never a search by name (:mod:`bootstrap_scripts.procgroup`).
+
+A torchrun job's rendezvous store is a helper process of the master's share
+(``rdzv_store.RDZV_STORE_LABEL``). Once the master's agent has succeeded, that share stays
+open, its store serving, until every other share of the job has exited (or its node is
+gone): no agent loses the store while it passes torch's exit barrier and closes the
+rendezvous (why: ``rdzv_store.py``). A store that dies while the job runs fails the share.
 """
 
 from __future__ import annotations
@@ -19,16 +25,29 @@ from dataclasses import dataclass, field
 
 from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.node import ThisNode
+from bootstrap_scripts.jobs.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
-from bootstrap_scripts.protocol.paths import JobPaths
-from bootstrap_scripts.protocol.records import RunnerHeartbeat, ShareExit, ShareStarted
+from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, JobPaths
+from bootstrap_scripts.protocol.records import (
+    ExecutorHeartbeat,
+    RunnerHeartbeat,
+    ShareExit,
+    ShareStarted,
+)
 
 LOG = logging.getLogger("dl-executor")
 
 #: A job found at start-up is only started if its runner proves alive within this time
 #: (its heartbeat changes): a node rebooting must not replay old jobs.
 STARTUP_LIVENESS_SECONDS = 3.0
+#: A peer whose executor heartbeat (every ~1 s) has not moved for this long is gone: the
+#: rendezvous store is not kept up for a share that nobody will ever finish.
+PEER_SILENT_SECONDS = 5.0
+#: The longest the master's share keeps the store up for peers after its agent succeeded.
+#: The others need about a second (their exit barrier's last read and the rendezvous
+#: close); this only bounds a peer that hangs after the barrier.
+STORE_HOLD_MAX_SECONDS = 30.0
 
 
 def runner_beat(paths: JobPaths) -> RunnerHeartbeat | None:
@@ -81,6 +100,10 @@ class RunningShare:
     term_sent: float | None = None
     kill_sent: bool = False
     drained: bool = False
+    #: when the master's agent succeeded and the share began holding the store for peers
+    held_since: float | None = None
+    #: peers' executor heartbeats: address -> (seq, when that seq was first seen)
+    peer_beats: dict[str, tuple[int | None, float]] = field(default_factory=dict)
 
     @property
     def token(self) -> str:
@@ -98,6 +121,11 @@ class RunningShare:
             if p.proc.wait and p.popen.returncode not in (0, None):
                 return p.popen.returncode
         return 0
+
+    def rdzv_store(self) -> RunningProc | None:
+        """The helper serving the job's rendezvous store (the master's torchrun share)."""
+        return next((p for p in self.procs
+                     if p.proc.label == RDZV_STORE_LABEL and not p.proc.wait), None)
 
 
 def job_owner(paths: JobPaths) -> dict:
@@ -145,7 +173,10 @@ class Shares:
                         list(proc.argv), cwd=cwd,
                         env=self.child_env(spec, proc, paths, share.rank),
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                        **({"process_group": pgid} if pgid else {"start_new_session": True}),
+                        # One new group for the whole share, in the executor's session:
+                        # a later process can join a group only within its own session
+                        # (setpgid), so the first must not start a session of its own.
+                        process_group=pgid,
                         **as_user,
                     )
                 except OSError as exc:
@@ -216,6 +247,14 @@ class Shares:
                 LOG.info("job %s: grace period over, SIGKILL to process group %d", job_id, r.pgid)
                 r.signal(signal.SIGKILL)
                 r.kill_sent = True
+            rdzv = r.rdzv_store()
+            if rdzv is not None and not r.cancel_reason and not r.main_done() and \
+                    rdzv.popen.poll() is not None:
+                self.cancel(r, f"the job's rendezvous store exited with code "
+                               f"{rdzv.popen.returncode} (its log: "
+                               f"{r.paths.log(r.share.rank, RDZV_STORE_LABEL).name})")
+            if r.main_done() and self.holding_store(r, now):
+                continue
             if r.main_done():
                 rc = r.returncode() if not r.cancel_reason else (r.returncode() or -signal.SIGTERM)
                 # Leftovers (helpers, grandchildren, torchrun workers in their own
@@ -234,6 +273,49 @@ class Shares:
                 del self.running[job_id]
                 ended.append(job_id)
         return ended
+
+    def holding_store(self, r: RunningShare, now: float) -> bool:
+        """Whether the master's share, its agent done with success, keeps the job's
+        rendezvous store up a little longer because other shares are still finishing."""
+        rdzv = r.rdzv_store()
+        if rdzv is None or rdzv.popen.poll() is not None or r.cancel_reason or \
+                r.returncode() != 0:
+            return False  # a failed or stopped job: the store goes now, peers fail fast
+        if r.held_since is None:
+            r.held_since = now
+        waiting = self.unfinished_peers(r, now)
+        if waiting and now - r.held_since > STORE_HOLD_MAX_SECONDS:
+            LOG.warning("job %s: node rank(s) %s still running %.0f s after this node's "
+                        "agent finished; stopping the rendezvous store", r.spec.job_id,
+                        ", ".join(map(str, waiting)), now - r.held_since)
+            return False
+        if not waiting and r.held_since != now:
+            LOG.info("job %s: every other share exited %.1f s after this node's agent; "
+                     "stopping the rendezvous store", r.spec.job_id, now - r.held_since)
+        return bool(waiting)
+
+    def unfinished_peers(self, r: RunningShare, now: float) -> list[int]:
+        """Ranks of the job's other shares (the spec's and, elastic, those that joined)
+        with no exit record whose node's executor is still alive."""
+        peers = {s.rank: s.address for s in r.spec.shares}
+        for _stem, rec in store.scan_records(r.paths.nodes, ShareStarted,
+                                             suffix=SHARE_STARTED_SUFFIX):
+            peers.setdefault(rec.rank, rec.address)
+        peers.pop(r.share.rank, None)
+        return [rank for rank, address in sorted(peers.items())
+                if not store.exists(r.paths.exit(rank)) and self.peer_alive(r, address, now)]
+
+    def peer_alive(self, r: RunningShare, address: str, now: float) -> bool:
+        """A peer's executor heartbeat is present, running and still moving."""
+        beat = store.read_record_or_none(self.node.cluster.executor_heartbeat(address),
+                                         ExecutorHeartbeat)
+        if beat is None or beat.state == "stopped":
+            return False
+        seq, since = r.peer_beats.get(address, (None, now))
+        if seq != beat.seq:
+            r.peer_beats[address] = (beat.seq, now)
+            return True
+        return now - since <= PEER_SILENT_SECONDS
 
     def stop_all(self, reason: str) -> None:
         """Stop every running share (TERM, then KILL after its grace) and record the exits."""

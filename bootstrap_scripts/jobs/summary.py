@@ -8,6 +8,7 @@ terminal point at the node to look at.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 from dataclasses import dataclass
 
@@ -15,7 +16,31 @@ from bootstrap_scripts.jobs.console import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTER
 from bootstrap_scripts.jobs.watch import Watch
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import Share
+from bootstrap_scripts.protocol.paths import JobPaths
 from bootstrap_scripts.protocol.records import JobResult, NodeResult
+
+#: A line a program prints when it gives up: ``error: ...`` or a Python exception's last line
+#: (``ValueError: ...``), at the start of the line (log-prefixed lines are a launcher's).
+ERROR_LINE_RE = re.compile(r"^(?:(?:error|fatal)\b|[A-Za-z_][\w.]*(?:Error|Exception)\b:)",
+                           re.IGNORECASE)
+#: The launcher's own report that a child failed: it repeats the exit code, not the cause.
+LAUNCHER_ERRORS = ("ChildFailedError",)
+
+
+def last_error_line(paths: JobPaths, rank: int, max_bytes: int = 65536) -> str:
+    """The last error line the share of ``rank`` printed (its log on EFS), or "".
+
+    A launcher (torchrun) ends a failed share with its own report, which only repeats the
+    exit code; the line that says why is the program's, so the summary quotes that one."""
+    found = ""
+    for log in sorted(paths.nodes.glob(f"{rank}.log")) + sorted(paths.nodes.glob(f"{rank}-*.log")):
+        with contextlib.suppress(OSError), open(log, "rb") as f:
+            f.seek(max(0, log.stat().st_size - max_bytes))
+            for line in f.read().decode(errors="replace").splitlines():
+                line = line.strip()
+                if ERROR_LINE_RE.match(line) and not any(w in line for w in LAUNCHER_ERRORS):
+                    found = line
+    return found[:300]
 
 
 @dataclass(frozen=True)
@@ -28,6 +53,7 @@ class Failure:
     cancelled: bool
     lost: bool
     finished_at: float
+    last_error: str = ""
 
     def order(self) -> tuple[bool, bool, float, int]:
         return (not self.lost, self.cancelled, self.finished_at, self.share.rank)
@@ -41,7 +67,8 @@ class Failure:
         if self.cancelled:
             return f"{node} was stopped ({self.reason}, code {self.returncode})"
         return f"{node} exited with code {self.returncode}" + (
-            f" ({self.reason})" if self.reason else "")
+            f" ({self.reason})" if self.reason else "") + (
+            f": {self.last_error}" if self.last_error else "")
 
 
 def outcome(w: Watch) -> tuple[list[NodeResult], list[Failure]]:
@@ -61,8 +88,10 @@ def outcome(w: Watch) -> tuple[list[NodeResult], list[Failure]]:
         if rc != 0 and not left:
             lost = share.rank in w.lost
             finished = w.lost_at.get(share.rank) if lost else (rec.finished_at if rec else 0.0)
-            failed.append(Failure(share, rc, reason, bool(rec and rec.cancelled), lost,
-                                  float(finished or 0.0)))
+            cancelled = bool(rec and rec.cancelled)
+            failed.append(Failure(share, rc, reason, cancelled, lost, float(finished or 0.0),
+                                  "" if cancelled or lost else
+                                  last_error_line(w.paths, share.rank)))
     return results, failed
 
 

@@ -41,7 +41,9 @@ def render_horovod_hosts(m: Membership) -> str:
 
 
 def render_hosts_block(m: Membership) -> str:
-    """The managed block for /etc/hosts: ``deeplearning-worker<N>`` aliases (+ master)."""
+    """The managed block for /etc/hosts: every node as ``deeplearning-worker<rank + 1>``
+    (``deeplearning-worker1`` .. ``deeplearning-worker<DEEPLEARNING_WORKERS_COUNT>``, the
+    master first) and the master also as ``deeplearning-master``, as the original wrote them."""
     lines = [HOSTS_BEGIN]
     for n in m.nodes:
         names = [n.alias] + ([MASTER_ALIAS] if n.role == "master" else [])

@@ -29,6 +29,7 @@ On EFS (relative to the mount point)::
     cluster/prepared/<instance-id>.log          data preparation output
     cluster/health/.probe-<host>-<pid>  dl-health's write/read-back probe (deleted at once)
     jobs/<job-id>/                    one directory per job (see JobPaths)
+    checkpoints/<name>/               training checkpoints (the example job's default)
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ DRAIN_DIR = f"{CLUSTER_DIR}/drain"
 PREPARED_DIR = f"{CLUSTER_DIR}/prepared"
 HEALTH_DIR = f"{CLUSTER_DIR}/health"
 JOBS_DIR = "jobs"
+#: Training checkpoints, one directory per job name (the example job's default).
+CHECKPOINTS_DIR = "checkpoints"
+#: Directories every cluster user creates entries in (mode 1777, like /tmp).
+SHARED_USER_DIRS = (JOBS_DIR, CHECKPOINTS_DIR)
 
 #: Every path above, in the form docs/protocol.md spells it (a test holds the two together).
 LAYOUT = (
@@ -72,7 +77,8 @@ LAYOUT = (
     f"{EXECUTORS_DIR}/<address>.json", f"{DRAIN_DIR}/<instance-id>.json",
     f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
     f"{PREPARED_DIR}/<instance-id>.failed", f"{PREPARED_DIR}/<instance-id>.log",
-    f"{HEALTH_DIR}/.probe-<host>-<pid>", f"{JOBS_DIR}/<job-id>/spec.json",
+    f"{HEALTH_DIR}/.probe-<host>-<pid>", f"{CHECKPOINTS_DIR}/<name>/",
+    f"{JOBS_DIR}/<job-id>/spec.json",
     f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
     f"{JOBS_DIR}/<job-id>/cancel", f"{JOBS_DIR}/<job-id>/done", f"{JOBS_DIR}/<job-id>/result.json",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",

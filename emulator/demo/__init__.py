@@ -1,8 +1,8 @@
 """``make demo``: the whole cluster lifecycle on this machine, through the real code paths.
 
-    python -m emulator.demo [--workers N] [--fail-launches K] [--kill-node-after S]
-                            [--epochs E] [--keep] [--report PATH] [--port P]
-    python -m emulator.demo --stop <work dir>/state.json
+    make demo ARGS="[--workers N] [--fail-launches K] [--kill-node-after S] [--epochs E]
+                    [--keep] [--report PATH] [--port P]"        (python -m emulator.demo ...)
+    make demo ARGS="--stop <work dir>/state.json [--keep-files]"
 
 moto plays AWS on localhost; the real CDK CLI deploys the stack to it; one emulated node
 per instance the Auto Scaling groups launched (its own loopback address, metadata endpoint
@@ -18,4 +18,5 @@ See docs/demo.md.
 - :mod:`.scenarios`     what the demo plays and when: failed launches, a killed node, scaling
 - :mod:`.report`        ``demo-report.json``, the summary table, the ``--keep`` instructions
 - :mod:`.orchestration` the run from start to teardown, the training job, ``--stop``
+- :mod:`.shell`         the ``--keep`` shell: README's commands work as written on the master
 """

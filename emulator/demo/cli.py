@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import argparse
 
+#: The usage line every error follows: what the user typed, not the module behind it.
+USAGE = 'make demo ARGS="[OPTION ...]"   (all options: make demo ARGS="--help")'
+
 
 def build_parser() -> argparse.ArgumentParser:
+    # Users start the demo through make, so usage and errors speak in make's terms; the
+    # epilog says how to run it without make (what tests and --stop lines do).
     p = argparse.ArgumentParser(
-        prog="python -m emulator.demo",
+        prog="make demo",
+        usage=USAGE,
         description="Deploy the cluster to a local AWS emulator (moto) with the real CDK CLI, "
-                    "boot one emulated node per instance and train across them.")
+                    "boot one emulated node per instance and train across them.",
+        epilog="Without make (same options): .venv/bin/python -m emulator.demo [OPTION ...]")
     p.add_argument("--workers", type=int, default=2, help="worker count (default: 2)")
     p.add_argument("--fail-launches", type=int, default=0, metavar="K",
                    help="K worker launches fail as on AWS (default: 0)")
@@ -35,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(-c dataPrepScript=...)")
     p.add_argument("--fail-data-prep", action="store_true",
                    help="the added worker's data preparation fails: it must never join")
-    p.add_argument("--epochs", type=int, default=20, help="training epochs (default: 20)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="training epochs (default: 20, or with --add-worker-after as many as "
+                        "the scenario needs while the job trains)")
     p.add_argument("--require-acc", type=float, default=0.95,
                    help="held-out accuracy the job must reach "
                         "(default: 0.95, the example's target)")
@@ -51,14 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--membership-timeout", type=float, default=120.0,
                    help="seconds to wait for all nodes to agree (default: 120)")
     p.add_argument("--stop", metavar="STATE_FILE", default="",
-                   help="stop a cluster left running by --keep and remove its temp dir")
+                   help="stop a cluster left running by --keep (or what a failed run left) and "
+                        "remove its temp dir, after listing what that deletes (EFS job logs, "
+                        "checkpoints, node roots, logs)")
+    p.add_argument("--keep-files", action="store_true",
+                   help="with --stop: stop the processes but keep the work directory")
     return p
 
 
 def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Reject combinations the demo cannot play (exits 2 through ``parser.error``)."""
+    if ns.keep_files and not ns.stop:
+        parser.error("--keep-files only goes with --stop STATE_FILE")
     if ns.stop:
         return
+    from emulator.demo.scenarios import job_epochs
+
+    ns.epochs, why = job_epochs(ns)
+    if why:
+        parser.error(why)
     if ns.workers < 1:
         parser.error(f"--workers must be at least 1, got {ns.workers}")
     if ns.workers > 32:
@@ -109,5 +129,5 @@ def main(argv: list[str] | None = None) -> int:
     validate(ns, parser)
     console = Console(highlight=False, soft_wrap=True)
     if ns.stop:
-        return stop_from_state(ns.stop, console)
+        return stop_from_state(ns.stop, console, keep_files=ns.keep_files)
     return Demo(ns, console).run()

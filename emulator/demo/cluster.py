@@ -8,12 +8,16 @@ Each step prints what it did and records its timing in the context; each failure
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from rich.markup import escape
 
 from bootstrap_scripts.procgroup import Tracked, start_time
 from bootstrap_scripts.protocol import store
@@ -144,27 +148,63 @@ def outcome(rec: dict) -> str:
     return ", ".join(rec["outcomes"]) or rec["error"]
 
 
+def failed_instance_types(ctx: DemoContext) -> list[str]:
+    """The instance type of each failed launch (EC2 still describes terminated instances),
+    so the launch-error notification names it as AWS's status message would."""
+    if not ctx.failed_launches:
+        return []
+    res = ctx.session().client("ec2").describe_instances(InstanceIds=ctx.failed_launches)
+    types = {i["InstanceId"]: i["InstanceType"] for r in res["Reservations"]
+             for i in r["Instances"]}
+    return [types.get(iid, "") for iid in ctx.failed_launches]
+
+
+def decision_reasons(log: Path, offset: int) -> list[str]:
+    """The ``reason`` of every decision the Lambda logged after byte ``offset`` of its log."""
+    out = []
+    with contextlib.suppress(OSError), open(log, "rb") as f:
+        f.seek(offset)
+        for line in f.read().decode(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if rec.get("msg") == "decision" and rec.get("reason"):
+                    out.append(rec["reason"])
+    return out
+
+
 def notify_launches(ctx: DemoContext) -> None:
     c = ctx.cluster
     ctx.step("delivering Auto Scaling notifications (SNS shape) to the Lambda handler")
-    ctx.invoker = nt.LambdaInvoker(c.function_name, c.function_env, ctx.aws,
-                                   ctx.logs / "lambda.log")
+    ctx.info("[dim]event -> what the Lambda sent the master (asg-setup-success: group set up, "
+             "asg-setup-failure: below its minimum, wait: launches under way; docs/demo.md)[/]")
+    log = ctx.logs / "lambda.log"
+    ctx.invoker = nt.LambdaInvoker(c.function_name, c.function_env, ctx.aws, log)
     msgs = []
     for g in (c.master, c.worker):
         for inst in g.instances:
             msgs.append(nt.notification(nt.LAUNCH, g.name, instance_id=inst.instance_id,
                                         desired=g.desired))
-    for _ in ctx.failed_launches:
+    for itype in failed_instance_types(ctx):
         msgs.append(nt.notification(nt.LAUNCH_ERROR, c.worker.name, desired=c.worker.desired,
-                                    instance_type=c.worker.instances[0].instance_type
-                                    if c.worker.instances else ""))
+                                    instance_type=itype))
+    outcomes = []
     for msg in msgs:  # one invocation per notification, as SNS delivers them
+        offset = log.stat().st_size if log.exists() else 0
         rec = ctx.invoker.deliver(c.topic_arn, msg)
+        outcomes += rec["outcomes"]
         what = msg["EC2InstanceId"] or "(no instance)"
         ctx.info(f"{msg['Event'].split(':')[1]:24} {what:20} -> {outcome(rec)}")
+        if msg["Event"] == nt.LAUNCH_ERROR:  # what the Lambda decided, in its own words
+            for reason in decision_reasons(log, offset):
+                ctx.info(f"[dim]    {escape(reason)}[/]")
     dp.refresh_instances(ctx.session(), c.groups.values())
-    ctx.ok(f"worker group now desired {c.worker.desired}, "
-           f"{len(c.worker.instances)} launched")
+    w = c.worker
+    if "asg-setup-failure" in outcomes:
+        ctx.info(f"[bold red]failed[/] worker group below its minimum ({w.min_size}): "
+                 f"{len(w.instances)} of {w.desired} launched; the Lambda reported the failure "
+                 f"and the master will fail the cluster's setup")
+    else:
+        ctx.ok(f"worker group now desired {w.desired}, {len(w.instances)} launched")
 
 
 def node_membership(node: Node) -> Membership | None:
@@ -187,15 +227,22 @@ def wait_membership(ctx: DemoContext, expected: list[Node], *, after_generation:
         if all(docs) and len(gens) == 1 and gens.pop() > after_generation and \
                 sorted(x.address for x in docs[0].nodes) == want:
             return docs[0]
-        for n in expected:
-            if n.processes_alive() != NODE_PROCESSES:
-                raise DemoError(f"node {n.instance_id} ({n.address}) lost processes: "
-                                f"alive {n.processes_alive()}; agent log:\n"
-                                f"{tail(n.log_path('dl-agent'))}")
+        lost = next((n for n in expected if n.processes_alive() != NODE_PROCESSES), None)
+        # read after the liveness check: a master agent signals FAILURE, then exits (2), so
+        # a FAILURE is the cause of a lost agent, never the other way round
         failure = [s for s in ctx.signals() if s.get("Status") == "FAILURE"]
+        if lost is not None and not failure:
+            raise DemoError(f"node {lost.instance_id} ({lost.address}) lost processes: "
+                            f"alive {lost.processes_alive()}; agent log:\n"
+                            f"{tail(lost.log_path('dl-agent'))}")
         if failure:
-            raise DemoError(f"the master signalled FAILURE to the wait condition: "
-                            f"{failure[0].get('Reason')}")
+            hint = ""
+            if ctx.failed_launches and ctx.cluster and \
+                    len(ctx.cluster.worker.instances) < ctx.cluster.worker.min_size:
+                hint = (f" (--fail-launches {len(ctx.failed_launches)} left fewer workers "
+                        f"than the worker group's minimum, {ctx.cluster.worker.min_size})")
+            raise DemoError(f"the master failed the cluster's setup (wait condition FAILURE)"
+                            f"{hint}: {failure[0].get('Reason')}")
         last = ", ".join(f"{n.address}:gen{d.generation if d else '-'}"
                          for n, d in zip(expected, docs, strict=True))
         time.sleep(0.2)

@@ -134,6 +134,17 @@ def failure_line(lines: list[str]) -> str:
     return failed[-1] if failed else ""
 
 
+def failure_cause(lines: list[str]) -> str:
+    """Why the job failed, in the runner's words: its verdict without the ``[dl-run] job <id>
+    FAILED:`` prefix (the failing node first, with its own last error line), else the
+    runner's last ``error:`` line (a job that never started), else ""."""
+    verdict = failure_line([ln for ln in lines if ln.startswith("[dl-run]")])
+    if verdict:
+        return verdict.split("FAILED:", 1)[1].strip()
+    errors = [ln for ln in lines if ln.startswith("[dl-run] error:")]
+    return errors[-1].removeprefix("[dl-run] ").strip() if errors else ""
+
+
 # -- the job's share records on EFS ----------------------------------------------------------
 
 

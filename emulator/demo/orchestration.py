@@ -56,7 +56,7 @@ class Demo(DemoContext):
             raise DemoError("no live master node to run the job on")
         dl_run = master.root / BIN_DIR / "dl-run"
         port = free_port(master.address)
-        train = ["-m", "bootstrap_scripts.examples.train_digits", "--epochs",
+        train = ["python", "-m", "bootstrap_scripts.examples.train_digits", "--epochs",
                  str(self.ns.epochs), "--require-acc", str(self.ns.require_acc),
                  "--global-batch-size", str(global_batch(world_sizes))]
         if resume:
@@ -64,7 +64,7 @@ class Demo(DemoContext):
         if scenario is not None:
             # checkpoint often and stretch the steps a little: the training itself takes only
             # ~0.2 s per epoch, and it must still be running when nodes join, leave or die
-            train += ["--checkpoint-every", "4", "--step-delay", "0.03"]
+            train += ["--checkpoint-every", "4", "--step-delay", str(scenarios.STEP_DELAY)]
         if self.ns.elastic:
             train[train.index("--global-batch-size") + 1] = str(TARGET_BATCH)  # any world
         argv = [str(dl_run), "--root", str(master.root), "--rdzv-port", str(port),
@@ -169,6 +169,8 @@ class Demo(DemoContext):
         else:
             elastic = scenarios.ElasticScenario(self) if ns.elastic else None
             job = self.run_job(resume=False, world_sizes=[world], scenario=elastic)
+            if elastic is not None:
+                elastic.finish(job)  # what was asked for happened, or DemoError says what not
         return job
 
     def run(self) -> int:
@@ -180,8 +182,10 @@ class Demo(DemoContext):
                 raise DemoError(f"job {job.job_id} exited 0 but trained no epoch (nothing "
                                 f"left to resume?): see {self.logs}")
             if job.exit_code != 0:
-                raise DemoError(f"the training job failed with exit status {job.exit_code}: "
-                                f"{job.failure or chr(10).join(job.output_tail[-10:])}")
+                cause = joblog.failure_cause(job.output_tail)
+                raise DemoError(f"the training job {job.job_id} failed (dl-run exit status "
+                                f"{job.exit_code}): "
+                                f"{cause or chr(10).join(job.output_tail[-10:])}")
             self.ok(f"job {job.job_id} succeeded: accuracy {job.final_acc}, world size "
                     f"{job.world_size}")
             status, code = "succeeded", 0
@@ -202,7 +206,11 @@ class Demo(DemoContext):
             self.console.print("[bold red]interrupted[/]: stopping everything")
         report_path = Path(ns.report).resolve()
         rep = report.build_report(self, status, code, error)
-        keep = ns.keep and status == "succeeded"
+        # --keep keeps a failed cluster too (to inspect it), unless Ctrl-C asked to stop.
+        keep = ns.keep and code != 130 and self.master() is not None
+        rep["kept"] = keep
+        # A failed run keeps its work dir: its logs are the explanation. --stop removes it.
+        remove_work = self.created_work and not keep and status == "succeeded"
         try:
             if not keep:
                 self.step("tearing down: every process we started, by process group")
@@ -218,23 +226,26 @@ class Demo(DemoContext):
             else:
                 self.save_state()
             rep["nodes"] = report.node_report(self)  # statuses after teardown
-            if self.created_work and not keep:
-                rep["work_dir_removed"] = True
+            rep["work_dir_removed"] = remove_work
         finally:
             report_path.parent.mkdir(parents=True, exist_ok=True)
             report_path.write_text(json.dumps(rep, indent=2) + "\n")
-            if self.created_work and not keep:
+            if remove_work:
                 shutil.rmtree(self.work, ignore_errors=True)
         if status == "succeeded":
             report.summary_table(self.console, rep)
         self.console.print(f"report: {report_path}")
         if keep:
             report.keep_instructions(self)
+        if status != "succeeded":
+            report.failure_epilogue(self, error, kept=keep)
         return code
 
 
-def stop_from_state(path: str, console) -> int:
-    """``--stop``: stop what a ``--keep`` run left, using the PIDs it recorded."""
+def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
+    """``--stop``: stop what a ``--keep`` (or failed) run left, using the PIDs it recorded;
+    then remove the temp work dir it made, after listing what that deletes, unless
+    ``keep_files``."""
     state_path = Path(path)
     try:
         state = json.loads(state_path.read_text())
@@ -249,12 +260,20 @@ def stop_from_state(path: str, console) -> int:
             groups.append(Tracked("job share", pgid, None))
     if state.get("cloud"):
         groups.append(Tracked.from_dict(state["cloud"]))
+    work = Path(state["work_dir"])
+    remove = bool(state.get("remove_work_dir")) and not keep_files and work.exists()
+    if remove:  # say what goes before it goes
+        console.print(f"--stop deletes the work directory {work} with everything in it:\n"
+                      + report.work_contents(work)
+                      + "\n  (to keep it: --stop STATE_FILE --keep-files)", highlight=False)
     left = stop_groups(groups, grace=15)
     if left:
         console.print(f"[bold red]still alive:[/] {sorted(left)}")
         return 1
     console.print(f"stopped {len(groups)} process group(s)")
-    if state.get("remove_work_dir"):
-        shutil.rmtree(state["work_dir"], ignore_errors=True)
-        console.print(f"removed {state['work_dir']}")
+    if remove:
+        shutil.rmtree(work, ignore_errors=True)
+        console.print(f"removed {work}")
+    elif work.exists():
+        console.print(f"kept {work}")
     return 0

@@ -7,16 +7,18 @@ import contextlib
 import time
 from pathlib import Path
 
+from rich.markup import escape
+
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.node_files import parse_env_file
 from bootstrap_scripts.protocol.paths import DEEPLEARNING_DIR, NodePaths
 from emulator import deploy as dp
-from emulator.demo.context import BIN_DIR, STATE_FILE, DemoContext, generation_entry
-from emulator.nodes import PYTHON
+from emulator.demo import shell
+from emulator.demo.context import STATE_FILE, DemoContext, generation_entry
 
 #: Elastic bookkeeping only the harness needs (monotonic clock readings).
-INTERNAL_KEYS = ("t", "agent_started", "first_step_t")
+INTERNAL_KEYS = ("t", "wall", "agent_started", "first_step_t")
 TIMING_LABELS = {"moto_start_s": "moto start", "bootstrap_s": "cdk bootstrap",
                  "deploy_s": "cdk deploy (synth + deploy)",
                  "boot_to_membership_s": "boot to membership", "job_s": "training job",
@@ -143,12 +145,9 @@ def summary_table(console, report: dict) -> None:
     for key, label in TIMING_LABELS.items():
         if report["timings"].get(key) is not None:
             tm.add_row(label, f"{report['timings'][key]:.1f} s")
-    tm.add_row("world size", str(report["world_size"]))
-    if report["final_acc"] is not None:
-        tm.add_row("final accuracy", f"{report['final_acc']:.3f}")
-    if report["epochs"]:
-        sps = [e["samples_per_s"] for e in report["epochs"]]
-        tm.add_row("samples/s (median)", str(sorted(sps)[len(sps) // 2]))
+    for label, job in job_labels(report["jobs"]):
+        for what, value in job_figures(job):
+            tm.add_row(f"{label}: {what}", value)
     cnt = report["counts"]
     tm.add_row("workers requested / launched / running",
                f"{cnt['workers_requested']} / {cnt['workers_launched']} / "
@@ -156,28 +155,92 @@ def summary_table(console, report: dict) -> None:
     console.print(tm)
 
 
+def job_labels(jobs: list[dict]) -> list[tuple[str, dict]]:
+    """Each job with the label its figures go under: "job" alone, else "job 1 (killed)",
+    "job 2 (resumed)", so figures of two jobs are never read as one."""
+    if len(jobs) == 1:
+        return [("job", jobs[0])]
+    out = []
+    for i, job in enumerate(jobs, 1):
+        how = "resumed" if job["resumed"] else "first"
+        if job.get("killed"):
+            how += f", a node killed at {job['killed'].get('address', '?')}"
+        out.append((f"job {i} ({how})", job))
+    return out
+
+
+def job_figures(job: dict) -> list[tuple[str, str]]:
+    """One job's figures: epochs, world size, samples/s, accuracy or exit status."""
+    rows = []
+    epochs = job["epochs"]
+    if epochs:
+        rows.append(("epochs", f"{epochs[0]['epoch']}..{epochs[-1]['epoch']}"))
+        rows.append(("world size", str(job["world_size"])))
+        sps = sorted(e["samples_per_s"] for e in epochs)
+        rows.append(("samples/s (median)", str(sps[len(sps) // 2])))
+    if job["final_acc"] is not None:
+        rows.append(("final accuracy", f"{job['final_acc']:.3f}"))
+    if job["exit_code"] != 0:
+        rows.append(("exit status", str(job["exit_code"])))
+    return rows
+
+
 def keep_instructions(ctx: DemoContext) -> None:
     """``--keep``: how to reach the cluster left running, and how to stop it."""
     master = ctx.master()
     if master is None:
         return
-    env = " ".join(f"{k}={v}" for k, v in ctx.aws.items())
-    state_file = ctx.work / STATE_FILE
-    bin_dir = master.root / BIN_DIR
+    env = {**ctx.aws, "AWS_EC2_METADATA_SERVICE_ENDPOINT": master.imds_url}
+    shell_path, env_file = shell.write_node_shell(ctx.work, "master", master.root,
+                                                  master.address, env)
     ctx.console.print("\n[bold]The emulated cluster is still running (--keep).[/]")
     ctx.console.print(
-        f"  a shell with the master's environment:\n"
-        f"    cd {dp.REPO_ROOT} && env {env} PYTHONPATH={dp.REPO_ROOT} "
-        f"AWS_EC2_METADATA_SERVICE_ENDPOINT={master.imds_url} "
-        f"bash --rcfile <(echo 'source ~/.bashrc 2>/dev/null; set -a; "
-        f"source {NodePaths(master.root).env}; set +a; "
-        f"PATH={bin_dir}:{Path(PYTHON).parent}:$PATH')\n"
-        f"  run a job on every node:\n"
-        f"    {bin_dir}/dl-run --root {master.root} -- -m "
-        f"bootstrap_scripts.examples.train_digits --resume --epochs {ctx.ns.epochs + 5}\n"
-        f"  cluster health:\n"
-        f"    {bin_dir}/dl-health --root {master.root}\n"
+        f"  a shell on the master, where the README's commands work as written:\n"
+        f"    {shell_path}\n"
+        f"  then, for example:\n"
+        f"    dl-run -- python -m bootstrap_scripts.examples.train_digits --resume "
+        f"--epochs {ctx.ns.epochs + 5}\n"
+        f"    dl-health\n"
+        f"  (or in the shell you are in: . {env_file})\n"
         f"  node files: {ctx.work}/nodes/<instance-id>/{DEEPLEARNING_DIR}/, EFS: {ctx.efs},"
         f" logs: {ctx.logs}\n"
-        f"  stop everything:\n"
-        f"    {PYTHON} -m emulator.demo --stop {state_file}", highlight=False, soft_wrap=True)
+        f"  stop everything (it lists what it deletes first; --keep-files keeps the files):\n"
+        f"    {stop_command(ctx)}", highlight=False, soft_wrap=True)
+
+
+def stop_command(ctx: DemoContext) -> str:
+    return f'make demo ARGS="--stop {ctx.work / STATE_FILE}"'
+
+
+def work_contents(work: Path) -> str:
+    """What is in a demo's work dir, one indented line per part (for ``--stop``)."""
+    parts = {"efs/jobs": "every job's spec, per-node logs and exit records",
+             "efs/checkpoints": "training checkpoints",
+             "efs/cluster": "membership, registrations, node agent logs",
+             "nodes": "every node's root (opt/deeplearning files, installed wrappers)",
+             "logs": "the demo's logs (cdk, moto, lambda, agents, executors, dl-run)",
+             "cloud": "moto's state"}
+    return "\n".join(f"    {work / rel}/  {what}" for rel, what in parts.items()
+                     if (work / rel).exists())
+
+
+def failure_epilogue(ctx: DemoContext, error: str, *, kept: bool) -> None:
+    """The last lines of a failed run: the cause in one sentence, where the full logs are,
+    and what is left behind (the work dir always; the cluster with ``--keep``)."""
+    cause = (error.strip().splitlines() or ["the demo failed"])[0]
+    out = ctx.console
+    out.print(f"\n[bold red]demo failed:[/] {escape(cause)}", highlight=False, soft_wrap=True)
+    job = ctx.jobs[-1] if ctx.jobs else None
+    if job is not None and job.job_id:
+        out.print(f"  job logs, one per node: {ctx.cluster_paths.job(job.job_id).nodes}/"
+                  f"<rank>.log", highlight=False, soft_wrap=True)
+    out.print(f"  the demo's logs (cdk, lambda, node agents, dl-run): {ctx.logs}/",
+              highlight=False, soft_wrap=True)
+    if kept:
+        out.print(f"  the cluster is still running for inspection (above); stop it: "
+                  f"{stop_command(ctx)}", highlight=False, soft_wrap=True)
+    elif ctx.created_work:
+        out.print(f"  work dir kept: {ctx.work} (remove it: {stop_command(ctx)})",
+                  highlight=False, soft_wrap=True)
+    else:
+        out.print(f"  work dir: {ctx.work}", highlight=False, soft_wrap=True)

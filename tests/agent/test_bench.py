@@ -1,88 +1,141 @@
-"""Benchmark: seconds from the last agent start until every node has the membership.
+"""Benchmark, REAL PROCESSES: boot to membership with 4, 16 and 64 emulated nodes.
 
-Agents run as threads (separate roots, one shared "EFS" directory) against moto's server;
-the ``asg-setup`` messages are already queued, as on a real boot where the groups finish
-launching before the agents finish starting. Prints a table; asserts nothing about time.
-Run with ``make bench`` (``pytest -m bench -s``).
+Every node is booted as ``emulator.nodes`` boots it (the ``boot_node`` fixture): its own
+loopback address from moto, its own IMDSv2 endpoint process, the real installer run with its
+launch template's arguments, then its agent and executor as separate processes; one shared
+directory is the EFS. The capacity adjuster's ``asg-setup`` messages are queued first, as
+on a real boot where the groups finish launching while the nodes boot.
+
+Figures (times from the kernel, see ``bench_support``; nothing here asserts a time):
+
+- formation: the master and all workers but one boot and go quiet; then the last worker
+  boots. Figure = that worker's agent process start -> every node's ``membership.json``
+  written (generation 1). It includes the last agent's interpreter start, identity,
+  registration, the master noticing it, publishing, and every worker's watch and apply.
+- removal: a worker's machine is lost, the group replaces it, the capacity adjuster's
+  ``terminate`` and ``launch`` messages arrive. Figure = messages sent -> every live node
+  has the generation without the lost node.
+- join: then the replacement boots. Figure = its agent process start -> every node has the
+  generation with it.
+
+On two cores the first wave's start-up work (hundreds of interpreters) queues; the last node
+is booted once the others are quiet, since on AWS each node has CPUs of its own. The wave's
+own duration, CPU and memory are printed too. Run with ``make bench``.
 """
 
 from __future__ import annotations
 
-import threading
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from bootstrap_scripts.agent.identity import NodeIdentity
-from bootstrap_scripts.agent.node_agent import AgentConfig, NodeAgent
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from emulator.resources import create_cluster
-from tests.conftest import REGION
+from emulator.wait_handle import WaitHandle
+from tests.agent.bench_support import (
+    applied_generation,
+    boot_clock,
+    cpu_seconds,
+    process_started,
+    rss_mib,
+    wait_applied,
+    wait_quiet,
+)
 from tests.support.agents import wait_until
 
 pytestmark = pytest.mark.bench
 
+#: Nodes booted at once in the first wave (each boot runs two interpreters to completion).
+BOOT_THREADS = 4
 RESULTS: dict[int, dict[str, float]] = {}
+HOW = ("real processes: per node an IMDS server, the installer, a dl-agent and a "
+       "dl-executor process on its own 127.20.x.y address; moto server over HTTP; EFS = a "
+       "shared directory")
 
 
-def _agent(cluster, role, tmp, iid, ip) -> tuple[NodeAgent, threading.Thread]:
-    cfg = AgentConfig(role=role, cluster_id=cluster.cluster_id, stack_name="s", region=REGION,
-                      master_queue_url=cluster.master_queue_url, mount_point=str(tmp / "efs"),
-                      root=str(tmp / "nodes" / iid), no_mount=True)
-    agent = NodeAgent(cfg, identity=NodeIdentity(iid, "p3.2xlarge", ip, REGION),
-                      stop_event=threading.Event())
-    thread = threading.Thread(target=agent.run, daemon=True, name=iid)
-    return agent, thread
+def _pids(nodes) -> list[int]:
+    return [p.pid for n in nodes for p in n.popens if p.poll() is None]
 
 
-@pytest.mark.parametrize("nodes", [4, 16, 64])
-def test_time_to_membership(nodes, moto_reset, tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_reset)
-    monkeypatch.setenv("PATH", f"{tmp_path}/nobin:/usr/bin:/bin")
-    cluster = create_cluster(moto_reset, workers=nodes - 1)
-    cluster.send(cluster.setup_message("master"))
-    cluster.send(cluster.setup_message("worker"))
-    (mid, mip), = cluster.instances("master")
-    workers = cluster.instances("worker")
-    agents = {mid: _agent(cluster, "master", tmp_path, mid, mip)}
-    agents.update({iid: _agent(cluster, "worker", tmp_path, iid, ip) for iid, ip in workers})
+def _registered(efs, nodes) -> bool:
+    cluster = ClusterPaths(efs)
+    return all(store.exists(cluster.registration(n.instance_id)) for n in nodes)
+
+
+@pytest.mark.parametrize("size", [4, 16, 64])
+def test_boot_to_membership_real_processes(size, moto_reset, tmp_path, boot_node):
+    efs = tmp_path / "efs"
+    cluster = create_cluster(moto_reset, workers=size - 1)
+    handle = WaitHandle()
     try:
-        for _a, thread in agents.values():
-            thread.start()
-        last_start = time.monotonic()
-        wait_until(lambda: all(a.applied_generation >= 1 for a, _ in agents.values()), 120,
-                   interval=0.005, what=f"{nodes} nodes to apply generation 1")
-        formed = time.monotonic() - last_start
+        cluster.send(cluster.setup_message("master"))
+        cluster.send(cluster.setup_message("worker"))
+        (master_instance,) = cluster.node_instances("master")
+        *first, last = cluster.node_instances("worker")
 
-        # Replacement: one worker dies, the group launches another, the Lambda reports it.
-        victim = workers[0][0]
-        dead, dead_thread = agents.pop(victim)
-        dead.stop.set()
-        dead_thread.join(timeout=30)
+        # -- the first wave: every worker but one, then the master; wait until quiet ------
+        wave_start = time.monotonic()
+        with ThreadPoolExecutor(BOOT_THREADS) as pool:
+            nodes = list(pool.map(lambda i: boot_node(cluster, "worker", i), first))
+        nodes.append(boot_node(cluster, "master", master_instance, wait_handle=handle.url))
+        wait_until(lambda: _registered(efs, nodes), 180, interval=0.1,
+                   what=f"{len(nodes)} nodes to register")
+        wave = time.monotonic() - wave_start
+        wave_cpu = cpu_seconds(_pids(nodes))
+        idle = wait_quiet(_pids(nodes))
+
+        # -- formation: the last worker boots ---------------------------------------------
+        nodes.append(boot_node(cluster, "worker", last))
+        started = process_started(nodes[-1].agent_pid)
+        formed = wait_applied([n.root for n in nodes], after=0.0, timeout=120,
+                              what=f"{size} nodes to apply generation 1") - started
+        assert {applied_generation(n.root) for n in nodes} == {1}
+        load = os.getloadavg()[0]
+        assert handle.wait_for(1, timeout=30)[0]["Status"] == "SUCCESS"
+        memory = rss_mib(_pids(nodes))
+
+        # -- removal: a worker's machine is lost, the group replaces it -------------------
+        victim = nodes.pop(0)
+        victim.kill([])
         cluster.client("autoscaling").terminate_instance_in_auto_scaling_group(
-            InstanceId=victim, ShouldDecrementDesiredCapacity=False)
-        (new_id, new_ip), = [(i, a) for i, a in cluster.instances("worker")
-                             if i not in agents and i != victim]
-        agents[new_id] = _agent(cluster, "worker", tmp_path, new_id, new_ip)
-        agents[new_id][1].start()
-        wait_until(lambda: store.exists(ClusterPaths(tmp_path / "efs").registration(new_id)), 30,
-                   interval=0.005, what="the new node to register")
-        sent = time.monotonic()
-        cluster.send(cluster.change_message("worker", "launch", new_id))
-        wait_until(lambda: all(a.applied_generation >= 2 for a, _ in agents.values()), 120,
-                   interval=0.005, what=f"{nodes} nodes to apply generation 2")
-        replaced = time.monotonic() - sent
+            InstanceId=victim.instance_id, ShouldDecrementDesiredCapacity=False)
+        known = {n.instance_id for n in nodes} | {victim.instance_id}
+        (new,) = [i for i in cluster.node_instances("worker") if i.instance_id not in known]
+        wait_quiet(_pids(nodes))
+        sent = boot_clock()
+        cluster.send(cluster.change_message("worker", "terminate", victim.instance_id))
+        cluster.send(cluster.change_message("worker", "launch", new.instance_id))
+        removed = wait_applied([n.root for n in nodes], after=sent, timeout=60,
+                               what="every node to apply the generation without the victim")
+        removed -= sent
+        assert {applied_generation(n.root) for n in nodes} == {2}
+
+        # -- join: the replacement boots --------------------------------------------------
+        wait_quiet(_pids(nodes))
+        before = boot_clock()
+        nodes.append(boot_node(cluster, "worker", new))
+        started = process_started(nodes[-1].agent_pid)
+        joined = wait_applied([n.root for n in nodes], after=before, timeout=60,
+                              what="every node to apply the generation with the newcomer")
+        joined -= started
+        assert {applied_generation(n.root) for n in nodes} == {3}
     finally:
-        for agent, _thread in agents.values():
-            agent.stop.set()
-        for _a, thread in agents.values():
-            thread.join(timeout=30)
-    RESULTS[nodes] = {"formed": formed, "replaced": replaced}
-    print(f"\n{nodes:>3} nodes: last agent start -> all have generation 1: {formed:6.2f} s;"
-          f" membership-change message -> all have generation 2: {replaced:6.2f} s")
+        handle.stop()
+    RESULTS[size] = {"formed": formed, "removed": removed, "joined": joined, "wave": wave,
+                     "cpu": wave_cpu, "rss": memory, "idle": idle, "load": load}
+    print(f"\n[{HOW}]\n{size:>3} nodes: last agent start -> generation 1 everywhere "
+          f"{formed:5.2f} s; terminate message -> generation without it everywhere "
+          f"{removed:5.2f} s; replacement's agent start -> generation with it everywhere "
+          f"{joined:5.2f} s   (first wave of {size - 1} nodes booted in {wave:.1f} s, "
+          f"{wave_cpu:.1f} CPU s; then idle at {idle:.2f} CPUs; all node processes "
+          f"{memory:.0f} MiB RSS; machine load average {load:.1f} on {os.cpu_count()} CPUs)")
     if len(RESULTS) == 3:
-        print("\n| nodes | last start -> generation 1 everywhere | replacement message -> "
-              "generation 2 everywhere |\n|---:|---:|---:|")
+        print(f"\nagent figures, {HOW}:\n| nodes | last agent start -> generation 1 "
+              "everywhere | terminate message -> generation without it | replacement "
+              "agent start -> generation with it |\n|---:|---:|---:|---:|")
         for n, r in sorted(RESULTS.items()):
-            print(f"| {n} | {r['formed']:.2f} s | {r['replaced']:.2f} s |")
+            print(f"| {n} | {r['formed']:.2f} s | {r['removed']:.2f} s | "
+                  f"{r['joined']:.2f} s |")

@@ -1,29 +1,28 @@
 """Elastic membership on the master agent (protocol.md §7), as threads against moto's server.
 
-moto lacks two things the agent relies on, bridged here and only here:
-- ``CompleteLifecycleAction`` is not implemented: a botocore ``before-call`` handler on the
-  agent's own client records the call (after botocore validated its parameters) and answers
-  200, as Auto Scaling would;
-- it sends no lifecycle notifications: the test sends the Lambda's ``drain-request`` itself.
+A worker leaves as on AWS: TerminateInstanceInAutoScalingGroup (what ``dl-scale --remove``
+calls) holds it in ``Terminating:Wait`` and publishes the ``drain`` hook's notification to
+the cluster's topic (the emulator's moto, ``emulator.moto_extensions``); the test plays the
+Lambda by sending the ``drain-request`` its builder makes from that notification's token,
+and the agent's CompleteLifecycleAction goes to moto, which then terminates the instance.
 """
 
 from __future__ import annotations
 
+import json
 import re
-import threading
 import uuid
 from pathlib import Path
 
 import boto3
 import pytest
-from botocore.awsrequest import AWSResponse
 
-from bootstrap_scripts.agent.aws import MasterAws
 from bootstrap_scripts.agent.identity import NodeIdentity
 from bootstrap_scripts.protocol import state as shared
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import WORKERS_FILE, ClusterPaths
 from bootstrap_scripts.protocol.records import DrainDone, PrepResult, Registration
+from emulator import moto_extensions
 from emulator.resources import ClusterResources, create_cluster
 from emulator.wait_handle import WaitHandle
 from tests.conftest import REGION
@@ -32,26 +31,29 @@ from tests.support.agents import AgentThread, config, master_identity, wait_unti
 LOG_LINE = re.compile(r"^(\d+) (ADDED|REMOVED) (\d+\.\d+\.\d+\.\d+) (\S+)$")
 
 
-@pytest.fixture()
-def completions(monkeypatch) -> list[dict]:
-    """Every CompleteLifecycleAction the agents make (moto does not implement it)."""
-    calls: list[dict] = []
-    lock = threading.Lock()
-    original = MasterAws.connect
+def leave(cluster: ClusterResources, iid: str) -> str:
+    """Take ``iid`` out of the worker group as ``dl-scale --remove`` does; the token of the
+    lifecycle action Auto Scaling published to the hook's topic."""
+    cluster.client("autoscaling").terminate_instance_in_auto_scaling_group(
+        InstanceId=iid, ShouldDecrementDesiredCapacity=True)
+    assert lifecycle_state(cluster, iid) == "Terminating:Wait"
+    (msg,) = [m for m in (json.loads(p["message"]) for p in moto_extensions.published()
+                          if p["topic_arn"] == cluster.topic_arn)
+              if m.get("EC2InstanceId") == iid and "LifecycleActionToken" in m]
+    return msg["LifecycleActionToken"]
 
-    def answer(params, **_kwargs):
-        with lock:
-            calls.append({k: v for k, v in params["body"].items()
-                          if k not in ("Action", "Version")})  # the serialised request
-        return AWSResponse("http://moto/", 200, {}, None), {}
 
-    def connect(self):
-        original(self)
-        self.autoscaling.meta.events.register(
-            "before-call.autoscaling.CompleteLifecycleAction", answer)
+def lifecycle_state(cluster: ClusterResources, iid: str) -> str | None:
+    """The instance's state in the worker group; None once it left the group."""
+    states = {i["InstanceId"]: i["LifecycleState"] for i in cluster.group("worker")["Instances"]}
+    return states.get(iid)
 
-    monkeypatch.setattr(MasterAws, "connect", connect)
-    return calls
+
+def terminated(cluster: ClusterResources, iid: str) -> bool:
+    """Auto Scaling let the instance go (its action completed) and EC2 terminated it."""
+    res = cluster.client("ec2").describe_instances(InstanceIds=[iid])["Reservations"]
+    return lifecycle_state(cluster, iid) is None and \
+        res[0]["Instances"][0]["State"]["Name"] == "terminated"
 
 
 def register(efs: Path, cluster: ClusterResources, iid: str, address: str, gpus: int = 1) -> None:
@@ -90,7 +92,7 @@ def form(cluster: ClusterResources, recorder: WaitHandle, threads: list, tmp_pat
     return t, efs
 
 
-def test_base_protected_elastic_worker_drained_then_completed(env, tmp_path, completions):
+def test_base_protected_elastic_worker_drained_then_completed(env, tmp_path):
     endpoint, recorder, threads = env
     cluster = create_cluster(endpoint, workers=3)
     master, efs = form(cluster, recorder, threads, tmp_path, base_workers=2)
@@ -102,7 +104,7 @@ def test_base_protected_elastic_worker_drained_then_completed(env, tmp_path, com
     assert flags[m1.master.instance_id] is True
     assert [flags[n.instance_id] for n in workers] == [True, True, False]
 
-    token = str(uuid.uuid4())
+    token = leave(cluster, elastic.instance_id)
     cluster.send(cluster.drain_message(elastic.instance_id, token))
     wait_until(lambda: shared.read_current(efs).generation == 2, 20, what="generation 2")
     m2 = shared.read_current(efs)
@@ -110,7 +112,8 @@ def test_base_protected_elastic_worker_drained_then_completed(env, tmp_path, com
     assert m2.reason == "membership-change"
     record = shared.read_drain(efs, elastic.instance_id)
     assert record.address == elastic.address and record.deadline > record.requested_at
-    assert not record.completed and completions == []  # waits for the executor
+    assert not record.completed  # waits for the executor
+    assert lifecycle_state(cluster, elastic.instance_id) == "Terminating:Wait"
     # The master appends the log line and applies the generation locally just after it
     # publishes membership.json: wait for both, bounded.
     wait_until(lambda: ("2", "REMOVED", elastic.address) in log_lines(efs), 10,
@@ -122,11 +125,10 @@ def test_base_protected_elastic_worker_drained_then_completed(env, tmp_path, com
     store.write_record(ClusterPaths(efs).drain_done(elastic.instance_id),  # the executor
                        DrainDone(instance_id=elastic.instance_id, address=elastic.address,
                                  done_at=record.requested_at + 1))
-    wait_until(lambda: completions, 20, what="CompleteLifecycleAction")
-    assert completions == [{
-        "LifecycleHookName": "drain", "AutoScalingGroupName": cluster.worker_asg,
-        "LifecycleActionToken": token, "LifecycleActionResult": "CONTINUE",
-        "InstanceId": elastic.instance_id}]
+    # CompleteLifecycleAction CONTINUE with the hook, group and token: Auto Scaling ends
+    # the wait and the instance terminates.
+    wait_until(lambda: terminated(cluster, elastic.instance_id), 20,
+               what="CompleteLifecycleAction to terminate the instance")
     done = wait_until(lambda: (r := shared.read_drain(efs, elastic.instance_id))
                       .completed and r, 10, what="the drain record to complete")
     assert (done.reason, done.outcome, done.result) == ("done", "completed", "CONTINUE")
@@ -137,33 +139,38 @@ def test_base_protected_elastic_worker_drained_then_completed(env, tmp_path, com
     wait_until(lambda: cluster.queue_depth() == 0, 20, what="the queue to drain")
     master.agent.stop.wait(1.5)
     assert shared.read_current(efs).generation == 2
-    assert len(completions) == 1
+    assert shared.read_drain(efs, elastic.instance_id) == done  # not completed again
 
 
-def test_drain_deadline_completes_without_the_executor(env, tmp_path, completions):
+def test_drain_deadline_completes_without_the_executor(env, tmp_path):
     endpoint, recorder, threads = env
     cluster = create_cluster(endpoint, workers=2)
     _master, efs = form(cluster, recorder, threads, tmp_path, drain_timeout=1.0)
     victim = shared.read_current(efs).nodes[2]
-    cluster.send(cluster.drain_message(victim.instance_id, str(uuid.uuid4())))
-    wait_until(lambda: completions, 20, what="CompleteLifecycleAction at the deadline")
+    cluster.send(cluster.drain_message(victim.instance_id, leave(cluster, victim.instance_id)))
+    wait_until(lambda: terminated(cluster, victim.instance_id), 20,
+               what="CompleteLifecycleAction at the deadline")
     record = wait_until(lambda: (r := shared.read_drain(efs, victim.instance_id))
                         .completed and r, 10, what="the completed record")
-    assert record.reason == "deadline"
+    assert (record.reason, record.outcome) == ("deadline", "completed")
     assert shared.read_current(efs).node_by_instance(victim.instance_id) is None
 
 
-def test_drain_of_a_non_member_completes_at_once(env, tmp_path, completions):
+def test_drain_of_a_non_member_completes_at_once(env, tmp_path):
     endpoint, recorder, threads = env
     cluster = create_cluster(endpoint, workers=1)
     _master, efs = form(cluster, recorder, threads, tmp_path)
     cluster.send(cluster.drain_message("i-0123456789abcdef0", str(uuid.uuid4())))
-    wait_until(lambda: completions, 20, what="CompleteLifecycleAction")
-    assert shared.read_drain(efs, "i-0123456789abcdef0").reason == "not-a-member"
+    record = wait_until(lambda: (r := shared.read_drain(efs, "i-0123456789abcdef0"))
+                        and r.completed and r, 20, what="the completed record")
+    assert record.reason == "not-a-member"
+    # Auto Scaling holds no such action: its answer is final, not retried.
+    assert record.outcome.startswith("no-active-action: ") and record.attempts == 0
+    assert "No active Lifecycle Action found" in record.outcome
     assert shared.read_current(efs).generation == 1
 
 
-def test_scale_out_joins_only_registered_and_prepared_nodes(env, tmp_path, completions):
+def test_scale_out_joins_only_registered_and_prepared_nodes(env, tmp_path):
     """Workers run --data-prep; a failing one never joins, the others do, as elastic."""
     endpoint, recorder, threads = env
     cluster = create_cluster(endpoint, workers=1)
@@ -223,7 +230,7 @@ def test_scale_out_joins_only_registered_and_prepared_nodes(env, tmp_path, compl
                what="the master refusing the unprepared node")
 
 
-def test_node_started_by_hand_from_the_launch_template_joins(env, tmp_path, completions):
+def test_node_started_by_hand_from_the_launch_template_joins(env, tmp_path):
     """No Auto Scaling message announces it: the master finds its registration."""
     endpoint, recorder, threads = env
     cluster = create_cluster(endpoint, workers=1)
@@ -240,7 +247,7 @@ def test_node_started_by_hand_from_the_launch_template_joins(env, tmp_path, comp
 
 
 @pytest.mark.bench
-def test_bench_drain_and_join_latency(env, tmp_path, completions):
+def test_bench_drain_and_join_latency(env, tmp_path):
     """Figures for docs/elastic.md: drain-request sent -> generation without the node, and
     a newcomer's registration -> generation with it (master thread, moto server)."""
     import time

@@ -43,7 +43,7 @@ def test_master_first_then_workers_in_numeric_address_order():
     assert [n.address for n in m.nodes] == ["10.0.0.5", "10.0.128.2", "10.0.128.9",
                                             "10.0.128.10"]
     assert [n.rank for n in m.nodes] == [0, 1, 2, 3]
-    assert [n.alias for n in m.nodes] == [f"deeplearning-worker{r}" for r in range(4)]
+    assert [n.alias for n in m.nodes] == [f"deeplearning-worker{i}" for i in range(1, 5)]
     assert m.master.role == "master" and {n.role for n in m.nodes[1:]} == {"worker"}
 
 
@@ -53,6 +53,13 @@ def test_master_listed_among_workers_appears_once():
                             workers=[{"instance_id": "i-m", "address": "10.0.0.5"},
                                      {"instance_id": "i-w", "address": "10.0.0.6"}])
     assert [n.instance_id for n in m.nodes] == ["i-m", "i-w"]
+
+
+def test_alias_that_disagrees_with_the_rank_is_rejected():
+    data = make().to_dict()
+    data["nodes"][1]["alias"] = "deeplearning-worker0"  # numbered from 0: loops miss a node
+    with pytest.raises(MembershipError, match=r"10\.0\.128\.2.*'deeplearning-worker2'"):
+        Membership.from_dict(data)
 
 
 def test_duplicate_address_is_rejected_with_the_address_named():
@@ -143,5 +150,6 @@ def test_hosts_block_is_replaced_not_appended(tmp_path):
     text = (tmp_path / "etc/hosts").read_text()
     assert text.startswith("127.0.0.1 localhost\n10.9.9.9 mine\n")
     assert text.count(HOSTS_BEGIN) == 1
-    assert "10.0.128.3 deeplearning-worker1\n" in text
+    assert "10.0.0.5 deeplearning-worker1 deeplearning-master\n" in text
+    assert "10.0.128.3 deeplearning-worker2\n" in text
     assert "10.0.128.9" not in text

@@ -57,3 +57,13 @@ def test_bench_elastic_join_and_drain(tmp_path):
     print(f"[bench] drain latency               {el['drain_latency_s']} s  (lifecycle notice "
           "-> training again without the node)")
     print(f"[bench] drain .done after notice    {el['drain'].get('done_s')} s")
+
+
+def test_bench_default_demo(tmp_path):
+    """The README's `make demo` figure: the default run (2 workers, 20 epochs), real processes."""
+    code, out, report = run_demo(tmp_path)
+    assert code == 0, out
+    assert_nothing_left(tmp_path, report)
+    print(f"\n[bench] make demo (default: 2 workers, {len(report['epochs'])} epochs, real "
+          f"processes)  whole demo {report['timings']['total_s']:.1f} s, accuracy "
+          f"{report['final_acc']:.3f}, load average {os.getloadavg()[0]:.1f}")

@@ -9,6 +9,7 @@ process group, so a failing test never leaves a cluster behind.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -140,6 +141,10 @@ def test_demo_kill_a_worker_mid_training_then_resume(tmp_path):
     log = ClusterPaths(efs).membership_log.read_text()
     assert f"REMOVED {kill['address']}" in log
     assert ClusterPaths(efs).generation(2).exists()
+    # the summary says which job each figure is from (world size 3, then 2 after the kill)
+    assert re.search(r"job 1 \(first, a node killed at [\d.]+\): world size\s*│\s*3", out)
+    assert re.search(r"job 2 \(resumed\): world size\s*│\s*2", out)
+    assert re.search(r"job 2 \(resumed\): final accuracy", out)
     assert_nothing_left(tmp_path, report)
 
 

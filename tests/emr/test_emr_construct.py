@@ -23,7 +23,8 @@ from constructs_lib.images import IMAGE_FAMILIES
 from constructs_lib.package_paths import node_scripts_dir
 from tests.emr.conftest import Synth, cdk_context
 
-DLAMI_AL2023 = IMAGE_FAMILIES["amazon-linux-2023"].ssm_parameter
+DLAMI_AL2023 = IMAGE_FAMILIES["amazon-linux-2023"].ssm_parameter(
+    IMAGE_FAMILIES["amazon-linux-2023"].default_pytorch)
 
 
 def ref(logical_id: str) -> dict:

@@ -30,7 +30,7 @@ def test_every_path_is_documented(path: str) -> None:
 
 
 def test_every_documented_efs_path_exists_in_code() -> None:
-    listed = re.findall(r"^((?:cluster|jobs|opt|etc|var)/\S+)", DOC, flags=re.M)
+    listed = re.findall(r"^((?:cluster|jobs|checkpoints|opt|etc|var)/\S+)", DOC, flags=re.M)
     assert listed, "the file lists in docs/protocol.md were not found"
     for path in listed:
         assert path in LAYOUT, f"docs/protocol.md lists {path}, which protocol.paths lacks"

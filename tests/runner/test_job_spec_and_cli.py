@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from bootstrap_scripts.jobs import runner
 from bootstrap_scripts.protocol import jobs as js
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import validate_job_id
+from tests.conftest import REPO_ROOT
 
 
 def test_spec_round_trips_and_finds_shares():
@@ -64,3 +68,20 @@ def test_bad_env_and_missing_membership_are_usage_errors(tmp_path, capsys):
     parser_args = runner.build_parser().parse_args(["--env", "NOVALUE"])
     with pytest.raises(runner.RunError, match="'NOVALUE'"):
         runner.job_env(parser_args)
+
+
+#: ``dl-run [options] -- -m module``: works (torchrun takes it), but the documented form
+#: is ``dl-run -- python -m module`` (docs/runner.md: a leading python is the job's
+#: interpreter); two spellings in the docs read as two different things.
+BARE_MODULE = re.compile(r"dl-run\b[^\n`\"]*? -- +-m ")
+
+
+def test_every_printed_and_documented_dl_run_example_uses_python_dash_m():
+    root = Path(REPO_ROOT)
+    files = [root / "README.md", root / "CONTRIBUTING.md", *sorted((root / "docs").glob("*.md")),
+             *sorted((root / "emulator").rglob("*.py")),
+             *sorted((root / "bootstrap_scripts").rglob("*.py"))]
+    found = [f"{f.relative_to(root)}:{n}: {line.strip()}" for f in files
+             for n, line in enumerate(f.read_text().splitlines(), 1) if BARE_MODULE.search(line)]
+    assert not found, "write `dl-run -- python -m …`:\n" + "\n".join(found)
+    assert BARE_MODULE.search("dl-run --elastic -- -m bootstrap_scripts.examples.train_digits")

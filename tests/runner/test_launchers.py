@@ -8,6 +8,7 @@ import shlex
 import pytest
 
 from bootstrap_scripts.jobs import launchers as ln
+from bootstrap_scripts.jobs import rdzv_store
 from bootstrap_scripts.protocol.membership import build_membership
 
 NODES = [1, 2, 5]
@@ -46,7 +47,7 @@ def test_torchrun_one_agent_per_node_same_rendezvous(n, gpus):
     assert not plan.master_only
     assert [s.address for s in plan.shares] == [node.address for node in m.nodes]
     for share, node in zip(plan.shares, m.nodes, strict=True):
-        (proc,) = share.procs
+        proc, *helpers = share.procs
         argv = proc.argv
         assert argv[:3] == ("/usr/bin/python3", "-m", "torch.distributed.run")
         assert flag(argv, "nnodes") == str(n)
@@ -56,8 +57,17 @@ def test_torchrun_one_agent_per_node_same_rendezvous(n, gpus):
         assert flag(argv, "rdzv-id") == "job-1"
         assert flag(argv, "local-addr") == node.address
         assert flag(argv, "max-restarts") == "2"
-        assert flag(argv, "rdzv-conf") == f"is_host={'true' if node.rank == 0 else 'false'}"
+        # No agent hosts the store (it would take it away when it exits first): the
+        # master's share serves it from a helper that the executor stops last.
+        assert flag(argv, "rdzv-conf") == "is_host=false"
         assert argv[-3:] == ("train.py", "--epochs", "3")
+        if node.rank == 0:
+            (store,) = helpers
+            assert store.label == rdzv_store.RDZV_STORE_LABEL and not store.wait
+            assert store.argv == ("/usr/bin/python3", rdzv_store.RDZV_STORE_SCRIPT,
+                                  "--host", "10.0.0.4", "--port", "29400")
+        else:
+            assert helpers == []
 
 
 def test_torchrun_ranks_are_sorted_numerically():
@@ -183,8 +193,8 @@ def test_mxnet_launch_command(n, gpus):
     assert plan.files["workers"] == "".join(f"{node.address}\n" for node in m.nodes)
     assert list(plan.shares[0].procs[0].argv) == [
         "/usr/bin/python3", "/opt/mxnet/tools/launch.py", "-n", str(n), "-H",
-        "/efs/jobs/job-1/workers", "--launcher", "ssh", "python", "train.py", "--kv-store",
-        "dist_sync"]
+        "/efs/jobs/job-1/workers", "--launcher", "ssh", "/usr/bin/python3", "train.py",
+        "--kv-store", "dist_sync"]
 
 
 @shape
@@ -198,3 +208,28 @@ def test_unknown_launcher_and_empty_command_are_named():
         ln.plan("slurm", cluster(1, 0), ["t.py"], opts())
     with pytest.raises(ln.LaunchError, match="no command"):
         ln.plan("torchrun", cluster(1, 0), [], opts())
+
+
+@pytest.mark.parametrize("launcher", ln.LAUNCHERS)
+@pytest.mark.parametrize("word", ["python", "python3", "python3.11"])
+def test_a_leading_python_is_the_jobs_interpreter_for_every_launcher(launcher, word):
+    """``dl-run -- python -m pkg.mod`` runs ``--python`` on every node, whatever ``python``
+    the node's PATH would find; torchrun runs the module with it directly."""
+    plan = ln.plan(launcher, cluster(2, 0), [word, "-m", "pkg.mod", "--x"],
+                   opts(python="/opt/env/bin/python3"))
+    argv = plan.shares[0].procs[0].argv
+    assert word not in argv
+    if launcher == "torchrun":
+        assert argv[0] == "/opt/env/bin/python3" and argv[-3:] == ("-m", "pkg.mod", "--x")
+        assert argv.count("/opt/env/bin/python3") == 1
+    else:
+        assert argv[-4:] == ("/opt/env/bin/python3", "-m", "pkg.mod", "--x")
+
+
+def test_an_interpreter_path_runs_as_given_except_under_torchrun():
+    plan = ln.plan("each", cluster(2, 0), ["/opt/other/bin/python", "t.py"], opts())
+    assert plan.shares[0].procs[0].argv == ("/opt/other/bin/python", "t.py")
+    with pytest.raises(ln.LaunchError, match="pass --python /opt/other/bin/python"):
+        ln.plan("torchrun", cluster(2, 0), ["/opt/other/bin/python", "t.py"], opts())
+    same = ln.plan("torchrun", cluster(2, 0), ["/usr/bin/python3", "t.py"], opts())
+    assert same.shares[0].procs[0].argv[-1] == "t.py"

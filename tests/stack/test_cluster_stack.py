@@ -34,7 +34,7 @@ def test_every_launch_template_requires_imdsv2(template: Template) -> None:
 def test_root_volumes_encrypted_gp3_100gib_by_default(template: Template) -> None:
     for lt in _resources(template, "AWS::EC2::LaunchTemplate").values():
         (bdm,) = lt["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
-        assert bdm["DeviceName"] == "/dev/sda1"  # Ubuntu DLAMI root device: resizes root
+        assert bdm["DeviceName"] == "/dev/xvda"  # AL2023 DLAMI root device: resizes root
         assert bdm["Ebs"] == {
             "Encrypted": True,
             "VolumeType": "gp3",

@@ -18,7 +18,7 @@ def test_defaults() -> None:
     assert s == ClusterSettings()
     assert (s.worker_count, s.image_type, s.efs_mount_point, s.root_volume_gib) == (
         2,
-        "ubuntu",
+        "amazon-linux-2023",
         "/efs",
         100,
     )
@@ -30,7 +30,8 @@ def test_every_documented_key_is_parsed() -> None:
         "workerCount": "3",
         "workerInstanceType": "p4d.24xlarge",
         "masterInstanceType": "g5.2xlarge",
-        "imageType": "amazon-linux-2023",
+        "imageType": "ubuntu",
+        "pytorchVersion": "2.11",
         "amiId": "ami-0123456789abcdef0",
         "sshCidr": "203.0.113.0/24",
         "keyName": "me",
@@ -49,7 +50,8 @@ def test_every_documented_key_is_parsed() -> None:
         worker_count=3,
         worker_instance_type="p4d.24xlarge",
         master_instance_type="g5.2xlarge",
-        image_type="amazon-linux-2023",
+        image_type="ubuntu",
+        pytorch_version="2.11",
         ami_id="ami-0123456789abcdef0",
         ssh_cidr="203.0.113.0/24",
         key_name="me",
@@ -82,6 +84,11 @@ def test_every_documented_key_is_parsed() -> None:
         ("efsFileSystemId", "fs-XYZ"),
         ("efsFileSystemId", "12345"),
         ("imageType", "windows"),
+        ("pytorchVersion", "2"),
+        ("pytorchVersion", "2.13.0"),
+        ("pytorchVersion", "latest"),
+        ("pytorchVersion", "v2.13"),
+        ("pytorchVersion", "2.x"),
         ("amiId", "ami-nothex!"),
         ("efsMountPoint", "relative/path"),
         ("efsMountPoint", "/"),
@@ -129,6 +136,7 @@ def test_defaults_are_the_constructs_own() -> None:
     props = inspect.signature(DeepLearningCluster.__init__).parameters
     s = ClusterSettings()
     for field in ("worker_count", "worker_instance_type", "master_instance_type", "image_type",
+                  "pytorch_version",
                   "efs_mount_point", "vpc_cidr", "root_volume_gib", "spot_workers",
                   "max_workers", "ssh_cidr", "data_prep_script"):
         assert getattr(s, field) == props[field].default, field

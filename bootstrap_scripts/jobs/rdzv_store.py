@@ -1,0 +1,67 @@
+"""The rendezvous store of one torchrun job, hosted by a process of its own on the master.
+
+``python rdzv_store.py --host ADDR --port PORT`` (run by file path with the job's
+interpreter: it imports only the standard library and torch, so it needs no PYTHONPATH).
+
+Why not let the master's torchrun agent host it (``--rdzv-conf is_host=true``)? Then the
+store lives exactly as long as that agent. At the end of a successful job every agent
+passes torch's exit barrier and closes the rendezvous; the master's agent, done first,
+exits and takes the store with it while the other agents are still reading the barrier's
+last key or closing the rendezvous: each of them then logs ``recvVector failed``, a
+``RendezvousConnectionError`` and "failed to shutdown the rendezvous" with pages of C++
+frames, on a job that succeeded. torch's c10d rendezvous backend accepts a store hosted
+elsewhere (``is_host=false`` makes every agent a client of the endpoint), so the job's
+store is this process, in the master's share; the master's executor keeps it up until
+every other share of the job has exited (``jobs/shares.py``) and only then stops it.
+
+Prints nothing while it serves; a store that cannot listen exits 1 with the reason (the
+executor then fails the master's share with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+#: The label of this process in the master's share (its log: ``nodes/0-rdzv-store.log``);
+#: the executor keeps it up until every other share of the job has exited (``shares.py``).
+RDZV_STORE_LABEL = "rdzv-store"
+#: Run by file path with the job's interpreter. The nodes are identical machines, so the
+#: path ``dl-run`` computes is the master's too.
+RDZV_STORE_SCRIPT = str(Path(__file__).resolve())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="rdzv_store.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", required=True, help="the master's address (the rdzv endpoint)")
+    p.add_argument("--port", type=int, required=True, help="the rendezvous port")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from torch.distributed import TCPStore  # here: --help works without torch
+
+    try:
+        # The same kind of server torch's c10d backend creates when it hosts the store
+        # itself; wait_for_workers=False: the agents connect whenever they start.
+        store = TCPStore(args.host, args.port, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=60))
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"rdzv-store: cannot serve the rendezvous on {args.host}:{args.port}: {exc}",
+              file=sys.stderr, flush=True)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    try:
+        while True:
+            signal.pause()
+    finally:
+        del store
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Jobs run as the user who submitted them, not as the executors' root (a real user).
+
+The executors run as root on every node (as on a real cluster); ``dl-run`` runs as a user
+created for the test. The job's processes must carry that user's uid on every node, the
+files they write on EFS must belong to it, and a job root submits still runs as root.
+CI runs as root, so this runs there; it is skipped only where users cannot be created.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import secrets
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts.agent.install import BIN_DIR
+from bootstrap_scripts.jobs.executor import SHARED_DIR_MODE, SHARED_EFS_DIRS
+from bootstrap_scripts.procgroup import stop_popen_group
+from bootstrap_scripts.protocol.paths import JobPaths
+from emulator.nodes import PYTHON, base_env
+from tests.conftest import REPO_ROOT
+from tests.support.cluster import LocalCluster, free_rdzv_port, start_local_cluster
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="creating a user needs root")]
+WHOAMI = Path(__file__).parent / "jobs" / "whoami.py"
+WHOAMI_RE = re.compile(r"^\[(\d) \S+\] whoami node=\d uid=(\d+) euid=(\d+) gid=(\d+)", re.M)
+
+
+@pytest.fixture()
+def job_user() -> Iterator[pwd.struct_passwd]:
+    """A real unprivileged user (own group, own home), removed afterwards."""
+    name = f"dltest{secrets.token_hex(3)}"
+    subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name],
+                   check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+
+
+@pytest.fixture()
+def reachable_python() -> Iterator[None]:
+    """The interpreter, as on a DLAMI, usable by every user: directories on its path that
+    others cannot traverse (a pyenv under /root here) get o+x for the test, then back."""
+    changed: list[tuple[Path, int]] = []
+    try:
+        for target in (Path(os.path.realpath(PYTHON)), Path(PYTHON), Path(REPO_ROOT)):
+            for d in target.parents:
+                mode = stat.S_IMODE(d.stat().st_mode)
+                if not mode & stat.S_IXOTH and d not in (c[0] for c in changed):
+                    changed.append((d, mode))
+                    os.chmod(d, mode | stat.S_IXOTH)
+        yield
+    finally:
+        for d, mode in reversed(changed):
+            os.chmod(d, mode)
+
+
+@pytest.fixture()
+def cluster(job_user, reachable_python) -> Iterator[LocalCluster]:
+    """Two emulated nodes whose executors run as root, in a directory every user can
+    reach (pytest's own temporary directory is private to root)."""
+    tmp = Path(tempfile.mkdtemp(prefix="dl-owner-"))
+    os.chmod(tmp, 0o755)
+    c = start_local_cluster(tmp / "c", 2)
+    try:
+        c.start_executors()
+        yield c
+    finally:
+        c.stop()
+        left = c.leftovers()
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert not left, f"processes left behind: {sorted(left)}"
+
+
+def run_as(c: LocalCluster, user: pwd.struct_passwd, *args: str) -> tuple[int, str]:
+    """``dl-run`` on the master as ``user``, with the environment a login would give."""
+    env = {**base_env(), "HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
+    p = subprocess.Popen([str(c.master_root / BIN_DIR / "dl-run"), "--root", str(c.master_root),
+                          *args], cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, start_new_session=True,
+                         user=user.pw_uid, group=user.pw_gid, extra_groups=[])
+    c.runners.append(p)
+    try:
+        out, _ = p.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        stop_popen_group(p)
+        out, _ = p.communicate()
+        raise AssertionError(f"dl-run timed out; output so far:\n{out}") from None
+    return p.returncode, out
+
+
+def test_a_users_job_runs_as_that_user_on_every_node(cluster, job_user):
+    c = cluster
+    for name in SHARED_EFS_DIRS:  # the executors made them writable for everybody
+        st = (c.efs / name).stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, SHARED_DIR_MODE), name
+    rc, out = run_as(c, job_user, "--rdzv-port", free_rdzv_port(c), "--",
+                     "python", str(WHOAMI))
+    assert rc == 0, out
+    ranks = {m.group(1): m.groups()[1:] for m in WHOAMI_RE.finditer(out)}
+    uid, gid = str(job_user.pw_uid), str(job_user.pw_gid)
+    assert ranks == {"0": (uid, uid, gid), "1": (uid, uid, gid)}, out
+    (jdir,) = c.job_dirs()
+    assert JobPaths(jdir).spec.stat().st_uid == job_user.pw_uid
+    written = sorted((c.efs / "checkpoints" / jdir.name).iterdir())
+    assert [p.name for p in written] == ["node0.txt", "node1.txt"]
+    for path in [written[0].parent, *written]:
+        st = path.stat()
+        assert (st.st_uid, st.st_gid) == (job_user.pw_uid, job_user.pw_gid), path
+
+
+def test_a_job_root_submits_runs_as_root(cluster):
+    c = cluster
+    res = c.run("--launcher", "each", "--", "python", str(WHOAMI))
+    assert res.returncode == 0, res.stdout
+    ranks = {m.group(1): m.groups()[1:] for m in WHOAMI_RE.finditer(res.stdout)}
+    assert ranks == {"0": ("0", "0", "0"), "1": ("0", "0", "0")}, res.stdout

@@ -1,0 +1,149 @@
+"""What decides whether a first deploy to a real account works, asserted on the synthesized
+templates: the default image and how it mounts EFS, the PyTorch line in the DLAMI parameter,
+nodes that boot only once EFS can be mounted, EFA interfaces, and where a failed capacity-
+adjuster invocation goes (docs/node-agent.md "The machine image", "Mounting EFS";
+docs/capacity-adjuster.md "Lost notifications")."""
+
+from __future__ import annotations
+
+import json
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk.assertions import Template
+
+from constructs_lib import DeepLearningCluster
+from constructs_lib.images import IMAGE_FAMILIES, dlami_parameter
+from constructs_lib.user_data import MOUNT_TIMEOUT_SECONDS
+from tests.stack.synth import cluster_template, new_app
+
+DLAMI = "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-{}/latest/ami-id"
+
+
+@pytest.fixture(scope="module")
+def default() -> Template:
+    return cluster_template()
+
+
+def user_data(t: Template) -> dict[str, str]:
+    out = {}
+    for lt in t.find_resources("AWS::EC2::LaunchTemplate").values():
+        parts = lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+        text = "".join(p if isinstance(p, str) else "<token>" for p in parts)
+        out["master" if "--role 'master'" in text else "worker"] = text
+    return out
+
+
+def dlami_parameters(t: Template) -> list[str]:
+    return [p["Default"] for k, p in t.to_json().get("Parameters", {}).items()
+            if k.startswith("SsmParameterValue")]
+
+
+def statements(t: Template, policy_fragment: str) -> list[dict]:
+    found = [p for k, p in t.find_resources("AWS::IAM::Policy").items() if policy_fragment in k]
+    assert len(found) == 1, policy_fragment
+    return found[0]["Properties"]["PolicyDocument"]["Statement"]
+
+
+# -- 12.1 / 12.2: the image, its PyTorch line, and how it mounts EFS --------------------------
+def test_default_is_the_al2023_pytorch_dlami_which_installs_efs_utils(default: Template) -> None:
+    assert dlami_parameters(default) == [DLAMI.format("2.13-amazon-linux-2023")]
+    for role, text in user_data(default).items():
+        assert "\ndnf install -y -q amazon-efs-utils || echo " in text, role
+        assert f"--mount-timeout '{MOUNT_TIMEOUT_SECONDS}'" in text, role
+        assert "PY=/opt/pytorch/bin/python" in text, role
+    for lt in default.find_resources("AWS::EC2::LaunchTemplate").values():
+        (bdm,) = lt["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
+        assert bdm["DeviceName"] == "/dev/xvda"
+
+
+def test_tls_stays_required_by_default(default: Template) -> None:
+    (fs,) = default.find_resources("AWS::EFS::FileSystem").values()
+    deny = [s for s in fs["Properties"]["FileSystemPolicy"]["Statement"]
+            if s["Effect"] == "Deny"]
+    assert deny and deny[0]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+def test_ubuntu_and_another_pytorch_line() -> None:
+    t = cluster_template(imageType="ubuntu", pytorchVersion="2.11")
+    assert dlami_parameters(t) == [DLAMI.format("2.11-ubuntu-24.04")]
+    for text in user_data(t).values():
+        assert "dnf" not in text and "no amazon-efs-utils package" in text
+    for lt in t.find_resources("AWS::EC2::LaunchTemplate").values():
+        (bdm,) = lt["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
+        assert bdm["DeviceName"] == "/dev/sda1"
+
+
+def test_parameter_names_follow_the_documented_form() -> None:
+    """/aws/service/deeplearning/ami/<arch>/<DLAMI name without 'Deep Learning'/'AMI'>/
+    latest/ami-id, e.g. 'Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.13 (Amazon Linux
+    2023)' -> oss-nvidia-driver-gpu-pytorch-2.13-amazon-linux-2023."""
+    assert dlami_parameter() == DLAMI.format("2.13-amazon-linux-2023")
+    assert dlami_parameter("ubuntu") == DLAMI.format("2.12-ubuntu-24.04")
+    assert {f: IMAGE_FAMILIES[f].default_pytorch for f in IMAGE_FAMILIES} == {
+        "amazon-linux-2023": "2.13", "ubuntu": "2.12"}
+
+
+def test_nodes_boot_only_once_every_mount_target_is_available(default: Template) -> None:
+    targets = set(default.find_resources("AWS::EFS::MountTarget"))
+    assert len(targets) == 2
+    for name, group in default.find_resources("AWS::AutoScaling::AutoScalingGroup").items():
+        assert targets <= set(group.get("DependsOn", [])), name
+
+
+# -- 12.8: EFA ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("efa", [True, False])
+def test_efa_puts_an_efa_interface_on_both_launch_templates(efa: bool) -> None:
+    stack = cdk.Stack(new_app(), "Efa")
+    cluster = DeepLearningCluster(stack, "Cluster", worker_instance_type="p5.48xlarge",
+                                  master_instance_type="p5.48xlarge", efa=efa)
+    t = Template.from_stack(stack)
+    node_sg = stack.resolve(cluster.node_security_group.security_group_id)
+    data = [lt["Properties"]["LaunchTemplateData"]
+            for lt in t.find_resources("AWS::EC2::LaunchTemplate").values()]
+    assert len(data) == 2
+    for d in data:
+        if not efa:
+            assert "NetworkInterfaces" not in d and d["SecurityGroupIds"] == [node_sg]
+            continue
+        (interface,) = d["NetworkInterfaces"]
+        assert interface["InterfaceType"] == "efa"
+        assert interface["DeviceIndex"] == 0 and interface["Groups"] == [node_sg]
+        assert "SecurityGroupIds" not in d  # the interface carries the groups
+
+
+# -- 12.4: lost notifications --------------------------------------------------------------------
+def test_failed_invocations_go_to_the_master_dead_letter_queue(default: Template) -> None:
+    (config,) = default.find_resources("AWS::Lambda::EventInvokeConfig").values()
+    props = config["Properties"]
+    dlq = [k for k in default.find_resources("AWS::SQS::Queue") if "DeadLetters" in k]
+    assert props["DestinationConfig"] == {"OnFailure": {"Destination": {
+        "Fn::GetAtt": [dlq[0], "Arn"]}}}
+    assert props["MaximumRetryAttempts"] == 2
+    assert props["MaximumEventAgeInSeconds"] == 1800 < 3300  # inside the setup wait
+    arn = {"Fn::GetAtt": [dlq[0], "Arn"]}
+    send = [s for s in statements(default, "CapacityAdjusterRoleDefaultPolicy")
+            if arn in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])]
+    assert len(send) == 1 and "sqs:SendMessage" in send[0]["Action"]
+
+
+def test_only_the_master_may_look_at_the_dead_letter_queue(default: Template) -> None:
+    (dlq,) = [k for k in default.find_resources("AWS::SQS::Queue") if "DeadLetters" in k]
+    arn = {"Fn::GetAtt": [dlq, "Arn"]}
+
+    def on_dlq(fragment: str) -> list:
+        return [s["Action"] for s in statements(default, fragment) if s["Resource"] == arn]
+
+    assert on_dlq("MasterGroupInstanceRoleDefaultPolicy") == [
+        ["sqs:GetQueueUrl", "sqs:ReceiveMessage"]]  # no DeleteMessage: it only looks
+    assert on_dlq("WorkerGroupInstanceRoleDefaultPolicy") == []
+
+
+def test_the_functions_log_group_is_encrypted_with_the_cluster_key(default: Template) -> None:
+    (key_id,) = [k for k in default.find_resources("AWS::KMS::Key") if "CapacityAdjuster" in k]
+    groups = {k: g["Properties"] for k, g in default.find_resources("AWS::Logs::LogGroup").items()
+              if "CapacityAdjuster" in k}
+    assert [g["KmsKeyId"] for g in groups.values()] == [{"Fn::GetAtt": [key_id, "Arn"]}]
+    key = default.find_resources("AWS::KMS::Key")[key_id]["Properties"]["KeyPolicy"]
+    (logs,) = [s for s in key["Statement"] if s.get("Sid") == "CloudWatchLogsEncryptsLogGroups"]
+    assert "kms:EncryptionContext:aws:logs:arn" in json.dumps(logs["Condition"]["StringLike"])

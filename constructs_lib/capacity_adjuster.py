@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import ArnFormat, Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -64,6 +66,8 @@ class CapacityAdjuster(Construct):
         failed_invocations_queue: sqs.IQueue | None = None,
         log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
         timeout: Duration = DEFAULT_TIMEOUT,
+        zone_choices: Sequence[tuple[str, str, str]] = (),
+        max_zone_moves: int = 0,
     ) -> None:
         """
         :param cluster_id: the ``dl-cluster:id`` tag value of the cluster's groups.
@@ -76,6 +80,14 @@ class CapacityAdjuster(Construct):
             :default: one month
         :param timeout: the function's timeout.
             :default: 60 seconds
+        :param zone_choices: for a single-zone cluster, ``(zone, private subnet id,
+            placement group name or "")`` in the order the groups may move when launches
+            fail for capacity (docs/capacity-adjuster.md, "Zone fallback"); the first is
+            where the groups start. Fewer than two: the groups never move.
+            :default: none
+        :param max_zone_moves: how many times the groups may move before the worker count
+            is lowered instead.
+            :default: 0
         """
         super().__init__(scope, construct_id)
         self.cluster_id = cluster_id
@@ -153,6 +165,19 @@ class CapacityAdjuster(Construct):
             )
         )
         master_queue.grant_send_messages(self.role)
+        moves = min(max_zone_moves, max(len(zone_choices) - 1, 0))
+        if moves:
+            # Moving a group: its subnets (only the cluster's own) and, before the cluster
+            # formed, replacing instances left in the zone it leaves.
+            statement = this_clusters_groups(
+                self, sid="MoveOnlyThisClustersGroups", cluster_id=cluster_id,
+                actions=["autoscaling:UpdateAutoScalingGroup"])
+            statement.add_condition("ForAllValues:StringEquals", {
+                "autoscaling:VPCZoneIdentifiers": [subnet for _z, subnet, _p in zone_choices]})
+            self.role.add_to_policy(statement)
+            self.role.add_to_policy(this_clusters_groups(
+                self, sid="ReplaceInstancesOfThisClustersGroups", cluster_id=cluster_id,
+                actions=["autoscaling:TerminateInstanceInAutoScalingGroup"]))
 
         self.function = lambda_.Function(
             self,
@@ -174,6 +199,8 @@ class CapacityAdjuster(Construct):
                 "CLUSTER_TAG_KEY": CLUSTER_TAG_KEY,
                 "ROLE_TAG_KEY": ROLE_TAG_KEY,
                 "LOG_LEVEL": "INFO",
+                "ZONE_CHOICES": ",".join(f"{z}|{s}|{p}" for z, s, p in zone_choices),
+                "MAX_ZONE_MOVES": str(moves),
             },
         )
         # Decrypting the notification is SNS's job; the function needs no key access.
@@ -210,4 +237,25 @@ def this_clusters_groups(
             )
         ],
         conditions={"StringEquals": {f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": cluster_id}},
+    )
+
+
+def grant_elastic_control(scope: Construct, role: iam.IRole, cluster_id: str) -> None:
+    """The master agent completes drains and sets scale-in protection; ``dl-scale`` (run on
+    the master) changes capacity and removes workers. Only this cluster's groups: the same
+    tag condition as the capacity adjuster's."""
+    role.add_to_principal_policy(
+        this_clusters_groups(
+            scope,
+            sid="ElasticMembershipOfThisCluster",
+            cluster_id=cluster_id,
+            actions=[
+                "autoscaling:CompleteLifecycleAction",
+                "autoscaling:SetInstanceProtection",
+                "autoscaling:SetDesiredCapacity",
+                "autoscaling:TerminateInstanceInAutoScalingGroup",
+                # the job controller marks a failed node's instance Unhealthy (replaced)
+                "autoscaling:SetInstanceHealth",
+            ],
+        )
     )

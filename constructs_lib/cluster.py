@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jsii
 from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -10,13 +12,14 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from constructs_lib import validation
-from constructs_lib.capacity_adjuster import CapacityAdjuster, this_clusters_groups
+from constructs_lib import launch, validation
+from constructs_lib.capacity_adjuster import CapacityAdjuster, grant_elastic_control
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami, image_family
 from constructs_lib.images import pytorch_version as pytorch_version_check
 from constructs_lib.metadata_queues import MetadataQueues
-from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork
-from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
+from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
+from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup, grant_node_access
+from constructs_lib.operator_access import OperatorAccess
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
 from constructs_lib.shared_storage import (
     DEFAULT_MOUNT_POINT,
@@ -41,9 +44,10 @@ SETUP_TIMEOUT_SECONDS = 3300
 class DeepLearningCluster(Construct):
     """A distributed-training cluster: one master and ``worker_count`` workers.
 
-    The master also trains (rank 0), as in the original template. Nodes live in one AZ's
-    private subnet (lowest latency, and a cluster placement group needs a single AZ); the
-    master moves to that AZ's public subnet only when ``ssh_cidr`` is given.
+    The master also trains (rank 0), as in the original template. Nodes live in the private
+    subnets of every zone, or of one zone with a placement group, EFA or a reservation
+    (``constructs_lib.launch.zone_plan``); the master moves to a public subnet only when
+    ``ssh_cidr`` is given.
 
     Elastic training (docs/elastic.md): ``max_workers`` is the worker group's maximum, the
     ceiling of ``dl-scale --workers``; the worker group has a termination lifecycle hook
@@ -62,8 +66,15 @@ class DeepLearningCluster(Construct):
         worker_count: int = DEFAULT_WORKER_COUNT,
         min_workers: int = DEFAULT_MIN_WORKERS,
         max_workers: int | None = None,
-        worker_instance_type: ec2.InstanceType | str = DEFAULT_INSTANCE_TYPE,
-        master_instance_type: ec2.InstanceType | str = DEFAULT_INSTANCE_TYPE,
+        worker_instance_type: ec2.InstanceType | str | None = None,
+        master_instance_type: ec2.InstanceType | str | None = None,
+        worker_instance_types: Sequence[ec2.InstanceType | str] | None = None,
+        master_instance_types: Sequence[ec2.InstanceType | str] | None = None,
+        capacity_reservation_id: str | None = None,
+        capacity_reservation_group_arn: str | None = None,
+        capacity_block_id: str | None = None,
+        availability_zones: Sequence[str] | None = None,
+        max_zone_moves: int = launch.DEFAULT_MAX_ZONE_MOVES,
         machine_image: ec2.IMachineImage | None = None,
         image_type: str = DEFAULT_IMAGE_TYPE,
         pytorch_version: str | None = None,
@@ -96,12 +107,24 @@ class DeepLearningCluster(Construct):
             :default: 1
         :param max_workers: the worker group's maximum, how far ``dl-scale --workers`` grows.
             :default: ``worker_count + spot_workers``
-        :param worker_instance_type: instance type of the workers (``ec2.InstanceType`` or
-            its name).
+        :param worker_instance_type: the workers' type (``ec2.InstanceType`` or a name).
             :default: ``g5.xlarge``
-        :param master_instance_type: instance type of the master (``ec2.InstanceType`` or
-            its name).
-            :default: ``g5.xlarge``
+        :param master_instance_type: the master's type. :default: ``g5.xlarge``
+        :param worker_instance_types: instead of ``worker_instance_type``, an ordered list: the
+            first type with capacity launches (prioritized mixed instances policy).
+            :default: none (the single type)
+        :param master_instance_types: the same for the master. :default: none
+        :param capacity_reservation_id: launch every node into this Capacity Reservation; the
+            nodes then use one zone, the first of ``availability_zones`` (the reservation's).
+            :default: none
+        :param capacity_reservation_group_arn: the same with a reservation group.
+            :default: none
+        :param capacity_block_id: the same with a Capacity Block for ML. :default: none
+        :param availability_zones: the zones of a new VPC and the nodes' zone order (first
+            preferred). :default: the region's first two
+        :param max_zone_moves: zone moves the capacity adjuster may make when a single-zone
+            cluster's launches fail for capacity, before it lowers the worker count.
+            :default: 2
         :param machine_image: the nodes' AMI; ``FixedAmi("ami-...")`` for an AMI id.
             :default: the latest PyTorch Deep Learning AMI of ``image_type``, resolved at
                 deploy time from its public SSM parameter
@@ -167,12 +190,16 @@ class DeepLearningCluster(Construct):
             )
         if data_prep_script is not None:
             data_prep_script = validation.one_line("data_prep_script", data_prep_script)
-        worker_type = ec2.InstanceType(
-            validation.instance_type("worker_instance_type", worker_instance_type)
-        )
-        master_type = ec2.InstanceType(
-            validation.instance_type("master_instance_type", master_instance_type)
-        )
+        self.capacity = launch.check_capacity(
+            worker_types=launch.types_prop("worker_instance_type", worker_instance_type,
+                                           "worker_instance_types", worker_instance_types,
+                                           DEFAULT_INSTANCE_TYPE),
+            master_types=launch.types_prop("master_instance_type", master_instance_type,
+                                           "master_instance_types", master_instance_types,
+                                           DEFAULT_INSTANCE_TYPE),
+            reservation_id=capacity_reservation_id, max_zone_moves=max_zone_moves,
+            reservation_group_arn=capacity_reservation_group_arn,
+            capacity_block_id=capacity_block_id, spot_workers=spot_workers)
         root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         family = image_family(image_type)
         if pytorch_version is not None:
@@ -201,22 +228,19 @@ class DeepLearningCluster(Construct):
         self.data_prep_script = data_prep_script
 
         # -- network, storage, queue ---------------------------------------------------------
-        self.network = ClusterNetwork(self, "Network", vpc=vpc, cidr=vpc_cidr)
+        self.network = ClusterNetwork(self, "Network", vpc=vpc, cidr=vpc_cidr,
+                                      availability_zones=None if vpc else availability_zones)
         self.vpc = self.network.vpc
-        private = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets
-        if not private:
-            raise validation.ConfigError("the VPC has no private subnets with egress for the nodes")
-        node_subnets = ec2.SubnetSelection(subnets=[private[0]])
-        master_subnets = node_subnets
-        if ssh_cidr:
-            public = [
-                s
-                for s in self.vpc.public_subnets
-                if s.availability_zone == private[0].availability_zone
-            ] or self.vpc.public_subnets
-            if not public:
-                raise validation.ConfigError("ssh_cidr needs a public subnet for the master")
-            master_subnets = ec2.SubnetSelection(subnets=[public[0]])
+        self.zones = launch.zone_plan(
+            self.vpc, zones=availability_zones, public_master=bool(ssh_cidr),
+            single_zone=bool(efa or placement_group or create_placement_group
+                             or self.capacity.reserved),
+            fallback=bool(efa or create_placement_group) and not self.capacity.reserved,
+            reservation_prop=self.capacity.reservation_prop)
+        self.placement_groups = [ec2.PlacementGroup(
+            self, "PlacementGroup" + (str(i + 1) if i else ""),
+            strategy=ec2.PlacementGroupStrategy.CLUSTER,
+        ) for i in range(len(self.zones.choices) if create_placement_group else 0)]
 
         self.storage: SharedFileSystem | None = None
         if file_system is None:
@@ -234,37 +258,22 @@ class DeepLearningCluster(Construct):
         self.queues = MetadataQueues(self, "MetadataQueues")
         self.master_queue = self.queues.master_queue
 
+        pgs = [g.placement_group_name for g in self.placement_groups] or [""] * len(
+            self.zones.choices)
         self.capacity_adjuster = CapacityAdjuster(
-            self, "CapacityAdjuster", cluster_id=self.cluster_id, master_queue=self.master_queue
-        )
+            self, "CapacityAdjuster", cluster_id=self.cluster_id, master_queue=self.master_queue,
+            max_zone_moves=self.capacity.max_zone_moves, zone_choices=[
+                (zone, subnet.subnet_id, pg)
+                for (zone, subnet), pg in zip(self.zones.choices, pgs, strict=True)])
         self.topic = self.capacity_adjuster.topic
         self.capacity_function = self.capacity_adjuster.function
 
         # -- security groups: nodes talk freely to each other, nothing else gets in -----------
-        self.node_security_group = ec2.SecurityGroup(
-            self,
-            "NodeSecurityGroup",
-            vpc=self.vpc,
-            allow_all_outbound=True,
-            description="Cluster nodes: all traffic between nodes (NCCL, MPI, rendezvous)",
-        )
-        self.node_security_group.add_ingress_rule(
-            self.node_security_group, ec2.Port.all_traffic(), "all traffic between cluster nodes"
-        )
+        self.node_security_group, self.admin_security_group = node_security_groups(
+            self, self.vpc, ssh_cidr)
         self._connections = ec2.Connections(security_groups=[self.node_security_group])
         master_groups: list[ec2.ISecurityGroup] = [self.node_security_group]
-        self.admin_security_group: ec2.SecurityGroup | None = None
-        if ssh_cidr:
-            self.admin_security_group = ec2.SecurityGroup(
-                self,
-                "AdminSsh",
-                vpc=self.vpc,
-                allow_all_outbound=False,
-                description=f"SSH to the master from {ssh_cidr} only",
-            )
-            self.admin_security_group.add_ingress_rule(
-                ec2.Peer.ipv4(ssh_cidr), ec2.Port.tcp(22), "SSH from the administrators' range"
-            )
+        if self.admin_security_group is not None:
             master_groups.append(self.admin_security_group)
         # The file system admits NFS from the nodes (its connections' default port, 2049).
         if self.storage is not None:
@@ -280,11 +289,10 @@ class DeepLearningCluster(Construct):
 
         image = machine_image or deep_learning_ami(image_type, pytorch_version=pytorch_version)
         device = root_device_name or family.root_device_name
-        self.placement_group = placement_group
-        if create_placement_group:
-            self.placement_group = ec2.PlacementGroup(
-                self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
-            )
+        # A new cluster placement group per zone choice, set on the groups (where a zone move
+        # can change it); a given one goes into the launch templates.
+        self.placement_group = self.placement_groups[0] if self.placement_groups else \
+            placement_group
 
         def user_data(node_type: str, wait_handle: str) -> ec2.UserData:
             return node_user_data(
@@ -310,15 +318,18 @@ class DeepLearningCluster(Construct):
             root_device_name=device,
             root_volume_gib=root_volume_gib,
             key_pair=key_pair,
-            placement_group=self.placement_group,
+            placement_group=placement_group,
+            group_placement_group=self.placement_groups[0] if self.placement_groups else None,
             efa=efa,
+            capacity=self.capacity,
         )
         self.master_group = NodeGroup(
             self,
             "MasterGroup",
             node_type="master",
-            vpc_subnets=master_subnets,
-            instance_type=master_type,
+            vpc_subnets=self.zones.master_subnets,
+            instance_type=self.capacity.master_types[0],
+            fallback_instance_types=self.capacity.master_types[1:],
             user_data=user_data("master", self.wait_handle.ref),
             security_groups=master_groups,
             min_capacity=1,
@@ -331,8 +342,9 @@ class DeepLearningCluster(Construct):
             self,
             "WorkerGroup",
             node_type="worker",
-            vpc_subnets=node_subnets,
-            instance_type=worker_type,
+            vpc_subnets=self.zones.node_subnets,
+            instance_type=self.capacity.worker_types[0],
+            fallback_instance_types=self.capacity.worker_types[1:],
             user_data=user_data("worker", ""),
             security_groups=[self.node_security_group],
             min_capacity=min_workers,
@@ -344,10 +356,16 @@ class DeepLearningCluster(Construct):
         # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
         self.drain_hook = self.worker_group.add_drain_hook(self.topic)
         self.drain_hook.node.add_dependency(self.capacity_adjuster)
-        self._grant_elastic_control(self.master_group.role)
+        grant_elastic_control(self, self.master_group.role, self.cluster_id)
+        # The health gate on the master (dl-health --deep, before each managed attempt)
+        # compares each node's GPUs with what EC2 says its instance type has.
+        self.master_group.role.add_to_principal_policy(iam.PolicyStatement(
+            sid="GpuCountsOfInstanceTypes", actions=["ec2:DescribeInstanceTypes"],
+            resources=["*"]))  # no resource-level permissions for this Describe API
         self.queues.grant_lost_notifications_read(self.master_group.role)
         for group in (self.master_group, self.worker_group):
-            self._grant_node_access(group.role)
+            grant_node_access(group.role, queues=self.queues, node_scripts=self.node_scripts,
+                              file_system=self.file_system)
             # The subscription must exist before the first launch notification is sent, and
             # nodes boot only once EFS has a mount target to mount.
             group.auto_scaling_group.node.add_dependency(
@@ -365,47 +383,9 @@ class DeepLearningCluster(Construct):
             timeout=str(setup_timeout_seconds),
         )
         self.wait_condition.node.add_dependency(self.master_group.auto_scaling_group)
-
-    def _grant_node_access(self, role: iam.IRole) -> None:
-        """What the node agent, job executor and health check need, and no more."""
-        self.queues.grant_agent_access(role)
-        # Exactly the one object (asset.grant_read would allow GetObject* on the whole bucket).
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="ReadNodeScripts",
-                actions=["s3:GetObject"],
-                resources=[
-                    self.node_scripts.bucket.arn_for_objects(self.node_scripts.s3_object_key)
-                ],
-            )
-        )
-        # Mount (as root, through a mount target) and write: the agents own the cluster files.
-        self.file_system.grant_root_access(role)
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="DiscoverClusterMembers",
-                actions=["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"],
-                resources=["*"],  # these Describe APIs support no resource-level permissions
-            )
-        )
-
-    def _grant_elastic_control(self, role: iam.IRole) -> None:
-        """The master agent completes drains and sets scale-in protection; ``dl-scale`` (run
-        on the master) changes capacity and removes workers. Only this cluster's groups:
-        the same tag condition as the capacity adjuster's."""
-        role.add_to_principal_policy(
-            this_clusters_groups(
-                self,
-                sid="ElasticMembershipOfThisCluster",
-                cluster_id=self.cluster_id,
-                actions=[
-                    "autoscaling:CompleteLifecycleAction",
-                    "autoscaling:SetInstanceProtection",
-                    "autoscaling:SetDesiredCapacity",
-                    "autoscaling:TerminateInstanceInAutoScalingGroup",
-                ],
-            )
-        )
+        # What an operator's role needs for dlc (status, jobs, scale, sessions): a managed
+        # policy scoped to this cluster's tag (``operator_access.policy``).
+        self.operator_access = OperatorAccess(self, "OperatorAccess", cluster_id=self.cluster_id)
 
     @property
     def connections(self) -> ec2.Connections:

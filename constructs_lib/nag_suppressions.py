@@ -14,11 +14,17 @@ from constructs import IConstruct
 if TYPE_CHECKING:  # pragma: no cover
     from constructs_lib.cluster import DeepLearningCluster
     from constructs_lib.emr_cluster import EmrDeepLearningCluster
+    from constructs_lib.operator_access import OperatorAccess
 
 DESCRIBE_APIS_REASON = (
     "autoscaling:DescribeAutoScalingGroups, autoscaling:DescribeScalingActivities and "
     "ec2:DescribeInstances support no resource-level permissions; they are read-only and the "
     "node agent / capacity adjuster need them to find the cluster's instances."
+)
+HEALTH_GATE_REASON = (
+    " The master's health gate also calls ec2:DescribeInstanceTypes (each node's GPUs against "
+    "its instance type's), which supports no resource-level permissions either "
+    "(https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html)."
 )
 SSM_CORE_REASON = (
     "AmazonSSMManagedInstanceCore is the AWS-maintained minimum for SSM Session Manager, "
@@ -33,7 +39,8 @@ TAG_CONDITIONED_REASON = (
 ELASTIC_CONTROL_REASON = (
     "The master agent completes drain lifecycle actions and sets scale-in protection, and "
     "dl-scale changes the worker count: CompleteLifecycleAction, SetInstanceProtection, "
-    "SetDesiredCapacity and TerminateInstanceInAutoScalingGroup are limited by an "
+    "SetDesiredCapacity and TerminateInstanceInAutoScalingGroup (and the job controller's "
+    "SetInstanceHealth for a failed node) are limited by an "
     "autoscaling:ResourceTag condition to groups tagged dl-cluster:id=<this cluster>; the "
     "group ARNs hold a generated UUID unknown when the role is created."
 )
@@ -58,7 +65,8 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
     for group in (cluster.master_group, cluster.worker_group):
         _ack(group.role, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
              "AmazonSSMManagedInstanceCore]", SSM_CORE_REASON)
-        _ack(group.role, "AwsSolutions-IAM5[Resource::*]", DESCRIBE_APIS_REASON)
+        _ack(group.role, "AwsSolutions-IAM5[Resource::*]", DESCRIBE_APIS_REASON + (
+            HEALTH_GATE_REASON if group is cluster.master_group else ""))
         _ack(group.auto_scaling_group, "@aws-cdk/aws-autoscaling:desiredCapacitySet",
              DESIRED_CAPACITY_REASON)
     _ack(cluster.master_group.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
@@ -66,17 +74,38 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
          ELASTIC_CONTROL_REASON)
     _ack(cluster.drain_hook.role, "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
          HOOK_KEY_REASON)
-    if cluster.spot_workers:
-        _ack(cluster.worker_group.auto_scaling_group, "AwsSolutions-EC26",
-             "The root volume IS encrypted (gp3, Encrypted=true in the worker launch template, "
-             "asserted by tests/stack); with Spot workers the group names that template "
-             "inside a MixedInstancesPolicy, which cdk-nag 3's EC26 rule cannot follow (it "
-             "errors on the intrinsic reference).")
+    for group in (cluster.master_group, cluster.worker_group):
+        if group.mixed_instances:
+            _ack(group.auto_scaling_group, "AwsSolutions-EC26",
+                 "The root volume IS encrypted (gp3, Encrypted=true in the launch template, "
+                 "asserted by tests/stack); with Spot workers or an instance-type fallback "
+                 "list the group names that template inside a MixedInstancesPolicy, which "
+                 "cdk-nag 3's EC26 rule cannot follow (it errors on the intrinsic reference).")
     adjuster = cluster.capacity_adjuster
     _ack(adjuster.role, "AwsSolutions-IAM5[Resource::*]", DESCRIBE_APIS_REASON)
     _ack(adjuster.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:"
          "<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/*]",
          TAG_CONDITIONED_REASON)
+    acknowledge_operator_access(cluster.operator_access)
+
+
+def acknowledge_operator_access(access: OperatorAccess) -> None:
+    """The operator policy's wildcards (constructs_lib/operator_access.py), each scoped."""
+    policy = access.policy
+    prefix = "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
+    _ack(policy, "AwsSolutions-IAM5[Resource::*]",
+         "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances, "
+         "ssm:GetCommandInvocation and pricing:GetProducts support no resource-level "
+         "permissions; all four only read.")
+    _ack(policy, f"{prefix}ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
+         "ssm:SendCommand and ssm:StartSession on instances are limited by an "
+         "ssm:resourceTag/dl-cluster:id condition to this cluster's instances, whose ids "
+         "change with every replacement.")
+    for variable in ("aws:userid", "aws:username"):
+        _ack(policy, f"{prefix}ssm:<AWS::Region>:<AWS::AccountId>:session/<{variable}>-*]",
+             "Session ids start with the caller's name: TerminateSession and ResumeSession "
+             "are allowed on the caller's own sessions only, as AWS's Session Manager "
+             "examples do.")
 
 
 def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
@@ -41,6 +43,7 @@ class ClusterNetwork(Construct):
         max_azs: int = DEFAULT_MAX_AZS,
         nat_gateways: int = DEFAULT_NAT_GATEWAYS,
         flow_log_retention: logs.RetentionDays = DEFAULT_FLOW_LOG_RETENTION,
+        availability_zones: Sequence[str] | None = None,
     ) -> None:
         """
         :param vpc: an existing VPC to use; the other props then do not apply.
@@ -53,6 +56,9 @@ class ClusterNetwork(Construct):
             :default: 1
         :param flow_log_retention: how long the new VPC's flow logs are kept.
             :default: one month
+        :param availability_zones: the new VPC's zones by name (at least 2), instead of
+            ``max_azs`` (e.g. to include the zone of a Capacity Reservation).
+            :default: the region's first ``max_azs`` zones
         """
         super().__init__(scope, construct_id)
         if vpc is not None:
@@ -64,6 +70,14 @@ class ClusterNetwork(Construct):
             raise validation.ConfigError(
                 f"max_azs must be >= 2 (EFS and NAT resilience), got {max_azs}"
             )
+        zones: dict = {"max_azs": max_azs}
+        if availability_zones:
+            names = validation.availability_zones("availability_zones", availability_zones)
+            if len(names) < 2:
+                raise validation.ConfigError(
+                    f"availability_zones must name at least 2 zones (EFS and NAT resilience), "
+                    f"got {list(names)}")
+            zones = {"availability_zones": list(names)}
         validation.positive_int("nat_gateways", nat_gateways)
         self.flow_log_group = logs.LogGroup(
             self, "FlowLogs", retention=flow_log_retention, removal_policy=RemovalPolicy.DESTROY
@@ -72,7 +86,7 @@ class ClusterNetwork(Construct):
             self,
             "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(cidr),
-            max_azs=max_azs,
+            **zones,
             nat_gateways=nat_gateways,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC),
@@ -87,3 +101,29 @@ class ClusterNetwork(Construct):
                 )
             },
         )
+
+
+def node_security_groups(scope: Construct, vpc: ec2.IVpc, ssh_cidr: str | None
+                         ) -> tuple[ec2.SecurityGroup, ec2.SecurityGroup | None]:
+    """The nodes' group (all traffic between nodes, nothing else in) and, with ``ssh_cidr``,
+    the master's extra group admitting SSH from that range only."""
+    nodes = ec2.SecurityGroup(
+        scope,
+        "NodeSecurityGroup",
+        vpc=vpc,
+        allow_all_outbound=True,
+        description="Cluster nodes: all traffic between nodes (NCCL, MPI, rendezvous)",
+    )
+    nodes.add_ingress_rule(nodes, ec2.Port.all_traffic(), "all traffic between cluster nodes")
+    if not ssh_cidr:
+        return nodes, None
+    admin = ec2.SecurityGroup(
+        scope,
+        "AdminSsh",
+        vpc=vpc,
+        allow_all_outbound=False,
+        description=f"SSH to the master from {ssh_cidr} only",
+    )
+    admin.add_ingress_rule(
+        ec2.Peer.ipv4(ssh_cidr), ec2.Port.tcp(22), "SSH from the administrators' range")
+    return nodes, admin

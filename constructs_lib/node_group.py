@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jsii
 from aws_cdk import Duration, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_autoscaling_hooktargets as hooktargets
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from constructs_lib import validation
+from constructs_lib import launch, validation
 from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, ROLE_TAG_KEY
 
 #: Node types and the ``NodeType`` tag value of each.
@@ -45,6 +48,11 @@ class NodeGroup(Construct):
     Spot) and capacity rebalancing, so an at-risk Spot instance is replaced and then
     terminated through the group, which runs its termination lifecycle hook (a drain) like
     any scale-in.
+
+    With ``fallback_instance_types`` the group also uses a mixed instances policy: one
+    override per type, ``instance_type`` first, and the ``prioritized`` On-Demand allocation
+    strategy, so Auto Scaling launches the first type that has capacity (README "When
+    capacity is short").
     """
 
     @validation.reports_path
@@ -73,6 +81,9 @@ class NodeGroup(Construct):
         efa: bool = False,
         associate_public_ip: bool = False,
         spot_capacity: int = 0,
+        fallback_instance_types: Sequence[str] = (),
+        group_placement_group: ec2.IPlacementGroup | None = None,
+        capacity: launch.Capacity | None = None,
     ) -> None:
         """
         :param node_type: ``master`` or ``worker``: the ``NodeType`` tag and the role's
@@ -107,6 +118,16 @@ class NodeGroup(Construct):
             :default: False
         :param spot_capacity: how many of ``desired_capacity`` run on Spot.
             :default: 0 (all on-demand)
+        :param fallback_instance_types: types to launch, in this order, when
+            ``instance_type`` has no capacity (a prioritized mixed instances policy).
+            :default: none (``instance_type`` only)
+        :param group_placement_group: the group's own placement group (the group's
+            ``PlacementGroup``, which UpdateAutoScalingGroup can change when the capacity
+            adjuster moves the group to another zone); not with ``placement_group``.
+            :default: none
+        :param capacity: a Capacity Reservation, reservation group or Capacity Block the
+            launch template targets (``constructs_lib.launch.Capacity``).
+            :default: none (On-Demand capacity)
         """
         super().__init__(scope, construct_id)
         if node_type not in NODE_TYPES:
@@ -124,6 +145,12 @@ class NodeGroup(Construct):
             )
         if not security_groups:
             raise validation.ConfigError("security_groups must name at least one group")
+        if placement_group is not None and group_placement_group is not None:
+            raise validation.ConfigError(
+                "give placement_group or group_placement_group, not both")
+        primary_type = validation.instance_type("instance_type", instance_type)
+        self.instance_types = validation.instance_types(
+            "fallback_instance_types", [primary_type, *fallback_instance_types])
         self.node_type = node_type
 
         self.role: iam.IRole = role or iam.Role(
@@ -139,9 +166,7 @@ class NodeGroup(Construct):
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
-            instance_type=ec2.InstanceType(
-                validation.instance_type("instance_type", instance_type)
-            ),
+            instance_type=ec2.InstanceType(primary_type),
             machine_image=machine_image,
             user_data=user_data,
             role=self.role,
@@ -167,23 +192,32 @@ class NodeGroup(Construct):
             self.launch_template.add_security_group(sg)
         if efa or associate_public_ip:
             self._use_explicit_network_interface(efa=efa, public_ip=associate_public_ip)
+        if capacity is not None:
+            launch.reserve(self.launch_template, capacity)
 
         self.spot_capacity = spot_capacity
+        #: The group names its launch template inside a MixedInstancesPolicy.
+        self.mixed_instances = bool(spot_capacity or len(self.instance_types) > 1)
         placement: dict = {"launch_template": self.launch_template}
-        if spot_capacity:
-            placement = {
-                "mixed_instances_policy": autoscaling.MixedInstancesPolicy(
-                    launch_template=self.launch_template,
-                    instances_distribution=autoscaling.InstancesDistribution(
-                        on_demand_base_capacity=desired_capacity - spot_capacity,
-                        on_demand_percentage_above_base_capacity=0,
-                        spot_allocation_strategy=(
-                            autoscaling.SpotAllocationStrategy.PRICE_CAPACITY_OPTIMIZED
-                        ),
-                    ),
+        if self.mixed_instances:
+            placement = {"mixed_instances_policy": autoscaling.MixedInstancesPolicy(
+                launch_template=self.launch_template,
+                launch_template_overrides=[
+                    autoscaling.LaunchTemplateOverrides(instance_type=ec2.InstanceType(t))
+                    for t in self.instance_types] if len(self.instance_types) > 1 else None,
+                instances_distribution=autoscaling.InstancesDistribution(
+                    on_demand_allocation_strategy=(
+                        autoscaling.OnDemandAllocationStrategy.PRIORITIZED
+                        if len(self.instance_types) > 1 else None),
+                    on_demand_base_capacity=desired_capacity - spot_capacity,
+                    on_demand_percentage_above_base_capacity=0 if spot_capacity else 100,
+                    spot_allocation_strategy=(
+                        autoscaling.SpotAllocationStrategy.PRICE_CAPACITY_OPTIMIZED
+                        if spot_capacity else None),
                 ),
-                "capacity_rebalance": True,
-            }
+            )}
+            if spot_capacity:
+                placement["capacity_rebalance"] = True
         self.auto_scaling_group = autoscaling.AutoScalingGroup(
             self,
             "Group",
@@ -201,6 +235,10 @@ class NodeGroup(Construct):
             group_metrics=[autoscaling.GroupMetrics.all()],
             **placement,
         )
+        if group_placement_group is not None:
+            group_cfn: autoscaling.CfnAutoScalingGroup = (
+                self.auto_scaling_group.node.default_child)  # type: ignore[assignment]
+            group_cfn.placement_group = group_placement_group.placement_group_name
         Tags.of(self.auto_scaling_group).add(ROLE_TAG_KEY, NODE_TYPES[node_type])
         Tags.of(self.auto_scaling_group).add(CLUSTER_TAG_KEY, cluster_id)
 
@@ -250,3 +288,28 @@ class NodeGroup(Construct):
     def group_name(self) -> str:
         """The Auto Scaling group's name."""
         return self.auto_scaling_group.auto_scaling_group_name
+
+
+def grant_node_access(role: iam.IRole, *, queues: Any, node_scripts: s3_assets.Asset,
+                      file_system: efs.IFileSystem) -> None:
+    """What the node agent, job executor and health check need, and no more: the agent's
+    queue access (``queues``: the cluster's ``MetadataQueues``), exactly the one node-scripts
+    object, root access to the file system, and the two Describe calls of discovery."""
+    queues.grant_agent_access(role)
+    # Exactly the one object (asset.grant_read would allow GetObject* on the whole bucket).
+    role.add_to_principal_policy(
+        iam.PolicyStatement(
+            sid="ReadNodeScripts",
+            actions=["s3:GetObject"],
+            resources=[node_scripts.bucket.arn_for_objects(node_scripts.s3_object_key)],
+        )
+    )
+    # Mount (as root, through a mount target) and write: the agents own the cluster files.
+    file_system.grant_root_access(role)
+    role.add_to_principal_policy(
+        iam.PolicyStatement(
+            sid="DiscoverClusterMembers",
+            actions=["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"],
+            resources=["*"],  # these Describe APIs support no resource-level permissions
+        )
+    )

@@ -169,3 +169,70 @@ def one_of(name: str, value: str, choices: list[str] | tuple[str, ...]) -> str:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+# -- capacity: instance-type lists, zones, reservations (docs/capacity-adjuster.md) --------------
+
+#: A Capacity Reservation (and a Capacity Block, which is one) id: ``cr-`` + 17 hex digits.
+_RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{17}$")
+#: A Resource Groups group ARN (the kind a Capacity Reservation group is).
+_RESOURCE_GROUP_ARN = re.compile(
+    r"^arn:aws[a-z-]*:resource-groups:[a-z]{2}(-[a-z]+)+-\d:\d{12}:group/[A-Za-z0-9_.-]{1,300}$")
+#: An availability zone name such as us-east-1a (Local Zones are not for training nodes).
+_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+
+
+def _items(value: object) -> list[object]:
+    """A comma-separated string (context) or a sequence (construct prop) as a list."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",")]
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]
+
+
+def instance_types(name: str, value: object) -> tuple[str, ...]:
+    """An ordered, non-empty list of distinct instance types (first preferred), given as a
+    comma-separated string or a sequence of names / ``ec2.InstanceType``."""
+    items = _items(value)
+    if not items or items == [""]:
+        raise ConfigError(f"{name} must list at least one instance type, got {value!r}")
+    names = tuple(instance_type(name, item) for item in items)
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{name} lists {', '.join(duplicates)} more than once, got {value!r}")
+    if len(names) > 20:  # MixedInstancesPolicy takes at most 20 overrides
+        raise ConfigError(f"{name} may list at most 20 instance types, got {len(names)}")
+    return names
+
+
+def availability_zones(name: str, value: object) -> tuple[str, ...]:
+    """An ordered list of distinct availability zone names (first preferred)."""
+    zones = tuple(str(z) for z in _items(value))
+    bad = [z for z in zones if not _ZONE.match(z)]
+    if not zones or bad:
+        raise ConfigError(f"{name} must list availability zones like us-east-1a,us-east-1b, "
+                          f"got {value!r}")
+    if len(set(zones)) != len(zones):
+        raise ConfigError(f"{name} lists a zone more than once, got {value!r}")
+    return zones
+
+
+def capacity_reservation_id(name: str, value: object) -> str:
+    """``cr-`` and 17 hexadecimal digits (a Capacity Reservation or a Capacity Block)."""
+    if isinstance(value, str) and Token.is_unresolved(value):
+        return value
+    if not isinstance(value, str) or not _RESERVATION_ID.match(value):
+        raise ConfigError(f"{name} must be a capacity reservation id like "
+                          f"cr-0123456789abcdef0 (cr- and 17 hex digits), got {value!r}")
+    return value
+
+
+def resource_group_arn(name: str, value: object) -> str:
+    """The ARN of a Capacity Reservation group (an AWS Resource Groups group)."""
+    if isinstance(value, str) and Token.is_unresolved(value):
+        return value
+    if not isinstance(value, str) or not _RESOURCE_GROUP_ARN.match(value):
+        raise ConfigError(f"{name} must be a resource group ARN like arn:aws:resource-groups:"
+                          f"us-east-1:123456789012:group/my-reservations, got {value!r}")
+    return value

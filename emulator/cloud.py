@@ -39,7 +39,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from emulator import moto_extensions
+from emulator import capacity, moto_extensions
 from emulator.wait_handle import parse_signal
 
 ACCOUNT = "123456789012"
@@ -123,12 +123,15 @@ class _Control(BaseHTTPRequestHandler):
         self._reply(200, {"ok": True})
 
     def do_POST(self) -> None:
-        if self.path not in ("/fail-launches", "/spot-interruption"):
+        if self.path not in ("/fail-launches", "/spot-interruption", "/capacity-out"):
             self._reply(404, {"error": f"no such path {self.path}"})
             return
         try:
             req = json.loads(self._body() or b"{}")
             region = str(req.get("region", REGION))
+            if self.path == "/capacity-out":  # emulator.capacity: these types have none
+                self._reply(200, {"out": capacity.set_out([str(x) for x in req["out"]])})
+                return
             if self.path == "/spot-interruption":
                 self._reply(200, moto_extensions.spot_interruption(
                     str(req["instance_id"]), ACCOUNT, region))

@@ -7,13 +7,6 @@ the emulator. :func:`install` is idempotent and is called before the server star
 
 Filled gaps (each with the AWS behaviour it reproduces):
 
-- ``Fn::GetAtt [<AWS::EFS::FileSystem>, Arn]``: CloudFormation documents ``Arn`` as a return
-  value of ``AWS::EFS::FileSystem``
-  (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-efs-filesystem.html#aws-resource-efs-filesystem-return-values);
-  moto 5.2's EFS model has no ``get_cfn_attribute``, so a template whose IAM policy grants on
-  the file system's ARN (CDK's ``grant_root_access``) fails to deploy. The emulator answers
-  with the ARN moto already computes for the file system (``FileSystemArn`` in
-  DescribeFileSystems).
 - Lifecycle hooks (https://docs.aws.amazon.com/autoscaling/ec2/userguide/lifecycle-hooks.html).
   moto ignores ``AWS::AutoScaling::LifecycleHook``, stores neither a hook's notification
   target nor its role, never holds an instance in a wait state and has no
@@ -40,17 +33,26 @@ Filled gaps (each with the AWS behaviour it reproduces):
   ``autoscaling:EC2_INSTANCE_LAUNCH``, one it terminates ``autoscaling:EC2_INSTANCE_TERMINATE``
   (https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-sns-notifications.html).
   The instances created with the group (during the deploy) are announced by the demo.
-- ``AWS::Lambda::EventInvokeConfig`` (the capacity adjuster's retries, maximum event age
-  and on-failure destination,
-  https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-lambda-eventinvokeconfig.html):
-  moto's CloudFormation skips the type with a warning, though its Lambda backend has
-  PutFunctionEventInvokeConfig; the resource is created through that, so
-  GetFunctionEventInvokeConfig answers for the deployed function as on AWS.
 - A Spot interruption (:func:`spot_interruption`, the control endpoint's
   ``POST /spot-interruption``): Auto Scaling takes the instance out of service through its
   termination hooks and launches a replacement (desired capacity unchanged), and EC2
   reclaims the instance two minutes after the notice whatever the hooks wait for
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
+- Deleting a group deletes its hooks and outstanding lifecycle actions first, as ForceDelete
+  does on AWS
+  (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_DeleteAutoScalingGroup.html):
+  moto deletes a stack's resources in no particular order, and a group deleted before its
+  drain hook would hold its instances in ``Terminating:Wait``.
+- CloudFormation's side (EFS ``Arn``, ``AWS::Lambda::EventInvokeConfig``, change-set
+  outputs, per-resource events, deleting a VPC's route tables and NAT gateway):
+  ``emulator.moto_cloudformation``, installed by :func:`install`.
+- Run Command (``SendCommand`` with ``AWS-RunShellScript``) runs the script on the emulated
+  node and ``GetCommandInvocation`` returns its real output: ``emulator.ssm_agent``, installed
+  by :func:`install`.
+
+- Insufficient capacity (``make demo --capacity-out TYPE[@ZONE]``), Auto Scaling's
+  prioritized instance-type fallback and UpdateAutoScalingGroup keeping the mixed instances
+  policy and refilling the group: ``emulator.capacity``, installed by :func:`install`.
 
 What is published to an SNS topic is kept, in order, for :func:`published` (the control
 endpoint's ``GET /published``): moto's CloudFormation creates no Lambda subscription, so
@@ -66,6 +68,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from emulator import capacity, moto_cloudformation, ssm_agent
 from emulator import notifications as nt
 
 #: How often the heartbeat timeouts and Spot reclaims are checked.
@@ -105,19 +108,8 @@ def reset() -> None:
         _ACTIONS.clear()
         _RECLAIMS.clear()
         _PUBLISHED.clear()
-
-
-# -- EFS ------------------------------------------------------------------------------------
-
-
-def _efs_get_cfn_attribute(self: Any, attribute_name: str) -> Any:
-    if attribute_name == "Arn":
-        return self.file_system_arn
-    if attribute_name == "FileSystemId":
-        return self.file_system_id
-    from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
-
-    raise UnformattedGetAttTemplateException()
+    ssm_agent.reset()
+    capacity.reset()
 
 
 # -- publishing -----------------------------------------------------------------------------
@@ -141,6 +133,14 @@ def _publish(group: Any, target: str, message: dict) -> None:
     with _LOCK:
         _PUBLISHED.append({"seq": len(_PUBLISHED) + 1, "topic_arn": target,
                            "subject": subject, "message": text})
+
+
+def notify_group(group: Any, message: dict) -> None:
+    """Publish a ready notification ``message`` to every notification configuration of
+    ``group`` that asks for its ``Event`` (``emulator.capacity``'s launch errors)."""
+    for topic, types in getattr(group, "emulator_notifications", []):
+        if message.get("Event") in types:
+            _publish(group, topic, message)
 
 
 def _notify(group: Any, event: str, instance_id: str, cause: str = "") -> None:
@@ -231,48 +231,6 @@ def _hook_model() -> type:
             return self.hook.name
 
     return LifecycleHookResource
-
-
-def _event_invoke_config_model() -> type:
-    """``AWS::Lambda::EventInvokeConfig`` for moto's CloudFormation, on its Lambda backend."""
-    from moto.awslambda.models import lambda_backends
-    from moto.core.common_models import CloudFormationModel
-
-    keys = ("DestinationConfig", "MaximumEventAgeInSeconds", "MaximumRetryAttempts")
-
-    class EventInvokeConfigResource(CloudFormationModel):
-        def __init__(self, function_name: str) -> None:
-            self.function_name = function_name
-
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return ""
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::Lambda::EventInvokeConfig"
-
-        @classmethod
-        def create_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str, **kwargs: Any) -> EventInvokeConfigResource:
-            p = cloudformation_json["Properties"]
-            lambda_backends[account_id][region_name].put_function_event_invoke_config(
-                p["FunctionName"], {k: p[k] for k in keys if k in p})
-            return cls(p["FunctionName"])
-
-        @classmethod
-        def delete_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str) -> None:
-            lambda_backends[account_id][region_name].delete_function_event_invoke_config(
-                cloudformation_json["Properties"]["FunctionName"])
-
-        @property
-        def physical_resource_id(self) -> str:
-            return self.function_name
-
-    return EventInvokeConfigResource
 
 
 def _termination_hooks(group: Any) -> list[Any]:
@@ -430,6 +388,27 @@ def _terminate_instance(self: Any, instance_id: str, should_decrement: bool) -> 
     return TerminateInstanceActivity(state.instance, original_size)
 
 
+def _wrap_delete_group(original: Any) -> Any:
+    def delete_auto_scaling_group(self: Any, group_name: str) -> None:
+        """Deleting a group deletes its lifecycle hooks and outstanding lifecycle actions
+        (DeleteAutoScalingGroup's ForceDelete; CloudFormation deletes a group's hooks before
+        the group), so its instances terminate instead of waiting in Terminating:Wait (and
+        the stack's VPC can be deleted after them)."""
+        for key in [k for k, h in self.lifecycle_hooks.items()
+                    if h.auto_scaling_group_name == group_name]:
+            del self.lifecycle_hooks[key]
+        with _LOCK:
+            waiting = [a for a in _ACTIONS.values() if a.group.name == group_name
+                       and a.group.autoscaling_backend is self]
+            for action in waiting:
+                _ACTIONS.pop(action.token, None)
+        for action in {a.instance_id: a for a in waiting}.values():
+            _terminate(action.group, action.instance_id)
+        original(self, group_name)
+
+    return delete_auto_scaling_group
+
+
 def _wrap_group_from_cfn(original: Any) -> Any:
     def create_from_cloudformation_json(cls: Any, resource_name: str,
                                         cloudformation_json: dict[str, Any], account_id: str,
@@ -496,14 +475,11 @@ def install() -> None:
     from moto.autoscaling.models import AutoScalingBackend, FakeAutoScalingGroup
     from moto.autoscaling.responses import AutoScalingResponse
     from moto.cloudformation import parsing
-    from moto.efs.models import FileSystem
-
-    FileSystem.get_cfn_attribute = _efs_get_cfn_attribute  # type: ignore[method-assign]
-    FileSystem.has_cfn_attr = classmethod(  # type: ignore[method-assign,assignment]
-        lambda cls, attr: attr in ("Arn", "FileSystemId"))
 
     AutoScalingBackend.create_lifecycle_hook = _create_lifecycle_hook  # type: ignore[method-assign]
     AutoScalingBackend.terminate_instance = _terminate_instance  # type: ignore[method-assign]
+    AutoScalingBackend.delete_auto_scaling_group = _wrap_delete_group(  # type: ignore[method-assign]
+        AutoScalingBackend.delete_auto_scaling_group)
     FakeAutoScalingGroup.set_desired_capacity = _wrap_set_desired_capacity(  # type: ignore[method-assign]
         FakeAutoScalingGroup.set_desired_capacity)
     FakeAutoScalingGroup.replace_autoscaling_group_instances = _wrap_replace_instances(  # type: ignore[method-assign]
@@ -516,8 +492,10 @@ def install() -> None:
         _record_lifecycle_action_heartbeat)
 
     _hook_model()  # a CloudFormationModel subclass: moto's model list finds it
-    _event_invoke_config_model()  # likewise
+    moto_cloudformation.install()  # before the model caches are cleared
     for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
         cached.cache_clear()
     threading.Thread(target=_ticker, daemon=True, name="lifecycle-timeouts").start()
+    ssm_agent.install()  # Run Command runs on the emulated nodes (emulator/ssm_agent.py)
+    capacity.install()  # insufficient capacity and prioritized type fallback (emulator/capacity.py)
     _INSTALLED = True

@@ -12,7 +12,9 @@ All three processes share one process group (the IMDS server leads it): killing 
 node is one ``killpg``, as losing the machine would be.
 
 A node with ``gpus=N`` has a stand-in ``nvidia-smi`` first on its PATH (``emulator.gpus``;
-``gpu_fault=True``: a failing driver). Without, it sees whatever the host has (normally none).
+``gpu_fault=True``: a failing driver). Without ``gpus``, a node of a GPU instance type gets
+the stand-in with that type's GPU count (as EC2 describes it); other nodes see whatever the
+host has (normally none).
 
 Executor-only nodes (:meth:`Node.boot_executor`) are for suites that need jobs to run but no
 AWS at all: the same root, installer and executor unit, no metadata endpoint and no agent;
@@ -47,12 +49,14 @@ from bootstrap_scripts.procgroup import (
     start_time,
     stop_groups,
 )
+from emulator import ssm_agent
 from emulator.deploy import REPO_ROOT, DeployError, Instance
-from emulator.gpus import NODE_BIN_DIR, fake_nvidia_smi
+from emulator.gpus import NODE_BIN_DIR, fake_nvidia_smi, instance_type_gpus
 
 PYTHON = sys.executable
 AGENT_UNIT = "etc/systemd/system/dl-agent.service"
 EXECUTOR_UNIT = "etc/systemd/system/dl-executor.service"
+CONTROLLER_UNIT = "etc/systemd/system/dl-controller.service"  # the master's only
 
 
 class NodeError(RuntimeError):
@@ -118,6 +122,30 @@ def unit_exec(unit_text: str, unit: str) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """A unit's ``Restart=``, ``RestartSec=`` and ``RestartPreventExitStatus=``."""
+
+    restart: str = "no"
+    seconds: float = 0.1  # systemd's default RestartSec
+    prevent: frozenset[int] = frozenset()
+
+    def wants(self, returncode: int) -> bool:
+        """Does systemd start the unit again after its process ended with ``returncode``
+        (negative: killed by that signal, a failure to systemd)?"""
+        if returncode in self.prevent:
+            return False
+        return self.restart == "always" or (self.restart == "on-failure" and returncode != 0)
+
+
+def restart_policy(unit_text: str) -> RestartPolicy:
+    values = dict(line.partition("=")[::2] for line in unit_text.splitlines() if "=" in line)
+    return RestartPolicy(values.get("Restart", "no").strip(),
+                         float(values.get("RestartSec", "0.1").strip().rstrip("s") or 0.1),
+                         frozenset(int(v) for v in values.get("RestartPreventExitStatus",
+                                                              "").split() if v.isdigit()))
+
+
 @dataclass
 class Node:
     instance: Instance
@@ -136,6 +164,7 @@ class Node:
     popens: list[subprocess.Popen] = field(default_factory=list)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # imds, agent, executor
     env: dict[str, str] = field(default_factory=dict)
+    exited: dict[str, float] = field(default_factory=dict)  # unit -> when its process ended
 
     @property
     def instance_id(self) -> str:
@@ -178,7 +207,15 @@ class Node:
         # 3. what systemd would start
         self.agent_pid = self._start_unit(AGENT_UNIT, "agent").pid
         self.start_executor()
+        if (self.root / CONTROLLER_UNIT).exists():
+            self.start_controller()
         self.status = "running"
+        # 4. the machine's SSM Agent registers it: Run Command reaches it (emulator.ssm_agent)
+        try:
+            ssm_agent.announce(self.env, self.instance_id, self.root,
+                               self.group.pid if self.group else 0)
+        except ssm_agent.AgentError as exc:
+            raise NodeError(str(exc)) from None
 
     def install(self, install_args: list[str]) -> None:
         """Executor-only, step 1: the root and the installer (no IMDS, no agent, no AWS)."""
@@ -197,6 +234,11 @@ class Node:
         self.status = "running"
         return p
 
+    def start_controller(self) -> subprocess.Popen:
+        """(Re)start ``dl-controller.service``'s process (the master's job controller), in the
+        node's process group like the other units."""
+        return self._start_unit(CONTROLLER_UNIT, "controller")
+
     def apply(self, membership):
         """What the node agent does with a published membership: the node's files, written
         by the agent's own code (an older generation or a non-member changes nothing)."""
@@ -212,6 +254,8 @@ class Node:
         if not hosts.exists():
             hosts.write_text("127.0.0.1 localhost\n")
         self.env = base_env(aws)
+        if self.gpus is None:  # what AWS hands out for the instance type (emulator.gpus)
+            self.gpus = instance_type_gpus(self.instance.instance_type) or None
         if self.gpus is not None or self.gpu_fault:
             bindir = fake_nvidia_smi(self.root / NODE_BIN_DIR, self.gpus or 0,
                                      fault=self.gpu_fault)
@@ -251,6 +295,35 @@ class Node:
 
     def processes_alive(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is None]
+
+    def restart_units(self, now: float) -> list[str]:
+        """What systemd does on a running machine (its metadata endpoint up): a unit whose
+        process ended is started again ``RestartSec`` later, as its ``Restart=`` says (e.g.
+        a job controller that exited because the membership was not there yet). Returns
+        the units restarted now. ``now``: ``time.monotonic()``."""
+        imds = self.procs.get("imds")
+        if self.status != "running" or imds is None or imds.poll() is not None:
+            return []
+        units = {"agent": AGENT_UNIT, "executor": EXECUTOR_UNIT, "controller": CONTROLLER_UNIT}
+        restarted = []
+        for name, unit in units.items():
+            p = self.procs.get(name)
+            if p is None or p.poll() is None:
+                continue
+            policy = restart_policy((self.root / unit).read_text())
+            if not policy.wants(p.returncode):
+                continue
+            if now - self.exited.setdefault(name, now) < policy.seconds:
+                continue
+            del self.exited[name]
+            if name == "executor":
+                self.start_executor()
+            else:
+                started = self._start_unit(unit, name)
+                if name == "agent":
+                    self.agent_pid = started.pid
+            restarted.append(name)
+        return restarted
 
     def stop(self, grace: float = 10.0) -> set[int]:
         """Shut the machine down (see :func:`stop_nodes`); returns the survivors (none)."""

@@ -90,6 +90,9 @@ class Notification:
     #: Lifecycle-hook notifications only ("" otherwise).
     lifecycle_hook: str = ""
     lifecycle_action_token: str = ""
+    #: ``Details`` of an instance notification: where the launch was ("" when absent).
+    zone: str = ""
+    subnet: str = ""
 
     @property
     def is_test(self) -> bool:
@@ -164,7 +167,18 @@ def parse_record(record: Any) -> Notification:
         cause=_text(message, "Cause"),
         description=_text(message, "Description"),
         activity_id=_text(message, "ActivityId"),
+        **_details(message),
     )
+
+
+def _details(message: dict[str, Any]) -> dict[str, str]:
+    """``Details`` {"Availability Zone", "Subnet ID"} as ``zone``/``subnet`` (bad → "")."""
+    details = message.get("Details")
+    if not isinstance(details, dict):
+        return {"zone": "", "subnet": ""}
+    zone, subnet = details.get("Availability Zone"), details.get("Subnet ID")
+    return {"zone": zone[:64] if isinstance(zone, str) else "",
+            "subnet": subnet[:64] if isinstance(subnet, str) else ""}
 
 
 def _group_name(message: dict[str, Any]) -> str:

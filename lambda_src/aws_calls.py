@@ -8,7 +8,9 @@ the record is skipped, so one bad record cannot put the function into a retry lo
 
 Permissions used (the construct grants exactly these, see docs/capacity-adjuster.md):
 ``autoscaling:DescribeAutoScalingGroups``, ``autoscaling:SetDesiredCapacity`` (conditioned
-on the cluster tag) and ``sqs:SendMessage`` on the master queue.
+on the cluster tag) and ``sqs:SendMessage`` on the master queue; for a single-zone cluster
+with zone fallback also ``autoscaling:UpdateAutoScalingGroup`` (the cluster tag and its own
+subnets) and ``autoscaling:TerminateInstanceInAutoScalingGroup`` (the cluster tag).
 """
 
 from __future__ import annotations
@@ -144,6 +146,33 @@ class AwsClients:
             )
         except (ClientError, BotoCoreError) as exc:
             raise _classify("autoscaling:SetDesiredCapacity", exc) from exc
+
+    def cluster_groups(self, tag_key: str, cluster_id: str) -> list[dict[str, Any]]:
+        """Every group tagged ``tag_key=cluster_id`` (the master and the worker group)."""
+        try:
+            pages = self.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
+                Filters=[{"Name": f"tag:{tag_key}", "Values": [cluster_id]}])
+            return [g for page in pages for g in page.get("AutoScalingGroups") or []]
+        except (ClientError, BotoCoreError) as exc:
+            raise _classify("autoscaling:DescribeAutoScalingGroups", exc) from exc
+
+    def move_group(self, name: str, subnet: str, placement_group: str) -> None:
+        """Point the group at one subnet (and that zone's placement group)."""
+        params: dict[str, Any] = {"AutoScalingGroupName": name, "VPCZoneIdentifier": subnet}
+        if placement_group:
+            params["PlacementGroup"] = placement_group
+        try:
+            self.autoscaling.update_auto_scaling_group(**params)
+        except (ClientError, BotoCoreError) as exc:
+            raise _classify("autoscaling:UpdateAutoScalingGroup", exc) from exc
+
+    def replace_instance(self, instance_id: str) -> None:
+        """Terminate one instance; its group launches the replacement (desired unchanged)."""
+        try:
+            self.autoscaling.terminate_instance_in_auto_scaling_group(
+                InstanceId=instance_id, ShouldDecrementDesiredCapacity=False)
+        except (ClientError, BotoCoreError) as exc:
+            raise _classify("autoscaling:TerminateInstanceInAutoScalingGroup", exc) from exc
 
     def send(self, queue_url: str, message: dict[str, Any]) -> str:
         """Send one message; every failure is retryable (the master must not miss it)."""

@@ -12,7 +12,10 @@ completes the lifecycle action (protocol.md §7); this function never completes 
 
 Handler: ``capacity_adjuster.handler`` (the Lambda asset is the ``lambda_src/`` directory).
 Configuration (environment, set by the construct; docs/protocol.md §2): ``MASTER_QUEUE_URL``,
-``CLUSTER_ID``, ``CLUSTER_TAG_KEY``, ``ROLE_TAG_KEY``, optional ``LOG_LEVEL``.
+``CLUSTER_ID``, ``CLUSTER_TAG_KEY``, ``ROLE_TAG_KEY``, optional ``LOG_LEVEL``, and for a
+single-zone cluster ``ZONE_CHOICES`` and ``MAX_ZONE_MOVES``: a launch that fails for
+capacity first moves both groups to the next zone (``zone_fallback``), a bounded number of
+times, before desired capacity is lowered.
 
 Nothing is suspended on the groups (the original suspended ReplaceUnhealthy for good, so a
 group could never heal again).
@@ -22,18 +25,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
     from . import asg_notifications as notes
     from . import master_messages as messages
+    from . import zone_actions
+    from . import zone_fallback as zf
     from .aws_calls import AwsCallFailed, AwsClients, RetryableFailure
     from .group_state import NotOurGroup, decide_launch, snapshot_from_description
     from .json_log import JsonLogger, get_logger
 except ImportError:  # imported as capacity_adjuster (Lambda: the asset root is on sys.path)
     import asg_notifications as notes  # type: ignore[no-redef]
     import master_messages as messages  # type: ignore[no-redef]
+    import zone_actions  # type: ignore[no-redef]
+    import zone_fallback as zf  # type: ignore[no-redef]
     from aws_calls import AwsCallFailed, AwsClients, RetryableFailure  # type: ignore[no-redef]
     from group_state import (  # type: ignore[no-redef]
         NotOurGroup,
@@ -57,6 +64,7 @@ class Config:
     cluster_id: str
     cluster_tag_key: str
     role_tag_key: str
+    zones: zone_actions.ZoneSettings = field(default_factory=zone_actions.ZoneSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
@@ -66,11 +74,18 @@ class Config:
                 f"missing or empty environment variable(s): {', '.join(missing)} "
                 "(the CapacityAdjuster construct sets them; see docs/protocol.md §2)"
             )
+        moves = (env.get("MAX_ZONE_MOVES") or "0").strip()
         return cls(
             master_queue_url=env["MASTER_QUEUE_URL"].strip(),
             cluster_id=env["CLUSTER_ID"].strip(),
             cluster_tag_key=env["CLUSTER_TAG_KEY"].strip(),
             role_tag_key=env["ROLE_TAG_KEY"].strip(),
+            zones=zone_actions.ZoneSettings(
+                choices=zf.parse_choices(env.get("ZONE_CHOICES", "")),
+                max_moves=int(moves) if moves.isdigit() else 0,
+                cluster_id=env["CLUSTER_ID"].strip(),
+                cluster_tag_key=env["CLUSTER_TAG_KEY"].strip(),
+                role_tag_key=env["ROLE_TAG_KEY"].strip()),
         )
 
 
@@ -145,6 +160,12 @@ def _handle_instance_event(
         return "membership-change"
 
     launch_error = note.event == notes.LAUNCH_ERROR
+    zone = zone_actions.consider(
+        launch_error=launch_error, status_message=note.status_message if launch_error else "",
+        failed_zone=note.zone if launch_error else "", group=group, settings=config.zones,
+        clients=clients, log=log)
+    if zone.action in (zf.MOVE, zf.STALE):  # the new zone's launches will report
+        return f"zone-{zone.action}"
     decision = decide_launch(snapshot, launch_error=launch_error, error_text=note.status_message)
     if decision.action == "wait":
         log.info("decision", action="wait", reason=decision.reason, **state)
@@ -192,6 +213,8 @@ def _handle_instance_event(
         instances=list(after.instances),
         reason=decision.reason,
         cause=note.cause if launch_error else "",
+        decision=decision.action,
+        attempts=zone.attempts,
     )
     message_id = clients.send(config.master_queue_url, message)
     log.info(

@@ -36,8 +36,14 @@ def asg_setup(
     instances: list[str],
     reason: str,
     cause: str,
+    decision: str = "",
+    attempts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """An ``asg-setup`` message; counts must be those AFTER any capacity change."""
+    """An ``asg-setup`` message; counts must be those AFTER any capacity change.
+
+    ``decision``: what the adjuster did (``report`` or ``lower``); ``attempts``: what was
+    tried, per zone (``zone``, ``instance_types``, ``cause``: EC2's message, ``decision``:
+    ``move`` / ``stale`` / ""), for the master's failure reason and its launch record."""
     instances = sorted(instances)
     return {
         "event": "asg-setup",
@@ -52,6 +58,8 @@ def asg_setup(
         "instances": instances,
         "reason": reason,
         "cause": cause,
+        "decision": decision,
+        "attempts": list(attempts or []),
         "dedupe_key": dedupe_key(
             asg=asg,
             kind=f"asg-setup:{status}",

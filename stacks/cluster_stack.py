@@ -9,8 +9,9 @@ from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from constructs_lib import DeepLearningCluster, FixedAmi, acknowledge_cluster_findings
-from constructs_lib.cluster import DEFAULT_INSTANCE_TYPE, DEFAULT_SPOT_WORKERS, DEFAULT_WORKER_COUNT
+from constructs_lib.cluster import DEFAULT_SPOT_WORKERS, DEFAULT_WORKER_COUNT
 from constructs_lib.images import DEFAULT_IMAGE_TYPE
+from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
 from constructs_lib.network import DEFAULT_VPC_CIDR
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
@@ -25,8 +26,8 @@ class ClusterSettings:
     settings take the construct's defaults (the constants imported above)."""
 
     worker_count: int = DEFAULT_WORKER_COUNT
-    worker_instance_type: str = DEFAULT_INSTANCE_TYPE
-    master_instance_type: str = DEFAULT_INSTANCE_TYPE
+    worker_instance_type: str | None = None  # None: the construct default (g5.xlarge)
+    master_instance_type: str | None = None
     image_type: str = DEFAULT_IMAGE_TYPE
     pytorch_version: str | None = None  # None = the newest line documented for image_type
     ami_id: str | None = None
@@ -40,6 +41,14 @@ class ClusterSettings:
     max_workers: int | None = None  # None = worker_count + spot_workers
     spot_workers: int = DEFAULT_SPOT_WORKERS
     data_prep_script: str | None = None
+    # README "When capacity is short" (stacks/settings.py CAPACITY_CONTEXT_KEYS)
+    worker_instance_types: tuple[str, ...] | None = None
+    master_instance_types: tuple[str, ...] | None = None
+    capacity_reservation_id: str | None = None
+    capacity_reservation_group_arn: str | None = None
+    capacity_block_id: str | None = None
+    availability_zones: tuple[str, ...] | None = None
+    max_zone_moves: int = DEFAULT_MAX_ZONE_MOVES
 
 
 class DLClusterStack(Stack):
@@ -61,8 +70,15 @@ class DLClusterStack(Stack):
             CLUSTER_ID,
             vpc_cidr=s.vpc_cidr,
             worker_count=s.worker_count,
-            worker_instance_type=s.worker_instance_type,
-            master_instance_type=s.master_instance_type,
+            worker_instance_type=None if s.worker_instance_types else s.worker_instance_type,
+            master_instance_type=None if s.master_instance_types else s.master_instance_type,
+            worker_instance_types=s.worker_instance_types,
+            master_instance_types=s.master_instance_types,
+            capacity_reservation_id=s.capacity_reservation_id,
+            capacity_reservation_group_arn=s.capacity_reservation_group_arn,
+            capacity_block_id=s.capacity_block_id,
+            availability_zones=s.availability_zones,
+            max_zone_moves=s.max_zone_moves,
             image_type=s.image_type,
             pytorch_version=s.pytorch_version,
             machine_image=FixedAmi(s.ami_id) if s.ami_id else None,
@@ -115,4 +131,11 @@ class DLClusterStack(Stack):
             "ConnectCommand",
             value=f"aws ssm start-session --region {self.region} --target {master_instance}",
             description="Open a shell on the master (SSM Session Manager, no SSH needed)",
+        )
+        CfnOutput(
+            self,
+            "OperatorPolicyArn",
+            value=c.operator_access.policy_arn,
+            description="Managed policy with what dlc needs day to day (docs/dlc.md); attach "
+            "it to your operators' role",
         )

@@ -36,6 +36,23 @@ CONTEXT_KEYS: dict[str, tuple[str, str]] = {
                        "it joins"),
 }
 
+#: The capacity keys (README "When capacity is short"), parsed like the keys above.
+CAPACITY_CONTEXT_KEYS: dict[str, tuple[str, str]] = {
+    "workerInstanceTypes": ("worker_instance_types", "ordered fallback list of worker types "
+                            "(comma-separated, first preferred); not with workerInstanceType"),
+    "masterInstanceTypes": ("master_instance_types", "ordered fallback list of master types; "
+                            "not with masterInstanceType"),
+    "capacityReservationId": ("capacity_reservation_id", "launch into this Capacity "
+                              "Reservation (cr-...)"),
+    "capacityReservationGroupArn": ("capacity_reservation_group_arn", "launch into this "
+                                    "Capacity Reservation group (resource group ARN)"),
+    "capacityBlockId": ("capacity_block_id", "launch into this Capacity Block for ML (cr-...)"),
+    "availabilityZones": ("availability_zones", "zones of the new VPC, in the nodes' order of "
+                          "preference (the reservation's zone first)"),
+    "maxZoneMoves": ("max_zone_moves", "zone moves of a single-zone cluster when launches "
+                     "fail for capacity, before fewer workers"),
+}
+
 #: context key -> validator (name, value) -> setting value. Unset keys keep the default.
 _CHECKS: dict[str, Callable[[str, object], object]] = {
     "workerCount": validation.positive_int,
@@ -52,14 +69,22 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "vpcCidr": validation.vpc_cidr,
     "maxWorkers": validation.positive_int,
     "spotWorkers": lambda n, v: validation.positive_int(n, v, minimum=0),
+    "workerInstanceTypes": validation.instance_types,
+    "masterInstanceTypes": validation.instance_types,
+    "capacityReservationId": validation.capacity_reservation_id,
+    "capacityReservationGroupArn": validation.resource_group_arn,
+    "capacityBlockId": validation.capacity_reservation_id,
+    "availabilityZones": validation.availability_zones,
+    "maxZoneMoves": lambda n, v: validation.positive_int(n, v, minimum=0),
 }
+_FIELDS = {**CONTEXT_KEYS, **CAPACITY_CONTEXT_KEYS}
 
 
 def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
     """Build the stack's settings from a context getter (``app.node.try_get_context``)."""
     ctx = ContextReader(get)
     values: dict[str, object] = {
-        CONTEXT_KEYS[key][0]: ctx.checked(key, check)
+        _FIELDS[key][0]: ctx.checked(key, check)
         for key, check in _CHECKS.items()
         if ctx.text(key) is not None
     }
@@ -67,6 +92,9 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
         values["data_prep_script"] = ctx.checked("dataPrepScript", validation.one_line, raw=True)
     if (placement := ctx.flag("placementGroup")) is not None:
         values["placement_group"] = placement
+    _one_of(ctx, ("workerInstanceType", "workerInstanceTypes"),
+            ("masterInstanceType", "masterInstanceTypes"),
+            ("capacityReservationId", "capacityReservationGroupArn", "capacityBlockId"))
     settings = ClusterSettings(**values)  # type: ignore[arg-type]
     needed = settings.worker_count + settings.spot_workers
     if settings.max_workers is not None and settings.max_workers < needed:
@@ -75,3 +103,13 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
             f"got {settings.max_workers}"
         )
     return settings
+
+
+def _one_of(ctx: ContextReader, *groups: tuple[str, ...]) -> None:
+    """At most one key of each group is set; the error names the keys and their values."""
+    for keys in groups:
+        given = [k for k in keys if ctx.text(k) is not None]
+        if len(given) > 1:
+            raise validation.ConfigError(
+                "context keys " + " and ".join(f"'{k}'" for k in given) + " exclude each "
+                "other, got " + ", ".join(f"{k}={ctx.text(k)!r}" for k in given))

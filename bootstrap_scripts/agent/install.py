@@ -8,9 +8,11 @@ Written under ``--root`` (default ``/``):
 - ``etc/systemd/system/dl-agent.service``: ``python3 -m bootstrap_scripts.agent.node_agent <args>``,
   restarted on crashes, but not after a definite setup failure (exit 2: already signalled);
 - ``etc/systemd/system/dl-executor.service``: the per-node job executor;
-- ``usr/local/bin/{dl-run,dl-health,dl-agent,dl-scale}``: wrappers that find this package wherever
-  the user data unpacked it.
-Then ``systemctl daemon-reload`` and ``systemctl enable --now`` both units, unless
+- ``etc/systemd/system/dl-controller.service`` (master only): the job controller, which runs
+  managed jobs and restarts them after node faults (``bootstrap_scripts.jobs.controller``);
+- ``usr/local/bin/{dl-run,dl-jobs,dl-health,dl-agent,dl-scale}``: wrappers that find this
+  package wherever the user data unpacked it.
+Then ``systemctl daemon-reload`` and ``systemctl enable --now`` the units, unless
 ``--no-systemctl`` (tests, images being baked).
 """
 
@@ -28,7 +30,9 @@ UNIT_DIR = "etc/systemd/system"
 BIN_DIR = "usr/local/bin"
 AGENT_UNIT = "dl-agent.service"
 EXECUTOR_UNIT = "dl-executor.service"
+CONTROLLER_UNIT = "dl-controller.service"
 WRAPPERS = {"dl-run": "bootstrap_scripts.jobs.runner",
+            "dl-jobs": "bootstrap_scripts.jobs.jobs_cli",
             "dl-health": "bootstrap_scripts.ops.health",
             "dl-agent": "bootstrap_scripts.agent.node_agent",
             "dl-scale": "bootstrap_scripts.ops.scale"}
@@ -89,6 +93,34 @@ WantedBy=multi-user.target
 """
 
 
+def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
+                    region: str) -> str:
+    """The master's job controller. ``KillMode=process``: stopping or restarting the unit
+    leaves a running attempt's runner to finish cancelling its shares (the controller
+    cancels it on SIGTERM); the next controller restarts the job from its checkpoint."""
+    exec_start = " ".join(systemd_quote(a) for a in
+                          [python, "-m", "bootstrap_scripts.jobs.controller", "--root", root,
+                           "--mount-point", mount_point, "--region", region])
+    return f"""[Unit]
+Description=Deep-learning cluster job controller (runs managed dl-run jobs, restarts them)
+Wants={EXECUTOR_UNIT}
+After={EXECUTOR_UNIT} remote-fs.target
+
+[Service]
+Type=simple
+Environment={systemd_quote("PYTHONPATH=" + package_dir)}
+Environment=PYTHONUNBUFFERED=1
+ExecStart={exec_start}
+Restart=always
+RestartSec=5
+KillMode=process
+TimeoutStopSec=60
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 def wrapper_script(python: str, package_dir: str, module: str) -> str:
     return f"""#!/bin/sh
 # Installed by bootstrap_scripts.agent.install; runs {module} from {package_dir}.
@@ -114,6 +146,11 @@ def install(argv: list[str] | None = None) -> list[Path]:
         root / UNIT_DIR / EXECUTOR_UNIT: (
             executor_unit(opts.python, opts.package_dir, ns.root, ns.mount_point), 0o644),
     }
+    units = [AGENT_UNIT, EXECUTOR_UNIT]
+    if ns.role == "master":
+        files[root / UNIT_DIR / CONTROLLER_UNIT] = (controller_unit(
+            opts.python, opts.package_dir, ns.root, ns.mount_point, ns.region), 0o644)
+        units.append(CONTROLLER_UNIT)
     for name, module in WRAPPERS.items():
         files[root / BIN_DIR / name] = (wrapper_script(opts.python, opts.package_dir, module),
                                         0o755)
@@ -122,7 +159,7 @@ def install(argv: list[str] | None = None) -> list[Path]:
         path.chmod(mode)
     if not opts.no_systemctl:
         for cmd in (["systemctl", "daemon-reload"],
-                    ["systemctl", "enable", "--now", AGENT_UNIT, EXECUTOR_UNIT]):
+                    ["systemctl", "enable", "--now", *units]):
             subprocess.run(cmd, check=True)
     return list(files)
 

@@ -3,6 +3,7 @@
 States (:class:`Phase`) and the events (:class:`Event`) that move between them::
 
     STARTING            --resumed-------------> FORMED    (EFS: this cluster, us as master)
+    STARTING            --took-over-----------> FORMED    (EFS: this cluster, its master gone)
     STARTING            --new-cluster---------> PREPARING
     STARTING            --aws-unavailable-----> FAILED
     PREPARING           --prepared------------> WAITING_FOR_GROUPS
@@ -16,14 +17,18 @@ States (:class:`Phase`) and the events (:class:`Event`) that move between them::
     any but FAILED/STOPPED --stop-------------> STOPPED
 
 - STARTING: AWS clients ready, local state loaded, pending drains resumed, EFS checked for
-  a cluster this agent already formed (then no second wait-condition signal).
+  a formed cluster (:func:`.policy.start_decision`): one this agent formed (an agent
+  restart) is resumed; one whose master instance left the master group (Auto Scaling
+  replaced a lost master with this instance) is taken over (:func:`.formation.take_over`:
+  the next generation with us as master). Neither signals the wait condition again.
 - PREPARING: the data-preparation command, if any (its failure fails the setup).
 - WAITING_FOR_GROUPS: long-poll the master queue for the capacity adjuster's ``asg-setup``
   messages until both groups report success; a ``failure`` message, a notification lost
   on the way (:mod:`bootstrap_scripts.agent.lost_notifications`), or no success by the
   setup deadline (``--setup-timeout`` after the first start), fails the setup.
 - FORMING: describe both groups, wait (bounded) for their nodes to register (and prepare),
-  publish generation 1, protect the base nodes, signal the wait condition SUCCESS.
+  publish generation 1, protect the base nodes, signal the wait condition SUCCESS
+  (:func:`.formation.form`).
 - FORMED: every message, registration, guessed GPU count, drain and periodic resync may
   publish a new generation. Failures here are logged, never fatal.
 - FAILED: the reason goes to the wait condition (FAILURE); the agent exits with status 2.
@@ -35,13 +40,12 @@ States (:class:`Phase`) and the events (:class:`Event`) that move between them::
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import field
 from enum import Enum
 from typing import TYPE_CHECKING, ClassVar
 
-from bootstrap_scripts.agent import data_prep, policy
+from bootstrap_scripts.agent import data_prep, formation, policy
 from bootstrap_scripts.agent import wait_condition as wc
 from bootstrap_scripts.agent.aws import MasterAws
 from bootstrap_scripts.agent.drains import Drains
@@ -82,6 +86,7 @@ class Phase(Enum):
 
 class Event(Enum):
     RESUMED = "resumed"
+    TOOK_OVER = "took-over"
     NEW_CLUSTER = "new-cluster"
     AWS_UNAVAILABLE = "aws-unavailable"
     PREPARED = "prepared"
@@ -98,6 +103,7 @@ class Event(Enum):
 TERMINAL = frozenset({Phase.FAILED, Phase.STOPPED})
 TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (Phase.STARTING, Event.RESUMED): Phase.FORMED,
+    (Phase.STARTING, Event.TOOK_OVER): Phase.FORMED,
     (Phase.STARTING, Event.NEW_CLUSTER): Phase.PREPARING,
     (Phase.STARTING, Event.AWS_UNAVAILABLE): Phase.FAILED,
     (Phase.PREPARING, Event.PREPARED): Phase.WAITING_FOR_GROUPS,
@@ -204,9 +210,14 @@ class Master:
                       or MasterState(setup_started=time.time()))
         self._save_state()
         self.drains.resume()
-        published = self._resume()
-        if published is None:
+        decision, published = self._formed_on_efs()
+        if decision == policy.TAKE_OVER:
+            self.resync_wanted = not formation.take_over(self, published)
+            self.last_resync = time.monotonic()
+            return Event.TOOK_OVER
+        if decision != policy.RESUME:
             return Event.NEW_CLUSTER
+        self.agent.apply(published)
         self.agent.formed.set()
         self.log.info("event=resume generation=%d (cluster already formed)",
                       published.generation)
@@ -253,7 +264,7 @@ class Master:
 
     def _step_forming(self) -> Event:
         try:
-            self._form()
+            formation.form(self)
         except SetupFailed as exc:
             return self._fail(Event.DISCOVERY_FAILED, str(exc))
         self.resync_wanted = False
@@ -285,20 +296,33 @@ class Master:
     def _setup_statuses(self) -> dict[str, str]:
         return {role: seen.status for role, seen in self.state.setup.items()}
 
-    def _resume(self) -> Membership | None:
-        """After an agent restart: the cluster formed earlier iff EFS says so, with us master."""
+    def _formed_on_efs(self) -> tuple[str, Membership | None]:
+        """What the membership on EFS means for us (:func:`.policy.start_decision`)."""
         try:
             m = state.read_current(self.agent.cluster.efs)
         except (OSError, MembershipError) as exc:
             self.log.warning("event=bad-membership path=%s error=%s",
                              self.agent.cluster.membership, exc)
-            return None
-        if m is None or m.cluster_id != self.config.cluster_id:
-            return None
-        if m.master.instance_id != self.agent.identity.instance_id:
-            return None
-        self.agent.apply(m)
-        return m
+            return policy.NEW_CLUSTER, None
+        me = self.agent.identity.instance_id
+        master_group: set[str] = set()
+        if m is not None and m.cluster_id == self.config.cluster_id and \
+                m.master.instance_id != me:
+            try:
+                master_group = self.roster.live_masters()
+            except SetupFailed as exc:
+                self.log.error("event=takeover-check-failed error=%s (waiting for the setup "
+                               "messages instead)", exc)
+                return policy.NEW_CLUSTER, m
+        decision = policy.start_decision(
+            cluster_id=self.config.cluster_id, me=me,
+            recorded_cluster=m.cluster_id if m else None,
+            recorded_master=m.master.instance_id if m else "", master_group=master_group)
+        if decision == policy.NOT_OURS_TO_TAKE:
+            self.log.error("event=master-still-live instance_id=%s (this cluster's master "
+                           "still runs in the master group: not taking it over)",
+                           m.master.instance_id)
+        return decision, m
 
     def _receive_and_handle(self, wait: int) -> None:
         for receipt, msg in self.aws.receive(wait):
@@ -318,14 +342,17 @@ class Master:
             self.log.info("event=asg-setup role=%s asg=%s status=%s desired=%d launched=%d "
                           "reason=%r", msg.role, msg.asg, msg.status, msg.desired, msg.launched,
                           msg.reason)
+            from bootstrap_scripts.protocol import launches  # failed launches (capacity)
+
+            launches.record_attempts(self.agent.cluster, msg)
             if formed:
                 resync = True
             elif msg.status == "failure":
                 self.aws.delete(receipt)
-                cause = f" ({msg.cause})" if msg.cause else ""
-                raise SetupFailed(f"{msg.role} group {msg.asg}: {msg.reason}{cause}")
+                raise SetupFailed(launches.setup_failure_reason(msg))
             else:
-                setup = {**self.state.setup, msg.role: GroupSetup(**dataclasses.asdict(msg))}
+                kept = {f.name: getattr(msg, f.name) for f in dataclasses.fields(GroupSetup)}
+                setup = {**self.state.setup, msg.role: GroupSetup(**kept)}
                 self.state = dataclasses.replace(self.state, setup=setup)
                 self._save_state()
         elif isinstance(msg, DrainRequest):
@@ -352,64 +379,3 @@ class Master:
         self.roster.pending_join.discard(iid)
         return self.drains.start(msg, member=member, address=address, formed=formed,
                                  is_master=iid == self.agent.identity.instance_id)
-
-    def _form(self) -> None:
-        """Generation 1: the groups' nodes, once registered (and prepared), or the wait is
-        over; then protection and the SUCCESS signal."""
-        roster, config, cluster = self.roster, self.config, self.agent.cluster
-        expected = self.state.setup["worker"].instances
-        for role, seen in self.state.setup.items():
-            if seen.asg:
-                roster.group_names.setdefault(role, seen.asg)
-        give_up = time.monotonic() + config.registration_wait
-        # With a data-preparation hook, registered nodes may take long to be prepared: wait
-        # for their markers up to the setup deadline (not the registration wait).
-        prep_give_up = time.monotonic() + max(
-            0.0, self.state.setup_started + config.setup_timeout - time.time() - 5.0)
-        workers = roster.discover_with_retry(expected)
-        described = time.monotonic()
-        while True:
-            ids = [w.instance_id for w in workers]
-            registrations = roster.read_registrations(ids)  # cheap: one open() per node
-            unregistered = [i for i in ids if i not in registrations]
-            absent = [i for i in expected if i not in ids]
-            unprepared = [i for i in ids if i in registrations and config.data_prep
-                          and state.prep_status(cluster.efs, i) is None]
-            waiting_registration = (unregistered or absent) and time.monotonic() < give_up
-            waiting_prep = unprepared and time.monotonic() < prep_give_up
-            if not (waiting_registration or waiting_prep) or self.agent.stop.is_set():
-                break
-            self.agent.stop.wait(0.1)
-            if absent and time.monotonic() - described >= 2.0:  # AWS APIs: every 2 s at most
-                workers = roster.discover_with_retry(expected)
-                described = time.monotonic()
-        if absent:
-            self.log.warning("event=workers-absent instances=%s (the Lambda listed them; "
-                             "proceeding with the nodes present)", ",".join(absent))
-        if unregistered:
-            self.log.warning("event=workers-unregistered instances=%s waited=%.0fs (using the "
-                             "master's GPU count %d for them)", ",".join(unregistered),
-                             config.registration_wait, self.agent.gpus)
-        prepared = None
-        if config.data_prep:
-            prepared = {w.instance_id for w in workers if w.instance_id in registrations
-                        and state.prep_status(cluster.efs, w.instance_id) == "ok"}
-        workers, left_out = policy.forming_workers(workers, draining=self.drains.active,
-                                                   prepared=prepared)
-        if left_out:
-            # They join when prepared (and are promoted to base while the base count is short).
-            self.log.warning("event=workers-not-prepared instances=%s (they join when "
-                             "prepared)", ",".join(left_out))
-            roster.pending_join = set(left_out)
-        roster.base_target = policy.base_target(config.base_workers, len(workers))
-        base = policy.choose_base(workers, roster.base_target)
-        entries, fallback = policy.worker_entries(workers, registrations, base=base,
-                                                  fallback_gpus=self.agent.gpus)
-        m = roster.publish(entries, reason="initial")
-        roster.set_fallback(fallback)
-        roster.protect(m)
-        self.agent.formed.set()
-        data = json.dumps({"nodes": len(m.nodes), "generation": m.generation,
-                           "master": m.master_addr})
-        self.agent.signal(wc.SUCCESS, f"cluster {config.cluster_id} formed: {len(m.nodes)} "
-                          f"nodes, generation {m.generation}", data)

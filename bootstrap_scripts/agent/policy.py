@@ -206,6 +206,34 @@ def retry_delay(attempts: int) -> float:
     return 2.0 * attempts
 
 
+# -- starting ----------------------------------------------------------------------------------
+#: What a starting master does with the membership it finds on EFS.
+NEW_CLUSTER = "new-cluster"  # none (or another cluster's): form it from the setup messages
+RESUME = "resume"  # ours, with this instance as master: the agent restarted
+TAKE_OVER = "take-over"  # ours, its master instance replaced by this one: lead it on
+NOT_OURS_TO_TAKE = "master-still-live"  # ours, but its master still runs: do not compete
+
+
+def start_decision(*, cluster_id: str, me: str, recorded_cluster: str | None,
+                   recorded_master: str, master_group: Collection[str]) -> str:
+    """How a starting master comes to lead: ``recorded_cluster`` / ``recorded_master`` are
+    the cluster id and master instance of the membership on EFS (None: there is none),
+    ``master_group`` the live, healthy instances of the master group.
+
+    A replacement master (Auto Scaling replaced the lost one) finds a formed cluster whose
+    master instance left the master group: it takes over. While the recorded master still
+    runs in the group, a second master instance must not publish over it; it behaves as
+    before a formation (it waits for the setup messages, which never come for a formed
+    cluster, and fails at the setup deadline with that reason)."""
+    if recorded_cluster is None or recorded_cluster != cluster_id:
+        return NEW_CLUSTER
+    if recorded_master == me:
+        return RESUME
+    if recorded_master in master_group:
+        return NOT_OURS_TO_TAKE
+    return TAKE_OVER
+
+
 # -- setup and polling -----------------------------------------------------------------------
 def setup_complete(statuses: Mapping[str, str]) -> bool:
     """Both groups reported ``asg-setup`` success (``statuses``: role -> status)."""

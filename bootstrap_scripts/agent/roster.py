@@ -112,6 +112,27 @@ class Roster:
                 self.log.warning("event=describe-retry error=%r", exc)
                 self.agent.stop.wait(2.0)
 
+    def live_masters(self) -> set[str]:
+        """The live, healthy instances of the master group (retried like formation's
+        describe; SetupFailed when the group cannot be read)."""
+        give_up = time.monotonic() + DESCRIBE_RETRY_SECONDS
+        while True:
+            try:
+                group = self.aws.group_state("master")
+            except disco.DiscoveryError as exc:
+                raise SetupFailed(str(exc)) from exc
+            except Exception as exc:
+                if time.monotonic() >= give_up or self.agent.stop.is_set():
+                    raise SetupFailed(f"cannot describe the master group of cluster "
+                                      f"{self.agent.config.cluster_id}: {exc}") from exc
+                self.log.warning("event=describe-retry error=%r", exc)
+                self.agent.stop.wait(2.0)
+                continue
+            if group is None:
+                return set()
+            self.group_names["master"] = group.name
+            return {i.instance_id for i in group.instances} | set(group.missing_address)
+
     # -- registrations ------------------------------------------------------------------------
     def read_registrations(self, ids: Iterable[str]) -> dict[str, Registration]:
         """Open each expected registration by path: on NFS, open() revalidates, listings lag."""

@@ -30,11 +30,14 @@ def dl_run_wrapper(python: str, lib_dir: str, root: str, efs_mount: str) -> str:
     """``dl-run`` for EMR: wait for the membership, then the ordinary runner."""
     return f"""#!/bin/sh
 # Installed by bootstrap_scripts.emr.services (EMR). Waits for this node's membership, so a
-# step that starts as soon as the cluster is up does not race the membership watcher.
+# step that starts as soon as the cluster is up does not race the membership watcher. EMR
+# nodes run no job controller (YARN owns the steps), so jobs run unmanaged: the runner
+# itself launches and watches them, and torchrun's own restarts still apply.
 PYTHONPATH='{lib_dir}'${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONPATH
 '{python}' -m {METADATA_MODULE} wait --root '{root}' || exit $?
-exec '{python}' -m bootstrap_scripts.jobs.runner --root '{root}' --mount-point '{efs_mount}' "$@"
+exec '{python}' -m bootstrap_scripts.jobs.runner --unmanaged --root '{root}' \\
+  --mount-point '{efs_mount}' "$@"
 """
 
 

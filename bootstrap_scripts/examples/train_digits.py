@@ -33,6 +33,14 @@ Checkpoints (rank 0, temp file + rename, ``latest.json`` points at the newest), 
 SIGTERM). A (re)start resumes from the latest checkpoint automatically when it was written
 by the SAME run (torchrun's run id = the job id: an elastic restart after a join or a leave),
 or of any run with ``--resume``. A restart thus loses at most ``--checkpoint-every`` steps.
+
+As a managed job (``dl-run`` through the job controller) it follows the controller's
+variables: ``DL_CHECKPOINT_DIR`` is the checkpoint directory (unless ``--checkpoint-dir``
+is given), ``DL_RESUME=1`` (a restart after a fault) means ``--resume``, and the start line
+reports ``job_restarts=<DL_RESTART_COUNT>``.
+
+``--stop-file PATH`` ends the run at the next epoch boundary once PATH exists (``make demo``'s
+elastic scenario: the job trains until the nodes it adds and removes have come and gone).
 """
 
 from __future__ import annotations
@@ -61,20 +69,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="split / init / shuffle seed")
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--name", default="digits", help="checkpoint sub-directory name")
-    p.add_argument("--checkpoint-dir", default="", help="default: $EFS_MOUNT/checkpoints/<name>"
-                   " (./checkpoints/<name> without EFS_MOUNT)")
+    p.add_argument("--checkpoint-dir", default="", help="default: $DL_CHECKPOINT_DIR (a managed "
+                   "job's), else $EFS_MOUNT/checkpoints/<name> (./checkpoints/<name> without "
+                   "EFS_MOUNT)")
     p.add_argument("--checkpoint-every", type=int, default=10,
                    help="step checkpoint every N optimizer steps; 0: epoch ends only "
                    "(default: 10)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints of each kind to keep "
                    "(default: 3)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint, whichever run wrote it")
+                   help="continue from the latest checkpoint, whichever run wrote it "
+                   "(implied by DL_RESUME=1: a managed job's restart)")
     p.add_argument("--require-acc", type=float, default=0.0,
                    help="exit 1 if the final held-out accuracy is below this")
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="sleep this long after each step (demos: stretch the short job so "
                    "nodes can join and leave while it runs; default: 0)")
+    p.add_argument("--stop-file", default="",
+                   help="end the run at the next epoch boundary once this file exists, even "
+                   "before --epochs (every rank agrees; the learning-rate schedule still "
+                   "spans --epochs): train until something else is done (default: off)")
     ns = p.parse_args(argv)
     if ns.global_batch_size < 1:
         p.error(f"--global-batch-size must be >= 1, got {ns.global_batch_size}")
@@ -91,9 +105,23 @@ def epoch_lr(base: float, epoch: int, epochs: int) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * (epoch - 1) / max(1, epochs)))
 
 
+def stop_file_seen(path: str, distributed: bool, device: object) -> bool:
+    """Whether any rank sees ``path``: one all-reduce, so every rank takes the same
+    decision even when the file reaches the nodes' views of EFS at different moments."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if os.path.exists(path) else 0.0], device=device)
+    if distributed:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
+
+
 def checkpoint_dir(args: argparse.Namespace) -> Path:
     if args.checkpoint_dir:
         return Path(args.checkpoint_dir)
+    if os.environ.get("DL_CHECKPOINT_DIR"):
+        return Path(os.environ["DL_CHECKPOINT_DIR"])
     base = os.environ.get("EFS_MOUNT") or "."
     return Path(base) / "checkpoints" / args.name
 
@@ -225,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # small model: threads only fight the other ranks for cores
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "") or os.environ.get("DL_JOB_ID", "")
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    job_restarts = int(os.environ.get("DL_RESTART_COUNT", "0") or 0)
+    resume = args.resume or os.environ.get("DL_RESUME") == "1"
 
     x_train, x_test, y_train, y_test = load_data(args.seed, args.test_fraction)
     xtr, ytr = torch.from_numpy(x_train), torch.from_numpy(y_train)
@@ -245,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     info = latest_info(ckdir)
     same_run = bool(info and run_id and info.get("run_id") == run_id)
     resumed = ""
-    if info and (args.resume or same_run):
+    if info and (resume or same_run):
         state = torch.load(info["path"], map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -258,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resumed from {info['path']} (epoch {state['epoch']}, step "
                   f"{state['step']}/{spe}, saved with world size {state['world_size']}, "
                   f"now {world})", flush=True)
-    elif args.resume and rank == 0:
+    elif resume and rank == 0:
         print(f"no checkpoint in {ckdir}: starting from scratch", flush=True)
     net = DDP(model) if distributed else model
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
@@ -267,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"start world_size={world} restart={restart} step={global_step} epoch={epoch} "
               f"resumed_from={resumed or '-'} backend={backend} device={device} train={n} "
               f"test={len(yt)} global_batch={gb} epochs={epoch}..{args.epochs} "
-              f"checkpoints={ckdir}", flush=True)
+              f"checkpoints={ckdir} job_restarts={job_restarts}", flush=True)
 
     def state_dict(ep: int, st: int) -> dict:
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -333,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         epoch, step = epoch + 1, 0
         if distributed:
             dist.barrier()  # nobody races ahead of the checkpoint of this epoch
+        if args.stop_file and epoch <= args.epochs and \
+                stop_file_seen(args.stop_file, distributed, device):
+            if rank == 0:
+                print(f"stop file {args.stop_file} exists: ending after epoch {epoch - 1}",
+                      flush=True)
+            break
     if stop["signal"]:
         if distributed:
             with contextlib.suppress(Exception):

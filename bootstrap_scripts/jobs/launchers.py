@@ -12,7 +12,6 @@ Two kinds of launcher:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -125,7 +124,7 @@ def strip_python(command: list[str], python: str) -> list[str]:
     return command
 
 
-def _python_command(command: list[str], python: str) -> list[str]:
+def python_command(command: list[str], python: str) -> list[str]:
     """Prefix the interpreter when the user gave a script or ``-m module`` (tf launcher)."""
     if command[0].endswith(".py") or command[0] == "-m":
         return [python, *command]
@@ -275,7 +274,7 @@ def mpi_argv(m: Membership, command: list[str], opts: LaunchOptions, hostfile: s
     for var in _forwarded(opts):
         argv += ["-x", var]
     argv += list(opts.mpi_extra)
-    argv += _python_command(command, opts.python)
+    argv += python_command(command, opts.python)
     return argv
 
 
@@ -318,61 +317,12 @@ def horovod_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Laun
     for var in _forwarded(opts):
         mpi_args += ["-x", var]
     argv += [f"--mpi-args={' '.join(shlex.quote(a) for a in mpi_args)}"]
-    argv += _python_command(command, opts.python)
+    argv += python_command(command, opts.python)
     master = m.master
     return LaunchPlan(
         "horovod", (Share(master.rank, master.address, (Proc(argv=tuple(argv)),)),), True,
         files={"horovod_hosts": render_horovod_hosts(m)},
         summary=f"horovodrun from the master {master.address}: {total_slots(m)} process(es)",
-    )
-
-
-# -- tensorflow ----------------------------------------------------------------------------
-
-
-def tf_cluster(m: Membership, opts: LaunchOptions) -> dict[str, list[str]]:
-    """The cluster part of TF_CONFIG. PS mode keeps the original's assignment: one PS per
-    host at ``tf_port`` (2222) and one worker per GPU at ``tf_worker_base_port + g``."""
-    if opts.tf_mode == "worker":
-        return {"worker": [f"{n.address}:{opts.tf_port}" for n in m.nodes]}
-    if opts.tf_mode == "ps":
-        return {
-            "ps": [f"{n.address}:{opts.tf_port}" for n in m.nodes],
-            "worker": [f"{n.address}:{opts.tf_worker_base_port + g}"
-                       for n in m.nodes for g in range(n.slots)],
-        }
-    raise LaunchError(f"--tf-mode must be 'worker' or 'ps', got {opts.tf_mode!r}")
-
-
-def tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:
-    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}},
-                      sort_keys=True, separators=(",", ":"))
-
-
-def tf_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
-    cluster = tf_cluster(m, opts)
-    argv = tuple(_python_command(command, opts.python))
-    shares = []
-    worker_index = 0
-    for node in m.nodes:
-        if opts.tf_mode == "worker":
-            procs = (Proc(argv=argv, env={"TF_CONFIG": tf_config(cluster, "worker", node.rank)}),)
-        else:
-            ps = Proc(argv=argv, label="ps", wait=False,
-                      env={"TF_CONFIG": tf_config(cluster, "ps", node.rank)})
-            workers = []
-            for g in range(node.slots):
-                env = {"TF_CONFIG": tf_config(cluster, "worker", worker_index)}
-                if node.gpus:
-                    env["CUDA_VISIBLE_DEVICES"] = str(g)
-                workers.append(Proc(argv=argv, env=env, label=f"worker{g}"))
-                worker_index += 1
-            procs = (ps, *workers)
-        shares.append(Share(node.rank, node.address, procs))
-    return LaunchPlan(
-        "tf", tuple(shares), False,
-        files={"tf_cluster.json": json.dumps(cluster, indent=2, sort_keys=True) + "\n"},
-        summary=f"TensorFlow {opts.tf_mode} mode on {len(m.nodes)} node(s)",
     )
 
 
@@ -396,6 +346,14 @@ def each_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchP
     shares = tuple(Share(n.rank, n.address, (Proc(argv=tuple(command)),)) for n in m.nodes)
     return LaunchPlan("each", shares, False,
                       summary=f"the command once on each of {len(m.nodes)} node(s)")
+
+
+def tf_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
+    """TensorFlow: one task per node (or PS + workers), in ``tf_launcher`` (it uses this
+    module's types, so it is imported when first used)."""
+    from bootstrap_scripts.jobs import tf_launcher
+
+    return tf_launcher.tf_plan(m, command, opts)
 
 
 _PLANNERS = {

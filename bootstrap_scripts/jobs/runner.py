@@ -3,6 +3,11 @@
     dl-run [options] -- <command ...>
     dl-run -- python -m bootstrap_scripts.examples.train_digits --epochs 20
 
+By default the job is *managed*: ``dl-run`` submits it to the master's job controller
+(``controller.py``), which runs it (and restarts it after node faults), and follows its
+output (``follow.py``); Ctrl-C detaches and the job keeps running. ``--unmanaged`` runs the
+job from this process, as described below (the controller runs each attempt that way).
+
 The runner reads the membership the node agent wrote (``<root>/opt/deeplearning/``), turns
 the command into per-node shares with the chosen launcher (``launchers``), checks that every
 node's executor is alive (``preflight``), publishes them as a job spec on EFS, and every
@@ -28,6 +33,7 @@ from typing import Any, Protocol
 from bootstrap_scripts.jobs import launchers as ln
 from bootstrap_scripts.jobs.console import EXIT_SIGINT, EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.preflight import check_reachable
+from bootstrap_scripts.jobs.restart_policy import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT
 from bootstrap_scripts.jobs.summary import summarize
 from bootstrap_scripts.jobs.watch import Watch, install_signal_handlers, watch
 from bootstrap_scripts.protocol import store
@@ -45,6 +51,9 @@ from bootstrap_scripts.protocol.records import RunnerHeartbeat
 
 #: Variables of the runner's environment that every share inherits (the nodes are
 #: identical machines, so the user's PATH / venv / conda env mean the same there).
+#: Options of managed jobs only (the controller's business, not an attempt's).
+MANAGED_ONLY = ("--detach", "--json", "--max-restarts", "--min-nodes", "--max-code-restarts",
+                "--replace-timeout")
 FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX",
                  "CONDA_DEFAULT_ENV", "HOME", "USER", "LOGNAME")
 
@@ -80,9 +89,24 @@ class OptionSet:
 def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     """The parser, and the option strings that take a value."""
     parser = argparse.ArgumentParser(
-        prog="dl-run", usage="dl-run [options] -- <command ...>",
+        prog="dl-run", usage="dl-run [options] -- <command ...>", allow_abbrev=False,
         description="Start a training job on every node of the cluster and watch it.")
     p = OptionSet(parser)
+    m = p.group("managed job (the job controller runs it; see docs/runner.md)")
+    m.add("--unmanaged", action="store_true",
+          help="run the job from this process, without the controller: no restarts, the "
+          "job stops when dl-run does")
+    m.add("--detach", action="store_true", help="submit, print the job id and exit")
+    m.add("--json", action="store_true", help="with --detach: print {\"job_id\": ...}")
+    m.add("--max-restarts", type=int, default=None,
+          help=f"restarts of the whole job after node faults (default: {DEFAULT_MAX_RESTARTS})")
+    m.add("--min-nodes", type=int, default=None,
+          help="restart on the surviving nodes if at least this many (default: all)")
+    m.add("--max-code-restarts", type=int, default=None,
+          help="restarts after the command itself failed on healthy nodes (default: 0)")
+    m.add("--replace-timeout", type=float, default=None,
+          help=f"seconds a restart waits for a replaced node (default: "
+          f"{DEFAULT_REPLACE_TIMEOUT:.0f})")
     p.add("--launcher", default="torchrun", choices=ln.LAUNCHERS,
           help="how ranks are started (default: torchrun)")
     p.add("--dry-run", action="store_true", help="print per-node commands, run nothing")
@@ -104,12 +128,13 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     g.add("--nnodes", default="", help="N or MIN:MAX (default: the node count)")
     g.add("--nproc-per-node", type=int, default=0,
           help="processes per node (default: its GPU count, 1 on CPU nodes)")
-    g.add("--max-restarts", type=int, default=0, help="torchrun restarts (default: 0)")
+    g.add("--torchrun-max-restarts", type=int, default=0,
+          help="torchrun's own in-place restarts of the workers (default: 0)")
     g.add("--rdzv-port", type=int, default=29400, help="rendezvous port (default: 29400)")
     g.add("--elastic", action="store_true",
           help="elastic job: nodes that join the cluster while it runs join the job, "
           "draining nodes leave it, the others re-rendezvous and continue "
-          "(implies --nnodes 1:64 and --max-restarts 100 unless given; see "
+          "(implies --nnodes 1:64 and --torchrun-max-restarts 100 unless given; see "
           "docs/elastic-training.md)")
     g.add("--rdzv-last-call", type=float, default=0.0,
           help="seconds a rendezvous waits for more nodes once MIN are there "
@@ -207,7 +232,8 @@ def job_env(args: argparse.Namespace) -> dict[str, str]:
 def launch_options(args: argparse.Namespace, job_id: str, paths: JobPaths) -> ln.LaunchOptions:
     return ln.LaunchOptions(
         job_id=job_id, job_dir=str(paths.dir), python=args.python or default_python(),
-        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, max_restarts=args.max_restarts,
+        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
+        max_restarts=args.torchrun_max_restarts,
         rdzv_port=args.rdzv_port, elastic=args.elastic, rdzv_last_call=args.rdzv_last_call,
         mpirun=args.mpirun, horovodrun=args.horovodrun,
         mpi_if_include=args.mpi_if_include, mpi_if_exclude=args.mpi_if_exclude,
@@ -243,22 +269,38 @@ def render_commands(plan: ln.LaunchPlan, m: Membership, env: dict[str, str]) -> 
 # -- main ----------------------------------------------------------------------------------
 
 
+def make_plan(args: argparse.Namespace, m: Membership, command: list[str], job_id: str,
+              paths: JobPaths) -> ln.LaunchPlan:
+    if args.elastic and args.launcher != "torchrun":
+        raise RunError(f"--elastic needs the torchrun launcher (its elastic rendezvous), "
+                       f"not {args.launcher!r}", EXIT_USAGE)
+    try:
+        return ln.plan(args.launcher, m, command, launch_options(args, job_id, paths))
+    except ln.LaunchError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
+
+
 def run(argv: list[str]) -> int:
     opts_argv, command = split_command(argv)
     args = build_parser().parse_args(opts_argv)
+    if not args.unmanaged and not args.dry_run:
+        from bootstrap_scripts.jobs.submit import submit_and_follow
+
+        return submit_and_follow(args, opts_argv, command)
+    if args.unmanaged:
+        given = [o for o in MANAGED_ONLY if getattr(args, o.lstrip("-").replace("-", "_"))
+                 not in (None, False)]
+        if given:
+            raise RunError(f"{', '.join(given)} only apply to managed jobs, not with "
+                           f"--unmanaged (torchrun's own restarts: --torchrun-max-restarts)",
+                           EXIT_USAGE)
     ctx = load_context(args)
     m = ctx.membership
     job_id = validate_job_id(args.job_id) if args.job_id else new_job_id(
         args.name or args.launcher)
     paths = ClusterPaths(ctx.efs).job(job_id)
     env = job_env(args)
-    if args.elastic and args.launcher != "torchrun":
-        raise RunError(f"--elastic needs the torchrun launcher (its elastic rendezvous), "
-                       f"not {args.launcher!r}", EXIT_USAGE)
-    try:
-        plan = ln.plan(args.launcher, m, command, launch_options(args, job_id, paths))
-    except ln.LaunchError as exc:
-        raise RunError(str(exc), EXIT_USAGE) from None
+    plan = make_plan(args, m, command, job_id, paths)
     commands = render_commands(plan, m, env)
     say(f"job {job_id}")
     say(f"launcher: {plan.summary}")
@@ -309,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the job was published: nothing to stop
         say("interrupted before the job started")
         return EXIT_SIGINT
+    except ValueError as exc:  # a restart policy out of range
+        say(f"error: {exc}")
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

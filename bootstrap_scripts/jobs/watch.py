@@ -38,18 +38,27 @@ class LogTailer:
     """Follows every ``nodes/<rank>[-<label>].log`` of a job and prints new complete lines
     with a ``[rank address label]`` prefix."""
 
-    def __init__(self, nodes: Path, spec: JobSpec, *, prefix: bool = True):
+    def __init__(self, nodes: Path, spec: JobSpec, *, prefix: bool = True,
+                 ranks: frozenset[int] | None = None):
         self.nodes = nodes
         self.addresses = {s.rank: s.address for s in spec.shares}
         self.offsets: dict[str, int] = {}
         self.partial: dict[str, bytes] = {}
         self.prefix = prefix
+        self.ranks = ranks  # None: every rank's log
 
     def line_prefix(self, name: str) -> str:
         parsed = parse_share_file(name, SHARE_LOG_SUFFIX)
         if parsed is None:
             return f"[{name.removesuffix(SHARE_LOG_SUFFIX)}] "
         rank, label = parsed
+        if rank not in self.addresses:
+            # An elastic joiner: its rank is not in the spec; its share's start record
+            # (``nodes/<rank>.started``, written before its log) names its node.
+            rec = store.read_record_or_none(self.nodes / f"{rank}{SHARE_STARTED_SUFFIX}",
+                                            ShareStarted)
+            if rec is not None and rec.address:
+                self.addresses[rank] = rec.address
         addr = self.addresses.get(rank, "?")
         return f"[{rank} {addr}{' ' + label if label else ''}] "
 
@@ -59,6 +68,9 @@ class LogTailer:
                            if e.name.endswith(SHARE_LOG_SUFFIX))
         except FileNotFoundError:
             return
+        if self.ranks is not None:
+            names = [n for n in names if (parse_share_file(n, SHARE_LOG_SUFFIX) or (-1, ""))[0]
+                     in self.ranks]
         out = []
         for name in names:
             try:

@@ -11,6 +11,10 @@ read from EFS, so it needs no SSH and works the same on EC2, EMR and the local e
               and, from here, a probe file can be written, read and deleted
 - clock       the node's clock agrees with this one
 
+``--deep`` runs the health gate instead (``ops.gate``, docs/health.md): GPUs against the
+instance type, nvidia-smi, DCGM, EFA, EFS throughput and a timed all-reduce, each on the
+nodes themselves and within its time budget.
+
 Ages and skew are measured against the file server's clock (file mtimes), not by
 subtracting two machines' clocks, so a skewed clock is reported as skew, not as staleness.
 """
@@ -28,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.ops import deep_health
+from bootstrap_scripts.protocol import launches, state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Record, Registration
@@ -158,6 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--require-mount", action="store_true",
                    help="EFS must be a mount point on every node (real clusters)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    deep_health.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -170,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dl-health: cannot read membership {path}: {exc}", file=sys.stderr)
         return 2
     efs = Path(args.mount_point or m.efs_mount)
+    if args.deep:
+        return deep_health.main(args, m, efs)
     ok_here, detail_here, t_local, t_server = probe_efs(efs)
     mounted_here = os.path.ismount(efs)
     local_offset = t_local - t_server
@@ -182,13 +190,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = [check_node(n, efs, generation, server_now, local_offset, args) for n in m.nodes]
     here_ok = ok_here and (mounted_here or not args.require_mount)
     healthy = here_ok and all(r.ok for r in rows)
+    # Failed launches do not make the cluster unhealthy (it formed, maybe in another zone or
+    # on another type), but they say why it is smaller or elsewhere than asked.
+    try:
+        failed_launches = launches.launch_failures(ClusterPaths(efs))
+    except (OSError, ValueError) as exc:
+        failed_launches = ()
+        print(f"dl-health: cannot read the launch failures: {exc}", file=sys.stderr)
     if args.json:
         print(json.dumps({
             "healthy": healthy, "generation": generation, "efs": str(efs),
             "efs_here": {"ok": here_ok, "detail": detail_here, "mounted": mounted_here},
             "nodes": [{"rank": r.node.rank, "address": r.node.address, "role": r.node.role,
                        "ok": r.ok, **{c: {"ok": ok, "detail": d} for c, (ok, d) in r.cells.items()}}
-                      for r in rows]}, indent=2))
+                      for r in rows],
+            "launch_failures": [a.to_dict() for a in failed_launches]}, indent=2))
     else:
         print(f"cluster {m.cluster_id or '?'}: {len(m.nodes)} node(s), generation {generation}, "
               f"EFS {efs} here: {'ok' if here_ok else 'FAIL'} ({detail_here}"
@@ -198,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in failing:
             bad = ", ".join(f"{c}: {d}" for c, (ok, d) in r.cells.items() if not ok)
             print(f"node {r.node.rank} ({r.node.address}) FAILED: {bad}")
+        if failed_launches:
+            print(f"failed launches ({len(failed_launches)}, "
+                  f"{ClusterPaths(efs).launch_failures}):")
+            for a in failed_launches[-10:]:
+                print(f"  {a.role} {a.asg}: {launches.describe(a)}")
         print("healthy" if healthy else f"UNHEALTHY: {len(failing)} node(s) failing"
               + ("" if here_ok else ", EFS not usable here"))
     return 0 if healthy else 1

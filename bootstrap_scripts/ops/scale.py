@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--remove", metavar="ADDRESS|INSTANCE_ID",
                         help="remove one elastic worker (drained first)")
     action.add_argument("--status", action="store_true", help="print the cluster's nodes")
-    p.add_argument("--root", default="/", help="node root prefix (emulator/tests)")
+    p.add_argument("--root", default=os.environ.get("DL_ROOT", "/"),
+                   help="node root prefix (default: $DL_ROOT or /; emulator/tests)")
     p.add_argument("--mount-point", default="",
                    help="shared file system (default: the membership's efs_mount)")
     p.add_argument("--region", default=None, help="AWS region (default: the environment's)")

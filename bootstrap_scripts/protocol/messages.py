@@ -32,6 +32,11 @@ class AsgSetup:
     instances: tuple[str, ...] = ()
     reason: str = ""
     cause: str = ""
+    #: What the adjuster did (``report`` / ``lower``) and what was tried, per zone:
+    #: ``{"zone", "instance_types", "cause" (EC2's message), "decision"}`` (``move`` when the
+    #: groups left that zone for capacity).
+    decision: str = ""
+    attempts: tuple[dict, ...] = ()
     dedupe_key: str = ""
 
 
@@ -105,6 +110,10 @@ def parse_message(body: str) -> Message:
             instances = data.get("instances") or []
             if not isinstance(instances, list):
                 return BadMessage(f"'instances' must be a list, got {instances!r}", body[:500])
+            attempts = data.get("attempts") or []
+            if not isinstance(attempts, list) or not all(isinstance(a, dict) for a in attempts):
+                return BadMessage(f"'attempts' must be a list of objects, got {attempts!r}",
+                                  body[:500])
             return AsgSetup(
                 status=status, asg=str(data["asg"]), role=role,
                 cluster_id=str(data.get("cluster_id", "")),
@@ -112,6 +121,7 @@ def parse_message(body: str) -> Message:
                 min=int(data.get("min", 0)), max=int(data.get("max", 0)),
                 instances=tuple(str(i) for i in instances),
                 reason=str(data.get("reason", "")), cause=str(data.get("cause", "")),
+                decision=str(data.get("decision", "")), attempts=tuple(attempts),
                 dedupe_key=str(data.get("dedupe_key", "")),
             )
         if event == DrainRequest.EVENT:

@@ -28,7 +28,13 @@ On EFS (relative to the mount point)::
     cluster/prepared/<instance-id>.ok|.failed   data preparation outcome
     cluster/prepared/<instance-id>.log          data preparation output
     cluster/health/.probe-<host>-<pid>  dl-health's write/read-back probe (deleted at once)
+    cluster/launch-failures.json      launches that failed, per zone and type (the master)
+    cluster/instance-types/<type>.json  an instance type's GPUs and EFA support (health gate's
+                                      cache of EC2 DescribeInstanceTypes)
+    cluster/controller.json           the job controller's heartbeat (master)
     jobs/<job-id>/                    one directory per job (see JobPaths)
+    managed/<job-id>/                 one managed job (see ManagedPaths); its attempts are
+                                      ordinary jobs ``jobs/<job-id>.<attempt>/``
     checkpoints/<name>/               training checkpoints (the example job's default)
 """
 
@@ -63,11 +69,16 @@ EXECUTORS_DIR = f"{CLUSTER_DIR}/executors"
 DRAIN_DIR = f"{CLUSTER_DIR}/drain"
 PREPARED_DIR = f"{CLUSTER_DIR}/prepared"
 HEALTH_DIR = f"{CLUSTER_DIR}/health"
+LAUNCH_FAILURES = f"{CLUSTER_DIR}/launch-failures.json"
+INSTANCE_TYPES_DIR = f"{CLUSTER_DIR}/instance-types"
+CONTROLLER_HEARTBEAT = f"{CLUSTER_DIR}/controller.json"
 JOBS_DIR = "jobs"
 #: Training checkpoints, one directory per job name (the example job's default).
 CHECKPOINTS_DIR = "checkpoints"
+#: Managed jobs (``dl-run`` without ``--unmanaged``): the request, the controller's record.
+MANAGED_DIR = "managed"
 #: Directories every cluster user creates entries in (mode 1777, like /tmp).
-SHARED_USER_DIRS = (JOBS_DIR, CHECKPOINTS_DIR)
+SHARED_USER_DIRS = (JOBS_DIR, CHECKPOINTS_DIR, MANAGED_DIR)
 
 #: Every path above, in the form docs/protocol.md spells it (a test holds the two together).
 LAYOUT = (
@@ -77,12 +88,17 @@ LAYOUT = (
     f"{EXECUTORS_DIR}/<address>.json", f"{DRAIN_DIR}/<instance-id>.json",
     f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
     f"{PREPARED_DIR}/<instance-id>.failed", f"{PREPARED_DIR}/<instance-id>.log",
-    f"{HEALTH_DIR}/.probe-<host>-<pid>", f"{CHECKPOINTS_DIR}/<name>/",
+    f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, f"{INSTANCE_TYPES_DIR}/<type>.json",
+    f"{CHECKPOINTS_DIR}/<name>/",
     f"{JOBS_DIR}/<job-id>/spec.json",
     f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
     f"{JOBS_DIR}/<job-id>/cancel", f"{JOBS_DIR}/<job-id>/done", f"{JOBS_DIR}/<job-id>/result.json",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.exit", f"{JOBS_DIR}/<job-id>/nodes/<rank>.claim",
+    CONTROLLER_HEARTBEAT, f"{MANAGED_DIR}/<job-id>/request.json",
+    f"{MANAGED_DIR}/<job-id>/job.json", f"{MANAGED_DIR}/<job-id>/cancel",
+    f"{MANAGED_DIR}/<job-id>/attempts/<n>.log",
+    f"{MANAGED_DIR}/<job-id>/attempts/<n>.membership.json",
 )
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -207,6 +223,52 @@ class JobPaths:
 
 
 @dataclass(frozen=True)
+class ManagedPaths:
+    """One managed job's directory, ``managed/<job-id>/`` on EFS (made by the submitter)::
+
+        request.json                  what the user asked for (ManagedRequest), written last
+        job.json                      the controller's record (ManagedJob): state, restarts
+        cancel                        marker: the user asked to cancel the job
+        attempts/<n>.log              attempt n's runner messages (its ``[dl-run]`` lines)
+        attempts/<n>.membership.json  the nodes attempt n runs on, when not the membership's
+
+    Attempt ``n`` (from 1) is the ordinary job ``jobs/<job-id>.<n>/`` (:meth:`attempt_id`).
+    """
+
+    dir: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.dir.name
+
+    @property
+    def request(self) -> Path:
+        return self.dir / "request.json"
+
+    @property
+    def record(self) -> Path:
+        return self.dir / "job.json"
+
+    @property
+    def cancel(self) -> Path:
+        return self.dir / "cancel"
+
+    @property
+    def attempts_dir(self) -> Path:
+        return self.dir / "attempts"
+
+    def attempt_log(self, n: int) -> Path:
+        return self.attempts_dir / f"{n}.log"
+
+    def attempt_membership(self, n: int) -> Path:
+        return self.attempts_dir / f"{n}.membership.json"
+
+    def attempt_id(self, n: int) -> str:
+        """The job id of attempt ``n``: ``<job-id>.<n>``."""
+        return validate_job_id(f"{self.job_id}.{n}")
+
+
+@dataclass(frozen=True)
 class ClusterPaths:
     """The cluster's state on the shared file system, under the EFS mount point."""
 
@@ -283,13 +345,43 @@ class ClusterPaths:
     def health_dir(self) -> Path:
         return self.efs / HEALTH_DIR
 
+    @property
+    def launch_failures(self) -> Path:
+        """What failed to launch, per zone and type (``protocol.launches``)."""
+        return self.efs / LAUNCH_FAILURES
+
     def health_probe(self, tag: str) -> Path:
         """dl-health's probe file: a dot-file, so record scanners skip it."""
         return self.health_dir / f".probe-{tag}"
 
     @property
+    def instance_types_dir(self) -> Path:
+        return self.efs / INSTANCE_TYPES_DIR
+
+    def instance_type(self, name: str) -> Path:
+        """The health gate's cached DescribeInstanceTypes facts of one instance type."""
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,63}", name):
+            raise ProtocolError(f"not an EC2 instance type name: {name!r}")
+        return self.instance_types_dir / f"{name}.json"
+
+    @property
+    def controller_heartbeat(self) -> Path:
+        return self.efs / CONTROLLER_HEARTBEAT
+
+    @property
     def jobs_dir(self) -> Path:
         return self.efs / JOBS_DIR
+
+    @property
+    def managed_dir(self) -> Path:
+        return self.efs / MANAGED_DIR
+
+    def managed(self, job_id: str) -> ManagedPaths:
+        return ManagedPaths(self.managed_dir / validate_job_id(job_id))
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.efs / CHECKPOINTS_DIR
 
     def job(self, job_id: str) -> JobPaths:
         return JobPaths(self.jobs_dir / validate_job_id(job_id))

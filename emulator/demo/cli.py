@@ -25,9 +25,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-launches", type=int, default=0, metavar="K",
                    help="K worker launches fail as on AWS (default: 0)")
     p.add_argument("--kill-node-after", type=float, default=None, metavar="SECONDS",
-                   help="kill one worker this many seconds after the job's first epoch "
-                        "(0: at once), then recover: new membership without it, resume "
-                        "from the last checkpoint on the survivors")
+                   help="kill one worker's machine this many seconds after the job's first "
+                        "epoch (0: at once); the job controller has it replaced and resumes "
+                        "the job from its checkpoint at full size, under the same dl-run")
+    p.add_argument("--kill-master-after", type=float, default=None, metavar="SECONDS",
+                   help="kill the master's machine (and the dl-run following the job there) "
+                        "this many seconds after the first epoch; Auto Scaling replaces it, "
+                        "the new master takes over, the demo re-attaches with dl-jobs logs -f")
+    p.add_argument("--unhealthy-node", action="store_true",
+                   help="one worker boots with a failing GPU driver: the health gate fails "
+                        "it and it is replaced before the job starts")
     p.add_argument("--elastic", action="store_true",
                    help="run the job elastic (dl-run --elastic): workers may join and leave")
     p.add_argument("--add-worker-after", type=float, default=None, metavar="SECONDS",
@@ -65,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "checkpoints, node roots, logs)")
     p.add_argument("--keep-files", action="store_true",
                    help="with --stop: stop the processes but keep the work directory")
+    p.add_argument("--capacity-out", action="append", default=[], metavar="TYPE[@ZONE]",
+                   help="EC2 has no capacity for this instance type (in this zone); "
+                        "repeatable (emulator/demo/capacity.py)")
+    p.add_argument("--context", action="append", default=[], metavar="KEY=VALUE",
+                   help="a stack setting for cdk deploy (-c KEY=VALUE); repeatable")
     return p
 
 
@@ -74,8 +86,12 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--keep-files only goes with --stop STATE_FILE")
     if ns.stop:
         return
+    from emulator.demo.capacity import validate as validate_capacity
     from emulator.demo.scenarios import job_epochs
 
+    validate_capacity(ns, parser)
+
+    ns.epochs_sized = ns.elastic and ns.epochs is None  # the job then ends when told to
     ns.epochs, why = job_epochs(ns)
     if why:
         parser.error(why)
@@ -95,9 +111,16 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         if ns.workers - ns.fail_launches < 1:
             parser.error("--kill-node-after needs at least one running worker to kill "
                          f"(--workers {ns.workers}, --fail-launches {ns.fail_launches})")
-    if ns.epochs < 2 and ns.kill_node_after is not None:
-        parser.error(f"--kill-node-after needs --epochs >= 2 (a checkpoint to resume from), "
-                     f"got {ns.epochs}")
+    if ns.kill_master_after is not None and ns.kill_master_after < 0:
+        parser.error(f"--kill-master-after must be >= 0 seconds, got {ns.kill_master_after}")
+    if ns.kill_master_after is not None and ns.kill_node_after is not None:
+        parser.error("--kill-node-after and --kill-master-after are separate drills; pick one")
+    if ns.unhealthy_node and ns.workers - ns.fail_launches < 1:
+        parser.error("--unhealthy-node needs at least one running worker")
+    for name in ("kill_node_after", "kill_master_after"):
+        if ns.epochs < 2 and getattr(ns, name) is not None:
+            parser.error(f"--{name.replace('_', '-')} needs --epochs >= 2 (a checkpoint to "
+                         f"resume from), got {ns.epochs}")
     if (ns.add_worker_after is not None or ns.remove_worker_after is not None) and \
             not ns.elastic:
         parser.error("--add-worker-after / --remove-worker-after need --elastic")
@@ -109,8 +132,10 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for name in ("add_worker_after", "remove_worker_after"):
         if getattr(ns, name) is not None and getattr(ns, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(ns, name)}")
-    if ns.elastic and ns.kill_node_after is not None:
-        parser.error("--kill-node-after and --elastic are separate scenarios; pick one")
+    if ns.elastic and (ns.kill_node_after is not None or ns.kill_master_after is not None
+                       or ns.unhealthy_node):
+        parser.error("--kill-node-after / --kill-master-after / --unhealthy-node and "
+                     "--elastic are separate scenarios; pick one")
     if ns.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {ns.epochs}")
     if not 0 <= ns.require_acc <= 1:

@@ -26,11 +26,13 @@ from bootstrap_scripts.protocol.paths import NodePaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
 from emulator import deploy as dp
 from emulator import notifications as nt
+from emulator.autoscaling import AutoScaling
 from emulator.demo.context import DemoContext, DemoError, free_port, port_in_use, tail
 from emulator.deploy import Instance
 from emulator.nodes import PYTHON, Node, base_env, check_agent_args
 
-#: What a node runs, in the order ``Node.processes_alive`` names them.
+#: What every node runs (the master also its job controller), as ``Node.processes_alive``
+#: names them.
 NODE_PROCESSES = ["imds", "agent", "executor"]
 
 
@@ -116,13 +118,46 @@ def deploy(ctx: DemoContext, context: dict[str, str]) -> None:
              + ", ".join(f"{k}" for k in sorted(c.function_env)))
 
 
-def boot_node(ctx: DemoContext, inst: Instance, role: str, install_args: list[str]) -> Node:
-    """One emulated node for ``inst``: recorded in the state file as soon as it started."""
-    node = Node(inst, role, ctx.work / "nodes" / inst.instance_id, ctx.efs, ctx.logs)
+def boot_node(ctx: DemoContext, inst: Instance, role: str, install_args: list[str], *,
+              gpu_fault: bool = False) -> Node:
+    """One emulated node for ``inst``: recorded in the state file as soon as it started.
+    ``gpu_fault``: its GPU driver fails (``emulator.gpus``), so the health gate fails it."""
+    node = Node(inst, role, ctx.work / "nodes" / inst.instance_id, ctx.efs, ctx.logs,
+                gpu_fault=gpu_fault)
     ctx.nodes.append(node)
     node.boot(install_args, ctx.aws, f"{ctx.control}/wait-handle")
     ctx.save_state()
     return node
+
+
+#: The demo's EC2 status-check delay: a machine whose processes are all dead is marked
+#: Unhealthy after this long. On AWS the status checks take minutes, so a job controller
+#: (its executor heartbeat timeout is 4 s here) reports a lost worker first; the lost master
+#: (nobody left to report it) is found by this check alone.
+STATUS_CHECK_S = 8.0
+
+
+def autoscaling(ctx: DemoContext) -> AutoScaling:
+    """The emulated Auto Scaling and EC2 (``emulator.autoscaling``) for this run: a new
+    instance boots with :func:`boot_node` from its group's user data (then every
+    ``ctx.boot_hooks(node, boot_started)``),
+    the topic's notifications go to the Lambda, and actions are printed."""
+    c = ctx.cluster
+
+    def boot(inst: Instance, role: str) -> Node:
+        t = time.monotonic()
+        node = boot_node(ctx, inst, role, c.groups[role].install_args)
+        for hook in ctx.boot_hooks:
+            hook(node, t)
+        return node
+
+    def say(line: str) -> None:
+        ctx.info(escape(line))
+
+    return AutoScaling(ctx.session(), {role: g.name for role, g in c.groups.items()},
+                       nodes=lambda: list(ctx.nodes), boot=boot,
+                       topic=nt.TopicSubscription(ctx.control, c.topic_arn, ctx.invoker),
+                       say=say, status_check_seconds=STATUS_CHECK_S)
 
 
 def boot_nodes(ctx: DemoContext) -> None:
@@ -131,14 +166,20 @@ def boot_nodes(ctx: DemoContext) -> None:
             if i.state in ("InService", "Pending")]
     ctx.step(f"booting {len(live)} emulated node(s): IMDS + install + agent + executor")
     ctx.timings["boot_started"] = time.monotonic()
+    # --unhealthy-node: the last worker's GPU driver fails (the health gate's to find)
+    faulty = [i for g, i in live if g.role == "worker"][-1:] if ctx.ns.unhealthy_node else []
     for g, inst in live:
         if not inst.address.startswith("127."):
             raise DemoError(f"instance {inst.instance_id} got address {inst.address!r}, "
                             f"not a loopback one: was the stack deployed with vpcCidr="
                             f"{dp.VPC_CIDR}?")
-        node = boot_node(ctx, inst, g.role, g.install_args)
+        node = boot_node(ctx, inst, g.role, g.install_args, gpu_fault=inst in faulty)
         ctx.info(f"{g.role:6} {inst.instance_id} {inst.address:15} imds {node.imds_url} "
-                 f"agent pid {node.agent_pid}, executor pid {node.executor_pid}")
+                 f"agent pid {node.agent_pid}, executor pid {node.executor_pid}"
+                 + (" [yellow](failing GPU driver)[/]" if inst in faulty else ""))
+        if inst in faulty:
+            ctx.recovery["unhealthy"] = {"instance_id": inst.instance_id,
+                                         "address": inst.address}
     ctx.ok(f"{len(live)} node(s) booted in "
            f"{time.monotonic() - ctx.timings['boot_started']:.1f} s")
 
@@ -227,7 +268,8 @@ def wait_membership(ctx: DemoContext, expected: list[Node], *, after_generation:
         if all(docs) and len(gens) == 1 and gens.pop() > after_generation and \
                 sorted(x.address for x in docs[0].nodes) == want:
             return docs[0]
-        lost = next((n for n in expected if n.processes_alive() != NODE_PROCESSES), None)
+        lost = next((n for n in expected
+                     if set(NODE_PROCESSES) - set(n.processes_alive())), None)
         # read after the liveness check: a master agent signals FAILURE, then exits (2), so
         # a FAILURE is the cause of a lost agent, never the other way round
         failure = [s for s in ctx.signals() if s.get("Status") == "FAILURE"]

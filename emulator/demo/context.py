@@ -16,7 +16,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bootstrap_scripts.procgroup import Tracked
 from bootstrap_scripts.protocol.membership import Membership
@@ -25,6 +27,9 @@ from emulator import deploy as dp
 from emulator import notifications as nt
 from emulator.demo import joblog
 from emulator.nodes import Node
+
+if TYPE_CHECKING:
+    from emulator.autoscaling import AutoScaling
 
 #: The demo's own record of what it started (not a cluster protocol file).
 STATE_FILE = "state.json"
@@ -107,6 +112,12 @@ class DemoContext:
         #: Elastic bookkeeping: ``starts`` (every worker start the job printed), and once
         #: played, ``join`` (the added node) and ``drain`` (its removal).
         self.elastic: dict = {"starts": []}
+        #: the emulated Auto Scaling and EC2 once the cluster formed (emulator.autoscaling),
+        #: and who wants to hear of each node it boots: ``hook(node, boot_started)``
+        self.autoscaling: AutoScaling | None = None
+        self.boot_hooks: list[Callable[[Node, float], None]] = []
+        #: what the recovery drills did (emulator.demo.recovery), for the report
+        self.recovery: dict = {}
 
     # -- output --------------------------------------------------------------------------
     def step(self, text: str) -> None:

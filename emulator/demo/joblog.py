@@ -19,12 +19,17 @@ from dataclasses import dataclass, field
 
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
-from bootstrap_scripts.protocol.records import ShareStarted
+from bootstrap_scripts.protocol.records import ManagedJob, ShareStarted
 
 EPOCH_RE = re.compile(r"^\[(\d+) (\S+)\] epoch=(\d+) acc=([\d.]+) loss=([\d.]+) "
                       r"samples_per_s=(\d+) world_size=(\d+)")
 FINAL_RE = re.compile(r"^\[(\d+) (\S+)\] final acc=([\d.]+) world_size=(\d+)")
 JOB_RE = re.compile(r"\[dl-run\] job (\S+)$")
+#: ``dl-run`` of a managed job: the id the job controller knows it by (``dl-jobs``).
+SUBMITTED_RE = re.compile(r"\[dl-run\] job (\S+) submitted")
+#: The follower's line between two attempts of a managed job (``jobs/follow.py``).
+RESTART_RE = re.compile(r"^(?:\[dl-run\] )?---- restart (\d+) of job (\S+) after attempt "
+                        r"(\d+): (\S+)")
 START_RE = re.compile(r"^\[(\d+) (\S+)\] start world_size=(\d+) restart=(\d+) step=(\d+)")
 FIRST_STEP_RE = re.compile(r"^\[(\d+) (\S+)\] first_step rank=(\d+) world_size=(\d+)")
 #: Words that make a ``[dl-run]`` line worth showing (the runner's verdicts and failures).
@@ -47,12 +52,21 @@ class JobRun:
     failure: str = ""
     killed: dict | None = None
     output_tail: list[str] = field(default_factory=list)
+    #: a managed job: its id with the controller, the restart lines seen (each with the
+    #: time it was seen), and the controller's record (``dl-jobs show ID --json``)
+    managed_id: str = ""
+    restart_lines: list[dict] = field(default_factory=list)
+    record: dict | None = None
+    how: str = "dl-run"  # or "dl-jobs logs -f" (re-attached)
 
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "exit_code": self.exit_code, "resumed": self.resumed,
                 "world_size": self.world_size, "final_acc": self.final_acc,
                 "seconds": round(self.seconds, 2), "failure": self.failure,
-                "killed": self.killed, "epochs": self.epochs}
+                "killed": self.killed, "epochs": self.epochs, "how": self.how,
+                "managed_id": self.managed_id,
+                "state": (self.record or {}).get("state"),
+                "restarts": list((self.record or {}).get("restart_log", ()))}
 
     def keep_line(self, line: str) -> None:
         """Remember the last 40 lines (for failure messages)."""
@@ -87,9 +101,35 @@ class FirstStep:
     world_size: int
 
 
+def attempt_job_id(paths: ClusterPaths, job: JobRun) -> str:
+    """The id of the job directory (``jobs/<id>/``) that holds ``job``'s node logs: for a
+    managed job its latest attempt's (``<id>.<n>``, from the controller's record), else its
+    own. "" while a managed job has not started an attempt."""
+    if not job.managed_id:
+        return job.job_id
+    managed = paths.managed(job.managed_id)
+    rec = store.read_record_or_none(managed.record, ManagedJob)
+    return managed.attempt_id(rec.attempt) if rec is not None and rec.attempt else ""
+
+
 def job_id(line: str) -> str | None:
     m = JOB_RE.search(line)
     return m.group(1) if m else None
+
+
+def submitted(line: str) -> str | None:
+    """The managed job's id, from ``dl-run``'s "job <id> submitted" line."""
+    m = SUBMITTED_RE.search(line)
+    return m.group(1) if m else None
+
+
+def restart(line: str) -> dict | None:
+    """The follower's restart line: restart number, attempt that failed, kind."""
+    m = RESTART_RE.match(line)
+    if not m:
+        return None
+    return {"restart": int(m.group(1)), "job_id": m.group(2), "attempt": int(m.group(3)),
+            "kind": m.group(4).rstrip(":")}
 
 
 def epoch(line: str) -> dict | None:

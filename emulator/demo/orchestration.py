@@ -28,13 +28,17 @@ from bootstrap_scripts.procgroup import (
     stop_groups,
 )
 from emulator import deploy as dp
-from emulator.demo import cluster, joblog, report, scenarios
+from emulator.demo import cluster, joblog, recovery, report, scenarios
 from emulator.demo.context import BIN_DIR, DemoContext, DemoError, free_port
 from emulator.demo.joblog import JobRun
 from emulator.nodes import NodeError, base_env
 
 #: The example job's global batch (rounded to a multiple of every world size in play).
 TARGET_BATCH = 64
+#: How long the job controller waits for Auto Scaling's replacement of a failed node before
+#: it restarts on the survivors (``dl-run --replace-timeout``): the emulator replaces a node
+#: in seconds, so a replacement that did not come in this time is a failure worth seeing.
+REPLACE_TIMEOUT_S = 120
 
 
 def global_batch(worlds: list[int], target: int = TARGET_BATCH) -> int:
@@ -47,10 +51,11 @@ def global_batch(worlds: list[int], target: int = TARGET_BATCH) -> int:
 
 class Demo(DemoContext):
     # -- the training job --------------------------------------------------------------------
-    def run_job(self, *, resume: bool, world_sizes: list[int],
+    def run_job(self, *, world_sizes: list[int],
                 scenario: scenarios.Scenario | None = None) -> JobRun:
-        """``dl-run`` the example on the master, following its output line by line; a
-        ``scenario`` sees every line and acts on time while the job runs."""
+        """``dl-run`` the example on the master (the job controller runs it and restarts it
+        after faults), following its output line by line; a ``scenario`` sees every line
+        and acts on time while the job runs."""
         master = self.master()
         if master is None:
             raise DemoError("no live master node to run the job on")
@@ -59,25 +64,41 @@ class Demo(DemoContext):
         train = ["python", "-m", "bootstrap_scripts.examples.train_digits", "--epochs",
                  str(self.ns.epochs), "--require-acc", str(self.ns.require_acc),
                  "--global-batch-size", str(global_batch(world_sizes))]
-        if resume:
-            train.append("--resume")
         if scenario is not None:
             # checkpoint often and stretch the steps a little: the training itself takes only
             # ~0.2 s per epoch, and it must still be running when nodes join, leave or die
             train += ["--checkpoint-every", "4", "--step-delay", str(scenarios.STEP_DELAY)]
+        if isinstance(scenario, scenarios.ElasticScenario):
+            train += scenario.train_args()
         if self.ns.elastic:
             train[train.index("--global-batch-size") + 1] = str(TARGET_BATCH)  # any world
         argv = [str(dl_run), "--root", str(master.root), "--rdzv-port", str(port),
                 "--heartbeat-timeout", "4", "--fail-grace", "3", "--grace", "3",
+                "--replace-timeout", str(REPLACE_TIMEOUT_S),
                 *(["--elastic", "--grace", "10"] if self.ns.elastic else []), "--", *train]
-        self.step(("resuming" if resume else "running") + " the example job with dl-run on the "
-                  f"master: {' '.join(train)}")
-        res = JobRun(resumed=resume)
+        self.step(f"running the example job with dl-run on the master: {' '.join(train)}")
+        return self.follow_job(argv, JobRun(), scenario, "dl-run")
+
+    def attach_job(self, job_id: str, scenario: scenarios.Scenario | None = None) -> JobRun:
+        """``dl-jobs logs ID -f`` on the (new) master, as a user re-attaches to a job."""
+        master = self.master()
+        if master is None:
+            raise DemoError(f"no live master node to follow job {job_id} on")
+        argv = [str(master.root / BIN_DIR / "dl-jobs"), "--root", str(master.root), "logs",
+                job_id, "-f"]
+        self.step(f"re-attaching on the new master {master.address}: dl-jobs logs {job_id} -f")
+        res = JobRun(resumed=True, managed_id=job_id, job_id=job_id, how="dl-jobs logs -f")
+        return self.follow_job(argv, res, scenario, "dl-jobs")
+
+    def follow_job(self, argv: list[str], res: JobRun, scenario: scenarios.Scenario | None,
+                   name: str) -> JobRun:
+        """Run ``argv`` (a follower of the job's output), line by line, until it exits; the
+        emulated Auto Scaling acts meanwhile."""
         t = time.monotonic()
         p = subprocess.Popen(argv, cwd=dp.REPO_ROOT, env=base_env(self.aws), text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
-        tracked = Tracked("dl-run", p.pid, start_time(p.pid))
+        tracked = Tracked(name, p.pid, start_time(p.pid))
         self.runners.append(tracked)
         self.save_state()
         lines: queue.Queue[str | None] = queue.Queue()
@@ -108,16 +129,27 @@ class Demo(DemoContext):
                         first_epoch_at = time.monotonic()
                 if scenario is not None and first_epoch_at:
                     scenario.on_tick(res, first_epoch_at)
+                if self.autoscaling is not None:
+                    self.autoscaling.tick()
         res.finish(p.wait(), time.monotonic() - t)
         self.runners.remove(tracked)
         self.jobs.append(res)
         return res
 
     def show_job_line(self, line: str, res: JobRun) -> None:
-        if (job_id := joblog.job_id(line)) is not None:
-            res.job_id = job_id
-            self.info(f"job {res.job_id}")
+        if (managed_id := joblog.submitted(line)) is not None:
+            res.job_id = res.managed_id = managed_id
+            self.info(f"job {res.job_id} (managed by the job controller)")
+        elif (rec := joblog.restart(line)) is not None:
+            res.restart_lines.append({**rec, "seen": time.monotonic()})
+            self.info(f"[yellow]{escape(line)}[/]")
+        elif (job_id := joblog.job_id(line)) is not None:
+            if not res.managed_id:
+                res.job_id = job_id
+                self.info(f"job {res.job_id}")
         elif (rec := joblog.epoch(line)) is not None:
+            rec["attempt"] = len(res.restart_lines) + 1
+            rec["seen"] = round(time.monotonic() - self.t0, 2)
             res.epochs.append(rec)
             res.world_size = rec["world_size"]
             self.info(f"epoch {rec['epoch']:3}/{self.ns.epochs}  acc {rec['acc']:.3f}  "
@@ -152,23 +184,26 @@ class Demo(DemoContext):
     def play(self) -> JobRun:
         """Bring the cluster up and train; the job that must have succeeded."""
         ns = self.ns
+        from emulator.demo import capacity  # --capacity-out / --context
+
         cluster.check_install(self)
         cluster.start_cloud(self)
-        cluster.deploy(self, scenarios.deploy_context(ns))
+        cluster.deploy(self, {**scenarios.deploy_context(ns), **capacity.deploy_context(self)})
         scenarios.fail_launches(self)
         cluster.boot_nodes(self)
         cluster.notify_launches(self)
+        capacity.settle(self)  # launch errors reach the Lambda; moved groups refill and boot
         cluster.form_cluster(self)
         world = len(self.membership.nodes)
-        if ns.kill_node_after is not None:
-            kill = scenarios.KillScenario(self, ns.kill_node_after)
-            worlds = [world, world - 1]
-            job = self.run_job(resume=False, world_sizes=worlds, scenario=kill)
-            kill.recover(job)
-            job = self.run_job(resume=True, world_sizes=worlds)
+        # From here on AWS acts by itself: unhealthy instances are replaced, new instances
+        # boot, lost machines fail their status checks (emulator.autoscaling).
+        self.autoscaling = self.autoscaling or cluster.autoscaling(self)
+        if recovery.wanted(ns):
+            drill = recovery.Recovery(self)
+            job = drill.finish(self.run_job(world_sizes=[world], scenario=drill))
         else:
             elastic = scenarios.ElasticScenario(self) if ns.elastic else None
-            job = self.run_job(resume=False, world_sizes=[world], scenario=elastic)
+            job = self.run_job(world_sizes=[world], scenario=elastic)
             if elastic is not None:
                 elastic.finish(job)  # what was asked for happened, or DemoError says what not
         return job
@@ -204,6 +239,9 @@ class Demo(DemoContext):
             error = "interrupted"
             code = 130
             self.console.print("[bold red]interrupted[/]: stopping everything")
+        if self.cluster is not None:  # the groups as Auto Scaling left them, for the report
+            with contextlib.suppress(Exception):
+                dp.refresh_instances(self.session(), self.cluster.groups.values())
         report_path = Path(ns.report).resolve()
         rep = report.build_report(self, status, code, error)
         # --keep keeps a failed cluster too (to inspect it), unless Ctrl-C asked to stop.

@@ -4,6 +4,7 @@ summary table, and with ``--keep`` how to use and stop the cluster left running.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.node_files import parse_env_file
 from bootstrap_scripts.protocol.paths import DEEPLEARNING_DIR, NodePaths
 from emulator import deploy as dp
-from emulator.demo import shell
+from emulator.demo import capacity, joblog, shell
 from emulator.demo.context import STATE_FILE, DemoContext, generation_entry
 
 #: Elastic bookkeeping only the harness needs (monotonic clock readings).
@@ -64,7 +65,9 @@ def build_report(ctx: DemoContext, status: str, exit_code: int, error: str = "")
     return {
         "status": status, "exit_code": exit_code, "error": error,
         "options": {"workers": ns.workers, "fail_launches": ns.fail_launches,
-                    "kill_node_after": ns.kill_node_after, "epochs": ns.epochs,
+                    "kill_node_after": ns.kill_node_after,
+                    "kill_master_after": ns.kill_master_after,
+                    "unhealthy_node": ns.unhealthy_node, "epochs": ns.epochs,
                     "require_acc": ns.require_acc, "keep": ns.keep},
         "endpoint": ctx.endpoint,
         "stack": {"name": dp.STACK, "resources": c.resource_count if c else 0,
@@ -94,7 +97,12 @@ def build_report(ctx: DemoContext, status: str, exit_code: int, error: str = "")
         "final_acc": last.final_acc if last else None,
         "jobs": [j.to_dict() for j in ctx.jobs],
         "kill": ctx.kill_info,
+        "recovery": {**ctx.recovery, "kill_node": ctx.kill_info} if ctx.recovery or
+        ctx.kill_info else None,
+        "autoscaling": ([e.to_dict(ctx.t0) for e in ctx.autoscaling.events]
+                        if ctx.autoscaling else []),
         "elastic": elastic_report(ctx) if ns.elastic else None,
+        "capacity": capacity.report(ctx),
         "work_dir": str(ctx.work),
         "kept": ns.keep and status == "succeeded",
     }
@@ -193,8 +201,17 @@ def keep_instructions(ctx: DemoContext) -> None:
     env = {**ctx.aws, "AWS_EC2_METADATA_SERVICE_ENDPOINT": master.imds_url}
     shell_path, env_file = shell.write_node_shell(ctx.work, "master", master.root,
                                                   master.address, env)
+    state_file = record_aws(ctx)
     ctx.console.print("\n[bold]The emulated cluster is still running (--keep).[/]")
     ctx.console.print(
+        f"  from here, as from a laptop against AWS (dlc talks to the emulator's AWS APIs;\n"
+        f"  'pip install .' installs the dlc command, or use this checkout's):\n"
+        f"    alias dlc='PYTHONPATH={dp.REPO_ROOT} {sys.executable} -m dlc'\n"
+        f"    export DLC_EMULATOR={state_file}\n"
+        f"    dlc status\n"
+        f"    dlc submit -- python -m bootstrap_scripts.examples.train_digits\n"
+        f"    dlc logs -f <job id>\n"
+        f"  (every command: docs/dlc.md)\n"
         f"  a shell on the master, where the README's commands work as written:\n"
         f"    {shell_path}\n"
         f"  then, for example:\n"
@@ -206,6 +223,21 @@ def keep_instructions(ctx: DemoContext) -> None:
         f" logs: {ctx.logs}\n"
         f"  stop everything (it lists what it deletes first; --keep-files keeps the files):\n"
         f"    {stop_command(ctx)}", highlight=False, soft_wrap=True)
+
+
+def record_aws(ctx: DemoContext) -> Path:
+    """Add the emulator's AWS settings (endpoint, region, dummy credentials) to the kept
+    cluster's state file, where ``dlc --emulator STATE`` reads them; returns its path."""
+    import json
+
+    path = ctx.work / STATE_FILE
+    data = json.loads(path.read_text())
+    data["aws"] = {"endpoint": ctx.endpoint, "region": dp.REGION,
+                   "access_key_id": ctx.aws.get("AWS_ACCESS_KEY_ID", ""),
+                   "secret_access_key": ctx.aws.get("AWS_SECRET_ACCESS_KEY", ""),
+                   "session_token": ctx.aws.get("AWS_SESSION_TOKEN", "")}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
 
 
 def stop_command(ctx: DemoContext) -> str:
@@ -231,8 +263,9 @@ def failure_epilogue(ctx: DemoContext, error: str, *, kept: bool) -> None:
     out = ctx.console
     out.print(f"\n[bold red]demo failed:[/] {escape(cause)}", highlight=False, soft_wrap=True)
     job = ctx.jobs[-1] if ctx.jobs else None
-    if job is not None and job.job_id:
-        out.print(f"  job logs, one per node: {ctx.cluster_paths.job(job.job_id).nodes}/"
+    attempt = joblog.attempt_job_id(ctx.cluster_paths, job) if job is not None else ""
+    if attempt:
+        out.print(f"  job logs, one per node: {ctx.cluster_paths.job(attempt).nodes}/"
                   f"<rank>.log", highlight=False, soft_wrap=True)
     out.print(f"  the demo's logs (cdk, lambda, node agents, dl-run): {ctx.logs}/",
               highlight=False, soft_wrap=True)

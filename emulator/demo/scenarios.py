@@ -2,10 +2,8 @@
 
 - failed launches (``--fail-launches K``): before the nodes boot, K worker instances never
   come up (the group's desired capacity stays, fewer launched);
-- a lost node (``--kill-node-after S``): S seconds after the job's first epoch a worker dies
-  with its job share; then the group takes it out of service (as its health check would),
-  its termination hook's notification reaches the Lambda, the master drains it, the
-  survivors apply the new membership and the job resumes from its checkpoint;
+- lost and unhealthy nodes (``--kill-node-after``, ``--kill-master-after``,
+  ``--unhealthy-node``): the job controller heals the job; see ``emulator.demo.recovery``;
 - scaling a running elastic job (``--add-worker-after`` / ``--remove-worker-after``):
   ``dl-scale --workers`` adds a worker, ``dl-scale --remove`` removes it; the rest is AWS
   (the emulator's moto: the lifecycle hook, the notifications, the termination once the
@@ -22,20 +20,19 @@ import argparse
 import math
 import subprocess
 import time
+from pathlib import Path
 from typing import Protocol
 
 from rich.markup import escape
 
-from bootstrap_scripts.procgroup import stop_groups
 from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.records import DrainDone
 from emulator import deploy as dp
-from emulator import notifications as nt
+from emulator.autoscaling import AutoScaling
 from emulator.demo import joblog
-from emulator.demo.cluster import boot_node, masters_first, outcome, wait_membership
 from emulator.demo.context import DemoContext, DemoError, http_json
 from emulator.demo.joblog import JobRun
-from emulator.nodes import PYTHON, base_env
+from emulator.nodes import PYTHON, Node, base_env
 
 #: The default data-preparation hook with --fail-data-prep: fails on a node whose address
 #: the harness marked (the agent gives the hook DL_NODE_ADDRESS and EFS_MOUNT).
@@ -53,6 +50,9 @@ ELASTIC_BATCH = 64
 JOIN_BUDGET_S = 30.0
 DRAIN_BUDGET_S = 30.0
 TAIL_S = 5.0
+#: Epoch lines after the scenario's last action before the demo ends a job it sized
+#: (``--stop-file``): the job trains a little at its final world size.
+EPOCHS_AFTER_SCENARIO = 2
 #: After training continued without the removed node: how long Auto Scaling may take to
 #: terminate it (the master completes the action once the node's shares stopped).
 TERMINATION_WAIT_S = 60.0
@@ -124,118 +124,6 @@ def fail_launches(ctx: DemoContext) -> None:
            f"group; desired stays {c.worker.desired}, {len(c.worker.instances)} launched")
 
 
-class KillScenario:
-    """``--kill-node-after``: lose the last worker mid-training, then recover."""
-
-    def __init__(self, ctx: DemoContext, after: float) -> None:
-        self.ctx = ctx
-        self.after = after
-
-    def on_line(self, line: str, job: JobRun) -> None:
-        pass
-
-    def on_tick(self, job: JobRun, first_epoch_at: float) -> None:
-        if job.killed is None and time.monotonic() - first_epoch_at >= self.after:
-            job.killed = self.kill_worker(job.job_id)
-
-    def kill_worker(self, job_id: str) -> dict:
-        ctx = self.ctx
-        victim = [n for n in ctx.live_nodes() if n.role == "worker"][-1]
-        shares = joblog.share_groups_of(ctx.efs, job_id, victim.address)
-        victim.kill(shares)
-        ctx.save_state()
-        at = time.monotonic() - ctx.t0
-        ctx.console.print(f"    [bold red]killed worker {victim.instance_id} "
-                          f"({victim.address})[/]: agent, executor, IMDS and its job share "
-                          f"(process groups {[victim.group.pid, *shares]})")
-        ctx.kill_info = {"instance_id": victim.instance_id, "address": victim.address,
-                         "at_s": round(at, 2), "share_pgids": shares}
-        return ctx.kill_info
-
-    def recover(self, job: JobRun) -> None:
-        """The job must have failed over the kill; the group and the Lambda then remove the
-        lost node and every survivor applies the membership without it."""
-        ctx = self.ctx
-        kill = job.killed
-        if kill is None:
-            raise DemoError(f"the job ended before the kill ({self.after} s after "
-                            f"training started): use a smaller --kill-node-after or more "
-                            f"--epochs")
-        if job.exit_code == 0:
-            raise DemoError(f"the job succeeded although worker {kill['address']} was killed")
-        if job.epochs and job.epochs[-1]["epoch"] >= ctx.ns.epochs:
-            raise DemoError(f"training finished all {ctx.ns.epochs} epochs before worker "
-                            f"{kill['address']} was killed: use a smaller --kill-node-after "
-                            f"or more --epochs")
-        named = job.names_node(kill["address"])
-        kill["job_error"] = job.failure
-        kill["job_error_names_node"] = named
-        ctx.ok(f"the job failed with exit status {job.exit_code}"
-               + (f", naming the killed node {kill['address']}" if named else ""))
-        t = time.monotonic()
-        ctx.step("recovery: the group takes the lost instance out of service; its drain "
-                 "hook's notification reaches the Lambda")
-        # As the group's health check would (without a replacement: the demo goes on with
-        # the survivors); the instance then waits in its termination hook.
-        asg = ctx.session().client("autoscaling")
-        asg.terminate_instance_in_auto_scaling_group(InstanceId=kill["instance_id"],
-                                                     ShouldDecrementDesiredCapacity=True)
-        cloud = CloudFollower(ctx)
-        cloud.follow()
-        survivors = masters_first(ctx.live_nodes())
-        doc = wait_membership(ctx, survivors, after_generation=ctx.membership.generation)
-        ctx.adopt_membership(doc)
-        kill["new_generation"] = doc.generation
-        kill["membership_s"] = round(time.monotonic() - t, 2)
-        ctx.ok(f"generation {doc.generation} without {kill['address']} on all "
-               f"{len(survivors)} survivor(s) in {kill['membership_s']:.1f} s")
-
-
-class CloudFollower:
-    """What the demo does for AWS while a scenario runs: the topic's Lambda subscription
-    (every notification Auto Scaling published, delivered to the handler) and EC2 stopping
-    the node of an instance it terminated."""
-
-    def __init__(self, ctx: DemoContext) -> None:
-        self.ctx = ctx
-        c = ctx.cluster
-        self.topic = nt.TopicSubscription(ctx.control, c.topic_arn, ctx.invoker)
-        self.notices: list[dict] = []
-        self.terminated: dict[str, float] = {}  # instance id -> monotonic time seen
-        self.next_check = 0.0
-
-    def follow(self) -> None:
-        ctx = self.ctx
-        for rec in self.topic.pump():
-            event = rec["events"][0].split(":")[-1] if rec["events"] else "?"
-            iid = rec["instances"][0] if rec["instances"] else ""
-            self.notices.append({"event": event, "instance_id": iid,
-                                 "outcomes": rec["outcomes"],
-                                 "at_s": round(time.monotonic() - ctx.t0, 2)})
-            if event != "TEST_NOTIFICATION":
-                ctx.info(f"{event} {iid} -> {outcome(rec)}")
-        now = time.monotonic()
-        if now < self.next_check:
-            return
-        self.next_check = now + 1.0
-        running = {n.instance_id: n for n in ctx.live_nodes()}
-        if not running:
-            return
-        ec2 = ctx.session().client("ec2")
-        for res in ec2.describe_instances(InstanceIds=list(running))["Reservations"]:
-            for inst in res["Instances"]:
-                if inst["State"]["Name"] != "terminated":
-                    continue
-                node = running[inst["InstanceId"]]
-                stop_groups([node.group], grace=10)  # EC2 shuts the instance down
-                node.status = "removed"
-                self.terminated[node.instance_id] = time.monotonic()
-                ctx.save_state()
-                ctx.ok(f"EC2 terminated {node.instance_id} ({node.address}): its node is "
-                       "stopped")
-        dp.refresh_instances(ctx.session(), ctx.cluster.groups.values())
-
-
 class ElasticScenario:
     """``--elastic``: follow the job's world sizes; add a worker with ``dl-scale --workers``,
     later remove it with ``dl-scale --remove``; both must happen while the job trains."""
@@ -243,15 +131,49 @@ class ElasticScenario:
     def __init__(self, ctx: DemoContext) -> None:
         self.ctx = ctx
         self.el = ctx.elastic
-        self.cloud: CloudFollower | None = None
+        self.cloud: AutoScaling | None = None
         self.first_epoch_at: float | None = None
         self.training = True  # until the job printed its final line
+        self.adding = ""  # the instance dl-scale --workers added (booted by Auto Scaling)
+        #: a job the demo sized ends once the scenario is done: this file (``--stop-file``,
+        #: set by :meth:`train_args`)
+        self.stop_file: Path | None = None
+        self.epochs_after_done = 0
+
+    def train_args(self) -> list[str]:
+        """The example's extra arguments: ``--stop-file`` when the demo sized the job (it
+        is an upper bound then; the job ends once the scenario is done)."""
+        if not getattr(self.ctx.ns, "epochs_sized", False):
+            return []
+        self.stop_file = self.ctx.efs / "demo" / "scenario-done"
+        self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+        self.stop_file.unlink(missing_ok=True)
+        return ["--stop-file", str(self.stop_file)]
+
+    def done(self) -> bool:
+        """Everything the user asked for has happened (see :meth:`finish`)."""
+        ns, el = self.ctx.ns, self.el
+        join, drain = el.get("join"), el.get("drain")
+        if ns.add_worker_after is not None and join is None:
+            return False
+        if ns.fail_data_prep:
+            return join is not None and store.exists(
+                self.ctx.cluster_paths.prepared(join["instance_id"], "failed"))
+        if join is not None and "first_step_s" not in join:
+            return False
+        return ns.remove_worker_after is None or bool(drain and "continued_s" in drain)
 
     def on_line(self, line: str, job: JobRun) -> None:
         ctx, el = self.ctx, self.el
         now = time.monotonic()
         if joblog.final_acc(line) is not None:
             self.training = False
+        if self.stop_file is not None and joblog.epoch(line) is not None and self.done():
+            self.epochs_after_done += 1
+            if self.epochs_after_done == EPOCHS_AFTER_SCENARIO:
+                self.stop_file.write_text("the demo's scenario is done\n")
+                ctx.ok(f"the scenario is done: the job ends after this epoch "
+                       f"(--stop-file {self.stop_file})")
         if start := joblog.worker_start(line):
             el["starts"].append({"world_size": start.world_size, "step": start.step,
                                  "at_s": round(now - ctx.t0, 2)})
@@ -275,8 +197,10 @@ class ElasticScenario:
         ns, el = self.ctx.ns, self.el
         self.first_epoch_at = first_epoch_at
         if self.cloud is None:
-            self.cloud = CloudFollower(self.ctx)
-        self.cloud.follow()
+            self.cloud = self.ctx.autoscaling
+            self.ctx.boot_hooks.append(self.joined)
+        if self.cloud is not None:
+            self.cloud.tick()
         self.watch_drain()
         if not self.training:
             return  # the job is finishing: nothing is started any more
@@ -319,12 +243,19 @@ class ElasticScenario:
             marker = ctx.efs / "emulator" / f"prep-fail-{inst.address}"
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text("the harness makes this node's data preparation fail\n")
-        t = time.monotonic()
-        node = boot_node(ctx, inst, "worker", c.worker.install_args)
-        ctx.info(f"{inst.instance_id} {inst.address} booted (agent pid {node.agent_pid})")
-        self.el["join"] = {"instance_id": inst.instance_id, "address": inst.address,
+        self.adding = inst.instance_id
+        if self.cloud is not None:
+            self.cloud.tick(force=True)  # the group's new instance boots from its template
+
+    def joined(self, node: Node, t: float) -> None:
+        """The emulated Auto Scaling booted a node (its boot began at ``t``): the one
+        dl-scale added."""
+        if node.instance_id != self.adding or "join" in self.el:
+            return
+        self.ctx.info(f"{node.instance_id} {node.address} booted (agent pid {node.agent_pid})")
+        self.el["join"] = {"instance_id": node.instance_id, "address": node.address,
                            "agent_started": t, "how": "dl-scale --workers",
-                           "at_s": round(t - ctx.t0, 2)}
+                           "at_s": round(t - self.ctx.t0, 2)}
 
     def scale_in(self, join: dict) -> None:
         ctx = self.ctx
@@ -358,8 +289,9 @@ class ElasticScenario:
                          reason=record.reason, outcome=record.outcome)
             ctx.ok(f"the master completed the lifecycle action ({record.reason}: "
                    f"{escape(record.outcome)}, {drain['completed_s']:.1f} s)")
-        if self.cloud and iid in self.cloud.terminated and "terminated_s" not in drain:
-            drain["terminated_s"] = round(self.cloud.terminated[iid] - drain["t"], 2)
+        stopped = self.cloud.events_of("node-stopped", iid) if self.cloud else []
+        if stopped and "terminated_s" not in drain:
+            drain["terminated_s"] = round(stopped[0].at - drain["t"], 2)
 
     def finish(self, job: JobRun) -> None:
         """The scenario the user asked for must have happened while the job trained; the
@@ -396,7 +328,7 @@ class ElasticScenario:
         deadline = time.monotonic() + TERMINATION_WAIT_S
         while "terminated_s" not in drain and time.monotonic() < deadline:
             if self.cloud:
-                self.cloud.follow()
+                self.cloud.tick()
             self.watch_drain()
             time.sleep(0.2)
         if "terminated_s" not in drain:

@@ -8,7 +8,7 @@ here with the agent's own code, in one process, on one shared directory as EFS:
 - 1,023 workers and the master are registered on EFS as their agents register
   (``state.write_registration``); the groups' answer (what ``DescribeAutoScalingGroups``
   and ``DescribeInstances`` return, not timed here) is the list of those instances;
-- formation: the master's steps after discovery, as ``Master._form`` runs them through
+- formation: the master's steps after discovery, as ``formation.form`` runs them through
   :class:`~bootstrap_scripts.agent.roster.Roster` and :mod:`~bootstrap_scripts.agent.policy`
   (read the registrations, choose the base workers, GPU counts, publish generation 1,
   apply it on the master's own root);

@@ -31,7 +31,10 @@ def exec_start_argv(unit: str) -> list[str]:
 def test_units_and_wrappers_are_written(tmp_path):
     written = install.install([*agent_args(tmp_path), "--no-systemctl",
                                "--python", "/usr/bin/python3", "--package-dir", "/opt/dl"])
-    assert len(written) == 6
+    # a worker: the agent and executor units (no job controller: the master's only) and
+    # every wrapper
+    assert len(written) == 2 + len(install.WRAPPERS)
+    assert not (tmp_path / "etc/systemd/system/dl-controller.service").exists()
     unit = (tmp_path / "etc/systemd/system/dl-agent.service").read_text()
     argv = exec_start_argv(unit)
     assert argv[:3] == ["/usr/bin/python3", "-m", "bootstrap_scripts.agent.node_agent"]
@@ -44,7 +47,7 @@ def test_units_and_wrappers_are_written(tmp_path):
     assert exec_start_argv(executor) == ["/usr/bin/python3", "-m",
                                          "bootstrap_scripts.jobs.executor",
                                          "--root", str(tmp_path), "--mount-point", "/efs"]
-    for name in ("dl-run", "dl-health", "dl-agent", "dl-scale"):
+    for name in ("dl-run", "dl-jobs", "dl-health", "dl-agent", "dl-scale"):
         wrapper = tmp_path / "usr/local/bin" / name
         assert wrapper.stat().st_mode & 0o111
         assert "PYTHONPATH='/opt/dl'" in wrapper.read_text()

@@ -11,6 +11,7 @@ P, E = Phase, Event
 
 @pytest.mark.parametrize(("phase", "event", "after"), [
     (P.STARTING, E.RESUMED, P.FORMED),
+    (P.STARTING, E.TOOK_OVER, P.FORMED),
     (P.STARTING, E.NEW_CLUSTER, P.PREPARING),
     (P.STARTING, E.AWS_UNAVAILABLE, P.FAILED),
     (P.PREPARING, E.PREPARED, P.WAITING_FOR_GROUPS),
@@ -18,6 +19,7 @@ P, E = Phase, Event
     (P.WAITING_FOR_GROUPS, E.GROUPS_READY, P.FORMING),
     (P.WAITING_FOR_GROUPS, E.GROUP_FAILED, P.FAILED),
     (P.WAITING_FOR_GROUPS, E.SETUP_TIMEOUT, P.FAILED),
+    (P.WAITING_FOR_GROUPS, E.NOTIFICATION_LOST, P.FAILED),
     (P.FORMING, E.CLUSTER_FORMED, P.FORMED),
     (P.FORMING, E.DISCOVERY_FAILED, P.FAILED),
 ])
@@ -42,3 +44,15 @@ def test_nothing_else_is_a_transition():
 def test_a_formed_master_cannot_fail_the_setup():
     assert not [e for (p, e), after in TRANSITIONS.items()
                 if p is Phase.FORMED and after is Phase.FAILED]
+
+
+def test_every_transition_is_in_the_docstring():
+    """The module docstring's diagram lists each transition (state --event--> state)."""
+    import re
+
+    from bootstrap_scripts.agent import master
+
+    drawn = {(a, e, b) for a, e, b in re.findall(r"^\s+(\w+)\s+--([a-z]+(?:-[a-z]+)*)-+> (\w+)",
+                                                master.__doc__, flags=re.M)}
+    table = {(p.name, e.value, after.name) for (p, e), after in TRANSITIONS.items()}
+    assert table <= drawn, table - drawn

@@ -169,3 +169,19 @@ def test_receive_wait():
                                **kw) == 1
     assert policy.receive_wait(formed=False, seconds_left=100, look_often=False, drains=True,
                                **kw) == 1
+
+
+# -- starting: resume, take over or form -------------------------------------------------------
+@pytest.mark.parametrize(("recorded_cluster", "recorded_master", "master_group", "expected"), [
+    (None, "", set(), policy.NEW_CLUSTER),  # nothing on EFS: a new cluster
+    ("other", "i-old", set(), policy.NEW_CLUSTER),  # another cluster's membership
+    ("dlc", "i-me", {"i-me"}, policy.RESUME),  # our own cluster: the agent restarted
+    ("dlc", "i-me", set(), policy.RESUME),
+    ("dlc", "i-old", {"i-me"}, policy.TAKE_OVER),  # the old master left the group
+    ("dlc", "i-old", set(), policy.TAKE_OVER),
+    ("dlc", "i-old", {"i-old", "i-me"}, policy.NOT_OURS_TO_TAKE),  # it still runs
+])
+def test_start_decision(recorded_cluster, recorded_master, master_group, expected):
+    assert policy.start_decision(cluster_id="dlc", me="i-me", recorded_cluster=recorded_cluster,
+                                 recorded_master=recorded_master,
+                                 master_group=master_group) == expected

@@ -82,7 +82,7 @@ def test_worker_added_then_drained_while_training(tmp_path: Path):
 @pytest.mark.slow
 def test_failed_data_preparation_keeps_the_node_out(tmp_path: Path):
     code, out, report = run_demo(tmp_path, "--elastic", "--add-worker-after", "2",
-                                 "--fail-data-prep", "--epochs", "25", "--require-acc", "0.95")
+                                 "--fail-data-prep", "--require-acc", "0.95")
     assert code == 0, out
     el = report["elastic"]
     join = el["join"]

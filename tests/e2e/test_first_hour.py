@@ -101,7 +101,8 @@ def test_failed_job_names_its_cause_and_logs_last(failed_kept):
     assert re.search(r"demo failed: .*node rank 0 \(\S+\) exited with code 1: error: final "
                      rf"held-out accuracy [\d.]+ is below --require-acc {REQUIRE}", last), last
     (job,) = report["jobs"]
-    nodes = work / "efs" / "jobs" / job["job_id"] / "nodes"
+    # a managed job: its one attempt (a code failure is not retried by default) holds the logs
+    nodes = work / "efs" / "jobs" / f"{job['job_id']}.1" / "nodes"
     assert f"job logs, one per node: {nodes}/<rank>.log" in last
     assert (nodes / "0.log").exists(), "the logs the message points at are gone"
     assert "final held-out accuracy" in report["error"]

@@ -96,3 +96,33 @@ def test_missing_membership_is_a_clear_error(tmp_path):
                          cwd=REPO_ROOT, env=base_env(), capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert str(NodePaths(tmp_path).membership) in res.stderr
+
+
+def test_failed_launches_are_listed_with_zone_type_and_cause(emu):
+    """What the capacity adjuster reported as failed launches (``asg-setup`` attempts, kept
+    on EFS by the master agent) is shown without making the formed cluster unhealthy."""
+    from bootstrap_scripts.protocol import launches
+    from bootstrap_scripts.protocol.messages import AsgSetup
+
+    c = emu(2)
+    c.start_executors()
+    for node in c.membership.nodes:
+        register(c, node)
+    cause = ("We currently do not have sufficient p5.48xlarge capacity in the Availability "
+             "Zone you requested (us-east-1a).")
+    msg = AsgSetup(role="worker", asg="dl-workers", status="success", cluster_id="c",
+                   desired=2, launched=2,
+                   attempts=({"zone": "us-east-1a", "instance_types": ["p5.48xlarge"],
+                              "cause": cause, "decision": "move"},))
+    assert launches.record_attempts(ClusterPaths(c.efs), msg) == 1
+    res = health(c)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "failed launches (1, " in res.stdout
+    assert ("  worker dl-workers: zone us-east-1a, p5.48xlarge: We currently do not have "
+            "sufficient p5.48xlarge capacity") in res.stdout
+    assert "(moved to the next zone)" in res.stdout
+    data = json.loads(health(c, "--json").stdout)
+    assert data["healthy"] is True
+    (failed,) = data["launch_failures"]
+    assert (failed["zone"], failed["instance_types"], failed["decision"]) == (
+        "us-east-1a", ["p5.48xlarge"], "move")

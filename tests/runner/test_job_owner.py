@@ -82,11 +82,14 @@ def cluster(job_user, reachable_python) -> Iterator[LocalCluster]:
         assert not left, f"processes left behind: {sorted(left)}"
 
 
-def run_as(c: LocalCluster, user: pwd.struct_passwd, *args: str) -> tuple[int, str]:
-    """``dl-run`` on the master as ``user``, with the environment a login would give."""
+def run_as(c: LocalCluster, user: pwd.struct_passwd, *args: str, managed: bool = False
+           ) -> tuple[int, str]:
+    """``dl-run`` on the master as ``user``, with the environment a login would give
+    (``--unmanaged`` unless ``managed``: then the master's job controller runs it)."""
     env = {**base_env(), "HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
     p = subprocess.Popen([str(c.master_root / BIN_DIR / "dl-run"), "--root", str(c.master_root),
-                          *args], cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                          *(() if managed else ("--unmanaged",)), *args], cwd=REPO_ROOT,
+                         env=env, text=True, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, start_new_session=True,
                          user=user.pw_uid, group=user.pw_gid, extra_groups=[])
     c.runners.append(p)
@@ -125,3 +128,23 @@ def test_a_job_root_submits_runs_as_root(cluster):
     assert res.returncode == 0, res.stdout
     ranks = {m.group(1): m.groups()[1:] for m in WHOAMI_RE.finditer(res.stdout)}
     assert ranks == {"0": ("0", "0", "0"), "1": ("0", "0", "0")}, res.stdout
+
+
+def test_a_users_managed_job_runs_as_that_user_through_the_root_controller(cluster, job_user):
+    """The controller runs as root; the attempt it starts for a user's job is that user's:
+    the attempt's spec belongs to the user and every rank runs with the user's uid/gid."""
+    c = cluster
+    c.start_controller()
+    rc, out = run_as(c, job_user, "--launcher", "each", "--", "python", str(WHOAMI),
+                     managed=True)
+    assert rc == 0, out + c.controller_log()
+    ranks = {m.group(1): m.groups()[1:] for m in WHOAMI_RE.finditer(out)}
+    uid, gid = str(job_user.pw_uid), str(job_user.pw_gid)
+    assert ranks == {"0": (uid, uid, gid), "1": (uid, uid, gid)}, out
+    (jdir,) = c.job_dirs()
+    assert jdir.name.endswith(".1")  # attempt 1 of the managed job
+    assert JobPaths(jdir).spec.stat().st_uid == job_user.pw_uid
+    managed_dir = c.efs / "managed" / jdir.name.removesuffix(".1")
+    assert (managed_dir / "request.json").stat().st_uid == job_user.pw_uid
+    st = (c.efs / "managed").stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, SHARED_DIR_MODE)

@@ -153,7 +153,8 @@ def test_node_lost_after_start_fails_the_job_naming_it(emu):
 
 def test_dry_run_prints_commands_and_starts_nothing(emu):
     c = emu(2, gpus=8)
-    res = c.run("--dry-run", "--max-restarts", "3", "--", "-m", "pkg.train", "--epochs", "1")
+    res = c.run("--dry-run", "--torchrun-max-restarts", "3", "--", "-m", "pkg.train", "--epochs",
+                "1")
     assert res.returncode == 0, res.stdout
     assert "[dl-run] job torchrun-" in res.stdout
     for node in c.membership.nodes:

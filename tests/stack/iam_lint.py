@@ -183,6 +183,19 @@ ACCEPTED: tuple[Accepted, ...] = (
         "emr-fine-grained-cluster-access.html). parliament 1.6.4 looks only at the condition "
         "keys of an action's own row, not at its resource type's (its bundled database "
         "lists the key on the cluster resource)."),
+    Accepted(
+        "RESOURCE_MISMATCH", "identity", r"OperatorAccessPolicy[0-9A-F]+\.PolicyDocument$",
+        r'"action": "ssm:SendCommand", "required_format": "arn:\*:ssm:\*:\*:document/\*"',
+        "Valid: ssm:SendCommand authorizes the document AND each target instance "
+        "(https://docs.aws.amazon.com/service-authorization/latest/reference/"
+        "list_awssystemsmanager.html), so dlc's operator policy allows the document "
+        "AWS-RunShellScript in one statement and instances tagged dl-cluster:id=<cluster> "
+        "in another (a tag condition cannot apply to the untagged document), as AWS's "
+        "tag-restricted Run Command example does (https://docs.aws.amazon.com/"
+        "systems-manager/latest/userguide/sysman-rc-setting-up-cmdsec.html). AWS-owned "
+        "documents have no account in their ARN (https://docs.aws.amazon.com/systems-manager/"
+        "latest/userguide/automation-setup-identity-based-policies.html). parliament 1.6.4 "
+        "wants a document ARN with an account in every SendCommand statement."),
 )
 
 

@@ -185,8 +185,8 @@ def test_groups_notify_all_four_events_and_are_tagged(template: Template) -> Non
         or d.startswith("ClusterCapacityAdjusterFunctionTopic")
         for d in worker["DependsOn"]
     )
-    for g in (master, worker):
-        assert len(g["Properties"]["VPCZoneIdentifier"]) == 1  # one AZ: latency, placement group
+    for g in (master, worker):  # no placement group: every zone (README "When capacity ...")
+        assert len(g["Properties"]["VPCZoneIdentifier"]) == 2
 
 
 def test_worker_count_context_drives_capacity() -> None:
@@ -252,6 +252,8 @@ def test_lambda_matches_its_code() -> None:
         "CLUSTER_TAG_KEY",
         "ROLE_TAG_KEY",
         "LOG_LEVEL",
+        "ZONE_CHOICES",
+        "MAX_ZONE_MOVES",
     }
     assert env["CLUSTER_TAG_KEY"] == "dl-cluster:id" and env["ROLE_TAG_KEY"] == "NodeType"
     source = importlib.util.find_spec(f"lambda_src.{module_name}").origin
@@ -315,12 +317,12 @@ def test_placement_group_and_custom_ami_and_al2023() -> None:
         imageType="amazon-linux-2023",
         rootVolumeGiB="200",
     )
-    t.resource_count_is("AWS::EC2::PlacementGroup", 1)
+    t.resource_count_is("AWS::EC2::PlacementGroup", 2)  # one per zone the groups may move to
     t.has_resource_properties("AWS::EC2::PlacementGroup", {"Strategy": "cluster"})
     for lt in t.find_resources("AWS::EC2::LaunchTemplate").values():
         data = lt["Properties"]["LaunchTemplateData"]
         assert data["ImageId"] == "ami-0123456789abcdef0"
-        assert "GroupName" in data["Placement"]
+        assert "Placement" not in data  # on the groups, where a zone move can change it
         (bdm,) = data["BlockDeviceMappings"]
         assert bdm["DeviceName"] == "/dev/xvda" and bdm["Ebs"]["VolumeSize"] == 200
     assert not t.to_json().get("Parameters", {}).keys() - {"BootstrapVersion"}

@@ -12,7 +12,7 @@ import pytest
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sns as sns
-from aws_cdk.assertions import Template
+from aws_cdk.assertions import Match, Template
 
 from constructs_lib import (
     CapacityAdjuster,
@@ -53,8 +53,10 @@ def test_typed_instance_types_images_key_pairs_and_a_new_placement_group() -> No
     assert sorted(d["InstanceType"] for d in data.values()) == ["g5.12xlarge", "g5.2xlarge"]
     for d in data.values():
         assert d["ImageId"] == "ami-0123456789abcdef0" and d["KeyName"] == "ops"
-        assert "GroupName" in d["Placement"]
+        assert "Placement" not in d  # a new placement group is the groups' (one per zone)
     template.has_resource_properties("AWS::EC2::PlacementGroup", {"Strategy": "cluster"})
+    template.has_resource_properties("AWS::AutoScaling::AutoScalingGroup",
+                                     {"PlacementGroup": Match.any_value()})
     # The node roles mount through CDK's own grant (file_system.grant_root_access).
     (efs_grant,) = [st for st in _statements(template, "WorkerGroup")
                     if "elasticfilesystem:ClientRootAccess" in st["Action"]]

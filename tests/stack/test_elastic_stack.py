@@ -59,7 +59,7 @@ def test_worker_group_has_the_drain_hook_notifying_the_topic(template: Template)
     ]
 
 
-def test_master_role_may_drain_protect_and_scale_only_this_cluster(template: Template) -> None:
+def test_master_role_may_drain_protect_scale_and_mark_only_this_cluster(template: Template) -> None:
     policies = template.find_resources("AWS::IAM::Policy")
     elastic = {}
     for logical_id, policy in policies.items():
@@ -71,6 +71,7 @@ def test_master_role_may_drain_protect_and_scale_only_this_cluster(template: Tem
     st = elastic[only]
     assert sorted(st["Action"]) == [
         "autoscaling:CompleteLifecycleAction", "autoscaling:SetDesiredCapacity",
+        "autoscaling:SetInstanceHealth",  # the job controller: a failed node is replaced
         "autoscaling:SetInstanceProtection", "autoscaling:TerminateInstanceInAutoScalingGroup",
     ]
     assert st["Condition"] == {

@@ -43,7 +43,7 @@ def test_readme_example_synthesizes(monkeypatch: pytest.MonkeyPatch) -> None:
         assert d["NetworkInterfaces"][0]["InterfaceType"] == "efa"
         assert d["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
         assert d["BlockDeviceMappings"][0]["DeviceName"] == "/dev/xvda"  # amazon-linux-2023
-    template.resource_count_is("AWS::EC2::PlacementGroup", 1)
+    template.resource_count_is("AWS::EC2::PlacementGroup", 2)  # one per zone (zone fallback)
     template.has_resource_properties("AWS::AutoScaling::AutoScalingGroup", {
         "DesiredCapacity": "8"})
     assert '"FromPort": 6006' in json.dumps(template.to_json())

@@ -4,12 +4,15 @@ Every node is an executor-only ``emulator.nodes.Node`` (its own root, the real i
 ``dl-executor.service`` process) on an address ``emulator.resources.loopback_instances``
 hands out; the nodes share one EFS directory. The node agent's part is played with the
 agent's own code: :meth:`LocalCluster.publish` applies a membership on every node
-(``Node.apply``). ``dl-run`` is the master's installed wrapper. Every process started here,
-and every process of a job's shares, is stopped through ``bootstrap_scripts.procgroup``.
+(``Node.apply``). ``dl-run`` is the master's installed wrapper (``--unmanaged`` unless a test
+asks for a managed job); :meth:`LocalCluster.start_controller` starts the master's job
+controller unit. Every process started here, every attempt runner a controller started, and
+every process of a job's shares, is stopped through ``bootstrap_scripts.procgroup``.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -30,8 +33,9 @@ from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths
-from bootstrap_scripts.protocol.records import ShareStarted
-from emulator.nodes import Node, base_env, stop_nodes
+from bootstrap_scripts.protocol.records import RunnerHeartbeat, ShareStarted
+from emulator.deploy import Instance
+from emulator.nodes import CONTROLLER_UNIT, Node, base_env, stop_nodes
 from emulator.resources import agent_settings, install_args, loopback_instances
 from tests.conftest import REPO_ROOT, free_port
 
@@ -96,17 +100,57 @@ class LocalCluster:
     def executor_log(self, address: str) -> str:
         return self.node(address).log_path("dl-executor").read_text(errors="replace")
 
-    def popen_runner(self, *args: str) -> subprocess.Popen:
-        """``dl-run --root <master> ARGS`` through the master's installed wrapper."""
+    def start_controller(self, aws: dict[str, str] | None = None, *,
+                         health_gate: bool = False) -> subprocess.Popen:
+        """Start (or restart) the master's ``dl-controller.service`` process, with ``aws``
+        (endpoint, credentials) in its environment, and wait for its first heartbeat.
+        Without ``health_gate`` the unit gets ``--no-health-gate`` (executor-only nodes have
+        no GPU tools for the gate to check)."""
+        master = self.node(self.membership.master_addr)
+        master.env = {**master.env, **(aws or {})}
+        unit = master.root / CONTROLLER_UNIT
+        text = unit.read_text()
+        if not health_gate and "--no-health-gate" not in text:
+            unit.write_text(re.sub(r"^(ExecStart=.*)$", r"\1 --no-health-gate", text,
+                                   flags=re.M))
+        beat = ClusterPaths(self.efs).controller_heartbeat
+        before = store.stamp(beat)
+        p = master.start_controller()
+        deadline = time.monotonic() + 30
+        while store.stamp(beat) in (None, before):
+            assert p.poll() is None, master.log_path("dl-controller").read_text()
+            assert time.monotonic() < deadline, "the job controller never heartbeat"
+            time.sleep(0.05)
+        return p
+
+    @property
+    def controller(self) -> subprocess.Popen | None:
+        return self.node(self.membership.master_addr).procs.get("controller")
+
+    def controller_log(self) -> str:
+        path = self.node(self.membership.master_addr).log_path("dl-controller")
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def dl_jobs(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        """``dl-jobs --root <master> ARGS`` through the master's installed wrapper."""
+        return subprocess.run([str(self.master_root / BIN_DIR / "dl-jobs"), "--root",
+                               str(self.master_root), *args], cwd=REPO_ROOT, env=base_env(),
+                              text=True, capture_output=True, timeout=timeout)
+
+    def popen_runner(self, *args: str, managed: bool = False) -> subprocess.Popen:
+        """``dl-run --root <master> ARGS`` through the master's installed wrapper
+        (``--unmanaged`` unless ``managed``)."""
         p = subprocess.Popen([str(self.master_root / BIN_DIR / "dl-run"), "--root",
-                              str(self.master_root), *args], cwd=REPO_ROOT, env=base_env(),
+                              str(self.master_root), *(() if managed else ("--unmanaged",)),
+                              *args], cwd=REPO_ROOT, env=base_env(),
                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              start_new_session=True)
         self.runners.append(p)
         return p
 
-    def run(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        p = self.popen_runner(*args)
+    def run(self, *args: str, timeout: float = 180, managed: bool = False
+            ) -> subprocess.CompletedProcess:
+        p = self.popen_runner(*args, managed=managed)
         try:
             out, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -142,11 +186,23 @@ class LocalCluster:
         return pids_in_groups(pgid for pgid, _ in shares if pgid) | {
             pid for _, token in shares for pid in pids_with_token(token) if alive(pid)}
 
+    def attempt_runners(self) -> set[int]:
+        """Live runners of any job (a controller's attempts run in sessions of their own)."""
+        pids = set()
+        for jdir in self.job_dirs():
+            beat = store.read_record_or_none(JobPaths(jdir).runner_heartbeat, RunnerHeartbeat)
+            if beat and beat.pid and alive(beat.pid):
+                pids.add(beat.pid)
+        return pids
+
     def stop(self) -> None:
-        """dl-run processes, then every node (its executor stops its shares), then whatever
-        a share or a test left; everything by PID or process group."""
+        """dl-run processes, then every node (its executor stops its shares, its controller
+        its attempt), then whatever a share or a test left; everything by PID or group."""
+        attempts = self.attempt_runners()
         stop_nodes(self.nodes, grace=20, also=[
             Tracked("dl-run", p.pid, None) for p in self.runners if p.poll() is None])
+        stop_groups([Tracked("attempt runner", pid, None) for pid in attempts
+                     if alive(pid)], grace=10)
         for pgid, token in self._shares():
             sweep_share(pgid, token)
         stop_groups([Tracked("test process", pgid, None) for pgid in self.pgids], grace=5)
@@ -154,16 +210,21 @@ class LocalCluster:
     def leftovers(self) -> set[int]:
         groups = {g.pid for n in self.nodes for g in n.groups} | self.pgids | {
             p.pid for p in self.runners}
-        return ({p for p in self.pids if alive(p)} | pids_in_groups(groups) | self.job_pids())
+        return ({p for p in self.pids if alive(p)} | pids_in_groups(groups) | self.job_pids()
+                | self.attempt_runners())
 
 
-def start_local_cluster(tmp: Path, n_nodes: int, gpus: int = 0) -> LocalCluster:
+def start_local_cluster(tmp: Path, n_nodes: int, gpus: int = 0, *,
+                        instances: list[Instance] | None = None) -> LocalCluster:
     """``n_nodes`` nodes (the first the master) with generation 1 applied and the installer
-    run; no executor started yet (:meth:`LocalCluster.start_executors`)."""
+    run; no executor started yet (:meth:`LocalCluster.start_executors`). ``instances``:
+    the nodes' instances (e.g. moto's, for a test whose controller calls Auto Scaling);
+    default: loopback addresses and made-up ids."""
     efs = tmp / "efs"
     efs.mkdir(parents=True)
+    instances = instances or loopback_instances(n_nodes)
     nodes = [Node(inst, "master" if k == 0 else "worker", tmp / f"node{k}", efs, tmp / "logs")
-             for k, inst in enumerate(loopback_instances(n_nodes))]
+             for k, inst in enumerate(instances[:n_nodes])]
     for node in nodes:
         node.install(install_args(agent_settings(node.role, cluster_id=CLUSTER_ID,
                                                  mount_point=str(efs))))

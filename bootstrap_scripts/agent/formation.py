@@ -1,0 +1,112 @@
+"""How a master comes to lead its cluster: forming it, or taking it over from EFS.
+
+- :func:`form`: generation 1 of a new cluster (FORMING in :mod:`.master`), from the groups
+  the ``asg-setup`` messages announced, once their nodes registered (and prepared); then
+  scale-in protection and the wait condition's SUCCESS.
+- :func:`take_over`: a replacement master (Auto Scaling replaced a lost master instance)
+  finds on EFS a formed cluster of its cluster id whose master instance is gone
+  (:func:`~bootstrap_scripts.agent.policy.start_decision`). No ``asg-setup`` message will
+  come (the groups were set up long ago) and the stack is complete, so it neither waits for
+  them nor signals the wait condition: it rebuilds the roster from the groups and the
+  registrations, publishes the next generation (the numbers continue) with itself as
+  master, and protects the master and the base workers. Until that generation arrives the
+  workers keep the files of the last one (they only ever apply a newer generation).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+from bootstrap_scripts.agent import policy
+from bootstrap_scripts.agent import wait_condition as wc
+from bootstrap_scripts.protocol import state
+from bootstrap_scripts.protocol.membership import Membership
+
+if TYPE_CHECKING:
+    from bootstrap_scripts.agent.master import Master
+
+
+def take_over(master: Master, previous: Membership) -> bool:
+    """Lead the formed cluster ``previous`` (its master instance was replaced by this one);
+    True once the next generation is published (False: the groups could not be read now,
+    the caller retries at its next resync)."""
+    agent, log = master.agent, master.log
+    log.warning("event=take-over cluster_id=%s previous_master=%s (%s) generation=%d (the "
+                "master instance was replaced; the stack is already complete: no "
+                "wait-condition signal)", previous.cluster_id, previous.master.instance_id,
+                previous.master_addr, previous.generation)
+    agent.current = previous  # the roster compares with the last published generation
+    agent.formed.set()
+    master.roster.resync("took-over", master.drains.active)
+    current = agent.current
+    if current is None or current.generation <= previous.generation:
+        return False
+    master.roster.protect(current)
+    log.info("event=took-over generation=%d master=%s nodes=%d", current.generation,
+             current.master_addr, len(current.nodes))
+    return True
+
+
+def form(master: Master) -> None:
+    """Generation 1: the groups' nodes, once registered (and prepared), or the wait is
+    over; then protection and the SUCCESS signal."""
+    roster, config, cluster = master.roster, master.config, master.agent.cluster
+    agent, log = master.agent, master.log
+    expected = master.state.setup["worker"].instances
+    for role, seen in master.state.setup.items():
+        if seen.asg:
+            roster.group_names.setdefault(role, seen.asg)
+    give_up = time.monotonic() + config.registration_wait
+    # With a data-preparation hook, registered nodes may take long to be prepared: wait
+    # for their markers up to the setup deadline (not the registration wait).
+    prep_give_up = time.monotonic() + max(
+        0.0, master.state.setup_started + config.setup_timeout - time.time() - 5.0)
+    workers = roster.discover_with_retry(expected)
+    described = time.monotonic()
+    while True:
+        ids = [w.instance_id for w in workers]
+        registrations = roster.read_registrations(ids)  # cheap: one open() per node
+        unregistered = [i for i in ids if i not in registrations]
+        absent = [i for i in expected if i not in ids]
+        unprepared = [i for i in ids if i in registrations and config.data_prep
+                      and state.prep_status(cluster.efs, i) is None]
+        waiting_registration = (unregistered or absent) and time.monotonic() < give_up
+        waiting_prep = unprepared and time.monotonic() < prep_give_up
+        if not (waiting_registration or waiting_prep) or agent.stop.is_set():
+            break
+        agent.stop.wait(0.1)
+        if absent and time.monotonic() - described >= 2.0:  # AWS APIs: every 2 s at most
+            workers = roster.discover_with_retry(expected)
+            described = time.monotonic()
+    if absent:
+        log.warning("event=workers-absent instances=%s (the Lambda listed them; "
+                "proceeding with the nodes present)", ",".join(absent))
+    if unregistered:
+        log.warning("event=workers-unregistered instances=%s waited=%.0fs (using the "
+                "master's GPU count %d for them)", ",".join(unregistered),
+                config.registration_wait, agent.gpus)
+    prepared = None
+    if config.data_prep:
+        prepared = {w.instance_id for w in workers if w.instance_id in registrations
+                    and state.prep_status(cluster.efs, w.instance_id) == "ok"}
+    workers, left_out = policy.forming_workers(workers, draining=master.drains.active,
+                                               prepared=prepared)
+    if left_out:
+        # They join when prepared (and are promoted to base while the base count is short).
+        log.warning("event=workers-not-prepared instances=%s (they join when "
+                "prepared)", ",".join(left_out))
+        roster.pending_join = set(left_out)
+    roster.base_target = policy.base_target(config.base_workers, len(workers))
+    base = policy.choose_base(workers, roster.base_target)
+    entries, fallback = policy.worker_entries(workers, registrations, base=base,
+                                              fallback_gpus=agent.gpus)
+    m = roster.publish(entries, reason="initial")
+    roster.set_fallback(fallback)
+    roster.protect(m)
+    agent.formed.set()
+    data = json.dumps({"nodes": len(m.nodes), "generation": m.generation,
+                       "master": m.master_addr})
+    agent.signal(wc.SUCCESS, f"cluster {config.cluster_id} formed: {len(m.nodes)} "
+                 f"nodes, generation {m.generation}", data)

@@ -1,0 +1,150 @@
+"""One attempt of a managed job: today's single-run engine, started by the controller.
+
+Attempt ``n`` of job ``J`` is the ordinary job ``jobs/J.n/``, run by ``python -m
+bootstrap_scripts.jobs.runner --unmanaged --job-id J.n ...`` (the same launchers, executors,
+watch and summary as ``dl-run --unmanaged``). The controller starts that runner as the user
+who submitted the job (the owner of ``request.json``), so the attempt's ``spec.json`` is
+theirs and the executors run every share as them, exactly as when the user runs ``dl-run``.
+The attempt's ``result.json`` and share exits then tell the controller what happened.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bootstrap_scripts.jobs.preflight import executor_state, read_heartbeat
+from bootstrap_scripts.jobs.restart_policy import Failure, classify
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import JobSpec
+from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths
+from bootstrap_scripts.protocol.records import (
+    JobResult,
+    ManagedRequest,
+    ShareExit,
+    ShareStarted,
+)
+
+#: This package's parent directory: the attempt runner must import it whatever the user's env.
+PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+
+
+class AttemptError(Exception):
+    """The attempt cannot be started (e.g. another user's job and no root); names why."""
+
+
+def checkpoint_dir(efs: Path, job_id: str) -> str:
+    """``DL_CHECKPOINT_DIR`` of a managed job: ``<EFS>/checkpoints/<job-id>``, the same for
+    every attempt, so a restarted attempt finds what the previous one saved."""
+    return str(ClusterPaths(efs).checkpoints_dir / job_id)
+
+
+def restart_env(efs: Path, job_id: str, restart_count: int) -> dict[str, str]:
+    """The variables every rank of an attempt sees: ``DL_CHECKPOINT_DIR`` always,
+    ``DL_RESTART_COUNT`` (0 on the first attempt), and ``DL_RESUME=1`` on restarts only."""
+    env = {"DL_CHECKPOINT_DIR": checkpoint_dir(efs, job_id),
+           "DL_RESTART_COUNT": str(restart_count)}
+    if restart_count:
+        env["DL_RESUME"] = "1"
+    return env
+
+
+def runner_argv(request: ManagedRequest, *, attempt_id: str, root: str, efs: Path,
+                membership: Path | None, restart_count: int) -> list[str]:
+    """The attempt's ``dl-run --unmanaged`` command line. The restart variables go last, as
+    ``--env``: they win over the user's own ``--env`` of the same name, and mpirun forwards
+    them (``-x``) like any ``--env``."""
+    argv = [sys.executable, "-m", "bootstrap_scripts.jobs.runner", "--unmanaged",
+            "--job-id", attempt_id, "--root", root, "--mount-point", str(efs)]
+    if membership is not None:
+        argv += ["--membership", str(membership)]
+    if request.cwd:
+        argv += ["--cwd", request.cwd]
+    argv += list(request.options)
+    for key, value in restart_env(efs, request.job_id, restart_count).items():
+        argv += ["--env", f"{key}={value}"]
+    return [*argv, "--", *request.command]
+
+
+def runner_env(request: ManagedRequest) -> dict[str, str]:
+    """The submitter's environment (what their ``dl-run`` forwards to the ranks), with this
+    package importable."""
+    env = dict(request.env)
+    env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + env["PYTHONPATH"]
+                                          if env.get("PYTHONPATH") else "")
+    env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def owner(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_uid, st.st_gid
+
+
+def spawn(argv: list[str], env: dict[str, str], log: Path, *, uid: int, gid: int
+          ) -> subprocess.Popen:
+    """Start the attempt runner as ``uid``/``gid`` (no supplementary groups) in a session of
+    its own; its ``[dl-run]`` messages go to ``log``, the ranks' lines (which are in the node
+    logs already) nowhere. A controller that is not root runs only its own user's jobs."""
+    as_user: dict = {}
+    if uid != os.geteuid():
+        if os.geteuid() != 0:
+            raise AttemptError(f"the job controller runs as uid {os.geteuid()} and cannot run "
+                               f"a job submitted by uid {uid} (run it as root, as its "
+                               f"systemd unit does)")
+        as_user = {"user": uid, "group": gid, "extra_groups": []}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        os.chmod(log, 0o644)
+        return subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=out, start_new_session=True,
+                                **as_user)
+
+
+def exits(paths: JobPaths) -> dict[int, ShareExit]:
+    return {rec.rank: rec for _stem, rec in store.scan_records(paths.nodes, ShareExit,
+                                                               suffix=".exit")}
+
+
+def outcome(paths: JobPaths, runner_code: int | None) -> Failure | None:
+    """How the attempt ended (see :func:`restart_policy.classify`)."""
+    result = store.read_record_or_none(paths.result, JobResult)
+    return classify(result, exits(paths), runner_code=runner_code)
+
+
+def shares_started_at(paths: JobPaths) -> float | None:
+    """When the last of the attempt's shares started, once every share of its spec has;
+    None before."""
+    spec_text = store.read_text(paths.spec)
+    if not spec_text:
+        return None
+    spec = JobSpec.from_json(spec_text)
+    started = {rec.rank: rec for _s, rec in store.scan_records(
+        paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
+    if any(s.rank not in started for s in spec.shares):
+        return None
+    return max(started[s.rank].started_at for s in spec.shares)
+
+
+def wait_stopped(paths: JobPaths, efs: Path, *, timeout: float, heartbeat_timeout: float = 10.0,
+                 tick: object = None) -> bool:
+    """Wait until every started share of an attempt has exited, or its node's executor is
+    gone (nothing runs it any more): the next attempt must not meet the previous one's
+    processes (ports, GPUs). ``tick()`` is called while waiting (the controller's heartbeat).
+    True when everything stopped within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        started = {rec.rank: rec for _s, rec in store.scan_records(
+            paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
+        done = exits(paths)
+        running = [r for r in started.values() if r.rank not in done and not executor_state(
+            read_heartbeat(efs, r.address), heartbeat_timeout)]
+        if not running or time.monotonic() > deadline:
+            return not running
+        if callable(tick):
+            tick()
+        time.sleep(0.5)

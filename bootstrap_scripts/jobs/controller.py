@@ -1,0 +1,288 @@
+"""The job controller: runs managed jobs one at a time and restarts them after faults.
+
+``python3 -m bootstrap_scripts.jobs.controller --root / --mount-point /efs --region R``
+(systemd unit ``dl-controller.service``, on the master only).
+
+Why a service and not ``dl-run`` itself: a job followed by the user's ``dl-run`` dies with
+the user's session or with the master; a job owned by a service whose whole state is on EFS
+outlives both. ``dl-run`` only submits (``managed/<id>/request.json``) and follows the logs.
+
+What it does, every half second:
+- its heartbeat, ``cluster/controller.json`` (``dl-jobs`` says whether a controller is alive);
+- at start, jobs left ``running`` by a controller that is gone (this master was replaced, or
+  the controller was killed): their orphaned attempt is cancelled through its cancel file
+  (the executors stop its shares at once rather than after the orphan timeout), a
+  ``master-lost`` restart is recorded, and the job restarts from its checkpoint under the
+  same id; a job left ``restarting`` simply continues;
+- then the queue, first come first served: one job at a time (``supervise.JobSupervisor``).
+Refuses to start while another controller's heartbeat on this same instance is alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from bootstrap_scripts.jobs import attempts, managed
+from bootstrap_scripts.jobs.instance_health import InstanceHealth
+from bootstrap_scripts.jobs.node import read_node_env
+from bootstrap_scripts.jobs.restart_policy import Action, Failure, FailureKind, JobState, decide
+from bootstrap_scripts.jobs.supervise import Gate, JobSupervisor
+from bootstrap_scripts.procgroup import alive
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
+from bootstrap_scripts.protocol.records import ControllerHeartbeat, ManagedJob, ManagedRequest
+
+LOG = logging.getLogger("dl-controller")
+HEARTBEAT_SECONDS = 1.0
+POLL_SECONDS = 0.5
+#: how long a new controller waits for an orphaned attempt's shares to stop
+ORPHAN_STOP_TIMEOUT = 60.0
+
+
+class ControllerError(RuntimeError):
+    """The controller cannot run (another one is alive here); the message says which."""
+
+
+def health_gate() -> Gate | None:
+    """The cluster's health gate (``bootstrap_scripts.ops.gate.run_gate``) as a
+    :data:`supervise.Gate`, or None when this installation has no gate module."""
+    try:
+        from bootstrap_scripts.ops.gate import run_gate
+    except ImportError:
+        return None
+
+    def gate(root: Path, efs: Path, m: Membership, addresses: list[str]
+             ) -> list[tuple[str, str, str]]:
+        report = run_gate(root, efs, m, addresses=addresses)
+        return [(f.address, f.instance_id, f"{f.check}: {f.detail or f.value}")
+                for f in report.failures]
+
+    return gate
+
+
+class Controller:
+    def __init__(self, root: Path, efs: Path, *, region: str = "",
+                 gate: Gate | None = None, health: InstanceHealth | None = None) -> None:
+        self.root, self.efs = root, efs
+        self.gate = gate
+        self.health = health or InstanceHealth(region)
+        self.stopping = False
+        self.seq = 0
+        self.last_beat = 0.0
+        self.started_at = time.time()
+        self.job_id = ""
+        env = read_node_env(NodePaths(root))
+        self.address = env.get("DEEPLEARNING_NODE_ADDR", "")
+        self.instance_id = env.get("DEEPLEARNING_INSTANCE_ID", "")
+        if not self.instance_id and self.address:
+            try:
+                node = Membership.load(NodePaths(root).membership).node_by_address(self.address)
+                self.instance_id = node.instance_id if node else ""
+            except (OSError, ValueError):
+                pass
+        self.me = f"{self.instance_id or socket.gethostname()}/{os.getpid()}"
+
+    # -- heartbeat -------------------------------------------------------------------------
+    def beat(self, state: str = "running", *, force: bool = False) -> None:
+        if not force and time.monotonic() - self.last_beat < HEARTBEAT_SECONDS:
+            return
+        self.seq += 1
+        self.last_beat = time.monotonic()
+        try:
+            store.write_record(ClusterPaths(self.efs).controller_heartbeat, ControllerHeartbeat(
+                pid=os.getpid(), heartbeat=time.time(), seq=self.seq, state=state,
+                hostname=socket.gethostname(), instance_id=self.instance_id,
+                address=self.address, started_at=self.started_at, job_id=self.job_id))
+        except OSError as exc:
+            LOG.error("cannot write the controller heartbeat: %s", exc)
+
+    def check_alone(self) -> None:
+        """Refuse to run beside a live controller on this instance (its heartbeat fresh and
+        its process alive). One on another instance is a previous master's: gone."""
+        hb = store.read_record_or_none(ClusterPaths(self.efs).controller_heartbeat,
+                                       ControllerHeartbeat)
+        if hb is None or hb.state == "stopped" or hb.pid == os.getpid():
+            return
+        fresh = time.time() - hb.heartbeat < managed.CONTROLLER_TIMEOUT
+        if fresh and hb.instance_id == self.instance_id and hb.hostname == \
+                socket.gethostname() and alive(hb.pid):
+            raise ControllerError(f"another job controller is running here (pid {hb.pid}, "
+                                  f"heartbeat {ClusterPaths(self.efs).controller_heartbeat})")
+
+    # -- jobs --------------------------------------------------------------------------------
+    def supervisor(self, paths: ManagedPaths, request: ManagedRequest,
+                   job: ManagedJob) -> JobSupervisor:
+        return JobSupervisor(root=self.root, efs=self.efs, paths=paths, request=request,
+                             job=job, health=self.health, gate=self.gate, tick=self.beat,
+                             stopping=lambda: self.stopping)
+
+    def run_job(self, sup: JobSupervisor) -> None:
+        self.job_id = sup.job.job_id
+        self.beat(force=True)
+        try:
+            sup.run()
+        except (attempts.AttemptError, OSError, ValueError) as exc:
+            LOG.exception("job %s: %s", sup.job.job_id, exc)
+            if not JobState(sup.job.state).terminal:
+                sup.finish(JobState.FAILED, f"the job controller could not run it: {exc}")
+        finally:
+            self.job_id = ""
+
+    def recover(self) -> None:
+        """Continue the jobs a previous controller left running or restarting."""
+        for paths in managed.all_paths(self.efs):
+            job, request = managed.load_job(paths), managed.load_request(paths)
+            if job is None or request is None or job.controller == self.me or \
+                    job.state not in (JobState.RUNNING.value, JobState.RESTARTING.value):
+                continue
+            sup = self.supervisor(paths, request, job)
+            previous = job.controller
+            sup.update(controller=self.me)
+            if job.state == JobState.RUNNING.value and job.attempt:
+                self.stop_orphan(paths, job)
+                failure = Failure(FailureKind.MASTER_LOST, f"the job controller that ran "
+                                  f"attempt {job.attempt} ({previous}) is gone")
+                decision = decide(failure, restarts=job.restarts,
+                                  code_restarts=job.code_restarts, policy=sup.policy,
+                                  cancel_requested=managed.cancel_requested(paths))
+                if decision.action is Action.RESTART:
+                    m = self.wait_membership()
+                    if m is None:
+                        return
+                    sup.record_restart(m, failure, time.time())
+                else:
+                    sup.finish(decision.state, decision.reason)
+            else:
+                LOG.info("job %s: continuing its restart (previous controller %s is gone)",
+                         job.job_id, previous)
+            self.run_job(sup)
+            if self.stopping:
+                return
+
+    def wait_membership(self) -> Membership | None:
+        """This node's membership, once the node agent has written it: a controller that
+        starts on a new master (a take-over) may be up before its agent formed the cluster.
+        None if the controller is told to stop first."""
+        path = NodePaths(self.root).membership
+        announced = False
+        while not self.stopping:
+            try:
+                return Membership.load(path)
+            except (OSError, ValueError) as exc:
+                if not announced:
+                    LOG.info("waiting for this node's membership (%s): %s", path, exc)
+                    announced = True
+            self.beat("waiting")
+            time.sleep(POLL_SECONDS)
+        return None
+
+    def stop_orphan(self, paths: ManagedPaths, job: ManagedJob) -> None:
+        """Cancel the orphaned attempt and wait until its shares stopped."""
+        jpaths = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
+        LOG.warning("job %s: attempt %d is orphaned (its controller %s is gone): stopping it",
+                    job.job_id, job.attempt, job.controller)
+        try:
+            store.atomic_write(jpaths.cancel, "orphaned: the job controller was lost\n")
+        except OSError as exc:
+            LOG.error("cannot cancel %s: %s", jpaths.dir, exc)
+        if not attempts.wait_stopped(jpaths, self.efs, timeout=ORPHAN_STOP_TIMEOUT,
+                                     tick=self.beat):
+            LOG.error("job %s: attempt %d still has running shares after %.0f s", job.job_id,
+                      job.attempt, ORPHAN_STOP_TIMEOUT)
+
+    def next_job(self) -> JobSupervisor | None:
+        """The oldest queued job, as a supervisor (cancelled ones are closed on the way)."""
+        for paths, request in managed.queue(self.efs):
+            job = managed.load_job(paths) or ManagedJob(
+                job_id=request.job_id, state=JobState.QUEUED.value,
+                submitted_at=request.submitted_at, user=request.user,
+                world_size=request.world_size)
+            sup = self.supervisor(paths, request, job)
+            sup.update(controller=self.me)
+            if managed.cancel_requested(paths):
+                sup.finish(JobState.CANCELLED, "cancelled by the user before it started")
+                continue
+            problem = self.refuse(paths)
+            if problem:
+                sup.finish(JobState.FAILED, problem)
+                continue
+            return sup
+        return None
+
+    def refuse(self, paths: ManagedPaths) -> str:
+        """Why this controller must not run the job ("" if it may)."""
+        uid, _gid = attempts.owner(paths.request)
+        dir_uid, _ = attempts.owner(paths.dir)
+        if uid != dir_uid:
+            return (f"{paths.request} belongs to uid {uid} but {paths.dir} to uid {dir_uid}: "
+                    f"refusing to run it")
+        if os.geteuid() != 0 and uid != os.geteuid():
+            return (f"the job controller runs as uid {os.geteuid()} and cannot run a job "
+                    f"submitted by uid {uid}")
+        return ""
+
+    # -- main loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        self.check_alone()
+        LOG.info("job controller %s: root %s, EFS %s, health gate %s", self.me, self.root,
+                 self.efs, "on" if self.gate else "not installed")
+        self.beat(force=True)
+        self.recover()
+        while not self.stopping:
+            self.beat()
+            sup = self.next_job()
+            if sup is not None:
+                self.run_job(sup)
+                continue
+            time.sleep(POLL_SECONDS)
+        self.beat("stopped", force=True)
+        return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dl-controller", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default="/", help="node root prefix (emulator: the node's dir)")
+    p.add_argument("--mount-point", default="", help="EFS mount point (default: EFS_MOUNT "
+                   "from the node's env file, else /efs)")
+    p.add_argument("--region", default=os.environ.get("AWS_REGION", ""),
+                   help="AWS region of the cluster's Auto Scaling groups")
+    p.add_argument("--no-health-gate", action="store_true",
+                   help="start attempts without running the health gate on their nodes")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s dl-controller %(levelname)s %(message)s")
+    root = Path(args.root)
+    efs = args.mount_point or read_node_env(NodePaths(root)).get("EFS_MOUNT", "") or "/efs"
+    gate = None if args.no_health_gate else health_gate()
+    if gate is None and not args.no_health_gate:
+        LOG.warning("no health gate module (bootstrap_scripts.ops.gate): attempts start "
+                    "without one")
+    ctl = Controller(root, Path(efs), region=args.region, gate=gate)
+
+    def stop(signum: int, _frame: object) -> None:
+        ctl.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        return ctl.run()
+    except ControllerError as exc:
+        LOG.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""``dl-jobs``: the managed jobs of the cluster, their restarts, logs, and cancelling them.
+
+    dl-jobs [--json]                   every job, oldest first, and whether a controller runs
+    dl-jobs show ID [--json]           one job: state, attempts, restarts (each with its cause)
+    dl-jobs logs ID [-f] [--node RANK] its output, attempt after attempt
+    dl-jobs cancel ID                  a queued job never runs; a running one is stopped
+
+Reads EFS only (``managed/``, ``jobs/``, ``cluster/controller.json``), so it works on any
+node. Exit status: 0, 1 (the job of ``logs -f`` did not succeed), 2 (usage, unknown job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+from bootstrap_scripts.jobs import managed
+from bootstrap_scripts.jobs.follow import final_message, follow
+from bootstrap_scripts.jobs.node import read_node_env
+from bootstrap_scripts.jobs.restart_policy import JobState
+from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.paths import NodePaths
+from bootstrap_scripts.protocol.records import ManagedJob
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dl-jobs", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default=os.environ.get("DL_ROOT", "/"),
+                   help="node root prefix where the agent wrote its files (default: /)")
+    p.add_argument("--mount-point", default="", help="EFS mount point (default: the "
+                   "membership's)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="command")
+    sub.add_parser("list", help="every job (the default)")
+    show = sub.add_parser("show", help="one job and its restarts")
+    show.add_argument("job_id")
+    show.add_argument("--json", action="store_true", dest="json_show")
+    logs = sub.add_parser("logs", help="a job's output, every attempt")
+    logs.add_argument("job_id")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep following it")
+    logs.add_argument("--node", type=int, default=None, metavar="RANK",
+                      help="only this node rank's output")
+    logs.add_argument("--no-prefix", action="store_true")
+    cancel = sub.add_parser("cancel", help="cancel a queued or running job")
+    cancel.add_argument("job_id")
+    return p.parse_args(argv)
+
+
+def efs_of(args: argparse.Namespace) -> Path:
+    if args.mount_point:
+        return Path(args.mount_point)
+    try:
+        return Path(Membership.load(NodePaths(args.root).membership).efs_mount)
+    except (OSError, ValueError):
+        return Path(read_node_env(NodePaths(args.root)).get("EFS_MOUNT") or "/efs")
+
+
+def when(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def print_list(efs: Path, as_json: bool) -> int:
+    jobs = managed.list_jobs(efs)
+    status = managed.controller_status(efs)
+    if as_json:
+        print(json.dumps({"controller": {"alive": status.alive, "status": status.text},
+                          "jobs": [j.to_dict() for j in jobs]}, indent=2, sort_keys=True))
+        return 0
+    print(status.text)
+    if not jobs:
+        print("no jobs")
+        return 0
+    rows = [("JOB", "STATE", "ATTEMPT", "RESTARTS", "NODES", "USER", "SUBMITTED",
+             "LAST FAILURE")]
+    rows += [(j.job_id, j.state, str(j.attempt), str(j.restarts), str(j.world_size),
+              j.user or "-", when(j.submitted_at), (j.last_failure or "-")[:70]) for j in jobs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    return 0
+
+
+def print_show(job: ManagedJob, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(job.to_dict(), indent=2, sort_keys=True))
+        return 0
+    for label, value in (
+            ("job", job.job_id), ("state", job.state), ("user", job.user or "-"),
+            ("submitted", when(job.submitted_at)), ("started", when(job.started_at)),
+            ("finished", when(job.finished_at)), ("attempt", str(job.attempt)),
+            ("restarts", str(job.restarts)), ("world size", f"{job.world_size} node(s) "
+                                              f"(first attempt: {job.full_size})"),
+            ("excluded", ", ".join(job.excluded) or "-"),
+            ("last failure", job.last_failure or "-"), ("message", job.message or "-")):
+        print(f"{label + ':':14}{value}")
+    for k, r in enumerate(job.restart_log, start=1):
+        resumed = (f"epoch {r.resumed_epoch} step {r.resumed_step}"
+                   if r.resumed_epoch is not None else "no checkpoint")
+        took = f"{r.seconds_to_resume:.1f} s" if r.seconds_to_resume is not None else "-"
+        node = f"{r.address} ({r.instance_id})" if r.address else "-"
+        print(f"restart {k}: {when(r.at)} after attempt {r.attempt}: {r.kind}, node {node}"
+              f"{', marked Unhealthy' if r.marked_unhealthy else ''}"
+              f"{', ' + r.health_error if r.health_error else ''}; replacement "
+              f"{r.replacement_instance_id or '-'}; resumed on {r.next_world_size or '-'} "
+              f"node(s) from {resumed} in {took}: {r.detail}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    efs = efs_of(args)
+    try:
+        if args.command in (None, "list"):
+            return print_list(efs, args.json)
+        paths = managed.find(efs, args.job_id)
+        if args.command == "show":
+            job = managed.view(paths)
+            if job is None:
+                raise managed.ManagedError(f"job {args.job_id} has no readable record")
+            return print_show(job, args.json or args.json_show)
+        if args.command == "cancel":
+            print(managed.cancel(efs, args.job_id))
+            return 0
+        ranks = frozenset({args.node}) if args.node is not None else None
+        try:
+            job = follow(efs, args.job_id, live=args.follow, prefix=not args.no_prefix,
+                         ranks=ranks)
+        except KeyboardInterrupt:
+            return 0  # stop following; the job is not touched
+        if args.follow:
+            print(f"[dl-jobs] {final_message(job)}", file=sys.stderr)
+            return 0 if job.state == JobState.SUCCEEDED.value else EXIT_FAILED
+        return 0
+    except managed.ManagedError as exc:
+        print(f"dl-jobs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

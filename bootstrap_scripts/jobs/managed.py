@@ -1,0 +1,172 @@
+"""Managed jobs on EFS: submitting, listing, cancelling, and reading their records.
+
+A managed job is ``<EFS>/managed/<job-id>/`` (``protocol.paths.ManagedPaths``): the user's
+``request.json`` (written last by ``dl-run``, so its appearance is the submission, and its
+owner is the user the job runs as), the controller's ``job.json`` and a ``cancel`` marker.
+Everything lives on EFS so that the controller of a replacement master continues where the
+previous one stopped, and ``dl-jobs`` can run on any node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootstrap_scripts.jobs.restart_policy import JobState
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths
+from bootstrap_scripts.protocol.records import ControllerHeartbeat, ManagedJob, ManagedRequest
+
+#: A controller heartbeat older than this means no controller is running.
+CONTROLLER_TIMEOUT = 10.0
+
+
+class ManagedError(Exception):
+    """A managed-job operation failed; the message names the job and what exists."""
+
+
+def submit(efs: Path, request: ManagedRequest) -> ManagedPaths:
+    """Create ``managed/<id>/`` and write the request last (the controller's go)."""
+    paths = ClusterPaths(efs).managed(request.job_id)
+    try:
+        paths.dir.mkdir(mode=0o755)
+    except FileExistsError:
+        raise ManagedError(f"job {request.job_id} already exists ({paths.dir}): choose "
+                           f"another --job-id") from None
+    except PermissionError as exc:
+        raise ManagedError(f"cannot create {paths.dir} ({exc.strerror}): the job executors "
+                           f"make {paths.dir.parent} writable for every user when they start; "
+                           f"is one running on this cluster?") from None
+    except FileNotFoundError:
+        raise ManagedError(f"{paths.dir.parent} does not exist: the job executors create it "
+                           f"when they start; is one running on this cluster?") from None
+    store.write_record(paths.request, request)
+    return paths
+
+
+def load_request(paths: ManagedPaths) -> ManagedRequest | None:
+    return store.read_record_or_none(paths.request, ManagedRequest)
+
+
+def load_job(paths: ManagedPaths) -> ManagedJob | None:
+    return store.read_record_or_none(paths.record, ManagedJob)
+
+
+def save_job(paths: ManagedPaths, job: ManagedJob) -> ManagedJob:
+    job = ManagedJob.from_dict({**job.to_dict(), "updated_at": time.time()})
+    store.write_record(paths.record, job)
+    return job
+
+
+def view(paths: ManagedPaths) -> ManagedJob | None:
+    """The controller's record, or (not picked up yet) a queued view of the request."""
+    job = load_job(paths)
+    if job is not None:
+        return job
+    req = load_request(paths)
+    if req is None:
+        return None
+    return ManagedJob(job_id=req.job_id, state=JobState.QUEUED.value,
+                      submitted_at=req.submitted_at, user=req.user,
+                      world_size=req.world_size, full_size=req.world_size)
+
+
+def all_paths(efs: Path) -> list[ManagedPaths]:
+    root = ClusterPaths(efs).managed_dir
+    try:
+        names = sorted(e.name for e in os.scandir(root) if e.is_dir()
+                       and not e.name.startswith("."))
+    except FileNotFoundError:
+        return []
+    return [ManagedPaths(root / name) for name in names]
+
+
+def list_jobs(efs: Path) -> list[ManagedJob]:
+    """Every managed job (submitted ones only), oldest submission first."""
+    jobs = [j for j in (view(p) for p in all_paths(efs)) if j is not None]
+    return sorted(jobs, key=lambda j: (j.submitted_at, j.job_id))
+
+
+def queue(efs: Path) -> list[tuple[ManagedPaths, ManagedRequest]]:
+    """Requests waiting to run, first come first served."""
+    out = []
+    for paths in all_paths(efs):
+        req = load_request(paths)
+        job = load_job(paths)
+        if req is not None and (job is None or job.state == JobState.QUEUED.value):
+            out.append((paths, req))
+    return sorted(out, key=lambda pr: (pr[1].submitted_at, pr[1].job_id))
+
+
+def find(efs: Path, job_id: str) -> ManagedPaths:
+    """The job's directory, or ManagedError naming the id and listing the jobs there are."""
+    try:
+        paths = ClusterPaths(efs).managed(job_id)
+    except ValueError as exc:
+        raise ManagedError(str(exc)) from None
+    if not store.exists(paths.request):
+        known = [j.job_id for j in list_jobs(efs)]
+        raise ManagedError(f"no job {job_id!r} under {ClusterPaths(efs).managed_dir}; jobs: "
+                           + (", ".join(known[-20:]) if known else "none"))
+    return paths
+
+
+def cancel(efs: Path, job_id: str) -> str:
+    """Ask for the job to be cancelled; the running attempt is stopped at once through its
+    own cancel file (the executors watch it). Returns what was done, for the user."""
+    paths = find(efs, job_id)
+    job = view(paths)
+    if job is not None and JobState(job.state).terminal:
+        raise ManagedError(f"job {job_id} has already {job.state}: nothing to cancel")
+    try:
+        store.atomic_write(paths.cancel, f"cancelled by {os.getuid()} at {time.time():.0f}\n")
+    except PermissionError:
+        raise ManagedError(f"job {job_id} is not yours (cannot write {paths.cancel})") from None
+    if job is not None and job.attempt and job.state == JobState.RUNNING.value:
+        attempt = ClusterPaths(efs).job(paths.attempt_id(job.attempt))
+        with contextlib.suppress(OSError):
+            store.atomic_write(attempt.cancel, "cancelled by the user (dl-jobs cancel)\n")
+        return f"cancelling job {job_id}: stopping attempt {job.attempt} on every node"
+    return f"cancelled job {job_id} ({job.state if job else 'queued'}): it will not run"
+
+
+def cancel_requested(paths: ManagedPaths) -> bool:
+    return store.exists(paths.cancel)
+
+
+@dataclass(frozen=True)
+class ControllerStatus:
+    alive: bool
+    text: str
+    heartbeat: ControllerHeartbeat | None
+
+
+def controller_status(efs: Path, timeout: float = CONTROLLER_TIMEOUT) -> ControllerStatus:
+    """Is a job controller running (its heartbeat fresh)? With a sentence for humans."""
+    path = ClusterPaths(efs).controller_heartbeat
+    hb = store.read_record_or_none(path, ControllerHeartbeat)
+    if hb is None:
+        return ControllerStatus(False, f"no job controller has ever run here (no {path})", None)
+    age = time.time() - hb.heartbeat
+    where = f"pid {hb.pid} on {hb.instance_id or hb.hostname}"
+    if hb.state == "stopped":
+        return ControllerStatus(False, f"job controller stopped {age:.0f} s ago ({where})", hb)
+    if age > timeout:
+        return ControllerStatus(False, f"job controller NOT RUNNING: last heartbeat {age:.0f} s "
+                                f"ago ({where})", hb)
+    return ControllerStatus(True, f"job controller alive ({where}, {age:.1f} s ago)", hb)
+
+
+def checkpoint_position(efs: Path, job_id: str) -> tuple[int | None, int | None]:
+    """(epoch, step) of ``checkpoints/<job-id>/latest.json`` (the example job's pointer to its
+    newest checkpoint), (None, None) when there is none."""
+    path = ClusterPaths(efs).checkpoints_dir / job_id / "latest.json"
+    try:
+        info = json.loads(path.read_text())
+        return int(info["epoch"]), int(info["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None

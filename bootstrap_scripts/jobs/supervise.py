@@ -1,0 +1,265 @@
+"""Running one managed job to its end: pick the nodes, gate them, run attempts, restart.
+
+The controller (``controller.py``) hands a job to :class:`JobSupervisor`, which loops:
+
+1. **Nodes.** The membership's nodes, minus the instances the job excluded (failed ones),
+   minus nodes whose executor is not alive. Fewer than the first attempt's count: wait for
+   Auto Scaling's replacement up to ``--replace-timeout``, then run on the survivors if
+   they are at least ``--min-nodes`` (``restart_policy.choose_world``).
+2. **Health gate** on those nodes (``ops.gate.run_gate``): a failing node is marked
+   Unhealthy (Auto Scaling replaces it) and excluded, and the choice starts again.
+3. **Attempt** ``n``: ``jobs/<id>.<n>/`` run by today's engine (``attempts.py``), as the
+   user who submitted the job, with ``DL_CHECKPOINT_DIR`` / ``DL_RESTART_COUNT`` /
+   ``DL_RESUME``; a user's cancel is passed on to its cancel file at once.
+4. **Decision** (``restart_policy.decide``) on how it ended: done, or a restart record
+   (kind, node, instance, checkpoint resumed from, seconds to resume) and a node fault's
+   instance marked Unhealthy, then back to 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bootstrap_scripts.jobs import attempts, managed
+from bootstrap_scripts.jobs.instance_health import InstanceHealth
+from bootstrap_scripts.jobs.preflight import executor_state, read_heartbeat
+from bootstrap_scripts.jobs.restart_policy import (
+    Action,
+    Failure,
+    FailureKind,
+    JobState,
+    Policy,
+    World,
+    check_transition,
+    choose_world,
+    decide,
+)
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
+from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
+from bootstrap_scripts.protocol.records import ManagedJob, ManagedRequest, RestartRecord
+
+LOG = logging.getLogger("dl-controller")
+
+#: ``gate(root, efs, membership, addresses)`` -> [(address, instance_id, why)] of failing
+#: nodes (see :func:`controller.health_gate`).
+Gate = Callable[[Path, Path, Membership, list[str]], list[tuple[str, str, str]]]
+POLL_SECONDS = 0.5
+EXECUTOR_TIMEOUT = 10.0
+
+
+class JobSupervisor:
+    def __init__(self, *, root: Path, efs: Path, paths: ManagedPaths, request: ManagedRequest,
+                 job: ManagedJob, health: InstanceHealth, gate: Gate | None,
+                 tick: Callable[[], None], stopping: Callable[[], bool]) -> None:
+        self.root, self.efs, self.paths, self.request = root, efs, paths, request
+        self.job = job
+        self.health, self.gate = health, gate
+        self.tick, self.stopping = tick, stopping
+        self.policy = Policy(max_restarts=request.max_restarts, min_nodes=request.min_nodes,
+                             max_code_restarts=request.max_code_restarts,
+                             replace_timeout=request.replace_timeout)
+        self.uid, self.gid = attempts.owner(paths.request)
+        #: instance ids of the previous attempt's nodes (a new one there is a replacement)
+        self.last_nodes: set[str] = set()
+
+    # -- the record ----------------------------------------------------------------------
+    def update(self, **changes: object) -> ManagedJob:
+        if "state" in changes:
+            check_transition(JobState(self.job.state), JobState(str(changes["state"])))
+        self.job = managed.save_job(self.paths, dataclasses.replace(self.job, **changes))
+        return self.job
+
+    def update_last_restart(self, **changes: object) -> None:
+        if self.job.restart_log:
+            *older, last = self.job.restart_log
+            self.update(restart_log=(*older, dataclasses.replace(last, **changes)))
+
+    def finish(self, state: JobState, message: str) -> ManagedJob:
+        LOG.info("job %s %s: %s", self.job.job_id, state.value, message)
+        return self.update(state=state.value, message=message, finished_at=time.time())
+
+    # -- 1. nodes ------------------------------------------------------------------------
+    def ready_nodes(self) -> tuple[Membership | None, list[Node]]:
+        """The membership and its nodes ready for an attempt; (None, []) while this node
+        has no membership yet (a new master whose agent has not formed the cluster)."""
+        try:
+            m = Membership.load(NodePaths(self.root).membership)
+        except (OSError, ValueError) as exc:
+            LOG.debug("no membership yet: %s", exc)
+            return None, []
+        ready = [n for n in m.nodes if n.instance_id not in self.job.excluded
+                 and not executor_state(read_heartbeat(self.efs, n.address), EXECUTOR_TIMEOUT)]
+        if m.master not in ready:  # the master runs the rendezvous store / mpirun
+            return m, []
+        return m, ready
+
+    def choose_nodes(self) -> tuple[Membership, list[Node]] | None:
+        """The nodes of the next attempt, after the health gate; None: the job ended
+        (failed for want of nodes, or cancelled while waiting)."""
+        waited_since = time.monotonic()
+        announced = ""
+        while True:
+            m, ready = self.ready_nodes()
+            if m is None:
+                if managed.cancel_requested(self.paths) or self.stopping():
+                    return None
+                self.tick()
+                time.sleep(POLL_SECONDS)
+                continue
+            if not self.job.full_size:
+                # The job's size is the cluster's when it was submitted (or, failing that,
+                # when first chosen), before the gate excludes anyone: a node the gate fails
+                # is then waited for (Auto Scaling replaces it) rather than silently
+                # shrinking the job.
+                self.update(full_size=self.request.world_size or len(m.nodes))
+            full = self.job.full_size
+            choice = choose_world(full_size=full, ready=len(ready),
+                                  waited=time.monotonic() - waited_since, policy=self.policy)
+            if choice.world is World.FAIL:
+                self.finish(JobState.FAILED, choice.reason)
+                return None
+            if choice.world is not World.WAIT:
+                failing = self.run_gate(m, ready)
+                if not failing:
+                    if choice.world is World.SURVIVORS:
+                        LOG.info("job %s: %s", self.job.job_id, choice.reason)
+                    return m, ready
+                continue  # excluded and marked: choose again (replacements may come)
+            if choice.reason != announced:
+                LOG.info("job %s: %s", self.job.job_id, choice.reason)
+                announced = choice.reason
+            if managed.cancel_requested(self.paths) or self.stopping():
+                return None
+            self.tick()
+            time.sleep(POLL_SECONDS)
+
+    # -- 2. health gate --------------------------------------------------------------------
+    def run_gate(self, m: Membership, nodes: list[Node]) -> list[str]:
+        """Gate ``nodes``; mark every failing one Unhealthy and exclude it. Returns them."""
+        if self.gate is None:
+            return []
+        failures = self.gate(self.root, self.efs, m, [n.address for n in nodes])
+        for address, instance_id, why in failures:
+            node = m.node_by_address(address)
+            instance = instance_id or (node.instance_id if node else "")
+            err = self.health.mark_unhealthy(instance) if instance else "no instance id"
+            LOG.warning("job %s: node %s (%s) failed the health gate: %s", self.job.job_id,
+                        address, instance, why)
+            self.update(excluded=tuple(sorted({*self.job.excluded, instance})),
+                        last_failure=f"node-unhealthy: {address} ({instance}): {why}"
+                        + (f" [{err}]" if err else ""))
+        return [a for a, _i, _w in failures]
+
+    def attempt_membership(self, m: Membership, nodes: list[Node], n: int) -> Path:
+        """Attempt ``n`` runs on exactly ``nodes``, the ones chosen and gated: a copy of the
+        membership with only them (same generation, ranks renumbered) under
+        ``attempts/<n>.membership.json``. Always a copy, never the live file: the live one
+        may change between the choice and the runner reading it (a replacement joining
+        while the gate runs), and the attempt must not run on a node nobody gated."""
+        fields = [{"instance_id": x.instance_id, "address": x.address, "gpus": x.gpus,
+                   "instance_type": x.instance_type, "base": x.base} for x in nodes]
+        sub = build_membership(cluster_id=m.cluster_id, generation=m.generation,
+                               master=fields[0], workers=fields[1:], efs_mount=m.efs_mount,
+                               created_at=m.created_at,
+                               reason=f"job {self.job.job_id} attempt {n}: "
+                               f"{len(nodes)} of {len(m.nodes)} node(s)")
+        path = self.paths.attempt_membership(n)
+        store.atomic_write(path, sub.to_json())
+        return path
+
+    # -- 3. one attempt ----------------------------------------------------------------------
+    def run_attempt(self, m: Membership, nodes: list[Node]) -> tuple[Failure | None, float]:
+        n = self.job.attempt + 1
+        attempt_id = self.paths.attempt_id(n)
+        argv = attempts.runner_argv(self.request, attempt_id=attempt_id, root=str(self.root),
+                                    efs=self.efs, membership=self.attempt_membership(m, nodes, n),
+                                    restart_count=self.job.restarts)
+        if self.job.restart_log:
+            epoch, step = managed.checkpoint_position(self.efs, self.job.job_id)
+            new = [x.instance_id for x in nodes
+                   if self.last_nodes and x.instance_id not in self.last_nodes]
+            self.update_last_restart(next_world_size=len(nodes), resumed_epoch=epoch,
+                                     resumed_step=step,
+                                     replacement_instance_id=",".join(new))
+        self.last_nodes = {x.instance_id for x in nodes}
+        proc = attempts.spawn(argv, attempts.runner_env(self.request),
+                              self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
+        self.update(state=JobState.RUNNING.value, attempt=n, world_size=len(nodes),
+                    started_at=self.job.started_at or time.time())
+        LOG.info("job %s: attempt %d (%s) on %d node(s), runner pid %d", self.job.job_id, n,
+                 attempt_id, len(nodes), proc.pid)
+        jpaths = ClusterPaths(self.efs).job(attempt_id)
+        cancel_sent = False
+        pending_resume = bool(self.job.restart_log and
+                              self.job.restart_log[-1].seconds_to_resume is None)
+        while proc.poll() is None:
+            if not cancel_sent and (managed.cancel_requested(self.paths) or self.stopping()):
+                store.atomic_write(jpaths.cancel, "cancelled by the job controller\n")
+                cancel_sent = True
+            if pending_resume:
+                pending_resume = not self.note_resumed(jpaths)
+            self.tick()
+            time.sleep(POLL_SECONDS)
+        if pending_resume:
+            self.note_resumed(jpaths)
+        return attempts.outcome(jpaths, proc.returncode), time.time()
+
+    def note_resumed(self, jpaths) -> bool:
+        """Once every share of the attempt started: seconds from the failure's detection."""
+        started = attempts.shares_started_at(jpaths)
+        if started is None or not self.job.restart_log:
+            return False
+        self.update_last_restart(
+            seconds_to_resume=round(max(0.0, started - self.job.restart_log[-1].at), 2))
+        return True
+
+    # -- 4. the loop -------------------------------------------------------------------------
+    def run(self) -> ManagedJob:
+        while not JobState(self.job.state).terminal:
+            if managed.cancel_requested(self.paths):
+                return self.finish(JobState.CANCELLED, "cancelled by the user")
+            chosen = self.choose_nodes()
+            if self.stopping():
+                return self.job
+            if chosen is None:
+                if not JobState(self.job.state).terminal:
+                    self.finish(JobState.CANCELLED, "cancelled by the user")
+                return self.job
+            failure, detected = self.run_attempt(*chosen)
+            if self.stopping():
+                return self.job  # the next controller continues (as master-lost)
+            self.after_attempt(chosen[0], failure, detected)
+        return self.job
+
+    def after_attempt(self, m: Membership, failure: Failure | None, detected: float) -> None:
+        decision = decide(failure, restarts=self.job.restarts,
+                          code_restarts=self.job.code_restarts, policy=self.policy,
+                          cancel_requested=managed.cancel_requested(self.paths))
+        if decision.action is not Action.RESTART or failure is None:
+            self.finish(decision.state, decision.reason)
+            return
+        self.record_restart(m, failure, detected)
+
+    def record_restart(self, m: Membership, failure: Failure, detected: float) -> None:
+        """A restart record; a node fault's instance marked Unhealthy and excluded."""
+        node = m.node_by_address(failure.address) if failure.address else None
+        instance = failure.instance_id or (node.instance_id if node else "")
+        err, excluded = "", self.job.excluded
+        if failure.kind.node_fault and instance:
+            err = self.health.mark_unhealthy(instance)
+            excluded = tuple(sorted({*excluded, instance}))
+        rec = RestartRecord(attempt=self.job.attempt, at=detected, kind=failure.kind.value,
+                            detail=failure.detail, address=failure.address,
+                            instance_id=instance, marked_unhealthy=bool(instance) and not err
+                            and failure.kind.node_fault, health_error=err)
+        LOG.warning("job %s: restart %d after attempt %d: %s: %s", self.job.job_id,
+                    self.job.restarts + 1, self.job.attempt, failure.kind.value, failure.detail)
+        self.update(state=JobState.RESTARTING.value, restarts=self.job.restarts + 1,
+                    code_restarts=self.job.code_restarts + (failure.kind is FailureKind.CODE),
+                    excluded=excluded, last_failure=f"{failure.kind.value}: {failure.detail}",
+                    restart_log=(*self.job.restart_log, rec))

@@ -1,0 +1,252 @@
+"""Every AWS call ``dlc`` makes, in one place (the operator policy in
+constructs_lib/operator_access.py grants exactly these).
+
+The cluster is read from the APIs, never from a template: the stack's outputs name the two
+Auto Scaling groups and the file system; the groups list the instances; EC2 gives each
+instance's address, type and state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+from dataclasses import asdict, dataclass, field
+
+from dlc.errors import AwsError, NotFound, listing
+from dlc.target import Target
+
+#: The stack outputs dlc reads.
+MASTER_GROUP_OUTPUT = "MasterGroupName"
+WORKER_GROUP_OUTPUT = "WorkerGroupName"
+FILE_SYSTEM_OUTPUT = "FileSystemId"
+CLUSTER_TAG_KEY = "dl-cluster:id"
+RUN_SHELL_SCRIPT = "AWS-RunShellScript"
+
+
+def aws_error(exc: Exception, what: str) -> AwsError:
+    """An AWS failure as one line: the call, AWS's code and message."""
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+    msg = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
+    hint = ""
+    if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
+        hint = " (attach the stack's OperatorPolicyArn policy to your role or user)"
+    return AwsError(f"{what} failed: {code}: {msg}{hint}")
+
+
+def call(what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with AWS errors turned into :class:`AwsError`."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return fn(*args, **kwargs)
+    except ClientError as exc:
+        raise aws_error(exc, what) from None
+    except BotoCoreError as exc:
+        raise AwsError(f"{what} failed: {exc}") from None
+
+
+@dataclass
+class Stack:
+    name: str
+    status: str
+    outputs: dict[str, str]
+    stack_id: str = ""
+
+    def output(self, key: str) -> str:
+        if not self.outputs.get(key):
+            raise NotFound(f"stack {self.name} has no output {key} (outputs: "
+                           f"{listing(sorted(self.outputs))}): was it deployed from this "
+                           "repository's DLClusterStack?")
+        return self.outputs[key]
+
+
+@dataclass
+class Instance:
+    """One instance of the cluster's groups, as Auto Scaling and EC2 see it."""
+
+    instance_id: str
+    role: str  # master | worker
+    group: str
+    lifecycle: str  # InService, Pending, Terminating:Wait, ...
+    health: str  # Healthy | Unhealthy (Auto Scaling's view)
+    address: str = ""
+    instance_type: str = ""
+    state: str = ""  # EC2: running, terminated, ...
+    launch_time: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def describe_stack(target: Target) -> Stack:
+    """The stack, or NotFound naming the stacks that do exist in the region."""
+    from botocore.exceptions import ClientError
+
+    cfn = target.client("cloudformation")
+    try:
+        desc = cfn.describe_stacks(StackName=target.stack)["Stacks"][0]
+    except ClientError as exc:
+        if "does not exist" in str(exc):
+            raise NotFound(f"stack {target.stack} not found in {target.region}; stacks "
+                           f"there: {listing(_stack_names(cfn), 'none (or not visible)')}"
+                           " (--stack NAME picks another)") from None
+        raise aws_error(exc, f"DescribeStacks {target.stack}") from None
+    outputs = {o["OutputKey"]: o.get("OutputValue", "") for o in desc.get("Outputs", [])}
+    return Stack(desc["StackName"], desc["StackStatus"], outputs, desc.get("StackId", ""))
+
+
+def stack_exists(target: Target) -> Stack | None:
+    try:
+        return describe_stack(target)
+    except NotFound:
+        return None
+
+
+def _stack_names(cfn) -> list[str]:
+    with contextlib.suppress(Exception):  # listing is a courtesy: it may be denied
+        stacks = cfn.describe_stacks()["Stacks"]
+        return sorted(s["StackName"] for s in stacks if s["StackStatus"] != "DELETE_COMPLETE")
+    return []
+
+
+def stack_events(target: Target, stack_id: str, seen: set[str] | None = None) -> list[dict]:
+    """The stack's events, oldest first (DescribeStackEvents lists newest first); paging
+    stops at the first page that reaches an event in ``seen``."""
+    cfn = target.client("cloudformation")
+    events: list[dict] = []
+    token = None
+    while True:
+        kwargs = {"StackName": stack_id, **({"NextToken": token} if token else {})}
+        page = call(f"DescribeStackEvents {target.stack}", cfn.describe_stack_events, **kwargs)
+        events.extend(page.get("StackEvents", []))
+        token = page.get("NextToken")
+        if not token or (seen and any(e["EventId"] in seen for e in events)):
+            return list(reversed(events))
+
+
+def stack_resources(target: Target) -> list[dict]:
+    cfn = target.client("cloudformation")
+    return call(f"DescribeStackResources {target.stack}", cfn.describe_stack_resources,
+                StackName=target.stack)["StackResources"]
+
+
+def groups(target: Target, stack: Stack) -> dict[str, dict]:
+    """role -> the Auto Scaling group's description."""
+    names = {"master": stack.output(MASTER_GROUP_OUTPUT),
+             "worker": stack.output(WORKER_GROUP_OUTPUT)}
+    asg = target.client("autoscaling")
+    found = call("DescribeAutoScalingGroups", asg.describe_auto_scaling_groups,
+                 AutoScalingGroupNames=list(names.values()))["AutoScalingGroups"]
+    by_name = {g["AutoScalingGroupName"]: g for g in found}
+    missing = [n for n in names.values() if n not in by_name]
+    if missing:
+        raise NotFound(f"stack {stack.name} names Auto Scaling group(s) "
+                       f"{listing(missing)} that do not exist (stack status {stack.status})")
+    return {role: by_name[name] for role, name in names.items()}
+
+
+def instances(target: Target, stack: Stack) -> list[Instance]:
+    """Every instance of the master and worker groups, master first."""
+    out: list[Instance] = []
+    for role, g in groups(target, stack).items():
+        for i in g.get("Instances", []):
+            out.append(Instance(i["InstanceId"], role, g["AutoScalingGroupName"],
+                                i.get("LifecycleState", ""), i.get("HealthStatus", ""),
+                                instance_type=i.get("InstanceType", "")))
+    ids = [i.instance_id for i in out]
+    if ids:
+        ec2 = target.client("ec2")
+        pages = call("DescribeInstances", ec2.describe_instances, InstanceIds=ids)
+        described = {x["InstanceId"]: x for r in pages["Reservations"] for x in r["Instances"]}
+        for inst in out:
+            x = described.get(inst.instance_id, {})
+            inst.address = x.get("PrivateIpAddress", "")
+            inst.instance_type = x.get("InstanceType", inst.instance_type)
+            inst.state = x.get("State", {}).get("Name", "")
+            lt = x.get("LaunchTime")
+            inst.launch_time = lt.isoformat() if isinstance(lt, datetime.datetime) else str(
+                lt or "")
+            inst.tags = {t["Key"]: t["Value"] for t in x.get("Tags", [])}
+    return out
+
+
+def master_instance(target: Target, stack: Stack, nodes: list[Instance]) -> Instance:
+    """The master group's running instance (the one the channel talks to)."""
+    masters = [n for n in nodes if n.role == "master"]
+    live = [n for n in masters if n.lifecycle == "InService" and n.state in ("running", "")]
+    if not live:
+        raise NotFound(f"stack {stack.name} has no running master instance (master group "
+                       f"{stack.outputs.get(MASTER_GROUP_OUTPUT, '?')}: "
+                       f"{listing([f'{n.instance_id} {n.lifecycle}/{n.state}' for n in masters])})")
+    return sorted(live, key=lambda n: n.health != "Healthy")[0]
+
+
+# -- SSM Run Command ------------------------------------------------------------------------
+
+
+def send_command(target: Target, instance_id: str, script: str, *, comment: str,
+                 execution_timeout: int, delivery_timeout: int) -> str:
+    """Run ``script`` (sh) on the instance with AWS-RunShellScript; returns the command id."""
+    ssm = target.client("ssm")
+    res = call(f"SendCommand to {instance_id}", ssm.send_command,
+               InstanceIds=[instance_id], DocumentName=RUN_SHELL_SCRIPT,
+               Comment=comment[:100], TimeoutSeconds=delivery_timeout,
+               Parameters={"commands": [script],
+                           "executionTimeout": [str(execution_timeout)]})
+    return res["Command"]["CommandId"]
+
+
+def command_invocation(target: Target, command_id: str, instance_id: str) -> dict | None:
+    """GetCommandInvocation, or None while SSM does not know the invocation yet (it is
+    eventually consistent right after SendCommand)."""
+    from botocore.exceptions import ClientError
+
+    ssm = target.client("ssm")
+    try:
+        return ssm.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "InvocationDoesNotExist":
+            return None
+        raise aws_error(exc, f"GetCommandInvocation {command_id}") from None
+
+
+# -- Pricing and EFS ------------------------------------------------------------------------
+
+
+def on_demand_products(target: Target, instance_type: str, region: str) -> list[str]:
+    """The Price List entries (JSON text) of a Linux, shared-tenancy instance type in a
+    region. The Price List API is served from us-east-1."""
+    from botocore.config import Config
+
+    # A cost estimate must not hold up dlc status: one short attempt.
+    quick = Config(connect_timeout=3, read_timeout=5,
+                   retries={"total_max_attempts": 1, "mode": "standard"})
+    pricing = target.client("pricing", region="us-east-1", config=quick)
+    filters = [("instanceType", instance_type), ("regionCode", region),
+               ("operatingSystem", "Linux"), ("tenancy", "Shared"),
+               ("preInstalledSw", "NA"), ("capacitystatus", "Used"),
+               ("licenseModel", "No License required")]
+    res = call("pricing GetProducts", pricing.get_products, ServiceCode="AmazonEC2",
+               Filters=[{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters],
+               MaxResults=10)
+    return list(res.get("PriceList", []))
+
+
+def delete_file_system(target: Target, file_system_id: str, *, timeout: float = 300) -> None:
+    """Delete the file system once no mount target is left (its stack deleted them)."""
+    efs = target.client("efs")
+    deadline = time.monotonic() + timeout
+    while True:
+        targets = call("DescribeMountTargets", efs.describe_mount_targets,
+                       FileSystemId=file_system_id).get("MountTargets", [])
+        if not targets:
+            break
+        if time.monotonic() > deadline:
+            raise AwsError(f"file system {file_system_id} still has mount targets "
+                           f"{listing([t['MountTargetId'] for t in targets])} after "
+                           f"{timeout:.0f} s; not deleted")
+        time.sleep(5)
+    call(f"DeleteFileSystem {file_system_id}", efs.delete_file_system,
+         FileSystemId=file_system_id)

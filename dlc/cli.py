@@ -1,0 +1,251 @@
+"""The ``dlc`` command line (click): options, output, exit codes.
+
+Every command reads the cluster through AWS APIs; see docs/dlc.md. Tables are for people,
+``--json`` for scripts. Exit codes (:mod:`dlc.errors`): 0 ok, 1 failed, 2 usage, 3 not
+found, 4 AWS error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from dlc import deploy, errors, session
+from dlc import jobs as jobs_mod
+from dlc import status as status_mod
+from dlc.target import DEFAULT_STACK, EMULATOR_ENV, Target, resolve
+
+
+def out() -> Console:
+    """stdout for people; piped output is not cut to 80 columns."""
+    return Console(highlight=False, soft_wrap=True,
+                   width=None if sys.stdout.isatty() else 200)
+
+
+def emit_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def target_of(ctx: click.Context) -> Target:
+    """The target named by the group's options (resolved on first use)."""
+    obj = ctx.find_root().obj
+    if "target" not in obj:
+        obj["target"] = resolve(**obj["options"])
+    return obj["target"]
+
+
+def remote_of(ctx: click.Context):
+    return jobs_mod.master_remote(target_of(ctx))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--stack", default=None, metavar="NAME",
+              help=f"the cluster's CloudFormation stack (default {DEFAULT_STACK})")
+@click.option("--region", default=None, help="AWS region (default: profile / environment)")
+@click.option("--profile", default=None, help="AWS named profile")
+@click.option("--emulator", default=None, metavar="STATE", envvar=EMULATOR_ENV,
+              help=f"state.json of a cluster 'make demo ARGS=--keep' left running "
+                   f"(or ${EMULATOR_ENV})")
+@click.pass_context
+def cli(ctx: click.Context, stack, region, profile, emulator) -> None:
+    """Run a deep-learning cluster from your laptop: deploy it, see it, submit and follow
+    jobs, scale it, open a shell. Talks to AWS APIs only (docs/dlc.md)."""
+    ctx.obj = {"options": {"stack": stack, "region": region, "profile": profile,
+                           "emulator": emulator}}
+
+
+@cli.command()
+@click.option("-c", "--context", "contexts", multiple=True, metavar="KEY=VALUE",
+              help="stack setting (README 'Settings'); repeatable")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="follow nodes booting and the membership forming after the deploy")
+@click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True,
+              help="seconds for the whole deploy and wait")
+@click.pass_context
+def up(ctx, contexts, wait, timeout) -> None:
+    """Deploy (or update) the stack with the pinned CDK CLI and follow it coming up."""
+    deploy.up(target_of(ctx), list(contexts), click.echo, wait=wait, timeout=timeout)
+
+
+@cli.command()
+@click.option("--delete-data", is_flag=True,
+              help="also delete the EFS file system the stack created (RETAINed otherwise)")
+@click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True)
+@click.pass_context
+def down(ctx, delete_data, timeout) -> None:
+    """Destroy the stack; the shared file system is kept unless --delete-data."""
+    deploy.down(target_of(ctx), click.echo, delete_data=delete_data, timeout=timeout)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def status(ctx, as_json) -> None:
+    """Stack, nodes (health, generation, heartbeat), membership, jobs, hourly cost."""
+    st = status_mod.gather(target_of(ctx))
+    if as_json:
+        emit_json(st)
+    else:
+        status_mod.render(out(), st)
+
+
+@cli.command()
+@click.option("--launcher", default=None, help="torchrun (default), mpi, horovod, tf, mxnet, each")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=None,
+              help="restarts after a node fault (the controller's default: 3)")
+@click.option("--min-nodes", type=click.IntRange(min=1), default=None,
+              help="fewest nodes to run on (default: all)")
+@click.option("--name", default=None, help="a name for the job")
+@click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def submit(ctx, launcher, max_restarts, min_nodes, name, as_json, command) -> None:
+    """Submit COMMAND (after --) as a job on every node; prints the job id."""
+    argv = jobs_mod.submit_argv(tuple(command), launcher=launcher, max_restarts=max_restarts,
+                                min_nodes=min_nodes, name=name)
+    jid = jobs_mod.submit(remote_of(ctx), argv)
+    if as_json:
+        emit_json({"job_id": jid})
+    else:
+        click.echo(jid)
+
+
+@cli.command("jobs")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def jobs_cmd(ctx, as_json) -> None:
+    """Every job the master's controller knows, newest last."""
+    listing = jobs_mod.list_jobs(remote_of(ctx))
+    if as_json:
+        emit_json(listing)
+        return
+    from rich.table import Table
+
+    t = Table(title="jobs")
+    for col in ("job", "state", "nodes", "restarts", "submitted", "message"):
+        t.add_column(col)
+    for j in listing:
+        t.add_row(status_mod.job_id(j), str(j.get("state", "")),
+                  f"{j.get('world_size', '-')}/{j.get('full_size', '-')}",
+                  str(j.get("restarts", "-")), status_mod.clock(j.get("submitted_at")),
+                  str(j.get("last_failure") or j.get("message") or ""))
+    out().print(t)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="keep printing until the job is over")
+@click.option("--node", type=click.IntRange(min=0), default=None, metavar="RANK",
+              help="one node's log (default: every node's)")
+@click.pass_context
+def logs(ctx, job, follow, node) -> int:
+    """A job's output; with -f until it ends (exit 0 if it succeeded, else 1)."""
+    remote = remote_of(ctx)
+    if not follow:
+        text, _ = jobs_mod.read_logs(remote, job, node)
+        click.echo(text, nl=False)
+        return 0
+    final = jobs_mod.follow(remote, job, node, lambda s: click.echo(s, nl=False))
+    state = str(final.get("state"))
+    click.echo(f"job {job} {state}", err=True)
+    return 0 if state == "succeeded" else errors.EXIT_FAILED
+
+
+@cli.command()
+@click.argument("job")
+@click.pass_context
+def cancel(ctx, job) -> None:
+    """Cancel a queued or running job."""
+    click.echo(jobs_mod.cancel(remote_of(ctx), job))
+
+
+@cli.command()
+@click.option("--workers", type=int, default=None, metavar="N", help="set the worker count")
+@click.option("--remove", default=None, metavar="ADDRESS",
+              help="remove one elastic worker (drained first)")
+@click.pass_context
+def scale(ctx, workers, remove) -> int:
+    """Grow or shrink the worker group (dl-scale on the master)."""
+    argv = jobs_mod.scale_argv(workers, remove)
+    code, stdout, stderr = jobs_mod.run_passthrough(remote_of(ctx), argv, timeout=120)
+    click.echo(stdout, nl=False)
+    click.echo(stderr, nl=False, err=True)
+    return 0 if code == 0 else errors.EXIT_FAILED
+
+
+@cli.command()
+@click.option("--deep", is_flag=True, help="also run the health gate's checks on every node")
+@click.option("--json", "as_json", is_flag=True, help="dl-health's JSON")
+@click.pass_context
+def health(ctx, deep, as_json) -> int:
+    """dl-health on the master: every node, every check (exit 1 when unhealthy)."""
+    argv = ["dl-health", *(["--deep"] if deep else []), *(["--json"] if as_json else [])]
+    code, stdout, stderr = jobs_mod.run_passthrough(remote_of(ctx), argv, timeout=300)
+    click.echo(stdout, nl=False)
+    click.echo(stderr, nl=False, err=True)
+    return 0 if code == 0 else errors.EXIT_FAILED
+
+
+@cli.command()
+@click.argument("node", default="master")
+@click.option("--dry-run", is_flag=True, help="print the AWS CLI command instead")
+@click.pass_context
+def connect(ctx, node, dry_run) -> None:
+    """A shell on NODE (master, a rank, an address or an instance id) via Session Manager."""
+    target = target_of(ctx)
+    inst = session.resolve_node(target, node)
+    session.start(target, session.connect_argv(target, inst.instance_id), dry_run=dry_run,
+                  echo=click.echo)
+
+
+@cli.command()
+@click.argument("port", type=int)
+@click.option("--node", default="master", show_default=True,
+              help="master, a rank, an address or an instance id")
+@click.option("--local-port", type=int, default=None, help="local port (default: PORT)")
+@click.option("--dry-run", is_flag=True, help="print the AWS CLI command instead")
+@click.pass_context
+def tunnel(ctx, port, node, local_port, dry_run) -> None:
+    """Forward localhost:LOCAL-PORT to PORT on a node (AWS-StartPortForwardingSession)."""
+    session.check_ports(port, local_port or port)  # before any AWS call
+    target = target_of(ctx)
+    inst = session.resolve_node(target, node)
+    session.start(target, session.tunnel_argv(target, inst.instance_id, port,
+                                              local_port or port),
+                  dry_run=dry_run, echo=click.echo)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console script: runs the command, turns every failure into a message and an
+    exit code (never a traceback for an expected failure)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        result = cli.main(args=argv, prog_name="dlc", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        err.print("dlc: aborted")
+        return errors.EXIT_FAILED
+    except errors.DlcError as exc:
+        err.print(f"[bold red]dlc: error:[/] {escape(str(exc))}")
+        return exc.exit_code
+    except (ClientError, BotoCoreError) as exc:
+        err.print(f"dlc: AWS error: {exc}", markup=False)
+        return errors.EXIT_AWS
+    except KeyboardInterrupt:
+        err.print("dlc: interrupted")
+        return 130
+    return int(result) if isinstance(result, int) else errors.EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

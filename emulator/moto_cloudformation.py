@@ -1,0 +1,183 @@
+"""What the emulator adds to moto's CloudFormation so that a CDK deploy and destroy behave
+as on AWS (part of ``emulator.moto_extensions``, which calls :func:`install`).
+
+Each gap is filled inside the emulator's moto server process, never by changing the product:
+
+- ``Fn::GetAtt [<AWS::EFS::FileSystem>, Arn]``: CloudFormation documents ``Arn`` as a return
+  value of ``AWS::EFS::FileSystem``
+  (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-efs-filesystem.html#aws-resource-efs-filesystem-return-values);
+  moto 5.2's EFS model has no ``get_cfn_attribute``, so a template whose IAM policy grants on
+  the file system's ARN (CDK's ``grant_root_access``) fails to deploy. The emulator answers
+  with the ARN moto already computes for the file system (``FileSystemArn`` in
+  DescribeFileSystems).
+- ``AWS::Lambda::EventInvokeConfig`` (the capacity adjuster's retries, maximum event age
+  and on-failure destination,
+  https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-lambda-eventinvokeconfig.html):
+  moto's CloudFormation skips the type with a warning, though its Lambda backend has
+  PutFunctionEventInvokeConfig; the resource is created through that, so
+  GetFunctionEventInvokeConfig answers for the deployed function as on AWS.
+- Stack outputs of a stack created through a change set (``cdk deploy``): moto builds the
+  stack's outputs from its empty placeholder template and never again, so DescribeStacks
+  lists none; after ExecuteChangeSet they are built from the executed template, as AWS
+  shows them (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/outputs-section-structure.html).
+- Resource events: moto records the stack's own events only; AWS records one per resource
+  (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_DescribeStackEvents.html).
+  A created stack gets ``CREATE_COMPLETE`` for each template resource, a deleted one
+  ``DELETE_COMPLETE`` (``DELETE_SKIPPED`` for ``DeletionPolicy: Retain``). (A group's
+  hooks go before the group: ``emulator.moto_extensions``.)
+- moto cannot delete a template's route tables and NAT gateway, so they are deleted with the
+  stack's VPC (CloudFormation deletes them before it on AWS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+# -- EFS ------------------------------------------------------------------------------------
+
+
+def _efs_get_cfn_attribute(self: Any, attribute_name: str) -> Any:
+    if attribute_name == "Arn":
+        return self.file_system_arn
+    if attribute_name == "FileSystemId":
+        return self.file_system_id
+    from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
+
+    raise UnformattedGetAttTemplateException()
+
+
+def _resource_events(stack: Any, status_of: Any, *, before_last: bool) -> None:
+    """One event per resource of the stack's template, with ``status_of(resource json)``."""
+    from moto.cloudformation.models import Event
+
+    events = [Event(stack.stack_id, stack.name, logical_id, "", res.get("Type", ""),
+                    status_of(res), None, None)
+              for logical_id, res in (stack.template_dict.get("Resources") or {}).items()]
+    at = len(stack.events) - 1 if before_last and stack.events else len(stack.events)
+    stack.events[at:at] = events
+
+
+def _wrap_execute_change_set(original: Any) -> Any:
+    def execute_change_set(self: Any, change_set_name: str, stack_name: str | None = None):
+        kinds = {cs.stack_id: cs.change_set_type for cs in self.change_sets.values()
+                 if change_set_name in (cs.change_set_name, cs.change_set_id)}
+        original(self, change_set_name, stack_name)
+        for stack in self.stacks.values():  # the executed one: outputs from its template
+            if stack.stack_id in kinds:
+                stack._parse_template()
+                stack.output_map = stack._create_output_map()
+                if kinds[stack.stack_id] == "CREATE":
+                    _resource_events(stack, lambda res: "CREATE_COMPLETE", before_last=True)
+
+    return execute_change_set
+
+
+def _wrap_delete_stack(original: Any) -> Any:
+    def delete_stack(self: Any, name_or_stack_id: str) -> None:
+        for stack in list(self.stacks.values()):
+            if name_or_stack_id in (stack.name, stack.stack_id) and \
+                    not getattr(stack, "emulator_delete_events", False):
+                stack.emulator_delete_events = True  # moto calls itself again by id
+                _resource_events(stack, lambda res: "DELETE_SKIPPED" if res.get(
+                    "DeletionPolicy") == "Retain" else "DELETE_COMPLETE", before_last=False)
+        original(self, name_or_stack_id)
+
+    return delete_stack
+
+
+# -- AWS::Lambda::EventInvokeConfig ---------------------------------------------------------
+
+
+def _event_invoke_config_model() -> type:
+    """``AWS::Lambda::EventInvokeConfig`` for moto's CloudFormation, on its Lambda backend."""
+    from moto.awslambda.models import lambda_backends
+    from moto.core.common_models import CloudFormationModel
+
+    keys = ("DestinationConfig", "MaximumEventAgeInSeconds", "MaximumRetryAttempts")
+
+    class EventInvokeConfigResource(CloudFormationModel):
+        def __init__(self, function_name: str) -> None:
+            self.function_name = function_name
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return ""
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "AWS::Lambda::EventInvokeConfig"
+
+        @classmethod
+        def create_from_cloudformation_json(  # type: ignore[override]
+                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
+                region_name: str, **kwargs: Any) -> EventInvokeConfigResource:
+            p = cloudformation_json["Properties"]
+            lambda_backends[account_id][region_name].put_function_event_invoke_config(
+                p["FunctionName"], {k: p[k] for k in keys if k in p})
+            return cls(p["FunctionName"])
+
+        @classmethod
+        def delete_from_cloudformation_json(  # type: ignore[override]
+                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
+                region_name: str) -> None:
+            name = cloudformation_json["Properties"]["FunctionName"]
+            if not isinstance(name, str):  # an unresolved Ref at delete: the physical id
+                name = resource_name
+            from moto.awslambda.exceptions import UnknownFunctionException
+
+            # the function may have gone first, and its configuration with it
+            with contextlib.suppress(UnknownFunctionException):
+                lambda_backends[account_id][region_name].delete_function_event_invoke_config(
+                    name)
+
+        @property
+        def physical_resource_id(self) -> str:
+            return self.function_name
+
+    return EventInvokeConfigResource
+
+
+# -- deleting a stack's VPC ---------------------------------------------------------------------
+
+
+def _wrap_vpc_delete(original: Any) -> Any:
+    def delete_from_cloudformation_json(cls: Any, resource_name: str,
+                                        cloudformation_json: dict[str, Any], account_id: str,
+                                        region_name: str) -> None:
+        """moto's AWS::EC2::RouteTable and AWS::EC2::NatGateway have no CloudFormation delete,
+        so a stack's VPC could never be deleted; CloudFormation deletes them before the VPC
+        on AWS, so here they go with it (the stack's own VPC: nothing else is in it)."""
+        from moto.ec2.models import ec2_backends
+
+        ec2 = ec2_backends[account_id][region_name]
+        for nat in list(ec2.nat_gateways.values()):
+            if nat.vpc_id == resource_name and nat.state != "deleted":
+                ec2.delete_nat_gateway(nat.id)
+        for table in list(ec2.route_tables.values()):
+            if table.vpc_id == resource_name and table.main_association_id is None:
+                for association in list(table._associations):
+                    ec2.disassociate_route_table(association)
+                ec2.delete_route_table(table.id)
+        original(resource_name, cloudformation_json, account_id, region_name)
+
+    return classmethod(delete_from_cloudformation_json)
+
+
+def install() -> None:
+    """Patch moto's CloudFormation-side models in this process (idempotent through the
+    caller, ``moto_extensions.install``)."""
+    from moto.cloudformation.models import CloudFormationBackend
+    from moto.ec2.models.vpcs import VPC
+    from moto.efs.models import FileSystem
+
+    FileSystem.get_cfn_attribute = _efs_get_cfn_attribute  # type: ignore[method-assign]
+    FileSystem.has_cfn_attr = classmethod(  # type: ignore[method-assign,assignment]
+        lambda cls, attr: attr in ("Arn", "FileSystemId"))
+    CloudFormationBackend.execute_change_set = _wrap_execute_change_set(  # type: ignore[method-assign]
+        CloudFormationBackend.execute_change_set)
+    CloudFormationBackend.delete_stack = _wrap_delete_stack(  # type: ignore[method-assign]
+        CloudFormationBackend.delete_stack)
+    VPC.delete_from_cloudformation_json = _wrap_vpc_delete(  # type: ignore[method-assign]
+        VPC.delete_from_cloudformation_json)
+    _event_invoke_config_model()  # a CloudFormationModel subclass: moto's model list finds it

@@ -1,0 +1,1 @@
+"""Tests of dlc, the laptop CLI (dlc/), and of the emulator's SSM agent it talks through."""

@@ -1,0 +1,241 @@
+"""dlc end to end against ONE kept emulated cluster (``make demo ARGS=--keep``: a master
+and one worker, the second worker's launch failed so the group has room to scale out),
+shared by this module and stopped at its end, always. Every command goes through AWS APIs
+only: CloudFormation, Auto Scaling, EC2, and SSM Run Command to the master's own CLIs,
+played by the emulator's SSM Agent. The node-killing test runs last."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from bootstrap_scripts.procgroup import alive, pids_in_groups
+from dlc.cli import main
+from emulator.demo.context import BIN_DIR, STATE_FILE
+from tests.conftest import REPO_ROOT
+from tests.support.demo import DEMO_TIMEOUT, demo_env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory) -> Iterator[dict]:
+    tmp = tmp_path_factory.mktemp("dlc-e2e")
+    report_path = tmp / "report.json"
+    # no --work-dir: the demo makes a temp dir, and --stop must remove it (tested below)
+    proc = subprocess.run(
+        [sys.executable, "-m", "emulator.demo", "--keep", "--workers", "2", "--fail-launches",
+         "1", "--epochs", "2", "--require-acc", "0.3", "--report", str(report_path)],
+        cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True, timeout=DEMO_TIMEOUT)
+    report = json.loads(report_path.read_text())
+    work = Path(report["work_dir"])
+    state_path = work / STATE_FILE
+    groups: set[int] = set()
+    try:
+        state = json.loads(state_path.read_text())
+        groups = {n["group"]["pid"] for n in state["nodes"] if n.get("group")}
+        groups.add(state["cloud"]["pid"])
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        yield {"state_path": state_path, "state": state, "out": proc.stdout, "report": report}
+    finally:
+        stop = subprocess.run([sys.executable, "-m", "emulator.demo", "--stop", str(state_path)],
+                              cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True,
+                              timeout=120)
+        left = pids_in_groups(groups) | {g for g in groups if alive(g)}
+        for pgid in left:
+            os.killpg(pgid, signal.SIGKILL)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert not left, f"processes left behind after --stop: {sorted(left)}"
+        assert not work.exists(), "--stop did not remove the demo's temp dir"
+
+
+def dlc(kept: dict, capsys, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["--emulator", str(kept["state_path"]), *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def status_json(kept: dict, capsys) -> dict:
+    code, out, err = dlc(kept, capsys, "status", "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def has_controller(kept: dict) -> bool:
+    master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")
+    return (Path(master["root"]) / BIN_DIR / "dl-jobs").exists()
+
+
+def test_keep_prints_how_to_use_dlc(kept: dict) -> None:
+    assert f"export DLC_EMULATOR={kept['state_path']}" in kept["out"]
+    assert "dlc status" in kept["out"] and "dlc submit --" in kept["out"]
+    aws = kept["state"]["aws"]
+    assert aws["endpoint"].startswith("http://localhost:") and aws["region"] == "us-east-1"
+
+
+def test_kept_cluster_runs_and_answers_dl_health_on_the_master(kept: dict) -> None:
+    """``--keep``: the report says so, the way to stop it is printed, every process group
+    is alive, and the master's installed ``dl-health`` finds the cluster healthy."""
+    assert kept["report"]["kept"] is True
+    assert f"--stop {kept['state_path']}" in kept["out"]
+    state = kept["state"]
+    groups = {n["group"]["pid"] for n in state["nodes"] if n.get("group")}
+    assert groups and all(alive(g) for g in groups | {state["cloud"]["pid"]})
+    master = next(n for n in state["nodes"] if n["role"] == "master")
+    health = subprocess.run(
+        [str(Path(master["root"]) / BIN_DIR / "dl-health"), "--root", master["root"]],
+        capture_output=True, text=True, timeout=120)
+    assert health.returncode == 0, health.stdout + health.stderr
+    assert "healthy" in health.stdout
+
+
+def test_status_json_of_a_healthy_cluster(kept: dict) -> None:
+    """Through the console entry point in its own process, as a script would run it."""
+    res = subprocess.run([sys.executable, "-m", "dlc", "--emulator", str(kept["state_path"]),
+                          "status", "--json"], cwd=REPO_ROOT, env=demo_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    st = json.loads(res.stdout)
+    assert st["stack"] == {"name": "DLClusterStack", "status": "CREATE_COMPLETE",
+                           "region": "us-east-1"}
+    nodes = st["nodes"]
+    assert [(n["rank"], n["role"]) for n in nodes] == [(0, "master"), (1, "worker")]
+    assert all(n["healthy"] and n["lifecycle"] == "InService" for n in nodes), nodes
+    assert all(n["instance_type"] == "g5.xlarge" and n["address"].startswith("127.20.")
+               for n in nodes)
+    assert all(n["heartbeat_age_s"] is not None and isinstance(n["gpus"], int)
+               for n in nodes), nodes
+    gen = st["membership"]["generation"]
+    assert isinstance(gen, int) and gen >= 1 and st["membership"]["healthy"] is True
+    assert all(n["generation_applied"] == str(gen) for n in nodes)
+    assert st["master"] == nodes[0]["instance_id"]
+    # moto has no Price List API: unknown, with the reason, never a number
+    assert st["cost"]["usd_per_hour"] == "unknown" and "g5.xlarge" in st["cost"]["unknown"]
+    if has_controller(kept):
+        assert st["jobs"]["total"] >= 0 and st["jobs"]["running"] == []
+    else:
+        assert "dl-jobs is not installed" in st["errors"]["jobs"]
+
+
+def test_status_and_health_tables(kept: dict, capsys) -> None:
+    code, out, _ = dlc(kept, capsys, "status")
+    assert code == 0
+    for n in kept["state"]["nodes"]:
+        if n["status"] == "running":
+            assert n["instance_id"] in out and n["address"] in out
+    assert "healthy" in out and "cost: unknown" in out
+    code, out, _ = dlc(kept, capsys, "health")
+    assert code == 0 and out.strip().endswith("healthy")
+    code, out, _ = dlc(kept, capsys, "health", "--json")
+    assert code == 0 and json.loads(out)["healthy"] is True
+
+
+def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys) -> None:
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    code, out, err = dlc(kept, capsys, "submit", "--json", "--", "python", "-m",
+                         "bootstrap_scripts.examples.train_digits", "--epochs", "2",
+                         "--require-acc", "0.3", "--global-batch-size", "64")
+    assert code == 0, err
+    job = json.loads(out)["job_id"]
+    code, out, err = dlc(kept, capsys, "logs", "-f", job)
+    assert code == 0, out[-2000:] + err
+    assert f"job {job} succeeded" in err
+    assert "final acc=" in out and "epoch=2" in out
+    code, out, _ = dlc(kept, capsys, "logs", job, "--node", "1")
+    assert code == 0 and "[1 " in out and "[0 " not in out
+    code, out, _ = dlc(kept, capsys, "jobs", "--json")
+    assert {j["job_id"]: j["state"] for j in json.loads(out)}[job] == "succeeded"
+
+
+def test_submit_then_cancel(kept: dict, capsys) -> None:
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    code, out, err = dlc(kept, capsys, "submit", "--launcher", "each", "--", "sleep", "600")
+    assert code == 0, err
+    job = out.strip()
+    code, out, err = dlc(kept, capsys, "cancel", job)
+    assert code == 0, err
+    for _ in range(120):
+        code, out, _ = dlc(kept, capsys, "jobs", "--json")
+        if {j["job_id"]: j["state"] for j in json.loads(out)}[job] == "cancelled":
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"job {job} never reached cancelled: {out}")
+    code, _, err = dlc(kept, capsys, "cancel", "no-such-job")
+    assert code == 3 and "job no-such-job not found" in err and job in err
+
+
+def test_scale_out_and_in(kept: dict, capsys) -> None:
+    aws = kept["state"]["aws"]
+    asg = boto3.client("autoscaling", endpoint_url=aws["endpoint"], region_name="us-east-1")
+
+    def workers() -> dict:
+        groups = asg.describe_auto_scaling_groups()["AutoScalingGroups"]
+        return next(g for g in groups if {"Key": "NodeType", "Value": "Worker"}
+                    in [{"Key": t["Key"], "Value": t["Value"]} for t in g["Tags"]])
+
+    assert workers()["DesiredCapacity"] == 1  # the failed launch lowered it
+    code, out, err = dlc(kept, capsys, "scale", "--workers", "2")
+    assert code == 0, err
+    assert "workers 1 -> 2" in out
+    group = workers()
+    assert group["DesiredCapacity"] == 2 and len(group["Instances"]) == 2
+    code, out, err = dlc(kept, capsys, "scale", "--workers", "1")
+    assert code == 0, err
+    assert workers()["DesiredCapacity"] == 1 and "workers 2 -> 1" in out
+    code, _, err = dlc(kept, capsys, "scale", "--workers", "5")
+    assert code == 1 and "above the worker group's maximum 2" in err
+    master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")
+    code, _, err = dlc(kept, capsys, "scale", "--remove", master["address"])
+    assert code == 1 and "is the master" in err
+
+
+def test_connect_and_tunnel_dry_run(kept: dict, capsys) -> None:
+    nodes = {n["role"]: n for n in kept["state"]["nodes"] if n["status"] == "running"}
+    endpoint = kept["state"]["aws"]["endpoint"]
+    code, out, _ = dlc(kept, capsys, "connect", "--dry-run")
+    assert code == 0
+    assert out.strip() == (f"aws ssm start-session --target {nodes['master']['instance_id']} "
+                           f"--region us-east-1 --endpoint-url {endpoint}")
+    code, out, _ = dlc(kept, capsys, "connect", "1", "--dry-run")
+    assert code == 0 and nodes["worker"]["instance_id"] in out
+    code, out, _ = dlc(kept, capsys, "tunnel", "6006", "--node", nodes["worker"]["address"],
+                       "--local-port", "16006", "--dry-run")
+    assert code == 0 and "--document-name AWS-StartPortForwardingSession" in out
+    assert '"portNumber":["6006"],"localPortNumber":["16006"]' in out
+    code, _, err = dlc(kept, capsys, "connect", "9", "--dry-run")
+    assert code == 3 and "no member of the cluster has rank 9; ranks: 0 " in err
+    code, _, err = dlc(kept, capsys, "connect", "i-00000000000000000", "--dry-run")
+    assert code == 3 and nodes["master"]["instance_id"] in err
+
+
+def test_status_of_a_cluster_with_a_dead_node(kept: dict, capsys) -> None:
+    """Last: the worker's machine dies (its process group is killed)."""
+    worker = next(n for n in kept["state"]["nodes"] if n["role"] == "worker"
+                  and n["status"] == "running")
+    os.killpg(worker["group"]["pid"], signal.SIGKILL)
+    for _ in range(120):
+        st = status_json(kept, capsys)
+        row = next(n for n in st["nodes"] if n["instance_id"] == worker["instance_id"])
+        if not row["healthy"]:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the dead worker still looks healthy: {row}")
+    assert "reachable" in row["health"] and st["membership"]["healthy"] is False
+    master = next(n for n in st["nodes"] if n["role"] == "master")
+    assert master["healthy"], "the master is still fine"
+    code, out, _ = dlc(kept, capsys, "health")
+    assert code == 1 and "UNHEALTHY" in out

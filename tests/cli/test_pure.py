@@ -1,0 +1,261 @@
+"""dlc without AWS: argument errors and their exit codes, choosing the cluster, the helpers
+that build remote commands, and parsing what the master and the Price List answer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from dlc import cost, errors, jobs, remote, session, status
+from dlc.cli import main
+from dlc.errors import NotFound, UsageError
+from dlc.target import Target, resolve
+
+
+def state_file(tmp_path: Path, **aws) -> Path:
+    p = tmp_path / "state.json"
+    block = {"endpoint": "http://localhost:4566", "region": "eu-west-1",
+             "access_key_id": "AK", "secret_access_key": "SK", "session_token": "ST", **aws}
+    p.write_text(json.dumps({"endpoint": block["endpoint"], "aws": block}))
+    return p
+
+
+# -- usage errors: exit 2, before any AWS call -----------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["submit"],                                  # no command
+    ["nosuchcommand"],
+    ["status", "--bogus"],
+    ["scale"],                                   # neither --workers nor --remove
+    ["scale", "--workers", "2", "--remove", "10.0.0.1"],
+    ["tunnel", "0", "--dry-run"],                # not a port
+    ["tunnel", "8080", "--local-port", "70000", "--dry-run"],
+    ["submit", "--max-restarts", "-1", "--", "true"],
+    ["up", "-c", "workerCount"],                 # not key=value
+])
+def test_usage_errors_exit_2(argv: list[str], capsys) -> None:
+    assert main(argv) == errors.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.strip(), "a usage error must say what is wrong"
+
+
+def test_bad_context_names_the_value(capsys) -> None:
+    assert main(["up", "-c", "workerCount"]) == 2
+    assert "'workerCount'" in capsys.readouterr().err
+
+
+def test_scale_usage_names_both_options(capsys) -> None:
+    assert main(["scale"]) == 2
+    assert "--workers N or --remove ADDRESS" in capsys.readouterr().err
+
+
+def test_missing_emulator_state_is_not_found(tmp_path: Path, capsys) -> None:
+    assert main(["--emulator", str(tmp_path / "nope.json"), "status"]) == errors.EXIT_NOT_FOUND
+    assert "nope.json does not exist" in capsys.readouterr().err
+
+
+def test_profile_and_emulator_exclude_each_other(tmp_path: Path, capsys) -> None:
+    state = state_file(tmp_path)
+    assert main(["--emulator", str(state), "--profile", "x", "status"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+
+
+# -- choosing the cluster --------------------------------------------------------------------
+
+
+def test_emulator_state_supplies_endpoint_region_credentials(tmp_path: Path) -> None:
+    t = resolve(emulator=str(state_file(tmp_path)), environ={})
+    assert (t.stack, t.region, t.endpoint) == ("DLClusterStack", "eu-west-1",
+                                               "http://localhost:4566")
+    assert t.credentials == {"access_key_id": "AK", "secret_access_key": "SK",
+                             "session_token": "ST"}
+    env = t.cli_env()
+    assert env["AWS_ENDPOINT_URL"] == "http://localhost:4566"
+    assert env["AWS_ACCESS_KEY_ID"] == "AK" and env["AWS_REGION"] == "eu-west-1"
+
+
+def test_options_win_over_state_and_environment(tmp_path: Path) -> None:
+    t = resolve(stack="Other", region="us-west-2", environ={
+        "DLC_EMULATOR": str(state_file(tmp_path))})
+    assert (t.stack, t.region, t.endpoint) == ("Other", "us-west-2", "http://localhost:4566")
+
+
+def test_plain_aws_target_takes_the_environment_region() -> None:
+    t = resolve(environ={"AWS_REGION": "ap-south-1"})
+    assert (t.region, t.endpoint, t.credentials) == ("ap-south-1", "", {})
+
+
+def test_no_region_anywhere_is_a_usage_error(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    with pytest.raises(UsageError, match="no AWS region"):
+        resolve(environ={})
+
+
+def test_state_of_an_older_demo_says_so(tmp_path: Path) -> None:
+    p = tmp_path / "state.json"
+    p.write_text(json.dumps({"endpoint": "http://localhost:1"}))
+    with pytest.raises(UsageError, match=r"lacks aws\.region"):
+        resolve(emulator=str(p), environ={})
+
+
+# -- remote commands ------------------------------------------------------------------------
+
+
+def test_submit_argv() -> None:
+    argv = jobs.submit_argv(("python", "train.py", "--lr", "0.1"), launcher="mpi",
+                            max_restarts=2, min_nodes=3, name="n1")
+    assert argv == ["dl-run", "--detach", "--json", "--launcher", "mpi", "--max-restarts",
+                    "2", "--min-nodes", "3", "--name", "n1", "--", "python", "train.py",
+                    "--lr", "0.1"]
+    assert jobs.submit_argv(("true",), launcher=None, max_restarts=None, min_nodes=None,
+                            name=None) == ["dl-run", "--detach", "--json", "--", "true"]
+
+
+def test_scale_and_logs_argv() -> None:
+    assert jobs.scale_argv(3, None) == ["dl-scale", "--workers", "3"]
+    assert jobs.scale_argv(None, "10.0.1.9") == ["dl-scale", "--remove", "10.0.1.9"]
+    assert jobs.logs_argv("j1", 2) == ["dl-jobs", "logs", "j1", "--node", "2"]
+
+
+def test_chunk_script_reads_from_an_offset_and_keeps_the_exit_status(tmp_path: Path) -> None:
+    """The script the channel runs to read long output in pieces, run by a real sh."""
+    text = "".join(f"line {i}\n" for i in range(100))
+    src = tmp_path / "out.txt"
+    src.write_text(text)
+    got, offset = "", 0
+    while True:
+        res = subprocess.run(["sh", "-c", remote.chunk_script(["cat", str(src)], offset, 50)],
+                             capture_output=True, text=True, check=True)
+        got += res.stdout
+        offset += len(res.stdout.encode())
+        if len(res.stdout) < 50:
+            break
+    assert got == text
+    failing = subprocess.run(["sh", "-c", remote.chunk_script(["sh", "-c", "echo hi; exit 7"],
+                                                              0, 50)], capture_output=True)
+    assert failing.returncode == 7 and failing.stdout == b"hi\n"
+
+
+# -- what the master answers ----------------------------------------------------------------
+
+HEALTH = {"healthy": False, "generation": 4, "nodes": [
+    {"rank": 0, "address": "10.0.1.5", "role": "master", "ok": True,
+     "reachable": {"ok": True, "detail": "0.4s ago"}, "agent": {"ok": True, "detail": "1s ago"},
+     "generation": {"ok": True, "detail": "4/4"}, "gpus": {"ok": True, "detail": "4"}},
+    {"rank": 1, "address": "10.0.1.9", "role": "worker", "ok": False,
+     "reachable": {"ok": False, "detail": "31.0s ago"}, "agent": {"ok": True, "detail": "2s"},
+     "generation": {"ok": False, "detail": "3/4"}, "gpus": {"ok": False,
+                                                          "detail": "2 (expected 4)"}}]}
+
+
+def test_nodes_join_aws_and_the_master_on_the_address() -> None:
+    from dlc.aws import Instance
+
+    insts = [Instance("i-w", "worker", "g", "InService", "Healthy", "10.0.1.9", "g5.12xlarge",
+                      "running"),
+             Instance("i-m", "master", "g", "InService", "Healthy", "10.0.1.5", "g5.12xlarge",
+                      "running"),
+             Instance("i-new", "worker", "g", "Pending", "Healthy", "10.0.1.20", "g5.12xlarge",
+                      "pending")]
+    rows = status.merge_nodes(insts, HEALTH)
+    assert [r["instance_id"] for r in rows] == ["i-m", "i-w", "i-new"]
+    m, w, new = rows
+    assert (m["rank"], m["healthy"], m["gpus"], m["generation_applied"]) == (0, True, 4, "4")
+    assert (w["rank"], w["healthy"], w["gpus"], w["heartbeat_age_s"]) == (1, False, 2, 31.0)
+    assert "reachable: 31.0s ago" in w["health"] and "generation: 3/4" in w["health"]
+    assert (new["rank"], new["health"]) == (None, "not a member")
+
+
+def test_member_without_instance_is_listed() -> None:
+    rows = status.merge_nodes([], HEALTH)
+    assert {r["address"] for r in rows} == {"10.0.1.5", "10.0.1.9"}
+    assert all(r["lifecycle"] == "not in its group" for r in rows)
+
+
+def test_status_shows_each_failed_launch_with_zone_type_and_cause() -> None:
+    from rich.console import Console
+
+    failed = {"role": "worker", "asg": "dl-workers", "zone": "us-east-1a",
+              "instance_types": ["p5.48xlarge"], "decision": "move",
+              "cause": "We currently do not have sufficient p5.48xlarge capacity"}
+    st = {"stack": {"name": "DLClusterStack", "status": "CREATE_COMPLETE",
+                    "region": "us-east-1"},
+          "membership": {"generation": 2, "members": 2, "healthy": True},
+          "nodes": status.merge_nodes([], HEALTH), "jobs": None, "errors": {},
+          "launch_failures": [failed]}
+    console = Console(record=True, width=200)
+    status.render(console, st)
+    text = console.export_text()
+    assert "failed launches (1):" in text
+    assert ("worker dl-workers: zone us-east-1a, p5.48xlarge: We currently do not have "
+            "sufficient p5.48xlarge capacity (moved to the next zone)") in text
+
+
+def test_jobs_list_accepts_both_shapes() -> None:
+    assert status.jobs_list([{"job_id": "a"}]) == [{"job_id": "a"}]
+    assert status.jobs_list({"jobs": [{"id": "b"}]}) == [{"id": "b"}]
+    assert status.job_id({"id": "b"}) == "b"
+
+
+# -- cost ---------------------------------------------------------------------------------
+
+PRODUCT = json.dumps({"product": {"attributes": {"instanceType": "g5.xlarge"}}, "terms": {
+    "OnDemand": {"X.JRTCKXETXF": {"priceDimensions": {"X.JRTCKXETXF.6YS6EN2CT7": {
+        "unit": "Hrs", "pricePerUnit": {"USD": "1.0060000000"}}}}}}})
+
+
+def test_on_demand_price_is_parsed() -> None:
+    assert cost.parse_on_demand([PRODUCT]) == Decimal("1.006")
+    assert cost.parse_on_demand(["{}", "not json"]) is None
+
+
+def test_prices_are_cached_and_unknown_is_never_a_number(monkeypatch, tmp_path: Path) -> None:
+    calls = []
+
+    def products(target, instance_type, region):
+        calls.append(instance_type)
+        if instance_type == "p5.48xlarge":
+            raise errors.AwsError("pricing GetProducts failed: AccessDeniedException")
+        return [PRODUCT]
+
+    monkeypatch.setattr(cost.aws, "on_demand_products", products)
+    t = Target(region="us-east-1")
+    est = cost.estimate(t, ["g5.xlarge", "g5.xlarge"], "us-east-1", cache=tmp_path)
+    assert est["usd_per_hour"] == "2.0120000000" and est["unknown"] == {}
+    est = cost.estimate(t, ["g5.xlarge"], "us-east-1", cache=tmp_path)
+    assert calls == ["g5.xlarge"], "the second estimate must come from the cache"
+    mixed = cost.estimate(t, ["g5.xlarge", "p5.48xlarge"], "us-east-1", cache=tmp_path)
+    assert mixed["usd_per_hour"] == "unknown"
+    assert "AccessDenied" in mixed["unknown"]["p5.48xlarge"]
+    assert cost.estimate(t, [], "us-east-1", cache=tmp_path)["usd_per_hour"] == "0"
+
+
+# -- sessions ------------------------------------------------------------------------------
+
+
+def test_session_commands() -> None:
+    t = Target(region="eu-west-1", profile="ops")
+    assert session.connect_argv(t, "i-1") == [
+        "aws", "ssm", "start-session", "--target", "i-1", "--region", "eu-west-1",
+        "--profile", "ops"]
+    argv = session.tunnel_argv(t, "i-1", 6006, 16006)
+    assert argv[-4:] == ["--document-name", "AWS-StartPortForwardingSession", "--parameters",
+                         '{"portNumber":["6006"],"localPortNumber":["16006"]}']
+
+
+def test_missing_plugin_says_how_to_install_it(monkeypatch) -> None:
+    monkeypatch.setattr(session.shutil, "which",
+                        lambda name: None if name == session.PLUGIN else "/usr/bin/aws")
+    with pytest.raises(errors.DlcError, match="session-manager-working-with-install-plugin"):
+        session.check_tools()
+
+
+def test_not_found_errors_exit_3() -> None:
+    assert NotFound("x").exit_code == 3 and errors.AwsError("x").exit_code == 4

@@ -1,0 +1,136 @@
+"""The emulator's SSM Agent (emulator/ssm_agent.py) over moto's real HTTP server: Run
+Command runs the script on the announced node with the node's environment, and
+GetCommandInvocation answers as AWS documents (InProgress with no output while it runs,
+then the exit code and output; InvalidInstanceId for an unmanaged instance; an agent that
+is gone never takes the command)."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from emulator import ssm_agent
+
+IID = "i-0123456789abcdef0"
+
+
+@pytest.fixture()
+def machine(moto_reset: str, tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen]]:
+    """An announced node: a root with one installed wrapper, and a process group standing for
+    the machine (stopped at teardown)."""
+    root = tmp_path / "node"
+    (root / "usr/local/bin").mkdir(parents=True)
+    tool = root / "usr/local/bin/dl-hello"
+    tool.write_text('#!/bin/sh\necho "hello from $DL_ROOT as $(id -un)"\n')
+    tool.chmod(0o755)
+    proc = subprocess.Popen(["sleep", "600"], process_group=0)
+    ssm_agent.announce({"AWS_ENDPOINT_URL": moto_reset, "PATH": "/usr/bin:/bin",
+                        "NODE_VAR": "x"}, IID, root, proc.pid)
+    try:
+        yield moto_reset, root, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def ssm(endpoint: str):
+    return boto3.client("ssm", endpoint_url=endpoint, region_name="us-east-1")
+
+
+def send(endpoint: str, *lines: str, timeout: str = "60", delivery: int = 30) -> str:
+    res = ssm(endpoint).send_command(
+        InstanceIds=[IID], DocumentName="AWS-RunShellScript", TimeoutSeconds=delivery,
+        Parameters={"commands": list(lines), "executionTimeout": [timeout]})
+    return res["Command"]["CommandId"]
+
+
+def wait_done(endpoint: str, command_id: str, instance_id: str = IID) -> dict:
+    client = ssm(endpoint)
+    for _ in range(600):
+        inv = client.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
+        if inv["Status"] not in ("Pending", "InProgress"):
+            return inv
+        time.sleep(0.1)
+    raise AssertionError(f"command {command_id} never ended: {inv}")
+
+
+def test_script_runs_on_the_node_with_its_environment(machine) -> None:
+    endpoint, root, _ = machine
+    cid = send(endpoint, "dl-hello", 'echo "var=$NODE_VAR cwd=$(pwd)"', "echo oops >&2",
+               "exit 3")
+    inv = wait_done(endpoint, cid)
+    assert inv["Status"] == "Failed" and inv["ResponseCode"] == 3
+    out = inv["StandardOutputContent"]
+    assert f"hello from {root} as " in out  # the node's wrapper, DL_ROOT = its root
+    assert "var=x" in out and f"cwd={root}/var/lib/amazon/ssm/{IID}/document" in out
+    assert inv["StandardErrorContent"] == "oops\n"
+    ok = wait_done(endpoint, send(endpoint, "true"))
+    assert (ok["Status"], ok["ResponseCode"]) == ("Success", 0)
+
+
+def test_in_progress_has_no_output_until_it_ends(machine, tmp_path: Path) -> None:
+    endpoint, _, _ = machine
+    gate = tmp_path / "gate"
+    cid = send(endpoint, "echo started", f"while [ ! -e {gate} ]; do sleep 0.05; done",
+               "echo done")
+    inv = ssm(endpoint).get_command_invocation(CommandId=cid, InstanceId=IID)
+    assert inv["Status"] == "InProgress" and inv["StandardOutputContent"] == ""
+    gate.touch()
+    inv = wait_done(endpoint, cid)
+    assert (inv["Status"], inv["StandardOutputContent"]) == ("Success", "started\ndone\n")
+
+
+def test_output_is_cut_where_aws_cuts_it(machine) -> None:
+    endpoint, _, _ = machine
+    inv = wait_done(endpoint, send(endpoint, "head -c 30000 /dev/zero | tr '\\0' a"))
+    assert len(inv["StandardOutputContent"]) == ssm_agent.STDOUT_LIMIT
+
+
+def test_execution_timeout_stops_the_script(machine) -> None:
+    endpoint, _, _ = machine
+    inv = wait_done(endpoint, send(endpoint, "sleep 30", timeout="1"))
+    assert (inv["Status"], inv["StatusDetails"]) == ("TimedOut", "Execution Timed Out")
+
+
+def test_only_the_named_instance_gets_the_command(machine) -> None:
+    """moto alone would add every EC2 instance to a command without Targets."""
+    endpoint, _, _ = machine
+    ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ec2.run_instances(ImageId=image, MinCount=2, MaxCount=2)
+    cid = send(endpoint, "true")
+    listed = ssm(endpoint).list_commands(CommandId=cid)["Commands"][0]
+    assert listed["InstanceIds"] == [IID]
+
+
+def test_unmanaged_instance_is_refused(machine) -> None:
+    endpoint, _, _ = machine
+    with pytest.raises(ClientError) as exc:
+        ssm(endpoint).send_command(InstanceIds=["i-00000000000000000"],
+                                   DocumentName="AWS-RunShellScript",
+                                   Parameters={"commands": ["true"]})
+    assert exc.value.response["Error"]["Code"] == "InvalidInstanceId"
+
+
+def test_a_dead_machine_never_takes_the_command(machine, emulator_cloud) -> None:
+    endpoint, _, proc = machine
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cid = send(endpoint, "true")
+    inv = ssm(endpoint).get_command_invocation(CommandId=cid, InstanceId=IID)
+    assert inv["Status"] == "Pending"
+    # The delivery timeout passes (moved back on moto's own record, not waited for).
+    from moto.ssm.models import ssm_backends
+
+    command = ssm_backends["123456789012"]["us-east-1"].get_command_by_id(cid)
+    command.requested_date_time -= datetime.timedelta(seconds=31)
+    inv = ssm(endpoint).get_command_invocation(CommandId=cid, InstanceId=IID)
+    assert (inv["Status"], inv["StatusDetails"]) == ("TimedOut", "Delivery Timed Out")

@@ -1,0 +1,87 @@
+"""``dlc up`` / ``dlc down`` against moto's server with the real CDK CLI: the stack's events
+as progress, the nodes as Auto Scaling sees them, the membership wait that says why it
+cannot form (no node boots here: no SSM Agent answers), and the file system kept by default
+and deleted with ``--delete-data``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from dlc import aws, deploy
+from dlc.cli import main
+from dlc.errors import DlcError
+from dlc.target import resolve
+from emulator import deploy as dp
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def emulated_account(moto_reset: str, tmp_path: Path, monkeypatch) -> tuple[str, Path, str]:
+    """A clean moto account, CDK-bootstrapped; dlc's cache in the test's temp dir."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    dp.bootstrap(dp.cli_env(moto_reset), tmp_path / "cdk.log", tmp_path / "cdk.out")
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"endpoint": moto_reset, "aws": {
+        "endpoint": moto_reset, "region": "us-east-1", "access_key_id": "testing",
+        "secret_access_key": "testing", "session_token": "testing"}}))
+    ec2 = boto3.client("ec2", endpoint_url=moto_reset, region_name="us-east-1")
+    return moto_reset, state, dp.pick_ami(ec2)
+
+
+def up_args(state: Path, ami: str) -> list[str]:
+    return ["--emulator", str(state), "up", "--no-wait", "-c", f"vpcCidr={dp.VPC_CIDR}",
+            "-c", f"amiId={ami}", "-c", "workerCount=1"]
+
+
+def file_systems(endpoint: str) -> set[str]:
+    efs = boto3.client("efs", endpoint_url=endpoint, region_name="us-east-1")
+    return {f["FileSystemId"] for f in efs.describe_file_systems()["FileSystems"]}
+
+
+def test_up_shows_progress_and_down_keeps_or_deletes_the_data(emulated_account, capsys):
+    endpoint, state, ami = emulated_account
+    assert main(up_args(state, ami)) == 0
+    out = capsys.readouterr().out
+    assert "deploying DLClusterStack to us-east-1 with the CDK CLI (new stack)" in out
+    for line in ("AWS::EC2::VPC", "AWS::EFS::FileSystem", "AWS::AutoScaling::AutoScalingGroup",
+                 "AWS::IAM::ManagedPolicy"):
+        assert any(line in x and "CREATE_COMPLETE" in x for x in out.splitlines()), line
+    assert "stack DLClusterStack: CREATE_COMPLETE" in out
+    assert "OperatorPolicyArn: arn:aws:iam::123456789012:policy/" in out
+
+    target = resolve(emulator=str(state), environ={})
+    stack = aws.describe_stack(target)
+    lines: list[str] = []
+    nodes = deploy.wait_nodes(target, stack, lines.append, time.monotonic() + 60)
+    assert {n["role"] for n in nodes} == {"master", "worker"}
+    assert lines[-1].startswith("nodes: 2/2 InService")
+    # No node boots in this test, so no SSM Agent answers: the wait says so and gives up.
+    with pytest.raises(DlcError, match="membership did not form") as exc:
+        deploy.wait_membership(target, stack, lines.append, time.monotonic() + 2)
+    assert "master not answering yet" in str(exc.value) and "InvalidInstanceId" in str(exc.value)
+
+    first_fs = stack.outputs["FileSystemId"]
+    assert main(["--emulator", str(state), "down"]) == 0
+    out = capsys.readouterr().out
+    assert "destroying DLClusterStack" in out and "stack DLClusterStack deleted" in out
+    assert f"kept EFS {first_fs}" in out
+    assert any("DELETE_SKIPPED" in x and "AWS::EFS::FileSystem" in x
+               for x in out.splitlines()), out
+    assert first_fs in file_systems(endpoint), "the data must outlive the stack by default"
+    assert main(["--emulator", str(state), "status"]) == 3
+    assert "stack DLClusterStack not found in us-east-1" in capsys.readouterr().err
+
+    assert main(up_args(state, ami)) == 0
+    second_fs = aws.describe_stack(target).outputs["FileSystemId"]
+    capsys.readouterr()
+    assert main(["--emulator", str(state), "down", "--delete-data"]) == 0
+    out = capsys.readouterr().out
+    assert f"deleted EFS {second_fs} (--delete-data)" in out
+    assert second_fs not in file_systems(endpoint)
+    assert first_fs in file_systems(endpoint), "--delete-data deletes this stack's EFS only"

@@ -1,0 +1,113 @@
+"""What each attempt of a managed job runs: the runner's command line, the restart variables,
+and how every launcher hands them to the user's command (command generation, no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts.jobs import launchers as ln
+from bootstrap_scripts.jobs.attempts import restart_env, runner_argv
+from bootstrap_scripts.jobs.runner import build_parser, job_env, launch_options, split_command
+from bootstrap_scripts.jobs.submit import attempt_options
+from bootstrap_scripts.protocol.membership import build_membership
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.records import ManagedRequest
+
+EFS = Path("/efs")
+MEMBERSHIP = build_membership(
+    cluster_id="c", generation=3, efs_mount="/efs",
+    master={"instance_id": "i-m", "address": "10.0.0.4", "gpus": 2},
+    workers=[{"instance_id": "i-w", "address": "10.0.1.5", "gpus": 2}])
+
+
+def request(*options: str) -> ManagedRequest:
+    return ManagedRequest(job_id="train-1", options=options, command=("python", "train.py"),
+                          submitted_at=1.0, cwd="/efs/code")
+
+
+def test_first_attempt_env_has_the_checkpoint_dir_but_no_resume():
+    assert restart_env(EFS, "train-1", 0) == {"DL_CHECKPOINT_DIR": "/efs/checkpoints/train-1",
+                                              "DL_RESTART_COUNT": "0"}
+
+
+def test_a_restart_resumes_from_the_same_checkpoint_dir():
+    assert restart_env(EFS, "train-1", 2) == {"DL_CHECKPOINT_DIR": "/efs/checkpoints/train-1",
+                                              "DL_RESTART_COUNT": "2", "DL_RESUME": "1"}
+
+
+def test_runner_argv_is_an_unmanaged_run_of_the_attempt():
+    argv = runner_argv(request("--launcher", "each", "--env", "DL_RESUME=0"),
+                       attempt_id="train-1.3", root="/", efs=EFS,
+                       membership=Path("/efs/managed/train-1/attempts/3.membership.json"),
+                       restart_count=2)
+    assert argv[1:4] == ["-m", "bootstrap_scripts.jobs.runner", "--unmanaged"]
+    assert argv[argv.index("--job-id") + 1] == "train-1.3"
+    assert argv[argv.index("--membership") + 1].endswith("attempts/3.membership.json")
+    assert argv[argv.index("--cwd") + 1] == "/efs/code"
+    assert argv[-3:] == ["--", "python", "train.py"]
+    # the controller's variables come after the user's --env: they win
+    envs = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
+    assert envs == ["DL_RESUME=0", "DL_CHECKPOINT_DIR=/efs/checkpoints/train-1",
+                    "DL_RESTART_COUNT=2", "DL_RESUME=1"]
+
+
+def plan_attempt(launcher: str, restart_count: int) -> tuple[ln.LaunchPlan, dict[str, str]]:
+    """Parse the attempt's command line with dl-run's own parser and plan it."""
+    argv = runner_argv(request("--launcher", launcher, "--mxnet-launch", "/opt/launch.py"),
+                       attempt_id=f"train-1.{restart_count + 1}", root="/", efs=EFS,
+                       membership=None, restart_count=restart_count)
+    opts, command = split_command(argv[3:])
+    args = build_parser().parse_args(opts)
+    paths = ClusterPaths(EFS).job(args.job_id)
+    return (ln.plan(launcher, MEMBERSHIP, command, launch_options(args, args.job_id, paths)),
+            job_env(args))
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpi", "horovod", "tf", "mxnet", "each"])
+@pytest.mark.parametrize("restart_count", [0, 1])
+def test_every_launcher_gives_the_command_the_restart_variables(launcher, restart_count):
+    plan, env = plan_attempt(launcher, restart_count)
+    assert env["DL_CHECKPOINT_DIR"] == "/efs/checkpoints/train-1"
+    assert env["DL_RESTART_COUNT"] == str(restart_count)
+    assert env.get("DL_RESUME") == ("1" if restart_count else None)
+    argvs = [list(p.argv) for s in plan.shares for p in s.procs]
+    if launcher in ("mpi", "horovod"):
+        # mpirun / horovodrun start the ranks on other nodes: the variables must be forwarded
+        (argv,) = argvs
+        flat = " ".join(argv)
+        for var in ("DL_CHECKPOINT_DIR", "DL_RESTART_COUNT", "DL_RESUME")[
+                :3 if restart_count else 2]:
+            assert f"-x {var}" in flat, flat
+        assert ("-x DL_RESUME" in flat) == bool(restart_count)
+    # the command itself is the same on every attempt: resuming is the program's business
+    first, _ = plan_attempt(launcher, 0)
+    strip = {f"--rdzv-id=train-1.{restart_count + 1}": "", "--rdzv-id=train-1.1": "",
+             f"/efs/jobs/train-1.{restart_count + 1}/": "J/", "/efs/jobs/train-1.1/": "J/",
+             " -x DL_RESUME": ""}
+    if launcher == "mpi":
+        argvs = [[a for i, a in enumerate(argv) if "DL_RESUME" not in (a, argv[min(
+            i + 1, len(argv) - 1)])] for argv in argvs]
+
+    def norm(argvs: list[list[str]]) -> list[list[str]]:
+        out = []
+        for argv in argvs:
+            row = []
+            for a in argv:
+                for old, new in strip.items():
+                    a = a.replace(old, new)
+                row.append(a)
+            out.append(row)
+        return out
+
+    assert norm(argvs) == norm([list(p.argv) for s in first.shares for p in s.procs])
+
+
+def test_the_controllers_options_are_not_passed_on_to_attempts():
+    opts = ["--launcher", "each", "--max-restarts", "2", "--min-nodes=1", "--detach", "--json",
+            "--root", "/r", "--mount-point=/m", "--job-id", "x", "--name", "n", "--cwd", "/c",
+            "--replace-timeout", "5", "--max-code-restarts", "1", "--env", "A=1",
+            "--torchrun-max-restarts", "4"]
+    assert attempt_options(opts) == ["--launcher", "each", "--env", "A=1",
+                                     "--torchrun-max-restarts", "4"]

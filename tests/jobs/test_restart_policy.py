@@ -1,0 +1,152 @@
+"""The restart policy as tables: what a managed job does after each kind of ending."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from bootstrap_scripts.jobs.restart_policy import (
+    Action,
+    Failure,
+    FailureKind,
+    JobState,
+    Policy,
+    World,
+    check_transition,
+    choose_world,
+    classify,
+    decide,
+)
+from bootstrap_scripts.protocol.records import JobResult, NodeResult, ShareExit
+
+CODE = Failure(FailureKind.CODE, "node rank 1 exited with code 1")
+LOST = Failure(FailureKind.NODE_LOST, "heartbeat stopped", "10.0.1.5")
+KILLED = Failure(FailureKind.NODE_SIGNAL, "killed by SIGKILL", "10.0.1.5")
+UNHEALTHY = Failure(FailureKind.NODE_UNHEALTHY, "gpus: 4 (expected 8)", "10.0.1.5")
+MASTER = Failure(FailureKind.MASTER_LOST, "controller gone")
+CANCELLED = Failure(FailureKind.CANCELLED, "cancelled")
+
+
+@pytest.mark.parametrize(("failure", "restarts", "code_restarts", "policy", "cancel",
+                          "action", "state"), [
+    (None, 0, 0, Policy(), False, Action.SUCCEED, JobState.SUCCEEDED),
+    (None, 2, 0, Policy(), True, Action.CANCEL, JobState.CANCELLED),
+    (CANCELLED, 0, 0, Policy(), False, Action.CANCEL, JobState.CANCELLED),
+    (LOST, 0, 0, Policy(), False, Action.RESTART, JobState.RESTARTING),
+    (KILLED, 2, 0, Policy(), False, Action.RESTART, JobState.RESTARTING),
+    (UNHEALTHY, 1, 0, Policy(), False, Action.RESTART, JobState.RESTARTING),
+    (MASTER, 0, 0, Policy(), False, Action.RESTART, JobState.RESTARTING),
+    (KILLED, 3, 0, Policy(), False, Action.FAIL, JobState.FAILED),  # default 3 used up
+    (LOST, 0, 0, Policy(max_restarts=0), False, Action.FAIL, JobState.FAILED),
+    (CODE, 0, 0, Policy(), False, Action.FAIL, JobState.FAILED),  # code: not retried
+    (CODE, 0, 0, Policy(max_code_restarts=1), False, Action.RESTART, JobState.RESTARTING),
+    (CODE, 1, 1, Policy(max_code_restarts=1), False, Action.FAIL, JobState.FAILED),
+    (CODE, 3, 0, Policy(max_code_restarts=5), False, Action.FAIL, JobState.FAILED),
+    (LOST, 1, 1, Policy(max_code_restarts=1), False, Action.RESTART, JobState.RESTARTING),
+    (KILLED, 0, 0, Policy(), True, Action.CANCEL, JobState.CANCELLED),
+])
+def test_decide(failure, restarts, code_restarts, policy, cancel, action, state):
+    d = decide(failure, restarts=restarts, code_restarts=code_restarts, policy=policy,
+               cancel_requested=cancel)
+    assert (d.action, d.state) == (action, state), d.reason
+
+
+def test_a_code_failure_says_why_it_is_not_retried():
+    d = decide(CODE, restarts=0, code_restarts=0, policy=Policy())
+    assert "not retried (--max-code-restarts 0)" in d.reason and CODE.detail in d.reason
+
+
+@pytest.mark.parametrize(("full", "ready", "waited", "policy", "world"), [
+    (3, 3, 0, Policy(), World.FULL),
+    (3, 4, 0, Policy(), World.FULL),
+    (3, 2, 10, Policy(replace_timeout=900), World.WAIT),
+    (3, 2, 900, Policy(replace_timeout=900), World.FAIL),  # min-nodes: all
+    (3, 2, 900, Policy(replace_timeout=900, min_nodes=2), World.SURVIVORS),
+    (3, 1, 5, Policy(replace_timeout=5, min_nodes=2), World.FAIL),
+    (3, 0, 5, Policy(replace_timeout=5, min_nodes=1), World.FAIL),  # no master: nothing
+    (2, 1, 0, Policy(replace_timeout=0, min_nodes=1), World.SURVIVORS),
+])
+def test_choose_world(full, ready, waited, policy, world):
+    assert choose_world(full_size=full, ready=ready, waited=waited, policy=policy).world is world
+
+
+@pytest.mark.parametrize(("old", "new", "ok"), [
+    (JobState.QUEUED, JobState.RUNNING, True),
+    (JobState.QUEUED, JobState.CANCELLED, True),
+    (JobState.RUNNING, JobState.RESTARTING, True),
+    (JobState.RESTARTING, JobState.RUNNING, True),
+    (JobState.RUNNING, JobState.SUCCEEDED, True),
+    (JobState.RESTARTING, JobState.SUCCEEDED, False),
+    (JobState.SUCCEEDED, JobState.RUNNING, False),
+    (JobState.CANCELLED, JobState.QUEUED, False),
+    (JobState.RUNNING, JobState.QUEUED, False),
+])
+def test_transitions(old, new, ok):
+    if ok:
+        assert check_transition(old, new) is new
+    else:
+        with pytest.raises(ValueError, match=f"from {old.value} to {new.value}"):
+            check_transition(old, new)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"max_restarts": -1}, "--max-restarts must be >= 0, got -1"),
+    ({"min_nodes": -2}, "--min-nodes must be >= 0, got -2"),
+    ({"max_code_restarts": -1}, "--max-code-restarts must be >= 0"),
+    ({"replace_timeout": -5}, "--replace-timeout must be >= 0 s, got -5"),
+])
+def test_policy_rejects_bad_values_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Policy(**kwargs)
+
+
+def result(status: str, *nodes: NodeResult) -> JobResult:
+    return JobResult(job_id="j.1", status=status, launcher="torchrun", nodes=nodes)
+
+
+def share_exit(rank: int, rc: int, *, at: float, cancelled: bool = False) -> ShareExit:
+    return ShareExit(rank=rank, address=f"10.0.1.{rank}", returncode=rc,
+                     signal=-rc if rc < 0 else 0, cancelled=cancelled, finished_at=at)
+
+
+def node(rank: int, rc: int | None, reason: str = "") -> NodeResult:
+    return NodeResult(rank=rank, address=f"10.0.1.{rank}", returncode=rc, reason=reason)
+
+
+@pytest.mark.parametrize(("res", "exits", "runner_code", "kind", "rank"), [
+    (result("succeeded", node(0, 0), node(1, 0)), {}, 0, None, None),
+    (result("cancelled", node(0, -15)), {}, 143, FailureKind.CANCELLED, None),
+    # a lost node is to blame, whatever its peers did
+    (result("failed", node(0, 1), node(1, None, "executor heartbeat stopped 11 s ago")),
+     {0: share_exit(0, 1, at=5)}, 1, FailureKind.NODE_LOST, 1),
+    # SIGKILL of a share (not the job's cancel) is the node's fault, even if a peer failed
+    # first by consequence
+    (result("failed", node(0, 1), node(1, -9)),
+     {0: share_exit(0, 1, at=4), 1: share_exit(1, -signal.SIGKILL, at=5)}, 1,
+     FailureKind.NODE_SIGNAL, 1),
+    # SIGKILL sent by the executor while stopping a cancelled share: not a node fault
+    (result("failed", node(0, 1), node(1, -9)),
+     {0: share_exit(0, 1, at=4), 1: share_exit(1, -9, at=5, cancelled=True)}, 1,
+     FailureKind.CODE, 0),
+    # a segfault is the code's
+    (result("failed", node(0, -11)), {0: share_exit(0, -11, at=3)}, 1, FailureKind.CODE, 0),
+    # the first share that failed by itself, not the ones stopped after it
+    (result("failed", node(0, -15), node(1, 2)),
+     {0: share_exit(0, -15, at=9, cancelled=True), 1: share_exit(1, 2, at=8)}, 1,
+     FailureKind.CODE, 1),
+    (None, {}, 3, FailureKind.NODE_LOST, None),
+    (None, {}, 2, FailureKind.CODE, None),
+])
+def test_classify(res, exits, runner_code, kind, rank):
+    failure = classify(res, exits, runner_code=runner_code)
+    if kind is None:
+        assert failure is None
+    else:
+        assert failure is not None and failure.kind is kind, failure
+        assert failure.rank == rank
+
+
+def test_node_faults_are_exactly_the_three_node_kinds():
+    assert {k for k in FailureKind if k.node_fault} == {
+        FailureKind.NODE_LOST, FailureKind.NODE_SIGNAL, FailureKind.NODE_UNHEALTHY}

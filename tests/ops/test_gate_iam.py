@@ -1,0 +1,27 @@
+"""The master role may ask EC2 for instance types (the health gate); the workers may not."""
+
+from __future__ import annotations
+
+from tests.stack.synth import cluster_template
+
+
+def statements_by_role(template) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for policy in template.find_resources("AWS::IAM::Policy").values():
+        props = policy["Properties"]
+        for role in props.get("Roles", []):
+            out.setdefault(role["Ref"], []).extend(props["PolicyDocument"]["Statement"])
+    return out
+
+
+def test_only_the_master_role_calls_describe_instance_types():
+    by_role = statements_by_role(cluster_template())
+    holders = {role: [s for s in stmts if "ec2:DescribeInstanceTypes" in
+                      ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])]
+               for role, stmts in by_role.items()}
+    holders = {role: s for role, s in holders.items() if s}
+    assert len(holders) == 1, holders
+    (role, (stmt,)), = holders.items()
+    assert "MasterGroup" in role, role
+    assert stmt == {"Action": "ec2:DescribeInstanceTypes", "Effect": "Allow", "Resource": "*",
+                    "Sid": "GpuCountsOfInstanceTypes"}

@@ -50,6 +50,8 @@ Filled gaps (each with the AWS behaviour it reproduces):
   node and ``GetCommandInvocation`` returns its real output: ``emulator.ssm_agent``, installed
   by :func:`install`.
 
+- The Price List API (``GetProducts``, which moto lacks): ``emulator.pricing``, installed by
+  :func:`install`.
 - Insufficient capacity (``make demo --capacity-out TYPE[@ZONE]``), Auto Scaling's
   prioritized instance-type fallback and UpdateAutoScalingGroup keeping the mixed instances
   policy and refilling the group: ``emulator.capacity``, installed by :func:`install`.
@@ -68,7 +70,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from emulator import capacity, moto_cloudformation, ssm_agent
+from emulator import capacity, moto_cloudformation, pricing, ssm_agent
 from emulator import notifications as nt
 
 #: How often the heartbeat timeouts and Spot reclaims are checked.
@@ -498,4 +500,5 @@ def install() -> None:
     threading.Thread(target=_ticker, daemon=True, name="lifecycle-timeouts").start()
     ssm_agent.install()  # Run Command runs on the emulated nodes (emulator/ssm_agent.py)
     capacity.install()  # insufficient capacity and prioritized type fallback (emulator/capacity.py)
+    pricing.install()  # the Price List API's GetProducts (emulator/pricing.py)
     _INSTALLED = True

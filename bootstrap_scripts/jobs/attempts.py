@@ -20,13 +20,9 @@ from bootstrap_scripts.jobs.preflight import executor_state, read_heartbeat
 from bootstrap_scripts.jobs.restart_policy import Failure, classify
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
+from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths
-from bootstrap_scripts.protocol.records import (
-    JobResult,
-    ManagedRequest,
-    ShareExit,
-    ShareStarted,
-)
+from bootstrap_scripts.protocol.records import JobResult, ShareExit, ShareStarted
 
 #: This package's parent directory: the attempt runner must import it whatever the user's env.
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)

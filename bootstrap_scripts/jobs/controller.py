@@ -36,9 +36,13 @@ from bootstrap_scripts.jobs.restart_policy import Action, Failure, FailureKind, 
 from bootstrap_scripts.jobs.supervise import Gate, JobSupervisor
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.managed_records import (
+    ControllerHeartbeat,
+    ManagedJob,
+    ManagedRequest,
+)
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
-from bootstrap_scripts.protocol.records import ControllerHeartbeat, ManagedJob, ManagedRequest
 
 LOG = logging.getLogger("dl-controller")
 HEARTBEAT_SECONDS = 1.0

@@ -19,8 +19,8 @@ from bootstrap_scripts.jobs.restart_policy import JobState
 from bootstrap_scripts.jobs.watch import LogTailer
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
+from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths
-from bootstrap_scripts.protocol.records import ManagedJob
 
 POLL_SECONDS = 0.2
 

@@ -22,9 +22,9 @@ from bootstrap_scripts.jobs import managed
 from bootstrap_scripts.jobs.follow import final_message, follow
 from bootstrap_scripts.jobs.node import read_node_env
 from bootstrap_scripts.jobs.restart_policy import JobState
+from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import NodePaths
-from bootstrap_scripts.protocol.records import ManagedJob
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

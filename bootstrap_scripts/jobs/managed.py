@@ -18,8 +18,12 @@ from pathlib import Path
 
 from bootstrap_scripts.jobs.restart_policy import JobState
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.managed_records import (
+    ControllerHeartbeat,
+    ManagedJob,
+    ManagedRequest,
+)
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths
-from bootstrap_scripts.protocol.records import ControllerHeartbeat, ManagedJob, ManagedRequest
 
 #: A controller heartbeat older than this means no controller is running.
 CONTROLLER_TIMEOUT = 10.0

@@ -36,8 +36,8 @@ from bootstrap_scripts.jobs.runner import (
     make_plan,
 )
 from bootstrap_scripts.protocol.jobs import new_job_id
+from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths, validate_job_id
-from bootstrap_scripts.protocol.records import ManagedRequest
 
 #: Options the controller sets for every attempt itself (or that only concern this dl-run).
 NOT_FORWARDED = (*MANAGED_ONLY, "--unmanaged", "--root", "--membership", "--mount-point",

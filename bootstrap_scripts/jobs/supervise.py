@@ -39,9 +39,9 @@ from bootstrap_scripts.jobs.restart_policy import (
     decide,
 )
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
 from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
-from bootstrap_scripts.protocol.records import ManagedJob, ManagedRequest, RestartRecord
 
 LOG = logging.getLogger("dl-controller")
 

@@ -18,8 +18,9 @@ import re
 from dataclasses import dataclass, field
 
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
-from bootstrap_scripts.protocol.records import ManagedJob, ShareStarted
+from bootstrap_scripts.protocol.records import ShareStarted
 
 EPOCH_RE = re.compile(r"^\[(\d+) (\S+)\] epoch=(\d+) acc=([\d.]+) loss=([\d.]+) "
                       r"samples_per_s=(\d+) world_size=(\d+)")

@@ -31,7 +31,7 @@ import time
 
 from bootstrap_scripts.procgroup import signal_group
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.records import ControllerHeartbeat
+from bootstrap_scripts.protocol.managed_records import ControllerHeartbeat
 from emulator import deploy as dp
 from emulator.demo import joblog
 from emulator.demo.cluster import node_membership

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import boto3
@@ -21,6 +22,7 @@ import pytest
 from bootstrap_scripts.procgroup import alive, pids_in_groups
 from dlc.cli import main
 from emulator.demo.context import BIN_DIR, STATE_FILE
+from emulator.pricing import PRICES
 from tests.conftest import REPO_ROOT
 from tests.support.demo import DEMO_TIMEOUT, demo_env
 
@@ -119,8 +121,11 @@ def test_status_json_of_a_healthy_cluster(kept: dict) -> None:
     assert isinstance(gen, int) and gen >= 1 and st["membership"]["healthy"] is True
     assert all(n["generation_applied"] == str(gen) for n in nodes)
     assert st["master"] == nodes[0]["instance_id"]
-    # moto has no Price List API: unknown, with the reason, never a number
-    assert st["cost"]["usd_per_hour"] == "unknown" and "g5.xlarge" in st["cost"]["unknown"]
+    # the Price List's on-demand price (the emulator's GetProducts, emulator/pricing.py)
+    running = [n for n in nodes if n["ec2_state"] in ("running", "pending")]
+    assert st["cost"]["unknown"] == {}, st["cost"]
+    assert Decimal(st["cost"]["usd_per_hour"]) == Decimal(PRICES[("us-east-1", "g5.xlarge")]) \
+        * len(running)
     if has_controller(kept):
         assert st["jobs"]["total"] >= 0 and st["jobs"]["running"] == []
     else:
@@ -133,7 +138,7 @@ def test_status_and_health_tables(kept: dict, capsys) -> None:
     for n in kept["state"]["nodes"]:
         if n["status"] == "running":
             assert n["instance_id"] in out and n["address"] in out
-    assert "healthy" in out and "cost: unknown" in out
+    assert "healthy" in out and "/hour on demand" in out and "x g5.xlarge at $" in out
     code, out, _ = dlc(kept, capsys, "health")
     assert code == 0 and out.strip().endswith("healthy")
     code, out, _ = dlc(kept, capsys, "health", "--json")

@@ -11,9 +11,9 @@ from bootstrap_scripts.jobs import launchers as ln
 from bootstrap_scripts.jobs.attempts import restart_env, runner_argv
 from bootstrap_scripts.jobs.runner import build_parser, job_env, launch_options, split_command
 from bootstrap_scripts.jobs.submit import attempt_options
+from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import ManagedRequest
 
 EFS = Path("/efs")
 MEMBERSHIP = build_membership(

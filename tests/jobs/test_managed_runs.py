@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import ManagedJob, ShareStarted
+from bootstrap_scripts.protocol.records import ShareStarted
 
 pytestmark = pytest.mark.slow
 JOB = str(Path(__file__).parent / "jobs" / "managed_job.py")

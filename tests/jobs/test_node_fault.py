@@ -13,8 +13,9 @@ import boto3
 import pytest
 
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import ManagedJob, ShareStarted
+from bootstrap_scripts.protocol.records import ShareStarted
 from emulator.resources import create_cluster
 from tests.conftest import REGION
 

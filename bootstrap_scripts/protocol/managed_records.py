@@ -1,0 +1,96 @@
+"""Typed records of managed jobs: what a user's ``dl-run`` asks the job controller for
+(``managed/<id>/request.json``), the controller's record of the job and its restarts
+(``managed/<id>/job.json``), and its heartbeat (``cluster/controller.json``).
+
+They share :class:`~bootstrap_scripts.protocol.records.Record`'s (de)serialiser; where they
+live on disk: :class:`~bootstrap_scripts.protocol.paths.ManagedPaths`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from bootstrap_scripts.protocol.records import Record, record
+
+# -- managed jobs (under managed/<job-id>/, and the controller's heartbeat) ------------------------
+
+
+@record
+class ManagedRequest(Record):
+    """``managed/<id>/request.json``: a user's ``dl-run`` asks the job controller to run a job
+    (written last by the submitter; its owner is the user the attempts run as)."""
+
+    KIND: ClassVar[str] = "managed job request"
+    job_id: str
+    options: tuple[str, ...]  # dl-run options for every attempt (the runner's own)
+    command: tuple[str, ...]
+    submitted_at: float
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # the submitter's
+    cwd: str = ""
+    user: str = ""
+    world_size: int = 0  # nodes in the membership at submission
+    max_restarts: int = 3
+    min_nodes: int = 0  # 0: every node of the first attempt
+    max_code_restarts: int = 0
+    replace_timeout: float = 900.0
+
+
+@record
+class RestartRecord(Record):
+    """One restart of a managed job (in ``job.json``): why, which node, how long it took."""
+
+    KIND: ClassVar[str] = "restart record"
+    attempt: int  # the attempt that failed
+    at: float  # when the controller detected the failure
+    kind: str  # node-lost | node-signal | node-unhealthy | code | master-lost
+    detail: str = ""
+    address: str = ""
+    instance_id: str = ""
+    marked_unhealthy: bool = False
+    health_error: str = ""
+    replacement_instance_id: str = ""
+    next_world_size: int = 0
+    seconds_to_resume: float | None = None  # detection -> every share of the next attempt up
+    resumed_epoch: int | None = None
+    resumed_step: int | None = None
+
+
+@record
+class ManagedJob(Record):
+    """``managed/<id>/job.json``: the job controller's record of a managed job."""
+
+    KIND: ClassVar[str] = "managed job"
+    job_id: str
+    state: str  # queued | running | restarting | succeeded | failed | cancelled
+    submitted_at: float = 0.0
+    updated_at: float = 0.0
+    user: str = ""
+    attempt: int = 0  # the current (or last) attempt; jobs/<id>.<attempt>/
+    restarts: int = 0
+    code_restarts: int = 0
+    world_size: int = 0  # nodes of the current (or last) attempt
+    full_size: int = 0  # the job's size: the membership's at submission
+    last_failure: str = ""
+    message: str = ""
+    controller: str = ""  # "<instance-id>/<pid>" of the controller that runs it
+    excluded: tuple[str, ...] = ()  # instance ids the job no longer runs on
+    started_at: float | None = None
+    finished_at: float | None = None
+    restart_log: tuple[RestartRecord, ...] = ()
+
+
+@record
+class ControllerHeartbeat(Record):
+    """``cluster/controller.json``: the master's job controller is alive (every second)."""
+
+    KIND: ClassVar[str] = "controller heartbeat"
+    pid: int
+    heartbeat: float
+    seq: int = 0
+    state: str = "running"  # running | stopped
+    hostname: str = ""
+    instance_id: str = ""
+    address: str = ""
+    started_at: float = 0.0
+    job_id: str = ""

@@ -129,10 +129,10 @@ def _error_notification(group: Any, instance_type: str, subnet: str, zone: str) 
 
 def _publish_or_keep(group: Any, message: dict) -> None:
     """Publish now, or (inside CreateAutoScalingGroup) once the configuration exists."""
-    from emulator import moto_extensions
+    from emulator import moto_publishing
 
     if hasattr(group, "emulator_notifications"):
-        moto_extensions.notify_group(group, message)
+        moto_publishing.notify_group(group, message)
     else:
         group.__dict__.setdefault("emulator_pending_errors", []).append(message)
 
@@ -193,11 +193,11 @@ def _wrap_update(original: Any) -> Any:
 
 def _wrap_group_from_cfn(original: Any) -> Any:
     def create_from_cloudformation_json(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        from emulator import moto_extensions
+        from emulator import moto_publishing
 
         group = original(*args, **kwargs)
         for message in group.__dict__.pop("emulator_pending_errors", []):
-            moto_extensions.notify_group(group, message)
+            moto_publishing.notify_group(group, message)
         return group
 
     return classmethod(create_from_cloudformation_json)

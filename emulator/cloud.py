@@ -39,7 +39,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from emulator import capacity, moto_extensions
+from emulator import capacity, moto_extensions, moto_publishing
 from emulator.wait_handle import parse_signal
 
 ACCOUNT = "123456789012"
@@ -100,7 +100,7 @@ class _Control(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         if url.path == "/published":
             after = urllib.parse.parse_qs(url.query).get("after", ["0"])[0]
-            self._reply(200, moto_extensions.published(int(after) if after.isdigit() else 0))
+            self._reply(200, moto_publishing.published(int(after) if after.isdigit() else 0))
         elif self.path == "/signals":
             self._reply(200, self.server.signals)
         elif self.path == "/health":

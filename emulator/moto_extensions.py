@@ -28,11 +28,6 @@ Filled gaps (each with the AWS behaviour it reproduces):
     (https://docs.aws.amazon.com/autoscaling/ec2/userguide/completing-lifecycle-hooks.html).
     An action that is no longer waiting answers ``ValidationError`` "No active Lifecycle
     Action found with instance ID ...", as Auto Scaling does.
-- Notification configurations: moto drops the group's ``NotificationConfigurations``. They
-  are kept from the template; an instance the group launches after its creation publishes
-  ``autoscaling:EC2_INSTANCE_LAUNCH``, one it terminates ``autoscaling:EC2_INSTANCE_TERMINATE``
-  (https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-sns-notifications.html).
-  The instances created with the group (during the deploy) are announced by the demo.
 - A Spot interruption (:func:`spot_interruption`, the control endpoint's
   ``POST /spot-interruption``): Auto Scaling takes the instance out of service through its
   termination hooks and launches a replacement (desired capacity unchanged), and EC2
@@ -46,31 +41,27 @@ Filled gaps (each with the AWS behaviour it reproduces):
 - CloudFormation's side (EFS ``Arn``, ``AWS::Lambda::EventInvokeConfig``, change-set
   outputs, per-resource events, deleting a VPC's route tables and NAT gateway):
   ``emulator.moto_cloudformation``, installed by :func:`install`.
+- Notification configurations and publishing to SNS / SQS as Auto Scaling does:
+  ``emulator.moto_publishing``, installed by :func:`install`.
 - Run Command (``SendCommand`` with ``AWS-RunShellScript``) runs the script on the emulated
   node and ``GetCommandInvocation`` returns its real output: ``emulator.ssm_agent``, installed
   by :func:`install`.
-
 - The Price List API (``GetProducts``, which moto lacks): ``emulator.pricing``, installed by
   :func:`install`.
 - Insufficient capacity (``make demo --capacity-out TYPE[@ZONE]``), Auto Scaling's
   prioritized instance-type fallback and UpdateAutoScalingGroup keeping the mixed instances
   policy and refilling the group: ``emulator.capacity``, installed by :func:`install`.
-
-What is published to an SNS topic is kept, in order, for :func:`published` (the control
-endpoint's ``GET /published``): moto's CloudFormation creates no Lambda subscription, so
-``emulator.notifications`` delivers each message to the real Lambda handler itself.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from emulator import capacity, moto_cloudformation, pricing, ssm_agent
+from emulator import capacity, moto_cloudformation, moto_publishing, pricing, ssm_agent
 from emulator import notifications as nt
 
 #: How often the heartbeat timeouts and Spot reclaims are checked.
@@ -83,7 +74,6 @@ _LOCK = threading.RLock()
 _INSTALLED = False
 _ACTIONS: dict[str, LifecycleAction] = {}  # token -> the action waiting for it
 _RECLAIMS: dict[str, tuple[float, Any]] = {}  # instance id -> (monotonic time, group)
-_PUBLISHED: list[dict] = []
 
 
 @dataclass
@@ -97,61 +87,14 @@ class LifecycleAction:
     deadline: float  # time.monotonic()
 
 
-def published(after: int = 0) -> list[dict]:
-    """Every message published to an SNS topic with ``seq`` > ``after``:
-    ``{"seq", "topic_arn", "subject", "message"}`` (``message`` the JSON text)."""
-    with _LOCK:
-        return [p for p in _PUBLISHED if p["seq"] > after]
-
-
 def reset() -> None:
     """Forget actions, reclaims and published messages (with moto's reset of its backends)."""
     with _LOCK:
         _ACTIONS.clear()
         _RECLAIMS.clear()
-        _PUBLISHED.clear()
     ssm_agent.reset()
+    moto_publishing.reset()
     capacity.reset()
-
-
-# -- publishing -----------------------------------------------------------------------------
-
-
-def _publish(group: Any, target: str, message: dict) -> None:
-    """Publish ``message`` to an SNS topic or SQS queue ARN, as Auto Scaling does."""
-    text = json.dumps(message, separators=(",", ":"))
-    account, region = group.account_id, group.region
-    if target.startswith("arn:aws:sqs:"):
-        from moto.sqs.models import sqs_backends
-
-        sqs_backends[account][region].send_message(target.split(":")[-1], text)
-        return
-    if not target.startswith("arn:aws:sns:"):
-        return
-    from moto.sns.models import sns_backends
-
-    subject = nt.subject(message)[:100]
-    sns_backends[account][region].publish(text, arn=target, subject=subject)
-    with _LOCK:
-        _PUBLISHED.append({"seq": len(_PUBLISHED) + 1, "topic_arn": target,
-                           "subject": subject, "message": text})
-
-
-def notify_group(group: Any, message: dict) -> None:
-    """Publish a ready notification ``message`` to every notification configuration of
-    ``group`` that asks for its ``Event`` (``emulator.capacity``'s launch errors)."""
-    for topic, types in getattr(group, "emulator_notifications", []):
-        if message.get("Event") in types:
-            _publish(group, topic, message)
-
-
-def _notify(group: Any, event: str, instance_id: str, cause: str = "") -> None:
-    """``event`` to every notification configuration of ``group`` that asks for it."""
-    for topic, types in getattr(group, "emulator_notifications", []):
-        if event in types:
-            _publish(group, topic, nt.notification(
-                event, group.name, instance_id=instance_id,
-                desired=group.desired_capacity or 0, cause=cause))
 
 
 # -- lifecycle hooks ------------------------------------------------------------------------
@@ -170,7 +113,7 @@ def _create_lifecycle_hook(self: Any, name: str, as_name: str, transition: str,
     self.lifecycle_hooks[f"{as_name}_{name}"] = hook
     group = self.autoscaling_groups.get(as_name)
     if target and group is not None:
-        _publish(group, target, nt.test_notification(as_name))
+        moto_publishing.publish(group, target, nt.test_notification(as_name))
     return hook
 
 
@@ -255,9 +198,10 @@ def _begin_termination(group: Any, state: Any) -> None:
                                               time.monotonic() + hook.heartbeat_timeout)
     for action in [a for a in list(_ACTIONS.values()) if a.instance_id == state.instance.id]:
         if action.hook.notification_target_arn:
-            _publish(group, action.hook.notification_target_arn, nt.lifecycle_notification(
-                group.name, action.instance_id, hook=action.hook.name, token=action.token,
-                metadata=action.hook.notification_metadata))
+            moto_publishing.publish(
+                group, action.hook.notification_target_arn, nt.lifecycle_notification(
+                    group.name, action.instance_id, hook=action.hook.name, token=action.token,
+                    metadata=action.hook.notification_metadata))
 
 
 def _terminate(group: Any, instance_id: str) -> None:
@@ -270,7 +214,7 @@ def _terminate(group: Any, instance_id: str) -> None:
                                  if s.instance.id != instance_id]
         _RECLAIMS.pop(instance_id, None)
     group.autoscaling_backend.ec2_backend.terminate_instances([instance_id])
-    _notify(group, nt.TERMINATE, instance_id)
+    moto_publishing.notify(group, nt.TERMINATE, instance_id)
 
 
 def _finish(action: LifecycleAction, result: str) -> None:
@@ -364,7 +308,7 @@ def _wrap_replace_instances(original: Any) -> Any:
         original(self, count_needed, propagated_tags)
         for state in self.instance_states:
             if state.instance.id not in before:
-                _notify(self, nt.LAUNCH, state.instance.id)
+                moto_publishing.notify(self, nt.LAUNCH, state.instance.id)
 
     return replace_autoscaling_group_instances
 
@@ -409,20 +353,6 @@ def _wrap_delete_group(original: Any) -> Any:
         original(self, group_name)
 
     return delete_auto_scaling_group
-
-
-def _wrap_group_from_cfn(original: Any) -> Any:
-    def create_from_cloudformation_json(cls: Any, resource_name: str,
-                                        cloudformation_json: dict[str, Any], account_id: str,
-                                        region_name: str, **kwargs: Any) -> Any:
-        group = original(resource_name, cloudformation_json, account_id, region_name,
-                         **kwargs)
-        configs = cloudformation_json["Properties"].get("NotificationConfigurations", [])
-        group.emulator_notifications = [(c["TopicARN"], list(c.get("NotificationTypes", [])))
-                                        for c in configs]
-        return group
-
-    return classmethod(create_from_cloudformation_json)
 
 
 # -- Spot interruptions and timeouts --------------------------------------------------------
@@ -486,8 +416,6 @@ def install() -> None:
         FakeAutoScalingGroup.set_desired_capacity)
     FakeAutoScalingGroup.replace_autoscaling_group_instances = _wrap_replace_instances(  # type: ignore[method-assign]
         FakeAutoScalingGroup.replace_autoscaling_group_instances)
-    FakeAutoScalingGroup.create_from_cloudformation_json = _wrap_group_from_cfn(  # type: ignore[method-assign]
-        FakeAutoScalingGroup.create_from_cloudformation_json)
     AutoScalingResponse.put_lifecycle_hook = _put_lifecycle_hook  # type: ignore[method-assign]
     AutoScalingResponse.complete_lifecycle_action = _complete_lifecycle_action  # type: ignore[attr-defined]
     AutoScalingResponse.record_lifecycle_action_heartbeat = (  # type: ignore[attr-defined]
@@ -495,6 +423,7 @@ def install() -> None:
 
     _hook_model()  # a CloudFormationModel subclass: moto's model list finds it
     moto_cloudformation.install()  # before the model caches are cleared
+    moto_publishing.install()
     for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
         cached.cache_clear()
     threading.Thread(target=_ticker, daemon=True, name="lifecycle-timeouts").start()

@@ -56,3 +56,28 @@ def moto_reset(emulator_cloud: Cloud) -> Iterator[str]:
     """A clean moto state for one test (the server is shared by the session)."""
     emulator_cloud.reset()
     yield emulator_cloud.endpoint
+
+
+@pytest.fixture()
+def emu(tmp_path) -> Iterator:
+    """Factory: ``emu(n_nodes, gpus=0, instances=None)`` -> a LocalCluster
+    (``tests.support.cluster``; nothing started yet), for the runner, job and ops suites.
+
+    Teardown stops every process it started (by PID / process group), the controllers'
+    attempt runners included, and fails the test if any of them, or any process of a job
+    share, is still alive afterwards."""
+    from tests.support.cluster import start_local_cluster
+
+    clusters: list = []
+
+    def factory(n_nodes: int, gpus: int = 0, **kwargs):
+        c = start_local_cluster(tmp_path / f"cluster{len(clusters)}", n_nodes, gpus, **kwargs)
+        clusters.append(c)
+        return c
+
+    yield factory
+    leftovers = set()
+    for c in clusters:
+        c.stop()
+        leftovers |= c.leftovers()
+    assert not leftovers, f"processes left behind: {sorted(leftovers)}"

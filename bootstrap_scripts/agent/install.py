@@ -46,51 +46,40 @@ def systemd_quote(arg: str) -> str:
     return f'"{escaped}"'
 
 
+def python_unit(*, description: str, python: str, package_dir: str, module: str,
+                args: list[str], unit: tuple[str, ...] = (),
+                service: tuple[str, ...] = ()) -> str:
+    """A systemd unit that runs ``python -m module args`` with this package importable and
+    unbuffered output; ``unit`` / ``service`` are the lines that differ between units
+    (ordering, restart policy)."""
+    exec_start = " ".join(systemd_quote(a) for a in [python, "-m", module, *args])
+    head = "\n".join([f"Description={description}", *unit])
+    body = "\n".join(["Type=simple", f"Environment={systemd_quote('PYTHONPATH=' + package_dir)}",
+                      "Environment=PYTHONUNBUFFERED=1", f"ExecStart={exec_start}", *service])
+    return f"[Unit]\n{head}\n\n[Service]\n{body}\n\n[Install]\nWantedBy=multi-user.target\n"
+
+
 def agent_unit(python: str, package_dir: str, agent_args: list[str]) -> str:
-    exec_start = " ".join(systemd_quote(a) for a in
-                          [python, "-m", "bootstrap_scripts.agent.node_agent", *agent_args])
-    return f"""[Unit]
-Description=Deep-learning cluster node agent (membership, DEEPLEARNING_* environment)
-Documentation=file://{package_dir}/docs/node-agent.md
-Wants=network-online.target
-After=network-online.target remote-fs.target cloud-init.service
-
-[Service]
-Type=simple
-Environment={systemd_quote("PYTHONPATH=" + package_dir)}
-Environment=PYTHONUNBUFFERED=1
-ExecStart={exec_start}
-Restart=on-failure
-RestartSec=5
-# 2: setup failed and the wait condition was told; 64: bad arguments. Restarting won't help.
-RestartPreventExitStatus={EXIT_FAILED} {EXIT_USAGE}
-TimeoutStopSec=40
-
-[Install]
-WantedBy=multi-user.target
-"""
+    return python_unit(
+        description="Deep-learning cluster node agent (membership, DEEPLEARNING_* environment)",
+        python=python, package_dir=package_dir, module="bootstrap_scripts.agent.node_agent",
+        args=agent_args,
+        unit=(f"Documentation=file://{package_dir}/docs/node-agent.md",
+              "Wants=network-online.target",
+              "After=network-online.target remote-fs.target cloud-init.service"),
+        service=("Restart=on-failure", "RestartSec=5",
+                 "# 2: setup failed and the wait condition was told; 64: bad arguments. "
+                 "Restarting won't help.",
+                 f"RestartPreventExitStatus={EXIT_FAILED} {EXIT_USAGE}", "TimeoutStopSec=40"))
 
 
 def executor_unit(python: str, package_dir: str, root: str, mount_point: str) -> str:
-    exec_start = " ".join(systemd_quote(a) for a in
-                          [python, "-m", "bootstrap_scripts.jobs.executor", "--root", root,
-                           "--mount-point", mount_point])
-    return f"""[Unit]
-Description=Deep-learning cluster job executor (runs this node's share of dl-run jobs)
-Wants={AGENT_UNIT}
-After={AGENT_UNIT} remote-fs.target
-
-[Service]
-Type=simple
-Environment={systemd_quote("PYTHONPATH=" + package_dir)}
-Environment=PYTHONUNBUFFERED=1
-ExecStart={exec_start}
-Restart=always
-RestartSec=5
-
-[Install]
-WantedBy=multi-user.target
-"""
+    return python_unit(
+        description="Deep-learning cluster job executor (runs this node's share of dl-run jobs)",
+        python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.executor",
+        args=["--root", root, "--mount-point", mount_point],
+        unit=(f"Wants={AGENT_UNIT}", f"After={AGENT_UNIT} remote-fs.target"),
+        service=("Restart=always", "RestartSec=5"))
 
 
 def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
@@ -98,27 +87,13 @@ def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
     """The master's job controller. ``KillMode=process``: stopping or restarting the unit
     leaves a running attempt's runner to finish cancelling its shares (the controller
     cancels it on SIGTERM); the next controller restarts the job from its checkpoint."""
-    exec_start = " ".join(systemd_quote(a) for a in
-                          [python, "-m", "bootstrap_scripts.jobs.controller", "--root", root,
-                           "--mount-point", mount_point, "--region", region])
-    return f"""[Unit]
-Description=Deep-learning cluster job controller (runs managed dl-run jobs, restarts them)
-Wants={EXECUTOR_UNIT}
-After={EXECUTOR_UNIT} remote-fs.target
-
-[Service]
-Type=simple
-Environment={systemd_quote("PYTHONPATH=" + package_dir)}
-Environment=PYTHONUNBUFFERED=1
-ExecStart={exec_start}
-Restart=always
-RestartSec=5
-KillMode=process
-TimeoutStopSec=60
-
-[Install]
-WantedBy=multi-user.target
-"""
+    return python_unit(
+        description="Deep-learning cluster job controller (runs managed dl-run jobs, "
+                    "restarts them)",
+        python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.controller",
+        args=["--root", root, "--mount-point", mount_point, "--region", region],
+        unit=(f"Wants={EXECUTOR_UNIT}", f"After={EXECUTOR_UNIT} remote-fs.target"),
+        service=("Restart=always", "RestartSec=5", "KillMode=process", "TimeoutStopSec=60"))
 
 
 def wrapper_script(python: str, package_dir: str, module: str) -> str:

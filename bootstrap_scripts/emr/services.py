@@ -43,24 +43,11 @@ exec '{python}' -m bootstrap_scripts.jobs.runner --unmanaged --root '{root}' \\
 
 def watch_unit(python: str, lib_dir: str, args: list[str]) -> str:
     """The systemd unit of the membership watcher (``metadata watch <args>``)."""
-    exec_start = " ".join(install.systemd_quote(a) for a in
-                          [python, "-m", METADATA_MODULE, "watch", *args])
-    return f"""[Unit]
-Description=Deep-learning cluster membership on EMR (workers file, DEEPLEARNING_* env)
-Wants=network-online.target
-After=network-online.target remote-fs.target
-
-[Service]
-Type=simple
-Environment={install.systemd_quote("PYTHONPATH=" + lib_dir)}
-Environment=PYTHONUNBUFFERED=1
-ExecStart={exec_start}
-Restart=always
-RestartSec=10
-
-[Install]
-WantedBy=multi-user.target
-"""
+    return install.python_unit(
+        description="Deep-learning cluster membership on EMR (workers file, DEEPLEARNING_* env)",
+        python=python, package_dir=lib_dir, module=METADATA_MODULE, args=["watch", *args],
+        unit=("Wants=network-online.target", "After=network-online.target remote-fs.target"),
+        service=("Restart=always", "RestartSec=10"))
 
 
 def install_node_services(*, root: str, python: str, lib_dir: str, efs_mount: str,

@@ -22,7 +22,7 @@ from bootstrap_scripts.protocol import state as shared
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import WORKERS_FILE, ClusterPaths
 from bootstrap_scripts.protocol.records import DrainDone, PrepResult, Registration
-from emulator import moto_extensions
+from emulator import moto_publishing
 from emulator.resources import ClusterResources, create_cluster
 from emulator.wait_handle import WaitHandle
 from tests.conftest import REGION
@@ -37,7 +37,7 @@ def leave(cluster: ClusterResources, iid: str) -> str:
     cluster.client("autoscaling").terminate_instance_in_auto_scaling_group(
         InstanceId=iid, ShouldDecrementDesiredCapacity=True)
     assert lifecycle_state(cluster, iid) == "Terminating:Wait"
-    (msg,) = [m for m in (json.loads(p["message"]) for p in moto_extensions.published()
+    (msg,) = [m for m in (json.loads(p["message"]) for p in moto_publishing.published()
                           if p["topic_arn"] == cluster.topic_arn)
               if m.get("EC2InstanceId") == iid and "LifecycleActionToken" in m]
     return msg["LifecycleActionToken"]

@@ -16,7 +16,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from emulator import moto_extensions
+from emulator import moto_publishing
 from emulator import notifications as nt
 from lambda_src import asg_notifications
 from tests.conftest import REGION
@@ -70,7 +70,7 @@ class Stack:
     def messages(self) -> list[dict]:
         """Every message on the topic, parsed as the Lambda parses them."""
         out = []
-        for p in moto_extensions.published():
+        for p in moto_publishing.published():
             assert p["topic_arn"] == self.topic
             out.append(json.loads(p["message"]))
         return out

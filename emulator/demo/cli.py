@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     validate(ns, parser)
-    console = Console(highlight=False, soft_wrap=True)
+    from emulator.demo.signals import safe_stdout
+
+    console = Console(file=safe_stdout(), highlight=False, soft_wrap=True)
     if ns.stop:
         return stop_from_state(ns.stop, console, keep_files=ns.keep_files)
     return Demo(ns, console).run()

@@ -28,7 +28,7 @@ from bootstrap_scripts.procgroup import (
     stop_groups,
 )
 from emulator import deploy as dp
-from emulator.demo import cluster, joblog, recovery, report, scenarios
+from emulator.demo import cluster, joblog, recovery, report, scenarios, signals
 from emulator.demo.context import BIN_DIR, DemoContext, DemoError, free_port
 from emulator.demo.joblog import JobRun
 from emulator.nodes import NodeError, base_env
@@ -209,7 +209,21 @@ class Demo(DemoContext):
         return job
 
     def run(self) -> int:
-        ns = self.ns
+        """Play the demo, then tear down on every way out: success, a failure, a bug, Ctrl-C,
+        SIGTERM or SIGHUP (a closed terminal), or a reader that went away (``| tee`` stopped
+        by the same Ctrl-C: see :class:`emulator.demo.signals.PipeSafeStream`). Signals that
+        end the run become ``KeyboardInterrupt`` while playing and are ignored while tearing
+        down, so a second Ctrl-C cannot leave half the cluster running."""
+        try:
+            with signals.interrupting():
+                status, code, error = self.play_and_judge()
+        except KeyboardInterrupt:  # a second signal while the first was being reported
+            status, code, error = "failed", 130, "interrupted"
+        with signals.ignored():
+            return self.finish(status, code, error)
+
+    def play_and_judge(self) -> tuple[str, int, str]:
+        """(status, exit code, error) of playing the demo; never raises but for a signal."""
         status, code, error = "failed", 1, ""
         try:
             job = self.play()
@@ -239,6 +253,11 @@ class Demo(DemoContext):
             error = "interrupted"
             code = 130
             self.console.print("[bold red]interrupted[/]: stopping everything")
+        return status, code, error
+
+    def finish(self, status: str, code: int, error: str) -> int:
+        """Tear down (unless kept), write the report, say how it went; the exit code."""
+        ns = self.ns
         if self.cluster is not None:  # the groups as Auto Scaling left them, for the report
             with contextlib.suppress(Exception):
                 dp.refresh_instances(self.session(), self.cluster.groups.values())

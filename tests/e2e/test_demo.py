@@ -8,6 +8,10 @@ process group, so a failing test never leaves a cluster behind.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +30,7 @@ from emulator.gpus import instance_type_gpus
 from tests.conftest import REPO_ROOT
 from tests.support.demo import (
     assert_nothing_left,
+    demo_env,
     recorded_groups,
     run_demo,
 )
@@ -130,3 +135,51 @@ def test_port_in_use_stops_with_a_clear_message_and_cleans_up(tmp_path):
     assert report["status"] == "failed" and "already in use" in report["error"]
     assert not (tmp_path / "work" / STATE_FILE).exists() or not pids_in_groups(
         recorded_groups(tmp_path))
+
+
+def processes_marked(marker: str) -> set[int]:
+    """Every live process whose environment carries ``marker`` (inherited from the demo)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in env:
+            found.add(int(entry.name))
+    return found
+
+
+def test_ctrl_c_on_a_demo_piped_into_a_closed_reader_leaves_nothing(tmp_path):
+    """``make demo | tee demo.log`` then Ctrl-C: the reader dies with the demo, so the demo's
+    next write fails; the teardown must still stop every process it started."""
+    marker = f"DL_DEMO_TEST_MARKER={tmp_path}"
+    report = tmp_path / "demo-report.json"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "emulator.demo", "--workers", "1", "--work-dir",
+         str(tmp_path / "work"), "--report", str(report)],
+        cwd=REPO_ROOT, env={**demo_env(), "DL_DEMO_TEST_MARKER": str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    try:
+        for line in p.stdout:  # until the nodes run: the moment a cluster can be left behind
+            seen.append(line)
+            if "waiting for all" in line:
+                break
+        assert any("waiting for all" in s for s in seen), "".join(seen)
+        p.stdout.close()  # the reader goes away (tee killed by the same Ctrl-C) ...
+        os.kill(p.pid, signal.SIGINT)  # ... and the demo gets its SIGINT
+        code = p.wait(timeout=180)
+        left = processes_marked(marker)
+    finally:
+        for pid in processes_marked(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {sorted(left)}"
+    assert code == 130
+    rep = json.loads(report.read_text())
+    assert rep["error"] == "interrupted" and rep["leftover_pids"] == []

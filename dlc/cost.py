@@ -101,6 +101,23 @@ def _save(path: Path, entries: dict) -> None:
         pass  # a read-only home: no cache, same answer
 
 
+def plain(value: Decimal) -> str:
+    """``value`` without the Price List's trailing zeros (``1.0060000000`` -> ``1.006``), exact:
+    what ``--json`` carries."""
+    text = format(value.normalize(), "f")
+    return text if "." not in text else text.rstrip("0").rstrip(".") or "0"
+
+
+def usd(value: str) -> str:
+    """A price for people: cents always, up to a tenth of a cent (``1.006``, ``12.50``)."""
+    if value == "unknown":
+        return value
+    amount = Decimal(value).quantize(Decimal("0.001"))
+    text = format(amount, "f").rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')}"
+
+
 def estimate(target: Target, instance_types: list[str], region: str,
              cache: Path | None = None) -> dict:
     """``{"usd_per_hour": str | "unknown", "instances": N, "by_type": {...}, "unknown": {...}}``
@@ -110,10 +127,10 @@ def estimate(target: Target, instance_types: list[str], region: str,
         counts[t] = counts.get(t, 0) + 1
     prices = {t: price(target, t, region, cache=cache) for t in sorted(counts)}
     unknown = {t: p.reason for t, p in prices.items() if p.usd_per_hour is None}
-    by_type = {t: {"count": n, "usd_per_hour_each": str(prices[t].usd_per_hour)
+    by_type = {t: {"count": n, "usd_per_hour_each": plain(prices[t].usd_per_hour)
                    if prices[t].usd_per_hour is not None else "unknown"}
                for t, n in counts.items()}
     total = (sum((prices[t].usd_per_hour * n for t, n in counts.items()), Decimal(0))
              if not unknown else None)
-    return {"usd_per_hour": str(total) if total is not None else "unknown",
+    return {"usd_per_hour": plain(total) if total is not None else "unknown",
             "instances": len(instance_types), "by_type": by_type, "unknown": unknown}

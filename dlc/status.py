@@ -187,9 +187,9 @@ def render(console, st: dict) -> None:
             why = "; ".join(f"{t}: {r}" for t, r in c["unknown"].items())
             console.print(f"cost: unknown ({why})", highlight=False, soft_wrap=True)
         else:
-            kinds = ", ".join(f"{v['count']} x {t} at ${v['usd_per_hour_each']}/h"
+            kinds = ", ".join(f"{v['count']} x {t} at ${cost.usd(v['usd_per_hour_each'])}/h"
                               for t, v in c["by_type"].items())
-            console.print(f"cost: ${c['usd_per_hour']}/hour on demand ({kinds})",
+            console.print(f"cost: ${cost.usd(c['usd_per_hour'])}/hour on demand ({kinds})",
                           highlight=False)
     for what, err in st["errors"].items():
         if what != "jobs":

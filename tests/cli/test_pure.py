@@ -228,13 +228,20 @@ def test_prices_are_cached_and_unknown_is_never_a_number(monkeypatch, tmp_path: 
     monkeypatch.setattr(cost.aws, "on_demand_products", products)
     t = Target(region="us-east-1")
     est = cost.estimate(t, ["g5.xlarge", "g5.xlarge"], "us-east-1", cache=tmp_path)
-    assert est["usd_per_hour"] == "2.0120000000" and est["unknown"] == {}
+    assert est["usd_per_hour"] == "2.012" and est["unknown"] == {}  # exact, no padding
     est = cost.estimate(t, ["g5.xlarge"], "us-east-1", cache=tmp_path)
     assert calls == ["g5.xlarge"], "the second estimate must come from the cache"
     mixed = cost.estimate(t, ["g5.xlarge", "p5.48xlarge"], "us-east-1", cache=tmp_path)
     assert mixed["usd_per_hour"] == "unknown"
     assert "AccessDenied" in mixed["unknown"]["p5.48xlarge"]
     assert cost.estimate(t, [], "us-east-1", cache=tmp_path)["usd_per_hour"] == "0"
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ("1.0060000000", "1.006"), ("12.5", "12.50"), ("0", "0.00"), ("98.32", "98.32"),
+    ("0.00041", "0.00"), ("3.0185", "3.018"), ("unknown", "unknown")])
+def test_prices_read_as_money(value, shown):
+    assert cost.usd(value) == shown
 
 
 # -- sessions ------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """A shell on an emulated node in which the README's commands work as written.
 
-On a real master ``dl-run``, ``dl-health`` and ``dl-scale`` are on PATH and the node's root
-is ``/``. An emulated node's root is a directory, so its installed wrappers need ``--root``
-(an option every one of these commands already takes). For a cluster ``--keep`` left
+On a real master ``dl-run``, ``dl-jobs``, ``dl-health`` and ``dl-scale`` are on PATH and the
+node's root is ``/``. An emulated node's root is a directory, so its installed wrappers need
+``--root`` (an option every one of these commands already takes). For a cluster ``--keep`` left
 running, this module writes next to the demo's state:
 
 - ``<name>-bin/``: one wrapper per command that runs the node's own installed wrapper with
@@ -22,13 +22,15 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from bootstrap_scripts.agent.install import WRAPPERS
 from bootstrap_scripts.protocol.paths import NodePaths
 from emulator import deploy as dp
 from emulator.demo.context import BIN_DIR
 from emulator.nodes import PYTHON
 
-#: The node commands the README shows, each of which takes ``--root``.
-COMMANDS = ("dl-run", "dl-health", "dl-scale")
+#: Every command the installer puts on a node's PATH for people (each takes ``--root``); the
+#: agent is a daemon systemd runs, not a command.
+COMMANDS = tuple(sorted(name for name in WRAPPERS if name != "dl-agent"))
 
 
 def wrapper(target: Path, root: Path) -> str:
@@ -52,8 +54,8 @@ def shell_script(env_file: Path, name: str, address: str) -> str:
     return (f"#!/bin/sh\n# A shell (or, with arguments, one command) on the emulated {name}.\n"
             f". {shlex.quote(str(env_file))}\n"
             "if [ $# -gt 0 ]; then exec \"$@\"; fi\n"
-            f"echo \"emulated {name} ({address}): dl-run, dl-health and dl-scale work as on "
-            "the node; exit to leave\"\n"
+            f"echo \"emulated {name} ({address}): {', '.join(COMMANDS)} work as on the node; "
+            "exit to leave\"\n"
             "exec \"${SHELL:-/bin/sh}\" -i\n")
 
 

@@ -37,6 +37,9 @@ FIRST_STEP_RE = re.compile(r"^\[(\d+) (\S+)\] first_step rank=(\d+) world_size=(
 RUNNER_WORDS = ("FAILED", "error", "succeeded", "stopping", "exited")
 #: Lines of the job's own output shown dimmed (resumption, tracebacks).
 DETAIL_WORDS = ("resumed from", "Traceback", "Error")
+#: Of those, the ones always shown at once; the others (errors) are held back until it is known
+#: whether the attempt they belong to was restarted (see :meth:`JobRun.hold_error`).
+SHOWN_AT_ONCE = ("resumed from",)
 
 
 @dataclass
@@ -58,6 +61,17 @@ class JobRun:
     managed_id: str = ""
     restart_lines: list[dict] = field(default_factory=list)
     record: dict | None = None
+    #: error lines of the current attempt not shown yet: when a node is lost its peers die
+    #: with gloo / ``c10::Error`` tracebacks that say nothing the restart line does not
+    held_errors: list[str] = field(default_factory=list)
+
+    def hold_error(self, line: str) -> None:
+        self.held_errors.append(line)
+
+    def release_errors(self) -> list[str]:
+        """The held error lines, forgotten here."""
+        held, self.held_errors = self.held_errors, []
+        return held
     how: str = "dl-run"  # or "dl-jobs logs -f" (re-attached)
 
     def to_dict(self) -> dict:

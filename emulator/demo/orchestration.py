@@ -132,6 +132,8 @@ class Demo(DemoContext):
                 if self.autoscaling is not None:
                     self.autoscaling.tick()
         res.finish(p.wait(), time.monotonic() - t)
+        for held in res.release_errors():  # the last attempt's errors: the user needs them
+            self.info(f"[dim]{escape(held)}[/]")
         self.runners.remove(tracked)
         self.jobs.append(res)
         return res
@@ -142,6 +144,10 @@ class Demo(DemoContext):
             self.info(f"job {res.job_id} (managed by the job controller)")
         elif (rec := joblog.restart(line)) is not None:
             res.restart_lines.append({**rec, "seen": time.monotonic()})
+            held = res.release_errors()
+            if held:  # the ended attempt's survivors, stopped by the fault: the restart says why
+                self.info(f"[dim]({len(held)} error line(s) of the ended attempt, from the "
+                          f"ranks that lost their peer: {self.logs}/dl-run-*.log)[/]")
             self.info(f"[yellow]{escape(line)}[/]")
         elif (job_id := joblog.job_id(line)) is not None:
             if not res.managed_id:
@@ -160,7 +166,10 @@ class Demo(DemoContext):
         elif joblog.is_runner_notice(line):
             self.info(escape(line) if "succeeded" in line else f"[yellow]{escape(line)}[/]")
         elif joblog.is_detail(line):
-            self.info(f"[dim]{escape(line)}[/]")
+            if any(w in line for w in joblog.SHOWN_AT_ONCE):
+                self.info(f"[dim]{escape(line)}[/]")
+            else:
+                res.hold_error(line)
 
     # -- teardown ----------------------------------------------------------------------------
     def teardown(self) -> tuple[list[int], list[int]]:

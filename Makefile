@@ -25,9 +25,12 @@ help:
 
 setup: $(VENV)/.setup-stamp node_modules/.setup-stamp
 
-$(VENV)/.setup-stamp: requirements.txt requirements-dev.txt
+# The project itself goes in editable, without dependencies (they are pinned above), so that
+# `.venv/bin/dlc` (and the node commands) exist and run this checkout's code.
+$(VENV)/.setup-stamp: requirements.txt requirements-dev.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $@
 
 node_modules/.setup-stamp: package.json package-lock.json

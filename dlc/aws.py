@@ -24,13 +24,34 @@ CLUSTER_TAG_KEY = "dl-cluster:id"
 RUN_SHELL_SCRIPT = "AWS-RunShellScript"
 
 
+#: What to do next, by AWS's error code (or botocore's exception name): each credential or
+#: permission failure says the command that fixes it.
+NEXT_STEP = {
+    **dict.fromkeys(("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"),
+                    "attach the stack's OperatorPolicyArn policy to your role or user"),
+    "NoCredentialsError": "no AWS credentials found: run `aws configure` (or `aws sso login "
+                          "--profile NAME`) and pass `--profile NAME` or set AWS_PROFILE",
+    **dict.fromkeys(("ExpiredToken", "ExpiredTokenException", "RequestExpired",
+                     "TokenRetrievalError", "SSOTokenLoadError"),
+                    "your session expired: renew it (`aws sso login --profile NAME`, or new "
+                    "temporary credentials), then try again"),
+    **dict.fromkeys(("InvalidClientTokenId", "UnrecognizedClientException",
+                     "SignatureDoesNotMatch", "AuthFailure"),
+                    "AWS does not accept these credentials: check which identity they are "
+                    "with `aws sts get-caller-identity` (and --profile / AWS_PROFILE)"),
+    "NoRegionError": "no region: pass --region REGION (or set AWS_REGION)",
+    "EndpointConnectionError": "AWS's endpoint is unreachable from here: check the network, "
+                               "a proxy, or --region",
+    "ProfileNotFound": "that profile is not in ~/.aws/config: `aws configure list-profiles` "
+                       "lists the ones there are",
+}
+
+
 def aws_error(exc: Exception, what: str) -> AwsError:
-    """An AWS failure as one line: the call, AWS's code and message."""
+    """An AWS failure as one line: the call, AWS's code and message, and the next step."""
     code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
     msg = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
-    hint = ""
-    if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
-        hint = " (attach the stack's OperatorPolicyArn policy to your role or user)"
+    hint = f" ({NEXT_STEP[code]})" if code in NEXT_STEP else ""
     return AwsError(f"{what} failed: {code}: {msg}{hint}")
 
 
@@ -42,8 +63,8 @@ def call(what: str, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except ClientError as exc:
         raise aws_error(exc, what) from None
-    except BotoCoreError as exc:
-        raise AwsError(f"{what} failed: {exc}") from None
+    except BotoCoreError as exc:  # no credentials, no region, no network: botocore's own
+        raise aws_error(exc, what) from None
 
 
 @dataclass

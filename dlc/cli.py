@@ -238,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     except errors.DlcError as exc:
         err.print(f"[bold red]dlc: error:[/] {escape(str(exc))}")
         return exc.exit_code
-    except (ClientError, BotoCoreError) as exc:
-        err.print(f"dlc: AWS error: {exc}", markup=False)
+    except (ClientError, BotoCoreError) as exc:  # a call not wrapped by dlc.aws.call
+        from dlc.aws import aws_error
+
+        err.print(f"dlc: error: {aws_error(exc, 'an AWS call')}", markup=False)
         return errors.EXIT_AWS
     except KeyboardInterrupt:
         err.print("dlc: interrupted")

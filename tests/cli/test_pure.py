@@ -266,3 +266,29 @@ def test_missing_plugin_says_how_to_install_it(monkeypatch) -> None:
 
 def test_not_found_errors_exit_3() -> None:
     assert NotFound("x").exit_code == 3 and errors.AwsError("x").exit_code == 4
+
+
+def test_no_credentials_says_what_to_do(monkeypatch, tmp_path: Path, capsys) -> None:
+    """A new user with no AWS credentials at all gets the command that fixes it."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "DLC_EMULATOR", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to fall back on
+    code = main(["--region", "us-east-1", "status"])
+    err = capsys.readouterr().err
+    assert code == errors.EXIT_AWS, err
+    assert "NoCredentialsError" in err and "aws configure" in err and "--profile" in err
+
+
+@pytest.mark.parametrize(("code", "words"), [
+    ("ExpiredToken", "session expired"), ("InvalidClientTokenId", "get-caller-identity"),
+    ("AccessDenied", "OperatorPolicyArn")])
+def test_aws_refusals_name_the_next_step(code: str, words: str) -> None:
+    from botocore.exceptions import ClientError
+
+    from dlc.aws import aws_error
+
+    exc = ClientError({"Error": {"Code": code, "Message": "no"}}, "DescribeStacks")
+    assert words in str(aws_error(exc, "cloudformation DescribeStacks"))

@@ -14,6 +14,7 @@ On a node (relative to its root)::
     etc/profile.d/deeplearning.sh     the same variables for login shells
     etc/hosts                         managed block with the deeplearning-* aliases
     var/lib/dl-agent/state.json       the master agent's memory across restarts
+    var/lib/dl-agent/<name>.lock      held (flock) by the one running <name> daemon
 
 On EFS (relative to the mount point)::
 
@@ -56,7 +57,8 @@ MEMBERSHIP_FILE = f"{DEEPLEARNING_DIR}/membership.json"
 ENV_FILE = f"{DEEPLEARNING_DIR}/env"
 PROFILE_FILE = "etc/profile.d/deeplearning.sh"
 HOSTS_FILE = "etc/hosts"
-AGENT_STATE_FILE = "var/lib/dl-agent/state.json"
+AGENT_STATE_DIR = "var/lib/dl-agent"
+AGENT_STATE_FILE = f"{AGENT_STATE_DIR}/state.json"
 
 # -- on EFS, relative to the mount point ---------------------------------------------------------
 CLUSTER_DIR = "cluster"
@@ -83,7 +85,8 @@ SHARED_USER_DIRS = (JOBS_DIR, CHECKPOINTS_DIR, MANAGED_DIR)
 #: Every path above, in the form docs/protocol.md spells it (a test holds the two together).
 LAYOUT = (
     WORKERS_FILE, MPI_HOSTFILE, HOROVOD_HOSTS_FILE, MEMBERSHIP_FILE, ENV_FILE, PROFILE_FILE,
-    HOSTS_FILE, AGENT_STATE_FILE, MEMBERSHIP, f"{GENERATIONS_DIR}/<N>.json", MEMBERSHIP_LOG,
+    HOSTS_FILE, AGENT_STATE_FILE, f"{AGENT_STATE_DIR}/<name>.lock", MEMBERSHIP,
+    f"{GENERATIONS_DIR}/<N>.json", MEMBERSHIP_LOG,
     f"{NODES_DIR}/<instance-id>.json", f"{LOGS_DIR}/<instance-id>.log",
     f"{EXECUTORS_DIR}/<address>.json", f"{DRAIN_DIR}/<instance-id>.json",
     f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
@@ -157,6 +160,11 @@ class NodePaths:
     @property
     def agent_state(self) -> Path:
         return self.root / AGENT_STATE_FILE
+
+    def lock(self, name: str) -> Path:
+        """The lock file the one running ``name`` daemon holds (:mod:`bootstrap_scripts.
+        single_instance`): ``dl-agent``, ``dl-executor``, ``dl-controller``."""
+        return self.root / AGENT_STATE_DIR / f"{name}.lock"
 
 
 @dataclass(frozen=True)

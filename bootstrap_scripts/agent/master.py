@@ -53,7 +53,7 @@ from bootstrap_scripts.agent.lost_notifications import LOOKBACK_SECONDS, LostNot
 from bootstrap_scripts.agent.lost_notifications import reason as lost_reason
 from bootstrap_scripts.agent.roster import Roster, SetupFailed
 from bootstrap_scripts.agent.settings import EXIT_FAILED
-from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol import bounds, state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.messages import (
     AsgSetup,
@@ -147,6 +147,22 @@ class MasterState(Record):
     setup: dict[str, GroupSetup] = field(default_factory=dict)  # role -> asg-setup
 
 
+#: The documented ranges of the numbers in ``state.json`` (docs/protocol.md, "Numbers").
+STATE_RANGES = {"setup_started": bounds.TIME}
+SETUP_RANGES = {"desired": bounds.COUNT, "launched": bounds.COUNT, "min": bounds.COUNT,
+                "max": bounds.COUNT}
+
+
+def load_state(path) -> MasterState | None:
+    """``state.json``, or None when absent, malformed or out of range (logged, once)."""
+    kept = state.read_checked(path, MasterState, STATE_RANGES)
+    if kept is not None and all(
+            state.read_checked_fields(seen, SETUP_RANGES, source=f"{path} setup.{role}")
+            for role, seen in kept.setup.items()):
+        return kept
+    return None
+
+
 class Master:
     """The master role of one :class:`NodeAgent` (``run`` blocks until stop or failure)."""
 
@@ -206,8 +222,7 @@ class Master:
             return self._fail(Event.AWS_UNAVAILABLE, f"could not create AWS clients for region "
                               f"{self.config.region!r} (see the traceback above)")
         path = self.agent.paths.agent_state
-        self.state = (store.read_record_or_none(path, MasterState)
-                      or MasterState(setup_started=time.time()))
+        self.state = load_state(path) or MasterState(setup_started=time.time())
         self._save_state()
         self.drains.resume()
         decision, published = self._formed_on_efs()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from bootstrap_scripts.agent import discovery as disco
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import MasterAws
-from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, build_membership
 from bootstrap_scripts.protocol.records import Registration
 
@@ -138,7 +138,7 @@ class Roster:
         """Open each expected registration by path: on NFS, open() revalidates, listings lag."""
         out = {}
         for iid in ids:
-            reg = store.read_record_or_none(self.cluster.registration(iid), Registration)
+            reg = state.read_registration(self.cluster.efs, iid)
             if reg is not None:
                 out[iid] = reg
         return out

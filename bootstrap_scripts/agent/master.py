@@ -41,19 +41,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import field
 from enum import Enum
-from typing import TYPE_CHECKING, ClassVar
 
 from bootstrap_scripts.agent import data_prep, formation, policy
 from bootstrap_scripts.agent import wait_condition as wc
 from bootstrap_scripts.agent.aws import MasterAws
+from bootstrap_scripts.agent.context import AgentContext
 from bootstrap_scripts.agent.drains import Drains
 from bootstrap_scripts.agent.lost_notifications import LOOKBACK_SECONDS, LostNotifications
 from bootstrap_scripts.agent.lost_notifications import reason as lost_reason
+from bootstrap_scripts.agent.master_state import GroupSetup, MasterState, load_state
 from bootstrap_scripts.agent.roster import Roster, SetupFailed
 from bootstrap_scripts.agent.settings import EXIT_FAILED
-from bootstrap_scripts.protocol import bounds, state, store
+from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.messages import (
     AsgSetup,
@@ -62,10 +62,8 @@ from bootstrap_scripts.protocol.messages import (
     MembershipChange,
     Message,
 )
-from bootstrap_scripts.protocol.records import Record, record
 
-if TYPE_CHECKING:
-    from bootstrap_scripts.agent.node_agent import NodeAgent
+__all__ = ["TERMINAL", "TRANSITIONS", "Event", "GroupSetup", "Master", "MasterState", "Phase"]
 
 #: Longest SQS wait of a formed master: it also looks for nodes that registered without any
 #: Auto Scaling message (an instance started by hand from the worker launch template).
@@ -117,56 +115,10 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
 }
 
 
-@record
-class GroupSetup(Record):
-    """An ``asg-setup`` message as the master keeps it (the same fields)."""
-
-    KIND: ClassVar[str] = "asg-setup seen"
-    status: str
-    asg: str
-    role: str
-    cluster_id: str = ""
-    desired: int = 0
-    launched: int = 0
-    min: int = 0
-    max: int = 0
-    instances: tuple[str, ...] = ()
-    reason: str = ""
-    cause: str = ""
-    dedupe_key: str = ""
-
-
-@record
-class MasterState(Record):
-    """``var/lib/dl-agent/state.json``: what the master remembers across an agent restart
-    (local disk, this instance only): when setup started (the deadline counts from there)
-    and the setup messages it already deleted from the queue."""
-
-    KIND: ClassVar[str] = "master agent state"
-    setup_started: float
-    setup: dict[str, GroupSetup] = field(default_factory=dict)  # role -> asg-setup
-
-
-#: The documented ranges of the numbers in ``state.json`` (docs/protocol.md, "Numbers").
-STATE_RANGES = {"setup_started": bounds.TIME}
-SETUP_RANGES = {"desired": bounds.COUNT, "launched": bounds.COUNT, "min": bounds.COUNT,
-                "max": bounds.COUNT}
-
-
-def load_state(path) -> MasterState | None:
-    """``state.json``, or None when absent, malformed or out of range (logged, once)."""
-    kept = state.read_checked(path, MasterState, STATE_RANGES)
-    if kept is not None and all(
-            state.read_checked_fields(seen, SETUP_RANGES, source=f"{path} setup.{role}")
-            for role, seen in kept.setup.items()):
-        return kept
-    return None
-
-
 class Master:
     """The master role of one :class:`NodeAgent` (``run`` blocks until stop or failure)."""
 
-    def __init__(self, agent: NodeAgent, aws: MasterAws) -> None:
+    def __init__(self, agent: AgentContext, aws: MasterAws) -> None:
         self.agent = agent
         self.config = agent.config
         self.log = agent.log
@@ -227,7 +179,8 @@ class Master:
         self.drains.resume()
         decision, published = self._formed_on_efs()
         if decision == policy.TAKE_OVER:
-            self.resync_wanted = not formation.take_over(self, published)
+            self.resync_wanted = not formation.take_over(self.agent, self.roster, self.drains,
+                                                         published)
             self.last_resync = time.monotonic()
             return Event.TOOK_OVER
         if decision != policy.RESUME:
@@ -279,7 +232,7 @@ class Master:
 
     def _step_forming(self) -> Event:
         try:
-            formation.form(self)
+            formation.form(self.agent, self.roster, self.drains, self.state)
         except SetupFailed as exc:
             return self._fail(Event.DISCOVERY_FAILED, str(exc))
         self.resync_wanted = False

@@ -20,7 +20,7 @@ from bootstrap_scripts.protocol.membership import Membership, MembershipError, b
 from bootstrap_scripts.protocol.records import Registration
 
 if TYPE_CHECKING:
-    from bootstrap_scripts.agent.node_agent import NodeAgent
+    from bootstrap_scripts.agent.context import AgentContext
 
 #: Seconds the master polls every second while a node's GPU count is still a guess.
 FAST_POLL_WINDOW = 600.0
@@ -33,7 +33,7 @@ class SetupFailed(RuntimeError):
 
 
 class Roster:
-    def __init__(self, agent: NodeAgent, aws: MasterAws) -> None:
+    def __init__(self, agent: AgentContext, aws: MasterAws) -> None:
         self.agent = agent
         self.aws = aws
         self.cluster = agent.cluster

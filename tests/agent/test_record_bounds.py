@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from bootstrap_scripts.agent.master import GroupSetup, MasterState, load_state
+from bootstrap_scripts.agent.master_state import GroupSetup, MasterState, load_state
 from bootstrap_scripts.protocol import bounds, state
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths

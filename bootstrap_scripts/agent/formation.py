@@ -106,7 +106,61 @@ def form(agent: AgentContext, roster: Roster, drains: Drains, kept: MasterState)
     roster.set_fallback(fallback)
     roster.protect(m)
     agent.formed.set()
+    signal_once(agent, m)
+
+
+def signal_once(agent: AgentContext, m: Membership) -> None:
+    """Signal SUCCESS for ``m``, unless ``cluster/wait-condition.json`` says this cluster's
+    wait condition was signalled already. The record is written right after the signal
+    (written first, a crash before the signal would leave the stack waiting for it); a
+    crash in between can only repeat the signal with the same UniqueId (this instance
+    id), and AWS tells a resource's signals apart by their unique ids."""
+    config, log = agent.config, agent.log
+    done = state.read_wait_signal(agent.cluster.efs)
+    if done is not None and done.cluster_id == config.cluster_id:
+        log.warning("event=already-signalled status=%s instance_id=%s generation=%d (no "
+                    "second wait-condition signal)", done.status, done.instance_id,
+                    done.generation)
+        return
     data = json.dumps({"nodes": len(m.nodes), "generation": m.generation,
                        "master": m.master_addr})
-    agent.signal(wc.SUCCESS, f"cluster {config.cluster_id} formed: {len(m.nodes)} "
-                 f"nodes, generation {m.generation}", data)
+    reason = f"cluster {config.cluster_id} formed: {len(m.nodes)} nodes, generation " \
+             f"{m.generation}"
+    agent.signal(wc.SUCCESS, reason, data)
+    try:
+        state.write_wait_signal(agent.cluster.efs, state.WaitSignal(
+            cluster_id=config.cluster_id, status=wc.SUCCESS,
+            instance_id=agent.identity.instance_id, generation=m.generation,
+            signalled_at=time.time(), reason=reason))
+    except OSError as exc:
+        log.warning("event=wait-signal-record-failed error=%r", exc)
+
+
+def repair(agent: AgentContext, roster: Roster) -> Membership | None:
+    """A ``membership.json`` that cannot be read (truncated, garbage) or is gone, in a
+    cluster that published before:
+    put the last generation back WITHOUT publishing a new one (no new generation, no
+    ``membership.log`` lines, no signal). From ``generations/<N>.json`` when it reads (the
+    same document); else rebuilt as generation N from the groups (Auto Scaling's live
+    instances) and the registrations on EFS. None: nothing was ever published here (a new
+    cluster), or the groups cannot be read now."""
+    efs, log = agent.cluster.efs, agent.log
+    number = state.latest_generation(efs)
+    done = state.read_wait_signal(efs)
+    if done is not None and done.cluster_id == agent.config.cluster_id:
+        number = max(number, done.generation)
+    if number < 1:
+        return None
+    m = state.read_generation(efs, number)
+    source = "generation-file"
+    if m is None or m.cluster_id != agent.config.cluster_id:
+        try:
+            m = roster.rebuild(number)
+        except Exception as exc:  # the groups cannot be read now: wait for setup instead
+            log.error("event=membership-repair-failed generation=%d error=%s", number, exc)
+            return None
+        source = "groups-and-registrations"
+    state.restore_current(efs, m)
+    log.warning("event=membership-repaired generation=%d source=%s nodes=%d (no new "
+                "generation, no signal)", m.generation, source, len(m.nodes))
+    return m

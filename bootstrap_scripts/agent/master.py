@@ -271,7 +271,11 @@ class Master:
         except (OSError, MembershipError) as exc:
             self.log.warning("event=bad-membership path=%s error=%s",
                              self.agent.cluster.membership, exc)
-            return policy.NEW_CLUSTER, None
+            m = None
+        if m is None:  # unreadable or gone: put the last generation back if there was one
+            m = formation.repair(self.agent, self.roster)
+            if m is None:
+                return policy.NEW_CLUSTER, None
         me = self.agent.identity.instance_id
         master_group: set[str] = set()
         if m is not None and m.cluster_id == self.config.cluster_id and \

@@ -30,6 +30,7 @@ On EFS (relative to the mount point)::
     cluster/prepared/<instance-id>.log          data preparation output
     cluster/health/.probe-<host>-<pid>  dl-health's write/read-back probe (deleted at once)
     cluster/launch-failures.json      launches that failed, per zone and type (the master)
+    cluster/wait-condition.json       the master signalled the stack's wait condition (once)
     cluster/instance-types/<type>.json  an instance type's GPUs and EFA support (health gate's
                                       cache of EC2 DescribeInstanceTypes)
     cluster/controller.json           the job controller's heartbeat (master)
@@ -72,6 +73,7 @@ DRAIN_DIR = f"{CLUSTER_DIR}/drain"
 PREPARED_DIR = f"{CLUSTER_DIR}/prepared"
 HEALTH_DIR = f"{CLUSTER_DIR}/health"
 LAUNCH_FAILURES = f"{CLUSTER_DIR}/launch-failures.json"
+WAIT_SIGNAL = f"{CLUSTER_DIR}/wait-condition.json"
 INSTANCE_TYPES_DIR = f"{CLUSTER_DIR}/instance-types"
 CONTROLLER_HEARTBEAT = f"{CLUSTER_DIR}/controller.json"
 JOBS_DIR = "jobs"
@@ -91,7 +93,8 @@ LAYOUT = (
     f"{EXECUTORS_DIR}/<address>.json", f"{DRAIN_DIR}/<instance-id>.json",
     f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
     f"{PREPARED_DIR}/<instance-id>.failed", f"{PREPARED_DIR}/<instance-id>.log",
-    f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, f"{INSTANCE_TYPES_DIR}/<type>.json",
+    f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, WAIT_SIGNAL,
+    f"{INSTANCE_TYPES_DIR}/<type>.json",
     f"{CHECKPOINTS_DIR}/<name>/",
     f"{JOBS_DIR}/<job-id>/spec.json",
     f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
@@ -352,6 +355,10 @@ class ClusterPaths:
     @property
     def health_dir(self) -> Path:
         return self.efs / HEALTH_DIR
+
+    @property
+    def wait_signal(self) -> Path:
+        return self.efs / WAIT_SIGNAL
 
     @property
     def launch_failures(self) -> Path:

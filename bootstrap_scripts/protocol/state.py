@@ -13,12 +13,28 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import ClassVar
 
 from bootstrap_scripts.protocol import bounds, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, membership_changes
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import DrainRecord, Record, Registration
+from bootstrap_scripts.protocol.records import DrainRecord, Record, Registration, record
+
+
+@record
+class WaitSignal(Record):
+    """``cluster/wait-condition.json``: the master signalled the stack's wait condition.
+    Written right after the signal, read before any signal: a master that restarts (or a
+    membership that had to be rebuilt) never signals a second time."""
+
+    KIND: ClassVar[str] = "wait-condition signal"
+    cluster_id: str
+    status: str  # SUCCESS | FAILURE
+    instance_id: str
+    generation: int = 0
+    signalled_at: float = 0.0
+    reason: str = ""
 
 #: The documented range of each numeric field of the records the agent reads
 #: (docs/protocol.md, "Numbers"); the records module checks types, this the values.
@@ -29,6 +45,7 @@ RECORD_RANGES: dict[type, dict[str, tuple[float, float]]] = {
     DrainRecord: {"requested_at": bounds.TIME, "deadline": bounds.TIME,
                   "attempts": (0, bounds.MAX_ATTEMPTS), "retry_at": bounds.TIME,
                   "completed_at": bounds.TIME, "seconds": bounds.SECONDS},
+    WaitSignal: {"generation": (0, bounds.MAX_GENERATION), "signalled_at": bounds.TIME},
 }
 _log = logging.getLogger("dl-agent.records")
 _refused: set[str] = set()
@@ -96,6 +113,43 @@ def latest_generation(efs: str | os.PathLike) -> int:
         if current is not None:
             best = max(best, current.generation)
     return best
+
+
+def read_generation(efs: str | os.PathLike, number: int) -> Membership | None:
+    """``generations/<number>.json``, None when missing or unreadable."""
+    try:
+        return Membership.load(ClusterPaths(efs).generation(number))
+    except (OSError, MembershipError):
+        return None
+
+
+def read_previous(efs: str | os.PathLike) -> Membership | None:
+    """The last published generation, for the next one to be compared with: the live
+    membership, or (when it is unreadable, e.g. truncated) the newest generation file, so
+    a publish after a corrupt ``membership.json`` logs only the real changes."""
+    try:
+        return read_current(efs)
+    except (OSError, MembershipError):
+        return read_generation(efs, latest_generation(efs))
+
+
+def restore_current(efs: str | os.PathLike, m: Membership) -> None:
+    """Put ``m`` back as the live membership WITHOUT publishing: no new generation, no
+    ``membership.log`` line (its nodes were logged when generation ``m.generation`` was
+    published). ``generations/<N>.json`` is rewritten only when it is unreadable."""
+    paths = ClusterPaths(efs)
+    text = m.to_json()
+    if read_generation(efs, m.generation) is None:
+        store.atomic_write(paths.generation(m.generation), text)
+    store.atomic_write(paths.membership, text)
+
+
+def read_wait_signal(efs: str | os.PathLike) -> WaitSignal | None:
+    return read_checked(ClusterPaths(efs).wait_signal, WaitSignal)
+
+
+def write_wait_signal(efs: str | os.PathLike, rec: WaitSignal) -> None:
+    store.write_record(ClusterPaths(efs).wait_signal, rec)
 
 
 def publish(efs: str | os.PathLike, new: Membership, previous: Membership | None) -> None:

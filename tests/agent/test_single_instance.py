@@ -113,3 +113,14 @@ def test_an_agent_thread_beside_a_running_one_leaves_it_alone(env, tmp_path):
     wait_until(lambda: log.read_text().count("event=start ") == 2, 10,
                what="the third agent to start (the second never did)")
     assert third.exit_code is None
+
+
+def test_hold_or_exit_names_the_holder_and_exits_with_the_given_status(tmp_path, capsys):
+    path = tmp_path / "dl-executor.lock"
+    with single_instance.acquire(path):
+        with pytest.raises(SystemExit) as exc:
+            single_instance.hold_or_exit(path, program="dl-executor", exit_code=75)
+        assert exc.value.code == 75
+    err = capsys.readouterr().err
+    assert err.startswith("dl-executor: another instance") and f"pid {os.getpid()}" in err
+    single_instance.hold_or_exit(path, program="dl-executor", exit_code=75).release()

@@ -64,11 +64,12 @@ class MetadataQueues(Construct):
         return self.master_queue.grant_consume_messages(grantee)
 
     def grant_lost_notifications_read(self, grantee: iam.IGrantable) -> iam.Grant:
-        """What the master agent needs to see lost notifications: look at (receive, never
-        delete) the dead-letter queue, which also holds the capacity adjuster's failed
-        invocations; the agent finds it through the master queue's redrive policy."""
+        """What the master agent needs on the dead-letter queue: look at (receive, never
+        delete) it for lost notifications (the capacity adjuster's failed invocations), and
+        send a master-queue message it refused there at once; the agent finds it through
+        the master queue's redrive policy."""
         return iam.Grant.add_to_principal(
             grantee=grantee,
-            actions=["sqs:ReceiveMessage", "sqs:GetQueueUrl"],
+            actions=["sqs:ReceiveMessage", "sqs:GetQueueUrl", "sqs:SendMessage"],
             resource_arns=[self.master_dead_letter_queue.queue_arn],
         )

@@ -1,6 +1,7 @@
 """Every AWS call the node agent makes, in one place (only the master makes any).
 
-- SQS: long-poll the master queue, delete what was processed;
+- SQS: long-poll the master queue, delete what was processed, move what cannot be
+  processed to the master queue's dead-letter queue at once (:meth:`MasterAws.refuse`);
 - Auto Scaling / EC2: describe this cluster's groups and their instances (through
   :mod:`bootstrap_scripts.agent.discovery`), set scale-in protection, and complete a
   drained instance's lifecycle action, classifying its errors into "retry" and "final".
@@ -19,13 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bootstrap_scripts.agent import discovery as disco
-from bootstrap_scripts.protocol.messages import Message, parse_message
+from bootstrap_scripts.agent.lost_notifications import REFUSED_ATTRIBUTE, dead_letter_queue_url
+from bootstrap_scripts.protocol.messages import BadMessage, Message, parse_message
 from bootstrap_scripts.protocol.records import DrainRecord
 
 #: SetInstanceProtection takes at most this many instance ids per call.
 PROTECT_BATCH = 50
 #: Longest text kept from an error in a drain record's ``outcome``.
 OUTCOME_LIMIT = 300
+#: Longest refusal reason put on a dead-lettered message (an SQS attribute value).
+REFUSAL_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class MasterAws:
         #: message received but not yet processed is simply delivered again later.
         self.interruptible = False
         self._thread: threading.Thread | None = None
+        self._dead_letters: str | None = None
 
     # -- clients ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -111,8 +116,46 @@ class MasterAws:
             self.log.warning("event=sqs-receive-failed error=%r", exc)
             self.stop.wait(min(5.0, max(wait, 1)))
             return []
-        return [(m["ReceiptHandle"], parse_message(m.get("Body", "")))
-                for m in resp.get("Messages", [])]
+        out: list[tuple[str, Message]] = []
+        for m in resp.get("Messages", []):
+            body = m.get("Body", "")
+            msg = parse_message(body)
+            if isinstance(msg, BadMessage):
+                self.refuse(m["ReceiptHandle"], body, msg.reason)
+            else:
+                out.append((m["ReceiptHandle"], msg))
+        return out
+
+    def refuse(self, receipt: str, body: str, reason: str) -> bool:
+        """A message the agent cannot process: log why, send its body unchanged to the
+        master queue's dead-letter queue (marked with the ``dl-agent-refused`` attribute,
+        the reason), then delete it here. True once it is there.
+
+        At once, rather than SQS's redrive after the 5th receive: five more receives would
+        be five more chances for it to hurt, and minutes of noise. If the send fails the
+        message stays on the master queue and redrive still moves it after 5 receives
+        (each refused again without harm); with no dead-letter queue it is deleted."""
+        self.log.warning("event=refused-message reason=%r body=%r", reason, body[:200])
+        try:
+            if self._dead_letters is None:
+                self._dead_letters = dead_letter_queue_url(self.sqs, self.queue_url) or ""
+            if self._dead_letters:
+                self.sqs.send_message(
+                    QueueUrl=self._dead_letters, MessageBody=body,
+                    MessageAttributes={REFUSED_ATTRIBUTE: {
+                        "DataType": "String", "StringValue": reason[:REFUSAL_LIMIT] or "-"}})
+        except Exception as exc:
+            self.log.warning("event=dead-letter-failed error=%r (left on the master queue: "
+                             "SQS moves it to the dead-letter queue after its 5th receive)",
+                             exc)
+            return False
+        self.delete(receipt)
+        if not self._dead_letters:
+            self.log.warning("event=refused-message-deleted reason='the master queue has no "
+                             "dead-letter queue'")
+            return False
+        self.log.info("event=dead-lettered queue=%s", self._dead_letters)
+        return True
 
     def delete(self, receipt: str) -> None:
         try:

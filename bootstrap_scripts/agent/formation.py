@@ -17,52 +17,52 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
 
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent import wait_condition as wc
+from bootstrap_scripts.agent.context import AgentContext
+from bootstrap_scripts.agent.drains import Drains
+from bootstrap_scripts.agent.master_state import MasterState
+from bootstrap_scripts.agent.roster import Roster
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership
 
-if TYPE_CHECKING:
-    from bootstrap_scripts.agent.master import Master
 
-
-def take_over(master: Master, previous: Membership) -> bool:
+def take_over(agent: AgentContext, roster: Roster, drains: Drains,
+              previous: Membership) -> bool:
     """Lead the formed cluster ``previous`` (its master instance was replaced by this one);
     True once the next generation is published (False: the groups could not be read now,
     the caller retries at its next resync)."""
-    agent, log = master.agent, master.log
+    log = agent.log
     log.warning("event=take-over cluster_id=%s previous_master=%s (%s) generation=%d (the "
                 "master instance was replaced; the stack is already complete: no "
                 "wait-condition signal)", previous.cluster_id, previous.master.instance_id,
                 previous.master_addr, previous.generation)
     agent.current = previous  # the roster compares with the last published generation
     agent.formed.set()
-    master.roster.resync("took-over", master.drains.active)
+    roster.resync("took-over", drains.active)
     current = agent.current
     if current is None or current.generation <= previous.generation:
         return False
-    master.roster.protect(current)
+    roster.protect(current)
     log.info("event=took-over generation=%d master=%s nodes=%d", current.generation,
              current.master_addr, len(current.nodes))
     return True
 
 
-def form(master: Master) -> None:
+def form(agent: AgentContext, roster: Roster, drains: Drains, kept: MasterState) -> None:
     """Generation 1: the groups' nodes, once registered (and prepared), or the wait is
-    over; then protection and the SUCCESS signal."""
-    roster, config, cluster = master.roster, master.config, master.agent.cluster
-    agent, log = master.agent, master.log
-    expected = master.state.setup["worker"].instances
-    for role, seen in master.state.setup.items():
+    over; then protection and the SUCCESS signal. ``kept``: the setup messages."""
+    config, cluster, log = agent.config, agent.cluster, agent.log
+    expected = kept.setup["worker"].instances
+    for role, seen in kept.setup.items():
         if seen.asg:
             roster.group_names.setdefault(role, seen.asg)
     give_up = time.monotonic() + config.registration_wait
     # With a data-preparation hook, registered nodes may take long to be prepared: wait
     # for their markers up to the setup deadline (not the registration wait).
     prep_give_up = time.monotonic() + max(
-        0.0, master.state.setup_started + config.setup_timeout - time.time() - 5.0)
+        0.0, kept.setup_started + config.setup_timeout - time.time() - 5.0)
     workers = roster.discover_with_retry(expected)
     described = time.monotonic()
     while True:
@@ -91,7 +91,7 @@ def form(master: Master) -> None:
     if config.data_prep:
         prepared = {w.instance_id for w in workers if w.instance_id in registrations
                     and state.prep_status(cluster.efs, w.instance_id) == "ok"}
-    workers, left_out = policy.forming_workers(workers, draining=master.drains.active,
+    workers, left_out = policy.forming_workers(workers, draining=drains.active,
                                                prepared=prepared)
     if left_out:
         # They join when prepared (and are promoted to base while the base count is short).
@@ -106,7 +106,61 @@ def form(master: Master) -> None:
     roster.set_fallback(fallback)
     roster.protect(m)
     agent.formed.set()
+    signal_once(agent, m)
+
+
+def signal_once(agent: AgentContext, m: Membership) -> None:
+    """Signal SUCCESS for ``m``, unless ``cluster/wait-condition.json`` says this cluster's
+    wait condition was signalled already. The record is written right after the signal
+    (written first, a crash before the signal would leave the stack waiting for it); a
+    crash in between can only repeat the signal with the same UniqueId (this instance
+    id), and AWS tells a resource's signals apart by their unique ids."""
+    config, log = agent.config, agent.log
+    done = state.read_wait_signal(agent.cluster.efs)
+    if done is not None and done.cluster_id == config.cluster_id:
+        log.warning("event=already-signalled status=%s instance_id=%s generation=%d (no "
+                    "second wait-condition signal)", done.status, done.instance_id,
+                    done.generation)
+        return
     data = json.dumps({"nodes": len(m.nodes), "generation": m.generation,
                        "master": m.master_addr})
-    agent.signal(wc.SUCCESS, f"cluster {config.cluster_id} formed: {len(m.nodes)} "
-                 f"nodes, generation {m.generation}", data)
+    reason = f"cluster {config.cluster_id} formed: {len(m.nodes)} nodes, generation " \
+             f"{m.generation}"
+    agent.signal(wc.SUCCESS, reason, data)
+    try:
+        state.write_wait_signal(agent.cluster.efs, state.WaitSignal(
+            cluster_id=config.cluster_id, status=wc.SUCCESS,
+            instance_id=agent.identity.instance_id, generation=m.generation,
+            signalled_at=time.time(), reason=reason))
+    except OSError as exc:
+        log.warning("event=wait-signal-record-failed error=%r", exc)
+
+
+def repair(agent: AgentContext, roster: Roster) -> Membership | None:
+    """A ``membership.json`` that cannot be read (truncated, garbage) or is gone, in a
+    cluster that published before:
+    put the last generation back WITHOUT publishing a new one (no new generation, no
+    ``membership.log`` lines, no signal). From ``generations/<N>.json`` when it reads (the
+    same document); else rebuilt as generation N from the groups (Auto Scaling's live
+    instances) and the registrations on EFS. None: nothing was ever published here (a new
+    cluster), or the groups cannot be read now."""
+    efs, log = agent.cluster.efs, agent.log
+    number = state.latest_generation(efs)
+    done = state.read_wait_signal(efs)
+    if done is not None and done.cluster_id == agent.config.cluster_id:
+        number = max(number, done.generation)
+    if number < 1:
+        return None
+    m = state.read_generation(efs, number)
+    source = "generation-file"
+    if m is None or m.cluster_id != agent.config.cluster_id:
+        try:
+            m = roster.rebuild(number)
+        except Exception as exc:  # the groups cannot be read now: wait for setup instead
+            log.error("event=membership-repair-failed generation=%d error=%s", number, exc)
+            return None
+        source = "groups-and-registrations"
+    state.restore_current(efs, m)
+    log.warning("event=membership-repaired generation=%d source=%s nodes=%d (no new "
+                "generation, no signal)", m.generation, source, len(m.nodes))
+    return m

@@ -80,6 +80,25 @@ def reason(cluster_id: str, lost: list[LostNotification]) -> str:
             f"dead-letter queue; docs/capacity-adjuster.md, \"Lost notifications\")")
 
 
+#: Message attribute the master agent puts on a master-queue message it refused and moved
+#: here itself (:meth:`bootstrap_scripts.agent.aws.MasterAws.refuse`): seen, logged, and
+#: not a lost notification.
+REFUSED_ATTRIBUTE = "dl-agent-refused"
+
+
+def dead_letter_queue_url(sqs: Any, master_queue_url: str) -> str | None:
+    """The URL of the master queue's dead-letter queue, from its ``RedrivePolicy`` (None:
+    the queue has none). AWS errors are raised to the caller."""
+    attrs = sqs.get_queue_attributes(QueueUrl=master_queue_url,
+                                     AttributeNames=["RedrivePolicy"]).get("Attributes", {})
+    policy = attrs.get("RedrivePolicy")
+    if not policy:
+        return None
+    # arn:<partition>:sqs:<region>:<account>:<name>
+    *_, account, name = json.loads(policy)["deadLetterTargetArn"].split(":")
+    return sqs.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)["QueueUrl"]
+
+
 class LostNotifications:
     """Looks at the dead-letter queue of ``master_queue_url`` with the master's SQS client."""
 
@@ -96,12 +115,15 @@ class LostNotifications:
             return []
         try:
             resp = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
-                                       VisibilityTimeout=0, AttributeNames=["SentTimestamp"])
+                                       VisibilityTimeout=0, AttributeNames=["SentTimestamp"],
+                                       MessageAttributeNames=[REFUSED_ATTRIBUTE])
         except Exception as exc:
             self.log.warning("event=lost-notifications-check-failed queue=%s error=%r", url, exc)
             return []
         found = []
         for m in resp.get("Messages", []):
+            if REFUSED_ATTRIBUTE in (m.get("MessageAttributes") or {}):
+                continue  # the agent refused it itself (logged then): not a lost notification
             sent = int(m.get("Attributes", {}).get("SentTimestamp", "0")) / 1000.0
             if sent >= start:
                 found.append(LostNotification(sent, describe(m.get("Body", ""))))
@@ -111,19 +133,12 @@ class LostNotifications:
         if self.queue_url or self.no_queue:
             return self.queue_url
         try:
-            attrs = sqs.get_queue_attributes(QueueUrl=self.master_queue_url,
-                                             AttributeNames=["RedrivePolicy"]).get(
-                                                 "Attributes", {})
-            policy = attrs.get("RedrivePolicy")
-            if not policy:
+            self.queue_url = dead_letter_queue_url(sqs, self.master_queue_url)
+            if not self.queue_url:
                 self.no_queue = True
                 self.log.info("event=lost-notifications-off reason='the master queue has no "
                               "dead-letter queue'")
                 return None
-            # arn:<partition>:sqs:<region>:<account>:<name>
-            *_, account, name = json.loads(policy)["deadLetterTargetArn"].split(":")
-            self.queue_url = sqs.get_queue_url(QueueName=name,
-                                               QueueOwnerAWSAccountId=account)["QueueUrl"]
         except Exception as exc:
             self.log.warning("event=lost-notifications-check-failed error=%r", exc)
             return None

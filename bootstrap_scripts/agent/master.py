@@ -41,16 +41,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import field
 from enum import Enum
-from typing import TYPE_CHECKING, ClassVar
 
 from bootstrap_scripts.agent import data_prep, formation, policy
 from bootstrap_scripts.agent import wait_condition as wc
 from bootstrap_scripts.agent.aws import MasterAws
+from bootstrap_scripts.agent.context import AgentContext
 from bootstrap_scripts.agent.drains import Drains
 from bootstrap_scripts.agent.lost_notifications import LOOKBACK_SECONDS, LostNotifications
 from bootstrap_scripts.agent.lost_notifications import reason as lost_reason
+from bootstrap_scripts.agent.master_state import GroupSetup, MasterState, load_state
 from bootstrap_scripts.agent.roster import Roster, SetupFailed
 from bootstrap_scripts.agent.settings import EXIT_FAILED
 from bootstrap_scripts.protocol import state, store
@@ -62,10 +62,8 @@ from bootstrap_scripts.protocol.messages import (
     MembershipChange,
     Message,
 )
-from bootstrap_scripts.protocol.records import Record, record
 
-if TYPE_CHECKING:
-    from bootstrap_scripts.agent.node_agent import NodeAgent
+__all__ = ["TERMINAL", "TRANSITIONS", "Event", "GroupSetup", "Master", "MasterState", "Phase"]
 
 #: Longest SQS wait of a formed master: it also looks for nodes that registered without any
 #: Auto Scaling message (an instance started by hand from the worker launch template).
@@ -117,40 +115,10 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
 }
 
 
-@record
-class GroupSetup(Record):
-    """An ``asg-setup`` message as the master keeps it (the same fields)."""
-
-    KIND: ClassVar[str] = "asg-setup seen"
-    status: str
-    asg: str
-    role: str
-    cluster_id: str = ""
-    desired: int = 0
-    launched: int = 0
-    min: int = 0
-    max: int = 0
-    instances: tuple[str, ...] = ()
-    reason: str = ""
-    cause: str = ""
-    dedupe_key: str = ""
-
-
-@record
-class MasterState(Record):
-    """``var/lib/dl-agent/state.json``: what the master remembers across an agent restart
-    (local disk, this instance only): when setup started (the deadline counts from there)
-    and the setup messages it already deleted from the queue."""
-
-    KIND: ClassVar[str] = "master agent state"
-    setup_started: float
-    setup: dict[str, GroupSetup] = field(default_factory=dict)  # role -> asg-setup
-
-
 class Master:
     """The master role of one :class:`NodeAgent` (``run`` blocks until stop or failure)."""
 
-    def __init__(self, agent: NodeAgent, aws: MasterAws) -> None:
+    def __init__(self, agent: AgentContext, aws: MasterAws) -> None:
         self.agent = agent
         self.config = agent.config
         self.log = agent.log
@@ -206,13 +174,13 @@ class Master:
             return self._fail(Event.AWS_UNAVAILABLE, f"could not create AWS clients for region "
                               f"{self.config.region!r} (see the traceback above)")
         path = self.agent.paths.agent_state
-        self.state = (store.read_record_or_none(path, MasterState)
-                      or MasterState(setup_started=time.time()))
+        self.state = load_state(path) or MasterState(setup_started=time.time())
         self._save_state()
         self.drains.resume()
         decision, published = self._formed_on_efs()
         if decision == policy.TAKE_OVER:
-            self.resync_wanted = not formation.take_over(self, published)
+            self.resync_wanted = not formation.take_over(self.agent, self.roster, self.drains,
+                                                         published)
             self.last_resync = time.monotonic()
             return Event.TOOK_OVER
         if decision != policy.RESUME:
@@ -264,7 +232,7 @@ class Master:
 
     def _step_forming(self) -> Event:
         try:
-            formation.form(self)
+            formation.form(self.agent, self.roster, self.drains, self.state)
         except SetupFailed as exc:
             return self._fail(Event.DISCOVERY_FAILED, str(exc))
         self.resync_wanted = False
@@ -303,7 +271,11 @@ class Master:
         except (OSError, MembershipError) as exc:
             self.log.warning("event=bad-membership path=%s error=%s",
                              self.agent.cluster.membership, exc)
-            return policy.NEW_CLUSTER, None
+            m = None
+        if m is None:  # unreadable or gone: put the last generation back if there was one
+            m = formation.repair(self.agent, self.roster)
+            if m is None:
+                return policy.NEW_CLUSTER, None
         me = self.agent.identity.instance_id
         master_group: set[str] = set()
         if m is not None and m.cluster_id == self.config.cluster_id and \

@@ -38,8 +38,10 @@ from bootstrap_scripts.agent.gpus import count_gpus
 from bootstrap_scripts.agent.identity import IdentityError, NodeIdentity, fetch_identity
 from bootstrap_scripts.agent.node_files import apply_membership
 from bootstrap_scripts.agent.settings import (
+    EXIT_ALREADY_RUNNING,
     EXIT_FAILED,
     EXIT_USAGE,
+    LOCK_NAME,
     AgentConfig,
     build_parser,
     config_from_args,
@@ -49,6 +51,7 @@ from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import Registration
+from bootstrap_scripts.single_instance import AlreadyRunning, UnsafeLockFile, acquire
 
 if TYPE_CHECKING:
     from bootstrap_scripts.agent.aws import MasterAws
@@ -93,6 +96,22 @@ class NodeAgent:
 
     # -- lifecycle -----------------------------------------------------------------------
     def run(self) -> int:
+        """Hold this node's agent lock for the whole run (one agent per node), then boot
+        and play the role; the exit status."""
+        try:
+            lock = acquire(self.paths.lock(LOCK_NAME))
+        except (AlreadyRunning, UnsafeLockFile) as exc:
+            # Nothing else happens: no registration, no queue, no signal (the running
+            # agent's cluster must not hear from this one).
+            self.log.error("event=already-running error=%s exit=%d (systemd does not "
+                           "restart this status)", exc, EXIT_ALREADY_RUNNING)
+            return EXIT_ALREADY_RUNNING
+        try:
+            return self._run_locked()
+        finally:
+            lock.release()
+
+    def _run_locked(self) -> int:
         if self.aws is not None:
             self.aws.start()  # overlaps client creation with identity and mount
         try:

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 from bootstrap_scripts.agent import discovery as disco
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import MasterAws
-from bootstrap_scripts.protocol import state, store
-from bootstrap_scripts.protocol.membership import Membership, MembershipError, build_membership
+from bootstrap_scripts.protocol import state
+from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.records import Registration
 
 if TYPE_CHECKING:
-    from bootstrap_scripts.agent.node_agent import NodeAgent
+    from bootstrap_scripts.agent.context import AgentContext
 
 #: Seconds the master polls every second while a node's GPU count is still a guess.
 FAST_POLL_WINDOW = 600.0
@@ -33,7 +33,7 @@ class SetupFailed(RuntimeError):
 
 
 class Roster:
-    def __init__(self, agent: NodeAgent, aws: MasterAws) -> None:
+    def __init__(self, agent: AgentContext, aws: MasterAws) -> None:
         self.agent = agent
         self.aws = aws
         self.cluster = agent.cluster
@@ -138,7 +138,7 @@ class Roster:
         """Open each expected registration by path: on NFS, open() revalidates, listings lag."""
         out = {}
         for iid in ids:
-            reg = store.read_record_or_none(self.cluster.registration(iid), Registration)
+            reg = state.read_registration(self.cluster.efs, iid)
             if reg is not None:
                 out[iid] = reg
         return out
@@ -216,11 +216,7 @@ class Roster:
         nodes' registrations (so dl-health does not report ghosts)."""
         config = self.agent.config
         efs = self.cluster.efs
-        previous = None
-        try:
-            previous = state.read_current(efs)
-        except (OSError, MembershipError) as exc:
-            self.log.warning("event=bad-membership error=%s (overwriting)", exc)
+        previous = state.read_previous(efs)  # a corrupt membership.json: the last generation
         if previous is not None and previous.cluster_id != config.cluster_id:
             previous = None
         generation = state.latest_generation(efs) + 1
@@ -237,6 +233,26 @@ class Roster:
                       reason, len(m.nodes), ",".join(n.address for n in m.nodes))
         self.agent.apply(m)
         return m
+
+    def rebuild(self, generation: int) -> Membership:
+        """Generation ``generation`` again, from the groups (their live instances) and the
+        registrations on EFS, for a ``membership.json`` that was lost with its generation
+        file: not a new generation, so nothing is logged as added and nobody re-applies.
+        Raises SetupFailed when the groups cannot be read."""
+        workers = self.discover_workers(self.registered_outsiders())
+        registrations = self.read_registrations(w.instance_id for w in workers)
+        blockers = {w.instance_id: self.join_blocker(w.instance_id, registrations)
+                    for w in workers}
+        eligible = [w for w in workers if blockers[w.instance_id] is None]
+        self.base_target = policy.base_target(self.agent.config.base_workers, len(eligible))
+        base = policy.choose_base(eligible, self.base_target)
+        entries, fallback = policy.worker_entries(eligible, registrations, base=base,
+                                                  fallback_gpus=self.agent.gpus)
+        self.set_fallback(fallback)
+        return build_membership(
+            cluster_id=self.agent.config.cluster_id, generation=generation,
+            master=self.self_entry(), workers=entries, efs_mount=self.agent.config.mount_point,
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), reason="rebuilt")
 
     def protect(self, m: Membership, only: set[str] | None = None) -> None:
         """Scale-in protection for the master and the base workers (idempotent)."""

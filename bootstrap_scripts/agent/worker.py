@@ -21,13 +21,13 @@ from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import ClusterPaths
 
 if TYPE_CHECKING:
-    from bootstrap_scripts.agent.node_agent import NodeAgent
+    from bootstrap_scripts.agent.context import AgentContext
 
 #: Watch ticks between two looks for this node's drain request.
 DRAIN_CHECK_TICKS = 4
 
 
-def run_worker(agent: NodeAgent) -> int:
+def run_worker(agent: AgentContext) -> int:
     """Until ``agent.stop`` is set; 0 (a worker never fails the setup)."""
     config, cluster, log = agent.config, agent.cluster, agent.log
     iid = agent.identity.instance_id
@@ -59,7 +59,7 @@ def run_worker(agent: NodeAgent) -> int:
     return 0
 
 
-def apply_from_efs(agent: NodeAgent, cluster: ClusterPaths) -> None:
+def apply_from_efs(agent: AgentContext, cluster: ClusterPaths) -> None:
     """Apply the live membership (idempotent: the same generation writes nothing, older
     ones are skipped); a malformed document is logged and waited out."""
     try:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from bootstrap_scripts.protocol import bounds
 from bootstrap_scripts.protocol.errors import ProtocolError
 
 SCHEMA_VERSION = 1
@@ -105,28 +106,23 @@ class Membership:
         if not isinstance(data, Mapping):
             raise MembershipError(f"membership must be a JSON object, got {type(data).__name__}")
         try:
-            schema = int(data.get("schema", SCHEMA_VERSION))
-            if schema != SCHEMA_VERSION:
+            schema = data.get("schema", SCHEMA_VERSION)
+            if schema != SCHEMA_VERSION or isinstance(schema, bool):
                 raise MembershipError(f"unsupported membership schema {schema!r}")
-            generation = int(data["generation"])
+            # 0 passes here so that validate() names it ("generation must be >= 1").
+            generation = bounds.whole(data["generation"], field="generation", low=0,
+                                      high=bounds.MAX_GENERATION)
             raw_nodes = data["nodes"]
             if not isinstance(raw_nodes, list) or not raw_nodes:
                 raise MembershipError(f"membership 'nodes' must be a non-empty list: {raw_nodes!r}")
-            nodes = tuple(
-                Node(
-                    rank=int(n["rank"]),
-                    role=str(n["role"]),
-                    instance_id=str(n["instance_id"]),
-                    address=str(ipaddress.ip_address(n["address"])),
-                    alias=str(n["alias"]),
-                    gpus=int(n.get("gpus", 0)),
-                    instance_type=str(n.get("instance_type", "")),
-                    base=bool(n.get("base", True)),
-                )
-                for n in raw_nodes
-            )
+            if len(raw_nodes) > bounds.MAX_NODES:
+                raise MembershipError(f"membership lists {len(raw_nodes)} nodes, more than "
+                                      f"{bounds.MAX_NODES}")
+            nodes = tuple(_node(n, i) for i, n in enumerate(raw_nodes))
         except MembershipError:
             raise
+        except ProtocolError as exc:  # a number out of its range (bounds), field named
+            raise MembershipError(str(exc).strip()) from None
         except (KeyError, TypeError, ValueError) as exc:
             raise MembershipError(f"malformed membership document: {exc!r}") from exc
         membership = cls(
@@ -156,6 +152,28 @@ class Membership:
             return cls.from_json(text)
         except MembershipError as exc:
             raise MembershipError(str(exc), source=str(path)) from None
+
+
+def _node(n: Mapping, index: int) -> Node:
+    """One entry of ``nodes``; numbers checked against their ranges (docs/protocol.md,
+    "Numbers"), ``base`` a JSON boolean."""
+    if not isinstance(n, Mapping):
+        raise MembershipError(f"nodes[{index}] must be an object, got {type(n).__name__}")
+    base = n.get("base", True)
+    if not isinstance(base, bool):
+        raise MembershipError(f"expected true or false, got {base!r}", field=f"nodes[{index}].base")
+    return Node(
+        rank=bounds.whole(n["rank"], field=f"nodes[{index}].rank", low=0,
+                          high=bounds.MAX_NODES),
+        role=str(n["role"]),
+        instance_id=str(n["instance_id"]),
+        address=str(ipaddress.ip_address(n["address"])),
+        alias=str(n["alias"]),
+        gpus=bounds.whole(n.get("gpus", 0), field=f"nodes[{index}].gpus", low=0,
+                          high=bounds.MAX_GPUS),
+        instance_type=str(n.get("instance_type", "")),
+        base=base,
+    )
 
 
 def validate(m: Membership) -> None:

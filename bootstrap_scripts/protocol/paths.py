@@ -14,6 +14,7 @@ On a node (relative to its root)::
     etc/profile.d/deeplearning.sh     the same variables for login shells
     etc/hosts                         managed block with the deeplearning-* aliases
     var/lib/dl-agent/state.json       the master agent's memory across restarts
+    var/lib/dl-agent/<name>.lock      held (flock) by the one running <name> daemon
 
 On EFS (relative to the mount point)::
 
@@ -29,6 +30,7 @@ On EFS (relative to the mount point)::
     cluster/prepared/<instance-id>.log          data preparation output
     cluster/health/.probe-<host>-<pid>  dl-health's write/read-back probe (deleted at once)
     cluster/launch-failures.json      launches that failed, per zone and type (the master)
+    cluster/wait-condition.json       the master signalled the stack's wait condition (once)
     cluster/instance-types/<type>.json  an instance type's GPUs and EFA support (health gate's
                                       cache of EC2 DescribeInstanceTypes)
     cluster/controller.json           the job controller's heartbeat (master)
@@ -56,7 +58,8 @@ MEMBERSHIP_FILE = f"{DEEPLEARNING_DIR}/membership.json"
 ENV_FILE = f"{DEEPLEARNING_DIR}/env"
 PROFILE_FILE = "etc/profile.d/deeplearning.sh"
 HOSTS_FILE = "etc/hosts"
-AGENT_STATE_FILE = "var/lib/dl-agent/state.json"
+AGENT_STATE_DIR = "var/lib/dl-agent"
+AGENT_STATE_FILE = f"{AGENT_STATE_DIR}/state.json"
 
 # -- on EFS, relative to the mount point ---------------------------------------------------------
 CLUSTER_DIR = "cluster"
@@ -70,6 +73,7 @@ DRAIN_DIR = f"{CLUSTER_DIR}/drain"
 PREPARED_DIR = f"{CLUSTER_DIR}/prepared"
 HEALTH_DIR = f"{CLUSTER_DIR}/health"
 LAUNCH_FAILURES = f"{CLUSTER_DIR}/launch-failures.json"
+WAIT_SIGNAL = f"{CLUSTER_DIR}/wait-condition.json"
 INSTANCE_TYPES_DIR = f"{CLUSTER_DIR}/instance-types"
 CONTROLLER_HEARTBEAT = f"{CLUSTER_DIR}/controller.json"
 JOBS_DIR = "jobs"
@@ -83,12 +87,14 @@ SHARED_USER_DIRS = (JOBS_DIR, CHECKPOINTS_DIR, MANAGED_DIR)
 #: Every path above, in the form docs/protocol.md spells it (a test holds the two together).
 LAYOUT = (
     WORKERS_FILE, MPI_HOSTFILE, HOROVOD_HOSTS_FILE, MEMBERSHIP_FILE, ENV_FILE, PROFILE_FILE,
-    HOSTS_FILE, AGENT_STATE_FILE, MEMBERSHIP, f"{GENERATIONS_DIR}/<N>.json", MEMBERSHIP_LOG,
+    HOSTS_FILE, AGENT_STATE_FILE, f"{AGENT_STATE_DIR}/<name>.lock", MEMBERSHIP,
+    f"{GENERATIONS_DIR}/<N>.json", MEMBERSHIP_LOG,
     f"{NODES_DIR}/<instance-id>.json", f"{LOGS_DIR}/<instance-id>.log",
     f"{EXECUTORS_DIR}/<address>.json", f"{DRAIN_DIR}/<instance-id>.json",
     f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
     f"{PREPARED_DIR}/<instance-id>.failed", f"{PREPARED_DIR}/<instance-id>.log",
-    f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, f"{INSTANCE_TYPES_DIR}/<type>.json",
+    f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, WAIT_SIGNAL,
+    f"{INSTANCE_TYPES_DIR}/<type>.json",
     f"{CHECKPOINTS_DIR}/<name>/",
     f"{JOBS_DIR}/<job-id>/spec.json",
     f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
@@ -157,6 +163,11 @@ class NodePaths:
     @property
     def agent_state(self) -> Path:
         return self.root / AGENT_STATE_FILE
+
+    def lock(self, name: str) -> Path:
+        """The lock file the one running ``name`` daemon holds (:mod:`bootstrap_scripts.
+        single_instance`): ``dl-agent``, ``dl-executor``, ``dl-controller``."""
+        return self.root / AGENT_STATE_DIR / f"{name}.lock"
 
 
 @dataclass(frozen=True)
@@ -344,6 +355,10 @@ class ClusterPaths:
     @property
     def health_dir(self) -> Path:
         return self.efs / HEALTH_DIR
+
+    @property
+    def wait_signal(self) -> Path:
+        return self.efs / WAIT_SIGNAL
 
     @property
     def launch_failures(self) -> Path:

@@ -9,13 +9,85 @@ Paths come from :mod:`~bootstrap_scripts.protocol.paths`, records from
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
+from pathlib import Path
+from typing import ClassVar
 
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol import bounds, store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, membership_changes
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import DrainRecord, Registration
+from bootstrap_scripts.protocol.records import DrainRecord, Record, Registration, record
+
+
+@record
+class WaitSignal(Record):
+    """``cluster/wait-condition.json``: the master signalled the stack's wait condition.
+    Written right after the signal, read before any signal: a master that restarts (or a
+    membership that had to be rebuilt) never signals a second time."""
+
+    KIND: ClassVar[str] = "wait-condition signal"
+    cluster_id: str
+    status: str  # SUCCESS | FAILURE
+    instance_id: str
+    generation: int = 0
+    signalled_at: float = 0.0
+    reason: str = ""
+
+#: The documented range of each numeric field of the records the agent reads
+#: (docs/protocol.md, "Numbers"); the records module checks types, this the values.
+RECORD_RANGES: dict[type, dict[str, tuple[float, float]]] = {
+    Registration: {"gpus": (0, bounds.MAX_GPUS), "agent_pid": (0, bounds.MAX_PID),
+                   "started_at": bounds.TIME, "heartbeat": bounds.TIME,
+                   "generation_applied": (0, bounds.MAX_GENERATION)},
+    DrainRecord: {"requested_at": bounds.TIME, "deadline": bounds.TIME,
+                  "attempts": (0, bounds.MAX_ATTEMPTS), "retry_at": bounds.TIME,
+                  "completed_at": bounds.TIME, "seconds": bounds.SECONDS},
+    WaitSignal: {"generation": (0, bounds.MAX_GENERATION), "signalled_at": bounds.TIME},
+}
+_log = logging.getLogger("dl-agent.records")
+_refused: set[str] = set()
+
+
+def read_checked(path: str | os.PathLike, cls: type, ranges: dict | None = None):
+    """The record at ``path`` with its numbers in range, or None (missing, malformed or out
+    of range: the reason, naming the field and value, is logged once per file and reason)."""
+    try:
+        rec = store.read_record(path, cls)
+        if rec is not None:
+            bounds.check_fields(rec, RECORD_RANGES.get(cls, {}) if ranges is None else ranges,
+                                source=str(path))
+        return rec
+    except ProtocolError as exc:
+        if str(exc) not in _refused and len(_refused) < 10_000:
+            _refused.add(str(exc))
+            _log.warning("event=refused-record error=%s", exc)
+    except OSError:
+        pass
+    return None
+
+
+def read_checked_fields(rec: Record, ranges: dict, *, source: str) -> bool:
+    """True when ``rec``'s numbers are in ``ranges`` (else logged like :func:`read_checked`);
+    for records nested in another record."""
+    try:
+        bounds.check_fields(rec, ranges, source=source)
+    except ProtocolError as exc:
+        _log.warning("event=refused-record error=%s", exc)
+        return False
+    return True
+
+
+def _scan_checked(directory: Path, cls: type[Record]) -> list[Record]:
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    found = (read_checked(e.path, cls) for e in entries
+             if e.name.endswith(".json") and not e.name.startswith("."))
+    return [rec for rec in found if rec is not None]
 
 
 def read_current(efs: str | os.PathLike) -> Membership | None:
@@ -43,6 +115,43 @@ def latest_generation(efs: str | os.PathLike) -> int:
     return best
 
 
+def read_generation(efs: str | os.PathLike, number: int) -> Membership | None:
+    """``generations/<number>.json``, None when missing or unreadable."""
+    try:
+        return Membership.load(ClusterPaths(efs).generation(number))
+    except (OSError, MembershipError):
+        return None
+
+
+def read_previous(efs: str | os.PathLike) -> Membership | None:
+    """The last published generation, for the next one to be compared with: the live
+    membership, or (when it is unreadable, e.g. truncated) the newest generation file, so
+    a publish after a corrupt ``membership.json`` logs only the real changes."""
+    try:
+        return read_current(efs)
+    except (OSError, MembershipError):
+        return read_generation(efs, latest_generation(efs))
+
+
+def restore_current(efs: str | os.PathLike, m: Membership) -> None:
+    """Put ``m`` back as the live membership WITHOUT publishing: no new generation, no
+    ``membership.log`` line (its nodes were logged when generation ``m.generation`` was
+    published). ``generations/<N>.json`` is rewritten only when it is unreadable."""
+    paths = ClusterPaths(efs)
+    text = m.to_json()
+    if read_generation(efs, m.generation) is None:
+        store.atomic_write(paths.generation(m.generation), text)
+    store.atomic_write(paths.membership, text)
+
+
+def read_wait_signal(efs: str | os.PathLike) -> WaitSignal | None:
+    return read_checked(ClusterPaths(efs).wait_signal, WaitSignal)
+
+
+def write_wait_signal(efs: str | os.PathLike, rec: WaitSignal) -> None:
+    store.write_record(ClusterPaths(efs).wait_signal, rec)
+
+
 def publish(efs: str | os.PathLike, new: Membership, previous: Membership | None) -> None:
     """Write generations/<N>.json, then swap cluster/membership.json, then log the changes.
 
@@ -65,10 +174,15 @@ def write_registration(efs: str | os.PathLike, record: Registration) -> None:
     store.write_record(ClusterPaths(efs).registration(record.instance_id), record)
 
 
+def read_registration(efs: str | os.PathLike, instance_id: str) -> Registration | None:
+    """One node's registration (None: absent, or refused: see :func:`read_checked`)."""
+    return read_checked(ClusterPaths(efs).registration(instance_id), Registration)
+
+
 def read_registrations(efs: str | os.PathLike) -> dict[str, Registration]:
     """Every readable node registration, keyed by instance id (unreadable ones skipped)."""
     return {rec.instance_id: rec
-            for _, rec in store.scan_records(ClusterPaths(efs).nodes_dir, Registration)}
+            for rec in _scan_checked(ClusterPaths(efs).nodes_dir, Registration)}
 
 
 def registered_ids(efs: str | os.PathLike) -> set[str]:
@@ -89,7 +203,7 @@ def forget_registration(efs: str | os.PathLike, instance_id: str) -> None:
 
 
 def read_drain(efs: str | os.PathLike, instance_id: str) -> DrainRecord | None:
-    return store.read_record_or_none(ClusterPaths(efs).drain_request(instance_id), DrainRecord)
+    return read_checked(ClusterPaths(efs).drain_request(instance_id), DrainRecord)
 
 
 def write_drain(efs: str | os.PathLike, record: DrainRecord) -> None:
@@ -99,7 +213,7 @@ def write_drain(efs: str | os.PathLike, record: DrainRecord) -> None:
 def drains(efs: str | os.PathLike) -> dict[str, DrainRecord]:
     """Every drain record, completed or not, keyed by instance id."""
     return {rec.instance_id: rec
-            for _, rec in store.scan_records(ClusterPaths(efs).drain_dir, DrainRecord)}
+            for rec in _scan_checked(ClusterPaths(efs).drain_dir, DrainRecord)}
 
 
 def pending_drains(efs: str | os.PathLike) -> dict[str, DrainRecord]:

@@ -47,7 +47,7 @@ def test_sns_envelope_is_unwrapped():
     (json.dumps({**SETUP, "role": "boss"}), "unknown role 'boss'"),
     (json.dumps({**SETUP, "status": "meh"}), "unknown asg-setup status 'meh'"),
     (json.dumps({k: v for k, v in SETUP.items() if k != "asg"}), "lacks field 'asg'"),
-    (json.dumps({**SETUP, "desired": "three"}), "bad value"),
+    (json.dumps({**SETUP, "desired": "three"}), "field 'desired'"),
     (json.dumps({**SETUP, "instances": "i-1"}), "'instances' must be a list"),
     (json.dumps({k: v for k, v in CHANGE.items() if k != "change"}), "lacks field 'change'"),
 ])
@@ -55,3 +55,48 @@ def test_malformed_messages_are_reported_not_raised(body, why):
     msg = parse_message(body)
     assert isinstance(msg, BadMessage)
     assert why in msg.reason
+
+
+@pytest.mark.parametrize(("field", "text", "shown"), [
+    ("desired", "1e400", "inf"),
+    ("desired", "-1e400", "-inf"),
+    ("desired", "NaN", "nan"),
+    ("desired", "Infinity", "inf"),
+    ("desired", "-1", "-1"),
+    ("desired", "true", "True"),
+    ("desired", "3.0", "3.0"),
+    ("desired", "10001", "10001"),
+    ("launched", "1" + "0" * 40, "1" + "0" * 39),
+    ("min", "[3]", "[3]"),
+    ("max", "{}", "{}"),
+])
+def test_hostile_numbers_are_refused_naming_the_field_and_value(field, text, shown):
+    """An SQS body is text: JSON gives 1e400 as inf, NaN as nan, true as an int; none may
+    reach the agent (``int(inf)`` was an OverflowError that crash-looped the master)."""
+    body = json.dumps({**SETUP, field: "X"}).replace('"X"', text)
+    msg = parse_message(body)
+    assert isinstance(msg, BadMessage), msg
+    assert f"field {field!r}" in msg.reason and shown in msg.reason
+
+
+@pytest.mark.parametrize("body", [
+    json.dumps({**CHANGE, "desired": "X"}).replace('"X"', "1e400"),
+    json.dumps({**CHANGE, "launched": "X"}).replace('"X"', "-5"),
+    json.dumps({**SETUP, "desired": "X"}).replace('"X"', "9" * 5000),  # past int's digit limit
+    json.dumps({**SETUP, "attempts": [{"zone": 1}]}),
+    json.dumps({**SETUP, "attempts": [{"instance_types": [1e308]}]}),
+    json.dumps({**SETUP, "instances": [1, 2]}),
+    json.dumps({**SETUP, "reason": {"nested": True}}),
+    json.dumps({**SETUP, "asg": 7}),
+    json.dumps({"Message": json.dumps({**SETUP, "max": -1})}),
+    b"\xff\xfe",
+    None,
+])
+def test_no_body_makes_the_parser_raise(body):
+    assert isinstance(parse_message(body), BadMessage)
+
+
+def test_documented_ranges_are_accepted():
+    msg = parse_message(json.dumps({**SETUP, "desired": 10000, "launched": 0, "min": 0,
+                                    "max": 10000}))
+    assert isinstance(msg, AsgSetup) and msg.desired == 10000

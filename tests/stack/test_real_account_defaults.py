@@ -134,8 +134,10 @@ def test_only_the_master_may_look_at_the_dead_letter_queue(default: Template) ->
     def on_dlq(fragment: str) -> list:
         return [s["Action"] for s in statements(default, fragment) if s["Resource"] == arn]
 
+    # No DeleteMessage: it only looks; SendMessage: a master-queue message it refused goes
+    # there at once (docs/node-agent.md, "Messages it cannot process").
     assert on_dlq("MasterGroupInstanceRoleDefaultPolicy") == [
-        ["sqs:GetQueueUrl", "sqs:ReceiveMessage"]]  # no DeleteMessage: it only looks
+        ["sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:SendMessage"]]
     assert on_dlq("WorkerGroupInstanceRoleDefaultPolicy") == []
 
 

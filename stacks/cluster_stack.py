@@ -2,53 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from aws_cdk import CfnOutput, Stack
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from constructs_lib import DeepLearningCluster, FixedAmi, acknowledge_cluster_findings
-from constructs_lib.cluster import DEFAULT_SPOT_WORKERS, DEFAULT_WORKER_COUNT
-from constructs_lib.images import DEFAULT_IMAGE_TYPE
-from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
-from constructs_lib.network import DEFAULT_VPC_CIDR
-from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
-from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
+from constructs_lib.cluster_settings import ClusterSettings
 from stacks.existing import existing_file_system
 
 CLUSTER_ID = "Cluster"
 
-
-@dataclass(frozen=True)
-class ClusterSettings:
-    """The stack's settings, read from CDK context by app.py (README "Settings"). Unset
-    settings take the construct's defaults (the constants imported above)."""
-
-    worker_count: int = DEFAULT_WORKER_COUNT
-    worker_instance_type: str | None = None  # None: the construct default (g5.xlarge)
-    master_instance_type: str | None = None
-    image_type: str = DEFAULT_IMAGE_TYPE
-    pytorch_version: str | None = None  # None = the newest line documented for image_type
-    ami_id: str | None = None
-    ssh_cidr: str | None = None
-    key_name: str | None = None
-    efs_file_system_id: str | None = None
-    efs_mount_point: str = DEFAULT_MOUNT_POINT
-    vpc_cidr: str = DEFAULT_VPC_CIDR
-    root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB
-    placement_group: bool = False
-    max_workers: int | None = None  # None = worker_count + spot_workers
-    spot_workers: int = DEFAULT_SPOT_WORKERS
-    data_prep_script: str | None = None
-    # README "When capacity is short" (stacks/settings.py CAPACITY_CONTEXT_KEYS)
-    worker_instance_types: tuple[str, ...] | None = None
-    master_instance_types: tuple[str, ...] | None = None
-    capacity_reservation_id: str | None = None
-    capacity_reservation_group_arn: str | None = None
-    capacity_block_id: str | None = None
-    availability_zones: tuple[str, ...] | None = None
-    max_zone_moves: int = DEFAULT_MAX_ZONE_MOVES
+__all__ = ["CLUSTER_ID", "ClusterSettings", "DLClusterStack"]
 
 
 class DLClusterStack(Stack):

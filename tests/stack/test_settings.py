@@ -6,7 +6,7 @@ import pytest
 
 from constructs_lib.validation import ConfigError
 from stacks.cluster_stack import ClusterSettings
-from stacks.settings import CONTEXT_KEYS, settings_from_context
+from stacks.settings import CAPACITY_CONTEXT_KEYS, CONTEXT_KEYS, settings_from_context
 
 
 def settings(**ctx: object) -> ClusterSettings:
@@ -43,8 +43,9 @@ def test_every_documented_key_is_parsed() -> None:
         "maxWorkers": "8",
         "spotWorkers": "2",
         "dataPrepScript": "/efs/prep.sh --fast",
+        "sshAllowWideCidr": "false",
     }
-    assert set(ctx) == set(CONTEXT_KEYS)
+    assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS)
     s = settings(**ctx)
     assert s == ClusterSettings(
         worker_count=3,
@@ -141,3 +142,96 @@ def test_defaults_are_the_constructs_own() -> None:
                   "max_workers", "ssh_cidr", "data_prep_script"):
         assert getattr(s, field) == props[field].default, field
     assert s.placement_group is props["create_placement_group"].default
+
+
+# -- one description per setting; unknown keys; values checked against their limits ------------
+
+
+def test_unknown_key_is_refused_with_the_closest_known_one() -> None:
+    from stacks.context import refuse_unknown_keys
+
+    known = set(CONTEXT_KEYS)
+    with pytest.raises(ConfigError) as err:
+        refuse_unknown_keys({"workercount": "3"}, known)
+    assert str(err.value) == "unknown context key 'workercount'; did you mean 'workerCount'?"
+    with pytest.raises(ConfigError, match="did you mean 'efsMountPoint'"):
+        refuse_unknown_keys({"efsMountPiont": "/x"}, known)
+    with pytest.raises(ConfigError, match="unknown context key 'zzz' \\(README"):
+        refuse_unknown_keys({"zzz": "1"}, known)
+
+
+def test_the_cdks_own_context_keys_are_not_checked() -> None:
+    """cdk.json's feature flags and the keys the CDK CLI and its lookups add are not ours."""
+    from stacks.context import refuse_unknown_keys
+    from tests.stack.synth import cdk_json_context
+
+    refuse_unknown_keys({**cdk_json_context(), "aws:cdk:enable-path-metadata": True,
+                         "aws-cdk:enableDiffNoFail": True, "acknowledged-issue-numbers": [1],
+                         "availability-zones:account=1:region=us-east-1": ["a"],
+                         "workerCount": "2"}, set(CONTEXT_KEYS))
+
+
+def test_the_app_refuses_a_misspelt_key() -> None:
+    """build_app reads every context key, not only the ones it asks for."""
+    import app as app_module
+    from tests.stack.synth import new_app
+
+    with pytest.raises(ConfigError, match="did you mean 'workerCount'"):
+        app_module.build_app(new_app(workercount="3"))
+    with pytest.raises(ConfigError, match="did you mean 'emrCoreInstanceCount'"):
+        app_module.build_app(new_app(emrCoreInstanceCounts="3"))
+
+
+@pytest.mark.parametrize(("ctx", "message"), [
+    ({"sshCidr": "0.0.0.0/1"}, "context key 'sshCidr' opens SSH to 2,147,483,648 addresses, "
+     "wider than the /16 limit, got '0.0.0.0/1'; give a narrower range, or set "
+     "sshAllowWideCidr=true if you mean it"),
+    ({"sshCidr": "10.0.0.0/15"}, "wider than the /16 limit, got '10.0.0.0/15'"),
+    ({"efsMountPoint": "/etc"}, "context key 'efsMountPoint' must not be on, under or above "
+     "the system directory /etc"),
+    ({"efsMountPoint": "/var/lib/data"}, "system directory /var/lib"),
+    ({"efsMountPoint": "/usr/"}, "system directory /usr"),
+    ({"efsMountPoint": "/opt"}, "system directory /opt/deeplearning"),
+    ({"efsMountPoint": "//proc"}, "system directory /proc"),
+    ({"efsMountPoint": "/data/./x"}, "must be an absolute directory path"),
+    ({"workerCount": "100000"}, "context key 'workerCount' must be at most 1000, "
+     "got '100000'"),
+    ({"spotWorkers": "5000"}, "context key 'spotWorkers' must be at most 1000"),
+    ({"maxWorkers": "1001"}, "context key 'maxWorkers' must be at most 1000"),
+    ({"maxZoneMoves": "11"}, "context key 'maxZoneMoves' must be at most 10"),
+    ({"rootVolumeGiB": "20000"}, "context key 'rootVolumeGiB' must be at most 16384 GiB"),
+    ({"masterInstanceType": "zz.zz"}, "context key 'masterInstanceType' must be an EC2 "
+     "instance type like g5.xlarge (family.size"),
+    ({"workerInstanceType": "p5.48xlargee"}, "got 'p5.48xlargee'"),
+    ({"workerInstanceTypes": "p5.48xlarge,p4d.24xlargee"}, "got 'p4d.24xlargee'"),
+    ({"sshAllowWideCidr": "perhaps"}, "context key 'sshAllowWideCidr' must be true or false"),
+])
+def test_values_are_checked_against_their_limits(ctx: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**ctx)
+    assert message in str(err.value)
+
+
+def test_a_wide_ssh_range_needs_the_opt_in_and_real_types_pass() -> None:
+    assert settings(sshCidr="10.0.0.0/8", sshAllowWideCidr="true").ssh_cidr == "10.0.0.0/8"
+    assert settings(sshCidr="198.51.0.0/16").ssh_cidr == "198.51.0.0/16"
+    assert settings(efsMountPoint="/data/shared/").efs_mount_point == "/data/shared"
+    for name in ("g5.xlarge", "p5.48xlarge", "p4d.24xlarge", "trn1n.32xlarge", "m7i-flex.large",
+                 "p6-b200.48xlarge", "u-6tb1.112xlarge", "c5.metal", "mac2-m2pro.metal",
+                 "c6i.metal-32xl", "t3.nano", "inf2.xlarge", "dl1.24xlarge"):
+        assert settings(workerInstanceType=name).worker_instance_type == name
+
+
+def test_every_field_is_described_and_every_key_is_unique() -> None:
+    """The dataclass is the one description: no field without a key, no key twice."""
+    import dataclasses
+
+    from constructs_lib.emr_settings import EmrSettings
+    from constructs_lib.setting import described_fields
+
+    for cls in (ClusterSettings, EmrSettings):
+        described = described_fields(cls)
+        assert len(described) == len(dataclasses.fields(cls)), cls
+        assert all(s.doc and s.key for _f, s in described)
+    keys = [s.key for cls in (ClusterSettings, EmrSettings) for _f, s in described_fields(cls)]
+    assert len(keys) == len(set(keys))

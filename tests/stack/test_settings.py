@@ -235,3 +235,24 @@ def test_every_field_is_described_and_every_key_is_unique() -> None:
         assert all(s.doc and s.key for _f, s in described)
     keys = [s.key for cls in (ClusterSettings, EmrSettings) for _f, s in described_fields(cls)]
     assert len(keys) == len(set(keys))
+
+
+def test_readme_settings_table_is_the_generated_one() -> None:
+    """README's table comes from ClusterSettings: regenerate it with
+    `python -m stacks.settings_doc --write` after changing a setting."""
+    from stacks.settings_doc import README, readme_table, settings_table
+
+    assert readme_table(README.read_text()) == settings_table()
+
+
+def test_the_generated_table_follows_the_description(tmp_path) -> None:
+    from stacks.settings_doc import END, START, readme_table, settings_table, write_readme
+
+    table = settings_table()
+    assert "| `workerCount` | `2` | 1 to 1000 |" in table
+    assert "| `maxWorkers` | workerCount + spotWorkers | 1 to 1000 |" in table
+    stale = tmp_path / "README.md"
+    stale.write_text(f"intro\n{START}\n| old | table |\n{END}\nrest\n")
+    assert readme_table(stale.read_text()) != table
+    assert write_readme(stale) and readme_table(stale.read_text()) == table
+    assert stale.read_text().startswith("intro\n") and stale.read_text().endswith("rest\n")

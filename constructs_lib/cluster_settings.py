@@ -81,8 +81,21 @@ class ClusterSettings:
     key_name: str | None = setting(
         "keyName", None, "EC2 key pair for SSH", _text, accepts="a key pair name")
     efs_file_system_id: str | None = setting(
-        "efsFileSystemId", None, "use this existing EFS instead of creating one",
+        "efsFileSystemId", None, "use this existing EFS instead of creating one; it lives in "
+        "an existing VPC, so it needs `vpcId` (the file system's VPC) and its subnets",
         validation.file_system_id, accepts="`fs-` + hex")
+    vpc_id: str | None = setting(
+        "vpcId", None, "run in this existing VPC instead of a new one (no lookup: synth makes "
+        "no AWS call); needs `vpcPrivateSubnetIds` and `availabilityZones`, not `vpcCidr`",
+        validation.vpc_id, accepts="`vpc-` + hex")
+    vpc_private_subnet_ids: tuple[str, ...] | None = setting(
+        "vpcPrivateSubnetIds", None, "with `vpcId`: the nodes' private subnets (with a NAT "
+        "route or endpoints), one per zone of `availabilityZones`, in the same order",
+        validation.subnet_ids, accepts="subnet ids, comma-separated")
+    vpc_public_subnet_ids: tuple[str, ...] | None = setting(
+        "vpcPublicSubnetIds", None, "with `vpcId` and `sshCidr`: the public subnets for the "
+        "master, one per zone of `availabilityZones`", validation.subnet_ids,
+        accepts="subnet ids, comma-separated")
     efs_mount_point: str = setting(
         "efsMountPoint", DEFAULT_MOUNT_POINT, "mount point on every node",
         validation.mount_point, accepts="an absolute path outside the system directories "

@@ -183,6 +183,30 @@ def ami_id(name: str, value: str) -> str:
     return str(value)
 
 
+_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+
+
+def vpc_id(name: str, value: object) -> str:
+    if isinstance(value, str) and Token.is_unresolved(value):
+        return value
+    if not isinstance(value, str) or not _VPC_ID.match(value):
+        raise ConfigError(f"{name} must look like vpc-0123456789abcdef0, got {value!r}")
+    return value
+
+
+def subnet_ids(name: str, value: object) -> tuple[str, ...]:
+    """A non-empty list of distinct subnet ids (comma-separated, or a sequence)."""
+    items = tuple(str(s) for s in _items(value))
+    bad = [s for s in items if not _SUBNET_ID.match(s)]
+    if not items or bad:
+        raise ConfigError(f"{name} must list subnet ids like subnet-0123456789abcdef0, "
+                          f"got {value!r}")
+    if len(set(items)) != len(items):
+        raise ConfigError(f"{name} lists a subnet more than once, got {value!r}")
+    return items
+
+
 def instance_type(name: str, value: object) -> str:
     """The name of an EC2 instance type such as g5.xlarge (family.size), given as a string
     or an ``ec2.InstanceType``."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import Annotations, CfnOutput, Stack
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
@@ -23,6 +23,19 @@ class DLClusterStack(Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.settings = s = settings
+        vpc = None
+        if s.vpc_id:
+            # Imported from its ids, not looked up: synth makes no AWS call (in CI neither).
+            vpc = ec2.Vpc.from_vpc_attributes(
+                self, "ExistingVpc", vpc_id=s.vpc_id,
+                availability_zones=list(s.availability_zones or ()),
+                private_subnet_ids=list(s.vpc_private_subnet_ids or ()),
+                public_subnet_ids=list(s.vpc_public_subnet_ids) if s.vpc_public_subnet_ids
+                else None)
+            # The nodes' subnets need no route table here (nothing adds routes to them).
+            Annotations.of(vpc).acknowledge_warning(
+                "@aws-cdk/aws-ec2:noSubnetRouteTableId",
+                "the cluster adds no routes to an existing VPC's subnets")
         file_system = None
         if s.efs_file_system_id:
             file_system = existing_file_system(
@@ -32,6 +45,7 @@ class DLClusterStack(Stack):
         self.cluster = DeepLearningCluster(
             self,
             CLUSTER_ID,
+            vpc=vpc,
             vpc_cidr=s.vpc_cidr,
             worker_count=s.worker_count,
             worker_instance_type=None if s.worker_instance_types else s.worker_instance_type,

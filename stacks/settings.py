@@ -35,6 +35,7 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
     if settings.ssh_cidr and not settings.ssh_allow_wide_cidr:
         ctx.checked("sshCidr", lambda n, v: validation.ssh_cidr(
             n, v, wide_opt_in="sshAllowWideCidr"))
+    _check_existing_vpc(settings)
     needed = settings.worker_count + settings.spot_workers
     if settings.max_workers is not None and settings.max_workers < needed:
         raise validation.ConfigError(
@@ -42,3 +43,41 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
             f"got {settings.max_workers}"
         )
     return settings
+
+
+def _check_existing_vpc(s: ClusterSettings) -> None:
+    """An existing VPC is imported from its ids (``ec2.Vpc.from_vpc_attributes``: no lookup,
+    so synth needs no AWS access): the subnets and their zones must be given and agree. An
+    existing file system lives in an existing VPC, so it needs one."""
+    def error(message: str) -> validation.ConfigError:
+        return validation.ConfigError(f"context key {message}")
+
+    if s.vpc_id is None:
+        if s.efs_file_system_id:
+            raise error(f"'efsFileSystemId' needs 'vpcId' (with 'vpcPrivateSubnetIds' and "
+                        f"'availabilityZones'): an existing file system is in an existing VPC, "
+                        f"and its mount targets cannot reach a new one; got "
+                        f"efsFileSystemId={s.efs_file_system_id!r} without vpcId")
+        for key, value in (("vpcPrivateSubnetIds", s.vpc_private_subnet_ids),
+                           ("vpcPublicSubnetIds", s.vpc_public_subnet_ids)):
+            if value:
+                raise error(f"'{key}' is for an existing VPC and needs 'vpcId', got "
+                            f"{','.join(value)!r}")
+        return
+    if s.vpc_cidr != ClusterSettings.vpc_cidr:
+        raise error(f"'vpcCidr' is the CIDR of a new VPC and does not go with 'vpcId', got "
+                    f"vpcCidr={s.vpc_cidr!r} with vpcId={s.vpc_id!r}")
+    zones = s.availability_zones or ()
+    if not s.vpc_private_subnet_ids or not zones:
+        raise error(f"'vpcId' needs 'vpcPrivateSubnetIds' and 'availabilityZones' (the "
+                    f"subnets' zones, in the same order), got vpcId={s.vpc_id!r} with "
+                    f"vpcPrivateSubnetIds={s.vpc_private_subnet_ids!r}, "
+                    f"availabilityZones={s.availability_zones!r}")
+    for key, ids in (("vpcPrivateSubnetIds", s.vpc_private_subnet_ids),
+                     ("vpcPublicSubnetIds", s.vpc_public_subnet_ids)):
+        if ids and len(ids) != len(zones):
+            raise error(f"'{key}' must list one subnet per zone of 'availabilityZones' "
+                        f"({len(zones)}: {','.join(zones)}), got {len(ids)}: {','.join(ids)}")
+    if s.ssh_cidr and not s.vpc_public_subnet_ids:
+        raise error(f"'sshCidr' with 'vpcId' needs 'vpcPublicSubnetIds' (the master moves to a "
+                    f"public subnet), got sshCidr={s.ssh_cidr!r}")

@@ -37,7 +37,10 @@ def test_every_documented_key_is_parsed() -> None:
         "keyName": "me",
         "efsFileSystemId": "fs-0123abcd",
         "efsMountPoint": "/shared",
-        "vpcCidr": "10.1.0.0/16",
+        "vpcId": "vpc-0123456789abcdef0",
+        "vpcPrivateSubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1",
+        "vpcPublicSubnetIds": "subnet-0123456789abcdef2,subnet-0123456789abcdef3",
+        "availabilityZones": "us-east-1a,us-east-1b",
         "rootVolumeGiB": "500",
         "placementGroup": "true",
         "maxWorkers": "8",
@@ -45,7 +48,9 @@ def test_every_documented_key_is_parsed() -> None:
         "dataPrepScript": "/efs/prep.sh --fast",
         "sshAllowWideCidr": "false",
     }
-    assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS)
+    # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
+    assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
+        "availabilityZones"}
     s = settings(**ctx)
     assert s == ClusterSettings(
         worker_count=3,
@@ -58,7 +63,10 @@ def test_every_documented_key_is_parsed() -> None:
         key_name="me",
         efs_file_system_id="fs-0123abcd",
         efs_mount_point="/shared",
-        vpc_cidr="10.1.0.0/16",
+        vpc_id="vpc-0123456789abcdef0",
+        vpc_private_subnet_ids=("subnet-0123456789abcdef0", "subnet-0123456789abcdef1"),
+        vpc_public_subnet_ids=("subnet-0123456789abcdef2", "subnet-0123456789abcdef3"),
+        availability_zones=("us-east-1a", "us-east-1b"),
         root_volume_gib=500,
         placement_group=True,
         max_workers=8,
@@ -107,6 +115,10 @@ def test_bad_values_name_key_and_value(key: str, value: str) -> None:
         settings(**{key: value})
     message = str(err.value)
     assert key in message and repr(value) in message, message
+
+
+def test_a_new_vpcs_cidr_is_parsed() -> None:
+    assert settings(vpcCidr="10.1.0.0/16").vpc_cidr == "10.1.0.0/16"
 
 
 def test_numbers_from_cdk_json_are_accepted() -> None:
@@ -256,3 +268,49 @@ def test_the_generated_table_follows_the_description(tmp_path) -> None:
     assert readme_table(stale.read_text()) != table
     assert write_readme(stale) and readme_table(stale.read_text()) == table
     assert stale.read_text().startswith("intro\n") and stale.read_text().endswith("rest\n")
+
+
+# -- an existing VPC (vpcId) and an existing file system in it ----------------------------------
+
+VPC = {"vpcId": "vpc-0123456789abcdef0",
+       "vpcPrivateSubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1",
+       "availabilityZones": "us-east-1a,us-east-1b"}
+
+
+@pytest.mark.parametrize(("ctx", "message"), [
+    ({"efsFileSystemId": "fs-0123abcd"}, "context key 'efsFileSystemId' needs 'vpcId'"),
+    ({"vpcId": "vpc-0123456789abcdef0"}, "'vpcId' needs 'vpcPrivateSubnetIds' and "
+     "'availabilityZones'"),
+    ({**VPC, "vpcCidr": "10.1.0.0/16"}, "'vpcCidr' is the CIDR of a new VPC and does not go "
+     "with 'vpcId'"),
+    ({**VPC, "availabilityZones": "us-east-1a"}, "'vpcPrivateSubnetIds' must list one subnet "
+     "per zone of 'availabilityZones' (1: us-east-1a), got 2"),
+    ({**VPC, "sshCidr": "203.0.113.0/24"}, "'sshCidr' with 'vpcId' needs 'vpcPublicSubnetIds'"),
+    ({"vpcPrivateSubnetIds": "subnet-0123456789abcdef0"}, "'vpcPrivateSubnetIds' is for an "
+     "existing VPC and needs 'vpcId'"),
+    ({"vpcId": "vpc-xyz"}, "context key 'vpcId' must look like vpc-0123456789abcdef0, "
+     "got 'vpc-xyz'"),
+    ({**VPC, "vpcPrivateSubnetIds": "subnet-1,subnet-2"}, "context key 'vpcPrivateSubnetIds' "
+     "must list subnet ids"),
+])
+def test_existing_vpc_keys_are_refused_clearly(ctx: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**ctx)
+    assert message in str(err.value)
+
+
+def test_existing_file_system_in_an_existing_vpc_synthesizes_without_lookups() -> None:
+    """efsFileSystemId used to get a mount-target group in a new VPC its file system is not
+    in; with vpcId the stack creates no VPC and puts every group in the given one."""
+    from tests.stack.synth import cluster_template
+
+    t = cluster_template(**VPC, efsFileSystemId="fs-0123456789abcdef0")
+    t.resource_count_is("AWS::EC2::VPC", 0)
+    t.resource_count_is("AWS::EFS::FileSystem", 0)
+    res = t.to_json()["Resources"]
+    groups = [r["Properties"]["VpcId"] for r in res.values()
+              if r["Type"] == "AWS::EC2::SecurityGroup"]
+    assert groups and set(groups) == {"vpc-0123456789abcdef0"}
+    subnets = [r["Properties"]["VPCZoneIdentifier"] for r in res.values()
+               if r["Type"] == "AWS::AutoScaling::AutoScalingGroup"]
+    assert subnets == [VPC["vpcPrivateSubnetIds"].split(",")] * 2

@@ -314,3 +314,57 @@ def test_existing_file_system_in_an_existing_vpc_synthesizes_without_lookups() -
     subnets = [r["Properties"]["VPCZoneIdentifier"] for r in res.values()
                if r["Type"] == "AWS::AutoScaling::AutoScalingGroup"]
     assert subnets == [VPC["vpcPrivateSubnetIds"].split(",")] * 2
+
+
+def test_the_emulators_clusters_take_the_stacks_defaults(monkeypatch) -> None:
+    """emulator.resources restates no default: a changed construct default reaches the
+    user data of its directly-built clusters."""
+    import dataclasses
+
+    from constructs_lib import cluster, node_group
+    from constructs_lib.cluster_settings import ClusterSettings
+    from emulator import resources
+
+    resources.stack_defaults.cache_clear()
+    real = resources.stack_defaults()
+    assert real.mount_point == ClusterSettings().efs_mount_point
+    assert (real.setup_timeout, real.min_workers, real.drain_heartbeat, real.drain_hook) == (
+        cluster.SETUP_TIMEOUT_SECONDS, cluster.DEFAULT_MIN_WORKERS,
+        node_group.DRAIN_HEARTBEAT_SECONDS, node_group.DRAIN_HOOK_NAME)
+    monkeypatch.setattr(cluster, "SETUP_TIMEOUT_SECONDS", 1234)
+    fields = {f.name: f for f in dataclasses.fields(ClusterSettings)}
+    monkeypatch.setattr(fields["efs_mount_point"], "default", "/shared")
+    resources.stack_defaults.cache_clear()
+    try:
+        settings = resources.agent_settings("master", cluster_id="c")
+        assert (settings["setup-timeout"], settings["mount-point"]) == ("1234", "/shared")
+    finally:
+        resources.stack_defaults.cache_clear()
+
+
+def test_the_constructs_prop_docs_state_the_settings_defaults() -> None:
+    """Each prop a setting feeds documents, under ``:default:``, the default the setting
+    description has (so help(DeepLearningCluster) and the README agree)."""
+    import inspect
+    import re
+
+    from constructs_lib import DeepLearningCluster
+    from constructs_lib.setting import described_fields
+
+    doc = inspect.getdoc(DeepLearningCluster.__init__) or ""
+    props = inspect.signature(DeepLearningCluster.__init__).parameters
+    renamed = {"placement_group": "create_placement_group"}
+    checked = 0
+    for field, desc in described_fields(ClusterSettings):
+        prop = renamed.get(field.name, field.name)
+        literal = (desc.default_doc or "").startswith("`")  # not a computed default
+        if prop not in props or (field.default is None and not literal):
+            continue
+        block = re.search(rf":param {prop}:(.*?)(?=:param |\Z)", doc, re.S)
+        assert block, f"{prop} is not documented"
+        default = block.group(1).split(":default:")[-1]
+        expected = desc.default_doc.strip("`") if field.default is None else \
+            str(field.default)
+        assert expected.split("`")[0] in default, (field.name, expected, default)
+        checked += 1
+    assert checked >= 8

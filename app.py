@@ -14,12 +14,15 @@ from cdk_nag import AwsSolutionsChecks
 
 from constructs_lib.validation import ConfigError
 from stacks.cluster_stack import DLClusterStack
-from stacks.emr_stack import DLEmrClusterStack, emr_settings_from_context
-from stacks.settings import settings_from_context
+from stacks.context import refuse_unknown_keys
+from stacks.emr_stack import EMR_CONTEXT_KEYS, DLEmrClusterStack, emr_settings_from_context
+from stacks.settings import CONTEXT_KEYS, settings_from_context
 
 
 def build_app(app: cdk.App | None = None) -> cdk.App:
     app = app or cdk.App()
+    # A misspelt key (workercount) would otherwise be ignored and deploy the default.
+    refuse_unknown_keys(app.node.get_all_context(), {*CONTEXT_KEYS, *EMR_CONTEXT_KEYS})
     settings = settings_from_context(app.node.try_get_context)
     # Env-agnostic unless the user pins an account/region: synth then needs no AWS access.
     account, region = os.environ.get("CDK_DEPLOY_ACCOUNT"), os.environ.get("CDK_DEPLOY_REGION")

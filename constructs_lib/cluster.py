@@ -14,6 +14,11 @@ from constructs import Construct
 
 from constructs_lib import launch, validation
 from constructs_lib.capacity_adjuster import CapacityAdjuster, grant_elastic_control
+from constructs_lib.cluster_settings import (
+    DEFAULT_INSTANCE_TYPE,
+    DEFAULT_SPOT_WORKERS,
+    DEFAULT_WORKER_COUNT,
+)
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami, image_family
 from constructs_lib.images import pytorch_version as pytorch_version_check
 from constructs_lib.metadata_queues import MetadataQueues
@@ -28,14 +33,10 @@ from constructs_lib.shared_storage import (
 )
 from constructs_lib.user_data import node_user_data
 
-#: Instance type of the master and of the workers.
-DEFAULT_INSTANCE_TYPE = "g5.xlarge"
-#: On-demand workers (the master trains too, so the cluster has one node more).
-DEFAULT_WORKER_COUNT = 2
+# DEFAULT_INSTANCE_TYPE, DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings'
+# defaults (constructs_lib.cluster_settings, the one description of each setting).
 #: Fewest workers the cluster comes up with when launches fail.
 DEFAULT_MIN_WORKERS = 1
-#: Spot workers above the on-demand workers.
-DEFAULT_SPOT_WORKERS = 0
 #: How long the stack waits for the cluster to form: the original template's 55 minutes.
 SETUP_TIMEOUT_SECONDS = 3300
 

@@ -23,10 +23,25 @@ from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 MIN_ROOT_VOLUME_GIB = 50
+#: gp3's largest volume (16 TiB).
+MAX_ROOT_VOLUME_GIB = 16384
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 _AMI_ID = re.compile(r"^ami-[0-9a-f]{8,40}$")
 _MOUNT_POINT = re.compile(r"^/[A-Za-z0-9._/-]*$")
-_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
+#: An EC2 instance type name, ``family.size``: the family is letters, a generation digit and
+#: attribute letters/digits, optionally ``-suffix`` (g5, p4d, trn1n, m7i-flex, p6-b200,
+#: u-6tb1); the size is one of EC2's size names (nano ... xlarge, Nxlarge, metal, metal-Nxl).
+_INSTANCE_TYPE = re.compile(
+    r"^(u-[0-9]+tb[0-9]+|[a-z]+[0-9]+[a-z0-9]*(-[a-z0-9]+)*)"
+    r"\.(nano|micro|small|medium|large|xlarge|[1-9][0-9]*xlarge|metal(-[1-9][0-9]*xl)?)$")
+#: Directories of the operating system and of the node software: a file system mounted on,
+#: under or above one of them hides or shadows what the node needs to boot and run.
+SYSTEM_DIRECTORIES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc",
+                      "/root", "/run", "/sbin", "/snap", "/sys", "/tmp", "/usr", "/var/lib",
+                      "/var/log", "/var/run", "/var/cache", "/var/spool", "/opt/deeplearning",
+                      "/opt/pytorch", "/opt/aws")
+#: The widest SSH source range accepted without an explicit opt-in: a /16 (65,536 addresses).
+MAX_SSH_PREFIX_WIDTH = 16
 
 _Init = TypeVar("_Init", bound=Callable[..., None])
 
@@ -75,6 +90,26 @@ def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
     return number
 
 
+def count(name: str, value: object, *, minimum: int, maximum: int) -> int:
+    """An integer within documented bounds (a number of nodes, minutes, moves)."""
+    number = positive_int(name, value, minimum=minimum)
+    if number > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value!r}")
+    return number
+
+
+def flag(name: str, value: object) -> bool:
+    """true/false/yes/no/1/0 (or a JSON boolean)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+
 def root_volume(name: str, value: object) -> int:
     size = positive_int(name, value, minimum=1)
     if size < MIN_ROOT_VOLUME_GIB:
@@ -82,6 +117,9 @@ def root_volume(name: str, value: object) -> int:
             f"{name} must be at least {MIN_ROOT_VOLUME_GIB} GiB (the Deep Learning AMI's "
             f"root file system does not fit in less), got {value!r}"
         )
+    if size > MAX_ROOT_VOLUME_GIB:
+        raise ConfigError(f"{name} must be at most {MAX_ROOT_VOLUME_GIB} GiB (gp3's largest "
+                          f"volume), got {value!r}")
     return size
 
 
@@ -99,13 +137,25 @@ def cidr(name: str, value: str) -> str:
     return str(net)
 
 
-def ssh_cidr(name: str, value: str) -> str:
+def ssh_cidr(name: str, value: str, *, wide_opt_in: str | None = None) -> str:
+    """A CIDR for SSH to the master: never the whole internet; with ``wide_opt_in`` (the name
+    of the setting that allows it, for the message) also nothing wider than a /16 unless the
+    caller passed ``wide_opt_in=""`` because the user opted in."""
     block = cidr(name, value)
-    if not Token.is_unresolved(block) and ipaddress.ip_network(block).prefixlen == 0:
+    if Token.is_unresolved(block):
+        return block
+    prefix = ipaddress.ip_network(block).prefixlen
+    if prefix == 0:
         raise ConfigError(
             f"{name} must not open SSH to the whole internet, got {value!r}; "
             "give your own address range (e.g. 203.0.113.7/32) or leave it unset "
             "and connect with SSM Session Manager"
+        )
+    if wide_opt_in and prefix < MAX_SSH_PREFIX_WIDTH:
+        raise ConfigError(
+            f"{name} opens SSH to {2 ** (32 - prefix):,} addresses, wider than the "
+            f"/{MAX_SSH_PREFIX_WIDTH} limit, got {value!r}; give a narrower range, or set "
+            f"{wide_opt_in}=true if you mean it"
         )
     return block
 
@@ -133,6 +183,30 @@ def ami_id(name: str, value: str) -> str:
     return str(value)
 
 
+_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+
+
+def vpc_id(name: str, value: object) -> str:
+    if isinstance(value, str) and Token.is_unresolved(value):
+        return value
+    if not isinstance(value, str) or not _VPC_ID.match(value):
+        raise ConfigError(f"{name} must look like vpc-0123456789abcdef0, got {value!r}")
+    return value
+
+
+def subnet_ids(name: str, value: object) -> tuple[str, ...]:
+    """A non-empty list of distinct subnet ids (comma-separated, or a sequence)."""
+    items = tuple(str(s) for s in _items(value))
+    bad = [s for s in items if not _SUBNET_ID.match(s)]
+    if not items or bad:
+        raise ConfigError(f"{name} must list subnet ids like subnet-0123456789abcdef0, "
+                          f"got {value!r}")
+    if len(set(items)) != len(items):
+        raise ConfigError(f"{name} lists a subnet more than once, got {value!r}")
+    return items
+
+
 def instance_type(name: str, value: object) -> str:
     """The name of an EC2 instance type such as g5.xlarge (family.size), given as a string
     or an ``ec2.InstanceType``."""
@@ -141,16 +215,27 @@ def instance_type(name: str, value: object) -> str:
     if isinstance(value, str) and Token.is_unresolved(value):
         return value
     if not isinstance(value, str) or not _INSTANCE_TYPE.match(value):
-        raise ConfigError(f"{name} must be an EC2 instance type like g5.xlarge, got {value!r}")
+        raise ConfigError(
+            f"{name} must be an EC2 instance type like g5.xlarge (family.size, the size one "
+            f"of nano, micro, small, medium, large, xlarge, <N>xlarge, metal), got {value!r}")
     return value
 
 
 def mount_point(name: str, value: str) -> str:
-    if not _MOUNT_POINT.match(str(value)) or str(value) == "/" or ".." in str(value).split("/"):
+    """An absolute directory outside the system's and the node software's directories."""
+    if not _MOUNT_POINT.match(str(value)) or str(value) == "/" or ".." in str(value).split("/") \
+            or "." in str(value).split("/"):
         raise ConfigError(
             f"{name} must be an absolute directory path such as /efs, got {value!r}"
         )
-    return str(value).rstrip("/")
+    path = re.sub("/+", "/", str(value)).rstrip("/")
+    for system in SYSTEM_DIRECTORIES:
+        if path == system or path.startswith(system + "/") or system.startswith(path + "/"):
+            raise ConfigError(
+                f"{name} must not be on, under or above the system directory {system} "
+                f"(a mount there hides what the node needs), got {value!r}; use e.g. /efs"
+            )
+    return path
 
 
 def one_line(name: str, value: object) -> str:

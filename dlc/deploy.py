@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dlc import aws
+from dlc import aws, preflight
 from dlc.cost import cache_dir
 from dlc.errors import DlcError, UsageError
 from dlc.remote import Remote
-from dlc.target import Target
+from dlc.target import DEFAULT_STACK, Target
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CDK_ENV = {"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "18,20",
@@ -36,16 +36,19 @@ POLL = 1.0
 Echo = Callable[[str], None]
 
 
-def context_args(pairs: tuple[str, ...] | list[str]) -> list[str]:
-    """``-c key=value`` pairs for the CDK CLI; UsageError names a malformed one."""
-    out: list[str] = []
+def context_pairs(pairs: tuple[str, ...] | list[str]) -> list[str]:
+    """The ``key=value`` pairs as given; UsageError names a malformed one."""
     for pair in pairs:
         key, sep, _value = pair.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"-c expects key=value (a stack setting, README 'Settings'), "
                              f"got {pair!r}")
-        out += ["-c", pair]
-    return out
+    return list(pairs)
+
+
+def context_args(pairs: tuple[str, ...] | list[str]) -> list[str]:
+    """``-c key=value`` pairs for the CDK CLI; UsageError names a malformed one."""
+    return [a for pair in context_pairs(pairs) for a in ("-c", pair)]
 
 
 def check_checkout(root: Path = REPO_ROOT) -> None:
@@ -145,7 +148,10 @@ def run_cdk(target: Target, args: list[str], what: str, events: EventPrinter,
 
 def up(target: Target, contexts: list[str], echo: Echo, *, wait: bool = True,
        timeout: float = 1800) -> dict:
-    """Deploy, then follow nodes and membership until the cluster is formed."""
+    """Check the settings against the account (``dlc.preflight``), deploy, then follow nodes
+    and membership until the cluster is formed."""
+    if target.stack == DEFAULT_STACK:
+        preflight.check(target, context_pairs(contexts), echo)
     args = ["deploy", target.stack, "--require-approval", "never", "--progress", "events",
             "--output", str(_out_dir(target.stack)), *context_args(contexts)]
     before = aws.stack_exists(target)

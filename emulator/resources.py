@@ -19,6 +19,10 @@ here instead. What :func:`create_cluster` makes mirrors ``constructs_lib.DeepLea
   four Auto Scaling notifications are not configured here);
 - the master queue with its dead-letter queue (after 5 receives).
 
+The stack's defaults it uses (mount point, setup timeout, fewest workers, the drain hook's
+name and heartbeat) are read from the constructs' one source (:func:`stack_defaults`), not
+restated here.
+
 Not created: EFS (a directory), the Lambda, the wait condition. The Lambda's messages come
 from its own code: :meth:`ClusterResources.setup_message` and friends use the builders in
 ``lambda_src.master_messages`` on the group state ``lambda_src.group_state`` reads, as the
@@ -32,6 +36,7 @@ whose nodes need no AWS API at all (the job runner's).
 from __future__ import annotations
 
 import base64
+import functools
 import itertools
 import json
 import os
@@ -53,17 +58,45 @@ from emulator.deploy import (
 ROLE_TAGS = {"master": "Master", "worker": "Worker"}
 PUBLIC_SUBNETS = ("127.20.0.0/18", "127.20.64.0/18")
 PRIVATE_SUBNETS = ("127.20.128.0/18", "127.20.192.0/18")
-#: The master's wait for both groups, as the stack's wait condition timeout (55 minutes).
-SETUP_TIMEOUT_SECONDS = 3300
-DRAIN_HOOK = "drain"
+
+
+@dataclass(frozen=True)
+class StackDefaults:
+    """The defaults a deployed stack has, read from the one description of its settings
+    (``constructs_lib.cluster_settings``) and the construct's constants, never restated here."""
+
+    mount_point: str
+    setup_timeout: int
+    min_workers: int
+    drain_heartbeat: int
+    drain_hook: str
+
+
+@functools.cache
+def stack_defaults() -> StackDefaults:
+    """Imported on first use: the constructs load the CDK (a second or so), which suites that
+    only need :func:`loopback_instances` never pay."""
+    from constructs_lib import cluster, node_group
+    from constructs_lib.cluster_settings import ClusterSettings
+    from constructs_lib.setting import default_of
+
+    return StackDefaults(mount_point=default_of(ClusterSettings, "efs_mount_point"),
+                         setup_timeout=cluster.SETUP_TIMEOUT_SECONDS,
+                         min_workers=cluster.DEFAULT_MIN_WORKERS,
+                         drain_heartbeat=node_group.DRAIN_HEARTBEAT_SECONDS,
+                         drain_hook=node_group.DRAIN_HOOK_NAME)
 
 
 def agent_settings(role: str, *, cluster_id: str, master_queue_url: str = "",
                    stack_name: str = "", region: str = REGION, efs_id: str = "",
-                   mount_point: str = "/efs", wait_handle: str = "",
-                   setup_timeout: int = SETUP_TIMEOUT_SECONDS, base_workers: int | None = None,
+                   mount_point: str | None = None, wait_handle: str = "",
+                   setup_timeout: int | None = None, base_workers: int | None = None,
                    data_prep: str = "") -> dict[str, str]:
-    """The settings ``DeepLearningCluster`` renders into a group's user data, in its order."""
+    """The settings ``DeepLearningCluster`` renders into a group's user data, in its order
+    (``mount_point`` and ``setup_timeout`` default to the stack's)."""
+    defaults = stack_defaults()
+    mount_point = defaults.mount_point if mount_point is None else mount_point
+    setup_timeout = defaults.setup_timeout if setup_timeout is None else setup_timeout
     settings = {"role": role, "cluster-id": cluster_id, "stack-name": stack_name or cluster_id,
                 "region": region, "master-queue-url": master_queue_url, "efs-id": efs_id,
                 "mount-point": mount_point, "wait-handle": wait_handle,
@@ -168,10 +201,12 @@ class ClusterResources:
             change=change, asg=snap.name, role=snap.role, cluster_id=self.cluster_id,
             instance_id=instance_id, desired=snap.desired, instances=list(snap.instances))
 
-    def drain_message(self, instance_id: str, token: str, *, hook: str = DRAIN_HOOK) -> dict:
-        """The ``drain-request`` the Lambda sends for a worker entering Terminating:Wait."""
+    def drain_message(self, instance_id: str, token: str, *, hook: str | None = None) -> dict:
+        """The ``drain-request`` the Lambda sends for a worker entering Terminating:Wait
+        (``hook``: the stack's drain hook unless given)."""
         from lambda_src import master_messages
 
+        hook = stack_defaults().drain_hook if hook is None else hook
         return master_messages.drain_request(
             asg=self.worker_asg, role="worker", cluster_id=self.cluster_id,
             instance_id=instance_id, lifecycle_hook=hook, lifecycle_action_token=token)
@@ -192,11 +227,17 @@ class ClusterResources:
 
 
 def create_cluster(endpoint: str, *, cluster_id: str = "dlc-test", workers: int = 3,
-                   min_workers: int = 1, max_workers: int | None = None,
-                   instance_type: str = "p3.2xlarge", mount_point: str = "/efs",
+                   min_workers: int | None = None, max_workers: int | None = None,
+                   instance_type: str = "p3.2xlarge", mount_point: str | None = None,
                    wait_handle: str = "", data_prep: str = "") -> ClusterResources:
-    """The stack's AWS side for ``workers`` workers (see the module docstring)."""
+    """The stack's AWS side for ``workers`` workers (see the module docstring); unset
+    ``min_workers`` and ``mount_point`` are the stack's defaults (:func:`stack_defaults`).
+    ``instance_type`` is the tests' 1-GPU type (the one ``emulator.imds`` reports), not the
+    stack's default."""
     import boto3
+
+    defaults = stack_defaults()
+    min_workers = defaults.min_workers if min_workers is None else min_workers
 
     def client(service: str):
         return boto3.client(service, endpoint_url=endpoint, region_name=REGION)
@@ -238,9 +279,10 @@ def create_cluster(endpoint: str, *, cluster_id: str = "dlc-test", workers: int 
             MinSize=low, MaxSize=high, DesiredCapacity=desired, VPCZoneIdentifier=subnet,
             Tags=[{"Key": CLUSTER_TAG_KEY, "Value": cluster_id, "PropagateAtLaunch": True},
                   {"Key": ROLE_TAG_KEY, "Value": ROLE_TAGS[role], "PropagateAtLaunch": True}])
-    asg.put_lifecycle_hook(LifecycleHookName=DRAIN_HOOK, AutoScalingGroupName=names["worker"],
+    asg.put_lifecycle_hook(LifecycleHookName=defaults.drain_hook,
+                           AutoScalingGroupName=names["worker"],
                            LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING",
-                           HeartbeatTimeout=300, DefaultResult="CONTINUE",
+                           HeartbeatTimeout=defaults.drain_heartbeat, DefaultResult="CONTINUE",
                            NotificationTargetARN=topic)
     return ClusterResources(endpoint, cluster_id, names["master"], names["worker"], queue,
                             subnet, topic, templates)

@@ -2,53 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import Annotations, CfnOutput, Stack
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from constructs_lib import DeepLearningCluster, FixedAmi, acknowledge_cluster_findings
-from constructs_lib.cluster import DEFAULT_SPOT_WORKERS, DEFAULT_WORKER_COUNT
-from constructs_lib.images import DEFAULT_IMAGE_TYPE
-from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
-from constructs_lib.network import DEFAULT_VPC_CIDR
-from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
-from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
+from constructs_lib.cluster_settings import ClusterSettings
 from stacks.existing import existing_file_system
 
 CLUSTER_ID = "Cluster"
 
-
-@dataclass(frozen=True)
-class ClusterSettings:
-    """The stack's settings, read from CDK context by app.py (README "Settings"). Unset
-    settings take the construct's defaults (the constants imported above)."""
-
-    worker_count: int = DEFAULT_WORKER_COUNT
-    worker_instance_type: str | None = None  # None: the construct default (g5.xlarge)
-    master_instance_type: str | None = None
-    image_type: str = DEFAULT_IMAGE_TYPE
-    pytorch_version: str | None = None  # None = the newest line documented for image_type
-    ami_id: str | None = None
-    ssh_cidr: str | None = None
-    key_name: str | None = None
-    efs_file_system_id: str | None = None
-    efs_mount_point: str = DEFAULT_MOUNT_POINT
-    vpc_cidr: str = DEFAULT_VPC_CIDR
-    root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB
-    placement_group: bool = False
-    max_workers: int | None = None  # None = worker_count + spot_workers
-    spot_workers: int = DEFAULT_SPOT_WORKERS
-    data_prep_script: str | None = None
-    # README "When capacity is short" (stacks/settings.py CAPACITY_CONTEXT_KEYS)
-    worker_instance_types: tuple[str, ...] | None = None
-    master_instance_types: tuple[str, ...] | None = None
-    capacity_reservation_id: str | None = None
-    capacity_reservation_group_arn: str | None = None
-    capacity_block_id: str | None = None
-    availability_zones: tuple[str, ...] | None = None
-    max_zone_moves: int = DEFAULT_MAX_ZONE_MOVES
+__all__ = ["CLUSTER_ID", "ClusterSettings", "DLClusterStack"]
 
 
 class DLClusterStack(Stack):
@@ -59,6 +23,19 @@ class DLClusterStack(Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.settings = s = settings
+        vpc = None
+        if s.vpc_id:
+            # Imported from its ids, not looked up: synth makes no AWS call (in CI neither).
+            vpc = ec2.Vpc.from_vpc_attributes(
+                self, "ExistingVpc", vpc_id=s.vpc_id,
+                availability_zones=list(s.availability_zones or ()),
+                private_subnet_ids=list(s.vpc_private_subnet_ids or ()),
+                public_subnet_ids=list(s.vpc_public_subnet_ids) if s.vpc_public_subnet_ids
+                else None)
+            # The nodes' subnets need no route table here (nothing adds routes to them).
+            Annotations.of(vpc).acknowledge_warning(
+                "@aws-cdk/aws-ec2:noSubnetRouteTableId",
+                "the cluster adds no routes to an existing VPC's subnets")
         file_system = None
         if s.efs_file_system_id:
             file_system = existing_file_system(
@@ -68,6 +45,7 @@ class DLClusterStack(Stack):
         self.cluster = DeepLearningCluster(
             self,
             CLUSTER_ID,
+            vpc=vpc,
             vpc_cidr=s.vpc_cidr,
             worker_count=s.worker_count,
             worker_instance_type=None if s.worker_instance_types else s.worker_instance_type,

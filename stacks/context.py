@@ -1,17 +1,29 @@
-"""Reading CDK context values the same way for every stack.
+"""Reading CDK context into a settings dataclass the same way for every stack.
 
 Context arrives as strings from ``-c key=value`` or as JSON values from cdk.json; every bad
-value fails synth with ``context key '<key>' ...`` and the value.
+value fails synth with ``context key '<key>' ...``, the value and the limit. What each key
+means, its default and its check come from the dataclass's field descriptions
+(``constructs_lib.setting``); a key that looks like one of this app's but is none of them is
+refused with the closest known key, instead of being silently ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+import re
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from constructs_lib import validation
+from constructs_lib.setting import described_fields
 
-_TRUE = {"true", "1", "yes"}
-_FALSE = {"false", "0", "no", ""}
+T = TypeVar("T")
+
+#: This app's context keys are camelCase identifiers. Keys of the CDK and its CLI have a
+#: namespace (``@aws-cdk/core:...``, ``aws:cdk:...``, ``aws-cdk:...``, the lookup cache's
+#: ``availability-zones:account=...``) or dashes (``acknowledged-issue-numbers``): they are
+#: never this app's, so they are never checked.
+_APP_KEY = re.compile(r"^[a-z][A-Za-z0-9]*$")
 
 
 class ContextReader:
@@ -40,16 +52,37 @@ class ContextReader:
         except validation.ConfigError as exc:
             raise validation.ConfigError(f"context key {exc}") from None
 
-    def flag(self, key: str) -> bool | None:
-        """true/false/yes/no/1/0 (or a JSON boolean); None when unset."""
-        value = self.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-        raise validation.ConfigError(f"context key '{key}' must be true or false, got {value!r}")
+    def settings(self, cls: Callable[..., T]) -> T:
+        """The settings dataclass ``cls`` with every context key it describes that is set
+        (a raw key: given at all) parsed and checked; unset keys keep its defaults."""
+        values: dict[str, object] = {}
+        for field, desc in described_fields(cls):  # type: ignore[arg-type]
+            given = self.get(desc.key) is not None if desc.raw else \
+                self.text(desc.key) is not None
+            if given:
+                values[field.name] = self.checked(desc.key, lambda _n, v, d=desc: d.parse(v),
+                                                  raw=desc.raw)
+        return cls(**values)
+
+    def one_of(self, *groups: tuple[str, ...]) -> None:
+        """At most one key of each group is set; the error names the keys and their values."""
+        for keys in groups:
+            given = [k for k in keys if self.text(k) is not None]
+            if len(given) > 1:
+                raise validation.ConfigError(
+                    "context keys " + " and ".join(f"'{k}'" for k in given) + " exclude each "
+                    "other, got " + ", ".join(f"{k}={self.text(k)!r}" for k in given))
+
+
+def refuse_unknown_keys(given: Iterable[str], known: Iterable[str]) -> None:
+    """ConfigError for the first of this app's keys (camelCase, see ``_APP_KEY``) in ``given``
+    that is not ``known``, naming the closest known key (compared without case, so
+    ``workercount`` finds ``workerCount``)."""
+    by_lower = {k.lower(): k for k in known}
+    for key in sorted(given):
+        if not _APP_KEY.match(key) or key in by_lower.values():
+            continue
+        close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.6)
+        hint = f"; did you mean '{by_lower[close[0]]}'?" if close else \
+            " (README \"Settings\" lists the keys)"
+        raise validation.ConfigError(f"unknown context key '{key}'{hint}")

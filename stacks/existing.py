@@ -1,8 +1,10 @@
 """Existing resources named by context keys, imported for the cluster construct a stack creates.
 
 The ``efsFileSystemId`` / ``emrEfsFileSystemId`` file system needs a group for its mount
-targets in the cluster's VPC, and the cluster construct creates that VPC itself; so the group
-refers to the VPC lazily (the reference resolves at synth time, once the cluster exists).
+targets in the cluster's VPC. That VPC is the cluster construct's (DLClusterStack: the one
+``vpcId`` imports, which an existing file system requires; the EMR stack: the new one the
+construct creates), so the group refers to it lazily (the reference resolves at synth time,
+once the cluster exists).
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def test_bad_context_values_name_the_key(ctx: dict, pattern: str) -> None:
 def test_every_context_key_maps_to_a_setting_and_is_documented() -> None:
     fields = set(EmrSettings.__dataclass_fields__)
     docs = (Path(REPO_ROOT) / "docs" / "emr.md").read_text()
-    for key, (field, _meaning) in EMR_CONTEXT_KEYS.items():
+    for key, field in EMR_CONTEXT_KEYS.items():
         assert field in fields
         assert f"`{key}`" in docs, f"docs/emr.md does not document {key}"
 

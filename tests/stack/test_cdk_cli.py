@@ -78,3 +78,10 @@ def test_bad_context_fails_naming_key_and_value(tmp_path: Path) -> None:
     proc = cdk("synth", "DLClusterStack", "-c", "workerCount=0", outdir=tmp_path)
     assert proc.returncode != 0
     assert "context key 'workerCount' must be an integer >= 1, got '0'" in proc.stderr
+
+
+def test_misspelt_key_fails_synth_naming_the_right_one(tmp_path: Path) -> None:
+    """`-c workercount=3` used to deploy the default two workers without a word."""
+    proc = cdk("synth", "DLClusterStack", "-c", "workercount=3", outdir=tmp_path)
+    assert proc.returncode != 0
+    assert "unknown context key 'workercount'; did you mean 'workerCount'?" in proc.stderr

@@ -112,7 +112,9 @@ def test_efs_allows_nfs_only_from_cluster_nodes(template: Template) -> None:
 
 
 def test_existing_file_system_creates_none() -> None:
-    t = cluster_template(efsFileSystemId="fs-0123456789abcdef0")
+    t = cluster_template(efsFileSystemId="fs-0123456789abcdef0", vpcId="vpc-0123456789abcdef0",
+                         vpcPrivateSubnetIds="subnet-0123456789abcdef0,subnet-0123456789abcdef1",
+                         availabilityZones="us-east-1a,us-east-1b")
     t.resource_count_is("AWS::EFS::FileSystem", 0)
     t.resource_count_is("AWS::EFS::MountTarget", 0)
     assert "fs-0123456789abcdef0" in json.dumps(t.find_resources("AWS::EC2::LaunchTemplate"))

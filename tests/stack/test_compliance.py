@@ -16,6 +16,10 @@ CONTEXTS = {
     "ssh-efs-placement": {
         "sshCidr": "203.0.113.7/32",
         "efsFileSystemId": "fs-0123abcd",
+        "vpcId": "vpc-0123456789abcdef0",
+        "vpcPrivateSubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1",
+        "vpcPublicSubnetIds": "subnet-0123456789abcdef2,subnet-0123456789abcdef3",
+        "availabilityZones": "us-east-1a,us-east-1b",
         "placementGroup": "true",
         "keyName": "ops",
     },

@@ -117,7 +117,8 @@ def test_import_helper_creates_the_access_group_in_a_vpc() -> None:
      "DLClusterStack/Cluster: worker_count must be an integer >= 1, got 0"),
     (lambda s: DeepLearningCluster(s, "Cluster", worker_instance_type="g5"),
      "DLClusterStack/Cluster: worker_instance_type must be an EC2 instance type like "
-     "g5.xlarge, got 'g5'"),
+     "g5.xlarge (family.size, the size one of nano, micro, small, medium, large, xlarge, "
+     "<N>xlarge, metal), got 'g5'"),
     (lambda s: DeepLearningCluster(s, "Cluster", placement_group=True),
      "DLClusterStack/Cluster: placement_group takes an ec2.IPlacementGroup; for a new cluster "
      "placement group pass create_placement_group=True, got True"),

@@ -6,7 +6,7 @@ import pytest
 
 from constructs_lib.validation import ConfigError
 from stacks.cluster_stack import ClusterSettings
-from stacks.settings import CONTEXT_KEYS, settings_from_context
+from stacks.settings import CAPACITY_CONTEXT_KEYS, CONTEXT_KEYS, settings_from_context
 
 
 def settings(**ctx: object) -> ClusterSettings:
@@ -37,14 +37,20 @@ def test_every_documented_key_is_parsed() -> None:
         "keyName": "me",
         "efsFileSystemId": "fs-0123abcd",
         "efsMountPoint": "/shared",
-        "vpcCidr": "10.1.0.0/16",
+        "vpcId": "vpc-0123456789abcdef0",
+        "vpcPrivateSubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1",
+        "vpcPublicSubnetIds": "subnet-0123456789abcdef2,subnet-0123456789abcdef3",
+        "availabilityZones": "us-east-1a,us-east-1b",
         "rootVolumeGiB": "500",
         "placementGroup": "true",
         "maxWorkers": "8",
         "spotWorkers": "2",
         "dataPrepScript": "/efs/prep.sh --fast",
+        "sshAllowWideCidr": "false",
     }
-    assert set(ctx) == set(CONTEXT_KEYS)
+    # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
+    assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
+        "availabilityZones"}
     s = settings(**ctx)
     assert s == ClusterSettings(
         worker_count=3,
@@ -57,7 +63,10 @@ def test_every_documented_key_is_parsed() -> None:
         key_name="me",
         efs_file_system_id="fs-0123abcd",
         efs_mount_point="/shared",
-        vpc_cidr="10.1.0.0/16",
+        vpc_id="vpc-0123456789abcdef0",
+        vpc_private_subnet_ids=("subnet-0123456789abcdef0", "subnet-0123456789abcdef1"),
+        vpc_public_subnet_ids=("subnet-0123456789abcdef2", "subnet-0123456789abcdef3"),
+        availability_zones=("us-east-1a", "us-east-1b"),
         root_volume_gib=500,
         placement_group=True,
         max_workers=8,
@@ -108,6 +117,10 @@ def test_bad_values_name_key_and_value(key: str, value: str) -> None:
     assert key in message and repr(value) in message, message
 
 
+def test_a_new_vpcs_cidr_is_parsed() -> None:
+    assert settings(vpcCidr="10.1.0.0/16").vpc_cidr == "10.1.0.0/16"
+
+
 def test_numbers_from_cdk_json_are_accepted() -> None:
     assert settings(workerCount=4, placementGroup=False).worker_count == 4
 
@@ -141,3 +154,217 @@ def test_defaults_are_the_constructs_own() -> None:
                   "max_workers", "ssh_cidr", "data_prep_script"):
         assert getattr(s, field) == props[field].default, field
     assert s.placement_group is props["create_placement_group"].default
+
+
+# -- one description per setting; unknown keys; values checked against their limits ------------
+
+
+def test_unknown_key_is_refused_with_the_closest_known_one() -> None:
+    from stacks.context import refuse_unknown_keys
+
+    known = set(CONTEXT_KEYS)
+    with pytest.raises(ConfigError) as err:
+        refuse_unknown_keys({"workercount": "3"}, known)
+    assert str(err.value) == "unknown context key 'workercount'; did you mean 'workerCount'?"
+    with pytest.raises(ConfigError, match="did you mean 'efsMountPoint'"):
+        refuse_unknown_keys({"efsMountPiont": "/x"}, known)
+    with pytest.raises(ConfigError, match="unknown context key 'zzz' \\(README"):
+        refuse_unknown_keys({"zzz": "1"}, known)
+
+
+def test_the_cdks_own_context_keys_are_not_checked() -> None:
+    """cdk.json's feature flags and the keys the CDK CLI and its lookups add are not ours."""
+    from stacks.context import refuse_unknown_keys
+    from tests.stack.synth import cdk_json_context
+
+    refuse_unknown_keys({**cdk_json_context(), "aws:cdk:enable-path-metadata": True,
+                         "aws-cdk:enableDiffNoFail": True, "acknowledged-issue-numbers": [1],
+                         "availability-zones:account=1:region=us-east-1": ["a"],
+                         "workerCount": "2"}, set(CONTEXT_KEYS))
+
+
+def test_the_app_refuses_a_misspelt_key() -> None:
+    """build_app reads every context key, not only the ones it asks for."""
+    import app as app_module
+    from tests.stack.synth import new_app
+
+    with pytest.raises(ConfigError, match="did you mean 'workerCount'"):
+        app_module.build_app(new_app(workercount="3"))
+    with pytest.raises(ConfigError, match="did you mean 'emrCoreInstanceCount'"):
+        app_module.build_app(new_app(emrCoreInstanceCounts="3"))
+
+
+@pytest.mark.parametrize(("ctx", "message"), [
+    ({"sshCidr": "0.0.0.0/1"}, "context key 'sshCidr' opens SSH to 2,147,483,648 addresses, "
+     "wider than the /16 limit, got '0.0.0.0/1'; give a narrower range, or set "
+     "sshAllowWideCidr=true if you mean it"),
+    ({"sshCidr": "10.0.0.0/15"}, "wider than the /16 limit, got '10.0.0.0/15'"),
+    ({"efsMountPoint": "/etc"}, "context key 'efsMountPoint' must not be on, under or above "
+     "the system directory /etc"),
+    ({"efsMountPoint": "/var/lib/data"}, "system directory /var/lib"),
+    ({"efsMountPoint": "/usr/"}, "system directory /usr"),
+    ({"efsMountPoint": "/opt"}, "system directory /opt/deeplearning"),
+    ({"efsMountPoint": "//proc"}, "system directory /proc"),
+    ({"efsMountPoint": "/data/./x"}, "must be an absolute directory path"),
+    ({"workerCount": "100000"}, "context key 'workerCount' must be at most 1000, "
+     "got '100000'"),
+    ({"spotWorkers": "5000"}, "context key 'spotWorkers' must be at most 1000"),
+    ({"maxWorkers": "1001"}, "context key 'maxWorkers' must be at most 1000"),
+    ({"maxZoneMoves": "11"}, "context key 'maxZoneMoves' must be at most 10"),
+    ({"rootVolumeGiB": "20000"}, "context key 'rootVolumeGiB' must be at most 16384 GiB"),
+    ({"masterInstanceType": "zz.zz"}, "context key 'masterInstanceType' must be an EC2 "
+     "instance type like g5.xlarge (family.size"),
+    ({"workerInstanceType": "p5.48xlargee"}, "got 'p5.48xlargee'"),
+    ({"workerInstanceTypes": "p5.48xlarge,p4d.24xlargee"}, "got 'p4d.24xlargee'"),
+    ({"sshAllowWideCidr": "perhaps"}, "context key 'sshAllowWideCidr' must be true or false"),
+])
+def test_values_are_checked_against_their_limits(ctx: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**ctx)
+    assert message in str(err.value)
+
+
+def test_a_wide_ssh_range_needs_the_opt_in_and_real_types_pass() -> None:
+    assert settings(sshCidr="10.0.0.0/8", sshAllowWideCidr="true").ssh_cidr == "10.0.0.0/8"
+    assert settings(sshCidr="198.51.0.0/16").ssh_cidr == "198.51.0.0/16"
+    assert settings(efsMountPoint="/data/shared/").efs_mount_point == "/data/shared"
+    for name in ("g5.xlarge", "p5.48xlarge", "p4d.24xlarge", "trn1n.32xlarge", "m7i-flex.large",
+                 "p6-b200.48xlarge", "u-6tb1.112xlarge", "c5.metal", "mac2-m2pro.metal",
+                 "c6i.metal-32xl", "t3.nano", "inf2.xlarge", "dl1.24xlarge"):
+        assert settings(workerInstanceType=name).worker_instance_type == name
+
+
+def test_every_field_is_described_and_every_key_is_unique() -> None:
+    """The dataclass is the one description: no field without a key, no key twice."""
+    import dataclasses
+
+    from constructs_lib.emr_settings import EmrSettings
+    from constructs_lib.setting import described_fields
+
+    for cls in (ClusterSettings, EmrSettings):
+        described = described_fields(cls)
+        assert len(described) == len(dataclasses.fields(cls)), cls
+        assert all(s.doc and s.key for _f, s in described)
+    keys = [s.key for cls in (ClusterSettings, EmrSettings) for _f, s in described_fields(cls)]
+    assert len(keys) == len(set(keys))
+
+
+def test_readme_settings_table_is_the_generated_one() -> None:
+    """README's table comes from ClusterSettings: regenerate it with
+    `python -m stacks.settings_doc --write` after changing a setting."""
+    from stacks.settings_doc import README, readme_table, settings_table
+
+    assert readme_table(README.read_text()) == settings_table()
+
+
+def test_the_generated_table_follows_the_description(tmp_path) -> None:
+    from stacks.settings_doc import END, START, readme_table, settings_table, write_readme
+
+    table = settings_table()
+    assert "| `workerCount` | `2` | 1 to 1000 |" in table
+    assert "| `maxWorkers` | workerCount + spotWorkers | 1 to 1000 |" in table
+    stale = tmp_path / "README.md"
+    stale.write_text(f"intro\n{START}\n| old | table |\n{END}\nrest\n")
+    assert readme_table(stale.read_text()) != table
+    assert write_readme(stale) and readme_table(stale.read_text()) == table
+    assert stale.read_text().startswith("intro\n") and stale.read_text().endswith("rest\n")
+
+
+# -- an existing VPC (vpcId) and an existing file system in it ----------------------------------
+
+VPC = {"vpcId": "vpc-0123456789abcdef0",
+       "vpcPrivateSubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1",
+       "availabilityZones": "us-east-1a,us-east-1b"}
+
+
+@pytest.mark.parametrize(("ctx", "message"), [
+    ({"efsFileSystemId": "fs-0123abcd"}, "context key 'efsFileSystemId' needs 'vpcId'"),
+    ({"vpcId": "vpc-0123456789abcdef0"}, "'vpcId' needs 'vpcPrivateSubnetIds' and "
+     "'availabilityZones'"),
+    ({**VPC, "vpcCidr": "10.1.0.0/16"}, "'vpcCidr' is the CIDR of a new VPC and does not go "
+     "with 'vpcId'"),
+    ({**VPC, "availabilityZones": "us-east-1a"}, "'vpcPrivateSubnetIds' must list one subnet "
+     "per zone of 'availabilityZones' (1: us-east-1a), got 2"),
+    ({**VPC, "sshCidr": "203.0.113.0/24"}, "'sshCidr' with 'vpcId' needs 'vpcPublicSubnetIds'"),
+    ({"vpcPrivateSubnetIds": "subnet-0123456789abcdef0"}, "'vpcPrivateSubnetIds' is for an "
+     "existing VPC and needs 'vpcId'"),
+    ({"vpcId": "vpc-xyz"}, "context key 'vpcId' must look like vpc-0123456789abcdef0, "
+     "got 'vpc-xyz'"),
+    ({**VPC, "vpcPrivateSubnetIds": "subnet-1,subnet-2"}, "context key 'vpcPrivateSubnetIds' "
+     "must list subnet ids"),
+])
+def test_existing_vpc_keys_are_refused_clearly(ctx: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**ctx)
+    assert message in str(err.value)
+
+
+def test_existing_file_system_in_an_existing_vpc_synthesizes_without_lookups() -> None:
+    """efsFileSystemId used to get a mount-target group in a new VPC its file system is not
+    in; with vpcId the stack creates no VPC and puts every group in the given one."""
+    from tests.stack.synth import cluster_template
+
+    t = cluster_template(**VPC, efsFileSystemId="fs-0123456789abcdef0")
+    t.resource_count_is("AWS::EC2::VPC", 0)
+    t.resource_count_is("AWS::EFS::FileSystem", 0)
+    res = t.to_json()["Resources"]
+    groups = [r["Properties"]["VpcId"] for r in res.values()
+              if r["Type"] == "AWS::EC2::SecurityGroup"]
+    assert groups and set(groups) == {"vpc-0123456789abcdef0"}
+    subnets = [r["Properties"]["VPCZoneIdentifier"] for r in res.values()
+               if r["Type"] == "AWS::AutoScaling::AutoScalingGroup"]
+    assert subnets == [VPC["vpcPrivateSubnetIds"].split(",")] * 2
+
+
+def test_the_emulators_clusters_take_the_stacks_defaults(monkeypatch) -> None:
+    """emulator.resources restates no default: a changed construct default reaches the
+    user data of its directly-built clusters."""
+    import dataclasses
+
+    from constructs_lib import cluster, node_group
+    from constructs_lib.cluster_settings import ClusterSettings
+    from emulator import resources
+
+    resources.stack_defaults.cache_clear()
+    real = resources.stack_defaults()
+    assert real.mount_point == ClusterSettings().efs_mount_point
+    assert (real.setup_timeout, real.min_workers, real.drain_heartbeat, real.drain_hook) == (
+        cluster.SETUP_TIMEOUT_SECONDS, cluster.DEFAULT_MIN_WORKERS,
+        node_group.DRAIN_HEARTBEAT_SECONDS, node_group.DRAIN_HOOK_NAME)
+    monkeypatch.setattr(cluster, "SETUP_TIMEOUT_SECONDS", 1234)
+    fields = {f.name: f for f in dataclasses.fields(ClusterSettings)}
+    monkeypatch.setattr(fields["efs_mount_point"], "default", "/shared")
+    resources.stack_defaults.cache_clear()
+    try:
+        settings = resources.agent_settings("master", cluster_id="c")
+        assert (settings["setup-timeout"], settings["mount-point"]) == ("1234", "/shared")
+    finally:
+        resources.stack_defaults.cache_clear()
+
+
+def test_the_constructs_prop_docs_state_the_settings_defaults() -> None:
+    """Each prop a setting feeds documents, under ``:default:``, the default the setting
+    description has (so help(DeepLearningCluster) and the README agree)."""
+    import inspect
+    import re
+
+    from constructs_lib import DeepLearningCluster
+    from constructs_lib.setting import described_fields
+
+    doc = inspect.getdoc(DeepLearningCluster.__init__) or ""
+    props = inspect.signature(DeepLearningCluster.__init__).parameters
+    renamed = {"placement_group": "create_placement_group"}
+    checked = 0
+    for field, desc in described_fields(ClusterSettings):
+        prop = renamed.get(field.name, field.name)
+        literal = (desc.default_doc or "").startswith("`")  # not a computed default
+        if prop not in props or (field.default is None and not literal):
+            continue
+        block = re.search(rf":param {prop}:(.*?)(?=:param |\Z)", doc, re.S)
+        assert block, f"{prop} is not documented"
+        default = block.group(1).split(":default:")[-1]
+        expected = desc.default_doc.strip("`") if field.default is None else \
+            str(field.default)
+        assert expected.split("`")[0] in default, (field.name, expected, default)
+        checked += 1
+    assert checked >= 8

@@ -1,0 +1,157 @@
+"""ClusterSettings: the one description of DLClusterStack's settings (``-c key=value``).
+
+Each field is a :class:`~constructs_lib.setting.Setting`: context key, default, bounds, check
+and the README's text. ``DeepLearningCluster``'s props take their defaults from here (or from
+the constant of the construct that owns the default, imported below), app.py parses and checks
+the context with it, and README's "Settings" table is generated from it
+(``python -m stacks.settings_doc``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from constructs_lib import validation
+from constructs_lib.images import DEFAULT_IMAGE_TYPE, IMAGE_FAMILIES, pytorch_version
+from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
+from constructs_lib.network import DEFAULT_VPC_CIDR
+from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
+from constructs_lib.setting import default_of, setting
+from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
+
+#: Most workers a stack setting accepts (workerCount, spotWorkers, maxWorkers): far above any
+#: GPU quota an account starts with, low enough that a typo (100000) fails at synth instead
+#: of after an hour of launch errors. The construct itself takes any count.
+MAX_WORKERS = 1000
+#: Most zone moves: more than the zones of any region.
+MAX_ZONE_MOVES = 10
+#: Instance type of the master and of the workers.
+DEFAULT_INSTANCE_TYPE = "g5.xlarge"
+
+_TYPE = "an EC2 instance type, `family.size`"
+_TYPES = "instance types, comma-separated, at most 20"
+
+
+def _image_type(name: str, value: object) -> str:
+    return validation.one_of(name, str(value), tuple(IMAGE_FAMILIES))
+
+
+def _text(_name: str, value: object) -> str:
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """DLClusterStack's settings; an unset key keeps the default here (README "Settings")."""
+
+    worker_count: int = setting(
+        "workerCount", 2, "worker nodes (the master trains too, so the cluster has "
+        "workerCount + 1 nodes)", validation.count, minimum=1, maximum=MAX_WORKERS)
+    worker_instance_type: str | None = setting(
+        "workerInstanceType", None, "instance type of the workers", validation.instance_type,
+        default_doc=f"`{DEFAULT_INSTANCE_TYPE}`", accepts=_TYPE)
+    master_instance_type: str | None = setting(
+        "masterInstanceType", None, "instance type of the master", validation.instance_type,
+        default_doc=f"`{DEFAULT_INSTANCE_TYPE}`", accepts=_TYPE)
+    image_type: str = setting(
+        "imageType", DEFAULT_IMAGE_TYPE,
+        "the PyTorch Deep Learning AMI, resolved at deploy time from its public SSM "
+        "parameter (no AMI table to go stale). Amazon Linux 2023 installs amazon-efs-utils at "
+        "boot, so EFS mounts with TLS; the Ubuntu DLAMI has no EFS client and cannot mount the "
+        "default TLS-only file system ([docs/node-agent.md](docs/node-agent.md), \"Mounting "
+        "EFS\")", _image_type, accepts=" or ".join(f"`{k}`" for k in IMAGE_FAMILIES))
+    pytorch_version: str | None = setting(
+        "pytorchVersion", None,
+        "the PyTorch line of the DLAMI, as in its SSM parameter name (`…/oss-nvidia-driver-"
+        "gpu-pytorch-<version>-<os>/latest/ami-id`); defaults are the newest lines AWS's "
+        "release notes document. `make synth` prints the parameter", pytorch_version,
+        default_doc=", ".join(f"`{f.default_pytorch}` ({k})" for k, f in IMAGE_FAMILIES.items()),
+        accepts="`major.minor`")
+    ami_id: str | None = setting(
+        "amiId", None, "a custom AMI id instead of the public DLAMI", validation.ami_id,
+        accepts="`ami-` + hex")
+    ssh_cidr: str | None = setting(
+        "sshCidr", None, "unset: no SSH ingress at all, use SSM Session Manager. Set: port 22 "
+        "from that CIDR to the master only, and the master moves to a public subnet",
+        validation.ssh_cidr, accepts="an IPv4 CIDR no wider than /16 (wider with "
+        "`sshAllowWideCidr`); never `0.0.0.0/0`")
+    ssh_allow_wide_cidr: bool = setting(
+        "sshAllowWideCidr", False, "`true`: accept an `sshCidr` wider than /16 (you mean to "
+        "open SSH to that many addresses)", validation.flag, accepts="`true` or `false`")
+    key_name: str | None = setting(
+        "keyName", None, "EC2 key pair for SSH", _text, accepts="a key pair name")
+    efs_file_system_id: str | None = setting(
+        "efsFileSystemId", None, "use this existing EFS instead of creating one; it lives in "
+        "an existing VPC, so it needs `vpcId` (the file system's VPC) and its subnets",
+        validation.file_system_id, accepts="`fs-` + hex")
+    vpc_id: str | None = setting(
+        "vpcId", None, "run in this existing VPC instead of a new one (no lookup: synth makes "
+        "no AWS call); needs `vpcPrivateSubnetIds` and `availabilityZones`, not `vpcCidr`",
+        validation.vpc_id, accepts="`vpc-` + hex")
+    vpc_private_subnet_ids: tuple[str, ...] | None = setting(
+        "vpcPrivateSubnetIds", None, "with `vpcId`: the nodes' private subnets (with a NAT "
+        "route or endpoints), one per zone of `availabilityZones`, in the same order",
+        validation.subnet_ids, accepts="subnet ids, comma-separated")
+    vpc_public_subnet_ids: tuple[str, ...] | None = setting(
+        "vpcPublicSubnetIds", None, "with `vpcId` and `sshCidr`: the public subnets for the "
+        "master, one per zone of `availabilityZones`", validation.subnet_ids,
+        accepts="subnet ids, comma-separated")
+    efs_mount_point: str = setting(
+        "efsMountPoint", DEFAULT_MOUNT_POINT, "mount point on every node",
+        validation.mount_point, accepts="an absolute path outside the system directories "
+        "(`/etc`, `/usr`, `/var/lib`, …)")
+    vpc_cidr: str = setting(
+        "vpcCidr", DEFAULT_VPC_CIDR, "CIDR of the new VPC (the emulator uses "
+        "`127.20.0.0/16`)", validation.vpc_cidr, accepts="an IPv4 CIDR, /16 to /24")
+    root_volume_gib: int = setting(
+        "rootVolumeGiB", DEFAULT_ROOT_VOLUME_GIB, "encrypted gp3 root volume size (GiB)",
+        validation.root_volume,
+        accepts=f"{validation.MIN_ROOT_VOLUME_GIB} to {validation.MAX_ROOT_VOLUME_GIB}")
+    placement_group: bool = setting(
+        "placementGroup", False, "`true`: all nodes in one zone, in a cluster placement group "
+        "(one per zone the cluster may move to, see \"When capacity is short\")",
+        validation.flag, accepts="`true` or `false`")
+    max_workers: int | None = setting(
+        "maxWorkers", None, "the worker group's maximum: how far `dl-scale --workers` can "
+        "grow it", validation.count, default_doc="workerCount + spotWorkers", minimum=1,
+        maximum=MAX_WORKERS)
+    spot_workers: int = setting(
+        "spotWorkers", 0, "extra Spot workers above the on-demand base (mixed instances "
+        "policy, capacity rebalancing; interruptions drain)", validation.count, minimum=0,
+        maximum=MAX_WORKERS)
+    data_prep_script: str | None = setting(
+        "dataPrepScript", None, "command every node runs before it joins (success marker on "
+        "EFS; a failing node never joins)", validation.one_line, raw=True,
+        accepts="one line")
+    worker_instance_types: tuple[str, ...] | None = setting(
+        "workerInstanceTypes", None, "ordered fallback list instead of `workerInstanceType`, "
+        "e.g. `p5.48xlarge,p4d.24xlarge`: the first type with capacity launches (setting both "
+        "keys is an error)", validation.instance_types, accepts=_TYPES)
+    master_instance_types: tuple[str, ...] | None = setting(
+        "masterInstanceTypes", None, "the same for the master (instead of "
+        "`masterInstanceType`)", validation.instance_types, accepts=_TYPES)
+    availability_zones: tuple[str, ...] | None = setting(
+        "availabilityZones", None, "zones of the new VPC, in the nodes' order of preference (a "
+        "single-zone cluster starts in the first and moves in this order)",
+        validation.availability_zones, default_doc="the region's first two",
+        accepts="zone names, comma-separated")
+    max_zone_moves: int = setting(
+        "maxZoneMoves", DEFAULT_MAX_ZONE_MOVES, "zone moves of a single-zone cluster "
+        "(placement group) when launches fail for capacity, before it comes up smaller",
+        validation.count, minimum=0, maximum=MAX_ZONE_MOVES)
+    capacity_reservation_id: str | None = setting(
+        "capacityReservationId", None, "launch every node into this On-Demand Capacity "
+        "Reservation; needs `availabilityZones`, the reservation's zone first",
+        validation.capacity_reservation_id, accepts="`cr-` + 17 hex digits")
+    capacity_reservation_group_arn: str | None = setting(
+        "capacityReservationGroupArn", None, "the same with a Capacity Reservation group",
+        validation.resource_group_arn, accepts="`arn:aws:resource-groups:…:group/…`")
+    capacity_block_id: str | None = setting(
+        "capacityBlockId", None, "launch every node into this Capacity Block for ML; needs "
+        "`availabilityZones`, the block's zone first", validation.capacity_reservation_id,
+        accepts="`cr-` + 17 hex digits")
+
+
+#: The construct defaults that come from this description (``DeepLearningCluster``'s props).
+DEFAULT_WORKER_COUNT: int = default_of(ClusterSettings, "worker_count")
+DEFAULT_SPOT_WORKERS: int = default_of(ClusterSettings, "spot_workers")

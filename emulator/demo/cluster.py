@@ -219,7 +219,11 @@ def notify_launches(ctx: DemoContext) -> None:
     ctx.info("[dim]event -> what the Lambda sent the master (asg-setup-success: group set up, "
              "asg-setup-failure: below its minimum, wait: launches under way; docs/demo.md)[/]")
     log = ctx.logs / "lambda.log"
-    ctx.invoker = nt.LambdaInvoker(c.function_name, c.function_env, ctx.aws, log)
+    env = dict(c.function_env)
+    if "WAIT_HANDLE_URL" in env and not env["WAIT_HANDLE_URL"].startswith("http"):
+        # moto resolves the handle to ''; the emulator serves it, as for the master's agent
+        env["WAIT_HANDLE_URL"] = f"{ctx.control}/wait-handle"
+    ctx.invoker = nt.LambdaInvoker(c.function_name, env, ctx.aws, log)
     msgs = []
     for g in (c.master, c.worker):
         for inst in g.instances:

@@ -15,7 +15,11 @@ Configuration (environment, set by the construct; docs/protocol.md §2): ``MASTE
 ``CLUSTER_ID``, ``CLUSTER_TAG_KEY``, ``ROLE_TAG_KEY``, optional ``LOG_LEVEL``, and for a
 single-zone cluster ``ZONE_CHOICES`` and ``MAX_ZONE_MOVES``: a launch that fails for
 capacity first moves both groups to the next zone (``zone_fallback``), a bounded number of
-times, before desired capacity is lowered.
+times, before desired capacity is lowered. ``LAUNCH_RETRY_SECONDS``: a transient launch
+error (``launch_errors``: no capacity, throttling) is left to the group's own retries that
+long after the group's creation before any of that happens; configuration and quota errors
+are acted on at once. ``WAIT_HANDLE_URL``: a master group that cannot launch fails the
+stack's wait condition from here (``setup_signal``), since no master agent exists to do it.
 
 Nothing is suspended on the groups (the original suspended ReplaceUnhealthy for good, so a
 group could never heal again).

@@ -66,13 +66,16 @@ def _attempt(item: dict[str, Any]) -> str:
         f": {cause}{moved}"
 
 
-def failure_reason(message: dict[str, Any]) -> str:
+def failure_reason(message: dict[str, Any], zones: list[str] | None = None) -> str:
     """The wait-condition reason for an ``asg-setup`` failure message (the master agent's
-    wording: group, reason, cause, what was tried)."""
+    wording: group, reason, cause, what was tried), and the zones the group launches in
+    (Auto Scaling tried each of them; the notification names one)."""
     cause = f" ({message['cause']})" if message.get("cause") else ""
     reason = (f"{message['role']} group {message['asg']}: {message['reason']}{cause}")
     if message.get("attempts"):
         reason += "; tried: " + "; ".join(_attempt(a) for a in message["attempts"])
+    if zones:
+        reason += f"; the group's zones: {', '.join(zones)}"
     return reason[:MAX_REASON]
 
 
@@ -93,10 +96,12 @@ def fail_setup(handle_url: str, message: dict[str, Any], *, clients: AwsClients,
     if not handle_url.lower().startswith(("https://", "http://")):
         log.warning("setup-signal-skipped", reason="not-a-url", handle=handle_url[:100])
         return False
-    if _formed(clients.cluster_groups(tag_key, cluster_id)):
+    groups = clients.cluster_groups(tag_key, cluster_id)
+    if _formed(groups):
         log.info("setup-signal-skipped", reason="cluster-formed")
         return False
-    reason = failure_reason(message)
+    group = next((g for g in groups if g.get("AutoScalingGroupName") == message["asg"]), {})
+    reason = failure_reason(message, [str(z) for z in group.get("AvailabilityZones") or []])
     request = urllib.request.Request(handle_url, data=signal_body(reason), method="PUT",
                                      headers={"Content-Type": ""})
     try:

@@ -130,6 +130,8 @@ def settle(ctx: DemoContext) -> None:
         ctx.autoscaling.tick(force=True)
         lines = decisions(log)
         for rec in lines[seen:]:
+            if rec["msg"] == "zone-decision" and rec.get("action") == "stay":
+                continue  # no zone to move to: the report keeps it, the console need not
             ctx.info(f"[dim]lambda {rec['msg']}: {escape(_say(rec))}[/]")
         seen = len(lines)
         failure = [sig for sig in ctx.signals() if sig.get("Status") == "FAILURE"]

@@ -191,6 +191,7 @@ def test_master_that_cannot_launch_fails_the_wait_condition(
     assert reason.startswith(f"master group {MASTER}: cannot reach its minimum")
     assert "p5.48xlarge" in reason and "us-east-1a" in reason
     assert "InsufficientInstanceCapacity" in reason
+    assert reason.endswith("the group's zones: us-east-1a")
     assert handle.headers[0].get("Content-Type", "") == ""
     [message] = c.messages(queue)  # the queue still has it, for a master that comes later
     assert message["status"] == "failure"
@@ -229,3 +230,18 @@ def test_no_signal_once_the_cluster_formed(
     drop_instances(MASTER, 1)
     assert run(error_record(MASTER, AMI))["outcomes"] == ["asg-setup-failure"]
     assert handle.signals == []
+
+
+def test_the_demos_failed_launch_is_final(cloud: tuple[Cloud, str]) -> None:
+    """``--fail-launches`` plays launches that fail for good (the vCPU quota): the Lambda
+    lowers at once, even inside the retry window, so the cluster forms without them."""
+    from emulator import notifications as nt
+
+    c, _queue = cloud
+    c.group(WORKERS, min_size=1, desired=3, max_size=3)
+    drop_instances(WORKERS, 1)
+    message = nt.notification(nt.LAUNCH_ERROR, WORKERS, desired=3, instance_type="g5.xlarge",
+                              status_message=nt.VCPU_LIMIT.format(limit=12))
+    event = nt.sns_event("arn:aws:sns:us-east-1:123456789012:topic", message)
+    assert adjuster.handler(event, None)["outcomes"] == ["asg-setup-success"]
+    assert c.desired(WORKERS) == 2

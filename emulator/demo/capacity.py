@@ -213,12 +213,17 @@ def flaky_report(ctx: DemoContext, found: list[dict], nodes: list[dict]) -> dict
         state = dict(http_json(f"{ctx.control}/flaky-launches", "GET"))  # type: ignore[arg-type]
     retries = [d for d in found if d.get("msg") == "decision" and d.get("action") == "retry"
                and d.get("role") == "worker"]
+    # what the Lambda made of each launch error: "retry" while the group was short, a success
+    # report when the group's retry had filled it before the error was delivered
+    errors = [o for rec in (ctx.invoker.invocations if ctx.invoker else [])
+              if rec["events"] == [emulated.LAUNCH_ERROR] for o in rec["outcomes"]]
     return {
         "asked": ctx.ns.flaky_launches,
         "failed": state.get("failed"),
         "retry_seconds_emulated": emulated.RETRY_SECONDS,
         "launch_retry_seconds": retry_window(ctx),
         "left_to_retries": len(retries),
+        "error_outcomes": errors,
         "causes": sorted({str(d.get("error_code")) for d in retries}),
         "lowered": [d for d in found if d.get("msg") == "capacity-lowered"],
         "workers": len([n for n in nodes if n.get("role") == "worker"]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import ArnFormat, Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Aws, CfnWaitConditionHandle, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
@@ -16,7 +16,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from constructs_lib.package_paths import ASSET_EXCLUDES, lambda_source_dir
-from constructs_lib.validation import reports_path
+from constructs_lib.validation import ConfigError, reports_path
 
 CLUSTER_TAG_KEY = "dl-cluster:id"
 ROLE_TAG_KEY = "NodeType"
@@ -32,6 +32,12 @@ DEFAULT_TIMEOUT = Duration.seconds(60)
 MAX_EVENT_AGE = Duration.minutes(30)
 #: Retries of a failed invocation (Lambda's default and maximum).
 RETRY_ATTEMPTS = 2
+#: How long a transient launch error (no EC2 capacity, throttling) is left to the group's own
+#: retries, counted from the group's creation, before the count is lowered or the groups
+#: move: capacity often frees within minutes, and a lowered group stays lowered.
+DEFAULT_LAUNCH_RETRY_SECONDS = 600
+#: Longer is refused: the stack's setup wait (55 minutes by default) would end first.
+MAX_LAUNCH_RETRY_SECONDS = 3300
 
 
 class CapacityAdjuster(Construct):
@@ -68,6 +74,7 @@ class CapacityAdjuster(Construct):
         timeout: Duration = DEFAULT_TIMEOUT,
         zone_choices: Sequence[tuple[str, str, str]] = (),
         max_zone_moves: int = 0,
+        launch_retry_seconds: int = DEFAULT_LAUNCH_RETRY_SECONDS,
     ) -> None:
         """
         :param cluster_id: the ``dl-cluster:id`` tag value of the cluster's groups.
@@ -88,8 +95,20 @@ class CapacityAdjuster(Construct):
         :param max_zone_moves: how many times the groups may move before the worker count
             is lowered instead.
             :default: 0
+        :param launch_retry_seconds: how long, from a group's creation, a launch that fails
+            for a transient cause (``InsufficientInstanceCapacity``, ``RequestLimitExceeded``)
+            is left to Auto Scaling's own retries before the worker count is lowered, the
+            groups move to another zone, or a master that cannot launch fails the setup.
+            Configuration and quota errors are acted on at once. 0: act on the first error.
+            :default: 600 (``DEFAULT_LAUNCH_RETRY_SECONDS``)
         """
         super().__init__(scope, construct_id)
+        if isinstance(launch_retry_seconds, bool) or not isinstance(launch_retry_seconds, int) \
+                or not 0 <= launch_retry_seconds < MAX_LAUNCH_RETRY_SECONDS:
+            raise ConfigError(
+                f"CapacityAdjuster {construct_id}: launch_retry_seconds must be a whole number "
+                f"of seconds from 0 to {MAX_LAUNCH_RETRY_SECONDS - 1} (inside the stack's setup "
+                f"wait), got {launch_retry_seconds!r}")
         self.cluster_id = cluster_id
         self.key = kms.Key(
             self,
@@ -201,10 +220,17 @@ class CapacityAdjuster(Construct):
                 "LOG_LEVEL": "INFO",
                 "ZONE_CHOICES": ",".join(f"{z}|{s}|{p}" for z, s, p in zone_choices),
                 "MAX_ZONE_MOVES": str(moves),
+                "LAUNCH_RETRY_SECONDS": str(launch_retry_seconds),
             },
         )
         # Decrypting the notification is SNS's job; the function needs no key access.
         self.topic.add_subscription(subs.LambdaSubscription(self.function))
+
+    def signal_setup_failures(self, wait_handle: CfnWaitConditionHandle) -> None:
+        """Let the function fail the stack's setup wait itself when the master group cannot
+        launch (no master agent exists to read the master queue then): it gets the handle's
+        presigned URL (``WAIT_HANDLE_URL``); no IAM permission is involved."""
+        self.function.add_environment("WAIT_HANDLE_URL", wait_handle.ref)
 
 
 def _dead_letters_of(scope: Construct, queue: sqs.IQueue) -> sqs.IQueue:

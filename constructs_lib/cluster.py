@@ -287,6 +287,7 @@ class DeepLearningCluster(Construct):
             self, "NodeScripts", path=str(node_scripts_dir()), exclude=ASSET_EXCLUDES
         )
         self.wait_handle = CfnWaitConditionHandle(self, "SetupHandle")
+        self.capacity_adjuster.signal_setup_failures(self.wait_handle)  # master never launched
 
         image = machine_image or deep_learning_ami(image_type, pytorch_version=pytorch_version)
         device = root_device_name or family.root_device_name

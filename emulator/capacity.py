@@ -17,6 +17,17 @@ Auto Scaling shows it:
   (https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-sns-notifications.html).
   Launch errors of the launches moto makes inside CreateAutoScalingGroup are published once
   the group's notification configuration exists (AWS creates both in one call);
+- a group short of its desired capacity after a failed launch tries again, as Auto Scaling
+  keeps launching toward the desired capacity (it only suspends launching
+  administratively after about a day of failures:
+  https://docs.aws.amazon.com/autoscaling/ec2/userguide/as-suspend-resume-processes.html).
+  AWS does not document the interval between attempts; the emulator retries every
+  :data:`RETRY_SECONDS` (a shorter, documented emulated delay), each failed attempt
+  publishing its own launch error. Retries run on moto_extensions' ticker (:func:`tick`);
+- a fault hook (``POST /flaky-launches {"count": N, "tag": "KEY=VALUE"}``, :func:`set_flaky`)
+  fails the next N launches of the groups with that tag with EC2's insufficient-capacity
+  error (the group's first type, in its first zone), after which launches succeed: capacity
+  that frees while the group retries;
 - UpdateAutoScalingGroup keeps the group's mixed instances policy when the call does not
   name one (moto drops it), and the group then brings itself to its desired capacity in
   the new subnets, as Auto Scaling does after its subnets change.
@@ -42,6 +53,10 @@ from typing import Any
 
 _LOCK = threading.RLock()
 _OUT: set[tuple[str, str]] = set()  # (instance type, zone or "" for every zone)
+#: The emulated delay between a group's failed launch and its next attempt (seconds).
+RETRY_SECONDS = 5.0
+_RETRIES: dict[int, tuple[float, Any]] = {}  # id(group) -> (when, group)
+_FLAKY: dict[str, Any] = {"count": 0, "tag": ("", ""), "failed": 0}
 _INSTALLED = False
 _SPEC = re.compile(r"^([a-z][a-z0-9-]*\.[a-z0-9-]+)(?:@([a-z]{2}(?:-[a-z]+)+-\d[a-z]))?$")
 LAUNCH_ERROR = "autoscaling:EC2_INSTANCE_LAUNCH_ERROR"
@@ -66,9 +81,63 @@ def set_out(specs: list[str]) -> list[str]:
     return sorted(f"{t}@{z}" if z else t for t, z in parsed)
 
 
+def set_flaky(count: int, tag: str) -> dict[str, Any]:
+    """The next ``count`` launches of groups tagged ``KEY=VALUE`` fail for capacity."""
+    key, sep, value = tag.partition("=")
+    if count < 0 or not sep or not key:
+        raise ValueError(f"flaky-launches needs count >= 0 and tag KEY=VALUE, got {count!r}, "
+                         f"{tag!r}")
+    with _LOCK:
+        _FLAKY.update(count=int(count), tag=(key, value), failed=0)
+    return {"count": count, "tag": tag}
+
+
+def flaky_state() -> dict[str, Any]:
+    """How many flaky launches are left, and how many failed so far."""
+    with _LOCK:
+        return {"left": _FLAKY["count"], "failed": _FLAKY["failed"]}
+
+
 def reset() -> None:
     with _LOCK:
         _OUT.clear()
+        _RETRIES.clear()
+        _FLAKY.update(count=0, tag=("", ""), failed=0)
+
+
+def _take_flaky(group: Any) -> bool:
+    """This launch of ``group`` is one of the flaky ones (and is used up)."""
+    with _LOCK:
+        if _FLAKY["count"] <= 0:
+            return False
+        key, value = _FLAKY["tag"]
+        tags = {t.get("key", t.get("Key")): t.get("value", t.get("Value"))
+                for t in group.tags or [] if isinstance(t, dict)}
+        if tags.get(key) != value:
+            return False
+        _FLAKY["count"] -= 1
+        _FLAKY["failed"] += 1
+        return True
+
+
+def _retry_later(group: Any) -> None:
+    with _LOCK:
+        _RETRIES.setdefault(id(group), (time.monotonic() + RETRY_SECONDS, group))
+
+
+def tick() -> None:
+    """Auto Scaling's next attempt for every group whose retry is due (and still short)."""
+    now = time.monotonic()
+    with _LOCK:
+        due = [(k, g) for k, (at, g) in _RETRIES.items() if at <= now]
+        for key, _group in due:
+            _RETRIES.pop(key, None)
+    for _key, group in due:
+        backend = group.autoscaling_backend
+        if backend.autoscaling_groups.get(group.name) is not group:
+            continue  # deleted meanwhile
+        if len(group.active_instances()) < (group.desired_capacity or 0):
+            group.set_desired_capacity(group.desired_capacity)
 
 
 def is_out(instance_type: str, zone: str) -> bool:
@@ -141,17 +210,23 @@ def _wrap_replace(original: Any) -> Any:
     def replace_autoscaling_group_instances(self: Any, count_needed: int,
                                             propagated_tags: dict[str, str]) -> None:
         with _LOCK:
-            active = bool(_OUT)
+            active = bool(_OUT) or _FLAKY["count"] > 0
         if not active:
             original(self, count_needed, propagated_tags)
             return
         types, zones = _types(self), _zones(self)
         for _ in range(count_needed):
+            if _take_flaky(self):  # capacity that frees later: this attempt fails
+                subnet, zone = zones[0]
+                _publish_or_keep(self, _error_notification(self, types[0], subnet, zone))
+                _retry_later(self)
+                continue
             choice = next(((subnet, zone, t) for subnet, zone in zones for t in types
                            if not is_out(t, zone)), None)
             if choice is None:  # nothing anywhere: one failed launch
                 subnet, zone = zones[0]
                 _publish_or_keep(self, _error_notification(self, types[-1], subnet, zone))
+                _retry_later(self)
                 continue
             subnet, zone, itype = choice
             before = {s.instance.id for s in self.instance_states}

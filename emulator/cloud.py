@@ -17,6 +17,9 @@ endpoint reach moto's backend for the one state its API cannot produce:
   handle to ''); signals are kept and listed by ``GET /signals`` (see ``emulator.wait_handle``).
 - ``GET /published?after=SEQ``: what Auto Scaling published to SNS topics since ``SEQ``
   (``emulator.notifications.TopicSubscription`` delivers it to the Lambda handler).
+- ``POST /flaky-launches {"count": N, "tag": "KEY=VALUE"}``: the next N launches of the
+  groups with that tag fail for capacity, then launches succeed (``emulator.capacity``);
+  ``GET /flaky-launches``: how many are left and how many failed.
 - ``POST /spot-interruption {"instance_id": ID}``: EC2 interrupts a group's Spot instance
   (``emulator.moto_extensions.spot_interruption``).
 
@@ -101,6 +104,8 @@ class _Control(BaseHTTPRequestHandler):
         if url.path == "/published":
             after = urllib.parse.parse_qs(url.query).get("after", ["0"])[0]
             self._reply(200, moto_publishing.published(int(after) if after.isdigit() else 0))
+        elif self.path == "/flaky-launches":
+            self._reply(200, capacity.flaky_state())
         elif self.path == "/signals":
             self._reply(200, self.server.signals)
         elif self.path == "/health":
@@ -123,7 +128,8 @@ class _Control(BaseHTTPRequestHandler):
         self._reply(200, {"ok": True})
 
     def do_POST(self) -> None:
-        if self.path not in ("/fail-launches", "/spot-interruption", "/capacity-out"):
+        if self.path not in ("/fail-launches", "/spot-interruption", "/capacity-out",
+                             "/flaky-launches"):
             self._reply(404, {"error": f"no such path {self.path}"})
             return
         try:
@@ -131,6 +137,9 @@ class _Control(BaseHTTPRequestHandler):
             region = str(req.get("region", REGION))
             if self.path == "/capacity-out":  # emulator.capacity: these types have none
                 self._reply(200, {"out": capacity.set_out([str(x) for x in req["out"]])})
+                return
+            if self.path == "/flaky-launches":  # emulator.capacity: fail N, then succeed
+                self._reply(200, capacity.set_flaky(int(req["count"]), str(req["tag"])))
                 return
             if self.path == "/spot-interruption":
                 self._reply(200, moto_extensions.spot_interruption(

@@ -388,6 +388,7 @@ def _tick() -> None:
             for action in [a for a in _ACTIONS.values() if a.instance_id == iid]:
                 _ACTIONS.pop(action.token, None)
         _terminate(group, iid)
+    capacity.tick()  # groups short after failed launches try again (emulator/capacity.py)
 
 
 def _ticker() -> None:

@@ -44,6 +44,11 @@ INSUFFICIENT_CAPACITY = ("We currently do not have sufficient {type} capacity in
                          "Availability Zone you requested (us-east-1a). Our system will be "
                          "working on provisioning additional capacity. Launching EC2 instance "
                          "failed.")
+#: EC2's text for a launch over the account's vCPU quota: a final cause (retries fail alike).
+VCPU_LIMIT = ("You have requested more vCPU capacity than your current vCPU limit of {limit} "
+              "allows for the instance bucket that the specified instance type belongs to. "
+              "Please visit http://aws.amazon.com/contact-us/ec2-request to request an "
+              "adjustment to this limit. Launching EC2 instance failed.")
 
 
 def _now() -> str:
@@ -51,12 +56,13 @@ def _now() -> str:
 
 
 def notification(event: str, group: str, *, instance_id: str = "", desired: int = 0,
-                 instance_type: str = "", cause: str = "") -> dict:
-    """The Auto Scaling notification document (what ``Sns.Message`` carries)."""
+                 instance_type: str = "", cause: str = "", status_message: str = "") -> dict:
+    """The Auto Scaling notification document (what ``Sns.Message`` carries); a launch
+    error's ``status_message`` defaults to EC2's insufficient-capacity text."""
     activity = str(uuid.uuid4())
-    status_message = ""
     if event == LAUNCH_ERROR:
-        status_message = INSUFFICIENT_CAPACITY.format(type=instance_type or "the requested")
+        status_message = status_message or INSUFFICIENT_CAPACITY.format(
+            type=instance_type or "the requested")
         description = f"Launching a new EC2 instance.  Status Reason: {status_message}"
         status = "Failed"
     elif event == LAUNCH:

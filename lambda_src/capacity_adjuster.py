@@ -15,7 +15,11 @@ Configuration (environment, set by the construct; docs/protocol.md §2): ``MASTE
 ``CLUSTER_ID``, ``CLUSTER_TAG_KEY``, ``ROLE_TAG_KEY``, optional ``LOG_LEVEL``, and for a
 single-zone cluster ``ZONE_CHOICES`` and ``MAX_ZONE_MOVES``: a launch that fails for
 capacity first moves both groups to the next zone (``zone_fallback``), a bounded number of
-times, before desired capacity is lowered.
+times, before desired capacity is lowered. ``LAUNCH_RETRY_SECONDS``: a transient launch
+error (``launch_errors``: no capacity, throttling) is left to the group's own retries that
+long after the group's creation before any of that happens; configuration and quota errors
+are acted on at once. ``WAIT_HANDLE_URL``: a master group that cannot launch fails the
+stack's wait condition from here (``setup_signal``), since no master agent exists to do it.
 
 Nothing is suspended on the groups (the original suspended ReplaceUnhealthy for good, so a
 group could never heal again).
@@ -24,21 +28,24 @@ group could never heal again).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
     from . import asg_notifications as notes
+    from . import launch_errors, setup_signal, zone_actions
     from . import master_messages as messages
-    from . import zone_actions
     from . import zone_fallback as zf
     from .aws_calls import AwsCallFailed, AwsClients, RetryableFailure
     from .group_state import NotOurGroup, decide_launch, snapshot_from_description
     from .json_log import JsonLogger, get_logger
 except ImportError:  # imported as capacity_adjuster (Lambda: the asset root is on sys.path)
     import asg_notifications as notes  # type: ignore[no-redef]
+    import launch_errors  # type: ignore[no-redef]
     import master_messages as messages  # type: ignore[no-redef]
+    import setup_signal  # type: ignore[no-redef]
     import zone_actions  # type: ignore[no-redef]
     import zone_fallback as zf  # type: ignore[no-redef]
     from aws_calls import AwsCallFailed, AwsClients, RetryableFailure  # type: ignore[no-redef]
@@ -65,6 +72,12 @@ class Config:
     cluster_tag_key: str
     role_tag_key: str
     zones: zone_actions.ZoneSettings = field(default_factory=zone_actions.ZoneSettings)
+    #: ``LAUNCH_RETRY_SECONDS``: how long a transient launch error is left to the group's
+    #: own retries, counted from the group's creation (0: act on the first error).
+    launch_retry_seconds: float = 0.0
+    #: ``WAIT_HANDLE_URL``: the stack's wait-condition handle, signalled FAILURE when the
+    #: master group cannot launch before the cluster formed ("": nothing to signal).
+    wait_handle_url: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
@@ -75,6 +88,7 @@ class Config:
                 "(the CapacityAdjuster construct sets them; see docs/protocol.md §2)"
             )
         moves = (env.get("MAX_ZONE_MOVES") or "0").strip()
+        retry = (env.get("LAUNCH_RETRY_SECONDS") or "0").strip()
         return cls(
             master_queue_url=env["MASTER_QUEUE_URL"].strip(),
             cluster_id=env["CLUSTER_ID"].strip(),
@@ -86,6 +100,8 @@ class Config:
                 cluster_id=env["CLUSTER_ID"].strip(),
                 cluster_tag_key=env["CLUSTER_TAG_KEY"].strip(),
                 role_tag_key=env["ROLE_TAG_KEY"].strip()),
+            launch_retry_seconds=float(retry) if retry.isdigit() else 0.0,
+            wait_handle_url=(env.get("WAIT_HANDLE_URL") or "").strip(),
         )
 
 
@@ -160,13 +176,27 @@ def _handle_instance_event(
         return "membership-change"
 
     launch_error = note.event == notes.LAUNCH_ERROR
+    error = launch_errors.classify(note.status_message)
+    error_text = note.status_message
+    if launch_error and snapshot.launched < snapshot.desired:
+        left = launch_errors.retry_seconds_left(
+            error, failing_since=setup_signal.created_at(group), now=time.time(),
+            window=config.launch_retry_seconds)
+        if left > 0:  # Auto Scaling retries the launch; its next attempt will report
+            log.info("decision", action="retry", reason=f"{error.kind} launch error: left to "
+                     f"the group's own retries for {left:.0f} s more", error_kind=error.kind,
+                     error_code=error.code, cause=note.status_message, **state)
+            return "retry"
+        error_text = f"{note.status_message} ({error.describe(config.launch_retry_seconds)})"
+        log.info("launch-error", error_kind=error.kind, error_code=error.code,
+                 cause=note.status_message, **state)
     zone = zone_actions.consider(
         launch_error=launch_error, status_message=note.status_message if launch_error else "",
         failed_zone=note.zone if launch_error else "", group=group, settings=config.zones,
         clients=clients, log=log)
     if zone.action in (zf.MOVE, zf.STALE):  # the new zone's launches will report
         return f"zone-{zone.action}"
-    decision = decide_launch(snapshot, launch_error=launch_error, error_text=note.status_message)
+    decision = decide_launch(snapshot, launch_error=launch_error, error_text=error_text)
     if decision.action == "wait":
         log.info("decision", action="wait", reason=decision.reason, **state)
         return "wait"
@@ -217,6 +247,11 @@ def _handle_instance_event(
         attempts=zone.attempts,
     )
     message_id = clients.send(config.master_queue_url, message)
+    if status == "failure" and after.role == "master" and config.wait_handle_url:
+        # No master agent reads the queue when the master itself cannot launch.
+        setup_signal.fail_setup(config.wait_handle_url, message, clients=clients,
+                                cluster_id=config.cluster_id, tag_key=config.cluster_tag_key,
+                                log=log)
     log.info(
         "decision",
         action=decision.action,

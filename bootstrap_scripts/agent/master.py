@@ -320,8 +320,13 @@ class Master:
             if formed:
                 resync = True
             elif msg.status == "failure":
-                self.aws.delete(receipt)
-                raise SetupFailed(launches.setup_failure_reason(msg))
+                live = self._live_instances(msg.role)
+                if policy.setup_failure_holds(failed_min=msg.min, live_now=live):
+                    self.aws.delete(receipt)
+                    raise SetupFailed(launches.setup_failure_reason(msg))
+                self.log.warning("event=asg-setup-failure-outdated role=%s asg=%s live=%s "
+                                 "min=%d (the group recovered; waiting for its success)",
+                                 msg.role, msg.asg, live, msg.min)
             else:
                 kept = {f.name: getattr(msg, f.name) for f in dataclasses.fields(GroupSetup)}
                 setup = {**self.state.setup, msg.role: GroupSetup(**kept)}
@@ -337,6 +342,17 @@ class Master:
             resync = formed  # before formation, formation reads the groups
         self.aws.delete(receipt)
         return resync
+
+    def _live_instances(self, role: str) -> int | None:
+        """The group's live instances now (None when AWS cannot tell: trust the message)."""
+        try:
+            group = self.aws.group_state(role)
+        except Exception as exc:  # discovery or AWS errors: the message stands
+            self.log.warning("event=group-read-failed role=%s error=%r", role, exc)
+            return None
+        if group is None:
+            return None
+        return len(group.instances) + len(group.missing_address)
 
     def _start_drain(self, msg: DrainRequest, formed: bool) -> bool:
         if self.drains.is_duplicate(msg):

@@ -240,6 +240,19 @@ def setup_complete(statuses: Mapping[str, str]) -> bool:
     return all(statuses.get(r) == "success" for r in ROLES)
 
 
+def setup_failure_holds(*, failed_min: int, live_now: int | None) -> bool:
+    """An ``asg-setup`` failure fails the setup only if its group is still below the minimum
+    the message names when the master reads it (``live_now``: the group's live instances
+    now; None when they cannot be read, which trusts the message).
+
+    The capacity adjuster reports a failure once a launch error is final (a configuration or
+    quota error) or transient ones outlasted its retry window; Auto Scaling goes on retrying
+    after that, and SQS does not keep messages in order, so a group may have reached its
+    minimum since, with its success message behind the failure. Failing the stack then would
+    roll back a cluster that can form."""
+    return live_now is None or live_now < failed_min
+
+
 def missing_groups(statuses: Mapping[str, str]) -> list[str]:
     return [r for r in ROLES if r not in statuses]
 

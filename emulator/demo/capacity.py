@@ -1,4 +1,5 @@
-"""The demo's capacity scenario: ``--capacity-out TYPE[@ZONE]`` and ``--context KEY=VALUE``.
+"""The demo's capacity scenarios: ``--capacity-out TYPE[@ZONE]``, ``--flaky-launches N`` and
+``--context KEY=VALUE``.
 
 Before the deploy, the emulated EC2 is told which instance types have no capacity
 (``emulator.capacity``: everywhere, or in one zone), and ``--context`` settings go to
@@ -9,6 +10,15 @@ real Lambda; for a single-zone cluster the Lambda moves both groups to the next 
 groups refill there, and the new instances boot (``emulator.autoscaling``), before the
 demo waits for the membership as usual. The report's ``capacity`` section lists what was
 out, where each node runs and on what, and every decision the Lambda logged with its cause.
+
+``--flaky-launches N``: the first N worker launches fail with EC2's insufficient-capacity
+error (``emulator.capacity``'s fault hook), then capacity frees. The Lambda leaves the
+transient errors to the group's own retries (``LAUNCH_RETRY_SECONDS``), the emulated group
+retries every ``emulator.capacity.RETRY_SECONDS``, and the cluster forms at full size; the
+report's ``capacity.flaky`` says how many launches failed and what the Lambda decided.
+
+A master group that cannot launch at all fails the stack's wait condition from the Lambda
+itself (it signals the handle); :func:`settle` stops at that FAILURE with its reason.
 """
 
 from __future__ import annotations
@@ -30,8 +40,18 @@ from emulator.demo.context import DemoContext, DemoError, http_json
 SETTLE_TIMEOUT_S = 90.0
 #: Context keys the demo sets itself (``emulator.deploy``); --context may not change them.
 RESERVED_KEYS = ("vpcCidr", "amiId", "workerCount")
-#: Lambda log messages the report keeps (docs/capacity-adjuster.md, "Logs").
-DECISION_MESSAGES = ("zone-decision", "group-moved", "instance-replaced", "capacity-lowered")
+#: Lambda log messages the report keeps (docs/capacity-adjuster.md, "Logs"), and the
+#: ``decision`` lines whose ``action`` is ``retry`` (a transient error left to the group).
+DECISION_MESSAGES = ("zone-decision", "group-moved", "instance-replaced", "capacity-lowered",
+                     "launch-error", "setup-failed-signalled")
+#: The stack's setting for the capacity adjuster's retry window, and the window the demo asks
+#: for with ``--capacity-out`` (unless ``--context`` sets one): the emulated group retries
+#: every few seconds, so a short window still sees several retries, and the demo does not
+#: wait the default 10 minutes before the zone moves or the master's failure.
+RETRY_KEY = "launchRetrySeconds"
+DEMO_RETRY_SECONDS = 20
+#: The worker group's role tag (the stack's ``NodeType`` tag), what --flaky-launches targets.
+WORKER_TAG = "NodeType=Worker"
 
 
 def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -56,8 +76,22 @@ def deploy_context(ctx: DemoContext) -> dict[str, str]:
     if ns.capacity_out:
         res = http_json(f"{ctx.control}/capacity-out", "POST", {"out": list(ns.capacity_out)})
         ctx.info(f"no EC2 capacity for: {', '.join(res['out'])} (emulator.capacity)")
+    if ns.flaky_launches:
+        http_json(f"{ctx.control}/flaky-launches", "POST",
+                  {"count": ns.flaky_launches, "tag": WORKER_TAG})
+        ctx.info(f"the first {ns.flaky_launches} worker launch(es) fail with "
+                 f"InsufficientInstanceCapacity, then capacity frees (emulator.capacity)")
     pairs = [p.partition("=") for p in ns.context]
-    return {k.strip(): v.strip() for k, _sep, v in pairs}
+    context = {k.strip(): v.strip() for k, _sep, v in pairs}
+    if ns.capacity_out:
+        context.setdefault(RETRY_KEY, str(DEMO_RETRY_SECONDS))
+    return context
+
+
+def retry_window(ctx: DemoContext) -> float:
+    """The deployed function's ``LAUNCH_RETRY_SECONDS`` (0 when it has none)."""
+    value = (ctx.cluster.function_env if ctx.cluster else {}).get("LAUNCH_RETRY_SECONDS", "0")
+    return float(value) if str(value).isdigit() else 0.0
 
 
 def _groups_settled(ctx: DemoContext) -> str:
@@ -80,31 +114,46 @@ def _groups_settled(ctx: DemoContext) -> str:
 def settle(ctx: DemoContext) -> None:
     """With capacity out: let Auto Scaling, EC2 and the Lambda act until the groups are full
     and booted (the launch errors delivered, the zone moves made)."""
-    if not ctx.ns.capacity_out:
+    if not ctx.ns.capacity_out and not ctx.ns.flaky_launches:
         return
-    ctx.step("capacity is short: Auto Scaling's launch errors go to the Lambda, the groups "
-             "refill where capacity is")
+    window = retry_window(ctx)
+    ctx.step(f"capacity is short: Auto Scaling's launch errors go to the Lambda, which leaves "
+             f"transient ones to the group's retries (every {emulated.RETRY_SECONDS:.0f} s "
+             f"here) for {window:.0f} s; the groups refill where capacity is")
     ctx.autoscaling = ctx.autoscaling or cluster.autoscaling(ctx)
     log = ctx.logs / "lambda.log"
     seen = 0
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    timeout = SETTLE_TIMEOUT_S + window
+    deadline = time.monotonic() + timeout
     missing = "not checked yet"
     while time.monotonic() < deadline:
         ctx.autoscaling.tick(force=True)
         lines = decisions(log)
         for rec in lines[seen:]:
+            if rec["msg"] == "zone-decision" and rec.get("action") == "stay":
+                continue  # no zone to move to: the report keeps it, the console need not
             ctx.info(f"[dim]lambda {rec['msg']}: {escape(_say(rec))}[/]")
         seen = len(lines)
+        failure = [sig for sig in ctx.signals() if sig.get("Status") == "FAILURE"]
+        if failure:  # the Lambda failed the setup: the master group cannot launch
+            raise DemoError(f"the cluster's setup failed (wait condition FAILURE from "
+                            f"{failure[0].get('UniqueId')}): {failure[0].get('Reason')}")
         missing = _groups_settled(ctx)
         if not missing:
             ctx.ok("groups at their desired capacity, every instance booted")
             return
         time.sleep(0.3)
-    raise DemoError(f"the groups did not settle within {SETTLE_TIMEOUT_S:.0f} s ({missing}); "
+    raise DemoError(f"the groups did not settle within {timeout:.0f} s ({missing}); "
                     f"the Lambda's log: {log}")
 
 
 def _say(rec: dict) -> str:
+    if rec["msg"] == "decision":
+        return f"{rec.get('asg')}: {rec.get('error_code') or 'launch error'}: {rec.get('reason')}"
+    if rec["msg"] == "launch-error":
+        return f"{rec.get('asg')}: {rec.get('error_code')} ({rec.get('error_kind')})"
+    if rec["msg"] == "setup-failed-signalled":
+        return f"wait condition FAILURE: {rec.get('reason')}"
     if rec["msg"] == "zone-decision":
         return f"{rec.get('action')} ({rec.get('reason')})"
     if rec["msg"] == "group-moved":
@@ -121,7 +170,8 @@ def decisions(log) -> list[dict]:
         for line in fh:
             with contextlib.suppress(ValueError):
                 rec = json.loads(line)
-                if isinstance(rec, dict) and rec.get("msg") in DECISION_MESSAGES:
+                if isinstance(rec, dict) and (rec.get("msg") in DECISION_MESSAGES or (
+                        rec.get("msg") == "decision" and rec.get("action") == "retry")):
                     out.append(rec)
     return out
 
@@ -129,7 +179,7 @@ def decisions(log) -> list[dict]:
 def report(ctx: DemoContext) -> dict | None:
     """The report's ``capacity`` section (None without ``--capacity-out``/``--context``)."""
     ns = ctx.ns
-    if not ns.capacity_out and not ns.context:
+    if not ns.capacity_out and not ns.context and not ns.flaky_launches:
         return None
     nodes: list[dict] = []
     live = [n for n in ctx.nodes if n.status in ("running", "stopped")]
@@ -143,11 +193,39 @@ def report(ctx: DemoContext) -> dict | None:
                       "zone": info[n.instance_id]["Placement"]["AvailabilityZone"]}
                      for n in live if n.instance_id in info]
     recorded = launches.launch_failures(ctx.cluster_paths) if ctx.cluster else ()
+    found = decisions(ctx.logs / "lambda.log")
     return {
+        "flaky": flaky_report(ctx, found, nodes) if ns.flaky_launches else None,
         "out": list(ns.capacity_out),
         "context": dict(p.partition("=")[::2] for p in ns.context),
         "nodes": nodes,
         "decisions": [{k: v for k, v in rec.items() if k not in ("ts", "request_id")}
-                      for rec in decisions(ctx.logs / "lambda.log")],
+                      for rec in found],
         "launch_failures": [a.to_dict() for a in recorded],
+    }
+
+
+def flaky_report(ctx: DemoContext, found: list[dict], nodes: list[dict]) -> dict:
+    """What ``--flaky-launches`` did: launches failed, the Lambda's decisions on them, and
+    the workers that ran in the end."""
+    state: dict = {}
+    with contextlib.suppress(Exception):
+        state = dict(http_json(f"{ctx.control}/flaky-launches", "GET"))  # type: ignore[arg-type]
+    retries = [d for d in found if d.get("msg") == "decision" and d.get("action") == "retry"
+               and d.get("role") == "worker"]
+    # what the Lambda made of each launch error: "retry" while the group was short, a success
+    # report when the group's retry had filled it before the error was delivered
+    errors = [o for rec in (ctx.invoker.invocations if ctx.invoker else [])
+              if rec["events"] == [emulated.LAUNCH_ERROR] for o in rec["outcomes"]]
+    return {
+        "asked": ctx.ns.flaky_launches,
+        "failed": state.get("failed"),
+        "retry_seconds_emulated": emulated.RETRY_SECONDS,
+        "launch_retry_seconds": retry_window(ctx),
+        "left_to_retries": len(retries),
+        "error_outcomes": errors,
+        "causes": sorted({str(d.get("error_code")) for d in retries}),
+        "lowered": [d for d in found if d.get("msg") == "capacity-lowered"],
+        "workers": len([n for n in nodes if n.get("role") == "worker"]),
+        "desired": ctx.cluster.worker.desired if ctx.cluster else None,
     }

@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-out", action="append", default=[], metavar="TYPE[@ZONE]",
                    help="EC2 has no capacity for this instance type (in this zone); "
                         "repeatable (emulator/demo/capacity.py)")
+    p.add_argument("--flaky-launches", type=int, default=0, metavar="N",
+                   help="the first N worker launches fail with InsufficientInstanceCapacity, "
+                        "then capacity frees: the group retries and the cluster forms at full "
+                        "size (default: 0; emulator/capacity.py)")
     p.add_argument("--context", action="append", default=[], metavar="KEY=VALUE",
                    help="a stack setting for cdk deploy (-c KEY=VALUE); repeatable")
     return p
@@ -102,6 +106,11 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                      f"machine (32 at most)")
     if ns.fail_launches < 0:
         parser.error(f"--fail-launches must be >= 0, got {ns.fail_launches}")
+    if ns.flaky_launches < 0:
+        parser.error(f"--flaky-launches must be >= 0, got {ns.flaky_launches}")
+    if ns.flaky_launches and ns.fail_launches:
+        parser.error("--flaky-launches (launches fail, then the retries succeed) and "
+                     "--fail-launches (launches fail for good) are separate drills; pick one")
     if ns.fail_launches > ns.workers:
         parser.error(f"--fail-launches {ns.fail_launches} is more than --workers "
                      f"{ns.workers}: at most {ns.workers} worker launches can fail")

@@ -213,21 +213,45 @@ def decision_reasons(log: Path, offset: int) -> list[str]:
     return out
 
 
+#: vCPUs of the demo's instance type (g5.xlarge), for the vCPU quota --fail-launches plays.
+VCPUS_PER_NODE = 4
+
+
+def function_wants_handle(ctx: DemoContext) -> bool:
+    """The deployed template gives the capacity adjuster the wait-condition handle
+    (``WAIT_HANDLE_URL``: a Ref moto's CloudFormation drops, as it drops the handle)."""
+    template = ctx.work / "cdk.out" / f"{dp.STACK}.template.json"
+    with contextlib.suppress(OSError, ValueError):
+        resources = json.loads(template.read_text()).get("Resources", {})
+        return any("WAIT_HANDLE_URL" in ((r.get("Properties") or {}).get("Environment") or {})
+                   .get("Variables", {}) for r in resources.values()
+                   if r.get("Type") == "AWS::Lambda::Function")
+    return False
+
+
 def notify_launches(ctx: DemoContext) -> None:
     c = ctx.cluster
     ctx.step("delivering Auto Scaling notifications (SNS shape) to the Lambda handler")
     ctx.info("[dim]event -> what the Lambda sent the master (asg-setup-success: group set up, "
              "asg-setup-failure: below its minimum, wait: launches under way; docs/demo.md)[/]")
     log = ctx.logs / "lambda.log"
-    ctx.invoker = nt.LambdaInvoker(c.function_name, c.function_env, ctx.aws, log)
+    env = dict(c.function_env)
+    if function_wants_handle(ctx) and not env.get("WAIT_HANDLE_URL", "").startswith("http"):
+        # moto resolves the handle to nothing; the emulator serves it, as for the master
+        env["WAIT_HANDLE_URL"] = f"{ctx.control}/wait-handle"
+    ctx.invoker = nt.LambdaInvoker(c.function_name, env, ctx.aws, log)
     msgs = []
     for g in (c.master, c.worker):
         for inst in g.instances:
             msgs.append(nt.notification(nt.LAUNCH, g.name, instance_id=inst.instance_id,
                                         desired=g.desired))
+    # --fail-launches: launches that fail for good, as over the account's vCPU quota (a
+    # final cause: the Lambda acts at once; a transient one is --flaky-launches's drill)
+    launched = len(c.master.instances) + len(c.worker.instances)
     for itype in failed_instance_types(ctx):
-        msgs.append(nt.notification(nt.LAUNCH_ERROR, c.worker.name, desired=c.worker.desired,
-                                    instance_type=itype))
+        msgs.append(nt.notification(
+            nt.LAUNCH_ERROR, c.worker.name, desired=c.worker.desired, instance_type=itype,
+            status_message=nt.VCPU_LIMIT.format(limit=VCPUS_PER_NODE * launched)))
     outcomes = []
     for msg in msgs:  # one invocation per notification, as SNS delivers them
         offset = log.stat().st_size if log.exists() else 0

@@ -65,6 +65,7 @@ def build_report(ctx: DemoContext, status: str, exit_code: int, error: str = "")
     return {
         "status": status, "exit_code": exit_code, "error": error,
         "options": {"workers": ns.workers, "fail_launches": ns.fail_launches,
+                    "flaky_launches": ns.flaky_launches,
                     "kill_node_after": ns.kill_node_after,
                     "kill_master_after": ns.kill_master_after,
                     "unhealthy_node": ns.unhealthy_node, "epochs": ns.epochs,
@@ -160,6 +161,11 @@ def summary_table(console, report: dict) -> None:
     tm.add_row("workers requested / launched / running",
                f"{cnt['workers_requested']} / {cnt['workers_launched']} / "
                f"{cnt['workers_running']}")
+    flaky = (report.get("capacity") or {}).get("flaky")
+    if flaky:
+        tm.add_row("flaky launches: failed / left to retries / workers at the end",
+                   f"{flaky['failed']} / {flaky['left_to_retries']} / {flaky['workers']} of "
+                   f"{flaky['desired']}")
     console.print(tm)
 
 

@@ -9,6 +9,7 @@ from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.paths import WORKERS_FILE, ClusterPaths
 from bootstrap_scripts.protocol.records import Registration
+from emulator.cloud import fail_launches
 from emulator.resources import create_cluster
 from tests.conftest import REGION
 from tests.support.agents import AgentThread, config, master_identity, wait_until
@@ -17,6 +18,7 @@ from tests.support.agents import AgentThread, config, master_identity, wait_unti
 def test_failure_message_fails_the_wait_condition_at_once(env, tmp_path):
     endpoint, recorder, threads = env
     cluster = create_cluster(endpoint, workers=2)
+    fail_launches(cluster.worker_asg, 2)  # the group is below its minimum (1)
     cluster.send(cluster.setup_message("master"))
     cluster.send(cluster.setup_message("worker", status="failure",
                                        reason="0 of 2 launched, min 1"))
@@ -28,6 +30,22 @@ def test_failure_message_fails_the_wait_condition_at_once(env, tmp_path):
     assert "0 of 2 launched, min 1" in sig["Reason"] and cluster.worker_asg in sig["Reason"]
     t.thread.join(timeout=30)
     assert t.exit_code == EXIT_FAILED
+
+
+def test_failure_of_a_group_that_recovered_does_not_fail_the_setup(env, tmp_path):
+    """SQS does not keep order and Auto Scaling keeps retrying: a failure read after the
+    group reached its minimum again is outdated; its success message forms the cluster."""
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(cluster.setup_message("worker", status="failure",
+                                       reason="0 of 1 launched, min 1"))
+    cluster.send(cluster.setup_message("worker"))
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url,
+                           registration_wait=0.5), master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "SUCCESS", sig
 
 
 def test_setup_timeout_fails_naming_the_missing_group(env, tmp_path):

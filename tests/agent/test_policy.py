@@ -185,3 +185,14 @@ def test_start_decision(recorded_cluster, recorded_master, master_group, expecte
     assert policy.start_decision(cluster_id="dlc", me="i-me", recorded_cluster=recorded_cluster,
                                  recorded_master=recorded_master,
                                  master_group=master_group) == expected
+
+
+@pytest.mark.parametrize(("failed_min", "live_now", "holds"), [
+    (1, 0, True),      # still below its minimum: the failure stands
+    (1, 1, False),     # reached its minimum since: outdated
+    (2, 3, False),
+    (1, None, True),   # the group cannot be read: trust the message
+    (0, 0, False),     # a minimum of 0 is always reached
+])
+def test_setup_failure_holds(failed_min, live_now, holds):
+    assert policy.setup_failure_holds(failed_min=failed_min, live_now=live_now) is holds

@@ -112,6 +112,46 @@ def test_nothing_in_the_zone_fails_and_a_move_refills(moto_with_capacity: Any) -
     assert len(policy["LaunchTemplate"]["Overrides"]) == 2  # kept, as AWS keeps it
 
 
+def test_flaky_launches_fail_then_the_groups_retry_fills(moto_with_capacity: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault hook fails the first N launches of the tagged group only; the group's
+    retry (Auto Scaling keeps launching toward desired) then fills it."""
+    asg, ec2 = moto_with_capacity
+    subnets = _subnets(ec2)
+    monkeypatch.setattr(capacity, "RETRY_SECONDS", 0.0)
+    capacity.set_flaky(2, "NodeType=Worker")
+    _group(asg, ec2, "other", subnets[:1], ["g5.xlarge"], 1)  # untagged: not affected
+    _group(asg, ec2, "w", subnets[:1], ["g5.xlarge"], 3)
+    asg.create_or_update_tags(Tags=[{"ResourceId": "w", "ResourceType": "auto-scaling-group",
+                                     "Key": "NodeType", "Value": "Worker",
+                                     "PropagateAtLaunch": True}])
+    asg.set_desired_capacity(AutoScalingGroupName="w", DesiredCapacity=4)  # tagged now
+    assert len(_instances(asg, ec2, "other")) == 1
+    assert len(_instances(asg, ec2, "w")) == 3  # one more wanted, failed for capacity
+    assert capacity.flaky_state() == {"left": 1, "failed": 1}
+    capacity.tick()  # the retry: the second flaky launch fails too
+    assert len(_instances(asg, ec2, "w")) == 3
+    capacity.tick()  # capacity freed: the retry launches it
+    assert len(_instances(asg, ec2, "w")) == 4
+    assert capacity.flaky_state() == {"left": 0, "failed": 2}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        capacity.set_flaky(1, "Worker")
+
+
+def test_a_group_without_capacity_keeps_retrying(moto_with_capacity: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    asg, ec2 = moto_with_capacity
+    subnets = _subnets(ec2)
+    monkeypatch.setattr(capacity, "RETRY_SECONDS", 0.0)
+    capacity.set_out(["g5.xlarge"])
+    _group(asg, ec2, "w", subnets, ["g5.xlarge"], 2)
+    capacity.tick()
+    assert _instances(asg, ec2, "w") == []  # still none: the retries keep failing
+    capacity.set_out([])  # capacity frees
+    capacity.tick()
+    assert len(_instances(asg, ec2, "w")) == 2
+
+
 def test_launch_error_text_is_ec2s() -> None:
     text = capacity.ice_message("p5.48xlarge", "us-east-1a", ["us-east-1b"], mixed=True)
     assert text.startswith("Could not launch On-Demand Instances. InsufficientInstanceCapacity"

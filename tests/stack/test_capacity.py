@@ -276,3 +276,35 @@ def test_variants_pass_cfn_lint_and_the_iam_linter(variant: str, tmp_path) -> No
     doc = json.loads(template.read_text())
     left, _used = unexplained(doc)
     assert not left, left
+
+
+# -- launch failures: the retry window and the master's own failure -----------------------------
+
+
+def test_adjuster_waits_for_retries_and_can_fail_the_setup_itself() -> None:
+    """The function gets the retry window (default 600 s) and the wait-condition handle, so a
+    master that cannot launch fails the setup at once instead of after 55 minutes."""
+    t = cluster_template()
+    env = adjuster_env(t)
+    assert env["LAUNCH_RETRY_SECONDS"] == "600"
+    [handle] = t.find_resources("AWS::CloudFormation::WaitConditionHandle")
+    assert env["WAIT_HANDLE_URL"] == {"Ref": handle}
+
+
+def test_launch_retry_seconds_prop() -> None:
+    from aws_cdk import aws_sqs as sqs
+
+    from constructs_lib.capacity_adjuster import CapacityAdjuster
+
+    app = cdk.App()
+    stack = cdk.Stack(app, "S")
+    queue = sqs.Queue(stack, "Q")
+    CapacityAdjuster(stack, "Fast", cluster_id="c", master_queue=queue, launch_retry_seconds=0)
+    fn = next(r for r in Template.from_stack(stack).find_resources(
+        "AWS::Lambda::Function").values() if r["Properties"].get("Handler") ==
+        "capacity_adjuster.handler")
+    assert fn["Properties"]["Environment"]["Variables"]["LAUNCH_RETRY_SECONDS"] == "0"
+    for i, bad in enumerate((-1, 3300, 1.5, True)):
+        with pytest.raises(ConfigError, match=rf"CapacityAdjuster Bad{i}: launch_retry_seconds"):
+            CapacityAdjuster(stack, f"Bad{i}", cluster_id="c", master_queue=queue,
+                             launch_retry_seconds=bad)  # type: ignore[arg-type]

@@ -13,7 +13,11 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from constructs_lib import launch, validation
-from constructs_lib.capacity_adjuster import CapacityAdjuster, grant_elastic_control
+from constructs_lib.capacity_adjuster import (
+    DEFAULT_LAUNCH_RETRY_SECONDS,
+    CapacityAdjuster,
+    grant_elastic_control,
+)
 from constructs_lib.cluster_settings import (
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_SPOT_WORKERS,
@@ -76,6 +80,7 @@ class DeepLearningCluster(Construct):
         capacity_block_id: str | None = None,
         availability_zones: Sequence[str] | None = None,
         max_zone_moves: int = launch.DEFAULT_MAX_ZONE_MOVES,
+        launch_retry_seconds: int = DEFAULT_LAUNCH_RETRY_SECONDS,
         machine_image: ec2.IMachineImage | None = None,
         image_type: str = DEFAULT_IMAGE_TYPE,
         pytorch_version: str | None = None,
@@ -126,6 +131,9 @@ class DeepLearningCluster(Construct):
         :param max_zone_moves: zone moves the capacity adjuster may make when a single-zone
             cluster's launches fail for capacity, before it lowers the worker count.
             :default: 2
+        :param launch_retry_seconds: how long, from a group's creation, a launch that failed
+            for capacity or throttling is left to Auto Scaling's retries before the capacity
+            adjuster acts on it (configuration errors act at once). :default: 600
         :param machine_image: the nodes' AMI; ``FixedAmi("ami-...")`` for an AMI id.
             :default: the latest PyTorch Deep Learning AMI of ``image_type``, resolved at
                 deploy time from its public SSM parameter
@@ -263,7 +271,8 @@ class DeepLearningCluster(Construct):
             self.zones.choices)
         self.capacity_adjuster = CapacityAdjuster(
             self, "CapacityAdjuster", cluster_id=self.cluster_id, master_queue=self.master_queue,
-            max_zone_moves=self.capacity.max_zone_moves, zone_choices=[
+            max_zone_moves=self.capacity.max_zone_moves,
+            launch_retry_seconds=launch_retry_seconds, zone_choices=[
                 (zone, subnet.subnet_id, pg)
                 for (zone, subnet), pg in zip(self.zones.choices, pgs, strict=True)])
         self.topic = self.capacity_adjuster.topic

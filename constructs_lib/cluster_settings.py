@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from constructs_lib import validation
+from constructs_lib.capacity_adjuster import (
+    DEFAULT_LAUNCH_RETRY_SECONDS,
+    MAX_LAUNCH_RETRY_SECONDS,
+)
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, IMAGE_FAMILIES, pytorch_version
 from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
 from constructs_lib.network import DEFAULT_VPC_CIDR
@@ -139,6 +143,12 @@ class ClusterSettings:
         "maxZoneMoves", DEFAULT_MAX_ZONE_MOVES, "zone moves of a single-zone cluster "
         "(placement group) when launches fail for capacity, before it comes up smaller",
         validation.count, minimum=0, maximum=MAX_ZONE_MOVES)
+    launch_retry_seconds: int = setting(
+        "launchRetrySeconds", DEFAULT_LAUNCH_RETRY_SECONDS, "seconds from a group's creation "
+        "during which a launch that failed for capacity or throttling is left to Auto "
+        "Scaling's own retries before the capacity adjuster lowers the count or moves zones "
+        "(configuration errors such as a bad AMI or a quota act at once)",
+        validation.count, minimum=0, maximum=MAX_LAUNCH_RETRY_SECONDS - 1)
     capacity_reservation_id: str | None = setting(
         "capacityReservationId", None, "launch every node into this On-Demand Capacity "
         "Reservation; needs `availabilityZones`, the reservation's zone first",

@@ -57,6 +57,7 @@ class DLClusterStack(Stack):
             capacity_block_id=s.capacity_block_id,
             availability_zones=s.availability_zones,
             max_zone_moves=s.max_zone_moves,
+            launch_retry_seconds=s.launch_retry_seconds,
             image_type=s.image_type,
             pytorch_version=s.pytorch_version,
             machine_image=FixedAmi(s.ami_id) if s.ami_id else None,

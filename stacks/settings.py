@@ -22,7 +22,7 @@ CAPACITY_CONTEXT_KEYS: dict[str, str] = {
     k: v for k, v in CONTEXT_KEYS.items()
     if k in ("workerInstanceTypes", "masterInstanceTypes", "capacityReservationId",
              "capacityReservationGroupArn", "capacityBlockId", "availabilityZones",
-             "maxZoneMoves")}
+             "maxZoneMoves", "launchRetrySeconds")}
 
 
 def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:

@@ -7,6 +7,7 @@ import pytest
 from constructs_lib.validation import ConfigError
 from stacks.cluster_stack import ClusterSettings
 from stacks.settings import CAPACITY_CONTEXT_KEYS, CONTEXT_KEYS, settings_from_context
+from tests.stack.synth import cluster_template
 
 
 def settings(**ctx: object) -> ClusterSettings:
@@ -211,6 +212,7 @@ def test_the_app_refuses_a_misspelt_key() -> None:
     ({"spotWorkers": "5000"}, "context key 'spotWorkers' must be at most 1000"),
     ({"maxWorkers": "1001"}, "context key 'maxWorkers' must be at most 1000"),
     ({"maxZoneMoves": "11"}, "context key 'maxZoneMoves' must be at most 10"),
+    ({"launchRetrySeconds": "3300"}, "context key 'launchRetrySeconds' must be at most 3299"),
     ({"rootVolumeGiB": "20000"}, "context key 'rootVolumeGiB' must be at most 16384 GiB"),
     ({"masterInstanceType": "zz.zz"}, "context key 'masterInstanceType' must be an EC2 "
      "instance type like g5.xlarge (family.size"),
@@ -368,3 +370,12 @@ def test_the_constructs_prop_docs_state_the_settings_defaults() -> None:
         assert expected.split("`")[0] in default, (field.name, expected, default)
         checked += 1
     assert checked >= 8
+
+
+def test_launch_retry_window_reaches_the_capacity_adjuster() -> None:
+    """``-c launchRetrySeconds`` is the Lambda's LAUNCH_RETRY_SECONDS (default 600)."""
+    assert settings().launch_retry_seconds == 600
+    template = cluster_template(launchRetrySeconds="45")
+    envs = [fn["Properties"].get("Environment", {}).get("Variables", {})
+            for fn in template.find_resources("AWS::Lambda::Function").values()]
+    assert any(env.get("LAUNCH_RETRY_SECONDS") == "45" for env in envs), envs

@@ -90,22 +90,24 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
 
 
 def acknowledge_operator_access(access: OperatorAccess) -> None:
-    """The operator policy's wildcards (constructs_lib/operator_access.py), each scoped."""
-    policy = access.policy
+    """The operator and admin policies' wildcards (constructs_lib/operator_access.py), each
+    scoped."""
     prefix = "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
-    _ack(policy, "AwsSolutions-IAM5[Resource::*]",
+    _ack(access.policy, "AwsSolutions-IAM5[Resource::*]",
          "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances, "
          "ssm:GetCommandInvocation and pricing:GetProducts support no resource-level "
          "permissions; all four only read.")
-    _ack(policy, f"{prefix}ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
-         "ssm:SendCommand and ssm:StartSession on instances are limited by an "
-         "ssm:resourceTag/dl-cluster:id condition to this cluster's instances, whose ids "
-         "change with every replacement.")
-    for variable in ("aws:userid", "aws:username"):
-        _ack(policy, f"{prefix}ssm:<AWS::Region>:<AWS::AccountId>:session/<{variable}>-*]",
-             "Session ids start with the caller's name: TerminateSession and ResumeSession "
-             "are allowed on the caller's own sessions only, as AWS's Session Manager "
-             "examples do.")
+    for policy in (access.policy, access.admin_policy):
+        _ack(policy, f"{prefix}ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
+             "ssm:SendCommand and ssm:StartSession on instances are limited by an "
+             "ssm:resourceTag/dl-cluster:id condition to this cluster's instances, whose ids "
+             "change with every replacement.")
+        for variable in ("aws:userid", "aws:username"):
+            _ack(policy,
+                 f"{prefix}ssm:<AWS::Region>:<AWS::AccountId>:session/<{variable}>-*]",
+                 "Session ids start with the caller's name: TerminateSession and "
+                 "ResumeSession are allowed on the caller's own sessions only, as AWS's "
+                 "Session Manager examples do.")
 
 
 def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:

@@ -133,11 +133,6 @@ def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:
          "AmazonElasticMapReduceRole is not used): its EC2 writes are limited to resources "
          "tagged for-use-with-amazon-emr-managed-policies=true. EMR's internal calls change "
          "with releases, so an inline copy would break clusters silently.")
-    if isinstance(cluster.log_bucket, _bucket_type()):
-        _ack(cluster.log_bucket, "AwsSolutions-S1",
-             "This bucket only receives EMR's own logs; server access logs of it would need "
-             "yet another bucket (which would need its own). It is private, encrypted, "
-             "TLS-only and written by the cluster's role alone.")
     # cdk-nag 3.0.2's EMR4/EMR5 read EnableAtRestEncryption / EnableInTransitEncryption at
     # the TOP level of the security configuration, but EMR only accepts them inside
     # "EncryptionConfiguration" (where we put them): the rules cannot pass for a valid one.
@@ -170,9 +165,3 @@ def _logical_id(construct: IConstruct) -> str:
 
     child = construct.node.default_child or construct
     return Stack.of(construct).get_logical_id(child)  # type: ignore[arg-type]
-
-
-def _bucket_type() -> type:
-    from aws_cdk import aws_s3 as s3
-
-    return s3.Bucket

@@ -14,7 +14,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_CLI_NOTICES := false
 NO_AWS := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE
 
-.PHONY: help setup system-deps test lint synth demo bench clean
+.PHONY: help setup checkov-setup system-deps test lint synth demo bench clean
 
 help:
 	@echo "make demo    deploy the cluster to a local AWS emulator and train across its nodes"
@@ -37,6 +37,15 @@ node_modules/.setup-stamp: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# checkov (tests/stack/test_checkov.py) from PyPI, in a venv of its own, kept apart from
+# the project's dependencies (it pins many libraries of its own).
+checkov-setup: .venv-checkov/.setup-stamp
+
+.venv-checkov/.setup-stamp: requirements-checkov.txt
+	@test -x .venv-checkov/bin/python || python3 -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install -q --disable-pip-version-check -r requirements-checkov.txt
+	@touch $@
+
 # Debian packages the MPI and multi-node tests use (sshd, Open MPI); skipped when present.
 system-deps:
 	@bash scripts/system-deps.sh
@@ -44,7 +53,7 @@ system-deps:
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup system-deps lint
+test: setup checkov-setup system-deps lint
 	$(PY) -m pytest -m "not bench" $(PYTEST_ARGS)
 
 synth: setup

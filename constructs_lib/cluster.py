@@ -373,9 +373,12 @@ class DeepLearningCluster(Construct):
         self.master_group.role.add_to_principal_policy(iam.PolicyStatement(
             sid="GpuCountsOfInstanceTypes", actions=["ec2:DescribeInstanceTypes"],
             resources=["*"]))  # no resource-level permissions for this Describe API
+        # Only the master consumes the master queue: a worker that could receive or delete
+        # there could swallow what the master must learn (docs/security.md).
+        self.queues.grant_agent_access(self.master_group.role)
         self.queues.grant_lost_notifications_read(self.master_group.role)
         for group in (self.master_group, self.worker_group):
-            grant_node_access(group.role, queues=self.queues, node_scripts=self.node_scripts,
+            grant_node_access(group.role, node_scripts=self.node_scripts,
                               file_system=self.file_system)
             # The subscription must exist before the first launch notification is sent, and
             # nodes boot only once EFS has a mount target to mount.

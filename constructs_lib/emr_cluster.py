@@ -25,6 +25,7 @@ from constructs import Construct
 from constructs_lib import emr_config, validation
 from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY
 from constructs_lib.images import deep_learning_ami, image_family
+from constructs_lib.log_buckets import access_log_bucket
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT, SharedFileSystem
@@ -181,8 +182,10 @@ class EmrDeepLearningCluster(Construct):
             subnet = private[0]
         self.subnet = subnet
         if vpc is None:
-            # Our own VPC: tag it so EMR's managed policy v2 may place the cluster in it.
-            Tags.of(self.network).add(EMR_MANAGED_POLICY_TAG, "true")
+            # Our own VPC: tag it so EMR's managed policy v2 may place the cluster in it
+            # (its network resources; the flow logs' key is none of EMR's business).
+            Tags.of(self.network).add(EMR_MANAGED_POLICY_TAG, "true",
+                                      exclude_resource_types=["AWS::KMS::Key"])
 
         self.storage: SharedFileSystem | None = None
         if file_system is None:
@@ -221,13 +224,17 @@ class EmrDeepLearningCluster(Construct):
 
         # -- logs, encryption -------------------------------------------------------------------
         if log_bucket is None:
+            # Versioned (overwritten or deleted logs stay recoverable); access logs aside.
+            self.log_access_bucket: s3.IBucket | None = access_log_bucket(self)
             self.log_bucket: s3.IBucket = s3.Bucket(
                 self, "LogBucket", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
-                block_public_access=s3.BlockPublicAccess.BLOCK_ALL, versioned=False,
+                block_public_access=s3.BlockPublicAccess.BLOCK_ALL, versioned=True,
                 object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-                removal_policy=RemovalPolicy.RETAIN)
+                removal_policy=RemovalPolicy.RETAIN,
+                server_access_logs_bucket=self.log_access_bucket,
+                server_access_logs_prefix="log-bucket/")
         else:
-            self.log_bucket = log_bucket
+            self.log_bucket, self.log_access_bucket = log_bucket, None
         self.log_uri = f"s3://{self.log_bucket.bucket_name}/{LOG_PREFIX}"
 
         self.local_disk_key = kms.Key(

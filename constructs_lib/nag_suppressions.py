@@ -90,22 +90,24 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
 
 
 def acknowledge_operator_access(access: OperatorAccess) -> None:
-    """The operator policy's wildcards (constructs_lib/operator_access.py), each scoped."""
-    policy = access.policy
+    """The operator and admin policies' wildcards (constructs_lib/operator_access.py), each
+    scoped."""
     prefix = "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
-    _ack(policy, "AwsSolutions-IAM5[Resource::*]",
+    _ack(access.policy, "AwsSolutions-IAM5[Resource::*]",
          "autoscaling:DescribeAutoScalingGroups, ec2:DescribeInstances, "
          "ssm:GetCommandInvocation and pricing:GetProducts support no resource-level "
          "permissions; all four only read.")
-    _ack(policy, f"{prefix}ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
-         "ssm:SendCommand and ssm:StartSession on instances are limited by an "
-         "ssm:resourceTag/dl-cluster:id condition to this cluster's instances, whose ids "
-         "change with every replacement.")
-    for variable in ("aws:userid", "aws:username"):
-        _ack(policy, f"{prefix}ssm:<AWS::Region>:<AWS::AccountId>:session/<{variable}>-*]",
-             "Session ids start with the caller's name: TerminateSession and ResumeSession "
-             "are allowed on the caller's own sessions only, as AWS's Session Manager "
-             "examples do.")
+    for policy in (access.policy, access.admin_policy):
+        _ack(policy, f"{prefix}ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
+             "ssm:SendCommand and ssm:StartSession on instances are limited by an "
+             "ssm:resourceTag/dl-cluster:id condition to this cluster's instances, whose ids "
+             "change with every replacement.")
+        for variable in ("aws:userid", "aws:username"):
+            _ack(policy,
+                 f"{prefix}ssm:<AWS::Region>:<AWS::AccountId>:session/<{variable}>-*]",
+                 "Session ids start with the caller's name: TerminateSession and "
+                 "ResumeSession are allowed on the caller's own sessions only, as AWS's "
+                 "Session Manager examples do.")
 
 
 def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:
@@ -131,11 +133,6 @@ def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:
          "AmazonElasticMapReduceRole is not used): its EC2 writes are limited to resources "
          "tagged for-use-with-amazon-emr-managed-policies=true. EMR's internal calls change "
          "with releases, so an inline copy would break clusters silently.")
-    if isinstance(cluster.log_bucket, _bucket_type()):
-        _ack(cluster.log_bucket, "AwsSolutions-S1",
-             "This bucket only receives EMR's own logs; server access logs of it would need "
-             "yet another bucket (which would need its own). It is private, encrypted, "
-             "TLS-only and written by the cluster's role alone.")
     # cdk-nag 3.0.2's EMR4/EMR5 read EnableAtRestEncryption / EnableInTransitEncryption at
     # the TOP level of the security configuration, but EMR only accepts them inside
     # "EncryptionConfiguration" (where we put them): the rules cannot pass for a valid one.
@@ -168,9 +165,3 @@ def _logical_id(construct: IConstruct) -> str:
 
     child = construct.node.default_child or construct
     return Stack.of(construct).get_logical_id(child)  # type: ignore[arg-type]
-
-
-def _bucket_type() -> type:
-    from aws_cdk import aws_s3 as s3
-
-    return s3.Bucket

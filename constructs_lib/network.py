@@ -1,11 +1,14 @@
-"""The cluster's network: public + private subnets over two or more AZs, NAT, flow logs."""
+"""The cluster's network: public + private subnets over two or more AZs, NAT, flow logs (in a
+log group encrypted with a customer-managed, rotating KMS key)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
@@ -64,6 +67,7 @@ class ClusterNetwork(Construct):
         if vpc is not None:
             self.vpc: ec2.IVpc = vpc
             self.flow_log_group: logs.ILogGroup | None = None
+            self.flow_log_key: kms.IKey | None = None
             return
         validation.vpc_cidr("cidr", cidr)
         if max_azs < 2:
@@ -79,8 +83,10 @@ class ClusterNetwork(Construct):
                     f"got {list(names)}")
             zones = {"availability_zones": list(names)}
         validation.positive_int("nat_gateways", nat_gateways)
+        self.flow_log_key = flow_log_key(self)
         self.flow_log_group = logs.LogGroup(
-            self, "FlowLogs", retention=flow_log_retention, removal_policy=RemovalPolicy.DESTROY
+            self, "FlowLogs", retention=flow_log_retention, removal_policy=RemovalPolicy.DESTROY,
+            encryption_key=self.flow_log_key,
         )
         self.vpc = ec2.Vpc(
             self,
@@ -101,6 +107,24 @@ class ClusterNetwork(Construct):
                 )
             },
         )
+
+
+def flow_log_key(scope: Construct) -> kms.Key:
+    """The flow logs' key: CloudWatch Logs may use it for this account's log groups in this
+    region only (the encryption context names the log group; AWS's key policy for log
+    groups: https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html).
+    The context key is a String (StringLike), present only on the cryptographic calls."""
+    key = kms.Key(scope, "FlowLogKey", enable_key_rotation=True,
+                  removal_policy=RemovalPolicy.DESTROY,
+                  description="Encrypts the cluster VPC's flow logs")
+    key.add_to_resource_policy(iam.PolicyStatement(
+        sid="CloudWatchLogsEncryptsFlowLogs",
+        principals=[iam.ServicePrincipal(f"logs.{Aws.REGION}.amazonaws.com")],
+        actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*"],
+        resources=["*"],
+        conditions={"StringLike": {"kms:EncryptionContext:aws:logs:arn": (
+            f"arn:{Aws.PARTITION}:logs:{Aws.REGION}:{Aws.ACCOUNT_ID}:log-group:*")}}))
+    return key
 
 
 def node_security_groups(scope: Construct, vpc: ec2.IVpc, ssh_cidr: str | None

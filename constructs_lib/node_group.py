@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import jsii
 from aws_cdk import Duration, Tags
@@ -290,12 +289,12 @@ class NodeGroup(Construct):
         return self.auto_scaling_group.auto_scaling_group_name
 
 
-def grant_node_access(role: iam.IRole, *, queues: Any, node_scripts: s3_assets.Asset,
+def grant_node_access(role: iam.IRole, *, node_scripts: s3_assets.Asset,
                       file_system: efs.IFileSystem) -> None:
-    """What the node agent, job executor and health check need, and no more: the agent's
-    queue access (``queues``: the cluster's ``MetadataQueues``), exactly the one node-scripts
-    object, root access to the file system, and the two Describe calls of discovery."""
-    queues.grant_agent_access(role)
+    """What the node agent, job executor and health check of every node need, and no more:
+    exactly the one node-scripts object, root access to the file system, and the two
+    Describe calls of discovery. The master queue is not here: only the master's agent
+    reads it (``MetadataQueues.grant_agent_access`` on the master's role alone)."""
     # Exactly the one object (asset.grant_read would allow GetObject* on the whole bucket).
     role.add_to_principal_policy(
         iam.PolicyStatement(

@@ -21,7 +21,8 @@ MASTER_GROUP_OUTPUT = "MasterGroupName"
 WORKER_GROUP_OUTPUT = "WorkerGroupName"
 FILE_SYSTEM_OUTPUT = "FileSystemId"
 CLUSTER_TAG_KEY = "dl-cluster:id"
-RUN_SHELL_SCRIPT = "AWS-RunShellScript"
+#: The resource type of the cluster's Command document (constructs_lib/operator_document.py).
+DOCUMENT_TYPE = "AWS::SSM::Document"
 
 
 #: What to do next, by AWS's error code (or botocore's exception name): each credential or
@@ -207,15 +208,33 @@ def master_instance(target: Target, stack: Stack, nodes: list[Instance]) -> Inst
 # -- SSM Run Command ------------------------------------------------------------------------
 
 
-def send_command(target: Target, instance_id: str, script: str, *, comment: str,
-                 execution_timeout: int, delivery_timeout: int) -> str:
-    """Run ``script`` (sh) on the instance with AWS-RunShellScript; returns the command id."""
+def operator_document(target: Target) -> str:
+    """The name of the stack's Command document (CloudFormation generated it; the stack's
+    resources list it), the only document the operator policy lets ``dlc`` run."""
+    docs = [r["PhysicalResourceId"] for r in stack_resources(target)
+            if r.get("ResourceType") == DOCUMENT_TYPE and r.get("PhysicalResourceId")]
+    if len(docs) != 1:
+        raise NotFound(f"stack {target.stack} has {len(docs)} SSM Command documents "
+                       f"({listing(docs)}), not the one dlc runs: was it deployed from "
+                       "this version? (dlc up)")
+    return docs[0]
+
+
+def caller_arn(target: Target) -> str:
+    """The caller's ARN (GetCallerIdentity needs no permission)."""
+    sts = target.client("sts")
+    return call("GetCallerIdentity", sts.get_caller_identity)["Arn"]
+
+
+def send_command(target: Target, instance_id: str, document: str, parameters: dict[str, str],
+                 *, comment: str, delivery_timeout: int) -> str:
+    """Run the cluster's Command document on the instance; returns the command id. SSM
+    checks every value against the document's allowedPattern first (InvalidParameters)."""
     ssm = target.client("ssm")
-    res = call(f"SendCommand to {instance_id}", ssm.send_command,
-               InstanceIds=[instance_id], DocumentName=RUN_SHELL_SCRIPT,
+    res = call(f"SendCommand {document} to {instance_id}", ssm.send_command,
+               InstanceIds=[instance_id], DocumentName=document,
                Comment=comment[:100], TimeoutSeconds=delivery_timeout,
-               Parameters={"commands": [script],
-                           "executionTimeout": [str(execution_timeout)]})
+               Parameters={k: [v] for k, v in parameters.items()})
     return res["Command"]["CommandId"]
 
 

@@ -100,14 +100,18 @@ def status(ctx, as_json) -> None:
 @click.option("--min-nodes", type=click.IntRange(min=1), default=None,
               help="fewest nodes to run on (default: all)")
 @click.option("--name", default=None, help="a name for the job")
+@click.option("--as", "as_user", default=None, metavar="USER",
+              help="the cluster user the job runs as (default: your IAM identity's name, "
+                   "docs/dlc.md); never root")
 @click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def submit(ctx, launcher, max_restarts, min_nodes, name, as_json, command) -> None:
-    """Submit COMMAND (after --) as a job on every node; prints the job id."""
+def submit(ctx, launcher, max_restarts, min_nodes, name, as_user, as_json, command) -> None:
+    """Submit COMMAND (after --) as a job on every node, as USER; prints the job id."""
     argv = jobs_mod.submit_argv(tuple(command), launcher=launcher, max_restarts=max_restarts,
                                 min_nodes=min_nodes, name=name)
-    jid = jobs_mod.submit(remote_of(ctx), argv)
+    user = jobs_mod.job_user(target_of(ctx), as_user)
+    jid = jobs_mod.submit(remote_of(ctx), argv, user)
     if as_json:
         emit_json({"job_id": jid})
     else:
@@ -195,7 +199,8 @@ def health(ctx, deep, as_json) -> int:
 @click.option("--dry-run", is_flag=True, help="print the AWS CLI command instead")
 @click.pass_context
 def connect(ctx, node, dry_run) -> None:
-    """A shell on NODE (master, a rank, an address or an instance id) via Session Manager."""
+    """A root shell on NODE (master, a rank, an address or an instance id) via Session
+    Manager; needs the stack's opt-in AdminSessionPolicyArn policy."""
     target = target_of(ctx)
     inst = session.resolve_node(target, node)
     session.start(target, session.connect_argv(target, inst.instance_id), dry_run=dry_run,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from dlc import aws
 from dlc.errors import DlcError, NotFound, UsageError, listing
-from dlc.remote import Remote
+from dlc.remote import Remote, check_user, user_from_arn
 from dlc.status import FINISHED, job_id, jobs_list
 from dlc.target import Target
 
@@ -45,8 +45,22 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
     return [*argv, "--", *command]
 
 
-def submit(remote: Remote, argv: list[str]) -> str:
-    data = remote.json(argv)
+def job_user(target: Target, as_user: str | None) -> str:
+    """``--as USER``, else the user mapped from the caller's IAM identity
+    (:func:`dlc.remote.user_from_arn`); never root."""
+    if as_user is not None:
+        return check_user(as_user)
+    arn = aws.caller_arn(target)
+    user = user_from_arn(arn)
+    if user == "root":
+        raise UsageError(f"your IAM identity {arn} maps to the user root, which jobs never "
+                         "run as: give --as USER")
+    return check_user(user)
+
+
+def submit(remote: Remote, argv: list[str], user: str) -> str:
+    """``dl-run --detach`` as ``user`` on the master (the document refuses root)."""
+    data = remote.json(argv, run_as=user)
     jid = data.get("job_id") if isinstance(data, dict) else None
     if not jid:
         raise DlcError(f"dl-run --detach printed no job id: {data!r}")

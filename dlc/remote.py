@@ -1,24 +1,30 @@
 """The channel to the master: its own CLIs (``dl-health``, ``dl-jobs``, ``dl-run``,
-``dl-scale``) run through SSM Run Command.
+``dl-scale``) run through SSM Run Command with the cluster's own Command document.
 
 Why Run Command (docs/dlc.md, "The channel"): the nodes already run the SSM Agent (their
 role has AmazonSSMManagedInstanceCore, which Session Manager needs anyway), so no inbound
 port is opened, no SSH key is handed out, every call is authenticated by IAM and logged in
 CloudTrail, and it can be limited to this cluster's instances by their ``dl-cluster:id``
-tag. ``SendCommand`` runs a shell script as root with the ``AWS-RunShellScript`` document;
-``GetCommandInvocation`` returns its exit code and output once it ends (the first 24,000
-characters of stdout, 8,000 of stderr: callers that may print more read it in chunks).
+tag. ``SendCommand`` runs the stack's Command document (constructs_lib/operator_document.py:
+one of the four commands with validated arguments, ``dl-run`` as a named user; never a
+script); ``GetCommandInvocation`` returns its exit code and output once it ends (the first
+24,000 characters of stdout, 8,000 of stderr: callers that may print more read it in
+chunks, which the document cuts on the node).
+
+The values are checked here against the document's patterns first, so a refused argument
+is a clear usage error rather than SSM's InvalidParameters.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from dataclasses import dataclass
 
 from dlc import aws
-from dlc.errors import DlcError
+from dlc.errors import DlcError, UsageError
 from dlc.target import Target
 
 #: SendCommand's delivery timeout (its minimum): an agent that does not take the command
@@ -31,6 +37,57 @@ STDOUT_LIMIT = 24_000
 #: Exit status of a shell that did not find the command.
 NOT_INSTALLED = 127
 TERMINAL = ("Success", "Failed", "TimedOut", "Cancelled")
+#: The commands the cluster's document runs, and its patterns (the same as
+#: constructs_lib/operator_document.py's; tests/cli/test_pure.py holds them together).
+COMMANDS = ("dl-run", "dl-jobs", "dl-health", "dl-scale")
+ARGUMENT_CHARS = r"A-Za-z0-9_./:=,@%+-"
+ARGUMENT_RE = re.compile(rf"^[{ARGUMENT_CHARS}]+$")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+def document_parameters(argv: list[str], *, timeout: int, run_as: str | None = None,
+                        offset: int = 0, limit: int = 0) -> dict[str, str]:
+    """The document's parameters for ``argv`` (UsageError naming what it refuses)."""
+    if not argv or argv[0] not in COMMANDS:
+        raise UsageError(f"the cluster's command document runs {', '.join(COMMANDS)} only, "
+                         f"not {argv[:1]}")
+    for arg in argv[1:]:
+        if not ARGUMENT_RE.match(arg):
+            raise UsageError(
+                f"argument {arg!r} has characters the cluster's command document refuses "
+                f"(allowed: letters, digits and _ . / : = , @ % + -; no spaces, quotes or "
+                "shell syntax): put such a command in a script on the shared file system "
+                "and submit that, e.g. dlc submit -- bash /efs/home/me/train.sh")
+    params = {"command": argv[0], "arguments": " ".join(argv[1:]),
+              "executionTimeout": str(timeout)}
+    if run_as is not None:
+        check_user(run_as)
+        params["runAs"] = run_as
+    if limit:
+        params.update(outputOffset=str(offset), outputLimit=str(limit))
+    return params
+
+
+def check_user(user: str) -> str:
+    """A Linux user name jobs may run as: never root (the node also refuses UIDs < 1000)."""
+    if not USER_RE.match(user):
+        raise UsageError(f"--as {user!r} is not a Linux user name ([a-z_][a-z0-9_-]*, at "
+                         "most 32 characters)")
+    if user == "root":
+        raise UsageError("--as root: jobs never run as root; give a cluster user")
+    return user
+
+
+def user_from_arn(arn: str) -> str:
+    """The cluster user an IAM identity maps to: the last component of its ARN (an assumed
+    role's session name, an IAM user's name), cut at ``@``, lower-cased, every character
+    other than a-z, 0-9, ``_`` and ``-`` replaced by ``_``, prefixed with ``_`` if it
+    does not start with a letter or ``_``, at most 32 characters."""
+    last = arn.rsplit("/", 1)[-1] if "/" in arn else arn.rsplit(":", 1)[-1]
+    name = re.sub(r"[^a-z0-9_-]", "_", last.split("@", 1)[0].lower())
+    if not name or not re.match(r"[a-z_]", name):
+        name = "_" + name
+    return name[:32]
 
 
 @dataclass
@@ -54,18 +111,29 @@ class Result:
 class Remote:
     """Runs commands on one instance (the master) and waits for their result."""
 
-    def __init__(self, target: Target, instance_id: str, *, poll: float = 0.25) -> None:
+    def __init__(self, target: Target, instance_id: str, *, poll: float = 0.25,
+                 document: str | None = None) -> None:
         self.target = target
         self.instance_id = instance_id
         self.poll = poll
+        self._document = document
+
+    @property
+    def document(self) -> str:
+        """The stack's Command document (looked up once)."""
+        if self._document is None:
+            self._document = aws.operator_document(self.target)
+        return self._document
 
     def run(self, argv: list[str], *, timeout: int = DEFAULT_TIMEOUT,
-            script: str | None = None) -> Result:
-        """Run ``argv`` (or a ready ``script``) on the instance; waits for it to end."""
-        text = script if script is not None else shlex.join(argv)
-        command_id = aws.send_command(self.target, self.instance_id, text,
+            run_as: str | None = None, offset: int = 0, limit: int = 0) -> Result:
+        """Run ``argv`` on the instance (as ``run_as``; with ``limit``, only bytes
+        ``offset`` .. ``offset + limit`` of its output); waits for it to end."""
+        params = document_parameters(argv, timeout=timeout, run_as=run_as, offset=offset,
+                                     limit=limit)
+        text = shlex.join(argv)
+        command_id = aws.send_command(self.target, self.instance_id, self.document, params,
                                       comment=f"dlc: {text}"[:100],
-                                      execution_timeout=timeout,
                                       delivery_timeout=DELIVERY_TIMEOUT)
         deadline = time.monotonic() + timeout + DELIVERY_TIMEOUT + 30
         delay = self.poll
@@ -108,10 +176,10 @@ class Remote:
         return res
 
     def json(self, argv: list[str], *, timeout: int = DEFAULT_TIMEOUT,
-             allow_codes: tuple[int, ...] = (0,)) -> object:
+             allow_codes: tuple[int, ...] = (0,), run_as: str | None = None) -> object:
         """Run a command that prints JSON and parse it (``allow_codes``: exit statuses that
         still carry a JSON answer, e.g. dl-health's 1 = unhealthy)."""
-        res = self.run(argv, timeout=timeout)
+        res = self.run(argv, timeout=timeout, run_as=run_as)
         if res.code == NOT_INSTALLED:
             raise DlcError(f"{argv[0]} is not installed on the master {self.instance_id} "
                            f"(exit 127): {res.message()}")
@@ -127,12 +195,11 @@ class Remote:
     def read_chunked(self, argv: list[str], *, offset: int = 0,
                      timeout: int = DEFAULT_TIMEOUT, chunk: int = 16_000) -> tuple[str, int]:
         """The output of ``argv`` from byte ``offset`` on, read in chunks below Run
-        Command's output limit; returns (text, new offset). The command's exit status is
-        checked on every chunk."""
+        Command's output limit (the document cuts each on the node); returns (text, new
+        offset). The command's exit status is checked on every chunk."""
         out: list[str] = []
         while True:
-            script = chunk_script(argv, offset, chunk)
-            res = self.run(argv, timeout=timeout, script=script)
+            res = self.run(argv, timeout=timeout, offset=offset, limit=chunk)
             if res.code == NOT_INSTALLED:
                 raise DlcError(f"{argv[0]} is not installed on the master "
                                f"{self.instance_id} (exit 127): {res.message()}")
@@ -144,10 +211,3 @@ class Remote:
             offset += len(data)
             if len(data) < chunk:
                 return "".join(out), offset
-
-
-def chunk_script(argv: list[str], offset: int, size: int) -> str:
-    """A POSIX sh script: run ``argv`` into a temp file, keep its exit status, print bytes
-    ``offset`` .. ``offset + size`` of its output, exit with its status."""
-    return (f'f=$(mktemp) || exit 1\n{shlex.join(argv)} > "$f"\nrc=$?\n'
-            f'tail -c +{offset + 1} "$f" | head -c {size}\nrm -f "$f"\nexit $rc\n')

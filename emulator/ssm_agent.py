@@ -1,4 +1,5 @@
-"""The SSM Agent of emulated nodes: Run Command's ``AWS-RunShellScript`` really runs.
+"""The SSM Agent of emulated nodes: Run Command's ``AWS-RunShellScript`` and the account's
+own shell Command documents (the cluster's ``OperatorDocument``) really run.
 
 On EC2 the SSM Agent on each instance registers the instance with Systems Manager and polls
 it for commands; ``SendCommand`` with the ``AWS-RunShellScript`` document makes the agent
@@ -30,7 +31,23 @@ plays the agent:
   agent to take the command: the invocation stays ``Pending`` and, after the command's
   ``TimeoutSeconds``, ends ``TimedOut`` with status details "Delivery Timed Out".
 
-Other documents keep moto's behaviour. Running commands are killed when the server exits.
+- A Command document of the account (``CreateDocument`` / CloudFormation's
+  ``AWS::SSM::Document``) whose one step is ``aws:runShellScript`` runs the way the agent runs
+  it: SendCommand first checks the parameters against the document as Systems Manager does
+  and refuses the command with ``InvalidParameters`` (nothing is delivered) for a parameter
+  the document does not declare, a missing one without a default, more than one value for
+  a ``String``, or a value that does not match its ``allowedPattern`` (a regular-expression
+  search, as the ``^…$`` anchors of AWS's examples imply) or is not among its
+  ``allowedValues``; defaults fill the rest. The step's ``runCommand`` lines then run with
+  every ``{{ name }}`` replaced by the value, each parameter with ``interpolationType:
+  ENV_VAR`` also in the environment as ``SSM_<name>`` (SSM Agent 3.3.2746.0 and later), and
+  the step's ``timeoutSeconds`` as the execution timeout; the invocation's ``PluginName`` is
+  the step's name
+  (https://docs.aws.amazon.com/systems-manager/latest/userguide/documents-syntax-data-elements-parameters.html,
+  https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_SendCommand.html).
+
+Other documents keep moto's behaviour (recorded, nothing runs). Running commands are killed
+when the server exits.
 """
 
 from __future__ import annotations
@@ -40,6 +57,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -51,16 +69,21 @@ from pathlib import Path
 from typing import Any
 
 from bootstrap_scripts.procgroup import pids_in_groups
+from emulator.ssm_documents import (
+    DEFAULT_EXECUTION_TIMEOUT,
+    PLUGIN,
+    Plan,
+    command_document,
+    document_plan,
+    resolve_parameters,
+)
 
 #: Where a node's announcement goes on moto's server.
 ANNOUNCE_PATH = "/moto-api/static/ssm/agents"
 RUN_SHELL_SCRIPT = "AWS-RunShellScript"
-PLUGIN = "aws:runShellScript"
 #: GetCommandInvocation returns at most this much of stdout / stderr.
 STDOUT_LIMIT = 24_000
 STDERR_LIMIT = 8_000
-#: The AWS-RunShellScript default executionTimeout.
-DEFAULT_EXECUTION_TIMEOUT = 3600
 #: The node's installed command wrappers, under its root.
 BIN_DIR = "usr/local/bin"
 
@@ -203,28 +226,26 @@ def _finish(command: Any, invocation: dict, *, status: str, details: str, code: 
                                   for i in command.invocations)
 
 
-def _run(command: Any, invocation: dict, agent: Agent) -> None:
+def _run(command: Any, invocation: dict, agent: Agent, plan: Plan) -> None:
     """Run the script on the node; fill the invocation in when it ends."""
     params = command.parameters or {}
-    lines = params.get("commands") or []
-    if isinstance(lines, str):
-        lines = [lines]
-    timeout = float(_param(params, "executionTimeout", str(DEFAULT_EXECUTION_TIMEOUT)))
+    step_dir = re.sub(r"[^A-Za-z0-9_.-]", "", plan.plugin)
     orchestration = (Path(agent.root) / "var/lib/amazon/ssm" / agent.instance_id / "document"
-                     / "orchestration" / command.command_id / "awsrunShellScript"
-                     / "0.awsrunShellScript")
+                     / "orchestration" / command.command_id / step_dir / f"0.{step_dir}")
     try:
         orchestration.mkdir(parents=True, exist_ok=True)
         script = orchestration / "_script.sh"
-        script.write_text("\n".join(str(x) for x in lines) + "\n")
-        cwd = _param(params, "workingDirectory", "") or str(orchestration)
-        proc = subprocess.Popen(["sh", str(script)], cwd=cwd, env=agent.command_env(),
+        script.write_text("\n".join(str(x) for x in plan.lines) + "\n")
+        cwd = _param(params, "workingDirectory", "") if plan.plugin == PLUGIN else ""
+        proc = subprocess.Popen(["sh", str(script)], cwd=cwd or str(orchestration),
+                                env={**agent.command_env(), **plan.env},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         _finish(command, invocation, status="Failed", details="Failed", code=1,
                 err=f"failed to run commands: {exc}")
         return
+    timeout = plan.timeout
     with _LOCK:
         _RUNNING[proc.pid] = proc
     try:
@@ -247,7 +268,7 @@ def _run(command: Any, invocation: dict, agent: Agent) -> None:
             out=out.decode(errors="replace"), err=err.decode(errors="replace"))
 
 
-def _deliver(command: Any) -> None:
+def _deliver(command: Any, plan: Plan) -> None:
     """Hand each invocation of a new command to its instance's agent."""
     start = _now()
     for invocation in command.invocations:
@@ -255,14 +276,14 @@ def _deliver(command: Any) -> None:
         with _LOCK:
             invocation.update({"ResponseCode": -1, "StandardOutputContent": "",
                                "StandardErrorContent": "", "ExecutionEndDateTime": "",
-                               "ExecutionElapsedTime": "", "PluginName": PLUGIN})
+                               "ExecutionElapsedTime": "", "PluginName": plan.plugin})
             if agent is None or not agent.alive():
                 invocation.update({"Status": "Pending", "StatusDetails": "Pending",
                                    "ExecutionStartDateTime": ""})
                 continue
             invocation.update({"Status": "InProgress", "StatusDetails": "InProgress",
                                "ExecutionStartDateTime": start.isoformat()})
-        threading.Thread(target=_run, args=(command, invocation, agent), daemon=True,
+        threading.Thread(target=_run, args=(command, invocation, agent, plan), daemon=True,
                          name=f"ssm-{command.command_id[:8]}").start()
     with _LOCK:
         command.status = command.status_details = "InProgress"
@@ -282,9 +303,26 @@ def _expire_undelivered(command: Any) -> None:
                     code=-1)
 
 
+def _shell_script_plan(parameters: dict) -> Plan:
+    lines = parameters.get("commands") or []
+    if isinstance(lines, str):
+        lines = [lines]
+    timeout = float(_param(parameters, "executionTimeout", str(DEFAULT_EXECUTION_TIMEOUT)))
+    return Plan([str(x) for x in lines], {}, timeout, PLUGIN)
+
+
 def _wrap_send_command(original: Any) -> Any:
     def send_command(self: Any, **kwargs: Any) -> Any:
-        if kwargs.get("document_name") != RUN_SHELL_SCRIPT:
+        name = kwargs.get("document_name")
+        if name == RUN_SHELL_SCRIPT:
+            plan = _shell_script_plan(kwargs.get("parameters") or {})
+        elif name and not name.startswith("AWS-"):
+            content = command_document(self, name)
+            if content is None:
+                return original(self, **kwargs)
+            plan = document_plan(content,
+                                 resolve_parameters(content, kwargs.get("parameters") or {}))
+        else:
             return original(self, **kwargs)
         requested = list(kwargs.get("instance_ids") or [])
         unknown = [i for i in requested if i not in agents()]
@@ -298,7 +336,7 @@ def _wrap_send_command(original: Any) -> Any:
             command.invocations = [i for i in command.invocations
                                    if i["InstanceId"] in requested]
             command.target_count = len(requested)
-        _deliver(command)
+        _deliver(command, plan)
         return command
 
     return send_command
@@ -308,7 +346,7 @@ def _wrap_get_command_invocation(original: Any) -> Any:
     def get_command_invocation(self: Any, command_id: str, instance_id: str,
                                plugin_name: str | None) -> dict[str, Any]:
         command = self.get_command_by_id(command_id)
-        if command.document_name == RUN_SHELL_SCRIPT:
+        if any("PluginName" in i for i in command.invocations):  # delivered by this agent
             _expire_undelivered(command)
         with _LOCK:
             return dict(original(self, command_id, instance_id, plugin_name))

@@ -22,9 +22,11 @@ import pytest
 from bootstrap_scripts.procgroup import alive, pids_in_groups
 from dlc.cli import main
 from emulator.demo.context import BIN_DIR, STATE_FILE
+from emulator.nodes import PYTHON
 from emulator.pricing import PRICES
 from tests.conftest import REPO_ROOT
 from tests.support.demo import DEMO_TIMEOUT, demo_env
+from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +60,20 @@ def kept(tmp_path_factory) -> Iterator[dict]:
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert not left, f"processes left behind after --stop: {sorted(left)}"
         assert not work.exists(), "--stop did not remove the demo's temp dir"
+
+
+@pytest.fixture(scope="module")
+def job_user(kept: dict) -> Iterator[str]:
+    """The cluster user jobs are submitted as (``dlc submit --as``: jobs never run as root,
+    and the emulator's IAM identity, moto's ``user/moto``, is no user on this machine); the
+    interpreter, the checkout and the demo's directory reachable by it, as on a cluster."""
+    if not CAN_CREATE_USERS:
+        pytest.skip("creating the job's user needs root")
+    work = Path(kept["report"]["work_dir"])
+    python_dir = os.path.realpath(os.path.dirname(PYTHON))
+    with cluster_user() as user, reachable(os.path.realpath(PYTHON), PYTHON, python_dir + "/x",
+                                            REPO_ROOT + "/x", work / "x"):
+        yield user.pw_name
 
 
 def dlc(kept: dict, capsys, *args: str) -> tuple[int, str, str]:
@@ -145,11 +161,11 @@ def test_status_and_health_tables(kept: dict, capsys) -> None:
     assert code == 0 and json.loads(out)["healthy"] is True
 
 
-def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys) -> None:
+def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys, job_user) -> None:
     if not has_controller(kept):
         pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
-    code, out, err = dlc(kept, capsys, "submit", "--json", "--", "python", "-m",
-                         "bootstrap_scripts.examples.train_digits", "--epochs", "2",
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--json", "--", "python",
+                         "-m", "bootstrap_scripts.examples.train_digits", "--epochs", "2",
                          "--require-acc", "0.3", "--global-batch-size", "64")
     assert code == 0, err
     job = json.loads(out)["job_id"]
@@ -163,10 +179,11 @@ def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys) -> None
     assert {j["job_id"]: j["state"] for j in json.loads(out)}[job] == "succeeded"
 
 
-def test_submit_then_cancel(kept: dict, capsys) -> None:
+def test_submit_then_cancel(kept: dict, capsys, job_user) -> None:
     if not has_controller(kept):
         pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
-    code, out, err = dlc(kept, capsys, "submit", "--launcher", "each", "--", "sleep", "600")
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--launcher", "each", "--",
+                         "sleep", "600")
     assert code == 0, err
     job = out.strip()
     code, out, err = dlc(kept, capsys, "cancel", job)

@@ -4,12 +4,14 @@ that build remote commands, and parsing what the master and the Price List answe
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
+from constructs_lib.operator_document import COMMANDS, document_content
 from dlc import cost, errors, jobs, remote, session, status
 from dlc.cli import main
 from dlc.errors import NotFound, UsageError
@@ -124,23 +126,103 @@ def test_scale_and_logs_argv() -> None:
     assert jobs.logs_argv("j1", 2) == ["dl-jobs", "logs", "j1", "--node", "2"]
 
 
-def test_chunk_script_reads_from_an_offset_and_keeps_the_exit_status(tmp_path: Path) -> None:
-    """The script the channel runs to read long output in pieces, run by a real sh."""
+def run_document_script(tmp_path: Path, params: dict[str, str],
+                        tool: str) -> subprocess.CompletedProcess:
+    """The cluster document's script, run by a real sh as the agent runs it (parameters as
+    SSM_<name>), with ``tool`` installed as every dl-* command."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in remote.COMMANDS:
+        (bin_dir / name).write_text(tool)
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "doc.sh"
+    script.write_text("\n".join(document_content()["mainSteps"][0]["inputs"]["runCommand"]))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **{f"SSM_{k}": v for k, v in params.items()}}
+    return subprocess.run(["sh", str(script)], capture_output=True, env=env, timeout=30)
+
+
+def test_the_document_reads_from_an_offset_and_keeps_the_exit_status(tmp_path: Path) -> None:
+    """How dlc logs reads long output in pieces: the document cuts them on the node."""
     text = "".join(f"line {i}\n" for i in range(100))
     src = tmp_path / "out.txt"
     src.write_text(text)
     got, offset = "", 0
     while True:
-        res = subprocess.run(["sh", "-c", remote.chunk_script(["cat", str(src)], offset, 50)],
-                             capture_output=True, text=True, check=True)
-        got += res.stdout
-        offset += len(res.stdout.encode())
+        params = remote.document_parameters(["dl-jobs", "logs", "j1"], timeout=60,
+                                            offset=offset, limit=50)
+        res = run_document_script(tmp_path, params, f"#!/bin/sh\ncat {src}\n")
+        assert res.returncode == 0, res.stderr
+        got += res.stdout.decode()
+        offset += len(res.stdout)
         if len(res.stdout) < 50:
             break
     assert got == text
-    failing = subprocess.run(["sh", "-c", remote.chunk_script(["sh", "-c", "echo hi; exit 7"],
-                                                              0, 50)], capture_output=True)
+    params = remote.document_parameters(["dl-jobs", "x"], timeout=60, limit=50)
+    failing = run_document_script(tmp_path, params, "#!/bin/sh\necho hi; exit 7\n")
     assert failing.returncode == 7 and failing.stdout == b"hi\n"
+
+
+def test_arguments_reach_the_command_as_words_never_as_shell(tmp_path: Path) -> None:
+    params = remote.document_parameters(["dl-jobs", "a=1", "--x", "b/c.py"], timeout=60)
+    res = run_document_script(tmp_path, params,
+                              '#!/bin/sh\nfor a in "$@"; do echo "[$a]"; done\n')
+    assert res.stdout.decode() == "[a=1]\n[--x]\n[b/c.py]\n"
+    # even a value SSM's patterns would refuse is only a word to the script
+    res = run_document_script(tmp_path, {"command": "dl-jobs", "arguments": "$(id) * `id`"},
+                              '#!/bin/sh\nfor a in "$@"; do echo "[$a]"; done\n')
+    assert res.stdout.decode() == "[$(id)]\n[*]\n[`id`]\n"
+    res = run_document_script(tmp_path, {"command": "id"}, "")
+    assert res.returncode == 2 and b"not a cluster command" in res.stderr
+
+
+def test_document_parameters_refuse_what_the_document_refuses() -> None:
+    assert remote.document_parameters(["dl-run", "--detach", "--", "python", "-m", "m"],
+                                      timeout=60, run_as="alice") == {
+        "command": "dl-run", "arguments": "--detach -- python -m m",
+        "executionTimeout": "60", "runAs": "alice"}
+    for argv in (["bash"], ["dl-jobs", "a b"], ["dl-jobs", "x;y"], ["dl-jobs", ""],
+                 ["dl-run", "--", "python", "-c", "print(1)"]):
+        with pytest.raises(UsageError):
+            remote.document_parameters(argv, timeout=60)
+    for user in ("root", "Alice", "a b", ""):
+        with pytest.raises(UsageError):
+            remote.check_user(user)
+
+
+def test_dlc_checks_with_the_documents_own_patterns() -> None:
+    """dlc's client-side checks and the document's allowedPattern say the same."""
+    params = document_content()["parameters"]
+    assert remote.COMMANDS == COMMANDS
+    assert params["arguments"]["allowedPattern"] == f"^[ {remote.ARGUMENT_CHARS}]*$"
+    for word in ("--lr=0.1", "a/b.py", "x y", "$(id)", "a;b", "~", "#", "é"):
+        ok = " " not in word and remote.ARGUMENT_RE.match(word) is not None
+        assert ok == (re.search(params["arguments"]["allowedPattern"], word) is not None
+                      and " " not in word), word
+    for user in ("alice", "_svc", "a-b_1", "Alice", "1abc", "a" * 33):
+        assert (remote.USER_RE.match(user) is not None) == \
+            (re.search(params["runAs"]["allowedPattern"], user) is not None), user
+
+
+@pytest.mark.parametrize(("arn", "user"), [
+    ("arn:aws:sts::123456789012:assumed-role/Operators/alice", "alice"),
+    ("arn:aws:sts::123456789012:assumed-role/Ops/Alice.Smith@example.com", "alice_smith"),
+    ("arn:aws:iam::123456789012:user/team/bob", "bob"),
+    ("arn:aws:sts::123456789012:federated-user/7carol", "_7carol"),
+    ("arn:aws:iam::123456789012:root", "root"),
+    ("arn:aws:sts::123456789012:assumed-role/R/" + "x" * 40, "x" * 32),
+])
+def test_user_from_the_callers_arn(arn: str, user: str) -> None:
+    assert remote.user_from_arn(arn) == user
+
+
+def test_submit_defaults_to_the_callers_user_and_never_root(monkeypatch) -> None:
+    monkeypatch.setattr(jobs.aws, "caller_arn",
+                        lambda target: "arn:aws:sts::1:assumed-role/Ops/dana@example.com")
+    assert jobs.job_user(None, None) == "dana"
+    assert jobs.job_user(None, "erin") == "erin"
+    monkeypatch.setattr(jobs.aws, "caller_arn", lambda target: "arn:aws:iam::1:root")
+    with pytest.raises(UsageError, match="maps to the user root"):
+        jobs.job_user(None, None)
 
 
 # -- what the master answers ----------------------------------------------------------------

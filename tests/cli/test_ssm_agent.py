@@ -2,11 +2,15 @@
 Command runs the script on the announced node with the node's environment, and
 GetCommandInvocation answers as AWS documents (InProgress with no output while it runs,
 then the exit code and output; InvalidInstanceId for an unmanaged instance; an agent that
-is gone never takes the command)."""
+is gone never takes the command). The cluster's own Command document runs as the agent runs
+it: SendCommand refuses parameters that fail its patterns (InvalidParameters), and its
+script runs only the dl-* commands, dl-run as a named user and never root."""
 
 from __future__ import annotations
 
 import datetime
+import getpass
+import json
 import signal
 import subprocess
 import time
@@ -17,7 +21,9 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from constructs_lib.operator_document import COMMANDS, STEP_NAME, document_content
 from emulator import ssm_agent
+from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
 
 IID = "i-0123456789abcdef0"
 
@@ -134,3 +140,90 @@ def test_a_dead_machine_never_takes_the_command(machine, emulator_cloud) -> None
     command.requested_date_time -= datetime.timedelta(seconds=31)
     inv = ssm(endpoint).get_command_invocation(CommandId=cid, InstanceId=IID)
     assert (inv["Status"], inv["StatusDetails"]) == ("TimedOut", "Delivery Timed Out")
+
+
+# -- the cluster's own Command document (constructs_lib/operator_document.py) ---------------
+
+
+@pytest.fixture()
+def cluster_document(machine) -> tuple[str, Path, str]:
+    """The machine with dl-* wrappers that print who runs them and their arguments, and
+    the cluster's document created in the account (as CloudFormation would)."""
+    endpoint, root, _ = machine
+    for name in COMMANDS:
+        tool = root / "usr/local/bin" / name
+        tool.write_text(f'#!/bin/sh\necho "{name} as $(id -un) home=$HOME n=$#"\n'
+                        'for a in "$@"; do echo "arg=$a"; done\nexit "${DL_EXIT:-0}"\n')
+        tool.chmod(0o755)
+    name = ssm(endpoint).create_document(
+        Content=json.dumps(document_content()), Name="DlClusterOperate",
+        DocumentType="Command", DocumentFormat="JSON")["DocumentDescription"]["Name"]
+    return endpoint, root, name
+
+
+def run_doc(endpoint: str, document: str, **params: str) -> dict:
+    res = ssm(endpoint).send_command(InstanceIds=[IID], DocumentName=document,
+                                     Parameters={k: [v] for k, v in params.items()})
+    return wait_done(endpoint, res["Command"]["CommandId"])
+
+
+def test_the_document_runs_only_its_commands_with_literal_arguments(cluster_document) -> None:
+    endpoint, _, doc = cluster_document
+    inv = run_doc(endpoint, doc, command="dl-health", arguments="--json  --deep")
+    assert (inv["Status"], inv["PluginName"]) == ("Success", STEP_NAME)
+    assert inv["StandardOutputContent"].splitlines() == [
+        f"dl-health as {getpass.getuser()} home=/root n=2", "arg=--json", "arg=--deep"]
+    # what would be a glob in a shell reaches no shell: the pattern refuses it before
+    for bad in ({"command": "sh"}, {"command": "dl-health; id"},
+                {"command": "dl-jobs", "arguments": "x;id"},
+                {"command": "dl-jobs", "arguments": "$(id)"},
+                {"command": "dl-jobs", "arguments": "*"},
+                {"command": "dl-run", "runAs": "Alice Smith"},
+                {"command": "dl-jobs", "outputLimit": "-1"},
+                {"command": "dl-jobs", "commands": "id"}):
+        with pytest.raises(ClientError) as exc:
+            ssm(endpoint).send_command(InstanceIds=[IID], DocumentName=doc,
+                                       Parameters={k: [v] for k, v in bad.items()})
+        assert exc.value.response["Error"]["Code"] == "InvalidParameters", bad
+    assert len(ssm(endpoint).list_commands()["Commands"]) == 1  # nothing refused was sent
+
+
+def test_the_document_reads_output_in_pieces_and_keeps_the_exit_status(
+        cluster_document) -> None:
+    endpoint, _, doc = cluster_document
+    inv = run_doc(endpoint, doc, command="dl-jobs", arguments="logs j-1",
+                  outputOffset="5", outputLimit="8")
+    assert inv["StandardOutputContent"] == "bs as ro"  # bytes 5..12 of "dl-jobs as root"
+    assert inv["ResponseCode"] == 0
+
+
+def test_dl_run_needs_a_user_and_never_runs_as_root(cluster_document) -> None:
+    endpoint, _, doc = cluster_document
+    inv = run_doc(endpoint, doc, command="dl-run", arguments="--detach -- true")
+    assert inv["ResponseCode"] == 2 and "dl-run needs runAs" in inv["StandardErrorContent"]
+    for system_user in ("root", "daemon"):
+        inv = run_doc(endpoint, doc, command="dl-run", runAs=system_user)
+        assert inv["ResponseCode"] == 2, inv
+        assert "root or a system user" in inv["StandardErrorContent"]
+    inv = run_doc(endpoint, doc, command="dl-run", runAs="nosuchuser")
+    assert inv["ResponseCode"] == 3 and "no user nosuchuser" in inv["StandardErrorContent"]
+
+
+@pytest.mark.skipif(not CAN_CREATE_USERS, reason="creating a user needs root")
+def test_dl_run_runs_as_the_named_user(cluster_document) -> None:
+    endpoint, root, doc = cluster_document
+    with cluster_user() as user, reachable(root / "usr/local/bin/dl-run"):
+        inv = run_doc(endpoint, doc, command="dl-run", runAs=user.pw_name,
+                      arguments="--detach --json -- python -m x")
+        assert inv["Status"] == "Success", (inv["StandardErrorContent"], inv["ResponseCode"])
+        lines = inv["StandardOutputContent"].splitlines()
+        assert lines[0] == f"dl-run as {user.pw_name} home={user.pw_dir} n=6"
+
+
+def test_an_agent_without_environment_parameters_refuses(tmp_path: Path) -> None:
+    """An SSM Agent older than 3.3.2746.0 sets no SSM_<name>: the script has no fallback."""
+    script = tmp_path / "s.sh"
+    script.write_text("\n".join(document_content()["mainSteps"][0]["inputs"]["runCommand"]))
+    res = subprocess.run(["sh", str(script)], capture_output=True, text=True, env={
+        "PATH": "/usr/bin:/bin"}, timeout=30)
+    assert res.returncode == 2 and "does not pass parameters" in res.stderr

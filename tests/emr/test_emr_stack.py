@@ -20,7 +20,6 @@ HASH = re.compile(r"[0-9a-f]{64}")
 
 #: What an EmrDeepLearningCluster raises before acknowledge_emr_findings (all with reasons).
 EXPECTED_FINDINGS = {
-    "AwsSolutions-S1",
     "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
     "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
     "AmazonEMRServicePolicy_v2]",

@@ -188,14 +188,22 @@ ACCEPTED: tuple[Accepted, ...] = (
         r'"action": "ssm:SendCommand", "required_format": "arn:\*:ssm:\*:\*:document/\*"',
         "Valid: ssm:SendCommand authorizes the document AND each target instance "
         "(https://docs.aws.amazon.com/service-authorization/latest/reference/"
-        "list_awssystemsmanager.html), so dlc's operator policy allows the document "
-        "AWS-RunShellScript in one statement and instances tagged dl-cluster:id=<cluster> "
+        "list_awssystemsmanager.html), so dlc's operator policy allows the cluster's own "
+        "Command document in one statement and instances tagged dl-cluster:id=<cluster> "
         "in another (a tag condition cannot apply to the untagged document), as AWS's "
         "tag-restricted Run Command example does (https://docs.aws.amazon.com/"
-        "systems-manager/latest/userguide/sysman-rc-setting-up-cmdsec.html). AWS-owned "
-        "documents have no account in their ARN (https://docs.aws.amazon.com/systems-manager/"
-        "latest/userguide/automation-setup-identity-based-policies.html). parliament 1.6.4 "
-        "wants a document ARN with an account in every SendCommand statement."),
+        "systems-manager/latest/userguide/sysman-rc-setting-up-cmdsec.html). parliament "
+        "1.6.4 wants a document ARN in every SendCommand statement."),
+    Accepted(
+        "UNKNOWN_CONDITION_FOR_ACTION", "identity",
+        r"OperatorAccess(Policy|AdminSessionPolicy)[0-9A-F]+\.PolicyDocument$",
+        r"ssm:SessionDocumentAccessCheck for action ssm:StartSession",
+        "Valid: AWS documents ssm:SessionDocumentAccessCheck on ssm:StartSession as the "
+        "condition that makes a StartSession naming no document check the default shell "
+        "document against the policy (https://docs.aws.amazon.com/systems-manager/latest/"
+        "userguide/getting-started-sessiondocumentaccesscheck.html); without it an "
+        "operator allowed port forwarding only would still get a shell. parliament 1.6.4's "
+        "database does not list the key."),
 )
 
 

@@ -8,8 +8,8 @@ The strategy learns the cluster and this node's task from ``TF_CONFIG``, which `
 --launcher tf`` writes for each node (one worker task per node, master first); the gradients
 of every step are all-reduced across the workers over TensorFlow's own gRPC channels.
 
-Rank 0 (the chief, worker 0) prints the same lines as the PyTorch example, so whatever reads
-those (``make demo``) reads these::
+Rank 0 (the chief, worker 0) prints the PyTorch example's epoch and final lines, so whatever
+reads those (``make demo``) reads these (its start line has fields of its own)::
 
     start world_size=2 framework=tensorflow version=2.21.0 workers=2
     epoch=3 acc=0.9611 loss=0.1234 samples_per_s=2345 world_size=2 lr=3.00e-03 global_batch=64
@@ -23,9 +23,10 @@ Data: the PyTorch example's world-size policy. Each step's global batch
 epoch-seeded permutation, split between the workers as evenly as it goes; each worker's
 loss is its samples' sum over the global batch size and the gradients are all-reduced as a
 SUM (``ReplicaContext.all_reduce``), so every step applies the global batch's mean gradient
-whatever the number of nodes. Adam is written out over mirrored variables, so what crosses
-the network is exactly that all-reduce. No checkpoints: the PyTorch example is the one that
-shows checkpoints, resume and elastic training.
+whatever the number of nodes. Adam is written out over mirrored variables, so apart from the
+variables' initial values (which the strategy broadcasts from worker 0 when they are
+created) what crosses the network is that all-reduce. No checkpoints: the PyTorch example
+is the one that shows checkpoints, resume and elastic training.
 
 TensorFlow is not a dependency of the project: ``make tf-deps`` installs ``tensorflow-cpu``
 into the project's virtualenv (docs/runner.md, "TensorFlow").

@@ -14,7 +14,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_CLI_NOTICES := false
 NO_AWS := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE
 
-.PHONY: help setup checkov-setup system-deps test lint synth demo bench clean
+.PHONY: help setup checkov-setup system-deps tf-deps test test-tf lint synth demo bench clean
 
 help:
 	@echo "make demo    deploy the cluster to a local AWS emulator and train across its nodes"
@@ -22,6 +22,7 @@ help:
 	@echo "make synth   write the stacks' templates to cdk.out/ (no AWS access needed)"
 	@echo "make bench   print the performance figures"
 	@echo "make setup   create .venv and install the Python and npm dependencies"
+	@echo "make test-tf install tensorflow-cpu (make tf-deps) and run the TensorFlow tests"
 
 setup: $(VENV)/.setup-stamp node_modules/.setup-stamp
 
@@ -50,11 +51,22 @@ checkov-setup: .venv-checkov/.setup-stamp
 system-deps:
 	@bash scripts/system-deps.sh
 
+# TensorFlow, opt-in (make demo ARGS="--framework tf" runs this script itself; make test-tf):
+# tensorflow-cpu into .venv without changing any installed package (scripts/tf-deps.sh).
+TF_REQUIREMENT := tensorflow-cpu==2.21.0
+tf-deps: setup
+	@bash scripts/tf-deps.sh $(PY) $(TF_REQUIREMENT)
+
 lint: setup
 	$(VENV)/bin/ruff check .
 
 test: setup checkov-setup system-deps lint
 	$(PY) -m pytest -m "not bench" $(PYTEST_ARGS)
+
+# The tests marked `tf` (tests/runner/test_tensorflow.py); make test runs them only when
+# TensorFlow is installed. The emulator's wildcard-bind shim needs gcc (system-deps).
+test-tf: setup system-deps tf-deps
+	$(PY) -m pytest -m tf $(PYTEST_ARGS)
 
 synth: setup
 	$(NO_AWS) npx cdk synth DLClusterStack DLEmrClusterStack --no-lookups -q

@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-acc", type=float, default=0.95,
                    help="held-out accuracy the job must reach "
                         "(default: 0.95, the example's target)")
+    p.add_argument("--framework", choices=("torch", "tf"), default="torch",
+                   help="the example job: torch (PyTorch DDP, torchrun; default) or tf "
+                        "(TensorFlow MultiWorkerMirroredStrategy, dl-run --launcher tf; first "
+                        "installs tensorflow-cpu 2.21.0 into .venv, about 1.3 GB)")
     p.add_argument("--keep", action="store_true",
                    help="leave the emulated cluster running and print how to use and stop it")
     p.add_argument("--report", default="demo-report.json", help="report path "
@@ -145,6 +149,11 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                        or ns.unhealthy_node):
         parser.error("--kill-node-after / --kill-master-after / --unhealthy-node and "
                      "--elastic are separate scenarios; pick one")
+    if ns.framework == "tf" and (ns.elastic or ns.unhealthy_node or ns.kill_node_after
+                                 is not None or ns.kill_master_after is not None):
+        parser.error("--framework tf runs the plain job only: --elastic, --kill-node-after, "
+                     "--kill-master-after and --unhealthy-node resume the PyTorch example "
+                     "from its checkpoints")
     if ns.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {ns.epochs}")
     if not 0 <= ns.require_acc <= 1:

@@ -28,7 +28,7 @@ from bootstrap_scripts.procgroup import (
     stop_groups,
 )
 from emulator import deploy as dp
-from emulator.demo import cluster, joblog, recovery, report, scenarios, signals
+from emulator.demo import cluster, frameworks, joblog, recovery, report, scenarios, signals
 from emulator.demo.context import BIN_DIR, DemoContext, DemoError, free_port
 from emulator.demo.joblog import JobRun
 from emulator.nodes import NodeError, base_env
@@ -72,7 +72,11 @@ class Demo(DemoContext):
             train += scenario.train_args()
         if self.ns.elastic:
             train[train.index("--global-batch-size") + 1] = str(TARGET_BATCH)  # any world
-        argv = [str(dl_run), "--root", str(master.root), "--rdzv-port", str(port),
+        launch = ["--rdzv-port", str(port)]
+        if self.ns.framework == "tf":
+            train[2] = frameworks.TF_EXAMPLE
+            launch = frameworks.tf_job_args(self.work, port)
+        argv = [str(dl_run), "--root", str(master.root), *launch,
                 "--heartbeat-timeout", "4", "--fail-grace", "3", "--grace", "3",
                 "--replace-timeout", str(REPLACE_TIMEOUT_S),
                 *(["--elastic", "--grace", "10"] if self.ns.elastic else []), "--", *train]
@@ -196,6 +200,8 @@ class Demo(DemoContext):
         from emulator.demo import capacity  # --capacity-out / --context
 
         cluster.check_install(self)
+        if ns.framework == "tf":
+            frameworks.ensure_tensorflow(self)
         cluster.start_cloud(self)
         cluster.deploy(self, {**scenarios.deploy_context(ns), **capacity.deploy_context(self)})
         scenarios.fail_launches(self)

@@ -1,0 +1,55 @@
+/* An emulated node's own network stack, for wildcard binds.
+ *
+ * On AWS every instance has its own network stack: a server that binds the wildcard address
+ * (0.0.0.0 or ::) on one node takes that port on that node only. Emulated nodes are processes
+ * of one host, each on its own 127.20.x.y address, so a wildcard bind on one node would take
+ * the port on every node. TensorFlow's gRPC server always binds 0.0.0.0:<port> (it has no
+ * bind-address setting), so two nodes' TF_CONFIG tasks on the same port (what dl-run's tf
+ * launcher writes, right on AWS) would collide here.
+ *
+ * Preloaded into a process (LD_PRELOAD), this turns a bind to the wildcard address into a
+ * bind to the node's own address, DEEPLEARNING_NODE_ADDR (the product sets it for every rank):
+ * what the wildcard reaches on an instance whose one private address is that. An IPv6
+ * wildcard becomes the IPv4-mapped form of the address (a dual-stack socket). Every other
+ * bind, and every bind without that variable, goes through unchanged.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
+
+int bind(int fd, const struct sockaddr *addr, socklen_t len) {
+    static bind_fn real_bind;
+    if (real_bind == NULL) {
+        real_bind = (bind_fn)dlsym(RTLD_NEXT, "bind");
+    }
+    const char *node = getenv("DEEPLEARNING_NODE_ADDR");
+    struct in_addr v4;
+    if (addr == NULL || node == NULL || inet_pton(AF_INET, node, &v4) != 1) {
+        return real_bind(fd, addr, len);
+    }
+    if (addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+        struct sockaddr_in a;
+        memcpy(&a, addr, sizeof a);
+        if (a.sin_addr.s_addr == htonl(INADDR_ANY)) {
+            a.sin_addr = v4;
+            return real_bind(fd, (const struct sockaddr *)&a, sizeof a);
+        }
+    } else if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        struct sockaddr_in6 a;
+        memcpy(&a, addr, sizeof a);
+        if (IN6_IS_ADDR_UNSPECIFIED(&a.sin6_addr)) {
+            memset(&a.sin6_addr, 0, sizeof a.sin6_addr);
+            a.sin6_addr.s6_addr[10] = 0xff;
+            a.sin6_addr.s6_addr[11] = 0xff;
+            memcpy(&a.sin6_addr.s6_addr[12], &v4, 4);
+            return real_bind(fd, (const struct sockaddr *)&a, sizeof a);
+        }
+    }
+    return real_bind(fd, addr, len);
+}

@@ -1,0 +1,101 @@
+"""``make demo ARGS="--framework tf"``: the option, its validation, the job it runs and the
+TensorFlow install it triggers (no cluster: the job's command line is what is checked; the
+TF job on real emulated nodes is tests/runner/test_tensorflow.py)."""
+
+from __future__ import annotations
+
+import io
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from emulator.demo import frameworks
+from emulator.demo.cli import build_parser, validate
+from emulator.demo.context import DemoError
+from emulator.demo.orchestration import Demo
+from emulator.resources import loopback_instances
+
+
+def parsed(*args: str):
+    parser = build_parser()
+    ns = parser.parse_args(list(args))
+    validate(ns, parser)
+    return ns
+
+
+def test_framework_defaults_to_torch_and_takes_tf():
+    assert parsed().framework == "torch"
+    assert parsed("--framework", "tf").framework == "tf"
+
+
+@pytest.mark.parametrize("args", [("--framework", "mxnet"),
+                                  ("--framework", "tf", "--elastic"),
+                                  ("--framework", "tf", "--kill-node-after", "5"),
+                                  ("--framework", "tf", "--kill-master-after", "0"),
+                                  ("--framework", "tf", "--unhealthy-node")])
+def test_what_tf_cannot_play_is_refused_before_anything_starts(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parsed(*args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--framework" in err, err
+
+
+def job_argv(tmp_path: Path, monkeypatch, *args: str) -> list[str]:
+    """The ``dl-run`` command line the demo would run on the master."""
+    ns = parsed("--work-dir", str(tmp_path / "work"), *args)
+    demo = Demo(ns, Console(file=io.StringIO(), width=200))
+    master = types.SimpleNamespace(root=tmp_path / "node0",
+                                   address=loopback_instances(1)[0].address)
+    monkeypatch.setattr(demo, "master", lambda: master)
+    seen: list[list[str]] = []
+    monkeypatch.setattr(demo, "follow_job", lambda argv, *_: seen.append(argv))
+    demo.run_job(world_sizes=[3])
+    return seen[0]
+
+
+def test_tf_runs_the_tf_example_with_the_tf_launcher_and_the_nodes_own_binds(tmp_path,
+                                                                             monkeypatch):
+    argv = job_argv(tmp_path, monkeypatch, "--framework", "tf", "--epochs", "3")
+    sep = argv.index("--")
+    options, command = argv[:sep], argv[sep + 1:]
+    assert options[options.index("--launcher") + 1] == "tf"
+    assert options[options.index("--tf-port") + 1].isdigit()
+    assert "--rdzv-port" not in options
+    preload = options[options.index("--env") + 1]
+    assert preload.startswith("LD_PRELOAD=") and Path(preload.split("=", 1)[1]).is_file()
+    assert command[:3] == ["python", "-m", "bootstrap_scripts.examples.train_digits_tf"]
+    assert command[command.index("--epochs") + 1] == "3"
+
+
+def test_torch_is_unchanged(tmp_path, monkeypatch):
+    argv = job_argv(tmp_path, monkeypatch)
+    options, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    assert "--launcher" not in options and "--rdzv-port" in options
+    assert "--env" not in options
+    assert command[:3] == ["python", "-m", "bootstrap_scripts.examples.train_digits"]
+
+
+def test_tensorflow_is_installed_by_the_script_only_when_missing(monkeypatch):
+    ctx = types.SimpleNamespace(step=lambda _t: None, ok=lambda _t: None)
+    calls: list[list[str]] = []
+    exit_code = {"rc": 0}
+
+    def run(argv, **_kw):
+        calls.append(argv)
+        return types.SimpleNamespace(returncode=exit_code["rc"])
+
+    monkeypatch.setattr(frameworks.subprocess, "run", run)
+    monkeypatch.setattr(frameworks.importlib.util, "find_spec", lambda _name: object())
+    frameworks.ensure_tensorflow(ctx)
+    assert calls == []  # present: nothing installed
+
+    monkeypatch.setattr(frameworks.importlib.util, "find_spec", lambda _name: None)
+    frameworks.ensure_tensorflow(ctx)
+    assert calls == [["bash", str(frameworks.TF_DEPS), sys.executable]]
+    exit_code["rc"] = 1
+    with pytest.raises(DemoError, match="installing TensorFlow failed"):
+        frameworks.ensure_tensorflow(ctx)

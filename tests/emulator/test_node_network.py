@@ -1,0 +1,82 @@
+"""emulator/node_bind.c: a wildcard bind on one emulated node leaves the port free on the
+others, as on separate instances; without it, the second node's bind fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from emulator.node_network import bind_preload, dl_run_args
+from emulator.resources import loopback_instances
+from tests.conftest import free_port
+
+#: Binds the wildcard address (IPv4 or dual-stack IPv6, as gRPC does) on PORT, prints the
+#: address it got, then waits for stdin to close so that two of them hold the port together.
+SERVER = """
+import socket, sys
+family = socket.AF_INET6 if sys.argv[1] == "6" else socket.AF_INET
+s = socket.socket(family, socket.SOCK_STREAM)
+if family == socket.AF_INET6:
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+try:
+    s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", int(sys.argv[2])))
+except OSError as exc:
+    print("bind failed", exc.errno, flush=True)
+    sys.exit(3)
+s.listen()
+print("bound", s.getsockname()[0], flush=True)
+sys.stdin.read()
+"""
+
+
+def _servers(addresses: list[str], family: str, port: int, lib: Path | None) -> list[str]:
+    """One server per node address, each started once the previous one holds its bind; what
+    each printed."""
+    procs, out = [], []
+    try:
+        for addr in addresses:
+            env = {**os.environ, "DEEPLEARNING_NODE_ADDR": addr}
+            if lib is not None:
+                env["LD_PRELOAD"] = str(lib)
+            p = subprocess.Popen([sys.executable, "-c", SERVER, family, str(port)], env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            procs.append(p)
+            out.append(p.stdout.readline().strip())
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=10)
+    return out
+
+
+def test_wildcard_binds_of_two_nodes_share_a_port_with_the_preload(tmp_path):
+    lib = bind_preload(tmp_path)
+    a, b = (i.address for i in loopback_instances(2))
+    for family in ("4", "6"):
+        port = free_port(a)
+        got = _servers([a, b], family, port, lib)
+        mapped = "::ffff:" if family == "6" else ""
+        assert got == [f"bound {mapped}{a}", f"bound {mapped}{b}"], got
+
+
+def test_without_the_preload_the_second_node_cannot_bind():
+    a, b = (i.address for i in loopback_instances(2))
+    port = free_port(a)
+    got = _servers([a, b], "4", port, None)
+    assert got[0] == "bound 0.0.0.0", got
+    assert got[1] == "bind failed 98", got  # EADDRINUSE
+
+
+def test_other_binds_and_processes_outside_a_node_are_untouched(tmp_path):
+    lib = bind_preload(tmp_path)
+    a = loopback_instances(1)[0].address
+    port = free_port(a)
+    env = {k: v for k, v in os.environ.items() if k != "DEEPLEARNING_NODE_ADDR"}
+    res = subprocess.run([sys.executable, "-c", SERVER, "4", str(port)], input="",
+                         env={**env, "LD_PRELOAD": str(lib)}, capture_output=True, text=True,
+                         timeout=30)
+    assert res.stdout.strip() == "bound 0.0.0.0", res.stdout + res.stderr
+    assert dl_run_args(lib) == ["--env", f"LD_PRELOAD={lib}"]
+    assert bind_preload(tmp_path) == lib  # built once

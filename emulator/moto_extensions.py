@@ -65,6 +65,7 @@ from emulator import (
     capacity,
     moto_cloudformation,
     moto_custom_resources,
+    moto_emr,
     moto_kms,
     moto_publishing,
     pricing,
@@ -440,4 +441,5 @@ def install() -> None:
     pricing.install()  # the Price List API's GetProducts (emulator/pricing.py)
     moto_kms.install()  # key policies name existing principals only (emulator/moto_kms.py)
     moto_custom_resources.install()  # Custom::AWS calls (emulator/moto_custom_resources.py)
+    moto_emr.install()  # v2 EMR policies need tagged subnets and groups (emulator/moto_emr.py)
     _INSTALLED = True

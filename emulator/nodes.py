@@ -139,8 +139,8 @@ def unit_exec(unit_text: str, unit: str) -> tuple[list[str], dict[str, str]]:
         key, sep, value = line.partition("=")
         if not sep:
             continue
-        if key == "EnvironmentFile":
-            env.update(environment_file(shlex.split(value)[0], unit))
+        if key == "EnvironmentFile":  # a bare path, "%%" for "%", as systemd reads it
+            env.update(environment_file(value.strip().replace("%%", "%"), unit))
         elif key == "ExecStart":
             argv = [_UNIT_ESCAPES.sub(lambda m: m.group(0)[0], a) for a in shlex.split(value)]
         elif key == "Environment":

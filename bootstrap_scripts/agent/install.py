@@ -87,7 +87,8 @@ def python_unit(*, description: str, python: str, package_dir: str, module: str,
     policy)."""
     exec_start = " ".join(systemd_quote(a) for a in [python, "-m", module, *args])
     head = "\n".join([f"Description={description}", *unit])
-    region_file = systemd_quote(str(node_region.env_file(root)))
+    # EnvironmentFile= takes a bare absolute path (specifiers expanded, no quotes)
+    region_file = str(node_region.env_file(root)).replace("%", "%%")
     body = "\n".join(["Type=simple", f"Environment={systemd_quote('PYTHONPATH=' + package_dir)}",
                       "Environment=PYTHONUNBUFFERED=1", f"EnvironmentFile={region_file}",
                       f"ExecStart={exec_start}", *service])

@@ -52,7 +52,7 @@ def test_the_installer_takes_the_region_from_instance_metadata(tmp_path, monkeyp
     assert "AWS_DEFAULT_REGION=eu-west-3" in env_file.read_text()
     for unit in UNITS:
         text = (tmp_path / "etc/systemd/system" / unit).read_text()
-        assert f'EnvironmentFile="{env_file}"' in text, unit
+        assert f"\nEnvironmentFile={env_file}\n" in text, unit
         _argv, env = unit_exec(text, unit)  # as the emulator (and systemd) read it
         assert env["AWS_REGION"] == env["AWS_DEFAULT_REGION"] == "eu-west-3"
     for name in install.WRAPPERS:

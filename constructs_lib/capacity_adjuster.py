@@ -16,6 +16,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from constructs_lib.package_paths import ASSET_EXCLUDES, lambda_source_dir
+from constructs_lib.service_linked_role import auto_scaling_service_linked_role
 from constructs_lib.validation import ConfigError, reports_path
 
 CLUSTER_TAG_KEY = "dl-cluster:id"
@@ -118,10 +119,10 @@ class CapacityAdjuster(Construct):
             f"adjuster's logs of cluster {cluster_id}",
             removal_policy=RemovalPolicy.DESTROY,
         )
-        autoscaling_role = iam.ArnPrincipal(
-            f"arn:{Aws.PARTITION}:iam::{Aws.ACCOUNT_ID}:role/aws-service-role/"
-            "autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
-        )
+        # KMS refuses a policy naming a role that does not exist yet (a fresh account)
+        service_role = auto_scaling_service_linked_role(self)
+        self.key.node.add_dependency(service_role)
+        autoscaling_role = iam.ArnPrincipal(service_role.role_arn)
         self.key.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="AutoScalingPublishesNotifications",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jsii
-from aws_cdk import Aws, Duration, RemovalPolicy, Stack, Tags
+from aws_cdk import Annotations, Aws, Duration, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_emr as emr
@@ -199,6 +199,18 @@ class EmrDeepLearningCluster(Construct):
             raise validation.ConfigError(
                 "the file system has no security group to attach to the EMR nodes")
         self.efs_security_groups = efs_groups
+        # The nodes carry these groups too, and with AmazonEMRServicePolicy_v2 EMR may launch
+        # into tagged groups only: an untagged one makes the cluster fail to launch.
+        for group in efs_groups:
+            if isinstance(group, ec2.SecurityGroup):  # ours; an imported group: see the docs
+                Tags.of(group).add(EMR_MANAGED_POLICY_TAG, "true")
+            else:
+                Annotations.of(self).add_warning_v2(
+                    "dl-cluster:emrUntaggedGroup",
+                    f"{self.node.path}: the file system's security group "
+                    f"{group.security_group_id} must carry the tag {EMR_MANAGED_POLICY_TAG}"
+                    "=true (AmazonEMRServicePolicy_v2 launches only into tagged groups); "
+                    "tag it where it is defined")
         # As in the original: the EFS group goes on the nodes as an additional group, and
         # lets its own members reach NFS.
         file_system.connections.allow_default_port_internally(

@@ -56,6 +56,14 @@ DESIRED_CAPACITY_REASON = (
 )
 
 
+PROVIDER_LOGS_REASON = (
+    "AWSLambdaBasicExecutionRole (CloudWatch Logs writes only) is what CDK gives the one "
+    "AwsCustomResource provider function of a stack; that function only creates Auto "
+    "Scaling's service-linked role on a fresh account (constructs_lib/service_linked_role.py) "
+    "and its own role is limited to that call on that role's ARN."
+)
+
+
 def _ack(construct: IConstruct, rule: str, reason: str) -> None:
     Validations.of(construct).acknowledge(Acknowledgment(id=rule, reason=reason))
 
@@ -87,6 +95,21 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
          "<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/*]",
          TAG_CONDITIONED_REASON)
     acknowledge_operator_access(cluster.operator_access)
+    acknowledge_custom_resource_provider(cluster)
+
+
+def acknowledge_custom_resource_provider(scope: IConstruct) -> None:
+    """The AwsCustomResource provider function of ``scope``'s stack, if it has one."""
+    from aws_cdk import Stack
+    from aws_cdk import custom_resources as cr
+
+    provider_id = "AWS" + cr.AwsCustomResource.PROVIDER_FUNCTION_UUID.replace("-", "")
+    provider = Stack.of(scope).node.try_find_child(provider_id)
+    if provider is None:
+        return
+    role = provider.node.try_find_child("ServiceRole")
+    _ack(role or provider, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
+         "service-role/AWSLambdaBasicExecutionRole]", PROVIDER_LOGS_REASON)
 
 
 def acknowledge_operator_access(access: OperatorAccess) -> None:

@@ -234,6 +234,14 @@ class NodeGroup(Construct):
             group_metrics=[autoscaling.GroupMetrics.all()],
             **placement,
         )
+        # No instance before its subnets' default route (the NAT gateway's, or the internet
+        # gateway's for a public master) exists: the user data's first act is a download from
+        # S3, and SSM needs the same way out (ISubnet.internetConnectivityEstablished).
+        selection = {name: getattr(vpc_subnets, name) for name in (
+            "availability_zones", "one_per_az", "subnet_filters", "subnet_group_name",
+            "subnet_type", "subnets") if getattr(vpc_subnets, name) is not None}
+        self.auto_scaling_group.node.add_dependency(
+            vpc.select_subnets(**selection).internet_connectivity_established)
         if group_placement_group is not None:
             group_cfn: autoscaling.CfnAutoScalingGroup = (
                 self.auto_scaling_group.node.default_child)  # type: ignore[assignment]

@@ -24,6 +24,21 @@ BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
 MOUNT_TIMEOUT_SECONDS = 300
 
 
+#: Attempts of each download in the user data, and the first wait between two (doubling):
+#: 5+10+20+40+80 s. A node boots as soon as its subnet's route to the NAT gateway exists, but
+#: S3 / the package mirror can still refuse a first request (throttling, a DNS answer not yet
+#: there); one failed download would end the boot script before it signals anything.
+DOWNLOAD_ATTEMPTS = 6
+DOWNLOAD_FIRST_DELAY_SECONDS = 5
+RETRY_FUNCTION = (
+    'retry() { local n=1 delay=' + str(DOWNLOAD_FIRST_DELAY_SECONDS) + '; until "$@"; do '
+    'if [ "$n" -ge ' + str(DOWNLOAD_ATTEMPTS) + ' ]; then '
+    'echo "dl-bootstrap: $* failed $n times, giving up" >&2; return 1; fi; '
+    'echo "dl-bootstrap: $* failed (attempt $n), retrying in ${delay}s" >&2; '
+    'sleep "$delay"; n=$((n + 1)); delay=$((delay * 2)); done; }'
+)
+
+
 def _quote(value: str) -> str:
     """Single-quote for bash. Deploy-time tokens are quoted the same way: they resolve to
     URLs, ids and names, none of which contains a single quote."""
@@ -48,7 +63,7 @@ def render_bootstrap_commands(
     if efs_utils_install:
         efs_utils = [
             "# EFS in-transit encryption (mount -t efs -o tls,iam) needs amazon-efs-utils.",
-            f"{efs_utils_install} || echo 'dl-bootstrap: amazon-efs-utils install failed; "
+            f"retry {efs_utils_install} || echo 'dl-bootstrap: amazon-efs-utils install failed; "
             "the EFS mount will use plain NFS' >&2",
         ]
     else:
@@ -60,11 +75,14 @@ def render_bootstrap_commands(
         f"exec > >(tee -a {BOOTSTRAP_LOG}) 2>&1",
         f'PY={python}; [ -x "$PY" ] || PY=python3',
         f"mkdir -p {NODE_LIB_DIR}",
-        f"aws s3 cp --only-show-errors {_quote(asset_s3_url)} /opt/deeplearning/node-scripts.zip",
+        "# every download retries with backoff (DOWNLOAD_ATTEMPTS in constructs_lib/user_data.py)",
+        RETRY_FUNCTION,
+        f"retry aws s3 cp --only-show-errors {_quote(asset_s3_url)} "
+        "/opt/deeplearning/node-scripts.zip",
         "rm -rf /opt/deeplearning/lib/bootstrap_scripts",
         f'"$PY" -m zipfile -e /opt/deeplearning/node-scripts.zip {NODE_LIB_DIR}/bootstrap_scripts',
         *efs_utils,
-        '"$PY" -c \'import boto3\' 2>/dev/null || "$PY" -m pip install -q boto3',
+        '"$PY" -c \'import boto3\' 2>/dev/null || retry "$PY" -m pip install -q boto3',
         f"cd {NODE_LIB_DIR}",
         f'PYTHONPATH={NODE_LIB_DIR} exec "$PY" -m {INSTALL_MODULE} {args}',
     ]

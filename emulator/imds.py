@@ -39,7 +39,15 @@ def metadata_paths(identity: Mapping[str, str]) -> dict[str, str]:
     region = identity.get("region", "us-east-1")
     az = identity.get("availability_zone") or f"{region}a"
     address = identity["address"]
+    document = {"accountId": identity.get("account_id", "123456789012"),
+                "architecture": "x86_64", "availabilityZone": az,
+                "imageId": identity.get("ami_id", "ami-00000000000000000"),
+                "instanceId": identity["instance_id"],
+                "instanceType": identity.get("instance_type", "t3.micro"),
+                "privateIp": address, "region": region, "version": "2017-09-30"}
     return {
+        # the region lives here and in the identity document; nowhere else on a node
+        "latest/dynamic/instance-identity/document": json.dumps(document, indent=2),
         "latest/meta-data/instance-id": identity["instance_id"],
         "latest/meta-data/instance-type": identity.get("instance_type", "t3.micro"),
         "latest/meta-data/local-ipv4": address,

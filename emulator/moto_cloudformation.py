@@ -25,6 +25,12 @@ Each gap is filled inside the emulator's moto server process, never by changing 
   A created stack gets ``CREATE_COMPLETE`` for each template resource, a deleted one
   ``DELETE_COMPLETE`` (``DELETE_SKIPPED`` for ``DeletionPolicy: Retain``). (A group's
   hooks go before the group: ``emulator.moto_extensions``.)
+- ``DependsOn`` on a stack created or updated through a change set (``cdk deploy``): moto
+  creates the added resources in template order there (it honours ``DependsOn`` only in
+  CreateStack), so a resource could be created before one it depends on. CloudFormation
+  creates a resource only after every resource its ``DependsOn`` names
+  (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-attribute-dependson.html):
+  the added resources are put in that order (:func:`dependency_order`).
 - moto cannot delete a template's route tables and NAT gateway, so they are deleted with the
   stack's VPC (CloudFormation deletes them before it on AWS).
 """
@@ -164,16 +170,48 @@ def _wrap_vpc_delete(original: Any) -> Any:
     return classmethod(delete_from_cloudformation_json)
 
 
+def dependency_order(names: list[str], resources: dict[str, Any]) -> list[str]:
+    """``names`` with every resource after the ones its ``DependsOn`` names (stable: the
+    template order otherwise)."""
+    wanted, done, out = set(names), set(), []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in done or name not in wanted or name in path:
+            return
+        depends = (resources.get(name) or {}).get("DependsOn") or []
+        for dep in [depends] if isinstance(depends, str) else depends:
+            visit(dep, (*path, name))
+        done.add(name)
+        out.append(name)
+
+    for name in names:
+        visit(name, ())
+    return out
+
+
+def _wrap_resource_diff(original: Any) -> Any:
+    def build_resource_diff(self: Any, other_template: dict[str, Any], *args: Any,
+                            **kwargs: Any) -> dict[str, Any]:
+        diff = original(self, other_template, *args, **kwargs)
+        diff["Add"] = dependency_order(diff["Add"], other_template.get("Resources") or {})
+        return diff
+
+    return build_resource_diff
+
+
 def install() -> None:
     """Patch moto's CloudFormation-side models in this process (idempotent through the
     caller, ``moto_extensions.install``)."""
     from moto.cloudformation.models import CloudFormationBackend
+    from moto.cloudformation.parsing import ResourceMap
     from moto.ec2.models.vpcs import VPC
     from moto.efs.models import FileSystem
 
     FileSystem.get_cfn_attribute = _efs_get_cfn_attribute  # type: ignore[method-assign]
     FileSystem.has_cfn_attr = classmethod(  # type: ignore[method-assign,assignment]
         lambda cls, attr: attr in ("Arn", "FileSystemId"))
+    ResourceMap.build_resource_diff = _wrap_resource_diff(  # type: ignore[method-assign]
+        ResourceMap.build_resource_diff)
     CloudFormationBackend.execute_change_set = _wrap_execute_change_set(  # type: ignore[method-assign]
         CloudFormationBackend.execute_change_set)
     CloudFormationBackend.delete_stack = _wrap_delete_stack(  # type: ignore[method-assign]

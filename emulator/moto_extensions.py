@@ -61,7 +61,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from emulator import capacity, moto_cloudformation, moto_publishing, pricing, ssm_agent
+from emulator import (
+    capacity,
+    moto_cloudformation,
+    moto_custom_resources,
+    moto_emr,
+    moto_kms,
+    moto_publishing,
+    pricing,
+    ssm_agent,
+)
 from emulator import notifications as nt
 
 #: How often the heartbeat timeouts and Spot reclaims are checked.
@@ -431,4 +440,7 @@ def install() -> None:
     ssm_agent.install()  # Run Command runs on the emulated nodes (emulator/ssm_agent.py)
     capacity.install()  # insufficient capacity and prioritized type fallback (emulator/capacity.py)
     pricing.install()  # the Price List API's GetProducts (emulator/pricing.py)
+    moto_kms.install()  # key policies name existing principals only (emulator/moto_kms.py)
+    moto_custom_resources.install()  # Custom::AWS calls (emulator/moto_custom_resources.py)
+    moto_emr.install()  # v2 EMR policies need tagged subnets and groups (emulator/moto_emr.py)
     _INSTALLED = True

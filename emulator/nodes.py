@@ -50,7 +50,7 @@ from bootstrap_scripts.procgroup import (
     stop_groups,
 )
 from emulator import ssm_agent
-from emulator.deploy import REPO_ROOT, DeployError, Instance
+from emulator.deploy import REGION, REPO_ROOT, DeployError, Instance
 from emulator.gpus import NODE_BIN_DIR, fake_nvidia_smi, instance_type_gpus
 
 PYTHON = sys.executable
@@ -63,11 +63,19 @@ class NodeError(RuntimeError):
     """A node could not boot; the message names the node and what failed."""
 
 
+#: What an EC2 instance's processes are never given: the AWS SDKs do not take the region
+#: from instance metadata, so a node that relied on these would fail on AWS. Nodes find the
+#: region where a real node does: the file the installer writes from the (emulated) IMDS.
+NOT_ON_A_NODE = ("AWS_REGION", "AWS_DEFAULT_REGION")
+
+
 def base_env(aws: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a process on an emulated node: this repo on PYTHONPATH, this
-    Python first on PATH, and of AWS only what ``aws`` says (nothing: no AWS at all)."""
+    Python first on PATH, and of AWS only what ``aws`` says (nothing: no AWS at all) minus
+    the region (:data:`NOT_ON_A_NODE`). The endpoint URL of moto's server stays: a node
+    could not reach the emulated AWS without it (docs/emulator.md)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(aws or {})
+    env.update({k: v for k, v in (aws or {}).items() if k not in NOT_ON_A_NODE})
     env["PYTHONPATH"] = str(REPO_ROOT)
     env["PATH"] = os.path.dirname(PYTHON) + os.pathsep + env.get("PATH", "")
     env["PYTHONUNBUFFERED"] = "1"
@@ -103,15 +111,37 @@ def emulator_args(args: list[str], *, root: Path, efs: Path, wait_handle: str) -
 _UNIT_ESCAPES = re.compile(r"%%|\$\$")
 
 
+def environment_file(path: str, unit: str) -> dict[str, str]:
+    """``KEY=value`` lines of a unit's ``EnvironmentFile=`` (``-path``: may be missing), as
+    systemd reads them; a missing file fails the unit, as systemd fails it."""
+    optional = path.startswith("-")
+    try:
+        text = Path(path.removeprefix("-")).read_text()
+    except OSError as exc:
+        if optional:
+            return {}
+        raise NodeError(f"{unit}: EnvironmentFile {path} cannot be read: {exc}") from None
+    env = {}
+    for line in text.splitlines():
+        line = line.strip()
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith(("#", ";")):
+            env[key.strip()] = value.strip().strip('"')
+    return env
+
+
 def unit_exec(unit_text: str, unit: str) -> tuple[list[str], dict[str, str]]:
-    """``ExecStart`` argv and ``Environment=`` of a unit written by the installer."""
+    """``ExecStart`` argv and environment (``Environment=``, ``EnvironmentFile=``) of a unit
+    written by the installer."""
     argv: list[str] | None = None
     env: dict[str, str] = {}
     for line in unit_text.splitlines():
         key, sep, value = line.partition("=")
         if not sep:
             continue
-        if key == "ExecStart":
+        if key == "EnvironmentFile":  # a bare path, "%%" for "%", as systemd reads it
+            env.update(environment_file(value.strip().replace("%%", "%"), unit))
+        elif key == "ExecStart":
             argv = [_UNIT_ESCAPES.sub(lambda m: m.group(0)[0], a) for a in shlex.split(value)]
         elif key == "Environment":
             for item in shlex.split(value):
@@ -189,7 +219,7 @@ class Node:
         imds = subprocess.Popen(
             [PYTHON, "-m", "emulator.imds", "--address", self.address, "--port", "0",
              "--instance-id", self.instance_id, "--instance-type",
-             self.instance.instance_type or "t3.micro", "--region", aws["AWS_REGION"]],
+             self.instance.instance_type or "t3.micro", "--region", REGION],
             cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE, stderr=open(  # noqa: SIM115
                 self.log_path("imds"), "ab"), process_group=0, text=True)
         self._track("imds", imds, leader=True)
@@ -254,6 +284,9 @@ class Node:
         if not hosts.exists():
             hosts.write_text("127.0.0.1 localhost\n")
         self.env = base_env(aws)
+        # no metadata endpoint until boot() starts one (executor-only nodes never do): as
+        # botocore's switch says, so nothing waits on 169.254.169.254
+        self.env["AWS_EC2_METADATA_DISABLED"] = "true"
         if self.gpus is None:  # what AWS hands out for the instance type (emulator.gpus)
             self.gpus = instance_type_gpus(self.instance.instance_type) or None
         if self.gpus is not None or self.gpu_fault:

@@ -31,6 +31,8 @@ def _dummy_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     monkeypatch.setenv("AWS_REGION", REGION)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+    # nor wait on 169.254.169.254: a test that wants instance metadata starts emulator.imds
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,11 @@ Written under ``--root`` (default ``/``):
 - ``etc/systemd/system/dl-controller.service`` (master only): the job controller, which runs
   managed jobs and restarts them after node faults (``bootstrap_scripts.jobs.controller``);
 - ``usr/local/bin/{dl-run,dl-jobs,dl-health,dl-agent,dl-scale}``: wrappers that find this
-  package wherever the user data unpacked it.
+  package wherever the user data unpacked it;
+- ``etc/dl-cluster/aws-region.env`` and ``etc/profile.d/dl-aws-region.sh``: the instance's
+  region, read from instance metadata (IMDSv2 ``placement/region``), for every unit
+  (``EnvironmentFile=``), wrapper and login shell: the AWS SDKs never ask the metadata
+  service for the region themselves (``bootstrap_scripts.node_region``).
 Then ``systemctl daemon-reload`` and ``systemctl enable --now`` the units, unless
 ``--no-systemctl`` (tests, images being baked).
 """
@@ -19,10 +23,12 @@ Then ``systemctl daemon-reload`` and ``systemctl enable --now`` the units, unles
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+from bootstrap_scripts import node_region
 from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
 from bootstrap_scripts.protocol.store import atomic_write
 
@@ -36,6 +42,32 @@ WRAPPERS = {"dl-run": "bootstrap_scripts.jobs.runner",
             "dl-health": "bootstrap_scripts.ops.health",
             "dl-agent": "bootstrap_scripts.agent.node_agent",
             "dl-scale": "bootstrap_scripts.ops.scale"}
+#: Seconds the installer waits for instance metadata before it falls back to the user
+#: data's ``--region`` (IMDS answers within milliseconds on a running instance).
+IMDS_DEADLINE_SECONDS = 30.0
+
+
+def instance_region(fallback: str, *, deadline: float = IMDS_DEADLINE_SECONDS) -> str:
+    """The region this instance runs in, from IMDSv2 (the identity reader the agent uses);
+    ``fallback`` (the user data's ``--region``) when metadata is switched off
+    (``AWS_EC2_METADATA_DISABLED=true``, botocore's own switch) or does not answer."""
+    if os.environ.get("AWS_EC2_METADATA_DISABLED", "").strip().lower() != "true":
+        from bootstrap_scripts.agent.identity import IdentityError, fetch_identity
+
+        try:
+            region = fetch_identity(deadline=deadline).region
+        except IdentityError as exc:
+            print(f"dl-install: no region from instance metadata ({exc}); using the user "
+                  f"data's --region {fallback!r}", file=sys.stderr)
+        else:
+            if node_region.valid_region(region):
+                return region
+            print(f"dl-install: instance metadata gave the region {region!r}; using the user "
+                  f"data's --region {fallback!r}", file=sys.stderr)
+    if not node_region.valid_region(fallback):
+        raise node_region.RegionError(
+            f"no AWS region: instance metadata gave none and --region is {fallback!r}")
+    return fallback
 
 
 def systemd_quote(arg: str) -> str:
@@ -48,19 +80,23 @@ def systemd_quote(arg: str) -> str:
 
 def python_unit(*, description: str, python: str, package_dir: str, module: str,
                 args: list[str], unit: tuple[str, ...] = (),
-                service: tuple[str, ...] = ()) -> str:
-    """A systemd unit that runs ``python -m module args`` with this package importable and
-    unbuffered output; ``unit`` / ``service`` are the lines that differ between units
-    (ordering, restart policy)."""
+                service: tuple[str, ...] = (), root: str = "/") -> str:
+    """A systemd unit that runs ``python -m module args`` with this package importable,
+    unbuffered output and the instance's region (the region file under ``root``);
+    ``unit`` / ``service`` are the lines that differ between units (ordering, restart
+    policy)."""
     exec_start = " ".join(systemd_quote(a) for a in [python, "-m", module, *args])
     head = "\n".join([f"Description={description}", *unit])
+    # EnvironmentFile= takes a bare absolute path (specifiers expanded, no quotes)
+    region_file = str(node_region.env_file(root)).replace("%", "%%")
     body = "\n".join(["Type=simple", f"Environment={systemd_quote('PYTHONPATH=' + package_dir)}",
-                      "Environment=PYTHONUNBUFFERED=1", f"ExecStart={exec_start}", *service])
+                      "Environment=PYTHONUNBUFFERED=1", f"EnvironmentFile={region_file}",
+                      f"ExecStart={exec_start}", *service])
     return f"[Unit]\n{head}\n\n[Service]\n{body}\n\n[Install]\nWantedBy=multi-user.target\n"
 
 
-def agent_unit(python: str, package_dir: str, agent_args: list[str]) -> str:
-    return python_unit(
+def agent_unit(python: str, package_dir: str, agent_args: list[str], root: str = "/") -> str:
+    return python_unit(root=root,
         description="Deep-learning cluster node agent (membership, DEEPLEARNING_* environment)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.agent.node_agent",
         args=agent_args,
@@ -74,7 +110,7 @@ def agent_unit(python: str, package_dir: str, agent_args: list[str]) -> str:
 
 
 def executor_unit(python: str, package_dir: str, root: str, mount_point: str) -> str:
-    return python_unit(
+    return python_unit(root=root,
         description="Deep-learning cluster job executor (runs this node's share of dl-run jobs)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.executor",
         args=["--root", root, "--mount-point", mount_point],
@@ -87,7 +123,7 @@ def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
     """The master's job controller. ``KillMode=process``: stopping or restarting the unit
     leaves a running attempt's runner to finish cancelling its shares (the controller
     cancels it on SIGTERM); the next controller restarts the job from its checkpoint."""
-    return python_unit(
+    return python_unit(root=root,
         description="Deep-learning cluster job controller (runs managed dl-run jobs, "
                     "restarts them)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.controller",
@@ -96,11 +132,17 @@ def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
         service=("Restart=always", "RestartSec=5", "KillMode=process", "TimeoutStopSec=60"))
 
 
-def wrapper_script(python: str, package_dir: str, module: str) -> str:
+def wrapper_script(python: str, package_dir: str, module: str, root: str = "/") -> str:
+    """A ``dl-*`` command. It takes the instance's region from the installed file unless the
+    caller set one: SSM Run Command and Session Manager start it with no AWS settings."""
+    region_file = node_region.env_file(root)
     return f"""#!/bin/sh
 # Installed by bootstrap_scripts.agent.install; runs {module} from {package_dir}.
 PYTHONPATH='{package_dir}'${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONPATH
+if [ -z "${{AWS_REGION:-}}${{AWS_DEFAULT_REGION:-}}" ] && [ -r '{region_file}' ]; then
+    set -a; . '{region_file}'; set +a
+fi
 exec '{python}' -m {module} "$@"
 """
 
@@ -115,9 +157,13 @@ def install(argv: list[str] | None = None) -> list[Path]:
     ns = build_parser().parse_args(agent_argv)  # exits 2 with a clear message on bad args
     root = Path(ns.root)
     agent_args = canonical_args(ns)  # --name=value: empty values survive
+    region = instance_region(ns.region)
     files = {
-        root / UNIT_DIR / AGENT_UNIT: (agent_unit(opts.python, opts.package_dir, agent_args),
-                                       0o644),
+        # first: every unit and wrapper below reads it
+        node_region.env_file(root): (node_region.render_env_file(region), 0o644),
+        root / node_region.PROFILE_FILE: (node_region.render_profile(ns.root), 0o644),
+        root / UNIT_DIR / AGENT_UNIT: (agent_unit(opts.python, opts.package_dir, agent_args,
+                                                  ns.root), 0o644),
         root / UNIT_DIR / EXECUTOR_UNIT: (
             executor_unit(opts.python, opts.package_dir, ns.root, ns.mount_point), 0o644),
     }
@@ -127,8 +173,8 @@ def install(argv: list[str] | None = None) -> list[Path]:
             opts.python, opts.package_dir, ns.root, ns.mount_point, ns.region), 0o644)
         units.append(CONTROLLER_UNIT)
     for name, module in WRAPPERS.items():
-        files[root / BIN_DIR / name] = (wrapper_script(opts.python, opts.package_dir, module),
-                                        0o755)
+        files[root / BIN_DIR / name] = (wrapper_script(opts.python, opts.package_dir, module,
+                                                       ns.root), 0o755)
     for path, (content, mode) in files.items():
         atomic_write(path, content, mode=mode)
         path.chmod(mode)
@@ -142,6 +188,9 @@ def install(argv: list[str] | None = None) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     try:
         written = install(argv)
+    except node_region.RegionError as exc:
+        print(f"dl-install: {exc}", file=sys.stderr)
+        return 1
     except subprocess.CalledProcessError as exc:
         print(f"dl-install: {' '.join(exc.cmd)} failed with exit status {exc.returncode}",
               file=sys.stderr)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from bootstrap_scripts import node_region
 from bootstrap_scripts.ops import deep_health
 from bootstrap_scripts.protocol import launches, state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     efs = Path(args.mount_point or m.efs_mount)
     if args.deep:
+        node_region.adopt(args.root)  # the gate asks EC2; boto3 never asks IMDS for a region
         return deep_health.main(args, m, efs)
     ok_here, detail_here, t_local, t_server = probe_efs(efs)
     mounted_here = os.path.ismount(efs)

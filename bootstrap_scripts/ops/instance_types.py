@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bootstrap_scripts import node_region
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import ClusterPaths
@@ -73,10 +74,12 @@ def write_cached(efs: Path, facts: InstanceTypeFacts) -> None:
 
 
 def ec2_client(region: str | None = None) -> Any:
-    """The node role's EC2 client (region and endpoint from the environment or IMDS)."""
+    """The node role's EC2 client. The region: ``region``, else the caller's configuration,
+    else the one the installer took from instance metadata (boto3 never asks IMDS for it)."""
     import boto3  # only the master asks EC2; nodes running checks never import boto3
 
-    return boto3.session.Session(region_name=region).client("ec2")
+    return boto3.session.Session(region_name=region or node_region.client_region()).client(
+        "ec2")
 
 
 def describe(ec2: Any, names: list[str]) -> dict[str, InstanceTypeFacts | str]:

@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import discovery as disco
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node root prefix (default: $DL_ROOT or /; emulator/tests)")
     p.add_argument("--mount-point", default="",
                    help="shared file system (default: the membership's efs_mount)")
-    p.add_argument("--region", default=None, help="AWS region (default: the environment's)")
+    p.add_argument("--region", default=None,
+                   help="AWS region (default: the environment's, else this instance's)")
     return p
 
 
@@ -246,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if exc.code else 0
     import boto3  # only when actually talking to AWS
 
-    session = boto3.session.Session(region_name=ns.region)
+    # boto3 never takes the region from instance metadata: the installer's file has it
+    session = boto3.session.Session(region_name=ns.region or node_region.adopt(ns.root) or None)
     autoscaling = session.client("autoscaling")
     try:
         cluster = load_cluster(ns.root, ns.mount_point, autoscaling)

@@ -22,6 +22,7 @@ from constructs_lib.images import IMAGE_FAMILIES
 from constructs_lib.user_data import (
     INSTALL_MODULE,
     MOUNT_TIMEOUT_SECONDS,
+    RETRY_FUNCTION,
     render_bootstrap_commands,
 )
 from emulator.wait_handle import WaitHandle
@@ -63,12 +64,14 @@ def test_al2023_user_data_installs_efs_utils_from_its_repository_and_survives_a_
     must leave a message and let the boot continue (the agent then reports the mount)."""
     lines = rendered("amazon-linux-2023")
     (install,) = [line for line in lines if "amazon-efs-utils" in line and "dnf" in line]
-    assert install.startswith("dnf install -y -q amazon-efs-utils || ")
+    assert install.startswith("retry dnf install -y -q amazon-efs-utils || ")
     fakes = tmp_path / "fakes"
     fakes.mkdir()
     (fakes / "dnf").write_text("#!/bin/sh\necho 'Error: Unable to find a match' >&2\nexit 1\n")
     (fakes / "dnf").chmod(0o755)
-    proc = subprocess.run(["bash", "-c", f"set -euo pipefail\n{install}\necho boot-continues"],
+    no_wait = "sleep() { :; }"  # the retries' backoff, skipped here
+    proc = subprocess.run(["bash", "-c", f"set -euo pipefail\n{no_wait}\n{RETRY_FUNCTION}\n"
+                           f"{install}\necho boot-continues"],
                           capture_output=True, text=True, env={"PATH": f"{fakes}:/usr/bin:/bin"},
                           check=False)
     assert proc.returncode == 0 and "boot-continues" in proc.stdout

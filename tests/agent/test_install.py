@@ -31,9 +31,9 @@ def exec_start_argv(unit: str) -> list[str]:
 def test_units_and_wrappers_are_written(tmp_path):
     written = install.install([*agent_args(tmp_path), "--no-systemctl",
                                "--python", "/usr/bin/python3", "--package-dir", "/opt/dl"])
-    # a worker: the agent and executor units (no job controller: the master's only) and
-    # every wrapper
-    assert len(written) == 2 + len(install.WRAPPERS)
+    # a worker: the region file and its login-shell snippet, the agent and executor units
+    # (no job controller: the master's only) and every wrapper
+    assert len(written) == 2 + 2 + len(install.WRAPPERS)
     assert not (tmp_path / "etc/systemd/system/dl-controller.service").exists()
     unit = (tmp_path / "etc/systemd/system/dl-agent.service").read_text()
     argv = exec_start_argv(unit)

@@ -49,7 +49,7 @@ def statements(t: Template, policy_fragment: str) -> list[dict]:
 def test_default_is_the_al2023_pytorch_dlami_which_installs_efs_utils(default: Template) -> None:
     assert dlami_parameters(default) == [DLAMI.format("2.13-amazon-linux-2023")]
     for role, text in user_data(default).items():
-        assert "\ndnf install -y -q amazon-efs-utils || echo " in text, role
+        assert "\nretry dnf install -y -q amazon-efs-utils || echo " in text, role
         assert f"--mount-timeout '{MOUNT_TIMEOUT_SECONDS}'" in text, role
         assert "PY=/opt/pytorch/bin/python" in text, role
     for lt in default.find_resources("AWS::EC2::LaunchTemplate").values():

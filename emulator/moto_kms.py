@@ -1,0 +1,161 @@
+"""KMS refuses a key policy that names an IAM principal that does not exist, as AWS does
+(part of ``emulator.moto_extensions``, which calls :func:`install`).
+
+AWS: "The principals in the key policy must exist and be visible to KMS" (CreateKey's
+``Policy`` parameter, https://docs.aws.amazon.com/kms/latest/APIReference/API_CreateKey.html;
+the same for PutKeyPolicy,
+https://docs.aws.amazon.com/kms/latest/APIReference/API_PutKeyPolicy.html); otherwise the
+call fails with ``MalformedPolicyDocumentException`` "Policy contains a statement with one or
+more invalid principals". moto 5 stores any policy. Here CreateKey, PutKeyPolicy and
+CloudFormation's ``AWS::KMS::Key`` (which calls CreateKey) check every ``Principal.AWS`` ARN
+of a role or user in the key's own account against moto's IAM. Principals of other accounts,
+account roots (``:root``), service principals and ``*`` are not checked (moto cannot know
+other accounts; the others are not IAM identities).
+
+And IAM's CreateServiceLinkedRole for a role that already exists answers as AWS does:
+``InvalidInput`` "Service role name … has been taken in this account, please try a different
+suffix" (moto says ``EntityAlreadyExists``), so a product that tolerates the existing role
+is tested against the error AWS really returns
+(https://docs.aws.amazon.com/IAM/latest/APIReference/API_CreateServiceLinkedRole.html lists
+``InvalidInput`` among its errors).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_IDENTITY_ARN = re.compile(r"^arn:(?P<partition>[\w-]+):iam::(?P<account>\d{12}):"
+                           r"(?P<kind>role|user)(?P<rest>/.+)$")
+_INSTALLED = False
+
+
+def policy_principals(policy: Any) -> list[str]:
+    """Every ``Principal.AWS`` value of a policy (JSON text or parsed)."""
+    if isinstance(policy, str):
+        try:
+            policy = json.loads(policy)
+        except ValueError:
+            return []
+    if not isinstance(policy, dict):
+        return []
+    statements = policy.get("Statement") or []
+    if isinstance(statements, dict):
+        statements = [statements]
+    out: list[str] = []
+    for statement in statements:
+        principal = statement.get("Principal") if isinstance(statement, dict) else None
+        if not isinstance(principal, dict):
+            continue
+        values = principal.get("AWS", [])
+        out.extend([values] if isinstance(values, str) else [str(v) for v in values])
+    return out
+
+
+def identity_exists(arn: str, exists: Any) -> bool:
+    """``exists(kind, account, arn)``: does that role or user exist? Non-identity principals
+    (roots, other forms) count as existing: only roles and users are checked."""
+    m = _IDENTITY_ARN.match(arn)
+    if not m:
+        return True
+    return bool(exists(m["kind"], m["account"], arn))
+
+
+def missing_principals(policy: Any, account_id: str, exists: Any) -> list[str]:
+    """The role and user ARNs of ``account_id`` in ``policy`` that ``exists`` does not know."""
+    return [arn for arn in policy_principals(policy)
+            if (m := _IDENTITY_ARN.match(arn)) and m["account"] == account_id
+            and not identity_exists(arn, exists)]
+
+
+def _moto_exists(kind: str, account: str, arn: str) -> bool:
+    from moto.iam.models import iam_backends
+
+    partition = arn.split(":", 2)[1]
+    backend = iam_backends[account][partition]
+    if kind == "role":
+        return any(role.arn == arn for role in backend.get_roles())
+    return any(user.arn == arn for user in backend.users.values())
+
+
+def _refuse_missing(policy: Any, account_id: str) -> None:
+    from moto.core.exceptions import JsonRESTError
+
+    missing = missing_principals(policy, account_id, _moto_exists)
+    if missing:
+        raise JsonRESTError("MalformedPolicyDocumentException",
+                            "Policy contains a statement with one or more invalid principals. "
+                            f"(emulator: no such IAM identity: {', '.join(missing)})")
+
+
+def _wrap_create_key(original: Any) -> Any:
+    def create_key(self: Any, policy: Any, *args: Any, **kwargs: Any) -> Any:
+        if policy:
+            _refuse_missing(policy, self.account_id)
+        return original(self, policy, *args, **kwargs)
+
+    return create_key
+
+
+def _wrap_put_key_policy(original: Any) -> Any:
+    def put_key_policy(self: Any, key_id: str, policy: str) -> None:
+        _refuse_missing(policy, self.account_id)
+        return original(self, key_id, policy)
+
+    return put_key_policy
+
+
+def _wrap_cfn_key(original: Any) -> Any:
+    """CloudFormation's ``AWS::KMS::Key``: KMS's refusal fails the resource, and with it the
+    stack operation, as a CloudFormation error (AWS rolls the stack back with the reason;
+    moto fails the CreateStack / ExecuteChangeSet call with it)."""
+    def create_from_cloudformation_json(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        from moto.cloudformation.exceptions import ValidationError
+        from moto.core.exceptions import JsonRESTError
+
+        try:
+            return original.__func__(cls, *args, **kwargs)
+        except JsonRESTError as exc:
+            if exc.error_type != "MalformedPolicyDocumentException":
+                raise
+            raise ValidationError(message=f"Resource handler returned message: "
+                                  f"\"{exc.message}\" (HandlerErrorCode: InvalidRequest, "
+                                  f"resource {kwargs.get('LogicalId', '')}, AWS::KMS::Key)") \
+                from None
+
+    return classmethod(create_from_cloudformation_json)
+
+
+def _wrap_create_service_linked_role(original: Any) -> Any:
+    def create_service_linked_role(self: Any, service_name: str, description: str,
+                                   suffix: str) -> Any:
+        from moto.iam.exceptions import EntityAlreadyExists, InvalidInput
+
+        try:
+            return original(self, service_name, description, suffix)
+        except EntityAlreadyExists as exc:
+            name = re.search(r"Role with name (\S+) already exists", str(exc))
+            role = name.group(1) if name else service_name
+            raise InvalidInput(f"Service role name {role} has been taken in this account, "
+                               "please try a different suffix.") from None
+
+    return create_service_linked_role
+
+
+def install() -> None:
+    """Patch moto's KMS and IAM backends in this process (idempotent)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    from moto.iam.models import IAMBackend
+    from moto.kms.models import Key, KmsBackend
+
+    KmsBackend.create_key = _wrap_create_key(KmsBackend.create_key)  # type: ignore[method-assign]
+    KmsBackend.put_key_policy = _wrap_put_key_policy(  # type: ignore[method-assign]
+        KmsBackend.put_key_policy)
+    Key.create_from_cloudformation_json = _wrap_cfn_key(  # type: ignore[method-assign]
+        Key.__dict__["create_from_cloudformation_json"])
+    IAMBackend.create_service_linked_role = _wrap_create_service_linked_role(  # type: ignore[method-assign]
+        IAMBackend.create_service_linked_role)
+    _INSTALLED = True

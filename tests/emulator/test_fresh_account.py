@@ -1,0 +1,120 @@
+"""A fresh account: KMS refuses a key policy naming a role that does not exist yet, and the
+stack creates Auto Scaling's service-linked role before the key that names it.
+
+AWS: "The principals in the key policy must exist and be visible to KMS" (CreateKey,
+PutKeyPolicy); ``AWSServiceRoleForAutoScaling`` exists only once something created it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from emulator import deploy as dp
+from emulator import moto_custom_resources, moto_kms
+from tests.conftest import REGION
+
+ACCOUNT = "123456789012"
+SLR_ARN = (f"arn:aws:iam::{ACCOUNT}:role/aws-service-role/autoscaling.amazonaws.com/"
+           "AWSServiceRoleForAutoScaling")
+
+
+def key_policy(*principals: str) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "Admin", "Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
+         "Action": "kms:*", "Resource": "*"},
+        {"Sid": "Publish", "Effect": "Allow", "Principal": {"AWS": list(principals)},
+         "Action": ["kms:GenerateDataKey*", "kms:Decrypt"], "Resource": "*"}]})
+
+
+def clients(endpoint: str):
+    return (boto3.client("kms", region_name=REGION, endpoint_url=endpoint),
+            boto3.client("iam", region_name=REGION, endpoint_url=endpoint))
+
+
+def test_kms_refuses_a_key_policy_naming_a_missing_role(moto_reset):
+    kms, iam = clients(moto_reset)
+    with pytest.raises(ClientError) as exc:
+        kms.create_key(Policy=key_policy(SLR_ARN))
+    assert exc.value.response["Error"]["Code"] == "MalformedPolicyDocumentException"
+    assert "AWSServiceRoleForAutoScaling" in str(exc.value)
+    key_id = kms.create_key(Policy=key_policy(f"arn:aws:iam::{ACCOUNT}:root"))["KeyMetadata"][
+        "KeyId"]
+    with pytest.raises(ClientError) as exc:
+        kms.put_key_policy(KeyId=key_id, PolicyName="default", Policy=key_policy(SLR_ARN))
+    assert exc.value.response["Error"]["Code"] == "MalformedPolicyDocumentException"
+    iam.create_service_linked_role(AWSServiceName="autoscaling.amazonaws.com")
+    kms.create_key(Policy=key_policy(SLR_ARN))  # the role exists now: accepted
+    kms.put_key_policy(KeyId=key_id, PolicyName="default", Policy=key_policy(SLR_ARN))
+
+
+def test_kms_refuses_it_through_cloudformation_too(moto_reset):
+    kms, _iam = clients(moto_reset)
+    cfn = boto3.client("cloudformation", region_name=REGION, endpoint_url=moto_reset)
+    template = {"Resources": {"Key": {"Type": "AWS::KMS::Key", "Properties": {
+        "KeyPolicy": json.loads(key_policy(SLR_ARN))}}}}
+    try:
+        cfn.create_stack(StackName="key-only", TemplateBody=json.dumps(template))
+    except ClientError as exc:
+        assert "invalid principals" in str(exc)
+    else:
+        stack = cfn.describe_stacks(StackName="key-only")["Stacks"][0]
+        assert stack["StackStatus"] != "CREATE_COMPLETE"
+    assert kms.list_keys()["Keys"] == []
+
+
+def test_a_second_create_service_linked_role_answers_as_aws_does(moto_reset):
+    _kms, iam = clients(moto_reset)
+    iam.create_service_linked_role(AWSServiceName="autoscaling.amazonaws.com")
+    with pytest.raises(ClientError) as exc:
+        iam.create_service_linked_role(AWSServiceName="autoscaling.amazonaws.com")
+    assert exc.value.response["Error"]["Code"] == "InvalidInput"
+    assert "has been taken in this account" in str(exc.value)
+
+
+def test_principals_other_than_this_accounts_roles_and_users_are_not_checked():
+    def nothing_exists(*_args):
+        return False
+
+    policy = key_policy(f"arn:aws:iam::{ACCOUNT}:root", "arn:aws:iam::210987654321:role/x",
+                        f"arn:aws:iam::{ACCOUNT}:user/alice", "*")
+    assert moto_kms.missing_principals(policy, ACCOUNT, nothing_exists) == [
+        f"arn:aws:iam::{ACCOUNT}:user/alice"]
+
+
+def test_the_custom_aws_player_accepts_only_the_declared_error_codes(moto_reset):
+    create = {"service": "IAM", "action": "CreateServiceLinkedRole",
+              "parameters": {"AWSServiceName": "autoscaling.amazonaws.com"},
+              "physicalResourceId": {"id": "AWSServiceRoleForAutoScaling"}}
+    props = {"Create": json.dumps({**create, "ignoreErrorCodesMatching": "InvalidInput"})}
+    # moto's backends live in this process (the test session's moto server)
+    moto_custom_resources.play("Slr", props, ACCOUNT, REGION)  # creates the role
+    moto_custom_resources.play("Slr", props, ACCOUNT, REGION)  # exists: "taken", accepted
+    with pytest.raises(moto_custom_resources.CustomResourceError, match="InvalidInput"):
+        moto_custom_resources.play("Slr", {"Create": json.dumps(create)}, ACCOUNT, REGION)
+    with pytest.raises(moto_custom_resources.CustomResourceError, match="cannot play"):
+        moto_custom_resources.play("X", {"Create": json.dumps(
+            {"service": "S3", "action": "DeleteBucket"})}, ACCOUNT, REGION)
+
+
+@pytest.mark.slow
+def test_the_stack_deploys_on_a_fresh_account(moto_reset, tmp_path: Path):
+    """``cdk deploy DLClusterStack`` on an account without Auto Scaling's service-linked
+    role: the stack creates the role before the topic's key, so KMS accepts the key."""
+    _kms, iam = clients(moto_reset)
+    assert not [r for r in iam.list_roles()["Roles"] if r["RoleName"].startswith(
+        "AWSServiceRoleForAutoScaling")]
+    env = dp.cli_env(moto_reset)
+    log, out = tmp_path / "cdk.log", tmp_path / "cdk.out"
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_reset)
+    dp.bootstrap(env, log, out)
+    dp.deploy(env, log, out, workers=1, ami=dp.pick_ami(ec2))
+    cfn = boto3.client("cloudformation", region_name=REGION, endpoint_url=moto_reset)
+    assert cfn.describe_stacks(StackName=dp.STACK)["Stacks"][0]["StackStatus"] in (
+        "CREATE_COMPLETE", "UPDATE_COMPLETE")
+    role = iam.get_role(RoleName="AWSServiceRoleForAutoScaling")["Role"]
+    assert role["Arn"] == SLR_ARN

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-VENV = REPO_ROOT / ".venv"
+VENV = Path(REPO_ROOT) / ".venv"
 
 
 @pytest.mark.skipif(Path(sys.prefix).resolve() != VENV.resolve(),

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bootstrap_scripts
-from bootstrap_scripts.jobs.preflight import executor_state, read_heartbeat
+from bootstrap_scripts.jobs.engine.reachability import executor_state, read_heartbeat
 from bootstrap_scripts.ops import gate_report as gr
 from bootstrap_scripts.ops import instance_types as it
 from bootstrap_scripts.ops.node_checks import MARKER
@@ -117,7 +117,7 @@ class GateJob:
         membership = Path(self.tmp.name) / "membership.json"
         membership.write_text(self.sub.to_json())
         w = f"{self.window:g}"
-        argv = [sys.executable, "-m", "bootstrap_scripts.jobs.runner", "--unmanaged",
+        argv = [sys.executable, "-m", "bootstrap_scripts.jobs.cli.dl_run", "--unmanaged",
                 "--launcher", launcher, "--job-id", self.job_id, "--root", str(self.root),
                 "--membership", str(membership), "--mount-point", str(self.efs), "--cwd", "/",
                 # the gate decides who is late; the runner must not cancel the job before

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.jobs import launchers as ln
-from bootstrap_scripts.jobs.attempts import restart_env, runner_argv
-from bootstrap_scripts.jobs.runner import build_parser, job_env, launch_options, split_command
-from bootstrap_scripts.jobs.submit import attempt_options
+from bootstrap_scripts.jobs.cli.dl_run import build_parser, job_env, launch_options, split_command
+from bootstrap_scripts.jobs.cli.submit import attempt_options
+from bootstrap_scripts.jobs.controller.attempts import restart_env, runner_argv
+from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
@@ -42,7 +42,7 @@ def test_runner_argv_is_an_unmanaged_run_of_the_attempt():
                        attempt_id="train-1.3", root="/", efs=EFS,
                        membership=Path("/efs/managed/train-1/attempts/3.membership.json"),
                        restart_count=2)
-    assert argv[1:4] == ["-m", "bootstrap_scripts.jobs.runner", "--unmanaged"]
+    assert argv[1:4] == ["-m", "bootstrap_scripts.jobs.cli.dl_run", "--unmanaged"]
     assert argv[argv.index("--job-id") + 1] == "train-1.3"
     assert argv[argv.index("--membership") + 1].endswith("attempts/3.membership.json")
     assert argv[argv.index("--cwd") + 1] == "/efs/code"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bootstrap_scripts.jobs import managed
-from bootstrap_scripts.jobs.supervise import JobSupervisor
+from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
+from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
 from bootstrap_scripts.protocol.membership import build_membership
 

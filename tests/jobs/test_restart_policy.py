@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from bootstrap_scripts.jobs.restart_policy import (
+from bootstrap_scripts.jobs.engine.restart_policy import (
     Action,
     Failure,
     FailureKind,

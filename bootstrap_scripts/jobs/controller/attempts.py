@@ -1,7 +1,7 @@
 """One attempt of a managed job: today's single-run engine, started by the controller.
 
 Attempt ``n`` of job ``J`` is the ordinary job ``jobs/J.n/``, run by ``python -m
-bootstrap_scripts.jobs.runner --unmanaged --job-id J.n ...`` (the same launchers, executors,
+bootstrap_scripts.jobs.cli.dl_run --unmanaged --job-id J.n ...`` (the same launchers, executors,
 watch and summary as ``dl-run --unmanaged``). The controller starts that runner as the user
 who submitted the job (the owner of ``request.json``), so the attempt's ``spec.json`` is
 theirs and the executors run every share as them, exactly as when the user runs ``dl-run``.
@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.preflight import executor_state, read_heartbeat
-from bootstrap_scripts.jobs.restart_policy import Failure, classify
+from bootstrap_scripts.jobs.engine.reachability import executor_state, read_heartbeat
+from bootstrap_scripts.jobs.engine.restart_policy import Failure, classify
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
@@ -25,7 +25,7 @@ from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths,
 from bootstrap_scripts.protocol.records import JobResult, ShareExit, ShareStarted
 
 #: This package's parent directory: the attempt runner must import it whatever the user's env.
-PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 
 
 class AttemptError(Exception):
@@ -53,7 +53,7 @@ def runner_argv(request: ManagedRequest, *, attempt_id: str, root: str, efs: Pat
     """The attempt's ``dl-run --unmanaged`` command line. The restart variables go last, as
     ``--env``: they win over the user's own ``--env`` of the same name, and mpirun forwards
     them (``-x``) like any ``--env``."""
-    argv = [sys.executable, "-m", "bootstrap_scripts.jobs.runner", "--unmanaged",
+    argv = [sys.executable, "-m", "bootstrap_scripts.jobs.cli.dl_run", "--unmanaged",
             "--job-id", attempt_id, "--root", root, "--mount-point", str(efs)]
     if membership is not None:
         argv += ["--membership", str(membership)]

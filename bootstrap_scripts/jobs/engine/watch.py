@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap_scripts.jobs.console import say
+from bootstrap_scripts.jobs.engine.outcomes import say
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Share
 from bootstrap_scripts.protocol.paths import (

@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts.jobs import attempts, managed
-from bootstrap_scripts.jobs.instance_health import InstanceHealth
-from bootstrap_scripts.jobs.preflight import executor_state, read_heartbeat
-from bootstrap_scripts.jobs.restart_policy import (
+from bootstrap_scripts.jobs.controller import attempts
+from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine.reachability import executor_state, read_heartbeat
+from bootstrap_scripts.jobs.engine.restart_policy import (
     Action,
     Failure,
     FailureKind,

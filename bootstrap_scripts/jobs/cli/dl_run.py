@@ -30,12 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bootstrap_scripts.jobs import launchers as ln
-from bootstrap_scripts.jobs.console import EXIT_SIGINT, EXIT_USAGE, RunError, say
-from bootstrap_scripts.jobs.preflight import check_reachable
-from bootstrap_scripts.jobs.restart_policy import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT
-from bootstrap_scripts.jobs.summary import summarize
-from bootstrap_scripts.jobs.watch import Watch, install_signal_handlers, watch
+from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_SIGINT, EXIT_USAGE, RunError, say
+from bootstrap_scripts.jobs.engine.reachability import check_reachable
+from bootstrap_scripts.jobs.engine.restart_policy import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_REPLACE_TIMEOUT,
+)
+from bootstrap_scripts.jobs.engine.summary import summarize
+from bootstrap_scripts.jobs.engine.watch import Watch, install_signal_handlers, watch
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec, new_job_id
@@ -284,7 +287,7 @@ def run(argv: list[str]) -> int:
     opts_argv, command = split_command(argv)
     args = build_parser().parse_args(opts_argv)
     if not args.unmanaged and not args.dry_run:
-        from bootstrap_scripts.jobs.submit import submit_and_follow
+        from bootstrap_scripts.jobs.cli.submit import submit_and_follow
 
         return submit_and_follow(args, opts_argv, command)
     if args.unmanaged:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap_scripts.jobs.restart_policy import JobState
+from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import (
     ControllerHeartbeat,

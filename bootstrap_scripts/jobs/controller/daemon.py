@@ -29,11 +29,18 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs import attempts, managed
-from bootstrap_scripts.jobs.instance_health import InstanceHealth
-from bootstrap_scripts.jobs.node import read_node_env
-from bootstrap_scripts.jobs.restart_policy import Action, Failure, FailureKind, JobState, decide
-from bootstrap_scripts.jobs.supervise import Gate, JobSupervisor
+from bootstrap_scripts.jobs.controller import attempts
+from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
+from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine.node_env import read_node_env
+from bootstrap_scripts.jobs.engine.restart_policy import (
+    Action,
+    Failure,
+    FailureKind,
+    JobState,
+    decide,
+)
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import (

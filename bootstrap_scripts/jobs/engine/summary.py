@@ -12,8 +12,8 @@ import re
 import signal
 from dataclasses import dataclass
 
-from bootstrap_scripts.jobs.console import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, say
-from bootstrap_scripts.jobs.watch import Watch
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, say
+from bootstrap_scripts.jobs.engine.watch import Watch
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import Share
 from bootstrap_scripts.protocol.paths import JobPaths

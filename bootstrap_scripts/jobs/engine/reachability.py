@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.console import EXIT_UNREACHABLE, RunError
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_UNREACHABLE, RunError
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat

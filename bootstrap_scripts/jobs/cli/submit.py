@@ -17,23 +17,23 @@ import os
 import signal
 import time
 
-from bootstrap_scripts.jobs import managed
-from bootstrap_scripts.jobs.console import EXIT_FAILED, EXIT_USAGE, RunError, say
-from bootstrap_scripts.jobs.follow import final_message, follow
-from bootstrap_scripts.jobs.preflight import check_reachable
-from bootstrap_scripts.jobs.restart_policy import (
-    DEFAULT_MAX_CODE_RESTARTS,
-    DEFAULT_MAX_RESTARTS,
-    DEFAULT_REPLACE_TIMEOUT,
-    JobState,
-    Policy,
-)
-from bootstrap_scripts.jobs.runner import (
+from bootstrap_scripts.jobs.cli.dl_run import (
     FORWARDED_ENV,
     MANAGED_ONLY,
     build_cli,
     load_context,
     make_plan,
+)
+from bootstrap_scripts.jobs.cli.follow import final_message, follow
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_USAGE, RunError, say
+from bootstrap_scripts.jobs.engine.reachability import check_reachable
+from bootstrap_scripts.jobs.engine.restart_policy import (
+    DEFAULT_MAX_CODE_RESTARTS,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_REPLACE_TIMEOUT,
+    JobState,
+    Policy,
 )
 from bootstrap_scripts.protocol.jobs import new_job_id
 from bootstrap_scripts.protocol.managed_records import ManagedRequest

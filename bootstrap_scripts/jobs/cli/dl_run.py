@@ -8,57 +8,41 @@ By default the job is *managed*: ``dl-run`` submits it to the master's job contr
 output (``follow.py``); Ctrl-C detaches and the job keeps running. ``--unmanaged`` runs the
 job from this process, as described below (the controller runs each attempt that way).
 
-The runner reads the membership the node agent wrote (``<root>/opt/deeplearning/``), turns
-the command into per-node shares with the chosen launcher (``launchers``), checks that every
-node's executor is alive (``preflight``), publishes them as a job spec on EFS, and every
-node's job executor starts its share at once (``executor``). It then follows the job
-(``watch``): every node's log with a ``[node-rank address]`` prefix, the shares' exits, lost
-and (elastic) joined nodes; and exits 0 only if every share exited 0 (``summary``). Ctrl-C /
-SIGTERM writes a cancel marker; the executors stop their process groups within seconds.
+``--unmanaged`` turns the options and the command into a
+:class:`~bootstrap_scripts.protocol.jobs.RunRequest` (or reads one, ``--request FILE``/``-``:
+how the job controller and the health gate hand theirs over) and runs it on the nodes of
+the membership the node agent wrote (``<root>/opt/deeplearning/``) through the engine's
+front door, :func:`bootstrap_scripts.jobs.engine.run.run`: the launch plan, the executors'
+reachability, the job spec on EFS, every node's log with a ``[node-rank address]`` prefix,
+and one exit status from the verdict (0 only if every share exited 0). Ctrl-C / SIGTERM
+writes a cancel marker; the executors stop their process groups within seconds.
 See docs/runner.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import shlex
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine import run as engine
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_SIGINT, EXIT_USAGE, RunError, say
-from bootstrap_scripts.jobs.engine.reachability import check_reachable
 from bootstrap_scripts.jobs.engine.restart_policy import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_REPLACE_TIMEOUT,
 )
-from bootstrap_scripts.jobs.engine.summary import summarize
-from bootstrap_scripts.jobs.engine.watch import Watch, install_signal_handlers, watch
-from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.jobs import JobSpec, new_job_id
+from bootstrap_scripts.protocol.jobs import FORWARDED_ENV, RunRequest, new_job_id
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
-from bootstrap_scripts.protocol.paths import (
-    MEMBERSHIP_FILE,
-    ClusterPaths,
-    JobPaths,
-    NodePaths,
-    validate_job_id,
-)
-from bootstrap_scripts.protocol.records import RunnerHeartbeat
+from bootstrap_scripts.protocol.paths import MEMBERSHIP_FILE, NodePaths, validate_job_id
 
-#: Variables of the runner's environment that every share inherits (the nodes are
-#: identical machines, so the user's PATH / venv / conda env mean the same there).
 #: Options of managed jobs only (the controller's business, not an attempt's).
 MANAGED_ONLY = ("--detach", "--json", "--max-restarts", "--min-nodes", "--max-code-restarts",
                 "--replace-timeout")
-FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX",
-                 "CONDA_DEFAULT_ENV", "HOME", "USER", "LOGNAME")
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -113,6 +97,9 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     p.add("--launcher", default="torchrun", choices=ln.LAUNCHERS,
           help="how ranks are started (default: torchrun)")
     p.add("--dry-run", action="store_true", help="print per-node commands, run nothing")
+    p.add("--request", default="", metavar="FILE",
+          help="with --unmanaged: run this run request (JSON; '-': standard input) instead "
+          "of the job options given here (how the job controller starts an attempt)")
     p.add("--name", default="", help="job name, prefix of the job id (default: launcher)")
     p.add("--job-id", default="", help="explicit job id (default: generated)")
     p.add("--root", default=os.environ.get("DL_ROOT", "/"),
@@ -217,10 +204,6 @@ def load_context(args: argparse.Namespace) -> Context:
     return Context(m, efs)
 
 
-def default_python() -> str:
-    return sys.executable if importlib.util.find_spec("torch") else "python3"
-
-
 def job_env(args: argparse.Namespace) -> dict[str, str]:
     env = {k: os.environ[k] for k in (*FORWARDED_ENV, *args.forward) if k in os.environ}
     env["PYTHONUNBUFFERED"] = "1"  # lines reach the log (and the runner) as they are printed
@@ -232,55 +215,39 @@ def job_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def launch_options(args: argparse.Namespace, job_id: str, paths: JobPaths) -> ln.LaunchOptions:
-    return ln.LaunchOptions(
-        job_id=job_id, job_dir=str(paths.dir), python=args.python or default_python(),
+def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
+                      ) -> RunRequest:
+    """The run request of these options: what ``--unmanaged`` runs and what a managed job's
+    request carries to every attempt."""
+    if not command:
+        raise RunError("no command given: put the training command after the options",
+                       EXIT_USAGE)
+    return RunRequest(
+        job_id=job_id, command=tuple(command), launcher=args.launcher, env=job_env(args),
+        forward=tuple(args.forward) + tuple(e.partition("=")[0] for e in args.env),
+        cwd=os.path.abspath(args.cwd or os.getcwd()), python=args.python,
         nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
-        max_restarts=args.torchrun_max_restarts,
-        rdzv_port=args.rdzv_port, elastic=args.elastic, rdzv_last_call=args.rdzv_last_call,
-        mpirun=args.mpirun, horovodrun=args.horovodrun,
+        torchrun_max_restarts=args.torchrun_max_restarts, rdzv_port=args.rdzv_port,
+        elastic=args.elastic, rdzv_last_call=args.rdzv_last_call,
         mpi_if_include=args.mpi_if_include, mpi_if_exclude=args.mpi_if_exclude,
         nccl_socket_ifname=args.nccl_socket_ifname, mpi_rsh_agent=args.mpi_rsh_agent,
-        mpi_extra=tuple(args.mpi_arg), forward_env=tuple(args.forward) + tuple(
-            e.partition("=")[0] for e in args.env),
-        allow_run_as_root=os.geteuid() == 0, tf_mode=args.tf_mode, tf_port=args.tf_port,
-        mxnet_launch=args.mxnet_launch,
-    )
+        mpi_args=tuple(args.mpi_arg), mpirun=args.mpirun, horovodrun=args.horovodrun,
+        tf_mode=args.tf_mode, tf_port=args.tf_port, mxnet_launch=args.mxnet_launch,
+        grace=args.grace, fail_grace=args.fail_grace, heartbeat_timeout=args.heartbeat_timeout,
+        reach_timeout=args.reach_timeout, start_timeout=args.start_timeout,
+        orphan_timeout=args.orphan_timeout, prefix=not args.no_prefix)
 
 
-def render_commands(plan: ln.LaunchPlan, m: Membership, env: dict[str, str]) -> str:
-    """Human-readable per-node commands (dry run output and ``commands.txt``)."""
-    lines = [f"# launcher: {plan.launcher} ({plan.summary})"]
-    lines += [f"# job env: {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-    for share in plan.shares:
-        node = m.nodes[share.rank]
-        lines.append(f"# node {share.rank} {share.address} ({node.role}, {node.gpus} GPU)")
-        for proc in share.procs:
-            prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(proc.env.items()))
-            tag = f"[{proc.label}] " if proc.label else ""
-            lines.append(f"{tag}{prefix + ' ' if prefix else ''}{shlex.join(proc.argv)}")
-    if plan.master_only:
-        others = [n.address for n in m.nodes if n.rank != m.master.rank]
-        if others:
-            lines.append(f"# reached from the master over ssh: {', '.join(others)}")
-    for name, content in sorted(plan.files.items()):
-        lines.append(f"# file {name}:")
-        lines += [f"#   {line}" for line in content.splitlines()]
-    return "\n".join(lines) + "\n"
+def read_request(source: str) -> RunRequest:
+    """A run request from a file, or from standard input (``-``)."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    except OSError as exc:
+        raise RunError(f"cannot read the run request {source}: {exc}", EXIT_USAGE) from None
+    return RunRequest.from_json(text, source=source if source != "-" else "run request")
 
 
 # -- main ----------------------------------------------------------------------------------
-
-
-def make_plan(args: argparse.Namespace, m: Membership, command: list[str], job_id: str,
-              paths: JobPaths) -> ln.LaunchPlan:
-    if args.elastic and args.launcher != "torchrun":
-        raise RunError(f"--elastic needs the torchrun launcher (its elastic rendezvous), "
-                       f"not {args.launcher!r}", EXIT_USAGE)
-    try:
-        return ln.plan(args.launcher, m, command, launch_options(args, job_id, paths))
-    except ln.LaunchError as exc:
-        raise RunError(str(exc), EXIT_USAGE) from None
 
 
 def run(argv: list[str]) -> int:
@@ -289,7 +256,7 @@ def run(argv: list[str]) -> int:
     if not args.unmanaged and not args.dry_run:
         from bootstrap_scripts.jobs.cli.submit import submit_and_follow
 
-        return submit_and_follow(args, opts_argv, command)
+        return submit_and_follow(args, command)
     if args.unmanaged:
         given = [o for o in MANAGED_ONLY if getattr(args, o.lstrip("-").replace("-", "_"))
                  not in (None, False)]
@@ -298,48 +265,18 @@ def run(argv: list[str]) -> int:
                            f"--unmanaged (torchrun's own restarts: --torchrun-max-restarts)",
                            EXIT_USAGE)
     ctx = load_context(args)
-    m = ctx.membership
-    job_id = validate_job_id(args.job_id) if args.job_id else new_job_id(
-        args.name or args.launcher)
-    paths = ClusterPaths(ctx.efs).job(job_id)
-    env = job_env(args)
-    plan = make_plan(args, m, command, job_id, paths)
-    commands = render_commands(plan, m, env)
-    say(f"job {job_id}")
-    say(f"launcher: {plan.summary}")
-    say("nodes: " + ", ".join(f"{n.rank}={n.address}{' (master)' if n.role == 'master' else ''}"
-                              for n in m.nodes) + f" (membership generation {m.generation})")
+    if args.request:
+        request = read_request(args.request)
+    else:
+        job_id = validate_job_id(args.job_id) if args.job_id else new_job_id(
+            args.name or args.launcher)
+        request = request_from_args(args, command, job_id)
     if args.dry_run:
+        plan, _paths, commands = engine.prepare(request, ctx.membership, ctx.efs)
+        engine.announce(request, plan, ctx.membership)
         sys.stdout.write(commands)
         return 0
-    check_reachable(ctx.efs, [s.address for s in plan.shares],
-                    timeout=args.heartbeat_timeout, reach_timeout=args.reach_timeout)
-    if paths.dir.exists():
-        raise RunError(f"job directory {paths.dir} already exists: choose another --job-id",
-                       EXIT_USAGE)
-    say(f"logs: {paths.nodes}/")
-    try:
-        paths.nodes.mkdir(parents=True)
-    except PermissionError as exc:
-        raise RunError(f"cannot create the job directory {paths.dir} ({exc.strerror}): the "
-                       f"job executors make {paths.dir.parent} writable for every user when "
-                       f"they start; is one running on this cluster?", EXIT_USAGE) from None
-    for name, content in plan.files.items():
-        store.atomic_write(paths.dir / name, content)
-    store.atomic_write(paths.commands, commands)
-    store.write_record(paths.runner_heartbeat,
-                       RunnerHeartbeat(seq=0, pid=os.getpid(), time=time.time()))
-    spec = JobSpec(
-        job_id=job_id, launcher=plan.launcher, shares=plan.shares, env=env,
-        cwd=os.path.abspath(args.cwd or os.getcwd()), created_at=time.time(),
-        grace_seconds=args.grace, orphan_timeout=args.orphan_timeout,
-        master_only=plan.master_only, elastic=args.elastic, generation=m.generation,
-        join_template=plan.join_template,
-    )
-    w = Watch(spec, paths, ctx.efs, args)
-    old = install_signal_handlers(w)
-    store.atomic_write(paths.spec, spec.to_json())  # the go signal: written last
-    return summarize(watch(w, old))
+    return engine.run(request, ctx.membership, ctx.efs).exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

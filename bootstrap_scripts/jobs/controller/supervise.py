@@ -27,11 +27,10 @@ from pathlib import Path
 from bootstrap_scripts.jobs.controller import attempts
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass
 from bootstrap_scripts.jobs.engine.reachability import executor_state, read_heartbeat
 from bootstrap_scripts.jobs.engine.restart_policy import (
     Action,
-    Failure,
-    FailureKind,
     JobState,
     Policy,
     World,
@@ -156,6 +155,16 @@ class JobSupervisor:
                         + (f" [{err}]" if err else ""))
         return [a for a, _i, _w in failures]
 
+    def membership(self) -> Membership | None:
+        """The nodes of the current attempt (its copy, else the live membership)."""
+        for path in (self.paths.attempt_membership(self.job.attempt),
+                     NodePaths(self.root).membership):
+            try:
+                return Membership.load(path)
+            except (OSError, ValueError):
+                continue
+        return None
+
     def attempt_membership(self, m: Membership, nodes: list[Node], n: int) -> Path:
         """Attempt ``n`` runs on exactly ``nodes``, the ones chosen and gated: a copy of the
         membership with only them (same generation, ranks renumbered) under
@@ -177,9 +186,10 @@ class JobSupervisor:
     def run_attempt(self, m: Membership, nodes: list[Node]) -> tuple[Failure | None, float]:
         n = self.job.attempt + 1
         attempt_id = self.paths.attempt_id(n)
-        argv = attempts.runner_argv(self.request, attempt_id=attempt_id, root=str(self.root),
-                                    efs=self.efs, membership=self.attempt_membership(m, nodes, n),
-                                    restart_count=self.job.restarts)
+        argv = attempts.runner_argv(root=str(self.root), efs=self.efs,
+                                    membership=self.attempt_membership(m, nodes, n))
+        run = attempts.attempt_request(self.request, attempt_id=attempt_id, efs=self.efs,
+                                       restart_count=self.job.restarts)
         if self.job.restart_log:
             epoch, step = managed.checkpoint_position(self.efs, self.job.job_id)
             new = [x.instance_id for x in nodes
@@ -188,17 +198,28 @@ class JobSupervisor:
                                      resumed_step=step,
                                      replacement_instance_id=",".join(new))
         self.last_nodes = {x.instance_id for x in nodes}
-        proc = attempts.spawn(argv, attempts.runner_env(self.request),
-                              self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
+        proc = attempts.spawn(argv, run, self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
         self.update(state=JobState.RUNNING.value, attempt=n, world_size=len(nodes),
                     started_at=self.job.started_at or time.time())
         LOG.info("job %s: attempt %d (%s) on %d node(s), runner pid %d", self.job.job_id, n,
                  attempt_id, len(nodes), proc.pid)
         jpaths = ClusterPaths(self.efs).job(attempt_id)
+        self.follow(jpaths, lambda: proc.poll() is None)
+        return attempts.outcome(jpaths, proc.returncode), time.time()
+
+    def reattach(self) -> tuple[Failure | None, float]:
+        """Follow the current attempt, started by a previous controller, to its end (its
+        runner is not our child: its heartbeat on EFS says whether it still runs)."""
+        jpaths = ClusterPaths(self.efs).job(self.paths.attempt_id(self.job.attempt))
+        self.follow(jpaths, lambda: attempts.runner_alive(jpaths))
+        return attempts.outcome(jpaths, 0 if store.exists(jpaths.result) else None), time.time()
+
+    def follow(self, jpaths, running: Callable[[], bool]) -> None:
+        """While the attempt runs: pass a cancel on, note when a restart resumed, beat."""
         cancel_sent = False
         pending_resume = bool(self.job.restart_log and
                               self.job.restart_log[-1].seconds_to_resume is None)
-        while proc.poll() is None:
+        while running():
             if not cancel_sent and (managed.cancel_requested(self.paths) or self.stopping()):
                 store.atomic_write(jpaths.cancel, "cancelled by the job controller\n")
                 cancel_sent = True
@@ -208,7 +229,6 @@ class JobSupervisor:
             time.sleep(POLL_SECONDS)
         if pending_resume:
             self.note_resumed(jpaths)
-        return attempts.outcome(jpaths, proc.returncode), time.time()
 
     def note_resumed(self, jpaths) -> bool:
         """Once every share of the attempt started: seconds from the failure's detection."""
@@ -220,7 +240,14 @@ class JobSupervisor:
         return True
 
     # -- 4. the loop -------------------------------------------------------------------------
-    def run(self) -> ManagedJob:
+    def run(self, *, reattach: bool = False) -> ManagedJob:
+        """Run the job to its end; ``reattach``: its current attempt is already running
+        (started by a previous controller): follow it first."""
+        if reattach:
+            failure, detected = self.reattach()
+            if self.stopping():
+                return self.job
+            self.after_attempt(self.membership(), failure, detected)
         while not JobState(self.job.state).terminal:
             if managed.cancel_requested(self.paths):
                 return self.finish(JobState.CANCELLED, "cancelled by the user")
@@ -237,7 +264,7 @@ class JobSupervisor:
             self.after_attempt(chosen[0], failure, detected)
         return self.job
 
-    def after_attempt(self, m: Membership, failure: Failure | None, detected: float) -> None:
+    def after_attempt(self, m: Membership | None, failure: Failure | None, detected: float) -> None:
         decision = decide(failure, restarts=self.job.restarts,
                           code_restarts=self.job.code_restarts, policy=self.policy,
                           cancel_requested=managed.cancel_requested(self.paths))
@@ -246,9 +273,9 @@ class JobSupervisor:
             return
         self.record_restart(m, failure, detected)
 
-    def record_restart(self, m: Membership, failure: Failure, detected: float) -> None:
+    def record_restart(self, m: Membership | None, failure: Failure, detected: float) -> None:
         """A restart record; a node fault's instance marked Unhealthy and excluded."""
-        node = m.node_by_address(failure.address) if failure.address else None
+        node = m.node_by_address(failure.address) if m and failure.address else None
         instance = failure.instance_id or (node.instance_id if node else "")
         err, excluded = "", self.job.excluded
         if failure.kind.node_fault and instance:
@@ -261,6 +288,7 @@ class JobSupervisor:
         LOG.warning("job %s: restart %d after attempt %d: %s: %s", self.job.job_id,
                     self.job.restarts + 1, self.job.attempt, failure.kind.value, failure.detail)
         self.update(state=JobState.RESTARTING.value, restarts=self.job.restarts + 1,
-                    code_restarts=self.job.code_restarts + (failure.kind is FailureKind.CODE),
+                    code_restarts=self.job.code_restarts + (
+                        failure.failure_class is FailureClass.USER_CODE),
                     excluded=excluded, last_failure=f"{failure.kind.value}: {failure.detail}",
                     restart_log=(*self.job.restart_log, rec))

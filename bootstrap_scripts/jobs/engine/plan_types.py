@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bootstrap_scripts.protocol.jobs import Proc, Share
+from bootstrap_scripts.protocol.jobs import (
+    DEFAULT_MPI_IF_EXCLUDE,
+    DEFAULT_NCCL_SOCKET_IFNAME,
+    Proc,
+    Share,
+)
 
-#: The interface flags the original Horovod cluster template passed to mpirun; right for real
-#: clusters, where ``lo`` and ``docker0`` must not carry traffic. The loopback emulator
-#: overrides them.
-DEFAULT_MPI_IF_EXCLUDE = "lo,docker0"
-DEFAULT_NCCL_SOCKET_IFNAME = "^docker0"
+
 class LaunchError(ValueError):
     """Options that cannot produce a valid command; the message names the bad value."""
 

@@ -1,8 +1,9 @@
 """The end of a job: ``result.json`` and ``done`` on EFS, one final message, one exit status.
 
-The message names the cause first (a lost node, then nodes that failed by themselves in
-the order they failed, then those stopped because of it), so the first words on the
-terminal point at the node to look at.
+The message names the cause first (the order of ``classify.failing_nodes``: a lost node,
+a restarted executor, a killed share, then nodes that failed by themselves in the order
+they failed, then those stopped because of it), so the first words on the terminal point
+at the node to look at; a ``cause:`` line gives the class the restart policy acts on.
 """
 
 from __future__ import annotations
@@ -10,12 +11,17 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
-from dataclasses import dataclass
 
+from bootstrap_scripts.jobs.engine.classify import (
+    Failure,
+    FailureKind,
+    Verdict,
+    classify,
+    failing_nodes,
+)
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, say
 from bootstrap_scripts.jobs.engine.watch import Watch
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import Share
 from bootstrap_scripts.protocol.paths import JobPaths
 from bootstrap_scripts.protocol.records import JobResult, NodeResult
 
@@ -43,84 +49,75 @@ def last_error_line(paths: JobPaths, rank: int, max_bytes: int = 65536) -> str:
     return found[:300]
 
 
-@dataclass(frozen=True)
-class Failure:
-    """One share that did not succeed (and did not leave an elastic job)."""
-
-    share: Share
-    returncode: int | None
-    reason: str
-    cancelled: bool
-    lost: bool
-    finished_at: float
-    last_error: str = ""
-
-    def order(self) -> tuple[bool, bool, float, int]:
-        return (not self.lost, self.cancelled, self.finished_at, self.share.rank)
-
-    def describe(self) -> str:
-        share = self.share
-        node = f"node rank {share.rank} ({share.address})"
-        if self.returncode is None:
-            return (f"{node}: {self.reason.removeprefix(f'node {share.rank} ({share.address}): ')}"
-                    + (" (lost)" if self.lost else ""))
-        if self.cancelled:
-            return f"{node} was stopped ({self.reason}, code {self.returncode})"
-        return f"{node} exited with code {self.returncode}" + (
-            f" ({self.reason})" if self.reason else "") + (
-            f": {self.last_error}" if self.last_error else "")
+def describe(kind: FailureKind, node: NodeResult, paths: JobPaths) -> str:
+    """One failing node, for the final message (the program's own error line when it has
+    one: the launcher's report only repeats the exit code)."""
+    where = f"node rank {node.rank} ({node.address})"
+    if node.returncode is None:
+        why = node.reason.removeprefix(f"node {node.rank} ({node.address}): ")
+        return f"{where}: {why} (lost)"
+    if kind is FailureKind.CANCELLED:
+        return f"{where} was stopped ({node.reason}, code {node.returncode})"
+    last = last_error_line(paths, node.rank) if kind in (FailureKind.CODE,
+                                                          FailureKind.NODE_SIGNAL) else ""
+    return f"{where} exited with code {node.returncode}" + (
+        f" ({node.reason})" if node.reason else "") + (f": {last}" if last else "")
 
 
-def outcome(w: Watch) -> tuple[list[NodeResult], list[Failure]]:
-    """Every share's line of the result, and the shares that failed the job."""
+def node_results(w: Watch) -> list[NodeResult]:
+    """Every share's line of the result."""
     results = []
-    failed = []
     spec_ranks = {s.rank for s in w.spec.shares}
     for share in w.shares:
         rec = w.exits.get(share.rank)
         rc = rec.returncode if rec else None
         reason = rec.reason if rec else (w.lost.get(share.rank) or
                                          w.left.get(share.rank, "no exit recorded"))
-        left = share.rank in w.left
         results.append(NodeResult(rank=share.rank, address=share.address, returncode=rc,
-                                  reason=reason if rc != 0 else "", left=left,
+                                  reason=reason if rc != 0 else "", left=share.rank in w.left,
                                   joined=share.rank not in spec_ranks))
-        if rc != 0 and not left:
-            lost = share.rank in w.lost
-            finished = w.lost_at.get(share.rank) if lost else (rec.finished_at if rec else 0.0)
-            cancelled = bool(rec and rec.cancelled)
-            failed.append(Failure(share, rc, reason, cancelled, lost, float(finished or 0.0),
-                                  "" if cancelled or lost else
-                                  last_error_line(w.paths, share.rank)))
-    return results, failed
+    return results
 
 
-def summarize(w: Watch) -> int:
-    """Write the job's result and ``done`` marker, say how it went, return the exit status."""
-    results, failed = outcome(w)
+def summarize(w: Watch) -> Verdict:
+    """Write the job's result and ``done`` marker, say how it went (the cause first, from
+    the one classifier), return the verdict."""
+    results = node_results(w)
+    job_id = w.spec.job_id
     ok_exits = [r for r in results if r.returncode == 0]
-    if w.spec.elastic and not failed and not ok_exits and not w.signal_received:
-        failed = [Failure(s, None, "every node left the job", False, True, 0.0)
-                  for s in w.shares[:1]]
-    status = "succeeded" if not failed and not w.signal_received else "failed"
+    failing = [r for r in results if r.returncode != 0 and not r.left]
+    everyone_left = w.spec.elastic and not failing and not ok_exits and not w.signal_received
+    status = "succeeded" if not failing and not everyone_left else "failed"
     if w.signal_received:
         status = "cancelled"
-    store.write_record(w.paths.result, JobResult(
-        job_id=w.spec.job_id, status=status, launcher=w.spec.launcher,
-        elastic=w.spec.elastic, nodes=tuple(results)))
+    result = JobResult(job_id=job_id, status=status, launcher=w.spec.launcher,
+                       elastic=w.spec.elastic, nodes=tuple(results))
+    store.write_record(w.paths.result, result)
     with contextlib.suppress(OSError):
         store.atomic_write(w.paths.done, status + "\n")
     if w.signal_received:
-        say(f"job {w.spec.job_id} cancelled ({signal.Signals(w.signal_received).name})")
-        return EXIT_SIGINT if w.signal_received == signal.SIGINT else EXIT_SIGTERM
-    if not failed:
+        say(f"job {job_id} cancelled ({signal.Signals(w.signal_received).name})")
+        code = EXIT_SIGINT if w.signal_received == signal.SIGINT else EXIT_SIGTERM
+        return Verdict(job_id, status, code, classify(result, w.exits))
+    if everyone_left:
+        first = w.shares[0]
+        failure = Failure(FailureKind.NODE_LOST, "every node left the job", first.address,
+                          rank=first.rank)
+        say(f"job {job_id} FAILED: node rank {first.rank} ({first.address}): every node "
+            f"left the job (lost)")
+        say(f"logs: {w.paths.nodes}")
+        return Verdict(job_id, status, EXIT_FAILED, failure)
+    failure = classify(result, w.exits)
+    if failure is None:
         extra = ""
         if w.spec.elastic:
             joined = sum(r.joined for r in results)
             extra = f" ({joined} joined, {len(w.left)} left while it ran)"
-        say(f"job {w.spec.job_id} succeeded on {len(ok_exits)} node(s){extra}")
-        return 0
-    failed.sort(key=Failure.order)
-    say(f"job {w.spec.job_id} FAILED: " + "; ".join(f.describe() for f in failed))
+        say(f"job {job_id} succeeded on {len(ok_exits)} node(s){extra}")
+        return Verdict(job_id, status, 0)
+    lines = [describe(kind, node, w.paths)
+             for kind, node in failing_nodes(result, w.exits)]
+    say(f"job {job_id} FAILED: " + "; ".join(lines))
+    say(f"cause: {failure.failure_class.value} ({failure.kind.value})")
     say(f"logs: {w.paths.nodes}")
-    return EXIT_FAILED
+    return Verdict(job_id, status, EXIT_FAILED, failure)

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts.jobs.controller import attempts, retention
+from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
 from bootstrap_scripts.jobs.engine import managed, single_instance
@@ -115,7 +116,7 @@ class Controller:
                 pass
         self.me = f"{self.instance_id or socket.gethostname()}/{os.getpid()}"
         #: job records EFS had no space for (ENOSPC): written once it has again
-        self.pending_records: dict[str, tuple[ManagedPaths, ManagedJob]] = {}
+        self.pending_records = UnwrittenRecords(efs, self.me)
 
     # -- heartbeat -------------------------------------------------------------------------
     def beat(self, state: str = "running", *, force: bool = False) -> None:
@@ -160,7 +161,7 @@ class Controller:
             if exc.errno != errno.ENOSPC:
                 self.fail(sup, exc)
             else:
-                self.efs_full(sup.paths, sup.job, exc)
+                self.pending_records.fail(sup.paths, sup.job, exc)
         except (attempts.AttemptError, ValueError) as exc:
             self.fail(sup, exc)
         finally:
@@ -172,37 +173,7 @@ class Controller:
             try:
                 sup.finish(JobState.FAILED, f"the job controller could not run it: {exc}")
             except OSError as again:
-                self.efs_full(sup.paths, sup.job, again)
-
-    # -- EFS full --------------------------------------------------------------------------
-    def efs_full(self, paths: ManagedPaths, job: ManagedJob, exc: OSError) -> None:
-        """The job cannot go on (its record cannot be written): stop its attempt if one
-        runs, fail it with "EFS full" and keep that record to write when space returns."""
-        LOG.error("job %s: EFS full (%s): failing the job", job.job_id, exc)
-        if job.attempt and not JobState(job.state).terminal:
-            attempt = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
-            try:
-                store.atomic_write(attempt.cancel, "EFS full: the job controller stopped it\n")
-            except OSError as again:
-                LOG.error("cannot cancel %s either: %s", attempt.dir, again)
-        if not JobState(job.state).terminal:
-            job = dataclasses.replace(
-                job, state=JobState.FAILED.value, controller=self.me, finished_at=time.time(),
-                message=f"EFS full: the job controller could not write "
-                f"{exc.filename or 'its records'} ({exc.strerror or exc})")
-        self.pending_records[job.job_id] = (paths, job)
-        self.flush_pending()
-
-    def flush_pending(self) -> None:
-        """Write the records EFS had no space for; keep those it still has none for."""
-        for job_id, (paths, job) in list(self.pending_records.items()):
-            try:
-                managed.save_job(paths, job)
-            except OSError as exc:
-                LOG.debug("job %s: record still not written: %s", job_id, exc)
-                continue
-            LOG.info("job %s: its record is written (%s)", job_id, job.message)
-            del self.pending_records[job_id]
+                self.pending_records.fail(sup.paths, sup.job, again)
 
     def recover(self) -> None:
         """Continue the jobs a previous controller left running or restarting."""
@@ -216,7 +187,7 @@ class Controller:
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
-                self.efs_full(paths, job, exc)
+                self.pending_records.fail(paths, job, exc)
             if self.stopping:
                 return
 
@@ -296,7 +267,7 @@ class Controller:
             try:
                 managed.save_job(paths, job)
             except OSError as exc:
-                self.efs_full(paths, job, exc)
+                self.pending_records.fail(paths, job, exc)
         for paths, request in managed.queue(self.efs):
             if request.job_id in self.pending_records:
                 continue
@@ -317,7 +288,7 @@ class Controller:
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
-                self.efs_full(paths, sup.job, exc)
+                self.pending_records.fail(paths, sup.job, exc)
                 continue
             return sup
         return None
@@ -360,7 +331,7 @@ class Controller:
         moment) is logged and the loop goes on: the controller outlives it."""
         try:
             self.beat()
-            self.flush_pending()
+            self.pending_records.flush()
             if time.monotonic() - self.archived_at > ARCHIVE_EVERY or not self.archived_at:
                 self.archived_at = time.monotonic()
                 retention.archive_finished(self.efs, days=self.retention_days)

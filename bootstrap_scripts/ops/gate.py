@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bootstrap_scripts
-from bootstrap_scripts.jobs.engine.reachability import executor_state, read_heartbeat
+from bootstrap_scripts.jobs.engine.reachability import unreachable
 from bootstrap_scripts.ops import gate_report as gr
 from bootstrap_scripts.ops import instance_types as it
 from bootstrap_scripts.ops.node_checks import MARKER
@@ -266,13 +266,10 @@ def run_gate(root: Path, mount_point: Path, membership: Membership, *,
     targets = [n for n in membership.nodes if n.address in wanted]
     rows = {n.address: gr.NodeReport(n, instance_type=n.instance_type) for n in targets}
     report = GateReport(list(rows.values()), settings=s)
-    live = []
-    for n in targets:
-        why = executor_state(read_heartbeat(efs, n.address), s.executor_stale)
-        if why:
-            rows[n.address].cells["executor"] = gr.Cell(gr.FAIL, why, "not sent the checks")
-        else:
-            live.append(n)
+    down = unreachable(efs, [n.address for n in targets], s.executor_stale)
+    for address, (why, _hb) in down.items():
+        rows[address].cells["executor"] = gr.Cell(gr.FAIL, why, "not sent the checks")
+    live = [n for n in targets if n.address not in down]
     if live:
         say(f"node checks on {len(live)} node(s)")
         run_node_checks(root, efs, membership, live, rows, s, deadline, report, say)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine.classify import Failure, classify
-from bootstrap_scripts.jobs.engine.reachability import executor_state, read_heartbeat
+from bootstrap_scripts.jobs.engine.reachability import unreachable
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
@@ -175,8 +175,9 @@ def wait_stopped(paths: JobPaths, efs: Path, *, timeout: float, heartbeat_timeou
         started = {rec.rank: rec for _s, rec in store.scan_records(
             paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
         done = exits(paths)
-        running = [r for r in started.values() if r.rank not in done and not executor_state(
-            read_heartbeat(efs, r.address), heartbeat_timeout)]
+        gone = unreachable(efs, [r.address for r in started.values()], heartbeat_timeout)
+        running = [r for r in started.values() if r.rank not in done
+                   and r.address not in gone]
         if not running or time.monotonic() > deadline:
             return not running
         if callable(tick):

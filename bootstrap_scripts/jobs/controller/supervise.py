@@ -28,7 +28,7 @@ from bootstrap_scripts.jobs.controller import attempts
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass
-from bootstrap_scripts.jobs.engine.reachability import executor_state, read_heartbeat
+from bootstrap_scripts.jobs.engine.reachability import unreachable
 from bootstrap_scripts.jobs.engine.restart_policy import (
     Action,
     JobState,
@@ -92,8 +92,9 @@ class JobSupervisor:
         except (OSError, ValueError) as exc:
             LOG.debug("no membership yet: %s", exc)
             return None, []
+        gone = unreachable(self.efs, [n.address for n in m.nodes], EXECUTOR_TIMEOUT)
         ready = [n for n in m.nodes if n.instance_id not in self.job.excluded
-                 and not executor_state(read_heartbeat(self.efs, n.address), EXECUTOR_TIMEOUT)]
+                 and n.address not in gone]
         if m.master not in ready:  # the master runs the rendezvous store / mpirun
             return m, []
         return m, ready

@@ -37,12 +37,13 @@ from pathlib import Path
 
 import bootstrap_scripts
 from bootstrap_scripts.jobs.engine.reachability import unreachable
+from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.ops import gate_report as gr
 from bootstrap_scripts.ops import instance_types as it
 from bootstrap_scripts.ops.node_checks import MARKER
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import FORWARDED_ENV, RunRequest, new_job_id
-from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
+from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import InstanceTypeFacts, ShareExit
 
@@ -84,16 +85,7 @@ def parse_log(text: str) -> tuple[dict[str, dict], str]:
 def sub_membership(m: Membership, nodes: list[Node], efs: Path) -> Membership:
     """The membership a gate job runs on: ``nodes`` only, in membership order (so the
     master first if among them), ranks renumbered; GPU counts as the agents registered."""
-    first = min(nodes, key=lambda n: n.rank)
-
-    def entry(n: Node) -> dict:
-        return {"instance_id": n.instance_id, "address": n.address, "gpus": n.gpus,
-                "instance_type": n.instance_type, "base": n.base}
-
-    return build_membership(cluster_id=m.cluster_id, generation=m.generation,
-                            master=entry(first), workers=[entry(n) for n in nodes
-                                                          if n is not first],
-                            efs_mount=str(efs), reason="health gate")
+    return nodes_membership(m, nodes, reason="health gate", efs_mount=str(efs))
 
 
 class GateJob:

@@ -38,9 +38,10 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
     choose_world,
     decide,
 )
+from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
-from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
+from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
 
 LOG = logging.getLogger("dl-controller")
@@ -172,12 +173,7 @@ class JobSupervisor:
         ``attempts/<n>.membership.json``. Always a copy, never the live file: the live one
         may change between the choice and the runner reading it (a replacement joining
         while the gate runs), and the attempt must not run on a node nobody gated."""
-        fields = [{"instance_id": x.instance_id, "address": x.address, "gpus": x.gpus,
-                   "instance_type": x.instance_type, "base": x.base} for x in nodes]
-        sub = build_membership(cluster_id=m.cluster_id, generation=m.generation,
-                               master=fields[0], workers=fields[1:], efs_mount=m.efs_mount,
-                               created_at=m.created_at,
-                               reason=f"job {self.job.job_id} attempt {n}: "
+        sub = nodes_membership(m, nodes, reason=f"job {self.job.job_id} attempt {n}: "
                                f"{len(nodes)} of {len(m.nodes)} node(s)")
         path = self.paths.attempt_membership(n)
         store.atomic_write(path, sub.to_json())

@@ -28,9 +28,27 @@ from bootstrap_scripts.jobs.engine.summary import summarize
 from bootstrap_scripts.jobs.engine.watch import Watch, install_signal_handlers, watch
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
-from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import RunnerHeartbeat
+
+
+def nodes_membership(m: Membership, nodes: list[Node], *, reason: str,
+                     efs_mount: str = "") -> Membership:
+    """The membership a run on ``nodes`` (some of ``m``'s) uses: those nodes only, the
+    lowest rank first (the master when it is among them: it runs the rendezvous store and
+    mpirun), ranks renumbered, the generation, GPU counts and types as ``m`` has them."""
+    first = min(nodes, key=lambda n: n.rank)
+
+    def entry(n: Node) -> dict:
+        return {"instance_id": n.instance_id, "address": n.address, "gpus": n.gpus,
+                "instance_type": n.instance_type, "base": n.base}
+
+    return build_membership(cluster_id=m.cluster_id, generation=m.generation,
+                            master=entry(first),
+                            workers=[entry(n) for n in nodes if n is not first],
+                            efs_mount=efs_mount or m.efs_mount, created_at=m.created_at,
+                            reason=reason)
 
 
 def default_python() -> str:

@@ -40,6 +40,8 @@ from bootstrap_scripts.protocol.jobs import FORWARDED_ENV, RunRequest, new_job_i
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import MEMBERSHIP_FILE, NodePaths, validate_job_id
 
+#: A run request's defaults are dl-run's: the request is the one definition of a job's options.
+DEFAULTS = RunRequest(job_id="job", command=("true",))
 #: Options of managed jobs only (the controller's business, not an attempt's).
 MANAGED_ONLY = ("--detach", "--json", "--max-restarts", "--min-nodes", "--max-code-restarts",
                 "--replace-timeout")
@@ -94,7 +96,7 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     m.add("--replace-timeout", type=float, default=None,
           help=f"seconds a restart waits for a replaced node (default: "
           f"{DEFAULT_REPLACE_TIMEOUT:.0f})")
-    p.add("--launcher", default="torchrun", choices=ln.LAUNCHERS,
+    p.add("--launcher", default=DEFAULTS.launcher, choices=ln.LAUNCHERS,
           help="how ranks are started (default: torchrun)")
     p.add("--dry-run", action="store_true", help="print per-node commands, run nothing")
     p.add("--request", default="", metavar="FILE",
@@ -120,7 +122,8 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
           help="processes per node (default: its GPU count, 1 on CPU nodes)")
     g.add("--torchrun-max-restarts", type=int, default=0,
           help="torchrun's own in-place restarts of the workers (default: 0)")
-    g.add("--rdzv-port", type=int, default=29400, help="rendezvous port (default: 29400)")
+    g.add("--rdzv-port", type=int, default=DEFAULTS.rdzv_port,
+          help="rendezvous port (default: %(default)s)")
     g.add("--elastic", action="store_true",
           help="elastic job: nodes that join the cluster while it runs join the job, "
           "draining nodes leave it, the others re-rendezvous and continue "
@@ -132,32 +135,32 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     g = p.group("mpi / horovod")
     g.add("--mpi-if-include", default="", help="only these interfaces for MPI traffic "
           "(replaces --mpi-if-exclude; the loopback emulator uses 'lo')")
-    g.add("--mpi-if-exclude", default=ln.DEFAULT_MPI_IF_EXCLUDE,
-          help=f"interfaces MPI must not use (default: {ln.DEFAULT_MPI_IF_EXCLUDE})")
-    g.add("--nccl-socket-ifname", default=ln.DEFAULT_NCCL_SOCKET_IFNAME,
-          help=f"NCCL_SOCKET_IFNAME (default: {ln.DEFAULT_NCCL_SOCKET_IFNAME})")
+    g.add("--mpi-if-exclude", default=DEFAULTS.mpi_if_exclude,
+          help="interfaces MPI must not use (default: %(default)s)")
+    g.add("--nccl-socket-ifname", default=DEFAULTS.nccl_socket_ifname,
+          help="NCCL_SOCKET_IFNAME (default: %(default)s)")
     g.add("--mpi-rsh-agent", default="", help="ssh command for mpirun, e.g. 'ssh -F cfg'")
     g.add("--mpi-arg", action="append", default=[], help="extra mpirun argument")
-    g.add("--mpirun", default="mpirun")
-    g.add("--horovodrun", default="horovodrun")
+    g.add("--mpirun", default=DEFAULTS.mpirun)
+    g.add("--horovodrun", default=DEFAULTS.horovodrun)
     g = p.group("tensorflow / mxnet")
-    g.add("--tf-mode", default="worker", choices=("worker", "ps"))
-    g.add("--tf-port", type=int, default=2222)
-    g.add("--mxnet-launch", default="launch.py", help="path of MXNet's tools/launch.py")
+    g.add("--tf-mode", default=DEFAULTS.tf_mode, choices=("worker", "ps"))
+    g.add("--tf-port", type=int, default=DEFAULTS.tf_port)
+    g.add("--mxnet-launch", default=DEFAULTS.mxnet_launch, help="path of MXNet's tools/launch.py")
     g = p.group("supervision")
-    g.add("--grace", type=float, default=5.0,
-          help="seconds between SIGTERM and SIGKILL when stopping (default: 5)")
-    g.add("--fail-grace", type=float, default=10.0,
+    g.add("--grace", type=float, default=DEFAULTS.grace,
+          help="seconds between SIGTERM and SIGKILL when stopping (default: %(default)g)")
+    g.add("--fail-grace", type=float, default=DEFAULTS.fail_grace,
           help="after one node fails, seconds the others get to exit by themselves "
-          "before they are stopped (default: 10)")
-    g.add("--heartbeat-timeout", type=float, default=10.0,
-          help="an executor heartbeat older than this is a lost node (default: 10)")
-    g.add("--reach-timeout", type=float, default=3.0,
-          help="how long to wait for a missing executor before failing (default: 3)")
-    g.add("--start-timeout", type=float, default=30.0,
-          help="seconds for every node to acknowledge its share (default: 30)")
-    g.add("--orphan-timeout", type=float, default=30.0,
-          help="executors stop a share whose runner is silent this long (default: 30)")
+          "before they are stopped (default: %(default)g)")
+    g.add("--heartbeat-timeout", type=float, default=DEFAULTS.heartbeat_timeout,
+          help="an executor heartbeat older than this is a lost node (default: %(default)g)")
+    g.add("--reach-timeout", type=float, default=DEFAULTS.reach_timeout,
+          help="how long to wait for a missing executor before failing (default: %(default)g)")
+    g.add("--start-timeout", type=float, default=DEFAULTS.start_timeout,
+          help="seconds for every node to acknowledge its share (default: %(default)g)")
+    g.add("--orphan-timeout", type=float, default=DEFAULTS.orphan_timeout,
+          help="executors stop a share whose runner is silent this long (default: %(default)g)")
     g.add("--no-prefix", action="store_true", help="print rank output without prefix")
     return parser, frozenset(p.value_options)
 

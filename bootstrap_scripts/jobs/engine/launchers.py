@@ -19,12 +19,6 @@ from dataclasses import replace
 
 from bootstrap_scripts.jobs.engine import tf_launcher
 from bootstrap_scripts.jobs.engine.plan_types import (
-    DEFAULT_MPI_IF_EXCLUDE as DEFAULT_MPI_IF_EXCLUDE,  # re-exported: dl-run's defaults
-)
-from bootstrap_scripts.jobs.engine.plan_types import (
-    DEFAULT_NCCL_SOCKET_IFNAME as DEFAULT_NCCL_SOCKET_IFNAME,
-)
-from bootstrap_scripts.jobs.engine.plan_types import (
     LaunchError,
     LaunchOptions,
     LaunchPlan,

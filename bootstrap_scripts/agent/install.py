@@ -37,8 +37,8 @@ BIN_DIR = "usr/local/bin"
 AGENT_UNIT = "dl-agent.service"
 EXECUTOR_UNIT = "dl-executor.service"
 CONTROLLER_UNIT = "dl-controller.service"
-WRAPPERS = {"dl-run": "bootstrap_scripts.jobs.runner",
-            "dl-jobs": "bootstrap_scripts.jobs.jobs_cli",
+WRAPPERS = {"dl-run": "bootstrap_scripts.jobs.cli.dl_run",
+            "dl-jobs": "bootstrap_scripts.jobs.cli.dl_jobs",
             "dl-health": "bootstrap_scripts.ops.health",
             "dl-agent": "bootstrap_scripts.agent.node_agent",
             "dl-scale": "bootstrap_scripts.ops.scale"}

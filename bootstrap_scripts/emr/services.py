@@ -1,7 +1,7 @@
 """What the EMR bootstrap action installs on a node: ``dl-run`` and two systemd units.
 
 - ``usr/local/bin/dl-run``: waits until the membership watcher has written this node's
-  membership, then runs the ordinary runner (``bootstrap_scripts.jobs.runner``), so a step
+  membership, then runs the ordinary runner (``bootstrap_scripts.jobs.cli.dl_run``), so a step
   submitted as soon as the cluster is up does not race the watcher;
 - ``dl-emr-metadata.service``: the membership watcher (``bootstrap_scripts.emr.metadata
   watch``), restarted whenever it exits;
@@ -36,7 +36,7 @@ def dl_run_wrapper(python: str, lib_dir: str, root: str, efs_mount: str) -> str:
 PYTHONPATH='{lib_dir}'${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONPATH
 '{python}' -m {METADATA_MODULE} wait --root '{root}' || exit $?
-exec '{python}' -m bootstrap_scripts.jobs.runner --unmanaged --root '{root}' \\
+exec '{python}' -m bootstrap_scripts.jobs.cli.dl_run --unmanaged --root '{root}' \\
   --mount-point '{efs_mount}' "$@"
 """
 

@@ -31,18 +31,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import bootstrap_scripts
-from bootstrap_scripts.jobs.preflight import executor_state, read_heartbeat
+from bootstrap_scripts.jobs.engine.reachability import unreachable
+from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.ops import gate_report as gr
 from bootstrap_scripts.ops import instance_types as it
 from bootstrap_scripts.ops.node_checks import MARKER
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import new_job_id
-from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
+from bootstrap_scripts.protocol.jobs import FORWARDED_ENV, RunRequest, new_job_id
+from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import InstanceTypeFacts, ShareExit
 
@@ -84,16 +85,7 @@ def parse_log(text: str) -> tuple[dict[str, dict], str]:
 def sub_membership(m: Membership, nodes: list[Node], efs: Path) -> Membership:
     """The membership a gate job runs on: ``nodes`` only, in membership order (so the
     master first if among them), ranks renumbered; GPU counts as the agents registered."""
-    first = min(nodes, key=lambda n: n.rank)
-
-    def entry(n: Node) -> dict:
-        return {"instance_id": n.instance_id, "address": n.address, "gpus": n.gpus,
-                "instance_type": n.instance_type, "base": n.base}
-
-    return build_membership(cluster_id=m.cluster_id, generation=m.generation,
-                            master=entry(first), workers=[entry(n) for n in nodes
-                                                          if n is not first],
-                            efs_mount=str(efs), reason="health gate")
+    return nodes_membership(m, nodes, reason="health gate", efs_mount=str(efs))
 
 
 class GateJob:
@@ -113,28 +105,40 @@ class GateJob:
         self.tmp = tempfile.TemporaryDirectory(prefix="dl-health-")
         self.output = Path(self.tmp.name) / "runner.log"
 
-    def start(self, launcher: str, command: list[str], extra: Iterable[str] = ()) -> None:
-        membership = Path(self.tmp.name) / "membership.json"
-        membership.write_text(self.sub.to_json())
-        w = f"{self.window:g}"
-        argv = [sys.executable, "-m", "bootstrap_scripts.jobs.runner", "--unmanaged",
-                "--launcher", launcher, "--job-id", self.job_id, "--root", str(self.root),
-                "--membership", str(membership), "--mount-point", str(self.efs), "--cwd", "/",
-                # the gate decides who is late; the runner must not cancel the job before
-                "--heartbeat-timeout", w, "--start-timeout", w, "--fail-grace", w,
-                "--reach-timeout", "1", "--grace", "3", "--no-prefix", *extra]
-        if self.settings.python:
-            argv += ["--python", self.settings.python]
-        # Without PATH, dl-run forwards none: each node's checks find the node's own tools
-        # (nvidia-smi, dcgmi, fi_info) on its executor's PATH, not this process's.
-        env = {k: v for k, v in os.environ.items() if k != "PATH"}
+    def request(self, launcher: str, command: list[str], rdzv_port: int) -> RunRequest:
+        """The gate job's run request. The gate decides who is late: the runner must not
+        cancel the job before it (its timeouts are the gate's window). Without PATH the
+        ranks get none from here: each node's checks find the node's own tools
+        (nvidia-smi, dcgmi, fi_info) on its executor's PATH, not this process's."""
+        w = self.window
         package_parent = str(Path(bootstrap_scripts.__file__).resolve().parent.parent)
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ and k != "PATH"}
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        return RunRequest(job_id=self.job_id, command=tuple(command), launcher=launcher,
+                          env=env, cwd="/", python=self.settings.python, rdzv_port=rdzv_port,
+                          heartbeat_timeout=w, start_timeout=w, fail_grace=w,
+                          reach_timeout=1.0, grace=3.0, prefix=False)
+
+    def start(self, launcher: str, command: list[str], rdzv_port: int = 29400) -> None:
+        """Run the gate job through the engine's front door (``dl-run --unmanaged
+        --request -``, its run request on standard input) in a child process."""
+        membership = Path(self.tmp.name) / "membership.json"
+        membership.write_text(self.sub.to_json())
+        request = self.request(launcher, command, rdzv_port)
+        argv = [sys.executable, "-m", "bootstrap_scripts.jobs.cli.dl_run", "--unmanaged",
+                "--request", "-", "--root", str(self.root), "--membership", str(membership),
+                "--mount-point", str(self.efs)]
+        env = {**os.environ, "PYTHONPATH": request.env["PYTHONPATH"]}
         with open(self.output, "wb") as out:
-            self.proc = subprocess.Popen([*argv, "--", *command], stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=subprocess.STDOUT, env=env,
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out,
+                                         stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True, cwd="/")
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.write(request.to_json().encode())
+            self.proc.stdin.close()
 
     def runner_error(self) -> str:
         text = self.output.read_text(errors="replace") if self.output.exists() else ""
@@ -254,13 +258,10 @@ def run_gate(root: Path, mount_point: Path, membership: Membership, *,
     targets = [n for n in membership.nodes if n.address in wanted]
     rows = {n.address: gr.NodeReport(n, instance_type=n.instance_type) for n in targets}
     report = GateReport(list(rows.values()), settings=s)
-    live = []
-    for n in targets:
-        why = executor_state(read_heartbeat(efs, n.address), s.executor_stale)
-        if why:
-            rows[n.address].cells["executor"] = gr.Cell(gr.FAIL, why, "not sent the checks")
-        else:
-            live.append(n)
+    down = unreachable(efs, [n.address for n in targets], s.executor_stale)
+    for address, (why, _hb) in down.items():
+        rows[address].cells["executor"] = gr.Cell(gr.FAIL, why, "not sent the checks")
+    live = [n for n in targets if n.address not in down]
     if live:
         say(f"node checks on {len(live)} node(s)")
         run_node_checks(root, efs, membership, live, rows, s, deadline, report, say)
@@ -362,7 +363,7 @@ def run_allreduce(root: Path, efs: Path, m: Membership, nodes: list[Node],
     report.jobs["allreduce"] = job.job_id
     complete = False
     try:
-        job.start("torchrun", command, ["--rdzv-port", str(s.rdzv_port)])
+        job.start("torchrun", command, s.rdzv_port)
         complete = follow(job, ("allreduce",), deadline)
         job.poll()
     finally:

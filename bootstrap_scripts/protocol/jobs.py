@@ -1,4 +1,4 @@
-"""The job spec: what ``dl-run`` asks every node's job executor to run.
+"""The job spec (what ``dl-run`` asks every node's job executor to run) and the run request.
 
 ``jobs/<job-id>/spec.json`` is written last and atomically: its appearance is the go. The
 other files of a job directory are listed in :class:`~bootstrap_scripts.protocol.paths.JobPaths`;
@@ -13,9 +13,11 @@ import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import validate_job_id
+from bootstrap_scripts.protocol.records import Record, record
 
 SPEC_SCHEMA = 1
 #: In an elastic job's ``join_template``, replaced by the joining node's address.
@@ -138,3 +140,71 @@ def join_share(template: Proc, rank: int, address: str) -> Share:
     argv = tuple(a.replace(ADDRESS_PLACEHOLDER, address) for a in template.argv)
     return Share(rank, address, (Proc(argv=argv, env=dict(template.env), label=template.label),))
 
+
+#: The reason a job executor writes in the exit of a share it found running when it
+#: restarted (and stopped): the product's own fault, classified ``infrastructure``.
+EXECUTOR_RESTARTED_REASON = "the job executor restarted"
+#: The interface flags the original Horovod cluster template passed to mpirun; right for real
+#: clusters, where ``lo`` and ``docker0`` must not carry traffic. The loopback emulator
+#: overrides them.
+DEFAULT_MPI_IF_EXCLUDE = "lo,docker0"
+DEFAULT_NCCL_SOCKET_IFNAME = "^docker0"
+#: Variables of the runner's environment that every share inherits (the nodes are
+#: identical machines, so the user's PATH / venv / conda env mean the same there).
+FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX",
+                 "CONDA_DEFAULT_ENV", "HOME", "USER", "LOGNAME")
+
+
+@record
+class RunRequest(Record):
+    """What to run on a set of nodes, and how: the one description of a job, whoever asks.
+
+    ``dl-run --unmanaged`` builds it from its options; a managed job's ``request.json``
+    carries it (``ManagedRequest.run``) and the job controller hands it, per attempt, to the
+    attempt's runner (``dl-run --unmanaged --request -``, on its standard input); the health
+    gate's checks and all-reduce are run requests too. Where it runs (the membership, EFS)
+    is not part of it."""
+
+    KIND: ClassVar[str] = "run request"
+    job_id: str
+    command: tuple[str, ...]
+    launcher: str = "torchrun"
+    #: every rank's environment (the variables dl-run forwards, then ``--env``)
+    env: dict[str, str] = field(default_factory=dict)
+    #: names mpirun must pass on to the ranks it starts (``-x``)
+    forward: tuple[str, ...] = ()
+    cwd: str = ""
+    python: str = ""  # "": the runner's interpreter if it has torch, else python3
+    # torchrun
+    nnodes: str = ""
+    nproc_per_node: int = 0
+    torchrun_max_restarts: int = 0
+    rdzv_port: int = 29400
+    elastic: bool = False
+    rdzv_last_call: float = 0.0
+    # mpi / horovod
+    mpi_if_include: str = ""
+    mpi_if_exclude: str = DEFAULT_MPI_IF_EXCLUDE
+    nccl_socket_ifname: str = DEFAULT_NCCL_SOCKET_IFNAME
+    mpi_rsh_agent: str = ""
+    mpi_args: tuple[str, ...] = ()
+    mpirun: str = "mpirun"
+    horovodrun: str = "horovodrun"
+    # tensorflow / mxnet
+    tf_mode: str = "worker"
+    tf_port: int = 2222
+    mxnet_launch: str = "launch.py"
+    # supervision
+    grace: float = 5.0
+    fail_grace: float = 10.0
+    heartbeat_timeout: float = 10.0
+    reach_timeout: float = 3.0
+    start_timeout: float = 30.0
+    orphan_timeout: float = 30.0
+    prefix: bool = True
+
+    def __post_init__(self) -> None:
+        _job_id(self.job_id)
+        if not self.command:
+            raise JobSpecError("no command given: put the training command after the options",
+                               field="command")

@@ -8,9 +8,9 @@ live on disk: :class:`~bootstrap_scripts.protocol.paths.ManagedPaths`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
+from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.records import Record, record
 
 # -- managed jobs (under managed/<job-id>/, and the controller's heartbeat) ------------------------
@@ -23,11 +23,9 @@ class ManagedRequest(Record):
 
     KIND: ClassVar[str] = "managed job request"
     job_id: str
-    options: tuple[str, ...]  # dl-run options for every attempt (the runner's own)
-    command: tuple[str, ...]
+    #: what every attempt runs (its ``job_id`` is the job's; attempt n runs as ``<id>.<n>``)
+    run: RunRequest
     submitted_at: float
-    env: dict[str, str] = dataclasses.field(default_factory=dict)  # the submitter's
-    cwd: str = ""
     user: str = ""
     world_size: int = 0  # nodes in the membership at submission
     max_restarts: int = 3

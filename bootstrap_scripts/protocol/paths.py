@@ -38,6 +38,8 @@ On EFS (relative to the mount point)::
     managed/<job-id>/                 one managed job (see ManagedPaths); its attempts are
                                       ordinary jobs ``jobs/<job-id>.<attempt>/``
     checkpoints/<name>/               training checkpoints (the example job's default)
+    archive/managed/<job-id>/         finished managed jobs past their retention (controller)
+    archive/jobs/<job-id>/            finished jobs past their retention (controller)
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ JOBS_DIR = "jobs"
 CHECKPOINTS_DIR = "checkpoints"
 #: Managed jobs (``dl-run`` without ``--unmanaged``): the request, the controller's record.
 MANAGED_DIR = "managed"
+ARCHIVE_DIR = "archive"
 #: Directories every cluster user creates entries in (mode 1777, like /tmp).
 SHARED_USER_DIRS = (JOBS_DIR, CHECKPOINTS_DIR, MANAGED_DIR)
 
@@ -105,6 +108,7 @@ LAYOUT = (
     f"{MANAGED_DIR}/<job-id>/job.json", f"{MANAGED_DIR}/<job-id>/cancel",
     f"{MANAGED_DIR}/<job-id>/attempts/<n>.log",
     f"{MANAGED_DIR}/<job-id>/attempts/<n>.membership.json",
+    f"{ARCHIVE_DIR}/{MANAGED_DIR}/<job-id>/", f"{ARCHIVE_DIR}/{JOBS_DIR}/<job-id>/",
 )
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -397,6 +401,11 @@ class ClusterPaths:
     @property
     def checkpoints_dir(self) -> Path:
         return self.efs / CHECKPOINTS_DIR
+
+    @property
+    def archive_dir(self) -> Path:
+        """Finished jobs past their retention: ``archive/managed/`` and ``archive/jobs/``."""
+        return self.efs / ARCHIVE_DIR
 
     def job(self, job_id: str) -> JobPaths:
         return JobPaths(self.jobs_dir / validate_job_id(job_id))

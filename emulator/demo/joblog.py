@@ -28,7 +28,7 @@ FINAL_RE = re.compile(r"^\[(\d+) (\S+)\] final acc=([\d.]+) world_size=(\d+)")
 JOB_RE = re.compile(r"\[dl-run\] job (\S+)$")
 #: ``dl-run`` of a managed job: the id the job controller knows it by (``dl-jobs``).
 SUBMITTED_RE = re.compile(r"\[dl-run\] job (\S+) submitted")
-#: The follower's line between two attempts of a managed job (``jobs/follow.py``).
+#: The follower's line between two attempts of a managed job (``jobs/cli/follow.py``).
 RESTART_RE = re.compile(r"^(?:\[dl-run\] )?---- restart (\d+) of job (\S+) after attempt "
                         r"(\d+): (\S+)")
 START_RE = re.compile(r"^\[(\d+) (\S+)\] start world_size=(\d+) restart=(\d+) step=(\d+)")

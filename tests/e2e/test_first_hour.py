@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from bootstrap_scripts.jobs.summary import last_error_line
+from bootstrap_scripts.jobs.engine.summary import last_error_line
 from bootstrap_scripts.procgroup import alive, pids_in_groups
 from bootstrap_scripts.protocol.paths import JobPaths
 from emulator.demo import report as demo_report

@@ -240,7 +240,7 @@ def test_install_writes_dl_run_wrapper_and_units(tmp_path: Path) -> None:
     assert "-m bootstrap_scripts.emr.metadata wait --root '/' || exit $?" in text
     # EMR runs no job controller: the runner runs the job itself (--unmanaged)
     assert text.rstrip().endswith(
-        "-m bootstrap_scripts.jobs.runner --unmanaged --root '/' \\\n"
+        "-m bootstrap_scripts.jobs.cli.dl_run --unmanaged --root '/' \\\n"
         "  --mount-point '/efs' \"$@\"")
     unit = (tmp_path / "etc/systemd/system" / services.WATCH_UNIT).read_text()
     assert ('ExecStart="/opt/pytorch/bin/python" "-m" "bootstrap_scripts.emr.metadata" '

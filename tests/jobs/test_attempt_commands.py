@@ -7,10 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.jobs import launchers as ln
-from bootstrap_scripts.jobs.attempts import restart_env, runner_argv
-from bootstrap_scripts.jobs.runner import build_parser, job_env, launch_options, split_command
-from bootstrap_scripts.jobs.submit import attempt_options
+from bootstrap_scripts.jobs.cli.dl_run import build_parser, split_command
+from bootstrap_scripts.jobs.cli.request_args import request_from_args
+from bootstrap_scripts.jobs.controller.attempts import (
+    attempt_request,
+    restart_env,
+    runner_argv,
+)
+from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine import run as engine
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
@@ -23,8 +28,10 @@ MEMBERSHIP = build_membership(
 
 
 def request(*options: str) -> ManagedRequest:
-    return ManagedRequest(job_id="train-1", options=options, command=("python", "train.py"),
-                          submitted_at=1.0, cwd="/efs/code")
+    """The managed request ``dl-run [options] -- python train.py`` submits."""
+    opts, command = split_command([*options, "--cwd", "/efs/code", "--", "python", "train.py"])
+    run = request_from_args(build_parser().parse_args(opts), command, "train-1")
+    return ManagedRequest(job_id="train-1", run=run, submitted_at=1.0)
 
 
 def test_first_attempt_env_has_the_checkpoint_dir_but_no_resume():
@@ -37,32 +44,33 @@ def test_a_restart_resumes_from_the_same_checkpoint_dir():
                                               "DL_RESTART_COUNT": "2", "DL_RESUME": "1"}
 
 
-def test_runner_argv_is_an_unmanaged_run_of_the_attempt():
-    argv = runner_argv(request("--launcher", "each", "--env", "DL_RESUME=0"),
-                       attempt_id="train-1.3", root="/", efs=EFS,
-                       membership=Path("/efs/managed/train-1/attempts/3.membership.json"),
-                       restart_count=2)
-    assert argv[1:4] == ["-m", "bootstrap_scripts.jobs.runner", "--unmanaged"]
-    assert argv[argv.index("--job-id") + 1] == "train-1.3"
+def test_runner_argv_is_an_unmanaged_run_reading_its_request():
+    argv = runner_argv(root="/", efs=EFS,
+                       membership=Path("/efs/managed/train-1/attempts/3.membership.json"))
+    assert argv[1:6] == ["-m", "bootstrap_scripts.jobs.cli.dl_run", "--unmanaged",
+                         "--request", "-"]
     assert argv[argv.index("--membership") + 1].endswith("attempts/3.membership.json")
-    assert argv[argv.index("--cwd") + 1] == "/efs/code"
-    assert argv[-3:] == ["--", "python", "train.py"]
-    # the controller's variables come after the user's --env: they win
-    envs = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
-    assert envs == ["DL_RESUME=0", "DL_CHECKPOINT_DIR=/efs/checkpoints/train-1",
-                    "DL_RESTART_COUNT=2", "DL_RESUME=1"]
+
+
+def test_the_attempt_request_is_the_jobs_under_the_attempts_id():
+    req = request("--launcher", "each", "--env", "DL_RESUME=0", "--env", "A=1")
+    run = attempt_request(req, attempt_id="train-1.3", efs=EFS, restart_count=2)
+    assert (run.job_id, run.command, run.cwd) == ("train-1.3", ("python", "train.py"),
+                                                  "/efs/code")
+    # the controller's variables win over the user's --env; every one is forwarded
+    assert run.env["DL_RESUME"] == "1" and run.env["A"] == "1"
+    assert run.env["DL_CHECKPOINT_DIR"] == "/efs/checkpoints/train-1"
+    assert {"A", "DL_CHECKPOINT_DIR", "DL_RESTART_COUNT", "DL_RESUME"} <= set(run.forward)
+    # what the attempt's runner reads on its standard input is the same request
+    assert type(run).from_json(run.to_json()) == run
 
 
 def plan_attempt(launcher: str, restart_count: int) -> tuple[ln.LaunchPlan, dict[str, str]]:
-    """Parse the attempt's command line with dl-run's own parser and plan it."""
-    argv = runner_argv(request("--launcher", launcher, "--mxnet-launch", "/opt/launch.py"),
-                       attempt_id=f"train-1.{restart_count + 1}", root="/", efs=EFS,
-                       membership=None, restart_count=restart_count)
-    opts, command = split_command(argv[3:])
-    args = build_parser().parse_args(opts)
-    paths = ClusterPaths(EFS).job(args.job_id)
-    return (ln.plan(launcher, MEMBERSHIP, command, launch_options(args, args.job_id, paths)),
-            job_env(args))
+    """The attempt's request, planned by the engine's front door."""
+    req = request("--launcher", launcher, "--mxnet-launch", "/opt/launch.py")
+    run = attempt_request(req, attempt_id=f"train-1.{restart_count + 1}", efs=EFS,
+                          restart_count=restart_count)
+    return engine.build_plan(run, MEMBERSHIP, ClusterPaths(EFS).job(run.job_id)), run.env
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mpi", "horovod", "tf", "mxnet", "each"])
@@ -104,10 +112,13 @@ def test_every_launcher_gives_the_command_the_restart_variables(launcher, restar
     assert norm(argvs) == norm([list(p.argv) for s in first.shares for p in s.procs])
 
 
-def test_the_controllers_options_are_not_passed_on_to_attempts():
+def test_the_controllers_options_are_not_part_of_the_run():
     opts = ["--launcher", "each", "--max-restarts", "2", "--min-nodes=1", "--detach", "--json",
             "--root", "/r", "--mount-point=/m", "--job-id", "x", "--name", "n", "--cwd", "/c",
             "--replace-timeout", "5", "--max-code-restarts", "1", "--env", "A=1",
             "--torchrun-max-restarts", "4"]
-    assert attempt_options(opts) == ["--launcher", "each", "--env", "A=1",
-                                     "--torchrun-max-restarts", "4"]
+    run = request_from_args(build_parser().parse_args(opts), ["true"], "x")
+    assert (run.launcher, run.env["A"], run.torchrun_max_restarts, run.cwd) == (
+        "each", "1", 4, "/c")
+    assert not {f for f in type(run).__dataclass_fields__ if "restarts" in f} - {
+        "torchrun_max_restarts"}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bootstrap_scripts.jobs import managed
-from bootstrap_scripts.jobs.supervise import JobSupervisor
+from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
 from bootstrap_scripts.protocol.membership import build_membership
 
@@ -25,7 +26,8 @@ class FakeHealth:
 
 
 def supervisor(tmp_path: Path, gate) -> tuple[JobSupervisor, FakeHealth]:
-    req = ManagedRequest(job_id="j", options=(), command=("true",), submitted_at=1.0)
+    req = ManagedRequest(job_id="j", run=RunRequest(job_id="j", command=("true",)),
+                         submitted_at=1.0)
     (tmp_path / "managed").mkdir()
     paths = managed.submit(tmp_path, req)
     health = FakeHealth()

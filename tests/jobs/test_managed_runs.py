@@ -157,13 +157,37 @@ def test_a_code_failure_is_not_retried_unless_asked(cluster):
     assert restart.seconds_to_resume is not None and restart.seconds_to_resume >= 0
 
 
-def test_a_killed_controller_is_replaced_and_the_job_restarts_as_master_lost(cluster):
+def test_a_killed_controller_re_attaches_to_the_running_attempt(cluster):
+    c = cluster
+    job_id = detach(c, "--launcher", "each", "--", "python", JOB, "--sleep-first", "6")
+    wait_for("attempt 1's shares", lambda: all(store.exists(ClusterPaths(c.efs).job(
+        f"{job_id}.1").started(r)) for r in (0, 1)), 60)
+    old = c.controller
+    old.send_signal(signal.SIGKILL)
+    old.wait(timeout=10)
+    c.start_controller()
+    wait_for(f"the job to finish: {c.controller_log()}",
+             lambda: state_of(c, job_id) in ("succeeded", "failed"), 120)
+    rec = job_record(c, job_id)
+    # no restart from the checkpoint: the attempt that was running finished the job
+    assert (rec.state, rec.attempt, rec.restarts, rec.restart_log) == ("succeeded", 1, 0, ())
+    assert rec.controller.endswith(f"/{c.controller.pid}"), rec
+    first = ClusterPaths(c.efs).job(f"{job_id}.1")
+    assert store.read_text(first.cancel) is None
+    assert "re-attaching to attempt 1" in c.controller_log()
+
+
+def test_a_controller_killed_with_its_attempt_restarts_the_job_as_master_lost(cluster):
     c = cluster
     job_id = detach(c, "--launcher", "each", "--", "python", JOB, "--sleep-first", "120")
     wait_for("attempt 1's shares", lambda: all(store.exists(ClusterPaths(c.efs).job(
         f"{job_id}.1").started(r)) for r in (0, 1)), 60)
     old = c.controller
+    runners = c.attempt_runners()
+    assert runners
     old.send_signal(signal.SIGKILL)
+    for pid in runners:  # the master went away: its attempt runner with it
+        os.kill(pid, signal.SIGKILL)
     old.wait(timeout=10)
     c.start_controller()
     wait_for(f"the job to finish: {c.controller_log()}",

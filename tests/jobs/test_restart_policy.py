@@ -6,18 +6,21 @@ import signal
 
 import pytest
 
-from bootstrap_scripts.jobs.restart_policy import (
+from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass, FailureKind, classify
+from bootstrap_scripts.jobs.engine.restart_policy import (
     Action,
-    Failure,
-    FailureKind,
     JobState,
     Policy,
     World,
     check_transition,
     choose_world,
-    classify,
     decide,
 )
+from bootstrap_scripts.jobs.executor.node import ThisNode
+from bootstrap_scripts.jobs.executor.shares import Shares
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import EXECUTOR_RESTARTED_REASON, JobSpec, Proc, Share
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import JobResult, NodeResult, ShareExit
 
 CODE = Failure(FailureKind.CODE, "node rank 1 exited with code 1")
@@ -26,6 +29,7 @@ KILLED = Failure(FailureKind.NODE_SIGNAL, "killed by SIGKILL", "10.0.1.5")
 UNHEALTHY = Failure(FailureKind.NODE_UNHEALTHY, "gpus: 4 (expected 8)", "10.0.1.5")
 MASTER = Failure(FailureKind.MASTER_LOST, "controller gone")
 CANCELLED = Failure(FailureKind.CANCELLED, "cancelled")
+INFRA = Failure(FailureKind.EXECUTOR_RESTARTED, "the job executor restarted", "10.0.1.5")
 
 
 @pytest.mark.parametrize(("failure", "restarts", "code_restarts", "policy", "cancel",
@@ -105,9 +109,11 @@ def result(status: str, *nodes: NodeResult) -> JobResult:
     return JobResult(job_id="j.1", status=status, launcher="torchrun", nodes=nodes)
 
 
-def share_exit(rank: int, rc: int, *, at: float, cancelled: bool = False) -> ShareExit:
+def share_exit(rank: int, rc: int, *, at: float, cancelled: bool = False,
+               reason: str = "") -> ShareExit:
     return ShareExit(rank=rank, address=f"10.0.1.{rank}", returncode=rc,
-                     signal=-rc if rc < 0 else 0, cancelled=cancelled, finished_at=at)
+                     signal=-rc if rc < 0 else 0, cancelled=cancelled, finished_at=at,
+                     reason=reason)
 
 
 def node(rank: int, rc: int | None, reason: str = "") -> NodeResult:
@@ -137,6 +143,13 @@ def node(rank: int, rc: int | None, reason: str = "") -> NodeResult:
      FailureKind.CODE, 1),
     (None, {}, 3, FailureKind.NODE_LOST, None),
     (None, {}, 2, FailureKind.CODE, None),
+    (None, {}, None, FailureKind.RUNNER_LOST, None),  # seen only through its heartbeat
+    # an executor that restarted stopped the share it found running: the product's fault,
+    # not the code's (its peers failed by consequence) nor the node's (SIGKILL by us)
+    (result("failed", node(0, 1), node(1, -9, EXECUTOR_RESTARTED_REASON + "; stopped")),
+     {0: share_exit(0, 1, at=4), 1: share_exit(1, -9, at=5, cancelled=True,
+                                                reason=EXECUTOR_RESTARTED_REASON + "; x")},
+     1, FailureKind.EXECUTOR_RESTARTED, 1),
 ])
 def test_classify(res, exits, runner_code, kind, rank):
     failure = classify(res, exits, runner_code=runner_code)
@@ -145,6 +158,38 @@ def test_classify(res, exits, runner_code, kind, rank):
     else:
         assert failure is not None and failure.kind is kind, failure
         assert failure.rank == rank
+
+
+def test_every_kind_has_one_of_the_five_classes():
+    assert {k.failure_class for k in FailureKind} == set(FailureClass)
+    assert {k for k in FailureKind if k.failure_class is FailureClass.INFRASTRUCTURE} == {
+        FailureKind.MASTER_LOST, FailureKind.EXECUTOR_RESTARTED, FailureKind.RUNNER_LOST}
+
+
+@pytest.mark.parametrize(("restarts", "action"), [(0, Action.RESTART), (2, Action.RESTART),
+                                                  (3, Action.FAIL)])
+def test_an_infrastructure_fault_is_retried_within_max_restarts_not_as_code(restarts, action):
+    decision = decide(INFRA, restarts=restarts, code_restarts=0, policy=Policy())
+    assert decision.action is action, decision
+    assert "infrastructure" in decision.reason
+
+
+def test_the_executor_writes_the_reason_the_classifier_knows(tmp_path):
+    """The executor's exit of a share it found running after a restart is what the
+    classifier calls ``executor-restarted`` (a contract between two programs)."""
+    node = ThisNode(NodePaths(tmp_path / "node"), ClusterPaths(tmp_path / "efs"), "10.0.1.1")
+    spec = JobSpec(job_id="j.1", launcher="each",
+                   shares=(Share(0, "10.0.1.1", (Proc(argv=("true",)),)),))
+    paths = ClusterPaths(tmp_path / "efs").job("j.1")
+    paths.nodes.mkdir(parents=True)
+    Shares(node).clean_up_orphan(spec, spec.shares[0], paths)
+    rec = store.read_record(paths.exit(0), ShareExit)
+    res = result("failed", node_result := NodeResult(rank=0, address="10.0.1.1",
+                                                     returncode=rec.returncode,
+                                                     reason=rec.reason))
+    assert node_result.reason.startswith(EXECUTOR_RESTARTED_REASON)
+    failure = classify(res, {0: rec})
+    assert failure is not None and failure.failure_class is FailureClass.INFRASTRUCTURE
 
 
 def test_node_faults_are_exactly_the_three_node_kinds():

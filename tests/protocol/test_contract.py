@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.protocol import managed_records, messages, records
+from bootstrap_scripts.protocol import jobs, managed_records, messages, records
 from bootstrap_scripts.protocol.paths import LAYOUT
 from lambda_src import master_messages
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
-RECORDS = [obj for module in (records, managed_records) for obj in vars(module).values()
+RECORDS = [obj for module in (records, managed_records, jobs) for obj in vars(module).values()
            if isinstance(obj, type) and issubclass(obj, records.Record)
            and obj is not records.Record and obj.__module__ == module.__name__]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.agent.install import BIN_DIR
-from bootstrap_scripts.jobs.executor import SHARED_DIR_MODE, SHARED_EFS_DIRS
+from bootstrap_scripts.jobs.executor.daemon import SHARED_DIR_MODE, SHARED_EFS_DIRS
 from bootstrap_scripts.procgroup import stop_popen_group
 from bootstrap_scripts.protocol.paths import JobPaths
 from emulator.nodes import PYTHON, base_env

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.jobs import runner
+from bootstrap_scripts.jobs.cli import dl_run as runner
 from bootstrap_scripts.protocol import jobs as js
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import validate_job_id

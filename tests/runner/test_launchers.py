@@ -7,8 +7,8 @@ import shlex
 
 import pytest
 
-from bootstrap_scripts.jobs import launchers as ln
-from bootstrap_scripts.jobs import rdzv_store
+from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine import rdzv_store
 from bootstrap_scripts.protocol.membership import build_membership
 
 NODES = [1, 2, 5]

@@ -4,7 +4,7 @@ launcher sizes each node by its own GPUs (README "When capacity is short")."""
 
 from __future__ import annotations
 
-from bootstrap_scripts.jobs import launchers as ln
+from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.protocol import node_files
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from bootstrap_scripts.jobs.rdzv_store import RDZV_STORE_LABEL
+from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import JobPaths
 from bootstrap_scripts.protocol.records import ShareExit

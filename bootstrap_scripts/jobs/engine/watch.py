@@ -7,7 +7,6 @@ directly), so the runner can be restarted elsewhere and still read what happened
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -16,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap_scripts.jobs.console import say
+from bootstrap_scripts.jobs.engine.outcomes import say
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import JobSpec, Share
+from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest, Share
 from bootstrap_scripts.protocol.paths import (
     SHARE_LOG_SUFFIX,
     SHARE_STARTED_SUFFIX,
@@ -102,7 +101,7 @@ class Watch:
     spec: JobSpec
     paths: JobPaths
     efs: Path
-    args: argparse.Namespace
+    request: RunRequest
     exits: dict[int, ShareExit] = field(default_factory=dict)
     signal_received: int = 0
     signals: int = 0
@@ -171,8 +170,8 @@ def collect_exits(w: Watch, now: float) -> None:
 def watch(w: Watch, old_handlers: dict) -> Watch:
     """Follow the job until every share settled (or a cancel went unconfirmed too long);
     ``old_handlers`` are restored on the way out."""
-    args = w.args
-    tailer = LogTailer(w.paths.nodes, w.spec, prefix=not args.no_prefix)
+    args = w.request
+    tailer = LogTailer(w.paths.nodes, w.spec, prefix=args.prefix)
     w.tailer = tailer
     started_at = time.monotonic()
     beat_seq, next_beat = 0, 0.0
@@ -226,9 +225,9 @@ def check_nodes(w: Watch, hb_seen: dict[str, tuple[int | None, float]], acked: s
         if share.rank not in acked:
             if store.exists(w.paths.started(share.rank)):
                 acked.add(share.rank)
-            elif now - started_at > w.args.start_timeout:
+            elif now - started_at > w.request.start_timeout:
                 w.lost[share.rank] = (f"node {share.rank} ({share.address}) did not start its "
-                                      f"share within {w.args.start_timeout:.0f} s")
+                                      f"share within {w.request.start_timeout:.0f} s")
                 continue
         hb = store.read_record_or_none(cluster.executor_heartbeat(share.address),
                                        ExecutorHeartbeat)
@@ -236,7 +235,7 @@ def check_nodes(w: Watch, hb_seen: dict[str, tuple[int | None, float]], acked: s
         prev = hb_seen.get(share.address)
         if prev is None or prev[0] != seq:
             hb_seen[share.address] = (seq, now)
-        elif (now - prev[1] > w.args.heartbeat_timeout or (hb and hb.state == "stopped")) and \
+        elif (now - prev[1] > w.request.heartbeat_timeout or (hb and hb.state == "stopped")) and \
                 store.read_record_or_none(w.paths.exit(share.rank), ShareExit) is None:
             why = (f"node {share.rank} ({share.address}): executor heartbeat stopped "
                    f"{now - prev[1]:.0f} s ago")

@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap_scripts.jobs.restart_policy import JobState
+from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.managed_records import (
     ControllerHeartbeat,
     ManagedJob,
@@ -56,6 +57,28 @@ def load_request(paths: ManagedPaths) -> ManagedRequest | None:
     return store.read_record_or_none(paths.request, ManagedRequest)
 
 
+def request_problem(paths: ManagedPaths) -> str:
+    """Why the job's ``request.json`` cannot be used ("" when it can, or is not there)."""
+    try:
+        store.read_record(paths.request, ManagedRequest)
+    except ProtocolError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot read {paths.request}: {exc.strerror or exc}"
+    return ""
+
+
+def unusable(paths: ManagedPaths, problem: str) -> ManagedJob:
+    """The record of a job whose request cannot be read: failed, saying why. (A queued
+    job must not vanish from ``dl-jobs`` because its request is garbled.)"""
+    try:
+        at = paths.request.stat().st_mtime
+    except OSError:
+        at = 0.0
+    return ManagedJob(job_id=paths.dir.name, state=JobState.FAILED.value, submitted_at=at,
+                      finished_at=at, message=f"request.json is unusable: {problem}")
+
+
 def load_job(paths: ManagedPaths) -> ManagedJob | None:
     return store.read_record_or_none(paths.record, ManagedJob)
 
@@ -73,7 +96,8 @@ def view(paths: ManagedPaths) -> ManagedJob | None:
         return job
     req = load_request(paths)
     if req is None:
-        return None
+        problem = request_problem(paths)
+        return unusable(paths, problem) if problem else None
     return ManagedJob(job_id=req.job_id, state=JobState.QUEUED.value,
                       submitted_at=req.submitted_at, user=req.user,
                       world_size=req.world_size, full_size=req.world_size)
@@ -93,6 +117,18 @@ def list_jobs(efs: Path) -> list[ManagedJob]:
     """Every managed job (submitted ones only), oldest submission first."""
     jobs = [j for j in (view(p) for p in all_paths(efs)) if j is not None]
     return sorted(jobs, key=lambda j: (j.submitted_at, j.job_id))
+
+
+def unusable_queued(efs: Path) -> list[tuple[ManagedPaths, str]]:
+    """Submitted jobs (``request.json`` there) not picked up yet whose request cannot be
+    read, with why."""
+    out = []
+    for paths in all_paths(efs):
+        if load_job(paths) is None and store.exists(paths.request):
+            problem = request_problem(paths)
+            if problem:
+                out.append((paths, problem))
+    return out
 
 
 def queue(efs: Path) -> list[tuple[ManagedPaths, ManagedRequest]]:

@@ -12,10 +12,10 @@ import logging
 import os
 import time
 
-from bootstrap_scripts.jobs.drain import Drain
-from bootstrap_scripts.jobs.elastic import ElasticJoins
-from bootstrap_scripts.jobs.node import ThisNode
-from bootstrap_scripts.jobs.shares import STARTUP_LIVENESS_SECONDS, RunnerProbation, Shares
+from bootstrap_scripts.jobs.executor.drain import Drain
+from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
+from bootstrap_scripts.jobs.executor.node import ThisNode
+from bootstrap_scripts.jobs.executor.shares import STARTUP_LIVENESS_SECONDS, RunnerProbation, Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec

@@ -1,31 +1,40 @@
 """One attempt of a managed job: today's single-run engine, started by the controller.
 
 Attempt ``n`` of job ``J`` is the ordinary job ``jobs/J.n/``, run by ``python -m
-bootstrap_scripts.jobs.runner --unmanaged --job-id J.n ...`` (the same launchers, executors,
-watch and summary as ``dl-run --unmanaged``). The controller starts that runner as the user
-who submitted the job (the owner of ``request.json``), so the attempt's ``spec.json`` is
-theirs and the executors run every share as them, exactly as when the user runs ``dl-run``.
+bootstrap_scripts.jobs.cli.dl_run --unmanaged --request -`` with the job's run request (as
+``J.n``) on its standard input: the engine's one front door, as ``dl-run --unmanaged``.
+The controller starts that runner as the user who submitted the job (the owner of
+``request.json``), so the attempt's ``spec.json`` is theirs and the executors run every
+share as them, exactly as when the user runs ``dl-run``.
 The attempt's ``result.json`` and share exits then tell the controller what happened.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.preflight import executor_state, read_heartbeat
-from bootstrap_scripts.jobs.restart_policy import Failure, classify
+from bootstrap_scripts.jobs.engine.classify import Failure, classify
+from bootstrap_scripts.jobs.engine.reachability import unreachable
+from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import JobSpec
+from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths
-from bootstrap_scripts.protocol.records import JobResult, ShareExit, ShareStarted
+from bootstrap_scripts.protocol.records import (
+    JobResult,
+    RunnerHeartbeat,
+    ShareExit,
+    ShareStarted,
+)
 
 #: This package's parent directory: the attempt runner must import it whatever the user's env.
-PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 
 
 class AttemptError(Exception):
@@ -48,30 +57,37 @@ def restart_env(efs: Path, job_id: str, restart_count: int) -> dict[str, str]:
     return env
 
 
-def runner_argv(request: ManagedRequest, *, attempt_id: str, root: str, efs: Path,
-                membership: Path | None, restart_count: int) -> list[str]:
-    """The attempt's ``dl-run --unmanaged`` command line. The restart variables go last, as
-    ``--env``: they win over the user's own ``--env`` of the same name, and mpirun forwards
-    them (``-x``) like any ``--env``."""
-    argv = [sys.executable, "-m", "bootstrap_scripts.jobs.runner", "--unmanaged",
-            "--job-id", attempt_id, "--root", root, "--mount-point", str(efs)]
-    if membership is not None:
-        argv += ["--membership", str(membership)]
-    if request.cwd:
-        argv += ["--cwd", request.cwd]
-    argv += list(request.options)
-    for key, value in restart_env(efs, request.job_id, restart_count).items():
-        argv += ["--env", f"{key}={value}"]
-    return [*argv, "--", *request.command]
-
-
-def runner_env(request: ManagedRequest) -> dict[str, str]:
-    """The submitter's environment (what their ``dl-run`` forwards to the ranks), with this
-    package importable."""
-    env = dict(request.env)
+def attempt_request(request: ManagedRequest, *, attempt_id: str, efs: Path,
+                    restart_count: int) -> RunRequest:
+    """What attempt ``attempt_id`` runs: the job's run request under the attempt's id, with
+    this package importable by the ranks (as their own ``dl-run`` would have it) and the
+    restart variables last: they win over the user's own ``--env`` of the same name, and
+    mpirun forwards them (``-x``) like any ``--env``."""
+    run = request.run
+    env = dict(run.env)
     env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + env["PYTHONPATH"]
                                           if env.get("PYTHONPATH") else "")
     env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+    restart = restart_env(efs, request.job_id, restart_count)
+    env.update(restart)
+    forward = tuple(dict.fromkeys((*run.forward, *restart)))
+    return dataclasses.replace(run, job_id=attempt_id, env=env, forward=forward)
+
+
+def runner_argv(*, root: str, efs: Path, membership: Path | None) -> list[str]:
+    """The attempt runner's command line: ``dl-run --unmanaged`` reading its run request
+    on its standard input (see :func:`spawn`)."""
+    argv = [sys.executable, "-m", "bootstrap_scripts.jobs.cli.dl_run", "--unmanaged",
+            "--request", "-", "--root", root, "--mount-point", str(efs)]
+    if membership is not None:
+        argv += ["--membership", str(membership)]
+    return argv
+
+
+def runner_env(request: RunRequest) -> dict[str, str]:
+    """The attempt runner's own environment: the ranks' (this package importable)."""
+    env = {k: v for k, v in request.env.items() if k in ("PATH", "PYTHONPATH", "HOME", "USER",
+                                                          "LOGNAME", "PYTHONUNBUFFERED")}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -81,7 +97,7 @@ def owner(path: Path) -> tuple[int, int]:
     return st.st_uid, st.st_gid
 
 
-def spawn(argv: list[str], env: dict[str, str], log: Path, *, uid: int, gid: int
+def spawn(argv: list[str], request: RunRequest, log: Path, *, uid: int, gid: int
           ) -> subprocess.Popen:
     """Start the attempt runner as ``uid``/``gid`` (no supplementary groups) in a session of
     its own; its ``[dl-run]`` messages go to ``log``, the ranks' lines (which are in the node
@@ -96,9 +112,30 @@ def spawn(argv: list[str], env: dict[str, str], log: Path, *, uid: int, gid: int
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         os.chmod(log, 0o644)
-        return subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, env=runner_env(request), cwd="/", stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=out, start_new_session=True,
                                 **as_user)
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.write(request.to_json().encode())
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.close()
+    return proc
+
+
+#: A runner beats every second; this long without a beat, it is gone.
+RUNNER_SILENT_SECONDS = 5.0
+
+
+def runner_alive(paths: JobPaths, silent: float = RUNNER_SILENT_SECONDS) -> bool:
+    """Is the attempt's runner still following it (not done, its heartbeat recent, its
+    process there)? How a restarted controller finds an attempt its predecessor started:
+    the runner is not its child, but it beats on EFS, and it runs on this machine (the
+    master: same clock, same processes; a new master sees a silent heartbeat)."""
+    if store.exists(paths.done):
+        return False
+    hb = store.read_record_or_none(paths.runner_heartbeat, RunnerHeartbeat)
+    return hb is not None and time.time() - hb.time < silent and alive(hb.pid)
 
 
 def exits(paths: JobPaths) -> dict[int, ShareExit]:
@@ -107,7 +144,8 @@ def exits(paths: JobPaths) -> dict[int, ShareExit]:
 
 
 def outcome(paths: JobPaths, runner_code: int | None) -> Failure | None:
-    """How the attempt ended (see :func:`restart_policy.classify`)."""
+    """How the attempt ended: the one classifier (:func:`classify.classify`) on the
+    attempt's result and exits, as its runner's summary saw them."""
     result = store.read_record_or_none(paths.result, JobResult)
     return classify(result, exits(paths), runner_code=runner_code)
 
@@ -137,8 +175,9 @@ def wait_stopped(paths: JobPaths, efs: Path, *, timeout: float, heartbeat_timeou
         started = {rec.rank: rec for _s, rec in store.scan_records(
             paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
         done = exits(paths)
-        running = [r for r in started.values() if r.rank not in done and not executor_state(
-            read_heartbeat(efs, r.address), heartbeat_timeout)]
+        gone = unreachable(efs, [r.address for r in started.values()], heartbeat_timeout)
+        running = [r for r in started.values() if r.rank not in done
+                   and r.address not in gone]
         if not running or time.monotonic() > deadline:
             return not running
         if callable(tick):

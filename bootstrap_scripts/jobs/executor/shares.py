@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 
 from bootstrap_scripts import procgroup
-from bootstrap_scripts.jobs.node import ThisNode
-from bootstrap_scripts.jobs.rdzv_store import RDZV_STORE_LABEL
+from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
+from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, JobPaths

@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs import managed
-from bootstrap_scripts.jobs.console import say
-from bootstrap_scripts.jobs.restart_policy import JobState
-from bootstrap_scripts.jobs.watch import LogTailer
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine.outcomes import say
+from bootstrap_scripts.jobs.engine.restart_policy import JobState
+from bootstrap_scripts.jobs.engine.watch import LogTailer
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.managed_records import ManagedJob

@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts.jobs import attempts, managed
-from bootstrap_scripts.jobs.instance_health import InstanceHealth
-from bootstrap_scripts.jobs.preflight import executor_state, read_heartbeat
-from bootstrap_scripts.jobs.restart_policy import (
+from bootstrap_scripts.jobs.controller import attempts
+from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass
+from bootstrap_scripts.jobs.engine.reachability import unreachable
+from bootstrap_scripts.jobs.engine.restart_policy import (
     Action,
-    Failure,
-    FailureKind,
     JobState,
     Policy,
     World,
@@ -38,9 +38,10 @@ from bootstrap_scripts.jobs.restart_policy import (
     choose_world,
     decide,
 )
+from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
-from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
+from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
 
 LOG = logging.getLogger("dl-controller")
@@ -92,8 +93,9 @@ class JobSupervisor:
         except (OSError, ValueError) as exc:
             LOG.debug("no membership yet: %s", exc)
             return None, []
+        gone = unreachable(self.efs, [n.address for n in m.nodes], EXECUTOR_TIMEOUT)
         ready = [n for n in m.nodes if n.instance_id not in self.job.excluded
-                 and not executor_state(read_heartbeat(self.efs, n.address), EXECUTOR_TIMEOUT)]
+                 and n.address not in gone]
         if m.master not in ready:  # the master runs the rendezvous store / mpirun
             return m, []
         return m, ready
@@ -155,18 +157,23 @@ class JobSupervisor:
                         + (f" [{err}]" if err else ""))
         return [a for a, _i, _w in failures]
 
+    def membership(self) -> Membership | None:
+        """The nodes of the current attempt (its copy, else the live membership)."""
+        for path in (self.paths.attempt_membership(self.job.attempt),
+                     NodePaths(self.root).membership):
+            try:
+                return Membership.load(path)
+            except (OSError, ValueError):
+                continue
+        return None
+
     def attempt_membership(self, m: Membership, nodes: list[Node], n: int) -> Path:
         """Attempt ``n`` runs on exactly ``nodes``, the ones chosen and gated: a copy of the
         membership with only them (same generation, ranks renumbered) under
         ``attempts/<n>.membership.json``. Always a copy, never the live file: the live one
         may change between the choice and the runner reading it (a replacement joining
         while the gate runs), and the attempt must not run on a node nobody gated."""
-        fields = [{"instance_id": x.instance_id, "address": x.address, "gpus": x.gpus,
-                   "instance_type": x.instance_type, "base": x.base} for x in nodes]
-        sub = build_membership(cluster_id=m.cluster_id, generation=m.generation,
-                               master=fields[0], workers=fields[1:], efs_mount=m.efs_mount,
-                               created_at=m.created_at,
-                               reason=f"job {self.job.job_id} attempt {n}: "
+        sub = nodes_membership(m, nodes, reason=f"job {self.job.job_id} attempt {n}: "
                                f"{len(nodes)} of {len(m.nodes)} node(s)")
         path = self.paths.attempt_membership(n)
         store.atomic_write(path, sub.to_json())
@@ -176,9 +183,10 @@ class JobSupervisor:
     def run_attempt(self, m: Membership, nodes: list[Node]) -> tuple[Failure | None, float]:
         n = self.job.attempt + 1
         attempt_id = self.paths.attempt_id(n)
-        argv = attempts.runner_argv(self.request, attempt_id=attempt_id, root=str(self.root),
-                                    efs=self.efs, membership=self.attempt_membership(m, nodes, n),
-                                    restart_count=self.job.restarts)
+        argv = attempts.runner_argv(root=str(self.root), efs=self.efs,
+                                    membership=self.attempt_membership(m, nodes, n))
+        run = attempts.attempt_request(self.request, attempt_id=attempt_id, efs=self.efs,
+                                       restart_count=self.job.restarts)
         if self.job.restart_log:
             epoch, step = managed.checkpoint_position(self.efs, self.job.job_id)
             new = [x.instance_id for x in nodes
@@ -187,17 +195,28 @@ class JobSupervisor:
                                      resumed_step=step,
                                      replacement_instance_id=",".join(new))
         self.last_nodes = {x.instance_id for x in nodes}
-        proc = attempts.spawn(argv, attempts.runner_env(self.request),
-                              self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
+        proc = attempts.spawn(argv, run, self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
         self.update(state=JobState.RUNNING.value, attempt=n, world_size=len(nodes),
                     started_at=self.job.started_at or time.time())
         LOG.info("job %s: attempt %d (%s) on %d node(s), runner pid %d", self.job.job_id, n,
                  attempt_id, len(nodes), proc.pid)
         jpaths = ClusterPaths(self.efs).job(attempt_id)
+        self.follow(jpaths, lambda: proc.poll() is None)
+        return attempts.outcome(jpaths, proc.returncode), time.time()
+
+    def reattach(self) -> tuple[Failure | None, float]:
+        """Follow the current attempt, started by a previous controller, to its end (its
+        runner is not our child: its heartbeat on EFS says whether it still runs)."""
+        jpaths = ClusterPaths(self.efs).job(self.paths.attempt_id(self.job.attempt))
+        self.follow(jpaths, lambda: attempts.runner_alive(jpaths))
+        return attempts.outcome(jpaths, 0 if store.exists(jpaths.result) else None), time.time()
+
+    def follow(self, jpaths, running: Callable[[], bool]) -> None:
+        """While the attempt runs: pass a cancel on, note when a restart resumed, beat."""
         cancel_sent = False
         pending_resume = bool(self.job.restart_log and
                               self.job.restart_log[-1].seconds_to_resume is None)
-        while proc.poll() is None:
+        while running():
             if not cancel_sent and (managed.cancel_requested(self.paths) or self.stopping()):
                 store.atomic_write(jpaths.cancel, "cancelled by the job controller\n")
                 cancel_sent = True
@@ -207,7 +226,6 @@ class JobSupervisor:
             time.sleep(POLL_SECONDS)
         if pending_resume:
             self.note_resumed(jpaths)
-        return attempts.outcome(jpaths, proc.returncode), time.time()
 
     def note_resumed(self, jpaths) -> bool:
         """Once every share of the attempt started: seconds from the failure's detection."""
@@ -219,7 +237,14 @@ class JobSupervisor:
         return True
 
     # -- 4. the loop -------------------------------------------------------------------------
-    def run(self) -> ManagedJob:
+    def run(self, *, reattach: bool = False) -> ManagedJob:
+        """Run the job to its end; ``reattach``: its current attempt is already running
+        (started by a previous controller): follow it first."""
+        if reattach:
+            failure, detected = self.reattach()
+            if self.stopping():
+                return self.job
+            self.after_attempt(self.membership(), failure, detected)
         while not JobState(self.job.state).terminal:
             if managed.cancel_requested(self.paths):
                 return self.finish(JobState.CANCELLED, "cancelled by the user")
@@ -236,7 +261,7 @@ class JobSupervisor:
             self.after_attempt(chosen[0], failure, detected)
         return self.job
 
-    def after_attempt(self, m: Membership, failure: Failure | None, detected: float) -> None:
+    def after_attempt(self, m: Membership | None, failure: Failure | None, detected: float) -> None:
         decision = decide(failure, restarts=self.job.restarts,
                           code_restarts=self.job.code_restarts, policy=self.policy,
                           cancel_requested=managed.cancel_requested(self.paths))
@@ -245,9 +270,9 @@ class JobSupervisor:
             return
         self.record_restart(m, failure, detected)
 
-    def record_restart(self, m: Membership, failure: Failure, detected: float) -> None:
+    def record_restart(self, m: Membership | None, failure: Failure, detected: float) -> None:
         """A restart record; a node fault's instance marked Unhealthy and excluded."""
-        node = m.node_by_address(failure.address) if failure.address else None
+        node = m.node_by_address(failure.address) if m and failure.address else None
         instance = failure.instance_id or (node.instance_id if node else "")
         err, excluded = "", self.job.excluded
         if failure.kind.node_fault and instance:
@@ -260,6 +285,7 @@ class JobSupervisor:
         LOG.warning("job %s: restart %d after attempt %d: %s: %s", self.job.job_id,
                     self.job.restarts + 1, self.job.attempt, failure.kind.value, failure.detail)
         self.update(state=JobState.RESTARTING.value, restarts=self.job.restarts + 1,
-                    code_restarts=self.job.code_restarts + (failure.kind is FailureKind.CODE),
+                    code_restarts=self.job.code_restarts + (
+                        failure.failure_class is FailureClass.USER_CODE),
                     excluded=excluded, last_failure=f"{failure.kind.value}: {failure.detail}",
                     restart_log=(*self.job.restart_log, rec))

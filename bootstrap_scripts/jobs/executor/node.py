@@ -10,21 +10,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.protocol.membership import Membership
-from bootstrap_scripts.protocol.node_files import parse_env_file
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 
 LOG = logging.getLogger("dl-executor")
-
-
-def read_node_env(paths: NodePaths) -> dict[str, str]:
-    """The node's ``DEEPLEARNING_*`` / ``EFS_MOUNT`` variables ({} before the agent wrote them)."""
-    try:
-        text = store.read_text(paths.env)
-    except OSError:
-        return {}
-    return parse_env_file(text) if text is not None else {}
 
 
 @dataclass

@@ -14,13 +14,22 @@ What it does, every half second:
   (the executors stop its shares at once rather than after the orphan timeout), a
   ``master-lost`` restart is recorded, and the job restarts from its checkpoint under the
   same id; a job left ``restarting`` simply continues;
-- then the queue, first come first served: one job at a time (``supervise.JobSupervisor``).
-Refuses to start while another controller's heartbeat on this same instance is alive.
+- then the queue, first come first served: one job at a time (``supervise.JobSupervisor``);
+  a request that cannot be read fails its job, saying why (it never silently disappears).
+At start, jobs left ``running`` whose attempt is still going (its runner's heartbeat moves:
+the controller was killed or restarted, the runner was not) are re-attached: followed to
+their end as if nothing happened, no restart.
+One controller per node: an exclusive lock (``single_instance``) in the node's state
+directory; a second one exits 1 naming the holder.
+EFS full (ENOSPC) never stops the controller: the job it could not record is failed with
+"EFS full" in its record, written as soon as there is space again.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import logging
 import os
 import signal
@@ -29,11 +38,14 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs import attempts, managed
-from bootstrap_scripts.jobs.instance_health import InstanceHealth
-from bootstrap_scripts.jobs.node import read_node_env
-from bootstrap_scripts.jobs.restart_policy import Action, Failure, FailureKind, JobState, decide
-from bootstrap_scripts.jobs.supervise import Gate, JobSupervisor
+from bootstrap_scripts.jobs.controller import attempts, retention
+from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
+from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
+from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
+from bootstrap_scripts.jobs.engine import managed, single_instance
+from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
+from bootstrap_scripts.jobs.engine.node_env import read_node_env
+from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import (
@@ -49,10 +61,17 @@ HEARTBEAT_SECONDS = 1.0
 POLL_SECONDS = 0.5
 #: how long a new controller waits for an orphaned attempt's shares to stop
 ORPHAN_STOP_TIMEOUT = 60.0
+#: seconds between two passes archiving finished jobs past their retention
+ARCHIVE_EVERY = 3600.0
 
 
 class ControllerError(RuntimeError):
     """The controller cannot run (another one is alive here); the message says which."""
+
+
+def lock_path(root: Path) -> Path:
+    """The controller's lock file, in the node's state directory (next to the agent's)."""
+    return NodePaths(root).agent_state.with_name("dl-controller.lock")
 
 
 def health_gate() -> Gate | None:
@@ -74,8 +93,11 @@ def health_gate() -> Gate | None:
 
 class Controller:
     def __init__(self, root: Path, efs: Path, *, region: str = "",
-                 gate: Gate | None = None, health: InstanceHealth | None = None) -> None:
+                 gate: Gate | None = None, health: InstanceHealth | None = None,
+                 retention_days: float = retention.DEFAULT_RETENTION_DAYS) -> None:
         self.root, self.efs = root, efs
+        self.retention_days = retention_days
+        self.archived_at = 0.0
         self.gate = gate
         self.health = health or InstanceHealth(region)
         self.stopping = False
@@ -93,6 +115,8 @@ class Controller:
             except (OSError, ValueError):
                 pass
         self.me = f"{self.instance_id or socket.gethostname()}/{os.getpid()}"
+        #: job records EFS had no space for (ENOSPC): written once it has again
+        self.pending_records = UnwrittenRecords(efs, self.me)
 
     # -- heartbeat -------------------------------------------------------------------------
     def beat(self, state: str = "running", *, force: bool = False) -> None:
@@ -128,17 +152,28 @@ class Controller:
                              job=job, health=self.health, gate=self.gate, tick=self.beat,
                              stopping=lambda: self.stopping)
 
-    def run_job(self, sup: JobSupervisor) -> None:
+    def run_job(self, sup: JobSupervisor, *, reattach: bool = False) -> None:
         self.job_id = sup.job.job_id
         self.beat(force=True)
         try:
-            sup.run()
-        except (attempts.AttemptError, OSError, ValueError) as exc:
-            LOG.exception("job %s: %s", sup.job.job_id, exc)
-            if not JobState(sup.job.state).terminal:
-                sup.finish(JobState.FAILED, f"the job controller could not run it: {exc}")
+            sup.run(reattach=reattach)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                self.fail(sup, exc)
+            else:
+                self.pending_records.fail(sup.paths, sup.job, exc)
+        except (attempts.AttemptError, ValueError) as exc:
+            self.fail(sup, exc)
         finally:
             self.job_id = ""
+
+    def fail(self, sup: JobSupervisor, exc: Exception) -> None:
+        LOG.exception("job %s: %s", sup.job.job_id, exc)
+        if not JobState(sup.job.state).terminal:
+            try:
+                sup.finish(JobState.FAILED, f"the job controller could not run it: {exc}")
+            except OSError as again:
+                self.pending_records.fail(sup.paths, sup.job, again)
 
     def recover(self) -> None:
         """Continue the jobs a previous controller left running or restarting."""
@@ -147,29 +182,47 @@ class Controller:
             if job is None or request is None or job.controller == self.me or \
                     job.state not in (JobState.RUNNING.value, JobState.RESTARTING.value):
                 continue
-            sup = self.supervisor(paths, request, job)
-            previous = job.controller
-            sup.update(controller=self.me)
-            if job.state == JobState.RUNNING.value and job.attempt:
-                self.stop_orphan(paths, job)
-                failure = Failure(FailureKind.MASTER_LOST, f"the job controller that ran "
-                                  f"attempt {job.attempt} ({previous}) is gone")
-                decision = decide(failure, restarts=job.restarts,
-                                  code_restarts=job.code_restarts, policy=sup.policy,
-                                  cancel_requested=managed.cancel_requested(paths))
-                if decision.action is Action.RESTART:
-                    m = self.wait_membership()
-                    if m is None:
-                        return
-                    sup.record_restart(m, failure, time.time())
-                else:
-                    sup.finish(decision.state, decision.reason)
-            else:
-                LOG.info("job %s: continuing its restart (previous controller %s is gone)",
-                         job.job_id, previous)
-            self.run_job(sup)
+            try:
+                self.recover_job(paths, request, job)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self.pending_records.fail(paths, job, exc)
             if self.stopping:
                 return
+
+    def recover_job(self, paths: ManagedPaths, request: ManagedRequest, job: ManagedJob
+                    ) -> None:
+        """Re-attach to the job's attempt if it still runs (or ended while no controller
+        was there); otherwise its attempt is an orphan: stop it, restart as master-lost."""
+        sup = self.supervisor(paths, request, job)
+        previous = job.controller
+        sup.update(controller=self.me)
+        if job.state == JobState.RUNNING.value and job.attempt:
+            attempt = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
+            if attempts.runner_alive(attempt) or store.exists(attempt.result):
+                LOG.info("job %s: re-attaching to attempt %d (its runner outlived the "
+                         "previous controller %s)", job.job_id, job.attempt, previous)
+                self.run_job(sup, reattach=True)
+                return
+        if job.state == JobState.RUNNING.value and job.attempt:
+            self.stop_orphan(paths, job)
+            failure = Failure(FailureKind.MASTER_LOST, f"the job controller that ran "
+                              f"attempt {job.attempt} ({previous}) is gone")
+            decision = decide(failure, restarts=job.restarts,
+                              code_restarts=job.code_restarts, policy=sup.policy,
+                              cancel_requested=managed.cancel_requested(paths))
+            if decision.action is Action.RESTART:
+                m = self.wait_membership()
+                if m is None:
+                    return
+                sup.record_restart(m, failure, time.time())
+            else:
+                sup.finish(decision.state, decision.reason)
+        else:
+            LOG.info("job %s: continuing its restart (previous controller %s is gone)",
+                     job.job_id, previous)
+        self.run_job(sup)
 
     def wait_membership(self) -> Membership | None:
         """This node's membership, once the node agent has written it: a controller that
@@ -203,20 +256,39 @@ class Controller:
                       job.attempt, ORPHAN_STOP_TIMEOUT)
 
     def next_job(self) -> JobSupervisor | None:
-        """The oldest queued job, as a supervisor (cancelled ones are closed on the way)."""
+        """The oldest queued job, as a supervisor (cancelled ones are closed on the way,
+        and so are those whose request cannot be read: failed, saying why)."""
+        for paths, problem in managed.unusable_queued(self.efs):
+            if paths.dir.name in self.pending_records:
+                continue
+            job = dataclasses.replace(managed.unusable(paths, problem), controller=self.me,
+                                      finished_at=time.time())
+            LOG.error("job %s: %s", job.job_id, job.message)
+            try:
+                managed.save_job(paths, job)
+            except OSError as exc:
+                self.pending_records.fail(paths, job, exc)
         for paths, request in managed.queue(self.efs):
+            if request.job_id in self.pending_records:
+                continue
             job = managed.load_job(paths) or ManagedJob(
                 job_id=request.job_id, state=JobState.QUEUED.value,
                 submitted_at=request.submitted_at, user=request.user,
                 world_size=request.world_size)
             sup = self.supervisor(paths, request, job)
-            sup.update(controller=self.me)
-            if managed.cancel_requested(paths):
-                sup.finish(JobState.CANCELLED, "cancelled by the user before it started")
-                continue
-            problem = self.refuse(paths)
-            if problem:
-                sup.finish(JobState.FAILED, problem)
+            try:
+                sup.update(controller=self.me)
+                if managed.cancel_requested(paths):
+                    sup.finish(JobState.CANCELLED, "cancelled by the user before it started")
+                    continue
+                problem = self.refuse(paths)
+                if problem:
+                    sup.finish(JobState.FAILED, problem)
+                    continue
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self.pending_records.fail(paths, sup.job, exc)
                 continue
             return sup
         return None
@@ -235,20 +307,42 @@ class Controller:
 
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> int:
-        self.check_alone()
-        LOG.info("job controller %s: root %s, EFS %s, health gate %s", self.me, self.root,
-                 self.efs, "on" if self.gate else "not installed")
-        self.beat(force=True)
-        self.recover()
-        while not self.stopping:
+        try:
+            lock = single_instance.acquire(lock_path(self.root))
+        except single_instance.AlreadyRunning as exc:
+            raise ControllerError(f"another job controller is running on this node: "
+                                  f"{exc}") from None
+        try:
+            self.check_alone()
+            LOG.info("job controller %s: root %s, EFS %s, health gate %s", self.me,
+                     self.root, self.efs, "on" if self.gate else "not installed")
+            self.beat(force=True)
+            self.recover()
+            while not self.stopping:
+                if not self.step():
+                    time.sleep(POLL_SECONDS)
+            self.beat("stopped", force=True)
+            return 0
+        finally:
+            lock.release()
+
+    def step(self) -> bool:
+        """One turn of the loop; True when it ran a job. An error of EFS (full, gone for a
+        moment) is logged and the loop goes on: the controller outlives it."""
+        try:
             self.beat()
+            self.pending_records.flush()
+            if time.monotonic() - self.archived_at > ARCHIVE_EVERY or not self.archived_at:
+                self.archived_at = time.monotonic()
+                retention.archive_finished(self.efs, days=self.retention_days)
             sup = self.next_job()
-            if sup is not None:
-                self.run_job(sup)
-                continue
-            time.sleep(POLL_SECONDS)
-        self.beat("stopped", force=True)
-        return 0
+            if sup is None:
+                return False
+            self.run_job(sup)
+            return True
+        except OSError as exc:
+            LOG.error("job controller: %s (carrying on)", exc)
+            return False
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -260,6 +354,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="AWS region of the cluster's Auto Scaling groups")
     p.add_argument("--no-health-gate", action="store_true",
                    help="start attempts without running the health gate on their nodes")
+    p.add_argument("--retention-days", type=float, default=retention.DEFAULT_RETENTION_DAYS,
+                   help="move finished jobs' records to <EFS>/archive/ this many days after "
+                   "they ended (default: %(default)g; 0: keep them where they are)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 
@@ -274,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     if gate is None and not args.no_health_gate:
         LOG.warning("no health gate module (bootstrap_scripts.ops.gate): attempts start "
                     "without one")
-    ctl = Controller(root, Path(efs), region=args.region, gate=gate)
+    ctl = Controller(root, Path(efs), region=args.region, gate=gate,
+                     retention_days=args.retention_days)
 
     def stop(signum: int, _frame: object) -> None:
         ctl.stopping = True

@@ -12,8 +12,8 @@ import logging
 import os
 import time
 
-from bootstrap_scripts.jobs.node import ThisNode
-from bootstrap_scripts.jobs.shares import Shares
+from bootstrap_scripts.jobs.executor.node import ThisNode
+from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.records import DrainDone, DrainRecord
 

@@ -18,10 +18,10 @@ import os
 import sys
 from pathlib import Path
 
-from bootstrap_scripts.jobs import managed
-from bootstrap_scripts.jobs.follow import final_message, follow
-from bootstrap_scripts.jobs.node import read_node_env
-from bootstrap_scripts.jobs.restart_policy import JobState
+from bootstrap_scripts.jobs.cli.follow import final_message, follow
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine.node_env import read_node_env
+from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import NodePaths

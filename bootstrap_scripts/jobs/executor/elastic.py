@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import time
 
-from bootstrap_scripts.jobs.node import ThisNode
-from bootstrap_scripts.jobs.shares import STARTUP_LIVENESS_SECONDS, RunnerProbation, Shares
+from bootstrap_scripts.jobs.executor.node import ThisNode
+from bootstrap_scripts.jobs.executor.shares import STARTUP_LIVENESS_SECONDS, RunnerProbation, Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Share, join_share
 from bootstrap_scripts.protocol.paths import SHARE_CLAIM_SUFFIX, JobPaths

@@ -33,11 +33,12 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.discovery import JobScanner
-from bootstrap_scripts.jobs.drain import Drain
-from bootstrap_scripts.jobs.elastic import ElasticJoins
-from bootstrap_scripts.jobs.node import ThisNode, read_node_env
-from bootstrap_scripts.jobs.shares import Shares
+from bootstrap_scripts.jobs.engine.node_env import read_node_env
+from bootstrap_scripts.jobs.executor.discovery import JobScanner
+from bootstrap_scripts.jobs.executor.drain import Drain
+from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
+from bootstrap_scripts.jobs.executor.node import ThisNode
+from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import SHARED_USER_DIRS, ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat

@@ -12,34 +12,25 @@ States of a managed job::
                  ▼  │
               restarting ──▶ failed | cancelled
 
-Failure kinds (from the attempt's records):
-- ``node-lost``: a node's executor heartbeat stopped, or its share was never started;
-- ``node-signal``: a node's share was killed by SIGKILL or SIGBUS (the kernel's OOM killer,
-  a machine going away, a hardware fault), not by the job's cancel;
-- ``node-unhealthy``: the node failed the health gate;
-- ``code``: the command exited non-zero (or by another signal) on healthy nodes;
-- ``master-lost``: a new controller found the job's attempt orphaned (master replaced);
-- ``cancelled``: the user cancelled the job.
-Node faults (and a lost master) are retried up to ``--max-restarts``; a code failure only
-up to ``--max-code-restarts`` (default 0: the same code on healthy nodes fails again).
+How an attempt failed comes from the one classifier (``classify``: user-code, node-lost,
+node-unhealthy, cancelled, infrastructure). Node faults and infrastructure faults (the
+product's own: a restarted executor, a lost controller) are retried up to
+``--max-restarts``; a user-code failure only up to ``--max-code-restarts`` (default 0: the
+same code on healthy nodes fails again), and it counts against both.
 """
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bootstrap_scripts.protocol.records import JobResult, ShareExit
+from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass
 
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_MAX_CODE_RESTARTS = 0
 #: How long a restart waits for Auto Scaling to replace a node (AWS: terminate, launch,
 #: boot, join: minutes).
 DEFAULT_REPLACE_TIMEOUT = 900.0
-#: Signals that say "the machine or the kernel killed it", not "the program crashed".
-NODE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGBUS})
 
 
 class JobState(StrEnum):
@@ -76,21 +67,6 @@ def check_transition(old: JobState, new: JobState) -> JobState:
     return new
 
 
-class FailureKind(StrEnum):
-    NODE_LOST = "node-lost"
-    NODE_SIGNAL = "node-signal"
-    NODE_UNHEALTHY = "node-unhealthy"
-    CODE = "code"
-    MASTER_LOST = "master-lost"
-    CANCELLED = "cancelled"
-
-    @property
-    def node_fault(self) -> bool:
-        """The node is at fault: it is marked unhealthy and replaced."""
-        return self in (FailureKind.NODE_LOST, FailureKind.NODE_SIGNAL,
-                        FailureKind.NODE_UNHEALTHY)
-
-
 @dataclass(frozen=True)
 class Policy:
     """A job's restart policy (``dl-run --max-restarts ...``)."""
@@ -112,57 +88,6 @@ class Policy:
         return min(self.min_nodes or full_size, full_size)
 
 
-@dataclass(frozen=True)
-class Failure:
-    """Why an attempt did not succeed, and which node (if a node is to blame)."""
-
-    kind: FailureKind
-    detail: str
-    address: str = ""
-    instance_id: str = ""
-    rank: int | None = None
-
-
-def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
-             runner_code: int | None = None) -> Failure | None:
-    """The failure of a finished attempt (None: it succeeded).
-
-    ``result`` is the attempt's ``result.json`` and ``exits`` its shares' exit records;
-    ``runner_code`` the attempt runner's exit status (for an attempt that ended without a
-    result, e.g. a node unreachable at its start). A node to blame wins over a code
-    failure: when a node is lost or killed, its peers fail too, by consequence."""
-    if result is None:
-        if runner_code == 3:
-            return Failure(FailureKind.NODE_LOST, "a node was unreachable when the attempt "
-                           "started (no executor heartbeat)")
-        return Failure(FailureKind.CODE, f"the attempt's runner exited with code "
-                       f"{runner_code} without a result")
-    if result.status == "succeeded":
-        return None
-    if result.status == "cancelled":
-        return Failure(FailureKind.CANCELLED, "the attempt was cancelled")
-    lost = [n for n in result.nodes if n.returncode is None and not n.left]
-    if lost:
-        n = lost[0]
-        return Failure(FailureKind.NODE_LOST, n.reason or "no exit recorded", n.address,
-                       rank=n.rank)
-    killed = [e for e in sorted(exits.values(), key=lambda e: (e.finished_at, e.rank))
-              if not e.cancelled and e.signal in NODE_SIGNALS]
-    if killed:
-        e = killed[0]
-        return Failure(FailureKind.NODE_SIGNAL, f"node rank {e.rank} ({e.address}): share "
-                       f"killed by {signal.Signals(e.signal).name}", e.address, rank=e.rank)
-    failed = [n for n in result.nodes if n.returncode not in (None, 0) and not n.left]
-    own = [n for n in failed if not (exits.get(n.rank) and exits[n.rank].cancelled)]
-    first = min(own or failed, key=lambda n: (
-        exits[n.rank].finished_at if n.rank in exits else 0.0, n.rank), default=None)
-    if first is None:
-        return Failure(FailureKind.CODE, "the attempt failed")
-    return Failure(FailureKind.CODE, f"node rank {first.rank} ({first.address}) exited with "
-                   f"code {first.returncode}" + (f" ({first.reason})" if first.reason else ""),
-                   first.address, rank=first.rank)
-
-
 class Action(StrEnum):
     SUCCEED = "succeed"
     RESTART = "restart"
@@ -177,24 +102,32 @@ class Decision:
     reason: str
 
 
+def describe(failure: Failure) -> str:
+    """``kind: detail``, with the class when it says more than the kind."""
+    cls = failure.failure_class.value
+    head = failure.kind.value if cls == failure.kind.value else f"{failure.kind.value} ({cls})"
+    return f"{head}: {failure.detail}"
+
+
 def decide(failure: Failure | None, *, restarts: int, code_restarts: int, policy: Policy,
            cancel_requested: bool = False) -> Decision:
     """After an attempt ended (``failure`` None: it succeeded): succeed, restart, fail or
     cancel. ``restarts``/``code_restarts``: restarts done so far."""
-    if cancel_requested or (failure and failure.kind is FailureKind.CANCELLED):
+    if cancel_requested or (failure and failure.failure_class is FailureClass.CANCELLED):
         return Decision(Action.CANCEL, JobState.CANCELLED, "cancelled by the user")
     if failure is None:
         return Decision(Action.SUCCEED, JobState.SUCCEEDED, "every node succeeded")
     if restarts >= policy.max_restarts:
         return Decision(Action.FAIL, JobState.FAILED,
-                        f"{failure.kind.value}: {failure.detail}; no restart left "
+                        f"{describe(failure)}; no restart left "
                         f"({restarts} of --max-restarts {policy.max_restarts} used)")
-    if failure.kind is FailureKind.CODE and code_restarts >= policy.max_code_restarts:
+    if failure.failure_class is FailureClass.USER_CODE and \
+            code_restarts >= policy.max_code_restarts:
         return Decision(Action.FAIL, JobState.FAILED,
-                        f"code: {failure.detail}; a failure of the command on healthy nodes "
+                        f"{describe(failure)}; a failure of the command on healthy nodes "
                         f"is not retried (--max-code-restarts {policy.max_code_restarts})")
     return Decision(Action.RESTART, JobState.RESTARTING,
-                    f"{failure.kind.value}: {failure.detail}; restart {restarts + 1} of "
+                    f"{describe(failure)}; restart {restarts + 1} of "
                     f"{policy.max_restarts}")
 
 

@@ -1,7 +1,10 @@
-"""Before a job is published: is every node's job executor there?
+"""Is a node's job executor there? The one rule, for everyone who asks.
 
 A job published to a node without a live executor would only fail after ``--start-timeout``;
-checking the executors' heartbeats first fails in seconds and names every missing node.
+checking the executors' heartbeats first fails in seconds and names every missing node. The
+runner checks before it publishes (:func:`check_reachable`), the job controller before it
+picks an attempt's nodes and while it waits for an orphan to stop, the health gate before
+it sends a node its checks: all through :func:`unreachable`.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.console import EXIT_UNREACHABLE, RunError
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_UNREACHABLE, RunError
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
@@ -33,16 +36,25 @@ def executor_state(hb: ExecutorHeartbeat | None, timeout: float) -> str:
     return ""
 
 
-def check_reachable(efs: Path, addresses: list[str], *, timeout: float,
-                    reach_timeout: float) -> None:
-    """Fail fast, naming every address whose executor is missing, stopped or stale. A
-    heartbeat whose timestamp is old (or absent) gets ``reach_timeout`` s to move."""
-    problems: dict[str, tuple[str, int | None]] = {}
+def unreachable(efs: Path, addresses: list[str], timeout: float
+                ) -> dict[str, tuple[str, ExecutorHeartbeat | None]]:
+    """The addresses whose executor is missing, stopped or silent for ``timeout`` s, each
+    with why and the heartbeat read (None: none)."""
+    out = {}
     for addr in addresses:
         hb = read_heartbeat(efs, addr)
         why = executor_state(hb, timeout)
         if why:
-            problems[addr] = (why, hb.seq if hb else None)
+            out[addr] = (why, hb)
+    return out
+
+
+def check_reachable(efs: Path, addresses: list[str], *, timeout: float,
+                    reach_timeout: float) -> None:
+    """Fail fast, naming every address whose executor is missing, stopped or stale. A
+    heartbeat whose timestamp is old (or absent) gets ``reach_timeout`` s to move."""
+    problems = {addr: (why, hb.seq if hb else None)
+                for addr, (why, hb) in unreachable(efs, addresses, timeout).items()}
     deadline = time.monotonic() + reach_timeout
     while problems and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -2,71 +2,49 @@
 
 Everything that can be wrong with the command line or the cluster is checked here, before
 the job is queued, with today's exit statuses: 2 for a bad option or launcher plan, 3 for a
-node whose executor is unreachable. The request then carries the user's ``dl-run`` options
-(the runner's own, minus those the controller sets per attempt), the command, the working
-directory and the variables ``dl-run`` forwards to the ranks (PATH, the venv, ...), so that
-each attempt runs as if the user had started ``dl-run --unmanaged`` themselves.
+node whose executor is unreachable. The request then carries the job's
+:class:`~bootstrap_scripts.protocol.jobs.RunRequest` (the command, the working directory,
+the variables ``dl-run`` forwards to the ranks: PATH, the venv, ...; the launcher's and the
+runner's options), so that each attempt runs as if the user had started ``dl-run
+--unmanaged`` themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import json
-import os
 import signal
 import time
 
-from bootstrap_scripts.jobs import managed
-from bootstrap_scripts.jobs.console import EXIT_FAILED, EXIT_USAGE, RunError, say
-from bootstrap_scripts.jobs.follow import final_message, follow
-from bootstrap_scripts.jobs.preflight import check_reachable
-from bootstrap_scripts.jobs.restart_policy import (
+from bootstrap_scripts.jobs.cli.follow import final_message, follow
+from bootstrap_scripts.jobs.cli.request_args import load_context, request_from_args
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import run as engine
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_USAGE, RunError, say
+from bootstrap_scripts.jobs.engine.reachability import check_reachable
+from bootstrap_scripts.jobs.engine.restart_policy import (
     DEFAULT_MAX_CODE_RESTARTS,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_REPLACE_TIMEOUT,
     JobState,
     Policy,
 )
-from bootstrap_scripts.jobs.runner import (
-    FORWARDED_ENV,
-    MANAGED_ONLY,
-    build_cli,
-    load_context,
-    make_plan,
-)
 from bootstrap_scripts.protocol.jobs import new_job_id
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths, validate_job_id
 
-#: Options the controller sets for every attempt itself (or that only concern this dl-run).
-NOT_FORWARDED = (*MANAGED_ONLY, "--unmanaged", "--root", "--membership", "--mount-point",
-                 "--job-id", "--name", "--cwd", "--dry-run")
 
-
-def attempt_options(opts_argv: list[str]) -> list[str]:
-    """``opts_argv`` without :data:`NOT_FORWARDED` (``--opt value`` and ``--opt=value``)."""
-    takes_value = build_cli()[1]
-    out: list[str] = []
-    i = 0
-    while i < len(opts_argv):
-        tok = opts_argv[i]
-        name = tok.split("=", 1)[0]
-        step = 2 if tok in takes_value else 1
-        if name not in NOT_FORWARDED:
-            out += opts_argv[i:i + step]
-        i += step
-    return out
-
-
-def build_request(args: argparse.Namespace, opts_argv: list[str], command: list[str]
+def build_request(args: argparse.Namespace, command: list[str]
                   ) -> tuple[ManagedRequest, ClusterPaths]:
     ctx = load_context(args)
     job_id = validate_job_id(args.job_id) if args.job_id else new_job_id(
         args.name or args.launcher)
     cluster = ClusterPaths(ctx.efs)
-    # The first attempt's plan, to fail now on what would fail every attempt.
-    make_plan(args, ctx.membership, command, job_id, cluster.job(f"{job_id}.1"))
+    run = request_from_args(args, command, job_id)
+    # The first attempt's plan, to fail now (exit 2) on what would fail every attempt.
+    engine.prepare(dataclasses.replace(run, job_id=f"{job_id}.1"), ctx.membership, ctx.efs)
     policy = Policy(
         max_restarts=DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts,
         min_nodes=args.min_nodes or 0,
@@ -79,18 +57,15 @@ def build_request(args: argparse.Namespace, opts_argv: list[str], command: list[
                        f"{len(ctx.membership.nodes)} node(s) of the cluster", EXIT_USAGE)
     check_reachable(ctx.efs, [n.address for n in ctx.membership.nodes],
                     timeout=args.heartbeat_timeout, reach_timeout=args.reach_timeout)
-    env = {k: os.environ[k] for k in (*FORWARDED_ENV, *args.forward) if k in os.environ}
     request = ManagedRequest(
-        job_id=job_id, options=tuple(attempt_options(opts_argv)), command=tuple(command),
-        submitted_at=time.time(), env=env, cwd=os.path.abspath(args.cwd or os.getcwd()),
+        job_id=job_id, run=run, submitted_at=time.time(),
         user=getpass.getuser(), world_size=len(ctx.membership.nodes),
         max_restarts=policy.max_restarts, min_nodes=policy.min_nodes,
         max_code_restarts=policy.max_code_restarts, replace_timeout=policy.replace_timeout)
     return request, cluster
 
 
-def submit_and_follow(args: argparse.Namespace, opts_argv: list[str], command: list[str]
-                      ) -> int:
+def submit_and_follow(args: argparse.Namespace, command: list[str]) -> int:
     """Submit; with ``--detach`` print the id, else follow until the job ends (0 succeeded,
     1 failed or cancelled) or the user detaches with Ctrl-C (0, the job keeps running)."""
     if args.json and not args.detach:
@@ -98,7 +73,7 @@ def submit_and_follow(args: argparse.Namespace, opts_argv: list[str], command: l
     if not command:
         raise RunError("no command given: put the training command after the options",
                        EXIT_USAGE)
-    request, cluster = build_request(args, opts_argv, command)
+    request, cluster = build_request(args, command)
     status = managed.controller_status(cluster.efs)
     if status.heartbeat is None:
         raise RunError(f"{status.text}: this cluster has no job controller; run the job "

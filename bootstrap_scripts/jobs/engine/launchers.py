@@ -15,9 +15,16 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from bootstrap_scripts.jobs.rdzv_store import RDZV_STORE_LABEL, RDZV_STORE_SCRIPT
+from bootstrap_scripts.jobs.engine import tf_launcher
+from bootstrap_scripts.jobs.engine.plan_types import (
+    LaunchError,
+    LaunchOptions,
+    LaunchPlan,
+    python_command,
+)
+from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL, RDZV_STORE_SCRIPT
 from bootstrap_scripts.protocol.jobs import ADDRESS_PLACEHOLDER, Proc, Share
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.node_files import (
@@ -29,62 +36,8 @@ from bootstrap_scripts.protocol.node_files import (
 LAUNCHERS = ("torchrun", "mpi", "horovod", "tf", "mxnet", "each")
 MASTER_ONLY = frozenset({"mpi", "horovod", "mxnet"})
 
-#: The interface flags the original Horovod cluster template passed to mpirun; right for real
-#: clusters, where ``lo`` and ``docker0`` must not carry traffic. The loopback emulator
-#: overrides them.
-DEFAULT_MPI_IF_EXCLUDE = "lo,docker0"
-DEFAULT_NCCL_SOCKET_IFNAME = "^docker0"
 #: Variables mpirun always forwards (as the original did).
 MPI_ALWAYS_FORWARD = ("LD_LIBRARY_PATH", "PATH")
-
-
-class LaunchError(ValueError):
-    """Options that cannot produce a valid command; the message names the bad value."""
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    job_id: str = "job"
-    #: the job's directory on EFS (``ClusterPaths(efs).job(job_id).dir``); the runner sets it
-    job_dir: str = ""
-    python: str = "python3"
-    # torchrun
-    nnodes: str = ""  # "" = exactly the membership's node count; or "MIN:MAX"
-    nproc_per_node: int = 0  # 0 = GPU count (1 on CPU nodes)
-    max_restarts: int = 0
-    rdzv_port: int = 29400
-    #: elastic: nodes may join and leave while the job runs (see docs/elastic-training.md)
-    elastic: bool = False
-    #: seconds the rendezvous waits for more nodes once MIN are there (torchrun: 30)
-    rdzv_last_call: float = 0.0
-    # mpi / horovod
-    mpirun: str = "mpirun"
-    horovodrun: str = "horovodrun"
-    mpi_if_include: str = ""  # when set, replaces the exclude list (e.g. "lo" in the emulator)
-    mpi_if_exclude: str = DEFAULT_MPI_IF_EXCLUDE
-    nccl_socket_ifname: str = DEFAULT_NCCL_SOCKET_IFNAME
-    mpi_rsh_agent: str = ""  # e.g. "ssh -F /path/cfg"
-    mpi_extra: tuple[str, ...] = ()
-    forward_env: tuple[str, ...] = ()
-    allow_run_as_root: bool = False
-    # tf
-    tf_mode: str = "worker"  # "worker" (multi-worker) | "ps" (parameter server)
-    tf_port: int = 2222  # multi-worker port; the PS port in ps mode
-    tf_worker_base_port: int = 2230
-    # mxnet
-    mxnet_launch: str = "launch.py"
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    launcher: str
-    shares: tuple[Share, ...]
-    master_only: bool
-    files: dict[str, str] = field(default_factory=dict)  # relative to the job dir
-    summary: str = ""
-    #: elastic jobs: the share a node that joins later runs; ``{address}`` in its argv is
-    #: replaced by the joining node's address (its executor builds its own share)
-    join_template: Proc | None = None
 
 
 def plan(launcher: str, m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
@@ -121,13 +74,6 @@ def strip_python(command: list[str], python: str) -> list[str]:
             raise LaunchError(f"torchrun runs the command with the job's interpreter "
                               f"({python}), not {command[0]}: pass --python {command[0]}")
         return command[1:]
-    return command
-
-
-def python_command(command: list[str], python: str) -> list[str]:
-    """Prefix the interpreter when the user gave a script or ``-m module`` (tf launcher)."""
-    if command[0].endswith(".py") or command[0] == "-m":
-        return [python, *command]
     return command
 
 
@@ -349,10 +295,7 @@ def each_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchP
 
 
 def tf_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPlan:
-    """TensorFlow: one task per node (or PS + workers), in ``tf_launcher`` (it uses this
-    module's types, so it is imported when first used)."""
-    from bootstrap_scripts.jobs import tf_launcher
-
+    """TensorFlow: one task per node (or PS + workers), in ``tf_launcher``."""
     return tf_launcher.tf_plan(m, command, opts)
 
 

@@ -1,6 +1,6 @@
 """The TensorFlow launcher: the same command on every node, each with its ``TF_CONFIG``.
 
-Part of :mod:`bootstrap_scripts.jobs.launchers` (registered in its planner table), apart only
+Part of :mod:`bootstrap_scripts.jobs.engine.launchers` (registered in its planner table), apart only
 to keep that module short enough to read in one sitting.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from bootstrap_scripts.jobs.launchers import (
+from bootstrap_scripts.jobs.engine.plan_types import (
     LaunchError,
     LaunchOptions,
     LaunchPlan,

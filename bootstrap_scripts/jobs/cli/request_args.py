@@ -1,0 +1,70 @@
+"""The job's context and run request from ``dl-run``'s parsed options.
+
+Shared by ``dl-run --unmanaged`` (``dl_run.py``) and a managed submission (``submit.py``):
+apart from both, so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
+from bootstrap_scripts.protocol.jobs import FORWARDED_ENV, RunRequest
+from bootstrap_scripts.protocol.membership import Membership, MembershipError
+from bootstrap_scripts.protocol.paths import NodePaths
+
+
+@dataclass
+class Context:
+    membership: Membership
+    efs: Path
+
+
+def load_context(args: argparse.Namespace) -> Context:
+    path = Path(args.membership) if args.membership else NodePaths(args.root).membership
+    try:
+        m = Membership.load(path)
+    except FileNotFoundError:
+        raise RunError(f"no membership at {path}: is the node agent running, and is --root "
+                       f"({args.root}) right?", EXIT_USAGE) from None
+    except (OSError, MembershipError) as exc:
+        raise RunError(f"cannot read membership {path}: {exc}", EXIT_USAGE) from None
+    efs = Path(args.mount_point or m.efs_mount)
+    return Context(m, efs)
+
+
+def job_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {k: os.environ[k] for k in (*FORWARDED_ENV, *args.forward) if k in os.environ}
+    env["PYTHONUNBUFFERED"] = "1"  # lines reach the log (and the runner) as they are printed
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RunError(f"--env expects KEY=VALUE, got {item!r}", EXIT_USAGE)
+        env[key] = value
+    return env
+
+
+def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
+                      ) -> RunRequest:
+    """The run request of these options: what ``--unmanaged`` runs and what a managed job's
+    request carries to every attempt."""
+    if not command:
+        raise RunError("no command given: put the training command after the options",
+                       EXIT_USAGE)
+    return RunRequest(
+        job_id=job_id, command=tuple(command), launcher=args.launcher, env=job_env(args),
+        forward=tuple(args.forward) + tuple(e.partition("=")[0] for e in args.env),
+        cwd=os.path.abspath(args.cwd or os.getcwd()), python=args.python,
+        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
+        torchrun_max_restarts=args.torchrun_max_restarts, rdzv_port=args.rdzv_port,
+        elastic=args.elastic, rdzv_last_call=args.rdzv_last_call,
+        mpi_if_include=args.mpi_if_include, mpi_if_exclude=args.mpi_if_exclude,
+        nccl_socket_ifname=args.nccl_socket_ifname, mpi_rsh_agent=args.mpi_rsh_agent,
+        mpi_args=tuple(args.mpi_arg), mpirun=args.mpirun, horovodrun=args.horovodrun,
+        tf_mode=args.tf_mode, tf_port=args.tf_port, mxnet_launch=args.mxnet_launch,
+        grace=args.grace, fail_grace=args.fail_grace, heartbeat_timeout=args.heartbeat_timeout,
+        reach_timeout=args.reach_timeout, start_timeout=args.start_timeout,
+        orphan_timeout=args.orphan_timeout, prefix=not args.no_prefix)

@@ -1,0 +1,85 @@
+"""Finished jobs' records leave ``managed/`` and ``jobs/`` after their retention.
+
+Every job leaves a directory on EFS (its spec, logs, exits, result; a managed job also its
+request and record). Kept forever, ``dl-jobs`` lists grow without end and each scan of the
+job directories (the executors', the controller's) gets slower. So the job controller moves
+the records of jobs that finished more than ``--retention-days`` ago (default 7) to
+``archive/managed/<id>/`` and ``archive/jobs/<id>/`` (``ClusterPaths.archive_dir``): out of
+the way, still there for whoever needs a log; deleting them is the operator's choice.
+
+What counts as finished: a managed job in a terminal state (its ``finished_at``); a job
+directory with its runner's ``done`` marker (its time), unless it is an attempt of a
+managed job that is still kept. A job that never finished is never archived.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine.restart_policy import JobState
+from bootstrap_scripts.protocol.paths import JOBS_DIR, MANAGED_DIR, ClusterPaths
+
+LOG = logging.getLogger("dl-controller")
+DEFAULT_RETENTION_DAYS = 7.0
+DAY = 86400.0
+
+
+def expired(finished_at: float | None, *, now: float, days: float) -> bool:
+    """A job that finished at ``finished_at`` is past a retention of ``days``."""
+    return bool(finished_at) and days > 0 and now - float(finished_at) > days * DAY
+
+
+def _move(src: Path, dest_dir: Path) -> bool:
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / src.name
+    if dest.exists():  # archived before (a name reused): keep both
+        dest = dest_dir / f"{src.name}.{int(time.time())}"
+    try:
+        os.rename(src, dest)
+    except OSError as exc:
+        LOG.error("cannot archive %s: %s", src, exc)
+        return False
+    return True
+
+
+def archive_finished(efs: Path, *, days: float, now: float | None = None) -> list[str]:
+    """Move every finished job past ``days`` to the archive; returns what moved
+    (``managed/<id>``, ``jobs/<id>``). ``days`` <= 0: keep everything."""
+    if days <= 0:
+        return []
+    now = time.time() if now is None else now
+    cluster = ClusterPaths(efs)
+    moved: list[str] = []
+    kept: set[str] = set()
+    for paths in managed.all_paths(efs):
+        job = managed.load_job(paths)
+        done = job is not None and JobState(job.state).terminal
+        if done and expired(job.finished_at or job.updated_at, now=now, days=days) and \
+                _move(paths.dir, cluster.archive_dir / MANAGED_DIR):
+            moved.append(f"{MANAGED_DIR}/{paths.dir.name}")
+            continue
+        kept.add(paths.dir.name)
+    try:
+        names = sorted(e.name for e in os.scandir(cluster.jobs_dir) if e.is_dir()
+                       and not e.name.startswith("."))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        if name.rpartition(".")[0] in kept:
+            continue  # an attempt of a managed job still listed: its logs stay with it
+        jpaths = cluster.job(name)
+        try:
+            finished = jpaths.done.stat().st_mtime
+        except OSError:
+            continue  # not finished (or not a job)
+        if expired(finished, now=now, days=days) and _move(jpaths.dir,
+                                                          cluster.archive_dir / JOBS_DIR):
+            moved.append(f"{JOBS_DIR}/{name}")
+    if moved:
+        LOG.info("archived %d finished job record(s) older than %g day(s): %s", len(moved),
+                 days, ", ".join(moved))
+    return moved

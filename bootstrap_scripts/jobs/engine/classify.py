@@ -1,0 +1,189 @@
+"""Why a job's attempt did not succeed: the one classifier of outcomes (pure, no I/O).
+
+Both ends of a run use it: the runner's summary names the class in its final message and
+returns it in the :class:`~bootstrap_scripts.jobs.engine.run.Verdict`, and the job
+controller's restart policy decides on it. Whoever reads the same ``result.json`` and share
+exits gets the same answer.
+
+The classes (``FailureClass``), and who is to blame:
+
+- ``user-code``: the command exited non-zero (or by a signal of its own) on healthy nodes;
+- ``node-lost``: a node stopped answering (its executor heartbeat stopped, or it never
+  started its share);
+- ``node-unhealthy``: the machine or its kernel killed the share (SIGKILL or SIGBUS not sent
+  by the job's cancel: the OOM killer, a hardware fault), or the node failed the health gate;
+- ``cancelled``: the user (or the runner's signal) cancelled the job;
+- ``infrastructure``: the product's own fault, not the user's nor the machine's: a job
+  executor that restarted and stopped the share it found running, an attempt's runner that
+  vanished without a result, a job controller lost with its attempt. Retried like a node
+  fault; no node is blamed.
+
+A ``FailureKind`` is the precise cause recorded in a restart record (``node-signal``,
+``master-lost``, ...); each kind belongs to one class.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_UNREACHABLE
+from bootstrap_scripts.protocol.jobs import EXECUTOR_RESTARTED_REASON
+from bootstrap_scripts.protocol.records import JobResult, NodeResult, ShareExit
+
+#: Signals that say "the machine or the kernel killed it", not "the program crashed".
+NODE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGBUS})
+
+
+class FailureClass(StrEnum):
+    USER_CODE = "user-code"
+    NODE_LOST = "node-lost"
+    NODE_UNHEALTHY = "node-unhealthy"
+    CANCELLED = "cancelled"
+    INFRASTRUCTURE = "infrastructure"
+
+
+class FailureKind(StrEnum):
+    NODE_LOST = "node-lost"
+    NODE_SIGNAL = "node-signal"
+    NODE_UNHEALTHY = "node-unhealthy"
+    CODE = "code"
+    MASTER_LOST = "master-lost"
+    EXECUTOR_RESTARTED = "executor-restarted"
+    RUNNER_LOST = "runner-lost"
+    CANCELLED = "cancelled"
+
+    @property
+    def failure_class(self) -> FailureClass:
+        return _CLASS_OF[self]
+
+    @property
+    def node_fault(self) -> bool:
+        """The node is at fault: it is marked unhealthy and replaced."""
+        return self.failure_class in (FailureClass.NODE_LOST, FailureClass.NODE_UNHEALTHY)
+
+
+_CLASS_OF = {
+    FailureKind.NODE_LOST: FailureClass.NODE_LOST,
+    FailureKind.NODE_SIGNAL: FailureClass.NODE_UNHEALTHY,
+    FailureKind.NODE_UNHEALTHY: FailureClass.NODE_UNHEALTHY,
+    FailureKind.CODE: FailureClass.USER_CODE,
+    FailureKind.MASTER_LOST: FailureClass.INFRASTRUCTURE,
+    FailureKind.EXECUTOR_RESTARTED: FailureClass.INFRASTRUCTURE,
+    FailureKind.RUNNER_LOST: FailureClass.INFRASTRUCTURE,
+    FailureKind.CANCELLED: FailureClass.CANCELLED,
+}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why an attempt did not succeed, and which node (if a node is to blame)."""
+
+    kind: FailureKind
+    detail: str
+    address: str = ""
+    instance_id: str = ""
+    rank: int | None = None
+
+    @property
+    def failure_class(self) -> FailureClass:
+        return self.kind.failure_class
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a run ended (what :func:`~bootstrap_scripts.jobs.engine.run.run` returns):
+    ``status`` (succeeded | failed | cancelled), the exit status ``dl-run`` returns, and
+    the classified cause (None when it succeeded)."""
+
+    job_id: str
+    status: str
+    exit_code: int
+    failure: Failure | None = None
+
+
+def node_kind(node: NodeResult, exit_rec: ShareExit | None) -> FailureKind | None:
+    """What went wrong on one node of a finished job (None: nothing, or it left an elastic
+    job). ``cancelled`` means the node's share was stopped because of someone else."""
+    if node.left or node.returncode == 0:
+        return None
+    if node.returncode is None:
+        return FailureKind.NODE_LOST
+    if exit_rec is not None and exit_rec.reason.startswith(EXECUTOR_RESTARTED_REASON):
+        return FailureKind.EXECUTOR_RESTARTED
+    if exit_rec is not None and exit_rec.cancelled:
+        return FailureKind.CANCELLED
+    if exit_rec is not None and exit_rec.signal in NODE_SIGNALS:
+        return FailureKind.NODE_SIGNAL
+    return FailureKind.CODE
+
+
+#: Which node's fault is the job's cause when several failed: a node to blame (or the
+#: product) wins over a code failure (when a node is lost or killed, its peers fail too,
+#: by consequence), and a node stopped by the cancel is a cause only when nothing else is.
+_PRECEDENCE = (FailureKind.NODE_LOST, FailureKind.EXECUTOR_RESTARTED, FailureKind.NODE_SIGNAL,
+               FailureKind.CODE, FailureKind.CANCELLED)
+
+
+def _detail(kind: FailureKind, node: NodeResult, exit_rec: ShareExit | None) -> str:
+    where = f"node rank {node.rank} ({node.address})"
+    if kind is FailureKind.NODE_LOST:
+        return node.reason or f"{where}: no exit recorded"
+    if kind is FailureKind.NODE_SIGNAL and exit_rec is not None:
+        return f"{where}: share killed by {signal.Signals(exit_rec.signal).name}"
+    if kind is FailureKind.EXECUTOR_RESTARTED and exit_rec is not None:
+        return f"{where}: {exit_rec.reason}"
+    return f"{where} exited with code {node.returncode}" + (
+        f" ({node.reason})" if node.reason else "")
+
+
+def failing_nodes(result: JobResult, exits: Mapping[int, ShareExit]
+                  ) -> list[tuple[FailureKind, NodeResult]]:
+    """Every node that failed the job, the cause first (see ``_PRECEDENCE``), then by the
+    time each failed and by rank."""
+    out = []
+    for node in result.nodes:
+        kind = node_kind(node, exits.get(node.rank))
+        if kind is not None:
+            out.append((kind, node))
+
+    def order(item: tuple[FailureKind, NodeResult]) -> tuple[int, float, int]:
+        kind, node = item
+        rec = exits.get(node.rank)
+        return (_PRECEDENCE.index(kind), rec.finished_at if rec else 0.0, node.rank)
+
+    return sorted(out, key=order)
+
+
+def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
+             runner_code: int | None = None) -> Failure | None:
+    """The failure of a finished attempt (None: it succeeded).
+
+    ``result`` is the attempt's ``result.json`` and ``exits`` its shares' exit records;
+    ``runner_code`` the runner's exit status, for an attempt that ended without a result
+    (a node unreachable at its start: ``node-lost``; None, a runner that vanished (seen
+    only through its heartbeat): ``runner-lost``; anything else, e.g. options the launcher
+    refused: ``code``)."""
+    if result is None and runner_code is None:
+        return Failure(FailureKind.RUNNER_LOST, "the attempt's runner stopped without a "
+                       "result (its heartbeat went silent)")
+    if result is None:
+        if runner_code == EXIT_UNREACHABLE:
+            return Failure(FailureKind.NODE_LOST, "a node was unreachable when the attempt "
+                           "started (no executor heartbeat)")
+        return Failure(FailureKind.CODE, f"the attempt's runner exited with code "
+                       f"{runner_code} without a result")
+    if result.status == "succeeded":
+        return None
+    if result.status == "cancelled":
+        return Failure(FailureKind.CANCELLED, "the attempt was cancelled")
+    failing = failing_nodes(result, exits)
+    if not failing:
+        return Failure(FailureKind.CODE, "the attempt failed")
+    kind, node = failing[0]
+    if kind is FailureKind.CANCELLED:  # only stopped nodes: the one that failed first
+        kind = FailureKind.CODE
+    return Failure(kind, _detail(kind, node, exits.get(node.rank)), node.address,
+                   rank=node.rank)

@@ -1,0 +1,155 @@
+"""The engine's front door: ``run(request, membership, efs) -> Verdict``.
+
+One way to run a job on a set of nodes, whoever asks: ``dl-run --unmanaged`` (from its
+options), each attempt of a managed job (the job controller hands the attempt's runner the
+job's :class:`RunRequest`) and the health gate's checks and all-reduce. Like TorchElastic's
+``LaunchConfig -> elastic_launch -> RunResult``: a typed request in, a typed verdict out.
+
+The steps, each done once here: the launch plan (``launchers``), the nodes' reachability
+(``reachability``), publishing the job spec on EFS (written last: the executors' go),
+following the job (``watch``), and its result and verdict (``summary``, which classifies
+the outcome with ``classify``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine.classify import Verdict
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
+from bootstrap_scripts.jobs.engine.reachability import check_reachable
+from bootstrap_scripts.jobs.engine.summary import summarize
+from bootstrap_scripts.jobs.engine.watch import Watch, install_signal_handlers, watch
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
+from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
+from bootstrap_scripts.protocol.records import RunnerHeartbeat
+
+
+def nodes_membership(m: Membership, nodes: list[Node], *, reason: str,
+                     efs_mount: str = "") -> Membership:
+    """The membership a run on ``nodes`` (some of ``m``'s) uses: those nodes only, the
+    lowest rank first (the master when it is among them: it runs the rendezvous store and
+    mpirun), ranks renumbered, the generation, GPU counts and types as ``m`` has them."""
+    first = min(nodes, key=lambda n: n.rank)
+
+    def entry(n: Node) -> dict:
+        return {"instance_id": n.instance_id, "address": n.address, "gpus": n.gpus,
+                "instance_type": n.instance_type, "base": n.base}
+
+    return build_membership(cluster_id=m.cluster_id, generation=m.generation,
+                            master=entry(first),
+                            workers=[entry(n) for n in nodes if n is not first],
+                            efs_mount=efs_mount or m.efs_mount, created_at=m.created_at,
+                            reason=reason)
+
+
+def default_python() -> str:
+    return sys.executable if importlib.util.find_spec("torch") else "python3"
+
+
+def launch_options(request: RunRequest, paths: JobPaths) -> ln.LaunchOptions:
+    return ln.LaunchOptions(
+        job_id=request.job_id, job_dir=str(paths.dir),
+        python=request.python or default_python(), nnodes=request.nnodes,
+        nproc_per_node=request.nproc_per_node, max_restarts=request.torchrun_max_restarts,
+        rdzv_port=request.rdzv_port, elastic=request.elastic,
+        rdzv_last_call=request.rdzv_last_call, mpirun=request.mpirun,
+        horovodrun=request.horovodrun, mpi_if_include=request.mpi_if_include,
+        mpi_if_exclude=request.mpi_if_exclude, nccl_socket_ifname=request.nccl_socket_ifname,
+        mpi_rsh_agent=request.mpi_rsh_agent, mpi_extra=request.mpi_args,
+        forward_env=request.forward, allow_run_as_root=os.geteuid() == 0,
+        tf_mode=request.tf_mode, tf_port=request.tf_port, mxnet_launch=request.mxnet_launch)
+
+
+def build_plan(request: RunRequest, m: Membership, paths: JobPaths) -> ln.LaunchPlan:
+    """The launch plan of ``request`` on ``m``; RunError (usage) naming what is wrong."""
+    if request.elastic and request.launcher != "torchrun":
+        raise RunError(f"--elastic needs the torchrun launcher (its elastic rendezvous), "
+                       f"not {request.launcher!r}", EXIT_USAGE)
+    try:
+        return ln.plan(request.launcher, m, list(request.command),
+                       launch_options(request, paths))
+    except ln.LaunchError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
+
+
+def render_commands(plan: ln.LaunchPlan, m: Membership, env: dict[str, str]) -> str:
+    """Human-readable per-node commands (dry run output and ``commands.txt``)."""
+    lines = [f"# launcher: {plan.launcher} ({plan.summary})"]
+    lines += [f"# job env: {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    for share in plan.shares:
+        node = m.nodes[share.rank]
+        lines.append(f"# node {share.rank} {share.address} ({node.role}, {node.gpus} GPU)")
+        for proc in share.procs:
+            prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(proc.env.items()))
+            tag = f"[{proc.label}] " if proc.label else ""
+            lines.append(f"{tag}{prefix + ' ' if prefix else ''}{shlex.join(proc.argv)}")
+    if plan.master_only:
+        others = [n.address for n in m.nodes if n.rank != m.master.rank]
+        if others:
+            lines.append(f"# reached from the master over ssh: {', '.join(others)}")
+    for name, content in sorted(plan.files.items()):
+        lines.append(f"# file {name}:")
+        lines += [f"#   {line}" for line in content.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def announce(request: RunRequest, plan: ln.LaunchPlan, m: Membership) -> None:
+    say(f"job {request.job_id}")
+    say(f"launcher: {plan.summary}")
+    say("nodes: " + ", ".join(f"{n.rank}={n.address}{' (master)' if n.role == 'master' else ''}"
+                              for n in m.nodes) + f" (membership generation {m.generation})")
+
+
+def prepare(request: RunRequest, m: Membership, efs: Path
+            ) -> tuple[ln.LaunchPlan, JobPaths, str]:
+    """The plan, the job's paths and its rendered commands (what a dry run prints)."""
+    paths = ClusterPaths(efs).job(request.job_id)
+    plan = build_plan(request, m, paths)
+    return plan, paths, render_commands(plan, m, request.env)
+
+
+def run(request: RunRequest, m: Membership, efs: Path) -> Verdict:
+    """Run ``request`` on the nodes of ``m`` (EFS at ``efs``) and follow it to its end.
+
+    RunError before anything was published (a bad plan, an unreachable node: nothing to
+    stop); once the spec is out, signals cancel the job on every node and the verdict says
+    so."""
+    plan, paths, commands = prepare(request, m, efs)
+    announce(request, plan, m)
+    check_reachable(efs, [s.address for s in plan.shares],
+                    timeout=request.heartbeat_timeout, reach_timeout=request.reach_timeout)
+    if paths.dir.exists():
+        raise RunError(f"job directory {paths.dir} already exists: choose another --job-id",
+                       EXIT_USAGE)
+    say(f"logs: {paths.nodes}/")
+    try:
+        paths.nodes.mkdir(parents=True)
+    except PermissionError as exc:
+        raise RunError(f"cannot create the job directory {paths.dir} ({exc.strerror}): the "
+                       f"job executors make {paths.dir.parent} writable for every user when "
+                       f"they start; is one running on this cluster?", EXIT_USAGE) from None
+    for name, content in plan.files.items():
+        store.atomic_write(paths.dir / name, content)
+    store.atomic_write(paths.commands, commands)
+    store.write_record(paths.runner_heartbeat,
+                       RunnerHeartbeat(seq=0, pid=os.getpid(), time=time.time()))
+    spec = JobSpec(
+        job_id=request.job_id, launcher=plan.launcher, shares=plan.shares, env=request.env,
+        cwd=request.cwd or os.getcwd(), created_at=time.time(),
+        grace_seconds=request.grace, orphan_timeout=request.orphan_timeout,
+        master_only=plan.master_only, elastic=request.elastic, generation=m.generation,
+        join_template=plan.join_template,
+    )
+    w = Watch(spec, paths, efs, request)
+    old = install_signal_handlers(w)
+    store.atomic_write(paths.spec, spec.to_json())  # the go signal: written last
+    return summarize(watch(w, old))

@@ -199,6 +199,14 @@ def job_figures(job: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def job_user() -> str:
+    """Who ``dlc submit --as`` can name here: this user unless it is a system user (root)."""
+    import getpass
+    import os
+
+    return getpass.getuser() if os.getuid() >= 1000 else "USER"
+
+
 def keep_instructions(ctx: DemoContext) -> None:
     """``--keep``: how to reach the cluster left running, and how to stop it."""
     master = ctx.master()
@@ -211,11 +219,12 @@ def keep_instructions(ctx: DemoContext) -> None:
     ctx.console.print("\n[bold]The emulated cluster is still running (--keep).[/]")
     ctx.console.print(
         f"  from here, as from a laptop against AWS (dlc talks to the emulator's AWS APIs;\n"
-        f"  'pip install .' installs the dlc command, or use this checkout's):\n"
-        f"    alias dlc='PYTHONPATH={dp.REPO_ROOT} {sys.executable} -m dlc'\n"
+        f"  'make setup' put the dlc command next to this Python):\n"
+        f"    export PATH={Path(sys.executable).parent}:$PATH\n"
         f"    export DLC_EMULATOR={state_file}\n"
         f"    dlc status\n"
-        f"    dlc submit -- python -m bootstrap_scripts.examples.train_digits\n"
+        f"    dlc submit --as {job_user()} -- python -m bootstrap_scripts.examples.train_digits\n"
+        f"      (jobs never run as root: --as names a user of this machine with uid >= 1000)\n"
         f"    dlc logs -f <job id>\n"
         f"  (every command: docs/dlc.md)\n"
         f"  a shell on the master, where the README's commands work as written:\n"

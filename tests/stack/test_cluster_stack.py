@@ -256,6 +256,8 @@ def test_lambda_matches_its_code() -> None:
         "LOG_LEVEL",
         "ZONE_CHOICES",
         "MAX_ZONE_MOVES",
+        "LAUNCH_RETRY_SECONDS",
+        "WAIT_HANDLE_URL",
     }
     assert env["CLUSTER_TAG_KEY"] == "dl-cluster:id" and env["ROLE_TAG_KEY"] == "NodeType"
     source = importlib.util.find_spec(f"lambda_src.{module_name}").origin

@@ -71,6 +71,34 @@ def test_restarted_executor_reattaches_and_records_the_real_exit(emu):
     assert "re-attached" in c.executor_log(addr)
 
 
+def test_a_share_that_ended_while_its_executor_was_down_gets_its_own_exit(emu, tmp_path):
+    """The share fails by itself (exit 3) while no executor runs: the restarted executor
+    records exactly that, a failure of the job's code, from the wrapper's status file."""
+    c = emu(1)
+    c.start_executors()
+    addr = c.addresses[0]
+    go = tmp_path / "go"
+    p = c.popen_runner("--launcher", "each", "--", "python3", "-c",
+                       f"import os, sys, time; print('ready', flush=True)\n"
+                       f"while not os.path.exists({str(go)!r}): time.sleep(0.1)\n"
+                       f"sys.exit(3)")
+    _wait(lambda: _ready(c), 60, "the share never got ready")
+    (jdir,) = c.job_dirs()
+    paths = JobPaths(jdir)
+    token = procgroup.share_token(jdir.name, 0, addr)
+    _kill_executor(c, addr)
+    go.touch()
+    _wait(lambda: not procgroup.pids_with_token(token), 30, "the share did not end")
+    assert not store.exists(paths.exit(0))  # nobody recorded it yet
+    c.start_executors([addr])
+    _wait(lambda: store.exists(paths.exit(0)), 60, "no exit recorded")
+    rec = store.read_record(paths.exit(0), ShareExit)
+    assert rec is not None
+    assert (rec.returncode, rec.cancelled, rec.fault) == (3, False, ""), rec
+    p.communicate(timeout=60)
+    assert p.returncode == 1
+
+
 def test_a_share_whose_exit_status_is_lost_is_an_infrastructure_failure(emu):
     """The executor is down and the share's wrapper (the only one who could know the exit
     status) is killed too: the restarted executor cannot know how the share ended, so it

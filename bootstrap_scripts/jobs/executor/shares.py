@@ -95,8 +95,10 @@ class RunningShare:
         return 0
 
     def status_lost(self) -> bool:
-        """A process re-attached after an executor restart ended without a known status."""
-        return any(isinstance(p.popen, AdoptedProcess) and p.popen.lost for p in self.procs)
+        """A main process re-attached after an executor restart ended without a known
+        status (helpers, stopped by us once the main ones ended, do not count)."""
+        return any(isinstance(p.popen, AdoptedProcess) and p.popen.lost
+                   for p in self.procs if p.proc.wait)
 
     def infrastructure_fault(self) -> tuple[str, str]:
         """(``ShareExit.fault``, reason) when the node's machinery ended the share."""

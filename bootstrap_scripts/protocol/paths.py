@@ -15,6 +15,8 @@ On a node (relative to its root)::
     etc/hosts                         managed block with the deeplearning-* aliases
     var/lib/dl-agent/state.json       the master agent's memory across restarts
     var/lib/dl-agent/<name>.lock      held (flock) by the one running <name> daemon
+    var/lib/dl-executor/shares/<job-id>.<rank>.<n>.status  how process n of a share ended,
+                                      written by its wrapper (a restarted executor reads it)
 
 On EFS (relative to the mount point)::
 
@@ -62,6 +64,8 @@ PROFILE_FILE = "etc/profile.d/deeplearning.sh"
 HOSTS_FILE = "etc/hosts"
 AGENT_STATE_DIR = "var/lib/dl-agent"
 AGENT_STATE_FILE = f"{AGENT_STATE_DIR}/state.json"
+EXECUTOR_STATE_DIR = "var/lib/dl-executor"
+SHARE_STATUS_DIR = f"{EXECUTOR_STATE_DIR}/shares"
 
 # -- on EFS, relative to the mount point ---------------------------------------------------------
 CLUSTER_DIR = "cluster"
@@ -90,8 +94,9 @@ SHARED_USER_DIRS = (JOBS_DIR, CHECKPOINTS_DIR, MANAGED_DIR)
 #: Every path above, in the form docs/protocol.md spells it (a test holds the two together).
 LAYOUT = (
     WORKERS_FILE, MPI_HOSTFILE, HOROVOD_HOSTS_FILE, MEMBERSHIP_FILE, ENV_FILE, PROFILE_FILE,
-    HOSTS_FILE, AGENT_STATE_FILE, f"{AGENT_STATE_DIR}/<name>.lock", MEMBERSHIP,
-    f"{GENERATIONS_DIR}/<N>.json", MEMBERSHIP_LOG,
+    HOSTS_FILE, AGENT_STATE_FILE, f"{AGENT_STATE_DIR}/<name>.lock",
+    f"{SHARE_STATUS_DIR}/<job-id>.<rank>.<n>.status", MEMBERSHIP, f"{GENERATIONS_DIR}/<N>.json",
+    MEMBERSHIP_LOG,
     f"{NODES_DIR}/<instance-id>.json", f"{LOGS_DIR}/<instance-id>.log",
     f"{EXECUTORS_DIR}/<address>.json", f"{DRAIN_DIR}/<instance-id>.json",
     f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
@@ -172,6 +177,18 @@ class NodePaths:
         """The lock file the one running ``name`` daemon holds (:mod:`bootstrap_scripts.
         single_instance`): ``dl-agent``, ``dl-executor``, ``dl-controller``."""
         return self.root / AGENT_STATE_DIR / f"{name}.lock"
+
+    @property
+    def executor_lock(self) -> Path:
+        return self.lock("dl-executor")
+
+    @property
+    def share_status_dir(self) -> Path:
+        return self.root / SHARE_STATUS_DIR
+
+    def share_status(self, job_id: str, rank: int, index: int) -> Path:
+        """How process ``index`` of this node's share ``rank`` of ``job_id`` ended."""
+        return self.share_status_dir / f"{validate_job_id(job_id)}.{int(rank)}.{int(index)}.status"
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,14 @@ class ShareExit(Record):
     started_at: float | None = None
     finished_at: float = 0.0
     left_alive: int = 0
+    #: Who ended the share when not the job's own processes: "" (the returncode is the
+    #: job's), or :data:`FAULT_INFRASTRUCTURE` (the node's executor lost track of it, e.g.
+    #: it restarted and could not collect the exit status): never a failure of the code.
+    fault: str = ""
+
+
+#: ``ShareExit.fault``: the share ended because of the node's machinery, not the job's code.
+FAULT_INFRASTRUCTURE = "infrastructure"
 
 
 @record

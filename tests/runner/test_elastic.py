@@ -24,7 +24,6 @@ from bootstrap_scripts.protocol.records import (
     DrainDone,
     DrainRecord,
     JobResult,
-    ShareExit,
     ShareStarted,
 )
 from tests.support.cluster import LocalCluster, free_rdzv_port
@@ -170,6 +169,11 @@ def _wait(cond, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_workers_die_when_torchrun_dies_first(emu):
     c = emu(1)
     c.start_executors()
@@ -178,31 +182,11 @@ def test_workers_die_when_torchrun_dies_first(emu):
     (jdir,) = c.job_dirs()
     token = share_token(jdir.name, 0, c.addresses[0])
     workers = [pid for pid in pids_with_token(token) if alive(pid)]
-    torchrun = store.read_record(JobPaths(jdir).started(0), ShareStarted).pids[0]
+    wrapper = store.read_record(JobPaths(jdir).started(0), ShareStarted).pids[0]
+    # the share's first process is torchrun's wrapper (jobs/share_wrapper.py): its child
+    (torchrun,) = [pid for pid in workers if _parent(pid) == wrapper]
     assert len(workers) >= 3  # torchrun, its worker, the worker's child
     os.kill(torchrun, signal.SIGKILL)  # the workers live in sessions of their own
     _wait(lambda: store.exists(JobPaths(jdir).exit(0)), 30, "no exit recorded")
     assert not [pid for pid in workers if alive(pid)]
     assert p.wait(timeout=30) == 1
-
-
-def test_restarted_executor_stops_the_share_it_finds_running(emu):
-    c = emu(1)
-    c.start_executors()
-    addr = c.addresses[0]
-    p = c.popen_runner("--launcher", "each", "--", "python3", str(JOBS / "sleeper.py"))
-    _wait(lambda: _share_ready(c), 60, "the sleeper never got ready")
-    (jdir,) = c.job_dirs()
-    token = share_token(jdir.name, 0, addr)
-    share = [pid for pid in pids_with_token(token) if alive(pid)]
-    assert share
-    c.executors[addr].kill()  # the executor dies; its share keeps running
-    c.executors[addr].wait()
-    assert [pid for pid in share if alive(pid)] == share
-    c.start_executors([addr])
-    _wait(lambda: store.exists(JobPaths(jdir).exit(0)), 30, "the restarted executor did nothing")
-    rec = store.read_record(JobPaths(jdir).exit(0), ShareExit)
-    assert rec and "executor restarted" in rec.reason and rec.returncode != 0
-    assert not [pid for pid in share if alive(pid)]
-    out, _ = p.communicate(timeout=30)
-    assert p.returncode == 1 and f"node rank 0 ({addr})" in out

@@ -38,11 +38,12 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts import single_instance
 from bootstrap_scripts.jobs.controller import attempts, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
-from bootstrap_scripts.jobs.engine import managed, single_instance
+from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
@@ -71,7 +72,7 @@ class ControllerError(RuntimeError):
 
 def lock_path(root: Path) -> Path:
     """The controller's lock file, in the node's state directory (next to the agent's)."""
-    return NodePaths(root).agent_state.with_name("dl-controller.lock")
+    return NodePaths(root).lock("dl-controller")
 
 
 def health_gate() -> Gate | None:
@@ -309,7 +310,7 @@ class Controller:
     def run(self) -> int:
         try:
             lock = single_instance.acquire(lock_path(self.root))
-        except single_instance.AlreadyRunning as exc:
+        except (single_instance.AlreadyRunning, single_instance.UnsafeLockFile) as exc:
             raise ControllerError(f"another job controller is running on this node: "
                                   f"{exc}") from None
         try:

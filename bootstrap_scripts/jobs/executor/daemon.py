@@ -42,11 +42,15 @@ from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import SHARED_USER_DIRS, ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
+from bootstrap_scripts.single_instance import AlreadyRunning, UnsafeLockFile, acquire
 
 LOG = logging.getLogger("dl-executor")
 
 POLL_SECONDS = 0.2
 HEARTBEAT_SECONDS = 1.0
+#: The longest pause between passes while EFS fails (ENOSPC, I/O errors): the executor
+#: keeps running and retries, each failed pass doubling the pause from ``POLL_SECONDS``.
+MAX_BACKOFF_SECONDS = 5.0
 #: EFS directories in which every user of the cluster creates entries of their own: job
 #: directories (``dl-run`` runs as the user who starts it) and the example's checkpoints.
 SHARED_EFS_DIRS = SHARED_USER_DIRS
@@ -157,6 +161,33 @@ class Executor:
             LOG.error("cannot prepare the shared EFS directories under %s: %s", self.efs, exc)
 
     # -- main loop -----------------------------------------------------------------------
+    def step(self) -> bool:
+        """One pass: heartbeat (every ~1 s), scan, join, drain, supervise. False when EFS
+        failed us (full, gone): each part is tried on its own, so a failing write (ENOSPC)
+        stops neither the others nor the executor; what could not be recorded is retried
+        on a later pass (:meth:`run` backs off meanwhile)."""
+        ok = True
+        if time.monotonic() - self.last_beat >= HEARTBEAT_SECONDS:
+            self.prepare_efs()  # first: a heartbeat on EFS then means the dirs are there
+            self.heartbeat()
+            ok = self.efs_ok
+        for what, action in (("scanning " + str(self.node.cluster.jobs_dir), self.scan),
+                             ("draining", self.drain.check),
+                             ("supervising the shares", self.supervise)):
+            try:
+                action()
+            except OSError as exc:
+                ok = False
+                LOG.error("%s failed: %s", what, exc)
+        return ok and not self.shares.unrecorded
+
+    def scan(self) -> None:
+        self.scanner.scan()
+        self.joins.join(draining=self.drain.requested)
+
+    def supervise(self) -> None:
+        self.scanner.seen.update(self.shares.supervise())
+
     def run(self) -> int:
         if not self.resolve_address():
             return 0
@@ -164,24 +195,18 @@ class Executor:
                  self.efs)
         if self.require_mount and not os.path.ismount(self.efs):
             LOG.warning("%s is not a mount point (yet); jobs will wait for it", self.efs)
+        pause = POLL_SECONDS
         while not self.stopping:
-            if time.monotonic() - self.last_beat >= HEARTBEAT_SECONDS:
-                self.prepare_efs()  # first: a heartbeat on EFS then means the dirs are there
-                self.heartbeat()
-            try:
-                self.scanner.scan()
-                self.joins.join(draining=self.drain.requested)
-            except OSError as exc:
-                LOG.error("scanning %s failed: %s", self.node.cluster.jobs_dir, exc)
-            self.drain.check()
-            self.scanner.seen.update(self.shares.supervise())
-            time.sleep(POLL_SECONDS)
+            # EFS full or failing: retry, but do not hammer it (nor fill the log)
+            pause = POLL_SECONDS if self.step() else min(pause * 2, MAX_BACKOFF_SECONDS)
+            time.sleep(pause)
         self.shutdown()
         return 0
 
     def shutdown(self) -> None:
         """Stop every running share (TERM, then KILL after its grace) before exiting."""
-        self.shares.stop_all("executor stopped")
+        with contextlib.suppress(OSError):
+            self.shares.stop_all("executor stopped")
         with contextlib.suppress(OSError):
             self.heartbeat(state="stopped")
 
@@ -212,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s dl-executor %(levelname)s %(message)s")
     root = Path(args.root)
     efs = args.mount_point or read_node_env(NodePaths(root)).get("EFS_MOUNT", "") or "/efs"
+    try:
+        lock = acquire(NodePaths(root).executor_lock)  # held (open) until we exit
+    except (AlreadyRunning, UnsafeLockFile, OSError) as exc:
+        LOG.error("%s; not starting a second one", exc)
+        return 1
     ex = Executor(root, Path(efs), args.address, require_mount=not args.no_mount)
 
     def stop(signum: int, _frame: object) -> None:
@@ -219,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    return ex.run()
+    try:
+        return ex.run()
+    finally:
+        lock.release()
 
 
 if __name__ == "__main__":

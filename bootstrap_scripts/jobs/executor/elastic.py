@@ -13,7 +13,8 @@ import logging
 import time
 
 from bootstrap_scripts.jobs.executor.node import ThisNode
-from bootstrap_scripts.jobs.executor.shares import STARTUP_LIVENESS_SECONDS, RunnerProbation, Shares
+from bootstrap_scripts.jobs.executor.probation import STARTUP_LIVENESS_SECONDS, RunnerProbation
+from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Share, join_share
 from bootstrap_scripts.protocol.paths import SHARE_CLAIM_SUFFIX, JobPaths

@@ -26,64 +26,33 @@ from dataclasses import dataclass, field
 from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.executor.node import ThisNode
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.jobs.executor.probation import runner_beat
+from bootstrap_scripts.jobs.executor.reattach import LOST_RETURNCODE, AdoptedProcess, live_group
+from bootstrap_scripts.jobs.executor.share_command import job_owner, missing_command, wrapped
+from bootstrap_scripts.protocol import liveness, store
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
+from bootstrap_scripts.protocol.liveness import Sighting
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, JobPaths
 from bootstrap_scripts.protocol.records import (
+    FAULT_INFRASTRUCTURE,
     ExecutorHeartbeat,
-    RunnerHeartbeat,
     ShareExit,
     ShareStarted,
 )
 
 LOG = logging.getLogger("dl-executor")
 
-#: A job found at start-up is only started if its runner proves alive within this time
-#: (its heartbeat changes): a node rebooting must not replay old jobs.
-STARTUP_LIVENESS_SECONDS = 3.0
-#: A peer whose executor heartbeat (every ~1 s) has not moved for this long is gone: the
-#: rendezvous store is not kept up for a share that nobody will ever finish.
-PEER_SILENT_SECONDS = 5.0
+
 #: The longest the master's share keeps the store up for peers after its agent succeeded.
 #: The others need about a second (their exit barrier's last read and the rendezvous
 #: close); this only bounds a peer that hangs after the barrier.
 STORE_HOLD_MAX_SECONDS = 30.0
 
 
-def runner_beat(paths: JobPaths) -> RunnerHeartbeat | None:
-    """The runner's latest heartbeat (None while missing or unreadable)."""
-    return store.read_record_or_none(paths.runner_heartbeat, RunnerHeartbeat)
-
-
-class RunnerProbation:
-    """Jobs whose runner has to prove it is alive (its heartbeat changes while we watch)
-    before this node starts or joins them: never start a job nobody follows any more."""
-
-    ALIVE, WAITING, DEAD = "alive", "waiting", "dead"
-
-    def __init__(self) -> None:
-        self.first_seen: dict[str, tuple[RunnerHeartbeat | None, float]] = {}
-
-    def watching(self, job_id: str) -> bool:
-        return job_id in self.first_seen
-
-    def check(self, job_id: str, paths: JobPaths, give_up_after: float) -> str:
-        beat = runner_beat(paths)
-        now = time.monotonic()
-        first = self.first_seen.setdefault(job_id, (beat, now))
-        if beat == first[0]:
-            if now - first[1] > give_up_after:
-                del self.first_seen[job_id]
-                return self.DEAD
-            return self.WAITING
-        del self.first_seen[job_id]
-        return self.ALIVE
-
-
 @dataclass
 class RunningProc:
     proc: Proc
-    popen: subprocess.Popen
+    popen: subprocess.Popen | AdoptedProcess
 
 
 @dataclass
@@ -94,16 +63,19 @@ class RunningShare:
     pgid: int
     procs: list[RunningProc]
     started_at: float
-    runner_beat: RunnerHeartbeat | None = None
-    runner_beat_changed: float = field(default_factory=time.monotonic)
+    #: the runner's heartbeat as this executor last saw it (``protocol.liveness``)
+    runner_seen: Sighting | None = None
     cancel_reason: str = ""
     term_sent: float | None = None
     kill_sent: bool = False
     drained: bool = False
     #: when the master's agent succeeded and the share began holding the store for peers
     held_since: float | None = None
-    #: peers' executor heartbeats: address -> (seq, when that seq was first seen)
-    peer_beats: dict[str, tuple[int | None, float]] = field(default_factory=dict)
+    #: peers' executor heartbeats as this executor last saw them (``protocol.liveness``)
+    peer_beats: dict[str, Sighting] = field(default_factory=dict)
+    #: set when the node's machinery, not the job, ended the share (``ShareExit.fault``)
+    fault: str = ""
+    fault_reason: str = ""
 
     @property
     def token(self) -> str:
@@ -122,21 +94,25 @@ class RunningShare:
                 return p.popen.returncode
         return 0
 
+    def status_lost(self) -> bool:
+        """A main process re-attached after an executor restart ended without a known
+        status (helpers, stopped by us once the main ones ended, do not count)."""
+        return any(isinstance(p.popen, AdoptedProcess) and p.popen.lost
+                   for p in self.procs if p.proc.wait)
+
+    def infrastructure_fault(self) -> tuple[str, str]:
+        """(``ShareExit.fault``, reason) when the node's machinery ended the share."""
+        if self.fault:
+            return self.fault, self.fault_reason
+        if self.status_lost() and not self.cancel_reason:
+            return FAULT_INFRASTRUCTURE, ("the job executor restarted while the share ran "
+                                          "and could not collect its exit status")
+        return "", ""
+
     def rdzv_store(self) -> RunningProc | None:
         """The helper serving the job's rendezvous store (the master's torchrun share)."""
         return next((p for p in self.procs
                      if p.proc.label == RDZV_STORE_LABEL and not p.proc.wait), None)
-
-
-def job_owner(paths: JobPaths) -> dict:
-    """Jobs run as the user who published them (the owner of spec.json), not as the
-    executor's root: a user must not gain root on every node by submitting a job."""
-    if os.geteuid() != 0:
-        return {}
-    st = paths.spec.stat()
-    if st.st_uid == 0:
-        return {}
-    return {"user": st.st_uid, "group": st.st_gid, "extra_groups": []}
 
 
 class Shares:
@@ -145,6 +121,8 @@ class Shares:
     def __init__(self, node: ThisNode) -> None:
         self.node = node
         self.running: dict[str, RunningShare] = {}
+        #: exits the last :meth:`supervise` could not record (EFS full): retried next pass
+        self.unrecorded = 0
 
     def child_env(self, spec: JobSpec, proc: Proc, paths: JobPaths, rank: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -164,33 +142,43 @@ class Shares:
         cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else str(self.node.paths.root)
         started: list[RunningProc] = []
         pgid = 0
-        as_user = job_owner(paths)
+        uid, gid = job_owner(paths)
         error = ""
-        for proc in share.procs:
+        self.node.paths.share_status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for index, proc in enumerate(share.procs):
+            env = self.child_env(spec, proc, paths, share.rank)
+            status = self.node.paths.share_status(spec.job_id, share.rank, index)
+            with contextlib.suppress(FileNotFoundError):
+                status.unlink()  # a stale one would end the share at once after a restart
             with open(paths.log(share.rank, proc.label), "ab", buffering=0) as log:
+                error = missing_command(proc.argv[0], env, cwd)
                 try:
+                    if error:
+                        raise FileNotFoundError(error)
                     popen = subprocess.Popen(
-                        list(proc.argv), cwd=cwd,
-                        env=self.child_env(spec, proc, paths, share.rank),
+                        wrapped(proc.argv, status, uid, gid), cwd=cwd, env=env,
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                         # One new group for the whole share, in the executor's session:
                         # a later process can join a group only within its own session
                         # (setpgid), so the first must not start a session of its own.
                         process_group=pgid,
-                        **as_user,
                     )
                 except OSError as exc:
-                    error = f"cannot start {proc.argv[0]!r}: {exc}"
+                    error = error or f"cannot start {proc.argv[0]!r}: {exc}"
                     log.write(f"dl-executor: {error}\n".encode())
                     break
             pgid = pgid or popen.pid
             started.append(RunningProc(proc, popen))
-        running = RunningShare(spec, share, paths, pgid, started, time.time(),
-                               runner_beat=runner_beat(paths))
-        store.write_record(paths.started(share.rank), ShareStarted(
-            rank=share.rank, address=self.node.address, pgid=pgid,
-            pids=tuple(p.popen.pid for p in started), started_at=running.started_at,
-            hostname=socket.gethostname(), error=error))
+        running = RunningShare(spec, share, paths, pgid, started, time.time())
+        try:
+            store.write_record(paths.started(share.rank), ShareStarted(
+                rank=share.rank, address=self.node.address, pgid=pgid,
+                pids=tuple(p.popen.pid for p in started), started_at=running.started_at,
+                hostname=socket.gethostname(), error=error))
+        except OSError as exc:
+            # Unacknowledged, the share would run unseen by its runner: stop it at once.
+            self.stop_unrecorded(running, f"cannot record the start of the share: {exc}")
+            return False
         if error:
             LOG.error("job %s: %s", spec.job_id, error)
             running.signal(signal.SIGKILL)
@@ -202,14 +190,31 @@ class Shares:
         self.running[spec.job_id] = running
         return True
 
-    def finish(self, r: RunningShare, returncode: int, *, reason: str = "") -> None:
+    def stop_unrecorded(self, r: RunningShare, error: str) -> None:
+        """A share whose start cannot be recorded (EFS full): kill it now; its exit (an
+        infrastructure fault: the node failed, not the job) is recorded by
+        :meth:`supervise` as soon as EFS takes writes again."""
+        LOG.error("job %s: %s; stopping the share of node rank %d", r.spec.job_id, error,
+                  r.share.rank)
+        procgroup.sweep_share(r.pgid, r.token)
+        for p in r.procs:
+            p.popen.wait()
+        r.fault, r.fault_reason = FAULT_INFRASTRUCTURE, error
+        self.running[r.spec.job_id] = r
+
+    def finish(self, r: RunningShare, returncode: int, *, reason: str = "",
+               fault: str = "", left_alive: int = 0) -> None:
         record = ShareExit(
             rank=r.share.rank, address=self.node.address, returncode=returncode,
             signal=-returncode if returncode < 0 else 0,
             cancelled=bool(r.cancel_reason), drained=r.drained,
             reason=reason or r.cancel_reason,
-            started_at=r.started_at, finished_at=time.time())
+            started_at=r.started_at, finished_at=time.time(), left_alive=left_alive,
+            fault=fault)
         store.write_record(r.paths.exit(r.share.rank), record)
+        for index in range(len(r.share.procs)):
+            with contextlib.suppress(OSError):
+                self.node.paths.share_status(r.spec.job_id, r.share.rank, index).unlink()
         LOG.info("job %s: node rank %d exited with %d%s", r.spec.job_id, r.share.rank,
                  returncode, f" ({record.reason})" if record.reason else "")
 
@@ -232,16 +237,17 @@ class Shares:
         after their grace, record the exit of those that ended. Returns their job ids."""
         now = time.monotonic()
         ended = []
+        self.unrecorded = 0
         for job_id, r in list(self.running.items()):
             if not r.cancel_reason:
                 if store.exists(r.paths.cancel):
                     self.cancel(r, "cancelled by the runner")
                 else:
-                    beat = runner_beat(r.paths)
-                    if beat != r.runner_beat:
-                        r.runner_beat, r.runner_beat_changed = beat, now
-                    elif now - r.runner_beat_changed > r.spec.orphan_timeout:
-                        self.cancel(r, f"runner heartbeat stale for {r.spec.orphan_timeout:.0f} s")
+                    verdict, r.runner_seen = liveness.runner(
+                        runner_beat(r.paths), r.runner_seen, now, r.spec.orphan_timeout)
+                    if verdict.gone:
+                        self.cancel(r, f"runner heartbeat {verdict.value} for "
+                                       f"{r.spec.orphan_timeout:.0f} s")
             if r.term_sent is not None and not r.kill_sent and \
                     now - r.term_sent > r.spec.grace_seconds:
                 LOG.info("job %s: grace period over, SIGKILL to process group %d", job_id, r.pgid)
@@ -269,7 +275,14 @@ class Shares:
                         p.popen.wait(timeout=5)
                 if left:
                     LOG.error("job %s: processes %s survived SIGKILL", job_id, left)
-                self.finish(r, rc)
+                fault, why = r.infrastructure_fault()
+                try:
+                    self.finish(r, LOST_RETURNCODE if fault else rc, fault=fault, reason=why)
+                except OSError as exc:  # e.g. EFS full: keep it, record it on a later pass
+                    LOG.error("job %s: cannot record the exit of node rank %d (%d), will "
+                              "retry: %s", job_id, r.share.rank, rc, exc)
+                    self.unrecorded += 1
+                    continue
                 del self.running[job_id]
                 ended.append(job_id)
         return ended
@@ -306,16 +319,11 @@ class Shares:
                 if not store.exists(r.paths.exit(rank)) and self.peer_alive(r, address, now)]
 
     def peer_alive(self, r: RunningShare, address: str, now: float) -> bool:
-        """A peer's executor heartbeat is present, running and still moving."""
+        """A peer's executor is alive by the cluster's one rule (``protocol.liveness``)."""
         beat = store.read_record_or_none(self.node.cluster.executor_heartbeat(address),
                                          ExecutorHeartbeat)
-        if beat is None or beat.state == "stopped":
-            return False
-        seq, since = r.peer_beats.get(address, (None, now))
-        if seq != beat.seq:
-            r.peer_beats[address] = (beat.seq, now)
-            return True
-        return now - since <= PEER_SILENT_SECONDS
+        verdict, r.peer_beats[address] = liveness.executor(beat, r.peer_beats.get(address), now)
+        return not verdict.gone
 
     def stop_all(self, reason: str) -> None:
         """Stop every running share (TERM, then KILL after its grace) and record the exits."""
@@ -330,22 +338,25 @@ class Shares:
             r.signal(signal.SIGKILL)
         self.supervise()
 
-    def clean_up_orphan(self, spec: JobSpec, share: Share, paths: JobPaths) -> None:
-        """A share this node started before the executor restarted (``.started`` without
-        ``.exit``): its processes are not our children any more and nobody records their
-        exit, so stop them all (by token) and record why. The runner sees a clear exit."""
+    def reattach(self, spec: JobSpec, share: Share, paths: JobPaths) -> None:
+        """Supervise again a share this node started before the executor restarted
+        (``.started`` without ``.exit``): its processes carry on, their exits are
+        collected from their wrappers' status files (:mod:`reattach`)."""
         token = procgroup.share_token(spec.job_id, share.rank, self.node.address)
         rec = store.read_record_or_none(paths.started(share.rank), ShareStarted)
-        pgid = rec.pgid if rec else 0
-        if pgid and not any(procgroup.getpgid(p) == pgid for p in procgroup.pids_with_token(token)):
-            pgid = 0  # the group is gone (its number may belong to someone else now)
-        left = procgroup.sweep_share(pgid, token)
-        store.write_record(paths.exit(share.rank), ShareExit(
-            rank=share.rank, address=self.node.address, returncode=-signal.SIGKILL,
-            signal=signal.SIGKILL, cancelled=True, drained=False,
-            reason="the job executor restarted; the share it found running was stopped",
-            started_at=rec.started_at if rec else None, finished_at=time.time(),
-            left_alive=len(left)))
-        LOG.warning("job %s: stopped the orphaned share of node rank %d left by a previous "
-                    "executor%s", spec.job_id, share.rank,
-                    f" ({len(left)} still alive: {left})" if left else "")
+        pids = rec.pids if rec else ()
+        procs = [RunningProc(proc, AdoptedProcess(
+                     pid, token, self.node.paths.share_status(spec.job_id, share.rank, index)))
+                 for index, (proc, pid) in enumerate(zip(share.procs, pids, strict=False))]
+        r = RunningShare(spec, share, paths, live_group(rec.pgid if rec else 0, token), procs,
+                         rec.started_at if rec else time.time())
+        if not procs:  # nothing to follow: the node lost the share, the job did not fail
+            left = procgroup.sweep_share(r.pgid, token)
+            self.finish(r, LOST_RETURNCODE, fault=FAULT_INFRASTRUCTURE, left_alive=len(left),
+                        reason="the job executor restarted and found no record of the "
+                               "share's processes")
+            return
+        self.running[spec.job_id] = r
+        LOG.warning("job %s: re-attached to the share of node rank %d left running by a "
+                    "previous executor (pgid %d, pids %s)", spec.job_id, share.rank, r.pgid,
+                    [p.popen.pid for p in procs])

@@ -1,0 +1,48 @@
+"""What a share's process runs as: the job owner's uid, under the exit-status wrapper.
+
+Kept apart from the supervision (``shares``): these are the decisions made once, before a
+process starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from bootstrap_scripts.protocol.paths import JobPaths
+
+#: Every share process runs under this wrapper, which records its exit status on the node
+#: so that a restarted executor can still collect it (why: its docstring).
+WRAPPER = Path(__file__).with_name("share_wrapper.py")
+
+
+def wrapped(argv: tuple[str, ...], status: Path, uid: int, gid: int) -> list[str]:
+    """``argv`` under the wrapper, which writes its exit status to ``status`` (root) and
+    runs ``argv`` as ``uid``/``gid`` (-1: unchanged)."""
+    return [sys.executable, "-I", str(WRAPPER), str(status), str(uid), str(gid), "--", *argv]
+
+
+def job_owner(paths: JobPaths) -> tuple[int, int]:
+    """Jobs run as the user who published them (the owner of spec.json), not as the
+    executor's root: a user must not gain root on every node by submitting a job.
+    (uid, gid) to switch to, (-1, -1) to stay who we are."""
+    if os.geteuid() != 0:
+        return -1, -1
+    st = paths.spec.stat()
+    if st.st_uid == 0:
+        return -1, -1
+    return st.st_uid, st.st_gid
+
+
+def missing_command(argv0: str, env: dict[str, str], cwd: str) -> str:
+    """Why ``argv0`` cannot be run ("" if it can): checked here, before the wrapper starts,
+    so that a typo still fails the start with a clear error instead of an exit code 127."""
+    if os.sep in argv0:
+        path = os.path.join(cwd, argv0)
+        return "" if os.path.isfile(path) and os.access(path, os.X_OK) else \
+            f"cannot start {argv0!r}: no such executable file"
+    if shutil.which(argv0, path=env.get("PATH", os.defpath)):
+        return ""
+    return f"cannot start {argv0!r}: not found in PATH"

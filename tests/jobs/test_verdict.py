@@ -33,11 +33,11 @@ def watch(tmp_path, exits: dict[int, ShareExit], lost: dict[int, str] | None = N
     return w
 
 
-def exit_rec(rank: int, rc: int, *, at: float, cancelled: bool = False, reason: str = ""
-             ) -> ShareExit:
+def exit_rec(rank: int, rc: int, *, at: float, cancelled: bool = False, reason: str = "",
+             fault: str = "") -> ShareExit:
     return ShareExit(rank=rank, address=f"10.0.1.{rank}", returncode=rc,
                      signal=-rc if rc < 0 else 0, cancelled=cancelled, reason=reason,
-                     finished_at=at)
+                     finished_at=at, fault=fault)
 
 
 @pytest.mark.parametrize(("exits", "lost", "cls", "kind", "rank"), [
@@ -49,6 +49,10 @@ def exit_rec(rank: int, rc: int, *, at: float, cancelled: bool = False, reason: 
     ({0: exit_rec(0, 1, at=2), 1: exit_rec(1, -signal.SIGKILL, at=1, cancelled=True,
                                            reason=EXECUTOR_RESTARTED_REASON + "; stopped")},
      {}, FailureClass.INFRASTRUCTURE, FailureKind.EXECUTOR_RESTARTED, 1),
+    # the executor could not tell how the share ended (its status was lost, EFS was full)
+    ({0: exit_rec(0, 1, at=2, fault="infrastructure",
+                  reason="cannot record the start of the share")},
+     {}, FailureClass.INFRASTRUCTURE, FailureKind.EXECUTOR_RESTARTED, 0),
 ])
 def test_the_verdict_is_the_classifiers_answer_on_the_written_result(tmp_path, capsys, exits,
                                                                       lost, cls, kind, rank):

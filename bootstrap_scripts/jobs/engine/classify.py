@@ -31,7 +31,12 @@ from enum import StrEnum
 
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_UNREACHABLE
 from bootstrap_scripts.protocol.jobs import EXECUTOR_RESTARTED_REASON
-from bootstrap_scripts.protocol.records import JobResult, NodeResult, ShareExit
+from bootstrap_scripts.protocol.records import (
+    FAULT_INFRASTRUCTURE,
+    JobResult,
+    NodeResult,
+    ShareExit,
+)
 
 #: Signals that say "the machine or the kernel killed it", not "the program crashed".
 NODE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGBUS})
@@ -111,8 +116,9 @@ def node_kind(node: NodeResult, exit_rec: ShareExit | None) -> FailureKind | Non
         return None
     if node.returncode is None:
         return FailureKind.NODE_LOST
-    if exit_rec is not None and exit_rec.reason.startswith(EXECUTOR_RESTARTED_REASON):
-        return FailureKind.EXECUTOR_RESTARTED
+    if exit_rec is not None and (exit_rec.fault == FAULT_INFRASTRUCTURE
+                                 or exit_rec.reason.startswith(EXECUTOR_RESTARTED_REASON)):
+        return FailureKind.EXECUTOR_RESTARTED  # the executor lost track of it, not the code
     if exit_rec is not None and exit_rec.cancelled:
         return FailureKind.CANCELLED
     if exit_rec is not None and exit_rec.signal in NODE_SIGNALS:

@@ -16,12 +16,13 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
     choose_world,
     decide,
 )
-from bootstrap_scripts.jobs.executor.node import ThisNode
-from bootstrap_scripts.jobs.executor.shares import Shares
-from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import EXECUTOR_RESTARTED_REASON, JobSpec, Proc, Share
-from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
-from bootstrap_scripts.protocol.records import JobResult, NodeResult, ShareExit
+from bootstrap_scripts.protocol.jobs import EXECUTOR_RESTARTED_REASON
+from bootstrap_scripts.protocol.records import (
+    FAULT_INFRASTRUCTURE,
+    JobResult,
+    NodeResult,
+    ShareExit,
+)
 
 CODE = Failure(FailureKind.CODE, "node rank 1 exited with code 1")
 LOST = Failure(FailureKind.NODE_LOST, "heartbeat stopped", "10.0.1.5")
@@ -174,22 +175,18 @@ def test_an_infrastructure_fault_is_retried_within_max_restarts_not_as_code(rest
     assert "infrastructure" in decision.reason
 
 
-def test_the_executor_writes_the_reason_the_classifier_knows(tmp_path):
-    """The executor's exit of a share it found running after a restart is what the
-    classifier calls ``executor-restarted`` (a contract between two programs)."""
-    node = ThisNode(NodePaths(tmp_path / "node"), ClusterPaths(tmp_path / "efs"), "10.0.1.1")
-    spec = JobSpec(job_id="j.1", launcher="each",
-                   shares=(Share(0, "10.0.1.1", (Proc(argv=("true",)),)),))
-    paths = ClusterPaths(tmp_path / "efs").job("j.1")
-    paths.nodes.mkdir(parents=True)
-    Shares(node).clean_up_orphan(spec, spec.shares[0], paths)
-    rec = store.read_record(paths.exit(0), ShareExit)
-    res = result("failed", node_result := NodeResult(rank=0, address="10.0.1.1",
-                                                     returncode=rec.returncode,
-                                                     reason=rec.reason))
-    assert node_result.reason.startswith(EXECUTOR_RESTARTED_REASON)
+def test_an_exit_the_executor_marks_infrastructure_is_classified_so():
+    """The contract between the executor and the classifier: a share whose end the executor
+    could not observe (its status lost across a restart, EFS full) carries
+    ``fault="infrastructure"`` (tests/executor/test_faults.py checks the executor writes it);
+    the classifier must then blame neither the code nor the node."""
+    rec = ShareExit(rank=0, address="10.0.1.1", returncode=1, fault=FAULT_INFRASTRUCTURE,
+                    reason="the job executor restarted while the share ran; its status is lost")
+    res = result("failed", NodeResult(rank=0, address="10.0.1.1", returncode=1,
+                                      reason=rec.reason))
     failure = classify(res, {0: rec})
     assert failure is not None and failure.failure_class is FailureClass.INFRASTRUCTURE
+    assert not failure.kind.node_fault
 
 
 def test_node_faults_are_exactly_the_three_node_kinds():

@@ -51,7 +51,8 @@ def exit_rec(rank: int, rc: int, *, at: float, cancelled: bool = False, reason: 
      {}, FailureClass.INFRASTRUCTURE, FailureKind.EXECUTOR_RESTARTED, 1),
     # the executor could not tell how the share ended (its status was lost, EFS was full)
     ({0: exit_rec(0, 1, at=2, fault="infrastructure",
-                  reason="cannot record the start of the share")},
+                  reason="cannot record the start of the share"),
+      1: exit_rec(1, -15, at=3, cancelled=True)},
      {}, FailureClass.INFRASTRUCTURE, FailureKind.EXECUTOR_RESTARTED, 0),
 ])
 def test_the_verdict_is_the_classifiers_answer_on_the_written_result(tmp_path, capsys, exits,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.jobs.cli import dl_run as runner
+from bootstrap_scripts.jobs.cli import request_args
 from bootstrap_scripts.protocol import jobs as js
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import validate_job_id
@@ -67,7 +68,7 @@ def test_bad_env_and_missing_membership_are_usage_errors(tmp_path, capsys):
     assert "no membership at" in capsys.readouterr().err
     parser_args = runner.build_parser().parse_args(["--env", "NOVALUE"])
     with pytest.raises(runner.RunError, match="'NOVALUE'"):
-        runner.job_env(parser_args)
+        request_args.job_env(parser_args)
 
 
 #: ``dl-run [options] -- -m module``: works (torchrun takes it), but the documented form

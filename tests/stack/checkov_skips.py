@@ -24,6 +24,8 @@ DEFAULT_CHECKOV = REPO_ROOT / ".venv-checkov" / "bin" / "checkov"
 CDK_PROVIDER = (r"AWS::Lambda::Function\.CustomVpcRestrictDefaultSGCustomResourceProvider"
                 r"Handler[0-9A-F]+")
 ADJUSTER = r"AWS::Lambda::Function\.ClusterCapacityAdjusterFunction[0-9A-F]+"
+#: CDK's singleton provider of AwsCustomResource (constructs_lib/service_linked_role.py).
+SDK_CALL_PROVIDER = r"AWS::Lambda::Function\.AWS679f53fac002430cb0da5b7982bd2287[0-9A-F]*"
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,21 @@ SKIPS = (
          "reaches nothing inside the VPC."),
     Skip("CKV_AWS_115", CDK_PROVIDER,
          "CDK's own custom-resource handler runs once per deployment of the VPC."),
+    Skip("CKV_AWS_116", SDK_CALL_PROVIDER,
+         "CDK's AwsCustomResource provider, which makes the one CreateServiceLinkedRole call "
+         "of a deploy (constructs_lib/service_linked_role.py), invoked synchronously by "
+         "CloudFormation: a failure fails the deployment, there is nothing to queue."),
+    Skip("CKV_AWS_117", SDK_CALL_PROVIDER,
+         "It calls only the IAM API at deploy time; it reaches nothing inside the VPC."),
+    Skip("CKV_AWS_115", SDK_CALL_PROVIDER,
+         "It runs once per deployment (create only: the role is never updated or deleted)."),
+    Skip("CKV_AWS_158", r"AWS::Logs::LogGroup\.AWS679f53fac002430cb0da5b7982bd2287LogGroup"
+         r"[0-9A-F]+",
+         "The deploy-time log group of CDK's AwsCustomResource provider: it records one "
+         "CreateServiceLinkedRole call (service name, no secret) and is encrypted by "
+         "CloudWatch Logs with its own keys by default (https://docs.aws.amazon.com/"
+         "AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html); a customer key would "
+         "need a key policy for a function that lives for one call."),
     Skip("CKV_AWS_18", r"AWS::S3::Bucket\.EmrClusterAccessLogs[0-9A-F]+",
          "This bucket IS the EMR log bucket's access-log destination "
          "(constructs_lib/log_buckets.py); logging its own deliveries would need yet "

@@ -61,10 +61,10 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: setup checkov-setup system-deps lint
-	$(PY) -m pytest -m "not bench" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not bench and not tf" $(PYTEST_ARGS)
 
-# The tests marked `tf` (tests/runner/test_tensorflow.py); make test runs them only when
-# TensorFlow is installed. The emulator's wildcard-bind shim needs gcc (system-deps).
+# The tests marked `tf` (tests/runner/test_tensorflow.py): not part of make test (and so not
+# of CI): installing TensorFlow and running them adds 2-3 minutes to a fresh machine. The emulator's wildcard-bind shim needs gcc (system-deps).
 test-tf: setup system-deps tf-deps
 	$(PY) -m pytest -m tf $(PYTEST_ARGS)
 

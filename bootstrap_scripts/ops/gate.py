@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bootstrap_scripts
-from bootstrap_scripts.jobs.engine.reachability import unreachable
+from bootstrap_scripts.jobs.engine.reachability import MOVE_WITHIN_SECONDS, Executors
 from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.ops import gate_report as gr
 from bootstrap_scripts.ops import instance_types as it
@@ -258,8 +258,9 @@ def run_gate(root: Path, mount_point: Path, membership: Membership, *,
     targets = [n for n in membership.nodes if n.address in wanted]
     rows = {n.address: gr.NodeReport(n, instance_type=n.instance_type) for n in targets}
     report = GateReport(list(rows.values()), settings=s)
-    down = unreachable(efs, [n.address for n in targets], s.executor_stale)
-    for address, (why, _hb) in down.items():
+    down = Executors(efs, s.executor_stale).wait(
+        [n.address for n in targets], timeout=min(s.executor_stale, MOVE_WITHIN_SECONDS))
+    for address, why in down.items():
         rows[address].cells["executor"] = gr.Cell(gr.FAIL, why, "not sent the checks")
     live = [n for n in targets if n.address not in down]
     if live:

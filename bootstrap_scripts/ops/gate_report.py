@@ -33,7 +33,8 @@ class GateSettings:
     budget_start: float = 20.0
     #: the whole gate, whatever the budgets above add up to
     budget_total: float = 400.0
-    #: an executor heartbeat older than this: the node is not sent the checks at all
+    #: an executor heartbeat not seen to change for this long (the cluster's one liveness
+    #: rule, on the gate's clock): the node is not sent the checks at all
     executor_stale: float = 10.0
     efs_mib: int = 8
     efs_floor_mbps: float = 5.0

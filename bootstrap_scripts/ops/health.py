@@ -3,7 +3,8 @@
 Replaces the original "ssh to each worker and touch a file on EFS" script. Everything is
 read from EFS, so it needs no SSH and works the same on EC2, EMR and the local emulator:
 
-- reachable   the node's job executor heartbeat (an ExecutorHeartbeat record) is fresh
+- reachable   the node's job executor heartbeat (an ExecutorHeartbeat record) is seen to
+              move (the cluster's one liveness rule, on this command's clock)
 - agent       the node agent's registration (a Registration record) is fresh
 - generation  the node applied the current membership generation
 - gpus        the GPU count the node reports equals the membership's
@@ -15,8 +16,9 @@ read from EFS, so it needs no SSH and works the same on EC2, EMR and the local e
 instance type, nvidia-smi, DCGM, EFA, EFS throughput and a timed all-reduce, each on the
 nodes themselves and within its time budget.
 
-Ages and skew are measured against the file server's clock (file mtimes), not by
-subtracting two machines' clocks, so a skewed clock is reported as skew, not as staleness.
+The agent's registration age and the clock skew are measured against the file server's
+clock (file mtimes), not by subtracting two machines' clocks, so a skewed clock is reported
+as skew, not as staleness; an executor is judged alive only by its heartbeat moving.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bootstrap_scripts import node_region
+from bootstrap_scripts.jobs.engine.reachability import MOVE_WITHIN_SECONDS, Executors
 from bootstrap_scripts.ops import deep_health
 from bootstrap_scripts.protocol import launches, state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node
@@ -83,7 +86,7 @@ def stamped(path: Path, cls: type[RecordT]) -> tuple[RecordT | None, float]:
 
 
 def check_node(node: Node, efs: Path, generation: int, server_now: float, local_offset: float,
-               args: argparse.Namespace) -> Row:
+               args: argparse.Namespace, not_alive: dict[str, str]) -> Row:
     row = Row(node)
     paths = ClusterPaths(efs)
     hb, hb_mtime = stamped(paths.executor_heartbeat(node.address), ExecutorHeartbeat)
@@ -93,9 +96,10 @@ def check_node(node: Node, efs: Path, generation: int, server_now: float, local_
         row.cells["reachable"] = (False, "no executor heartbeat")
     elif hb.state == "stopped":
         row.cells["reachable"] = (False, "executor stopped")
+    elif node.address in not_alive:
+        row.cells["reachable"] = (False, not_alive[node.address])
     else:
-        age = server_now - hb_mtime
-        row.cells["reachable"] = (age <= args.heartbeat_timeout, f"{age:.1f}s ago")
+        row.cells["reachable"] = (True, "beating")
 
     if reg is None:
         row.cells["agent"] = (False, "not registered")
@@ -157,7 +161,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--membership", default="", help="membership.json (default: the node's)")
     p.add_argument("--mount-point", default="", help="EFS mount point (default: the membership's)")
     p.add_argument("--heartbeat-timeout", type=float, default=10.0,
-                   help="max executor heartbeat age, s (default: 10)")
+                   help="an executor heartbeat unchanged this long is gone, s (default: 10)")
     p.add_argument("--agent-timeout", type=float, default=30.0,
                    help="max agent registration age, s (default: 30)")
     p.add_argument("--max-skew", type=float, default=2.0, help="max clock skew, s (default: 2)")
@@ -189,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, MembershipError):
         current = None
     generation = max(m.generation, current.generation) if current else m.generation
-    rows = [check_node(n, efs, generation, server_now, local_offset, args) for n in m.nodes]
+    # Executors beat every second: a few seconds of looking tells a live one from a dead one.
+    not_alive = Executors(efs, args.heartbeat_timeout).wait(
+        [n.address for n in m.nodes], timeout=min(args.heartbeat_timeout, MOVE_WITHIN_SECONDS))
+    rows = [check_node(n, efs, generation, server_now, local_offset, args, not_alive)
+            for n in m.nodes]
     here_ok = ok_here and (mounted_here or not args.require_mount)
     healthy = here_ok and all(r.ok for r in rows)
     # Failed launches do not make the cluster unhealthy (it formed, maybe in another zone or

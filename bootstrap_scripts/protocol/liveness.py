@@ -16,8 +16,11 @@ The rule (:func:`judge`), given what the observer saw last (:class:`Sighting`):
 - ``presumed``: first seen less than ``silent_after`` ago, not seen to change yet.
 
 Who asks: the executor (peers holding a job's rendezvous store; a job's runner, before
-starting a job found at start-up and while a share runs), the runner (its executors before
-publishing a job and while it runs). Each keeps its own sightings; the rule is this one.
+starting a job found at start-up and while a share runs), the runner (its executors while a
+job runs), the job controller (executors when it picks an attempt's nodes and while it waits
+for an attempt to stop) and the health gate (before it sends a node its checks): the last
+three through ``jobs.engine.reachability.Executors``. Each keeps its own sightings; the rule
+is this one.
 """
 
 from __future__ import annotations

@@ -44,3 +44,77 @@ def test_the_clock_is_the_observers_own():
     assert verdict is Liveness.ALIVE and not verdict.gone
     verdict, _ = liveness.executor(later, seen, now=6.0 + liveness.EXECUTOR_SILENT_SECONDS + 1)
     assert verdict.gone
+
+
+# -- every other observer: jobs.engine.reachability.Executors ---------------------------------
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def beat_file(efs, address: str, seq: int, *, heartbeat: float = 0.0,
+              state: str = "running") -> None:
+    from bootstrap_scripts.protocol import store
+    from bootstrap_scripts.protocol.paths import ClusterPaths
+    store.write_record(ClusterPaths(efs).executor_heartbeat(address), ExecutorHeartbeat(
+        address=address, heartbeat=heartbeat, seq=seq, state=state))
+
+
+def test_observers_judge_by_movement_not_by_the_writers_clock(tmp_path):
+    """The controller, the gate and dl-health no longer compare a heartbeat's timestamp with
+    their own clock: an hour-old timestamp that moves is alive, a fresh one that does not
+    is gone once the limit is over."""
+    from bootstrap_scripts.jobs.engine.reachability import Executors
+    clock = FakeClock()
+    ex = Executors(tmp_path, silent_after=LIMIT, clock=clock)
+    beat_file(tmp_path, "skewed", 1, heartbeat=-3600.0)
+    beat_file(tmp_path, "frozen", 1, heartbeat=10**10)
+    assert ex.alive(["skewed", "frozen"]) == []  # first sight proves nothing yet
+    clock.now += 1.0
+    beat_file(tmp_path, "skewed", 2, heartbeat=-3599.0)
+    assert ex.alive(["skewed", "frozen"]) == ["skewed"]
+    assert ex.gone(["skewed", "frozen"]) == {}
+    clock.now += LIMIT + 1
+    assert ex.gone(["frozen"]) == {"frozen": f"executor heartbeat unchanged for {LIMIT:.0f} s"}
+
+
+def test_a_change_seen_across_a_long_gap_proves_nothing_about_now(tmp_path):
+    """An observer that looked before an attempt and again after it must not call an
+    executor alive because its seq changed in between (it may have died since)."""
+    from bootstrap_scripts.jobs.engine.reachability import FRESH_WITHIN_SECONDS, Executors
+    clock = FakeClock()
+    ex = Executors(tmp_path, silent_after=LIMIT, clock=clock)
+    beat_file(tmp_path, "a", 1)
+    ex.alive(["a"])
+    clock.now += FRESH_WITHIN_SECONDS + 5
+    beat_file(tmp_path, "a", 9)  # beat during the gap, then died
+    assert ex.alive(["a"]) == []
+    clock.now += 0.5
+    assert ex.alive(["a"]) == []  # still unchanged since the fresh look
+
+
+def test_wait_returns_each_executors_fate(tmp_path):
+    from bootstrap_scripts.jobs.engine.reachability import Executors
+    clock = FakeClock()
+    ex = Executors(tmp_path, silent_after=LIMIT, clock=clock)
+    beat_file(tmp_path, "live", 1)
+    beat_file(tmp_path, "stopped", 1, state="stopped")
+    beat_file(tmp_path, "dead", 1)
+    seq = iter(range(2, 100))
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        beat_file(tmp_path, "live", next(seq))
+
+    problems = ex.wait(["live", "stopped", "dead", "none"], timeout=3.0, sleep=sleep)
+    assert problems == {"stopped": "executor stopped",
+                        "dead": "executor heartbeat not seen to change in 3 s",
+                        "none": "executor heartbeat not seen to change in 3 s"}
+    assert 3.0 <= clock.now - 1000.0 < 3.5

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine.classify import Failure, classify
-from bootstrap_scripts.jobs.engine.reachability import unreachable
+from bootstrap_scripts.jobs.engine.reachability import Executors
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
@@ -171,11 +171,12 @@ def wait_stopped(paths: JobPaths, efs: Path, *, timeout: float, heartbeat_timeou
     processes (ports, GPUs). ``tick()`` is called while waiting (the controller's heartbeat).
     True when everything stopped within ``timeout``."""
     deadline = time.monotonic() + timeout
+    executors = Executors(efs, heartbeat_timeout)
     while True:
         started = {rec.rank: rec for _s, rec in store.scan_records(
             paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
         done = exits(paths)
-        gone = unreachable(efs, [r.address for r in started.values()], heartbeat_timeout)
+        gone = executors.gone(r.address for r in started.values() if r.rank not in done)
         running = [r for r in started.values() if r.rank not in done
                    and r.address not in gone]
         if not running or time.monotonic() > deadline:

@@ -28,7 +28,7 @@ from bootstrap_scripts.jobs.controller import attempts
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass
-from bootstrap_scripts.jobs.engine.reachability import unreachable
+from bootstrap_scripts.jobs.engine.reachability import Executors
 from bootstrap_scripts.jobs.engine.restart_policy import (
     Action,
     JobState,
@@ -50,7 +50,6 @@ LOG = logging.getLogger("dl-controller")
 #: nodes (see :func:`controller.health_gate`).
 Gate = Callable[[Path, Path, Membership, list[str]], list[tuple[str, str, str]]]
 POLL_SECONDS = 0.5
-EXECUTOR_TIMEOUT = 10.0
 
 
 class JobSupervisor:
@@ -67,6 +66,8 @@ class JobSupervisor:
         self.uid, self.gid = attempts.owner(paths.request)
         #: instance ids of the previous attempt's nodes (a new one there is a replacement)
         self.last_nodes: set[str] = set()
+        #: the executors as this supervisor has seen them (the cluster's one liveness rule)
+        self.executors = Executors(efs)
 
     # -- the record ----------------------------------------------------------------------
     def update(self, **changes: object) -> ManagedJob:
@@ -85,20 +86,25 @@ class JobSupervisor:
         return self.update(state=state.value, message=message, finished_at=time.time())
 
     # -- 1. nodes ------------------------------------------------------------------------
-    def ready_nodes(self) -> tuple[Membership | None, list[Node]]:
-        """The membership and its nodes ready for an attempt; (None, []) while this node
-        has no membership yet (a new master whose agent has not formed the cluster)."""
+    def ready_nodes(self) -> tuple[Membership | None, list[Node], bool]:
+        """The membership, its nodes ready for an attempt (executor seen alive, not
+        excluded), and whether any node is still undecided (its executor not yet seen to
+        move nor silent long enough to be gone: a second more tells). (None, [], False)
+        while this node has no membership yet (a new master whose agent has not formed the
+        cluster)."""
         try:
             m = Membership.load(NodePaths(self.root).membership)
         except (OSError, ValueError) as exc:
             LOG.debug("no membership yet: %s", exc)
-            return None, []
-        gone = unreachable(self.efs, [n.address for n in m.nodes], EXECUTOR_TIMEOUT)
-        ready = [n for n in m.nodes if n.instance_id not in self.job.excluded
-                 and n.address not in gone]
+            return None, [], False
+        candidates = [n for n in m.nodes if n.instance_id not in self.job.excluded]
+        alive = set(self.executors.alive(n.address for n in candidates))
+        gone = self.executors.gone(n.address for n in candidates if n.address not in alive)
+        ready = [n for n in candidates if n.address in alive]
+        undecided = len(ready) + len(gone) < len(candidates)
         if m.master not in ready:  # the master runs the rendezvous store / mpirun
-            return m, []
-        return m, ready
+            return m, [], undecided
+        return m, ready, undecided
 
     def choose_nodes(self) -> tuple[Membership, list[Node]] | None:
         """The nodes of the next attempt, after the health gate; None: the job ended
@@ -106,8 +112,9 @@ class JobSupervisor:
         waited_since = time.monotonic()
         announced = ""
         while True:
-            m, ready = self.ready_nodes()
-            if m is None:
+            m, ready, undecided = self.ready_nodes()
+            if m is None or (undecided and len(ready) < (
+                    self.job.full_size or self.request.world_size or len(m.nodes))):
                 if managed.cancel_requested(self.paths) or self.stopping():
                     return None
                 self.tick()

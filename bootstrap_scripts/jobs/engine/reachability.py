@@ -1,21 +1,43 @@
-"""Is a node's job executor there? The one rule, for everyone who asks.
+"""Is a node's job executor there? The cluster's one liveness rule, for everyone who asks.
 
-A job published to a node without a live executor would only fail after ``--start-timeout``;
-checking the executors' heartbeats first fails in seconds and names every missing node. The
-runner checks before it publishes (:func:`check_reachable`), the job controller before it
-picks an attempt's nodes and while it waits for an orphan to stop, the health gate before
-it sends a node its checks: all through :func:`unreachable`.
+Every observer judges an executor by :mod:`bootstrap_scripts.protocol.liveness`: its
+heartbeat's ``seq`` must keep changing, timed on the observer's own monotonic clock (never
+the writer's timestamp against the observer's clock, never file mtimes). An observer keeps
+its sightings in one :class:`Executors`; what each asks of it differs only in how much
+evidence it needs before acting:
+
+- the runner, before it publishes a job (:func:`check_reachable`): a heartbeat that exists
+  and does not say "stopped" (no executor at all, or one that stopped, fails in seconds and
+  names the node; one that died without saying so is found by the same rule while the job
+  runs, :mod:`.watch`, within ``--heartbeat-timeout``);
+- the job controller, when it picks an attempt's nodes: executors seen *moving*
+  (:meth:`Executors.alive`), and while it waits for an attempt's shares to stop: executors
+  not yet ``gone`` (:meth:`Executors.gone`);
+- the health gate, before it sends a node its checks: seen moving within its budget
+  (:meth:`Executors.wait`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_UNREACHABLE, RunError
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol import liveness, store
+from bootstrap_scripts.protocol.liveness import EXECUTOR_SILENT_SECONDS, Liveness, Sighting
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
+
+#: How often a waiting observer looks again (executors beat every ~1 s).
+LOOK_SECONDS = 0.2
+#: How long a one-off observer (the gate, dl-health) looks for a heartbeat to move before
+#: it calls the executor not alive: a few of its ~1 s beats.
+MOVE_WITHIN_SECONDS = 3.0
+#: A change seen across a longer gap between two looks proves nothing about *now* (the
+#: executor may have beaten once and died since): such a look starts the sighting afresh.
+#: No change across any gap is silence all along, and counts as such.
+FRESH_WITHIN_SECONDS = 2.0
 
 
 def read_heartbeat(efs: Path, address: str) -> ExecutorHeartbeat | None:
@@ -24,46 +46,99 @@ def read_heartbeat(efs: Path, address: str) -> ExecutorHeartbeat | None:
                                      ExecutorHeartbeat)
 
 
-def executor_state(hb: ExecutorHeartbeat | None, timeout: float) -> str:
-    """What is wrong with an executor, judged by its heartbeat ("" when nothing)."""
-    if hb is None:
-        return "no executor heartbeat"
-    if hb.state == "stopped":
-        return "executor stopped"
-    age = time.time() - hb.heartbeat
-    if age > timeout:
-        return f"executor heartbeat {age:.0f} s old"
-    return ""
+def why_not(verdict: Liveness, silent_after: float) -> str:
+    """What a verdict says is wrong with an executor, for messages ("" when nothing)."""
+    return {Liveness.MISSING: "no executor heartbeat",
+            Liveness.STOPPED: "executor stopped",
+            Liveness.SILENT: f"executor heartbeat unchanged for {silent_after:.0f} s",
+            }.get(verdict, "")
 
 
-def unreachable(efs: Path, addresses: list[str], timeout: float
-                ) -> dict[str, tuple[str, ExecutorHeartbeat | None]]:
-    """The addresses whose executor is missing, stopped or silent for ``timeout`` s, each
-    with why and the heartbeat read (None: none)."""
-    out = {}
-    for addr in addresses:
-        hb = read_heartbeat(efs, addr)
-        why = executor_state(hb, timeout)
-        if why:
-            out[addr] = (why, hb)
-    return out
+class Executors:
+    """One observer's sightings of the executors' heartbeats, judged by the one rule."""
+
+    def __init__(self, efs: Path, silent_after: float = EXECUTOR_SILENT_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.efs = efs
+        self.silent_after = silent_after
+        self.clock = clock
+        self.seen: dict[str, Sighting] = {}
+        self.looked: dict[str, float] = {}
+
+    def look(self, address: str) -> tuple[Liveness, ExecutorHeartbeat | None]:
+        """Read ``address``'s heartbeat now and judge it against what was seen before (a
+        change across a gap longer than :data:`FRESH_WITHIN_SECONDS` must be seen again)."""
+        now = self.clock()
+        last = self.seen.get(address)
+        beat = read_heartbeat(self.efs, address)
+        if last is not None and (beat.seq if beat else None) != last.seq and \
+                now - self.looked.get(address, now) > FRESH_WITHIN_SECONDS:
+            last = None  # moved at some point in a long gap: prove it again (no change is
+            # still evidence: silence since the last look is silence)
+        verdict, self.seen[address] = liveness.executor(beat, last, now, self.silent_after)
+        self.looked[address] = now
+        return verdict, beat
+
+    def gone(self, addresses: Iterable[str]) -> dict[str, str]:
+        """The addresses whose executor is gone (stopped, or silent / missing for
+        ``silent_after`` of this observer's time), each with why."""
+        out = {}
+        for address in addresses:
+            verdict, _beat = self.look(address)
+            if verdict.gone:
+                out[address] = why_not(verdict, self.silent_after)
+        return out
+
+    def alive(self, addresses: Iterable[str]) -> list[str]:
+        """The addresses whose executor this observer has seen moving (and not since gone
+        silent): ready to be given work."""
+        return [a for a in addresses if self.look(a)[0] is Liveness.ALIVE]
+
+    def wait(self, addresses: Iterable[str], timeout: float,
+             sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
+        """Look until every address is alive or gone, at most ``timeout`` s: the ones not
+        seen alive, each with why (a slow but moving executor is alive within ~1 s)."""
+        pending = list(addresses)
+        deadline = self.clock() + timeout
+        problems: dict[str, str] = {}
+        while pending:
+            for address in list(pending):
+                verdict, _beat = self.look(address)
+                if verdict is Liveness.ALIVE:
+                    pending.remove(address)
+                elif verdict.gone:
+                    problems[address] = why_not(verdict, self.silent_after)
+                    pending.remove(address)
+            if pending and self.clock() >= deadline:
+                for address in pending:
+                    problems[address] = (f"executor heartbeat not seen to change in "
+                                         f"{timeout:.0f} s")
+                break
+            if pending:
+                sleep(LOOK_SECONDS)
+        return problems
 
 
 def check_reachable(efs: Path, addresses: list[str], *, timeout: float,
                     reach_timeout: float) -> None:
-    """Fail fast, naming every address whose executor is missing, stopped or stale. A
-    heartbeat whose timestamp is old (or absent) gets ``reach_timeout`` s to move."""
-    problems = {addr: (why, hb.seq if hb else None)
-                for addr, (why, hb) in unreachable(efs, addresses, timeout).items()}
+    """Fail fast, before anything is published, naming every address with no executor or
+    a stopped one (each gets ``reach_timeout`` s to appear or restart). An executor that
+    died without a word is the watch's to find, by the same rule, ``timeout`` s in."""
+    del timeout  # the watch's: the rule needs time to call a silent executor gone
     deadline = time.monotonic() + reach_timeout
-    while problems and time.monotonic() < deadline:
-        time.sleep(0.2)
-        for addr in list(problems):
-            hb = read_heartbeat(efs, addr)
-            if hb and hb.state != "stopped" and hb.seq != problems[addr][1]:
-                del problems[addr]  # it moved: alive, whatever the clocks say
+    while True:
+        problems = {}
+        for address in addresses:
+            beat = read_heartbeat(efs, address)
+            if beat is None:
+                problems[address] = why_not(Liveness.MISSING, 0)
+            elif beat.state == "stopped":
+                problems[address] = why_not(Liveness.STOPPED, 0)
+        if not problems or time.monotonic() >= deadline:
+            break
+        time.sleep(LOOK_SECONDS)
     if problems:
-        detail = "; ".join(f"{a}: {s[0]}" for a, s in sorted(problems.items()))
+        detail = "; ".join(f"{a}: {why}" for a, why in sorted(problems.items()))
         raise RunError(f"cannot reach node(s) {', '.join(sorted(problems))} ({detail}); "
                        f"is the job executor running there? (heartbeats under "
                        f"{ClusterPaths(efs).executors_dir})", EXIT_UNREACHABLE)

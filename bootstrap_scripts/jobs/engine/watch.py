@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine.outcomes import say
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol import liveness, store
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest, Share
+from bootstrap_scripts.protocol.liveness import Liveness, Sighting
 from bootstrap_scripts.protocol.paths import (
     SHARE_LOG_SUFFIX,
     SHARE_STARTED_SUFFIX,
@@ -31,6 +32,10 @@ from bootstrap_scripts.protocol.records import (
     ShareExit,
     ShareStarted,
 )
+
+#: An executor that says it stopped while its share runs may be restarting (systemd brings
+#: it back and it re-attaches to the share): lost only if it still says so this much later.
+RESTART_GRACE_SECONDS = 2.0
 
 
 class LogTailer:
@@ -175,7 +180,7 @@ def watch(w: Watch, old_handlers: dict) -> Watch:
     w.tailer = tailer
     started_at = time.monotonic()
     beat_seq, next_beat = 0, 0.0
-    hb_seen: dict[str, tuple[int | None, float]] = {}
+    hb_seen: dict[str, Sighting] = {}
     acked: set[int] = set()
     try:
         while True:
@@ -210,7 +215,7 @@ def watch(w: Watch, old_handlers: dict) -> Watch:
     return w
 
 
-def check_nodes(w: Watch, hb_seen: dict[str, tuple[int | None, float]], acked: set[int],
+def check_nodes(w: Watch, hb_seen: dict[str, Sighting], acked: set[int],
                 started_at: float) -> None:
     """Once a second: executors still alive (heartbeat moving), shares acknowledged; in an
     elastic job, also nodes that joined (a ``.started`` for a rank the spec does not have)
@@ -231,14 +236,14 @@ def check_nodes(w: Watch, hb_seen: dict[str, tuple[int | None, float]], acked: s
                 continue
         hb = store.read_record_or_none(cluster.executor_heartbeat(share.address),
                                        ExecutorHeartbeat)
-        seq = hb.seq if hb else None
-        prev = hb_seen.get(share.address)
-        if prev is None or prev[0] != seq:
-            hb_seen[share.address] = (seq, now)
-        elif (now - prev[1] > w.request.heartbeat_timeout or (hb and hb.state == "stopped")) and \
+        verdict, hb_seen[share.address] = liveness.executor(
+            hb, hb_seen.get(share.address), now, w.request.heartbeat_timeout)
+        restarting = (verdict is Liveness.STOPPED
+                      and now - hb_seen[share.address].since < RESTART_GRACE_SECONDS)
+        if verdict.gone and not restarting and \
                 store.read_record_or_none(w.paths.exit(share.rank), ShareExit) is None:
             why = (f"node {share.rank} ({share.address}): executor heartbeat stopped "
-                   f"{now - prev[1]:.0f} s ago")
+                   f"{now - hb_seen[share.address].since:.0f} s ago")
             if w.spec.elastic and share.rank != 0 and w.active() > 1:
                 w.left[share.rank] = why
                 w.lost_at[share.rank] = time.time()

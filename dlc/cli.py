@@ -147,13 +147,13 @@ def jobs_cmd(ctx, as_json) -> None:
               help="one node's log (default: every node's)")
 @click.pass_context
 def logs(ctx, job, follow, node) -> int:
-    """A job's output; with -f until it ends (exit 0 if it succeeded, else 1)."""
-    remote = remote_of(ctx)
+    """A job's output, every node's lines whole and prefixed with the node; with -f until
+    it ends (exit 0 if it succeeded, else 1)."""
+    final = jobs_mod.stream_logs(remote_of(ctx), job, node,
+                                 lambda s: click.echo(s, nl=False),
+                                 lambda s: click.echo(s, nl=False, err=True), follow=follow)
     if not follow:
-        text, _ = jobs_mod.read_logs(remote, job, node)
-        click.echo(text, nl=False)
         return 0
-    final = jobs_mod.follow(remote, job, node, lambda s: click.echo(s, nl=False))
     state = str(final.get("state"))
     click.echo(f"job {job} {state}", err=True)
     return 0 if state == "succeeded" else errors.EXIT_FAILED

@@ -8,8 +8,8 @@ CloudTrail, and it can be limited to this cluster's instances by their ``dl-clus
 tag. ``SendCommand`` runs the stack's Command document (constructs_lib/operator_document.py:
 one of the four commands with validated arguments, ``dl-run`` as a named user; never a
 script); ``GetCommandInvocation`` returns its exit code and output once it ends (the first
-24,000 characters of stdout, 8,000 of stderr: callers that may print more read it in
-chunks, which the document cuts on the node).
+24,000 characters of stdout, 8,000 of stderr: ``dlc logs`` asks for its output in pages
+below that, from a cursor, ``dl-jobs logs ID --cursor C``).
 
 The values are checked here against the document's patterns first, so a refused argument
 is a clear usage error rather than SSM's InvalidParameters.
@@ -191,23 +191,3 @@ class Remote:
         except ValueError:
             raise DlcError(f"{shlex.join(argv)} printed no JSON on the master (exit "
                            f"{res.code}): {res.stdout[:300]!r} {res.message()[:300]}") from None
-
-    def read_chunked(self, argv: list[str], *, offset: int = 0,
-                     timeout: int = DEFAULT_TIMEOUT, chunk: int = 16_000) -> tuple[str, int]:
-        """The output of ``argv`` from byte ``offset`` on, read in chunks below Run
-        Command's output limit (the document cuts each on the node); returns (text, new
-        offset). The command's exit status is checked on every chunk."""
-        out: list[str] = []
-        while True:
-            res = self.run(argv, timeout=timeout, offset=offset, limit=chunk)
-            if res.code == NOT_INSTALLED:
-                raise DlcError(f"{argv[0]} is not installed on the master "
-                               f"{self.instance_id} (exit 127): {res.message()}")
-            if not res.ok:
-                raise DlcError(f"{shlex.join(argv)} failed on the master (exit {res.code}): "
-                               f"{res.message()}")
-            data = res.stdout.encode()
-            out.append(res.stdout)
-            offset += len(data)
-            if len(data) < chunk:
-                return "".join(out), offset

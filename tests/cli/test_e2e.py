@@ -1,5 +1,5 @@
 """dlc end to end against ONE kept emulated cluster (``make demo ARGS=--keep``: a master
-and one worker, the second worker's launch failed so the group has room to scale out),
+and two workers, the third worker's launch failed so the group has room to scale out),
 shared by this module and stopped at its end, always. Every command goes through AWS APIs
 only: CloudFormation, Auto Scaling, EC2, and SSM Run Command to the master's own CLIs,
 played by the emulator's SSM Agent. The node-killing test runs last."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def kept(tmp_path_factory) -> Iterator[dict]:
     report_path = tmp / "report.json"
     # no --work-dir: the demo makes a temp dir, and --stop must remove it (tested below)
     proc = subprocess.run(
-        [sys.executable, "-m", "emulator.demo", "--keep", "--workers", "2", "--fail-launches",
+        [sys.executable, "-m", "emulator.demo", "--keep", "--workers", "3", "--fail-launches",
          "1", "--epochs", "2", "--require-acc", "0.3", "--report", str(report_path)],
         cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True, timeout=DEMO_TIMEOUT)
     report = json.loads(report_path.read_text())
@@ -127,7 +128,8 @@ def test_status_json_of_a_healthy_cluster(kept: dict) -> None:
     assert st["stack"] == {"name": "DLClusterStack", "status": "CREATE_COMPLETE",
                            "region": "us-east-1"}
     nodes = st["nodes"]
-    assert [(n["rank"], n["role"]) for n in nodes] == [(0, "master"), (1, "worker")]
+    assert [(n["rank"], n["role"]) for n in nodes] == [(0, "master"), (1, "worker"),
+                                                       (2, "worker")]
     assert all(n["healthy"] and n["lifecycle"] == "InService" for n in nodes), nodes
     assert all(n["instance_type"] == "g5.xlarge" and n["address"].startswith("127.20.")
                for n in nodes)
@@ -179,6 +181,30 @@ def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys, job_use
     assert {j["job_id"]: j["state"] for j in json.loads(out)}[job] == "succeeded"
 
 
+def test_logs_follow_a_three_node_job_every_line_once(kept: dict, capsys, job_user) -> None:
+    """``dlc logs -f`` of a job writing numbered lines on all three nodes (each line in two
+    writes) through Run Command pages: every node's every number exactly once, whole, in
+    order, prefixed with its node; the output spans many pages (about 150 KB)."""
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    count = 2000
+    script = os.path.join(REPO_ROOT, "tests", "support", "numbered_lines.py")
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--launcher", "each",
+                         "--json", "--", "python", script, str(count))
+    assert code == 0, err
+    job = json.loads(out)["job_id"]
+    code, out, err = dlc(kept, capsys, "logs", "-f", job)
+    assert code == 0 and f"job {job} succeeded" in err, out[-2000:] + err
+    numbers: dict[str, list[int]] = {}
+    for line in out.splitlines():
+        m = re.fullmatch(r"\[(\d+ 127\.[0-9.]+)\] num=(\d+)", line)
+        assert m, f"not a whole, prefixed line: {line!r}"
+        numbers.setdefault(m.group(1), []).append(int(m.group(2)))
+    assert len(numbers) == 3, sorted(numbers)
+    for node, got in numbers.items():
+        assert got == list(range(count)), (node, len(got))
+
+
 def test_submit_then_cancel(kept: dict, capsys, job_user) -> None:
     if not has_controller(kept):
         pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
@@ -208,17 +234,17 @@ def test_scale_out_and_in(kept: dict, capsys) -> None:
         return next(g for g in groups if {"Key": "NodeType", "Value": "Worker"}
                     in [{"Key": t["Key"], "Value": t["Value"]} for t in g["Tags"]])
 
-    assert workers()["DesiredCapacity"] == 1  # the failed launch lowered it
+    assert workers()["DesiredCapacity"] == 2  # the failed launch lowered it
+    code, out, err = dlc(kept, capsys, "scale", "--workers", "3")
+    assert code == 0, err
+    assert "workers 2 -> 3" in out
+    group = workers()
+    assert group["DesiredCapacity"] == 3 and len(group["Instances"]) == 3
     code, out, err = dlc(kept, capsys, "scale", "--workers", "2")
     assert code == 0, err
-    assert "workers 1 -> 2" in out
-    group = workers()
-    assert group["DesiredCapacity"] == 2 and len(group["Instances"]) == 2
-    code, out, err = dlc(kept, capsys, "scale", "--workers", "1")
-    assert code == 0, err
-    assert workers()["DesiredCapacity"] == 1 and "workers 2 -> 1" in out
+    assert workers()["DesiredCapacity"] == 2 and "workers 3 -> 2" in out
     code, _, err = dlc(kept, capsys, "scale", "--workers", "5")
-    assert code == 1 and "above the worker group's maximum 2" in err
+    assert code == 1 and "above the worker group's maximum 3" in err
     master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")
     code, _, err = dlc(kept, capsys, "scale", "--remove", master["address"])
     assert code == 1 and "is the master" in err
@@ -231,8 +257,9 @@ def test_connect_and_tunnel_dry_run(kept: dict, capsys) -> None:
     assert code == 0
     assert out.strip() == (f"aws ssm start-session --target {nodes['master']['instance_id']} "
                            f"--region us-east-1 --endpoint-url {endpoint}")
+    rank1 = next(n for n in status_json(kept, capsys)["nodes"] if n["rank"] == 1)
     code, out, _ = dlc(kept, capsys, "connect", "1", "--dry-run")
-    assert code == 0 and nodes["worker"]["instance_id"] in out
+    assert code == 0 and rank1["instance_id"] in out
     code, out, _ = dlc(kept, capsys, "tunnel", "6006", "--node", nodes["worker"]["address"],
                        "--local-port", "16006", "--dry-run")
     assert code == 0 and "--document-name AWS-StartPortForwardingSession" in out

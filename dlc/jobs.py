@@ -27,7 +27,7 @@ def master_remote(target: Target) -> Remote:
 
 
 def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts: int | None,
-                min_nodes: int | None, name: str | None) -> list[str]:
+                min_nodes: int | None, name: str | None, cwd: str | None = None) -> list[str]:
     """``dl-run --detach --json [options] -- CMD``."""
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. "
@@ -41,6 +41,8 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--min-nodes", str(min_nodes)]
     if name:
         argv += ["--name", name]
+    if cwd:
+        argv += ["--cwd", cwd]
     return [*argv, "--", *command]
 
 
@@ -57,9 +59,11 @@ def job_user(target: Target, as_user: str | None) -> str:
     return check_user(user)
 
 
-def submit(remote: Remote, argv: list[str], user: str) -> str:
-    """``dl-run --detach`` as ``user`` on the master (the document refuses root)."""
-    data = remote.json(argv, run_as=user)
+def submit(remote: Remote, argv: list[str], user: str, *, workdir: str | None = None) -> str:
+    """``dl-run --detach`` as ``user`` on the master (the document refuses root); with
+    ``workdir`` (``<bucket>/<key>`` staged by :mod:`dlc.workdir`) the job runs in that
+    directory, unpacked into its own directory on EFS."""
+    data = remote.json(argv, run_as=user, workdir=workdir)
     jid = data.get("job_id") if isinstance(data, dict) else None
     if not jid:
         raise DlcError(f"dl-run --detach printed no job id: {data!r}")

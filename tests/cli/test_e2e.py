@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -203,6 +204,40 @@ def test_logs_follow_a_three_node_job_every_line_once(kept: dict, capsys, job_us
     assert len(numbers) == 3, sorted(numbers)
     for node, got in numbers.items():
         assert got == list(range(count)), (node, len(got))
+
+
+def test_submit_a_laptop_directory_with_workdir(kept: dict, capsys, job_user,
+                                               tmp_path: Path) -> None:
+    """``dlc submit --workdir``: a script that exists only in a temp dir on the "laptop"
+    runs on all three nodes in the job's own directory on EFS, as the user, with the files
+    .gitignore and .dlcignore name left behind."""
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    laptop = tmp_path / "project"
+    (laptop / "data").mkdir(parents=True)
+    (laptop / "build").mkdir()
+    (laptop / "train.sh").write_text(
+        "set -e\necho \"ran in $(pwd) as $(id -un)\"\ncat data/input.txt\n"
+        "for f in secret.txt build/big.bin; do test ! -e $f || echo \"shipped $f\"; done\n")
+    (laptop / "data" / "input.txt").write_text("only-on-the-laptop\n")
+    (laptop / ".gitignore").write_text("build/\n")
+    (laptop / ".dlcignore").write_text("secret.txt\n")
+    (laptop / "secret.txt").write_text("never shipped\n")
+    (laptop / "build" / "big.bin").write_bytes(b"\0" * 1024)
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--launcher", "each",
+                         "--workdir", str(laptop), "--json", "--", "sh", "train.sh")
+    assert code == 0, err
+    assert "staged 4 file(s)" in err and "/workdirs/" + job_user + "/" in err
+    job = json.loads(out)["job_id"]
+    code, out, err = dlc(kept, capsys, "logs", "-f", job)
+    assert code == 0 and f"job {job} succeeded" in err, out[-2000:] + err
+    efs = Path(kept["report"]["work_dir"]) / "efs"
+    workdir = efs / "managed" / job / "workdir"
+    lines = out.splitlines()
+    assert sum(f"ran in {workdir} as {job_user}" in ln for ln in lines) == 3, out
+    assert sum(ln.endswith("] only-on-the-laptop") for ln in lines) == 3, out
+    assert "shipped" not in out
+    assert (workdir / "train.sh").stat().st_uid == pwd.getpwnam(job_user).pw_uid
 
 
 def test_submit_then_cancel(kept: dict, capsys, job_user) -> None:

@@ -118,6 +118,10 @@ class DemoContext:
         self.boot_hooks: list[Callable[[Node, float], None]] = []
         #: what the recovery drills did (emulator.demo.recovery), for the report
         self.recovery: dict = {}
+        #: --keep: the cluster was left running, and the background service that plays
+        #: Auto Scaling and EC2 for it (emulator.demo.keeper) once it runs
+        self.kept = False
+        self.service: Tracked | None = None
 
     # -- output --------------------------------------------------------------------------
     def step(self, text: str) -> None:
@@ -143,7 +147,8 @@ class DemoContext:
                  "endpoint": self.endpoint, "control": self.control,
                  "cloud": self.cloud.to_dict() if self.cloud else None,
                  "nodes": [n.to_state() for n in self.nodes],
-                 "runners": [r.to_dict() for r in self.runners]}
+                 "runners": [r.to_dict() for r in self.runners],
+                 "service": self.service.to_dict() if self.service else None}
         (self.work / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
     # -- the cloud and the nodes ---------------------------------------------------------

@@ -6,6 +6,7 @@ played by the emulator's SSM Agent. The node-killing test runs last."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -50,9 +51,14 @@ def kept(tmp_path_factory) -> Iterator[dict]:
         state = json.loads(state_path.read_text())
         groups = {n["group"]["pid"] for n in state["nodes"] if n.get("group")}
         groups.add(state["cloud"]["pid"])
+        if state.get("service"):
+            groups.add(state["service"]["pid"])
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         yield {"state_path": state_path, "state": state, "out": proc.stdout, "report": report}
     finally:
+        with contextlib.suppress(OSError, ValueError):  # nodes the service booted since
+            later = json.loads(state_path.read_text())
+            groups |= {n["group"]["pid"] for n in later["nodes"] if n.get("group")}
         stop = subprocess.run([sys.executable, "-m", "emulator.demo", "--stop", str(state_path)],
                               cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True,
                               timeout=120)
@@ -261,23 +267,45 @@ def test_submit_then_cancel(kept: dict, capsys, job_user) -> None:
 
 
 def test_scale_out_and_in(kept: dict, capsys) -> None:
+    """On the kept cluster the emulator's service still plays Auto Scaling and EC2: scaling
+    out boots a node that joins the membership; scaling in drains and stops it."""
     aws = kept["state"]["aws"]
     asg = boto3.client("autoscaling", endpoint_url=aws["endpoint"], region_name="us-east-1")
+    service = json.loads(kept["state_path"].read_text()).get("service")
+    assert service and alive(service["pid"]), "the kept cluster has no emulator service"
 
     def workers() -> dict:
         groups = asg.describe_auto_scaling_groups()["AutoScalingGroups"]
         return next(g for g in groups if {"Key": "NodeType", "Value": "Worker"}
                     in [{"Key": t["Key"], "Value": t["Value"]} for t in g["Tags"]])
 
+    def members_become(n: int, why: str) -> dict:
+        for _ in range(360):
+            st = status_json(kept, capsys)
+            members = [x for x in st["nodes"] if x.get("rank") is not None]
+            if len(members) == n and st["membership"].get("healthy") and \
+                    all(x["healthy"] for x in members):
+                return st
+            time.sleep(0.5)
+        raise AssertionError(f"{why}: never {n} healthy members: {st}")
+
     assert workers()["DesiredCapacity"] == 2  # the failed launch lowered it
+    before = status_json(kept, capsys)["membership"]["generation"]
     code, out, err = dlc(kept, capsys, "scale", "--workers", "3")
     assert code == 0, err
     assert "workers 2 -> 3" in out
     group = workers()
     assert group["DesiredCapacity"] == 3 and len(group["Instances"]) == 3
+    st = members_become(4, "scale out to 3 workers")
+    assert st["membership"]["generation"] > before
+    added = {x["instance_id"] for x in st["nodes"]} - \
+        {n["instance_id"] for n in kept["state"]["nodes"]}
+    assert len(added) == 1, st["nodes"]
     code, out, err = dlc(kept, capsys, "scale", "--workers", "2")
     assert code == 0, err
     assert workers()["DesiredCapacity"] == 2 and "workers 3 -> 2" in out
+    st = members_become(3, "scale in to 2 workers")
+    assert added.isdisjoint(x["instance_id"] for x in st["nodes"] if x.get("rank") is not None)
     code, _, err = dlc(kept, capsys, "scale", "--workers", "5")
     assert code == 1 and "above the worker group's maximum 3" in err
     master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")

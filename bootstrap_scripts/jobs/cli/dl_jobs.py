@@ -105,7 +105,9 @@ def print_show(job: ManagedJob, as_json: bool) -> int:
             ("restarts", str(job.restarts)), ("world size", f"{job.world_size} node(s) "
                                               f"(first attempt: {job.full_size})"),
             ("excluded", ", ".join(job.excluded) or "-"),
-            ("last failure", job.last_failure or "-"), ("message", job.message or "-")):
+            ("last failure", job.last_failure or "-"),
+            ("health gate", "; ".join(job.gate_failures) or "-"),
+            ("message", job.message or "-")):
         print(f"{label + ':':14}{value}")
     for k, r in enumerate(job.restart_log, start=1):
         resumed = (f"epoch {r.resumed_epoch} step {r.resumed_step}"

@@ -149,7 +149,17 @@ class DemoContext:
                  "nodes": [n.to_state() for n in self.nodes],
                  "runners": [r.to_dict() for r in self.runners],
                  "service": self.service.to_dict() if self.service else None}
-        (self.work / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        path = self.work / STATE_FILE
+        try:  # what --keep added for dlc --emulator (report.record_aws) stays
+            aws = json.loads(path.read_text()).get("aws")
+        except (OSError, ValueError, AttributeError):
+            aws = None
+        if aws:
+            state["aws"] = aws
+        # atomically: dlc --emulator reads it while the kept cluster's service boots nodes
+        tmp = path.with_name(f".{STATE_FILE}.tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(path)
 
     # -- the cloud and the nodes ---------------------------------------------------------
     def session(self):

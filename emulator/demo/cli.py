@@ -180,5 +180,6 @@ def main(argv: list[str] | None = None) -> int:
 
         keeper.detach()
         demo = Demo(ns, console)
+        keeper.record(demo)  # in state.json from the first save: --stop can always stop it
         return keeper.serve(demo, demo.run())
     return Demo(ns, console).run()

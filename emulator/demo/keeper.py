@@ -73,6 +73,13 @@ def detached() -> bool:
     return _to_parent is not None
 
 
+def record(demo: Demo) -> None:
+    """The child records itself as the service from the start (``state.json`` is written at
+    every start of a process), so ``--stop`` or a test's last resort can stop it even if
+    the demo hangs before it serves."""
+    demo.service = Tracked("emulator service", os.getpid(), start_time(os.getpid()))
+
+
 def serve(demo: Demo, code: int) -> int:
     """The child, after the demo: hand ``code`` to the parent; if the cluster is kept, tick
     the emulated Auto Scaling until SIGTERM. Returns the child's exit code."""
@@ -81,7 +88,7 @@ def serve(demo: Demo, code: int) -> int:
         return code  # the parent reads EOF and waits for this process's exit code
     from emulator.demo import cluster
 
-    demo.service = Tracked("emulator service", os.getpid(), start_time(os.getpid()))
+    record(demo)
     demo.save_state()
     autoscaling = demo.autoscaling or cluster.autoscaling(demo)
     demo.logs.mkdir(parents=True, exist_ok=True)

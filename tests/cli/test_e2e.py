@@ -1,5 +1,5 @@
 """dlc end to end against ONE kept emulated cluster (``make demo ARGS=--keep``: a master
-and two workers, the third worker's launch failed so the group has room to scale out),
+and two base workers, the worker group's maximum one more so it has room to scale out),
 shared by this module and stopped at its end, always. Every command goes through AWS APIs
 only: CloudFormation, Auto Scaling, EC2, and SSM Run Command to the master's own CLIs,
 played by the emulator's SSM Agent. The node-killing test runs last."""
@@ -40,8 +40,8 @@ def kept(tmp_path_factory) -> Iterator[dict]:
     report_path = tmp / "report.json"
     # no --work-dir: the demo makes a temp dir, and --stop must remove it (tested below)
     proc = subprocess.run(
-        [sys.executable, "-m", "emulator.demo", "--keep", "--workers", "3", "--fail-launches",
-         "1", "--epochs", "2", "--require-acc", "0.3", "--report", str(report_path)],
+        [sys.executable, "-m", "emulator.demo", "--keep", "--workers", "2", "--context",
+         "maxWorkers=3", "--epochs", "2", "--require-acc", "0.3", "--report", str(report_path)],
         cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True, timeout=DEMO_TIMEOUT)
     report = json.loads(report_path.read_text())
     work = Path(report["work_dir"])
@@ -289,7 +289,7 @@ def test_scale_out_and_in(kept: dict, capsys) -> None:
             time.sleep(0.5)
         raise AssertionError(f"{why}: never {n} healthy members: {st}")
 
-    assert workers()["DesiredCapacity"] == 2  # the failed launch lowered it
+    assert workers()["DesiredCapacity"] == 2  # the base workers (maxWorkers: 3)
     before = status_json(kept, capsys)["membership"]["generation"]
     code, out, err = dlc(kept, capsys, "scale", "--workers", "3")
     assert code == 0, err

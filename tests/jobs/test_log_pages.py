@@ -142,7 +142,7 @@ def test_cursor_refused(text: str) -> None:
 
 
 def test_cursor_round_trip_and_the_command(tmp_path: Path, capsys) -> None:
-    c = Cursor(3, {"0": 12, "1-ps": 4, "r": 9})
+    c = Cursor(3, {"0": 12, "1-ps": 4, "0-rdzv-store": 7, "r": 9})
     assert Cursor.parse(c.encode()) == c and Cursor.parse("2") == Cursor(2)
     make_job(tmp_path, state="succeeded", attempt=1)
     (nodes_dir(tmp_path, 1) / "0.log").write_bytes("é\n".encode())
@@ -151,3 +151,15 @@ def test_cursor_round_trip_and_the_command(tmp_path: Path, capsys) -> None:
     assert page == {"cursor": "1:0=3", "state": "succeeded", "done": True,
                     "more": False, "out": ["[0] é"], "err": []}
     assert dl_jobs.main(["--mount-point", str(tmp_path), "logs", JOB, "--cursor", "1;"]) == 2
+
+
+def test_a_helpers_labelled_log_is_read_too(tmp_path: Path) -> None:
+    """``<rank>-<label>.log`` (the rendezvous store's ``0-rdzv-store.log``) has its own
+    offset in the cursor."""
+    make_job(tmp_path, state="succeeded", attempt=1)
+    d = nodes_dir(tmp_path, 1)
+    (d / "0.log").write_bytes(b"train\n")
+    (d / "0-rdzv-store.log").write_bytes(b"store up\n")
+    page = read_page(tmp_path, JOB, Cursor())
+    assert page.out == ["[0-rdzv-store] store up", "[0] train"] and page.done
+    assert page.cursor.offsets == {"0": 6, "0-rdzv-store": 9}

@@ -52,7 +52,7 @@ PAGE_BYTES = 16_000
 MAX_LINE_BYTES = 2_000
 #: The cursor's key for the attempt's runner messages (a node file's key starts with a digit).
 RUNNER_KEY = "r"
-KEY_RE = re.compile(r"^(r|[0-9]{1,6}(-[A-Za-z0-9_.]{1,64})?)$")
+KEY_RE = re.compile(r"^(r|[0-9]{1,6}(-[A-Za-z0-9_.-]{1,64})?)$")
 CURSOR_RE = re.compile(r"^([1-9][0-9]{0,5})(:(.*))?$")
 
 

@@ -36,6 +36,7 @@ from constructs_lib.shared_storage import (
     SharedFileSystem,
 )
 from constructs_lib.user_data import node_user_data
+from constructs_lib.workdir_staging import WorkdirStaging
 
 # DEFAULT_INSTANCE_TYPE, DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings'
 # defaults (constructs_lib.cluster_settings, the one description of each setting).
@@ -400,6 +401,10 @@ class DeepLearningCluster(Construct):
         # What an operator's role needs for dlc (status, jobs, scale, sessions): a managed
         # policy scoped to this cluster's tag (``operator_access.policy``).
         self.operator_access = OperatorAccess(self, "OperatorAccess", cluster_id=self.cluster_id)
+        # dlc submit --workdir: operators stage a directory, the master fetches it.
+        self.workdir_staging = WorkdirStaging(self, "WorkdirStaging")
+        self.workdir_staging.grant_stage(self.operator_access.policy)
+        self.workdir_staging.grant_fetch(self.master_group.role)
 
     @property
     def connections(self) -> ec2.Connections:

@@ -96,6 +96,15 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
          TAG_CONDITIONED_REASON)
     acknowledge_operator_access(cluster.operator_access)
     acknowledge_custom_resource_provider(cluster)
+    staged = (f"AwsSolutions-IAM5[Resource::<{_logical_id(cluster.workdir_staging.bucket)}"
+              ".Arn>/workdirs/*]")
+    _ack(cluster.operator_access.policy, staged,
+         "dlc submit --workdir uploads each directory under a new random key "
+         "(workdirs/<user>/<id>.tar.gz); operators may only put objects under workdirs/ "
+         "of the cluster's own staging bucket (no read, list or delete).")
+    _ack(cluster.master_group.role, staged,
+         "The master fetches the staged directory a submit names (keys are random, made "
+         "by dlc); only s3:GetObject under workdirs/ of the cluster's own staging bucket.")
 
 
 def acknowledge_custom_resource_provider(scope: IConstruct) -> None:

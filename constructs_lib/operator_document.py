@@ -48,6 +48,9 @@ ARGUMENTS_PATTERN = rf"^[ {ARGUMENT_CHARS}]*$"
 USER_PATTERN = r"^([a-z_][a-z0-9_-]{0,31})?$"
 COMMAND_PATTERN = "^(" + "|".join(COMMANDS) + ")$"
 NUMBER_PATTERN = r"^[0-9]{1,12}$"
+#: ``dlc submit --workdir``: ``<staging bucket>/workdirs/<user>/<32 hex>.tar.gz``, or empty.
+WORKDIR_PATTERN = (r"^([a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/workdirs/[a-z_][a-z0-9_-]{0,31}/"
+                   r"[0-9a-f]{32}\.tar\.gz)?$")
 TIMEOUT_PATTERN = r"^[0-9]{1,5}$"
 #: Users below this UID are root and system accounts (Amazon Linux's UID_MIN).
 FIRST_USER_UID = 1000
@@ -88,6 +91,21 @@ SCRIPT = [
     "else",
     '  set -- "$SSM_command"',
     "fi",
+    'workdir="${SSM_workdir:-}"',
+    'if [ -n "$workdir" ]; then',
+    '  if [ "$SSM_command" != dl-run ]; then',
+    '    echo "dl-operate: workdir goes with dl-run only" >&2; exit 2',
+    "  fi",
+    '  case "$workdir" in',
+    '    */workdirs/"$user"/*) ;;',
+    '    *) echo "dl-operate: $workdir is not under workdirs/$user/" >&2; exit 2 ;;',
+    "  esac",
+    '  a=$(mktemp) || exit 1',
+    '  if ! dl-fetch-workdir "$workdir" > "$a"; then rm -f "$a"; exit 1; fi',
+    '  exec < "$a"',
+    '  rm -f "$a"',
+    '  set -- "$@" --workdir-archive -',
+    "fi",
     "IFS=' '",
     'limit="${SSM_outputLimit:-0}"',
     'if [ "$limit" -gt 0 ]; then',
@@ -126,6 +144,9 @@ def document_content() -> dict:
                                 ARGUMENTS_PATTERN, ""),
             "runAs": _param("the Linux user dl-run runs as (uid >= 1000, never root)",
                             USER_PATTERN, ""),
+            "workdir": _param("dl-run: a directory dlc staged, <bucket>/workdirs/<user>/"
+                              "<id>.tar.gz, fetched as root and unpacked by the user's dl-run "
+                              "into the job's directory", WORKDIR_PATTERN, ""),
             "outputOffset": _param("print the output from this byte", NUMBER_PATTERN, "0"),
             "outputLimit": _param("print at most this many bytes (0: all, no temp file)",
                                   NUMBER_PATTERN, "0"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -103,15 +104,32 @@ def status(ctx, as_json) -> None:
 @click.option("--as", "as_user", default=None, metavar="USER",
               help="the cluster user the job runs as (default: your IAM identity's name, "
                    "docs/dlc.md); never root")
+@click.option("--workdir", default=None, metavar="DIR",
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="ship this local directory (minus .gitignore/.dlcignore) to the job's "
+                   "own directory on the cluster's EFS and run COMMAND there")
+@click.option("--cwd", default=None, metavar="DIR",
+              help="run COMMAND in DIR, a directory already on the cluster")
 @click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def submit(ctx, launcher, max_restarts, min_nodes, name, as_user, as_json, command) -> None:
+def submit(ctx, launcher, max_restarts, min_nodes, name, as_user, workdir, cwd, as_json,
+           command) -> None:
     """Submit COMMAND (after --) as a job on every node, as USER; prints the job id."""
+    if workdir is not None and cwd is not None:
+        raise errors.UsageError("--workdir ships a directory and runs the job in it: no "
+                                "--cwd with it")
     argv = jobs_mod.submit_argv(tuple(command), launcher=launcher, max_restarts=max_restarts,
-                                min_nodes=min_nodes, name=name)
+                                min_nodes=min_nodes, name=name, cwd=cwd)
     user = jobs_mod.job_user(target_of(ctx), as_user)
-    jid = jobs_mod.submit(remote_of(ctx), argv, user)
+    remote = remote_of(ctx)
+    staged = None
+    if workdir is not None:
+        from dlc import workdir as workdir_mod
+
+        staged = workdir_mod.stage(target_of(ctx), workdir, user,
+                                   lambda s: click.echo(s, err=True))
+    jid = jobs_mod.submit(remote, argv, user, workdir=staged)
     if as_json:
         emit_json({"job_id": jid})
     else:
@@ -147,13 +165,13 @@ def jobs_cmd(ctx, as_json) -> None:
               help="one node's log (default: every node's)")
 @click.pass_context
 def logs(ctx, job, follow, node) -> int:
-    """A job's output; with -f until it ends (exit 0 if it succeeded, else 1)."""
-    remote = remote_of(ctx)
+    """A job's output, every node's lines whole and prefixed with the node; with -f until
+    it ends (exit 0 if it succeeded, else 1)."""
+    final = jobs_mod.stream_logs(remote_of(ctx), job, node,
+                                 lambda s: click.echo(s, nl=False),
+                                 lambda s: click.echo(s, nl=False, err=True), follow=follow)
     if not follow:
-        text, _ = jobs_mod.read_logs(remote, job, node)
-        click.echo(text, nl=False)
         return 0
-    final = jobs_mod.follow(remote, job, node, lambda s: click.echo(s, nl=False))
     state = str(final.get("state"))
     click.echo(f"job {job} {state}", err=True)
     return 0 if state == "succeeded" else errors.EXIT_FAILED

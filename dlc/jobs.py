@@ -7,14 +7,13 @@ it, so a job outlives the laptop that submitted it.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
 from dlc import aws
 from dlc.errors import DlcError, NotFound, UsageError, listing
 from dlc.remote import Remote, check_user, user_from_arn
-from dlc.status import FINISHED, job_id, jobs_list
+from dlc.status import job_id, jobs_list
 from dlc.target import Target
 
 #: How long one poll of ``dlc logs -f`` waits before asking again (seconds).
@@ -28,7 +27,7 @@ def master_remote(target: Target) -> Remote:
 
 
 def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts: int | None,
-                min_nodes: int | None, name: str | None) -> list[str]:
+                min_nodes: int | None, name: str | None, cwd: str | None = None) -> list[str]:
     """``dl-run --detach --json [options] -- CMD``."""
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. "
@@ -42,6 +41,8 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--min-nodes", str(min_nodes)]
     if name:
         argv += ["--name", name]
+    if cwd:
+        argv += ["--cwd", cwd]
     return [*argv, "--", *command]
 
 
@@ -58,9 +59,11 @@ def job_user(target: Target, as_user: str | None) -> str:
     return check_user(user)
 
 
-def submit(remote: Remote, argv: list[str], user: str) -> str:
-    """``dl-run --detach`` as ``user`` on the master (the document refuses root)."""
-    data = remote.json(argv, run_as=user)
+def submit(remote: Remote, argv: list[str], user: str, *, workdir: str | None = None) -> str:
+    """``dl-run --detach`` as ``user`` on the master (the document refuses root); with
+    ``workdir`` (``<bucket>/<key>`` staged by :mod:`dlc.workdir`) the job runs in that
+    directory, unpacked into its own directory on EFS."""
+    data = remote.json(argv, run_as=user, workdir=workdir)
     jid = data.get("job_id") if isinstance(data, dict) else None
     if not jid:
         raise DlcError(f"dl-run --detach printed no job id: {data!r}")
@@ -81,46 +84,46 @@ def _known(remote: Remote, jid: str) -> None:
         raise NotFound(f"job {jid} not found on the cluster; jobs: {listing(ids)}")
 
 
-def show(remote: Remote, jid: str) -> dict:
-    res = remote.run(["dl-jobs", "show", jid, "--json"])
-    if not res.ok:
-        _known(remote, jid)
-        raise DlcError(f"dl-jobs show {jid} failed on the master (exit {res.code}): "
-                       f"{res.message()}")
+def page_argv(jid: str, cursor: str, node: int | None) -> list[str]:
+    """``dl-jobs logs ID --cursor C [--node RANK]``: one page of the job's output after the
+    cursor, as JSON (bootstrap_scripts/jobs/cli/log_pages.py)."""
+    return ["dl-jobs", "logs", jid, "--cursor", cursor,
+            *(["--node", str(node)] if node is not None else [])]
+
+
+def read_page(remote: Remote, jid: str, cursor: str, node: int | None) -> dict:
     try:
-        data = json.loads(res.stdout)
-    except ValueError:
-        raise DlcError(f"dl-jobs show {jid} printed no JSON: {res.stdout[:300]!r}") from None
-    return data.get("job", data) if isinstance(data, dict) else {}
-
-
-def logs_argv(jid: str, node: int | None) -> list[str]:
-    return ["dl-jobs", "logs", jid, *(["--node", str(node)] if node is not None else [])]
-
-
-def read_logs(remote: Remote, jid: str, node: int | None, offset: int = 0) -> tuple[str, int]:
-    try:
-        return remote.read_chunked(logs_argv(jid, node), offset=offset)
+        data = remote.json(page_argv(jid, cursor, node))
     except DlcError:
         _known(remote, jid)
         raise
+    if not isinstance(data, dict) or not isinstance(data.get("cursor"), str):
+        raise DlcError(f"dl-jobs logs {jid} --cursor answered no page: {str(data)[:300]!r}")
+    return data
 
 
-def follow(remote: Remote, jid: str, node: int | None, write: Callable[[str], None], *,
-           poll: float = FOLLOW_POLL, timeout: float | None = None) -> dict:
-    """Print the job's log as it grows until the job is over; returns its last record.
-    The state is read before the log, so the log read after a finished state is complete."""
-    offset = 0
+def stream_logs(remote: Remote, jid: str, node: int | None, write: Callable[[str], None],
+                write_err: Callable[[str], None], *, follow: bool,
+                poll: float = FOLLOW_POLL, timeout: float | None = None) -> dict:
+    """Print the job's output page after page, each node's lines whole and prefixed with
+    the node, nothing lost or repeated: the master hands out pages from a cursor that holds
+    one offset per node log (it stays with ``dlc``, the master keeps nothing); with
+    ``follow``, until the job is over. Returns the last page (its ``state``)."""
+    cursor = "1"
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        job = show(remote, jid)
-        text, offset = read_logs(remote, jid, node, offset)
-        if text:
-            write(text)
-        if str(job.get("state")) in FINISHED:
-            return job
+        page = read_page(remote, jid, cursor, node)
+        cursor = page["cursor"]
+        if page.get("out"):
+            write("".join(line + "\n" for line in page["out"]))
+        if page.get("err"):
+            write_err("".join(line + "\n" for line in page["err"]))
+        if page.get("more"):
+            continue
+        if page.get("done") or not follow:
+            return page
         if deadline is not None and time.monotonic() > deadline:
-            raise DlcError(f"job {jid} still {job.get('state')} after {timeout:.0f} s of "
+            raise DlcError(f"job {jid} still {page.get('state')} after {timeout:.0f} s of "
                            "following; it keeps running (dlc logs -f to follow again)")
         time.sleep(poll)
 

@@ -8,8 +8,8 @@ CloudTrail, and it can be limited to this cluster's instances by their ``dl-clus
 tag. ``SendCommand`` runs the stack's Command document (constructs_lib/operator_document.py:
 one of the four commands with validated arguments, ``dl-run`` as a named user; never a
 script); ``GetCommandInvocation`` returns its exit code and output once it ends (the first
-24,000 characters of stdout, 8,000 of stderr: callers that may print more read it in
-chunks, which the document cuts on the node).
+24,000 characters of stdout, 8,000 of stderr: ``dlc logs`` asks for its output in pages
+below that, from a cursor, ``dl-jobs logs ID --cursor C``).
 
 The values are checked here against the document's patterns first, so a refused argument
 is a clear usage error rather than SSM's InvalidParameters.
@@ -46,7 +46,8 @@ USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 def document_parameters(argv: list[str], *, timeout: int, run_as: str | None = None,
-                        offset: int = 0, limit: int = 0) -> dict[str, str]:
+                        offset: int = 0, limit: int = 0,
+                        workdir: str | None = None) -> dict[str, str]:
     """The document's parameters for ``argv`` (UsageError naming what it refuses)."""
     if not argv or argv[0] not in COMMANDS:
         raise UsageError(f"the cluster's command document runs {', '.join(COMMANDS)} only, "
@@ -65,6 +66,8 @@ def document_parameters(argv: list[str], *, timeout: int, run_as: str | None = N
         params["runAs"] = run_as
     if limit:
         params.update(outputOffset=str(offset), outputLimit=str(limit))
+    if workdir is not None:  # <bucket>/workdirs/<user>/<id>.tar.gz (dlc.workdir made it)
+        params["workdir"] = workdir
     return params
 
 
@@ -126,11 +129,13 @@ class Remote:
         return self._document
 
     def run(self, argv: list[str], *, timeout: int = DEFAULT_TIMEOUT,
-            run_as: str | None = None, offset: int = 0, limit: int = 0) -> Result:
+            run_as: str | None = None, offset: int = 0, limit: int = 0,
+            workdir: str | None = None) -> Result:
         """Run ``argv`` on the instance (as ``run_as``; with ``limit``, only bytes
-        ``offset`` .. ``offset + limit`` of its output); waits for it to end."""
+        ``offset`` .. ``offset + limit`` of its output; with ``workdir``, ``dl-run`` gets
+        that staged directory); waits for it to end."""
         params = document_parameters(argv, timeout=timeout, run_as=run_as, offset=offset,
-                                     limit=limit)
+                                     limit=limit, workdir=workdir)
         text = shlex.join(argv)
         command_id = aws.send_command(self.target, self.instance_id, self.document, params,
                                       comment=f"dlc: {text}"[:100],
@@ -176,10 +181,11 @@ class Remote:
         return res
 
     def json(self, argv: list[str], *, timeout: int = DEFAULT_TIMEOUT,
-             allow_codes: tuple[int, ...] = (0,), run_as: str | None = None) -> object:
+             allow_codes: tuple[int, ...] = (0,), run_as: str | None = None,
+             workdir: str | None = None) -> object:
         """Run a command that prints JSON and parse it (``allow_codes``: exit statuses that
         still carry a JSON answer, e.g. dl-health's 1 = unhealthy)."""
-        res = self.run(argv, timeout=timeout, run_as=run_as)
+        res = self.run(argv, timeout=timeout, run_as=run_as, workdir=workdir)
         if res.code == NOT_INSTALLED:
             raise DlcError(f"{argv[0]} is not installed on the master {self.instance_id} "
                            f"(exit 127): {res.message()}")
@@ -191,23 +197,3 @@ class Remote:
         except ValueError:
             raise DlcError(f"{shlex.join(argv)} printed no JSON on the master (exit "
                            f"{res.code}): {res.stdout[:300]!r} {res.message()[:300]}") from None
-
-    def read_chunked(self, argv: list[str], *, offset: int = 0,
-                     timeout: int = DEFAULT_TIMEOUT, chunk: int = 16_000) -> tuple[str, int]:
-        """The output of ``argv`` from byte ``offset`` on, read in chunks below Run
-        Command's output limit (the document cuts each on the node); returns (text, new
-        offset). The command's exit status is checked on every chunk."""
-        out: list[str] = []
-        while True:
-            res = self.run(argv, timeout=timeout, offset=offset, limit=chunk)
-            if res.code == NOT_INSTALLED:
-                raise DlcError(f"{argv[0]} is not installed on the master "
-                               f"{self.instance_id} (exit 127): {res.message()}")
-            if not res.ok:
-                raise DlcError(f"{shlex.join(argv)} failed on the master (exit {res.code}): "
-                               f"{res.message()}")
-            data = res.stdout.encode()
-            out.append(res.stdout)
-            offset += len(data)
-            if len(data) < chunk:
-                return "".join(out), offset

@@ -100,6 +100,8 @@ class DLClusterStack(Stack):
             description=f"EFS mounted at {c.efs_mount_point} on every node",
         )
         CfnOutput(self, "MasterQueueUrl", value=c.master_queue.queue_url)
+        CfnOutput(self, "WorkdirBucketName", value=c.workdir_staging.bucket_name,
+                  description="dlc submit --workdir stages directories here (workdirs/)")
         master_instance = (
             f"$(aws autoscaling describe-auto-scaling-groups --region {self.region} "
             f"--auto-scaling-group-names {master_group} "

@@ -10,8 +10,8 @@ Written under ``--root`` (default ``/``):
 - ``etc/systemd/system/dl-executor.service``: the per-node job executor;
 - ``etc/systemd/system/dl-controller.service`` (master only): the job controller, which runs
   managed jobs and restarts them after node faults (``bootstrap_scripts.jobs.controller``);
-- ``usr/local/bin/{dl-run,dl-jobs,dl-health,dl-agent,dl-scale}``: wrappers that find this
-  package wherever the user data unpacked it;
+- ``usr/local/bin/{dl-run,dl-jobs,dl-health,dl-agent,dl-scale,dl-fetch-workdir}``:
+  wrappers that find this package wherever the user data unpacked it;
 - ``etc/dl-cluster/aws-region.env`` and ``etc/profile.d/dl-aws-region.sh``: the instance's
   region, read from instance metadata (IMDSv2 ``placement/region``), for every unit
   (``EnvironmentFile=``), wrapper and login shell: the AWS SDKs never ask the metadata
@@ -41,7 +41,8 @@ WRAPPERS = {"dl-run": "bootstrap_scripts.jobs.cli.dl_run",
             "dl-jobs": "bootstrap_scripts.jobs.cli.dl_jobs",
             "dl-health": "bootstrap_scripts.ops.health",
             "dl-agent": "bootstrap_scripts.agent.node_agent",
-            "dl-scale": "bootstrap_scripts.ops.scale"}
+            "dl-scale": "bootstrap_scripts.ops.scale",
+            "dl-fetch-workdir": "bootstrap_scripts.jobs.cli.fetch_workdir"}
 #: Seconds the installer waits for instance metadata before it falls back to the user
 #: data's ``--region`` (IMDS answers within milliseconds on a running instance).
 IMDS_DEADLINE_SECONDS = 30.0

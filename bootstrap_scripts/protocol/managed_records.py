@@ -76,6 +76,9 @@ class ManagedJob(Record):
     started_at: float | None = None
     finished_at: float | None = None
     restart_log: tuple[RestartRecord, ...] = ()
+    #: every node the health gate failed for this job, "<address> (<instance>): <check>:
+    #: <detail>" (last_failure keeps only the latest failure of any kind)
+    gate_failures: tuple[str, ...] = ()
 
 
 @record

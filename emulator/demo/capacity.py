@@ -141,10 +141,54 @@ def settle(ctx: DemoContext) -> None:
         missing = _groups_settled(ctx)
         if not missing:
             ctx.ok("groups at their desired capacity, every instance booted")
+            show_placement(ctx)
             return
         time.sleep(0.3)
     raise DemoError(f"the groups did not settle within {timeout:.0f} s ({missing}); "
                     f"the Lambda's log: {log}")
+
+
+def preferred_types(ctx: DemoContext) -> dict[str, str]:
+    """Each group's first instance type (its mixed instances policy's first override)."""
+    out: dict[str, str] = {}
+    with contextlib.suppress(Exception):
+        described = ctx.session().client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[g.name for g in ctx.cluster.groups.values()])
+        roles = {g.name: role for role, g in ctx.cluster.groups.items()}
+        for group in described["AutoScalingGroups"]:
+            overrides = (group.get("MixedInstancesPolicy") or {}).get(
+                "LaunchTemplate", {}).get("Overrides") or []
+            if overrides:
+                out[roles[group["AutoScalingGroupName"]]] = overrides[0]["InstanceType"]
+    return out
+
+
+def placement(ctx: DemoContext) -> list[dict]:
+    """Where each live node runs and on what (EC2's DescribeInstances)."""
+    live = [n for n in ctx.nodes if n.status in ("running", "stopped")]
+    if not live or not ctx.control:
+        return []
+    with contextlib.suppress(Exception):
+        res = ctx.session().client("ec2").describe_instances(
+            InstanceIds=[n.instance_id for n in live])
+        info = {i["InstanceId"]: i for r in res["Reservations"] for i in r["Instances"]}
+        return [{"instance_id": n.instance_id, "role": n.role, "address": n.address,
+                 "instance_type": info[n.instance_id]["InstanceType"],
+                 "zone": info[n.instance_id]["Placement"]["AvailabilityZone"]}
+                for n in live if n.instance_id in info]
+    return []
+
+
+def show_placement(ctx: DemoContext) -> None:
+    """One console line per node: the instance type the capacity fallback chose and the
+    zone, saying when it is not the group's first choice."""
+    first = preferred_types(ctx)
+    for n in placement(ctx):
+        wanted = first.get(n["role"])
+        fallback = (f" [yellow](fallback: {escape(wanted)} had no capacity)[/]"
+                    if wanted and wanted != n["instance_type"] else "")
+        ctx.info(f"{n['role']:6} {n['instance_id']} {n['address']:15} runs on "
+                 f"{escape(n['instance_type'])} in {escape(n['zone'])}{fallback}")
 
 
 def _say(rec: dict) -> str:
@@ -181,17 +225,7 @@ def report(ctx: DemoContext) -> dict | None:
     ns = ctx.ns
     if not ns.capacity_out and not ns.context and not ns.flaky_launches:
         return None
-    nodes: list[dict] = []
-    live = [n for n in ctx.nodes if n.status in ("running", "stopped")]
-    if live and ctx.control:
-        with contextlib.suppress(Exception):
-            res = ctx.session().client("ec2").describe_instances(
-                InstanceIds=[n.instance_id for n in live])
-            info = {i["InstanceId"]: i for r in res["Reservations"] for i in r["Instances"]}
-            nodes = [{"instance_id": n.instance_id, "role": n.role, "address": n.address,
-                      "instance_type": info[n.instance_id]["InstanceType"],
-                      "zone": info[n.instance_id]["Placement"]["AvailabilityZone"]}
-                     for n in live if n.instance_id in info]
+    nodes = placement(ctx)
     recorded = launches.launch_failures(ctx.cluster_paths) if ctx.cluster else ()
     found = decisions(ctx.logs / "lambda.log")
     return {

@@ -175,4 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(file=safe_stdout(), highlight=False, soft_wrap=True)
     if ns.stop:
         return stop_from_state(ns.stop, console, keep_files=ns.keep_files)
+    if ns.keep:  # the kept cluster's Auto Scaling and EC2 go on in the background
+        from emulator.demo import keeper
+
+        keeper.detach()
+        demo = Demo(ns, console)
+        keeper.record(demo)  # in state.json from the first save: --stop can always stop it
+        return keeper.serve(demo, demo.run())
     return Demo(ns, console).run()

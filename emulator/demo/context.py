@@ -118,6 +118,10 @@ class DemoContext:
         self.boot_hooks: list[Callable[[Node, float], None]] = []
         #: what the recovery drills did (emulator.demo.recovery), for the report
         self.recovery: dict = {}
+        #: --keep: the cluster was left running, and the background service that plays
+        #: Auto Scaling and EC2 for it (emulator.demo.keeper) once it runs
+        self.kept = False
+        self.service: Tracked | None = None
 
     # -- output --------------------------------------------------------------------------
     def step(self, text: str) -> None:
@@ -143,8 +147,19 @@ class DemoContext:
                  "endpoint": self.endpoint, "control": self.control,
                  "cloud": self.cloud.to_dict() if self.cloud else None,
                  "nodes": [n.to_state() for n in self.nodes],
-                 "runners": [r.to_dict() for r in self.runners]}
-        (self.work / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+                 "runners": [r.to_dict() for r in self.runners],
+                 "service": self.service.to_dict() if self.service else None}
+        path = self.work / STATE_FILE
+        try:  # what --keep added for dlc --emulator (report.record_aws) stays
+            aws = json.loads(path.read_text()).get("aws")
+        except (OSError, ValueError, AttributeError):
+            aws = None
+        if aws:
+            state["aws"] = aws
+        # atomically: dlc --emulator reads it while the kept cluster's service boots nodes
+        tmp = path.with_name(f".{STATE_FILE}.tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(path)
 
     # -- the cloud and the nodes ---------------------------------------------------------
     def session(self):

@@ -28,7 +28,16 @@ from bootstrap_scripts.procgroup import (
     stop_groups,
 )
 from emulator import deploy as dp
-from emulator.demo import cluster, frameworks, joblog, recovery, report, scenarios, signals
+from emulator.demo import (
+    cluster,
+    frameworks,
+    joblog,
+    keeper,
+    recovery,
+    report,
+    scenarios,
+    signals,
+)
 from emulator.demo.context import BIN_DIR, DemoContext, DemoError, free_port
 from emulator.demo.joblog import JobRun
 from emulator.nodes import NodeError, base_env
@@ -280,7 +289,7 @@ class Demo(DemoContext):
         rep = report.build_report(self, status, code, error)
         # --keep keeps a failed cluster too (to inspect it), unless Ctrl-C asked to stop.
         keep = ns.keep and code != 130 and self.master() is not None
-        rep["kept"] = keep
+        rep["kept"] = self.kept = keep
         # A failed run keeps its work dir: its logs are the explanation. --stop removes it.
         remove_work = self.created_work and not keep and status == "succeeded"
         try:
@@ -324,6 +333,13 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
     except (OSError, ValueError) as exc:
         console.print(f"[bold red]error:[/] cannot read state file {path}: {exc}")
         return 2
+    # the background service first (emulator.demo.keeper): it must not replace or boot
+    # nodes while they stop; then the state it kept current, with every node it booted
+    if keeper.stop_service(state):
+        console.print("[bold red]error:[/] the emulator service did not stop")
+        return 1
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads(state_path.read_text())
     groups = [Tracked.from_dict(n["group"]) for n in state.get("nodes", []) if n.get("group")]
     groups += [Tracked.from_dict(r) for r in state.get("runners", [])]
     efs = Path(state["work_dir"]) / "efs"

@@ -29,6 +29,8 @@ import signal
 import subprocess
 import time
 
+from rich.markup import escape
+
 from bootstrap_scripts.procgroup import signal_group
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ControllerHeartbeat
@@ -55,6 +57,16 @@ def attempt_shares(ctx: DemoContext, job: JobRun, address: str) -> list[int]:
     """The process groups of the running attempt's share on the node at ``address``."""
     attempt = joblog.attempt_job_id(ctx.cluster_paths, job)
     return joblog.share_groups_of(ctx.efs, attempt, address) if attempt else []
+
+
+def gate_failure(record: dict, address: str) -> str:
+    """The check the health gate failed ``address`` on, from the job controller's record
+    (``gate_failures``: "<address> (<instance>): <check>: <detail>"); DemoError without."""
+    for entry in record.get("gate_failures") or ():
+        if entry.startswith(f"{address} "):
+            return entry.split("): ", 1)[-1]
+    raise DemoError(f"the job controller recorded no health-gate failure of {address}: "
+                    f"{list(record.get('gate_failures') or ())}")
 
 
 class Recovery:
@@ -242,7 +254,9 @@ class Recovery:
             if first is not None and first < sick["replaced_s"]:
                 raise DemoError(f"the job trained before {sick['address']} (failing GPU "
                                 "driver) was replaced: the health gate let it through")
-            ctx.ok(f"{sick['address']} failed the health gate and was replaced "
+            sick["gate_failure"] = gate_failure(record, sick["address"])
+            why = escape(sick["gate_failure"])
+            ctx.ok(f"{sick['address']} failed the health gate ({why}) and was replaced "
                    f"({sick['replaced_s']:.1f} s into the demo)")
         if job.world_size != self.full_size:
             raise DemoError(f"job {job.managed_id} ended at world size {job.world_size}, not "

@@ -95,7 +95,7 @@ def test_every_document_parameter_has_an_allowed_pattern() -> None:
     assert (props["DocumentType"], props["Content"]["schemaVersion"]) == ("Command", "2.2")
     params = props["Content"]["parameters"]
     assert set(params) == {"command", "arguments", "runAs", "outputOffset", "outputLimit",
-                           "executionTimeout"}
+                           "workdir", "executionTimeout"}
     assert all(p.get("allowedPattern", "").startswith("^") for p in params.values())
     assert {n for n, p in params.items() if p.get("interpolationType") == "ENV_VAR"} == \
         set(params) - {"executionTimeout"}
@@ -115,3 +115,4 @@ def test_the_stack_outputs_the_policy_arn() -> None:
     assert out["OperatorPolicyArn"]["Value"] == {"Ref": policy_id}
     admin = template.find_outputs("AdminSessionPolicyArn")
     assert admin["AdminSessionPolicyArn"]["Value"] == {"Ref": admin_id}
+

@@ -123,7 +123,9 @@ def test_submit_argv() -> None:
 def test_scale_and_logs_argv() -> None:
     assert jobs.scale_argv(3, None) == ["dl-scale", "--workers", "3"]
     assert jobs.scale_argv(None, "10.0.1.9") == ["dl-scale", "--remove", "10.0.1.9"]
-    assert jobs.logs_argv("j1", 2) == ["dl-jobs", "logs", "j1", "--node", "2"]
+    assert jobs.page_argv("j1", "2:0=14", 2) == ["dl-jobs", "logs", "j1", "--cursor", "2:0=14",
+                                                 "--node", "2"]
+    remote.document_parameters(jobs.page_argv("j1", "2:0=14,1-ps=3,r=9", None), timeout=9)
 
 
 def run_document_script(tmp_path: Path, params: dict[str, str],

@@ -181,6 +181,11 @@ def test_demo_moves_a_placement_group_cluster_and_trains_on_mixed_types(tmp_path
         ("master", "g5.xlarge", f"{REGION}b"), ("worker", "g4dn.xlarge", f"{REGION}b"),
         ("worker", "g4dn.xlarge", f"{REGION}b")]
     assert report["world_size"] == 3 and report["final_acc"] >= 0.8
+    # the console says what the fallback chose, node by node
+    for n in cap["nodes"]:
+        line = f"runs on {n['instance_type']} in {n['zone']}"
+        assert any(n["instance_id"] in ln and line in ln for ln in out.splitlines()), line
+    assert sum("(fallback: g6.xlarge had no capacity)" in ln for ln in out.splitlines()) == 2
     # the Lambda's decisions, each with EC2's cause
     moves = [d for d in cap["decisions"] if d["msg"] == "zone-decision"
              and d["action"] == "move"]

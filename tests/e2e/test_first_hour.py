@@ -58,6 +58,8 @@ def state_groups(state_file: Path) -> set[int]:
         groups |= {r["pid"] for r in state.get("runners", [])}
         if state.get("cloud"):
             groups.add(state["cloud"]["pid"])
+        if state.get("service"):  # --keep's background service (emulator.demo.keeper)
+            groups.add(state["service"]["pid"])
         return groups
     return set()
 

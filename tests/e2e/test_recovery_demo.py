@@ -37,6 +37,10 @@ def test_unhealthy_worker_replaced_then_lost_worker_healed(tmp_path: Path):
     rec = report["recovery"]
     sick, kill = rec["unhealthy"], rec["kill_node"]
     assert sick["instance_id"] != kill["instance_id"]
+    # the failing check is named (from the controller's gate_failures, which the later
+    # node-lost restart does not overwrite), on the console and in the report
+    assert sick["gate_failure"].startswith("nvidia-smi: "), sick
+    assert f"failed the health gate ({sick['gate_failure']})" in out
     # one dl-run, one managed job, from the first epoch to the last
     (job,) = report["jobs"]
     assert job["exit_code"] == 0 and job["state"] == "succeeded" and job["how"] == "dl-run"

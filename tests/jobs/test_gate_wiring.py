@@ -50,6 +50,9 @@ def test_a_node_failing_the_gate_is_marked_unhealthy_and_excluded(tmp_path):
     assert health.marked == ["i-w"]  # the instance id from the membership
     assert sup.job.excluded == ("i-w",)
     assert sup.job.last_failure.startswith("node-unhealthy: 10.0.1.5 (i-w): gpus: 4")
+    # kept apart from last_failure, which a later failure overwrites
+    assert sup.job.gate_failures == ("10.0.1.5 (i-w): gpus: 4 (expected 8)",)
+    assert managed.load_job(sup.paths).gate_failures == sup.job.gate_failures
     assert managed.load_job(sup.paths).excluded == ("i-w",)  # on EFS, for the next controller
 
 

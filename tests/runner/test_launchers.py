@@ -60,6 +60,8 @@ def test_torchrun_one_agent_per_node_same_rendezvous(n, gpus):
         # No agent hosts the store (it would take it away when it exits first): the
         # master's share serves it from a helper that the executor stops last.
         assert flag(argv, "rdzv-conf") == "is_host=false"
+        # torchrun's logs under the job's directory, never a /tmp/torchelastic_* of its own
+        assert flag(argv, "log-dir") == "/efs/jobs/job-1/torchelastic"
         assert argv[-3:] == ("train.py", "--epochs", "3")
         if node.rank == 0:
             (store,) = helpers

@@ -46,6 +46,10 @@ def test_example_job_trains_on_two_nodes_and_resumes_with_another_world_size(emu
     spec = JobSpec.from_json(store.read_text(JobPaths(jdir).spec) or "")
     assert [s.address for s in spec.shares] == c.addresses
     assert "torch.distributed.run" in (jdir / "commands.txt").read_text()
+    # torchrun's logs went to the job's directory (one run directory per node's agent),
+    # not to a /tmp/torchelastic_* of their own that nobody removes
+    runs = sorted(p.name for p in (jdir / "torchelastic").iterdir())
+    assert len(runs) == 2 and all(r.startswith(f"{jdir.name}_") for r in runs), runs
     for rank in (0, 1):
         assert store.read_record(JobPaths(jdir).exit(rank), ShareExit).returncode == 0
     assert store.read_record(JobPaths(jdir).result, JobResult).status == "succeeded"

@@ -93,6 +93,10 @@ SKIPS = (
          "This bucket IS the EMR log bucket's access-log destination "
          "(constructs_lib/log_buckets.py); logging its own deliveries would need yet "
          "another bucket, which would need its own."),
+    Skip("CKV_AWS_18", r"AWS::S3::Bucket\.ClusterWorkdirStagingAccessLogs[0-9A-F]+",
+         "This bucket IS the workdir staging bucket's access-log destination "
+         "(constructs_lib/log_buckets.py, constructs_lib/workdir_staging.py); logging its "
+         "own deliveries would need yet another bucket, which would need its own."),
 )
 
 

@@ -359,3 +359,39 @@ def test_vpc_has_flow_logs_nat_and_two_azs(template: Template) -> None:
     template.resource_count_is("AWS::EC2::NatGateway", 1)
     template.resource_count_is("AWS::EC2::Subnet", 4)
     template.has_resource_properties("AWS::EC2::VPC", {"CidrBlock": "10.0.0.0/16"})
+
+
+def test_operators_stage_and_the_master_fetches_workdirs_only(template: Template) -> None:
+    """dlc submit --workdir's grants: operators put under workdirs/ (no read, list or
+    delete), the master gets under workdirs/, both reach the bucket's key through S3 only;
+    the bucket is KMS-encrypted with its own key, TLS-only, versioned, public access
+    blocked, its access logged, and its archives expire."""
+    t = template
+    (bucket_id, bucket), = [(k, v) for k, v in t.find_resources("AWS::S3::Bucket").items()
+                            if "WorkdirStagingBucket" in k]
+    props = bucket["Properties"]
+    enc = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
+    assert enc["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "aws:kms"
+    assert "Ref" in str(enc["ServerSideEncryptionByDefault"]["KMSMasterKeyID"]) or \
+        "Fn::GetAtt" in str(enc["ServerSideEncryptionByDefault"]["KMSMasterKeyID"])
+    assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert set(props["PublicAccessBlockConfiguration"].values()) == {True}
+    assert props["LoggingConfiguration"]["LogFilePrefix"] == "staging/"
+    assert props["LifecycleConfiguration"]["Rules"][0]["ExpirationInDays"] == 7
+    policies = t.find_resources("AWS::S3::BucketPolicy")
+    assert any(p["Properties"]["Bucket"] == {"Ref": bucket_id}
+               and "aws:SecureTransport" in str(p) for p in policies.values())
+    operator = next(iter(t.find_resources(
+        "AWS::IAM::ManagedPolicy", {"Properties": {"Description": Match.string_like_regexp(
+            "dlc day-2")}}).values()))
+    stmts = {s.get("Sid"): s for s in operator["Properties"]["PolicyDocument"]["Statement"]}
+    assert sorted(stmts["StageWorkdirs"]["Action"]) == ["s3:AbortMultipartUpload", "s3:PutObject"]
+    assert stmts["StageWorkdirs"]["Resource"]["Fn::Join"][1][-1] == "/workdirs/*"
+    assert "kms:ViaService" in str(stmts["StageWorkdirsKey"]["Condition"])
+    text = str(operator)
+    assert "s3:GetObject" not in text and "s3:ListBucket" not in text
+    master = [p for k, p in t.find_resources("AWS::IAM::Policy").items()
+              if k.startswith("ClusterMasterGroupInstanceRole")]
+    actions = [s["Action"] for p in master for s in p["Properties"]["PolicyDocument"]
+               ["Statement"] if bucket_id in str(s["Resource"])]
+    assert actions == ["s3:GetObject"]

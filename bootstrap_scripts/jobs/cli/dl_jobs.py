@@ -3,6 +3,7 @@
     dl-jobs [--json]                   every job, oldest first, and whether a controller runs
     dl-jobs show ID [--json]           one job: state, attempts, restarts (each with its cause)
     dl-jobs logs ID [-f] [--node RANK] its output, attempt after attempt
+    dl-jobs logs ID --cursor C         one page of it as JSON, from a cursor (``dlc logs``)
     dl-jobs cancel ID                  a queued job never runs; a running one is stopped
 
 Reads EFS only (``managed/``, ``jobs/``, ``cluster/controller.json``), so it works on any
@@ -18,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from bootstrap_scripts.jobs.cli import log_pages
 from bootstrap_scripts.jobs.cli.follow import final_message, follow
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
@@ -48,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     logs.add_argument("--node", type=int, default=None, metavar="RANK",
                       help="only this node rank's output")
     logs.add_argument("--no-prefix", action="store_true")
+    logs.add_argument("--cursor", default=None, metavar="CURSOR",
+                      help="print one page of the output after CURSOR as JSON, with the "
+                           "cursor to ask with next (1: from the start; log_pages.py)")
     cancel = sub.add_parser("cancel", help="cancel a queued or running job")
     cancel.add_argument("job_id")
     return p.parse_args(argv)
@@ -100,7 +105,9 @@ def print_show(job: ManagedJob, as_json: bool) -> int:
             ("restarts", str(job.restarts)), ("world size", f"{job.world_size} node(s) "
                                               f"(first attempt: {job.full_size})"),
             ("excluded", ", ".join(job.excluded) or "-"),
-            ("last failure", job.last_failure or "-"), ("message", job.message or "-")):
+            ("last failure", job.last_failure or "-"),
+            ("health gate", "; ".join(job.gate_failures) or "-"),
+            ("message", job.message or "-")):
         print(f"{label + ':':14}{value}")
     for k, r in enumerate(job.restart_log, start=1):
         resumed = (f"epoch {r.resumed_epoch} step {r.resumed_step}"
@@ -112,6 +119,22 @@ def print_show(job: ManagedJob, as_json: bool) -> int:
               f"{', ' + r.health_error if r.health_error else ''}; replacement "
               f"{r.replacement_instance_id or '-'}; resumed on {r.next_world_size or '-'} "
               f"node(s) from {resumed} in {took}: {r.detail}")
+    return 0
+
+
+def print_page(efs: Path, args: argparse.Namespace, ranks: frozenset[int] | None) -> int:
+    """``logs ID --cursor C``: the next page after C (log_pages.py), as JSON."""
+    try:
+        cursor = log_pages.Cursor.parse(args.cursor)
+    except ValueError as exc:
+        print(f"dl-jobs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    page = log_pages.read_page(efs, args.job_id, cursor, ranks=ranks,
+                               prefix=not args.no_prefix)
+    # UTF-8 whatever the node's locale: the page's size is counted in UTF-8 bytes
+    sys.stdout.flush()
+    sys.stdout.buffer.write(json.dumps(page.to_dict(), ensure_ascii=False).encode() + b"\n")
+    sys.stdout.buffer.flush()
     return 0
 
 
@@ -131,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             print(managed.cancel(efs, args.job_id))
             return 0
         ranks = frozenset({args.node}) if args.node is not None else None
+        if args.cursor is not None:
+            return print_page(efs, args, ranks)
         try:
             job = follow(efs, args.job_id, live=args.follow, prefix=not args.no_prefix,
                          ranks=ranks)

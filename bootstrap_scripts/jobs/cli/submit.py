@@ -16,10 +16,12 @@ import dataclasses
 import getpass
 import json
 import signal
+import sys
 import time
 
 from bootstrap_scripts.jobs.cli.follow import final_message, follow
 from bootstrap_scripts.jobs.cli.request_args import load_context, request_from_args
+from bootstrap_scripts.jobs.cli.workdir import unpack, workdir_of
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine import run as engine
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_USAGE, RunError, say
@@ -42,6 +44,13 @@ def build_request(args: argparse.Namespace, command: list[str]
     job_id = validate_job_id(args.job_id) if args.job_id else new_job_id(
         args.name or args.launcher)
     cluster = ClusterPaths(ctx.efs)
+    if args.workdir_archive is not None:  # the job runs in its own unpacked directory
+        if args.workdir_archive != "-":
+            raise RunError("--workdir-archive reads standard input: give -", EXIT_USAGE)
+        if args.cwd:
+            raise RunError("--workdir-archive runs the job in its own directory: no --cwd",
+                           EXIT_USAGE)
+        args.cwd = str(workdir_of(cluster.managed(job_id)))
     run = request_from_args(args, command, job_id)
     # The first attempt's plan, to fail now (exit 2) on what would fail every attempt.
     engine.prepare(dataclasses.replace(run, job_id=f"{job_id}.1"), ctx.membership, ctx.efs)
@@ -78,8 +87,13 @@ def submit_and_follow(args: argparse.Namespace, command: list[str]) -> int:
     if status.heartbeat is None:
         raise RunError(f"{status.text}: this cluster has no job controller; run the job "
                        f"without one with dl-run --unmanaged", EXIT_USAGE)
+    def unpack_workdir(paths) -> None:
+        count = unpack(sys.stdin.buffer, workdir_of(paths))
+        say(f"unpacked {count} file(s) into {workdir_of(paths)}")
+
     try:
-        managed.submit(cluster.efs, request)
+        managed.submit(cluster.efs, request,
+                       unpack_workdir if args.workdir_archive is not None else None)
     except managed.ManagedError as exc:
         raise RunError(str(exc), EXIT_USAGE) from None
     if not status.alive:

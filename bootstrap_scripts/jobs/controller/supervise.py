@@ -161,7 +161,8 @@ class JobSupervisor:
                         address, instance, why)
             self.update(excluded=tuple(sorted({*self.job.excluded, instance})),
                         last_failure=f"node-unhealthy: {address} ({instance}): {why}"
-                        + (f" [{err}]" if err else ""))
+                        + (f" [{err}]" if err else ""),
+                        gate_failures=(*self.job.gate_failures, f"{address} ({instance}): {why}"))
         return [a for a, _i, _w in failures]
 
     def membership(self) -> Membership | None:

@@ -107,6 +107,10 @@ def rdzv_store_proc(opts: LaunchOptions, m: Membership) -> Proc:
                       "--port", str(opts.rdzv_port)), label=RDZV_STORE_LABEL, wait=False)
 
 
+#: torchrun's log directory, in the job's directory on EFS.
+TORCHELASTIC_DIR = "torchelastic"
+
+
 def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, address: str,
                   nproc: int, nnodes: str, max_restarts: int) -> tuple[str, ...]:
     # No agent hosts the store: it is the master's ``rdzv-store`` process, which outlives
@@ -131,6 +135,10 @@ def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, addr
         f"--rdzv-conf={conf}",
         f"--local-addr={address}",
         f"--max-restarts={max_restarts}",
+        # torchrun's own logs and error files: without a directory it makes a new
+        # /tmp/torchelastic_* on every node for every run and never removes it; under the
+        # job's directory they stay with the job (and go with it).
+        *([f"--log-dir={_job_path(opts, TORCHELASTIC_DIR)}"] if opts.job_dir else []),
         *script,
     )
 

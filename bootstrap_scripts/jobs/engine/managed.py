@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +36,11 @@ class ManagedError(Exception):
     """A managed-job operation failed; the message names the job and what exists."""
 
 
-def submit(efs: Path, request: ManagedRequest) -> ManagedPaths:
-    """Create ``managed/<id>/`` and write the request last (the controller's go)."""
+def submit(efs: Path, request: ManagedRequest,
+           prepare: Callable[[ManagedPaths], None] | None = None) -> ManagedPaths:
+    """Create ``managed/<id>/``, let ``prepare`` fill it (e.g. the job's unpacked working
+    directory; the directory is removed again if it fails), and write the request last
+    (the controller's go)."""
     paths = ClusterPaths(efs).managed(request.job_id)
     try:
         paths.dir.mkdir(mode=0o755)
@@ -49,6 +54,12 @@ def submit(efs: Path, request: ManagedRequest) -> ManagedPaths:
     except FileNotFoundError:
         raise ManagedError(f"{paths.dir.parent} does not exist: the job executors create it "
                            f"when they start; is one running on this cluster?") from None
+    if prepare is not None:
+        try:
+            prepare(paths)
+        except BaseException:
+            shutil.rmtree(paths.dir, ignore_errors=True)
+            raise
     store.write_record(paths.request, request)
     return paths
 

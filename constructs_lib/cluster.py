@@ -20,6 +20,7 @@ from constructs_lib.capacity_adjuster import (
 )
 from constructs_lib.cluster_settings import (
     DEFAULT_INSTANCE_TYPE,
+    DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
 )
@@ -99,6 +100,7 @@ class DeepLearningCluster(Construct):
         setup_timeout_seconds: int = SETUP_TIMEOUT_SECONDS,
         spot_workers: int = DEFAULT_SPOT_WORKERS,
         data_prep_script: str | None = None,
+        max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -180,6 +182,10 @@ class DeepLearningCluster(Construct):
             :default: 0
         :param data_prep_script: a command every node runs before it joins (one line).
             :default: none
+        :param max_replacements_per_hour: the job controller's circuit breaker: at most this
+            many instances marked Unhealthy (and replaced by Auto Scaling) in any hour; past
+            it a node fault is recorded in the job's record and nobody is replaced.
+            :default: 3
         """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
@@ -199,6 +205,8 @@ class DeepLearningCluster(Construct):
             )
         if data_prep_script is not None:
             data_prep_script = validation.one_line("data_prep_script", data_prep_script)
+        max_replacements_per_hour = validation.positive_int(
+            "max_replacements_per_hour", max_replacements_per_hour, minimum=0)
         self.capacity = launch.check_capacity(
             worker_types=launch.types_prop("worker_instance_type", worker_instance_type,
                                            "worker_instance_types", worker_instance_types,
@@ -319,6 +327,8 @@ class DeepLearningCluster(Construct):
                 efs_utils_install=family.efs_utils_install,
                 base_workers=worker_count if node_type == "master" else None,
                 data_prep=data_prep_script,
+                max_replacements_per_hour=(max_replacements_per_hour
+                                           if node_type == "master" else None),
             )
 
         common = dict(

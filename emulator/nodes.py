@@ -364,8 +364,10 @@ class Node:
 
     def kill(self, share_pgids: list[int]) -> None:
         """Lose the machine: SIGKILL the node's group, its job shares' groups, and every
-        descendant that left them (torchrun's workers run in sessions of their own)."""
-        pgids = [*share_pgids, *(g.pid for g in self.groups)]
+        descendant that left them (torchrun's workers run in sessions of their own). The
+        node's own processes go first, as when a machine dies: its executor must not live
+        to record its shares' deaths (that record would read as the job's own SIGKILL)."""
+        pgids = [*(g.pid for g in self.groups), *share_pgids]
         members = pids_in_groups(pgids)
         everything = members | descendants(members)
         for pgid in pgids:

@@ -91,9 +91,11 @@ def agent_settings(role: str, *, cluster_id: str, master_queue_url: str = "",
                    stack_name: str = "", region: str = REGION, efs_id: str = "",
                    mount_point: str | None = None, wait_handle: str = "",
                    setup_timeout: int | None = None, base_workers: int | None = None,
-                   data_prep: str = "") -> dict[str, str]:
+                   data_prep: str = "", max_replacements_per_hour: int | None = None
+                   ) -> dict[str, str]:
     """The settings ``DeepLearningCluster`` renders into a group's user data, in its order
-    (``mount_point`` and ``setup_timeout`` default to the stack's)."""
+    (``mount_point``, ``setup_timeout`` and the master's ``max_replacements_per_hour``
+    default to the stack's)."""
     defaults = stack_defaults()
     mount_point = defaults.mount_point if mount_point is None else mount_point
     setup_timeout = defaults.setup_timeout if setup_timeout is None else setup_timeout
@@ -105,6 +107,13 @@ def agent_settings(role: str, *, cluster_id: str, master_queue_url: str = "",
         settings["base-workers"] = str(base_workers)
     if data_prep:
         settings["data-prep"] = data_prep
+    if role == "master":
+        from constructs_lib.cluster_settings import ClusterSettings
+        from constructs_lib.setting import default_of
+
+        settings["max-replacements-per-hour"] = str(
+            default_of(ClusterSettings, "max_replacements_per_hour")
+            if max_replacements_per_hour is None else max_replacements_per_hour)
     return settings
 
 

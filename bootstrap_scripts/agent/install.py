@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from bootstrap_scripts import node_region
+from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
 from bootstrap_scripts.protocol.store import atomic_write
 
@@ -180,6 +181,10 @@ def install(argv: list[str] | None = None) -> list[Path]:
     for path, (content, mode) in files.items():
         atomic_write(path, content, mode=mode)
         path.chmod(mode)
+    # before any unit starts: jobs never see a moment with the instance role in reach
+    guarded = imds_guard.ensure()
+    if guarded:
+        print(f"dl-install: only root reaches instance metadata: {guarded}")
     if not opts.no_systemctl:
         for cmd in (["systemctl", "daemon-reload"],
                     ["systemctl", "enable", "--now", *units]):
@@ -190,7 +195,7 @@ def install(argv: list[str] | None = None) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     try:
         written = install(argv)
-    except node_region.RegionError as exc:
+    except (node_region.RegionError, imds_guard.GuardError) as exc:
         print(f"dl-install: {exc}", file=sys.stderr)
         return 1
     except subprocess.CalledProcessError as exc:

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
@@ -237,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s dl-executor %(levelname)s %(message)s")
     root = Path(args.root)
     efs = args.mount_point or read_node_env(NodePaths(root)).get("EFS_MOUNT", "") or "/efs"
+    try:  # no job before jobs are kept from the instance role (again: rules die at reboot)
+        guarded = imds_guard.ensure()
+    except imds_guard.GuardError as exc:
+        LOG.error("%s; running no job", exc)
+        return 1
+    if guarded:
+        LOG.info("only root reaches instance metadata: %s", guarded)
     try:
         lock = acquire(NodePaths(root).executor_lock)  # held (open) until we exit
     except (AlreadyRunning, UnsafeLockFile, OSError) as exc:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jsii
-from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, Stack
+from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
@@ -304,6 +305,13 @@ class DeepLearningCluster(Construct):
             self, "NodeScripts", path=str(node_scripts_dir()), exclude=ASSET_EXCLUDES
         )
         self.wait_handle = CfnWaitConditionHandle(self, "SetupHandle")
+        # The master signs every membership it publishes; workers apply only what KMS says
+        # this key signed (docs/security.md): root on a worker can write the file on EFS,
+        # not make the other workers believe it. Asymmetric keys cannot rotate (KMS).
+        self.membership_key = kms.Key(
+            self, "MembershipKey", key_spec=kms.KeySpec.ECC_NIST_P256,
+            key_usage=kms.KeyUsage.SIGN_VERIFY, removal_policy=RemovalPolicy.DESTROY,
+            description="Signs the cluster's membership (the master signs, workers verify)")
         self.capacity_adjuster.signal_setup_failures(self.wait_handle)  # master never launched
 
         image = machine_image or deep_learning_ami(image_type, pytorch_version=pytorch_version)
@@ -329,6 +337,7 @@ class DeepLearningCluster(Construct):
                 data_prep=data_prep_script,
                 max_replacements_per_hour=(max_replacements_per_hour
                                            if node_type == "master" else None),
+                membership_key=self.membership_key.key_arn,
             )
 
         common = dict(
@@ -387,6 +396,10 @@ class DeepLearningCluster(Construct):
         # there could swallow what the master must learn (docs/security.md).
         self.queues.grant_agent_access(self.master_group.role)
         self.queues.grant_lost_notifications_read(self.master_group.role)
+        # Only the master signs the membership; every node checks the master's signature.
+        self.membership_key.grant(self.master_group.role, "kms:Sign")
+        for group in (self.master_group, self.worker_group):
+            self.membership_key.grant(group.role, "kms:Verify")
         for group in (self.master_group, self.worker_group):
             grant_node_access(group.role, node_scripts=self.node_scripts,
                               file_system=self.file_system)

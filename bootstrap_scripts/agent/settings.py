@@ -54,6 +54,7 @@ class AgentConfig:
     base_workers: int = -1
     drain_timeout: float = 240.0
     max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR
+    membership_key: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -137,6 +138,8 @@ OPTIONS: tuple[Option, ...] = (
            "(below the lifecycle hook's 300 s heartbeat)"),
     Option("--max-replacements-per-hour", "master: the job controller's circuit breaker "
            "(instances it may mark Unhealthy in any hour)"),
+    Option("--membership-key", "KMS key that signs the membership (the master signs, "
+           "workers apply only what it signed; '' = unsigned)"),
 )
 
 

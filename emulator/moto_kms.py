@@ -143,8 +143,10 @@ def _asymmetric_key(_name: str, template: Any, account_id: str, region_name: str
     usage = props.get("KeyUsage", "ENCRYPT_DECRYPT")
     if (spec, usage) == ("SYMMETRIC_DEFAULT", "ENCRYPT_DECRYPT"):
         return None
+    policy = props["KeyPolicy"]  # a template's object; KMS keeps the policy as JSON text
     key = kms_backends[account_id][region_name].create_key(
-        policy=props["KeyPolicy"], key_usage=usage, key_spec=spec,
+        policy=policy if isinstance(policy, str) else json.dumps(policy),
+        key_usage=usage, key_spec=spec,
         description=props.get("Description"), tags=props.get("Tags", []))
     key.key_rotation_status = props.get("EnableKeyRotation", False)
     key.enabled = props.get("Enabled", True)

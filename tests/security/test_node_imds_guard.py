@@ -137,3 +137,18 @@ def test_no_netfilter_tool_fails_closed(monkeypatch):
     monkeypatch.setattr(imds_guard.shutil, "which", lambda _name: None)
     with pytest.raises(imds_guard.GuardError, match="neither iptables nor nft"):
         imds_guard.ensure("http://169.254.169.254/")
+
+
+def test_an_emulated_machine_that_goes_takes_its_rule_along(monkeypatch, tmp_path):
+    """The emulated nodes share the host's kernel: a node that stops (or is killed, or
+    terminated by EC2) has the emulator remove its IMDS rule, as its machine's would go."""
+    from emulator.nodes import Node, stop_nodes
+
+    removed: list[str] = []
+    monkeypatch.setattr(imds_guard, "remove", removed.append)
+    inst = loopback_instances(1)[0]
+    node = Node(inst, "worker", tmp_path / "n", tmp_path / "efs", tmp_path / "logs")
+    node.imds_url = f"http://{inst.address}:41234/"
+    assert stop_nodes([node]) == set()
+    node.kill([])
+    assert removed == [node.imds_url, node.imds_url]

@@ -39,12 +39,9 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import single_instance
-from bootstrap_scripts.jobs.controller import attempts, retention
+from bootstrap_scripts.jobs.controller import attempts, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
-from bootstrap_scripts.jobs.controller.instance_health import (
-    DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
-    InstanceHealth,
-)
+from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
@@ -99,7 +96,8 @@ class Controller:
     def __init__(self, root: Path, efs: Path, *, region: str = "",
                  gate: Gate | None = None, health: InstanceHealth | None = None,
                  retention_days: float = retention.DEFAULT_RETENTION_DAYS,
-                 max_replacements: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR) -> None:
+                 max_replacements: int = instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR
+                 ) -> None:
         self.root, self.efs = root, efs
         self.retention_days = retention_days
         self.archived_at = 0.0
@@ -367,10 +365,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retention-days", type=float, default=retention.DEFAULT_RETENTION_DAYS,
                    help="move finished jobs' records to <EFS>/archive/ this many days after "
                    "they ended (default: %(default)g; 0: keep them where they are)")
-    p.add_argument("--max-replacements-per-hour", type=int,
-                   default=DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
-                   help="circuit breaker: at most this many instances marked Unhealthy in "
-                   "any hour (default: %(default)s)")
+    p.add_argument("--max-replacements-per-hour", type=int, help="circuit breaker: at most "
+                   "this many instances marked Unhealthy in any hour (default: %(default)s)",
+                   default=instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR)
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 

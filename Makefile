@@ -47,7 +47,8 @@ checkov-setup: .venv-checkov/.setup-stamp
 	.venv-checkov/bin/python -m pip install -q --disable-pip-version-check -r requirements-checkov.txt
 	@touch $@
 
-# Debian packages the MPI and multi-node tests use (sshd, Open MPI); skipped when present.
+# Debian packages the MPI and multi-node tests use (sshd, Open MPI, iptables for each node's
+# IMDS guard); skipped when present.
 system-deps:
 	@bash scripts/system-deps.sh
 
@@ -76,7 +77,7 @@ synth: setup
 		cdk.out/DLEmrClusterStack.template.json | tr -d '"' | sort -u | sed 's/^/  /'
 
 # The demo needs no Debian package (only the MPI tests do), so no apt-get on the way.
-demo: setup
+demo: setup system-deps
 	$(PY) -m emulator.demo $(ARGS)
 
 bench: setup system-deps

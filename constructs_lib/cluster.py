@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jsii
-from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, Stack
+from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
@@ -20,6 +21,7 @@ from constructs_lib.capacity_adjuster import (
 )
 from constructs_lib.cluster_settings import (
     DEFAULT_INSTANCE_TYPE,
+    DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
 )
@@ -100,6 +102,7 @@ class DeepLearningCluster(Construct):
         setup_timeout_seconds: int = SETUP_TIMEOUT_SECONDS,
         spot_workers: int = DEFAULT_SPOT_WORKERS,
         data_prep_script: str | None = None,
+        max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -181,6 +184,10 @@ class DeepLearningCluster(Construct):
             :default: 0
         :param data_prep_script: a command every node runs before it joins (one line).
             :default: none
+        :param max_replacements_per_hour: the job controller's circuit breaker: at most this
+            many instances marked Unhealthy (and replaced by Auto Scaling) in any hour; past
+            it a node fault is recorded in the job's record and nobody is replaced.
+            :default: 3
         """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
@@ -200,6 +207,8 @@ class DeepLearningCluster(Construct):
             )
         if data_prep_script is not None:
             data_prep_script = validation.one_line("data_prep_script", data_prep_script)
+        max_replacements_per_hour = validation.positive_int(
+            "max_replacements_per_hour", max_replacements_per_hour, minimum=0)
         self.capacity = launch.check_capacity(
             worker_types=launch.types_prop("worker_instance_type", worker_instance_type,
                                            "worker_instance_types", worker_instance_types,
@@ -297,6 +306,13 @@ class DeepLearningCluster(Construct):
             self, "NodeScripts", path=str(node_scripts_dir()), exclude=ASSET_EXCLUDES
         )
         self.wait_handle = CfnWaitConditionHandle(self, "SetupHandle")
+        # The master signs every membership it publishes; workers apply only what KMS says
+        # this key signed (docs/security.md): root on a worker can write the file on EFS,
+        # not make the other workers believe it. Asymmetric keys cannot rotate (KMS).
+        self.membership_key = kms.Key(
+            self, "MembershipKey", key_spec=kms.KeySpec.ECC_NIST_P256,
+            key_usage=kms.KeyUsage.SIGN_VERIFY, removal_policy=RemovalPolicy.DESTROY,
+            description="Signs the cluster's membership (the master signs, workers verify)")
         self.capacity_adjuster.signal_setup_failures(self.wait_handle)  # master never launched
 
         image = machine_image or deep_learning_ami(image_type, pytorch_version=pytorch_version)
@@ -320,6 +336,9 @@ class DeepLearningCluster(Construct):
                 efs_utils_install=family.efs_utils_install,
                 base_workers=worker_count if node_type == "master" else None,
                 data_prep=data_prep_script,
+                max_replacements_per_hour=(max_replacements_per_hour
+                                           if node_type == "master" else None),
+                membership_key=self.membership_key.key_arn,
             )
 
         common = dict(
@@ -378,6 +397,10 @@ class DeepLearningCluster(Construct):
         # there could swallow what the master must learn (docs/security.md).
         self.queues.grant_agent_access(self.master_group.role)
         self.queues.grant_lost_notifications_read(self.master_group.role)
+        # Only the master signs the membership; every node checks the master's signature.
+        self.membership_key.grant(self.master_group.role, "kms:Sign")
+        for group in (self.master_group, self.worker_group):
+            self.membership_key.grant(group.role, "kms:Verify")
         for group in (self.master_group, self.worker_group):
             grant_node_access(group.role, node_scripts=self.node_scripts,
                               file_system=self.file_system)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bootstrap_scripts.jobs.controller.instance_health import (
+    DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
+)
 from constructs_lib import validation
 from constructs_lib.capacity_adjuster import (
     DEFAULT_LAUNCH_RETRY_SECONDS,
@@ -156,6 +159,12 @@ class ClusterSettings:
     capacity_reservation_group_arn: str | None = setting(
         "capacityReservationGroupArn", None, "the same with a Capacity Reservation group",
         validation.resource_group_arn, accepts="`arn:aws:resource-groups:…:group/…`")
+    max_replacements_per_hour: int = setting(
+        "maxReplacementsPerHour", DEFAULT_MAX_REPLACEMENTS_PER_HOUR, "circuit breaker of the "
+        "job controller: instances it may mark Unhealthy (Auto Scaling replaces them) in any "
+        "hour; past it a node fault is recorded in the job's record and nothing is replaced "
+        "([docs/security.md](docs/security.md))", validation.count, minimum=0,
+        maximum=MAX_WORKERS)
     capacity_block_id: str | None = setting(
         "capacityBlockId", None, "launch every node into this Capacity Block for ML; needs "
         "`availabilityZones`, the block's zone first", validation.capacity_reservation_id,

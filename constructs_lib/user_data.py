@@ -102,6 +102,8 @@ def node_user_data(
     efs_utils_install: str = "",
     base_workers: int | None = None,
     data_prep: str | None = None,
+    max_replacements_per_hour: int | None = None,
+    membership_key: str = "",
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line")."""
@@ -121,6 +123,10 @@ def node_user_data(
         settings["base-workers"] = str(base_workers)
     if data_prep:
         settings["data-prep"] = data_prep
+    if max_replacements_per_hour is not None:  # the master's: its job controller's breaker
+        settings["max-replacements-per-hour"] = str(max_replacements_per_hour)
+    if membership_key:  # the master signs the membership with it, workers verify
+        settings["membership-key"] = membership_key
     data = ec2.UserData.for_linux()
     data.add_commands(
         *render_bootstrap_commands(

@@ -202,6 +202,7 @@ class AutoScaling:
                 if inst["State"]["Name"] not in GONE_STATES:
                     continue
                 stop_groups(node.groups, grace=10)
+                node.forget_kernel_rules()
                 self.stopped.add(node.instance_id)
                 if node.status == "running":  # a killed node stays "killed" in reports
                     node.status = "removed"

@@ -12,6 +12,10 @@ of a role or user in the key's own account against moto's IAM. Principals of oth
 account roots (``:root``), service principals and ``*`` are not checked (moto cannot know
 other accounts; the others are not IAM identities).
 
+CloudFormation's ``AWS::KMS::Key`` keeps its ``KeySpec`` and ``KeyUsage`` (a signing key
+such as the cluster's membership key): moto's handler ignores both and makes a symmetric
+encryption key, on which ``Sign`` fails.
+
 And IAM's CreateServiceLinkedRole for a role that already exists answers as AWS does:
 ``InvalidInput`` "Service role name … has been taken in this account, please try a different
 suffix" (moto says ``EntityAlreadyExists``), so a product that tolerates the existing role
@@ -115,7 +119,7 @@ def _wrap_cfn_key(original: Any) -> Any:
         from moto.core.exceptions import JsonRESTError
 
         try:
-            return original.__func__(cls, *args, **kwargs)
+            return _asymmetric_key(*args, **kwargs) or original.__func__(cls, *args, **kwargs)
         except JsonRESTError as exc:
             if exc.error_type != "MalformedPolicyDocumentException":
                 raise
@@ -125,6 +129,28 @@ def _wrap_cfn_key(original: Any) -> Any:
                 from None
 
     return classmethod(create_from_cloudformation_json)
+
+
+def _asymmetric_key(_name: str, template: Any, account_id: str, region_name: str,
+                    **_kwargs: Any) -> Any:
+    """An ``AWS::KMS::Key`` with a ``KeySpec`` / ``KeyUsage`` of its own (a signing key):
+    created with them, as CloudFormation does (moto's handler always makes a symmetric
+    encryption key); None for the symmetric default, left to moto."""
+    from moto.kms.models import kms_backends
+
+    props = template["Properties"]
+    spec = props.get("KeySpec", "SYMMETRIC_DEFAULT")
+    usage = props.get("KeyUsage", "ENCRYPT_DECRYPT")
+    if (spec, usage) == ("SYMMETRIC_DEFAULT", "ENCRYPT_DECRYPT"):
+        return None
+    policy = props["KeyPolicy"]  # a template's object; KMS keeps the policy as JSON text
+    key = kms_backends[account_id][region_name].create_key(
+        policy=policy if isinstance(policy, str) else json.dumps(policy),
+        key_usage=usage, key_spec=spec,
+        description=props.get("Description"), tags=props.get("Tags", []))
+    key.key_rotation_status = props.get("EnableKeyRotation", False)
+    key.enabled = props.get("Enabled", True)
+    return key
 
 
 def _wrap_create_service_linked_role(original: Any) -> Any:

@@ -39,6 +39,7 @@ from contextlib import redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.procgroup import (
     Tracked,
     descendants,
@@ -364,8 +365,10 @@ class Node:
 
     def kill(self, share_pgids: list[int]) -> None:
         """Lose the machine: SIGKILL the node's group, its job shares' groups, and every
-        descendant that left them (torchrun's workers run in sessions of their own)."""
-        pgids = [*share_pgids, *(g.pid for g in self.groups)]
+        descendant that left them (torchrun's workers run in sessions of their own). The
+        node's own processes go first, as when a machine dies: its executor must not live
+        to record its shares' deaths (that record would read as the job's own SIGKILL)."""
+        pgids = [*(g.pid for g in self.groups), *share_pgids]
         members = pids_in_groups(pgids)
         everything = members | descendants(members)
         for pgid in pgids:
@@ -374,7 +377,16 @@ class Node:
         for p in self.popens:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
+        self.forget_kernel_rules()
         self.status = "killed"
+
+    def forget_kernel_rules(self) -> None:
+        """The machine is gone, and with it its kernel's netfilter rules (the installer's
+        IMDS guard, :mod:`bootstrap_scripts.agent.imds_guard`). The emulated nodes share the
+        host's kernel, so the emulator takes this node's rule away itself."""
+        if self.imds_url:
+            with contextlib.suppress(imds_guard.GuardError):
+                imds_guard.remove(self.imds_url)
 
     def to_state(self) -> dict:
         return {"instance_id": self.instance_id, "role": self.role, "address": self.address,
@@ -394,6 +406,7 @@ def stop_nodes(nodes: Iterable[Node], *, grace: float = 10.0,
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
         reap(p.pid for p in node.popens)
+        node.forget_kernel_rules()
         if node.status == "running":
             node.status = "stopped"
     return left

@@ -91,9 +91,11 @@ def agent_settings(role: str, *, cluster_id: str, master_queue_url: str = "",
                    stack_name: str = "", region: str = REGION, efs_id: str = "",
                    mount_point: str | None = None, wait_handle: str = "",
                    setup_timeout: int | None = None, base_workers: int | None = None,
-                   data_prep: str = "") -> dict[str, str]:
+                   data_prep: str = "", max_replacements_per_hour: int | None = None,
+                   membership_key: str = "") -> dict[str, str]:
     """The settings ``DeepLearningCluster`` renders into a group's user data, in its order
-    (``mount_point`` and ``setup_timeout`` default to the stack's)."""
+    (``mount_point``, ``setup_timeout`` and the master's ``max_replacements_per_hour``
+    default to the stack's)."""
     defaults = stack_defaults()
     mount_point = defaults.mount_point if mount_point is None else mount_point
     setup_timeout = defaults.setup_timeout if setup_timeout is None else setup_timeout
@@ -105,6 +107,15 @@ def agent_settings(role: str, *, cluster_id: str, master_queue_url: str = "",
         settings["base-workers"] = str(base_workers)
     if data_prep:
         settings["data-prep"] = data_prep
+    if role == "master":
+        from constructs_lib.cluster_settings import ClusterSettings
+        from constructs_lib.setting import default_of
+
+        settings["max-replacements-per-hour"] = str(
+            default_of(ClusterSettings, "max_replacements_per_hour")
+            if max_replacements_per_hour is None else max_replacements_per_hour)
+    if membership_key:
+        settings["membership-key"] = membership_key
     return settings
 
 
@@ -259,6 +270,10 @@ def create_cluster(endpoint: str, *, cluster_id: str = "dlc-test", workers: int 
         "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5})})[
         "QueueUrl"]
     topic = sns.create_topic(Name=f"{cluster_id}-notifications")["TopicArn"]
+    # the stack's membership key: the master signs the membership, workers verify
+    membership_key = client("kms").create_key(
+        KeySpec="ECC_NIST_P256", KeyUsage="SIGN_VERIFY",
+        Description=f"{cluster_id} membership")["KeyMetadata"]["Arn"]
     names: dict[str, str] = {}
     templates: dict[str, str] = {}
     for role, (low, desired, high) in (("master", (1, 1, 1)),
@@ -266,7 +281,8 @@ def create_cluster(endpoint: str, *, cluster_id: str = "dlc-test", workers: int 
         settings = agent_settings(
             role, cluster_id=cluster_id, master_queue_url=queue, mount_point=mount_point,
             wait_handle=wait_handle if role == "master" else "",
-            base_workers=workers if role == "master" else None, data_prep=data_prep)
+            base_workers=workers if role == "master" else None, data_prep=data_prep,
+            membership_key=membership_key)
         templates[role] = f"{cluster_id}-{role}-template"
         ec2.create_launch_template(LaunchTemplateName=templates[role], LaunchTemplateData={
             "ImageId": "ami-12c6146b", "InstanceType": instance_type,

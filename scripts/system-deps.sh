@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # System packages the runner tests need (Debian/Ubuntu): a real sshd per emulated node and
-# Open MPI for the MPI path (tests/runner/test_mpi.py), plus a C compiler for mpicc.
+# Open MPI for the MPI path (tests/runner/test_mpi.py), plus a C compiler for mpicc, and
+# iptables: every node's boot keeps non-root processes away from its instance metadata
+# (bootstrap_scripts/agent/imds_guard.py), on an emulated node as on an instance.
 # Idempotent and quiet: installs only what is missing; does nothing when all is there.
 set -euo pipefail
 
-PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc)
+PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc iptables)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

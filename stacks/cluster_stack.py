@@ -71,6 +71,7 @@ class DLClusterStack(Stack):
             max_workers=s.max_workers,
             spot_workers=s.spot_workers,
             data_prep_script=s.data_prep_script,
+            max_replacements_per_hour=s.max_replacements_per_hour,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster

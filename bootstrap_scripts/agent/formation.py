@@ -23,6 +23,7 @@ from bootstrap_scripts.agent import wait_condition as wc
 from bootstrap_scripts.agent.context import AgentContext
 from bootstrap_scripts.agent.drains import Drains
 from bootstrap_scripts.agent.master_state import MasterState
+from bootstrap_scripts.agent.membership_key import membership_signer
 from bootstrap_scripts.agent.roster import Roster
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership
@@ -160,7 +161,7 @@ def repair(agent: AgentContext, roster: Roster) -> Membership | None:
             log.error("event=membership-repair-failed generation=%d error=%s", number, exc)
             return None
         source = "groups-and-registrations"
-    state.restore_current(efs, m)
+    state.restore_current(efs, m, membership_signer(agent.config))
     log.warning("event=membership-repaired generation=%d source=%s nodes=%d (no new "
                 "generation, no signal)", m.generation, source, len(m.nodes))
     return m

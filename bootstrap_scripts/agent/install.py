@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from bootstrap_scripts import node_region
+from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
 from bootstrap_scripts.protocol.store import atomic_write
 
@@ -110,17 +111,22 @@ def agent_unit(python: str, package_dir: str, agent_args: list[str], root: str =
                  f"RestartPreventExitStatus={EXIT_FAILED} {EXIT_USAGE}", "TimeoutStopSec=40"))
 
 
-def executor_unit(python: str, package_dir: str, root: str, mount_point: str) -> str:
+def executor_unit(python: str, package_dir: str, root: str, mount_point: str, *,
+                  guard_imds: bool = False) -> str:
+    """The job executor; ``guard_imds``: it (re)installs the IMDS guard before any job
+    (``imds_guard``: only root reaches instance metadata). The cluster's nodes say so; EMR's
+    do not (its own daemons, YARN's and HDFS's users, read the instance role there)."""
     return python_unit(root=root,
         description="Deep-learning cluster job executor (runs this node's share of dl-run jobs)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.executor",
-        args=["--root", root, "--mount-point", mount_point],
+        args=["--root", root, "--mount-point", mount_point,
+              *(("--guard-imds",) if guard_imds else ())],
         unit=(f"Wants={AGENT_UNIT}", f"After={AGENT_UNIT} remote-fs.target"),
         service=("Restart=always", "RestartSec=5"))
 
 
 def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
-                    region: str) -> str:
+                    region: str, max_replacements_per_hour: int) -> str:
     """The master's job controller. ``KillMode=process``: stopping or restarting the unit
     leaves a running attempt's runner to finish cancelling its shares (the controller
     cancels it on SIGTERM); the next controller restarts the job from its checkpoint."""
@@ -128,7 +134,8 @@ def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
         description="Deep-learning cluster job controller (runs managed dl-run jobs, "
                     "restarts them)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.controller",
-        args=["--root", root, "--mount-point", mount_point, "--region", region],
+        args=["--root", root, "--mount-point", mount_point, "--region", region,
+              "--max-replacements-per-hour", str(max_replacements_per_hour)],
         unit=(f"Wants={EXECUTOR_UNIT}", f"After={EXECUTOR_UNIT} remote-fs.target"),
         service=("Restart=always", "RestartSec=5", "KillMode=process", "TimeoutStopSec=60"))
 
@@ -166,12 +173,14 @@ def install(argv: list[str] | None = None) -> list[Path]:
         root / UNIT_DIR / AGENT_UNIT: (agent_unit(opts.python, opts.package_dir, agent_args,
                                                   ns.root), 0o644),
         root / UNIT_DIR / EXECUTOR_UNIT: (
-            executor_unit(opts.python, opts.package_dir, ns.root, ns.mount_point), 0o644),
+            executor_unit(opts.python, opts.package_dir, ns.root, ns.mount_point,
+                          guard_imds=True), 0o644),
     }
     units = [AGENT_UNIT, EXECUTOR_UNIT]
     if ns.role == "master":
         files[root / UNIT_DIR / CONTROLLER_UNIT] = (controller_unit(
-            opts.python, opts.package_dir, ns.root, ns.mount_point, ns.region), 0o644)
+            opts.python, opts.package_dir, ns.root, ns.mount_point, ns.region,
+            ns.max_replacements_per_hour), 0o644)
         units.append(CONTROLLER_UNIT)
     for name, module in WRAPPERS.items():
         files[root / BIN_DIR / name] = (wrapper_script(opts.python, opts.package_dir, module,
@@ -179,6 +188,10 @@ def install(argv: list[str] | None = None) -> list[Path]:
     for path, (content, mode) in files.items():
         atomic_write(path, content, mode=mode)
         path.chmod(mode)
+    # before any unit starts: jobs never see a moment with the instance role in reach
+    guarded = imds_guard.ensure()
+    if guarded:
+        print(f"dl-install: only root reaches instance metadata: {guarded}")
     if not opts.no_systemctl:
         for cmd in (["systemctl", "daemon-reload"],
                     ["systemctl", "enable", "--now", *units]):
@@ -189,7 +202,7 @@ def install(argv: list[str] | None = None) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     try:
         written = install(argv)
-    except node_region.RegionError as exc:
+    except (node_region.RegionError, imds_guard.GuardError) as exc:
         print(f"dl-install: {exc}", file=sys.stderr)
         return 1
     except subprocess.CalledProcessError as exc:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from bootstrap_scripts.agent import discovery as disco
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import MasterAws
+from bootstrap_scripts.agent.membership_key import membership_signer
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.records import Registration
@@ -224,7 +225,7 @@ class Roster:
             cluster_id=config.cluster_id, generation=generation, master=self.self_entry(),
             workers=entries, efs_mount=config.mount_point,
             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), reason=reason)
-        state.publish(efs, m, previous)
+        state.publish(efs, m, previous, membership_signer(config))
         if previous is not None:
             for node in previous.nodes:
                 if m.node_by_instance(node.instance_id) is None:

@@ -14,6 +14,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bootstrap_scripts.jobs.controller.instance_health import DEFAULT_MAX_REPLACEMENTS_PER_HOUR
+
 #: Exit status for a definite failure already reported (systemd must not restart it).
 EXIT_FAILED = 2
 #: Exit status for bad arguments (systemd must not restart it either).
@@ -51,6 +53,8 @@ class AgentConfig:
     data_prep_timeout: float = 3300.0
     base_workers: int = -1
     drain_timeout: float = 240.0
+    max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR
+    membership_key: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -68,6 +72,9 @@ class AgentConfig:
         if self.data_prep_timeout <= 0:
             raise ValueError(
                 f"--data-prep-timeout must be positive, got {self.data_prep_timeout}")
+        if self.max_replacements_per_hour < 0:
+            raise ValueError(f"--max-replacements-per-hour must be >= 0, got "
+                             f"{self.max_replacements_per_hour}")
         if self.base_workers < -1:
             raise ValueError(f"--base-workers must be >= 0 (or -1: all), got {self.base_workers}")
 
@@ -129,6 +136,10 @@ OPTIONS: tuple[Option, ...] = (
            "formation)"),
     Option("--drain-timeout", "master: seconds a drained node gets to stop its job shares "
            "(below the lifecycle hook's 300 s heartbeat)"),
+    Option("--max-replacements-per-hour", "master: the job controller's circuit breaker "
+           "(instances it may mark Unhealthy in any hour)"),
+    Option("--membership-key", "KMS key that signs the membership (the master signs, "
+           "workers apply only what it signed; '' = unsigned)"),
 )
 
 

@@ -6,6 +6,12 @@ The watch opens ``cluster/membership.json`` and ``fstat``s it every ``--watch-in
 up to a minute. Before the first publish the cluster directory is opened each tick, so the
 NFS client's cached "no such file" does not hide the first generation.
 
+With ``--membership-key`` (the stack always sets it) a document is applied only once KMS
+confirms the master's signature (``protocol.membership_signature``): root on another worker
+can write the file, not make this one apply it. A refused document is logged and left
+alone until the next publish; a KMS call that failed (network, throttling) is retried on
+the next tick.
+
 Every fourth tick the worker also looks for its own drain request: once the master drains
 it, it stops heartbeating (it is leaving; a heartbeat now would only leave a ghost
 registration behind). Its job executor stops its job shares.
@@ -16,8 +22,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bootstrap_scripts.agent import data_prep
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.agent.membership_key import MembershipKeyError, membership_verifier
+from bootstrap_scripts.protocol import membership_signature, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
+from bootstrap_scripts.protocol.membership_signature import Verifier
 from bootstrap_scripts.protocol.paths import ClusterPaths
 
 if TYPE_CHECKING:
@@ -39,6 +47,7 @@ def run_worker(agent: AgentContext) -> int:
             agent.stop.wait()
         return 0
     path = cluster.membership
+    verify = membership_verifier(config)
     drain_file = cluster.drain_request(iid)
     last: store.FileStamp | None = None
     ticks = 0
@@ -48,8 +57,7 @@ def run_worker(agent: AgentContext) -> int:
         if current is None:
             store.touch_directory(cluster.cluster_dir)  # let NFS notice a first publish sooner
         elif current != last:
-            last = current
-            apply_from_efs(agent, cluster)
+            last = current if apply_from_efs(agent, cluster, verify) else None
         ticks += 1
         if not agent.draining and ticks % DRAIN_CHECK_TICKS == 0 and store.exists(drain_file):
             agent.draining = True
@@ -59,14 +67,29 @@ def run_worker(agent: AgentContext) -> int:
     return 0
 
 
-def apply_from_efs(agent: AgentContext, cluster: ClusterPaths) -> None:
+def apply_from_efs(agent: AgentContext, cluster: ClusterPaths,
+                   verify: Verifier | None = None) -> bool:
     """Apply the live membership (idempotent: the same generation writes nothing, older
-    ones are skipped); a malformed document is logged and waited out."""
+    ones are skipped); a malformed or unsigned document is logged and waited out. With
+    ``verify``, only a document the master signed is applied. False: look again at the
+    next tick (KMS could not be asked)."""
     try:
-        m = Membership.load(cluster.membership)
+        text = cluster.membership.read_text()
+        if verify is not None:
+            refused = membership_signature.check(text, verify)
+            if refused:
+                agent.log.error("event=membership-refused path=%s reason=%s (not applied)",
+                                cluster.membership, refused)
+                return True
+        m = Membership.from_json(text)
     except FileNotFoundError:
-        return
-    except (OSError, MembershipError) as exc:
+        return True
+    except MembershipKeyError as exc:
+        agent.log.warning("event=membership-unverified path=%s error=%s (retrying)",
+                          cluster.membership, exc)
+        return False
+    except (OSError, UnicodeDecodeError, MembershipError) as exc:
         agent.log.warning("event=bad-membership path=%s error=%s", cluster.membership, exc)
-        return
+        return True
     agent.apply(m)
+    return True

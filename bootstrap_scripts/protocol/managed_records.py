@@ -41,7 +41,7 @@ class RestartRecord(Record):
     KIND: ClassVar[str] = "restart record"
     attempt: int  # the attempt that failed
     at: float  # when the controller detected the failure
-    kind: str  # node-lost | node-signal | node-unhealthy | code | master-lost
+    kind: str  # node-lost | signalled | node-unhealthy | code | master-lost | ...
     detail: str = ""
     address: str = ""
     instance_id: str = ""
@@ -95,3 +95,5 @@ class ControllerHeartbeat(Record):
     address: str = ""
     started_at: float = 0.0
     job_id: str = ""
+    #: when the controller marked instances Unhealthy in the last hour (its circuit breaker)
+    replacements: tuple[float, ...] = ()

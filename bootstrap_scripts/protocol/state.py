@@ -18,6 +18,7 @@ from typing import ClassVar
 from bootstrap_scripts.protocol import bounds, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, membership_changes
+from bootstrap_scripts.protocol.membership_signature import Signer, signed_text
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import DrainRecord, Record, Registration, record
 
@@ -133,12 +134,14 @@ def read_previous(efs: str | os.PathLike) -> Membership | None:
         return read_generation(efs, latest_generation(efs))
 
 
-def restore_current(efs: str | os.PathLike, m: Membership) -> None:
+def restore_current(efs: str | os.PathLike, m: Membership,
+                    sign: Signer | None = None) -> None:
     """Put ``m`` back as the live membership WITHOUT publishing: no new generation, no
     ``membership.log`` line (its nodes were logged when generation ``m.generation`` was
-    published). ``generations/<N>.json`` is rewritten only when it is unreadable."""
+    published). ``generations/<N>.json`` is rewritten only when it is unreadable.
+    ``sign``: the master's signer (``membership_signature``), None for an unsigned one."""
     paths = ClusterPaths(efs)
-    text = m.to_json()
+    text = signed_text(m.to_json(), sign) if sign else m.to_json()
     if read_generation(efs, m.generation) is None:
         store.atomic_write(paths.generation(m.generation), text)
     store.atomic_write(paths.membership, text)
@@ -152,14 +155,16 @@ def write_wait_signal(efs: str | os.PathLike, rec: WaitSignal) -> None:
     store.write_record(ClusterPaths(efs).wait_signal, rec)
 
 
-def publish(efs: str | os.PathLike, new: Membership, previous: Membership | None) -> None:
+def publish(efs: str | os.PathLike, new: Membership, previous: Membership | None,
+            sign: Signer | None = None) -> None:
     """Write generations/<N>.json, then swap cluster/membership.json, then log the changes.
 
     Order matters: the per-generation file exists before any watcher can see generation N
-    in membership.json, and the log is only appended once N is live.
+    in membership.json, and the log is only appended once N is live. ``sign``: the
+    master's signer (workers apply only a signed document), None for an unsigned one.
     """
     paths = ClusterPaths(efs)
-    text = new.to_json()
+    text = signed_text(new.to_json(), sign) if sign else new.to_json()
     store.atomic_write(paths.generation(new.generation), text)
     store.atomic_write(paths.membership, text)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.procgroup import (
     Tracked,
     descendants,
@@ -195,6 +196,7 @@ class Demo(DemoContext):
             for p in n.popens:
                 with contextlib.suppress(Exception):
                     p.wait(timeout=1)
+            n.forget_kernel_rules()
             if n.status == "running":
                 n.status = "stopped"
         if self.cloud_popen is not None:
@@ -355,6 +357,10 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
                       + report.work_contents(work)
                       + "\n  (to keep it: --stop STATE_FILE --keep-files)", highlight=False)
     left = stop_groups(groups, grace=15)
+    for node in state.get("nodes", []):  # the machines are gone, and their kernels' rules
+        if node.get("imds_url"):
+            with contextlib.suppress(imds_guard.GuardError):
+                imds_guard.remove(node["imds_url"])
     if left:
         console.print(f"[bold red]still alive:[/] {sorted(left)}")
         return 1

@@ -46,7 +46,8 @@ def test_units_and_wrappers_are_written(tmp_path):
     executor = (tmp_path / "etc/systemd/system/dl-executor.service").read_text()
     assert exec_start_argv(executor) == ["/usr/bin/python3", "-m",
                                          "bootstrap_scripts.jobs.executor",
-                                         "--root", str(tmp_path), "--mount-point", "/efs"]
+                                         "--root", str(tmp_path), "--mount-point", "/efs",
+                                         "--guard-imds"]
     for name in ("dl-run", "dl-jobs", "dl-health", "dl-agent", "dl-scale"):
         wrapper = tmp_path / "usr/local/bin" / name
         assert wrapper.stat().st_mode & 0o111

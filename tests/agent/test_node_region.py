@@ -45,8 +45,14 @@ def test_the_installer_takes_the_region_from_instance_metadata(tmp_path, monkeyp
                                           "region": "eu-west-3"})
         monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", url)
         monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "false")
+        # the IMDS guard has its drill (tests/security/test_node_imds_guard.py); here it
+        # would leave a host-wide rule for this test's endpoint behind
+        guarded: list[str | None] = []
+        monkeypatch.setattr(install.imds_guard, "ensure",
+                            lambda endpoint=None: guarded.append(endpoint) or "")
         # the user data says us-east-1; the instance is in eu-west-3: the instance wins
         install.install(master_args(tmp_path))
+        assert guarded == [None]  # the installer asked for it (for botocore's endpoint)
     assert node_region.read_installed(tmp_path) == "eu-west-3"
     env_file = node_region.env_file(tmp_path)
     assert "AWS_DEFAULT_REGION=eu-west-3" in env_file.read_text()

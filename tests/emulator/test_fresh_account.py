@@ -67,6 +67,24 @@ def test_kms_refuses_it_through_cloudformation_too(moto_reset):
     assert kms.list_keys()["Keys"] == []
 
 
+def test_a_signing_key_through_cloudformation_keeps_its_key_spec(moto_reset):
+    """The cluster's membership key (ECC P-256, SIGN_VERIFY): moto's handler would make a
+    symmetric key, on which Sign fails; the emulator creates it as CloudFormation does."""
+    kms, _iam = clients(moto_reset)
+    cfn = boto3.client("cloudformation", region_name=REGION, endpoint_url=moto_reset)
+    template = {"Resources": {"Key": {"Type": "AWS::KMS::Key", "Properties": {
+        "KeySpec": "ECC_NIST_P256", "KeyUsage": "SIGN_VERIFY",
+        "KeyPolicy": json.loads(key_policy(f"arn:aws:iam::{ACCOUNT}:root"))}}}}
+    cfn.create_stack(StackName="signing-key", TemplateBody=json.dumps(template))
+    (key,) = kms.list_keys()["Keys"]
+    meta = kms.describe_key(KeyId=key["KeyId"])["KeyMetadata"]
+    assert (meta["KeySpec"], meta["KeyUsage"]) == ("ECC_NIST_P256", "SIGN_VERIFY")
+    signed = kms.sign(KeyId=key["KeyId"], Message=b"m" * 32, MessageType="DIGEST",
+                      SigningAlgorithm="ECDSA_SHA_256")["Signature"]
+    assert kms.verify(KeyId=key["KeyId"], Message=b"m" * 32, MessageType="DIGEST",
+                      Signature=signed, SigningAlgorithm="ECDSA_SHA_256")["SignatureValid"]
+
+
 def test_a_second_create_service_linked_role_answers_as_aws_does(moto_reset):
     _kms, iam = clients(moto_reset)
     iam.create_service_linked_role(AWSServiceName="autoscaling.amazonaws.com")

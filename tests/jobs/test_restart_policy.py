@@ -26,7 +26,7 @@ from bootstrap_scripts.protocol.records import (
 
 CODE = Failure(FailureKind.CODE, "node rank 1 exited with code 1")
 LOST = Failure(FailureKind.NODE_LOST, "heartbeat stopped", "10.0.1.5")
-KILLED = Failure(FailureKind.NODE_SIGNAL, "killed by SIGKILL", "10.0.1.5")
+KILLED = Failure(FailureKind.SIGNALLED, "killed by SIGKILL", "10.0.1.5")
 UNHEALTHY = Failure(FailureKind.NODE_UNHEALTHY, "gpus: 4 (expected 8)", "10.0.1.5")
 MASTER = Failure(FailureKind.MASTER_LOST, "controller gone")
 CANCELLED = Failure(FailureKind.CANCELLED, "cancelled")
@@ -39,10 +39,12 @@ INFRA = Failure(FailureKind.EXECUTOR_RESTARTED, "the job executor restarted", "1
     (None, 2, 0, Policy(), True, Action.CANCEL, JobState.CANCELLED),
     (CANCELLED, 0, 0, Policy(), False, Action.CANCEL, JobState.CANCELLED),
     (LOST, 0, 0, Policy(), False, Action.RESTART, JobState.RESTARTING),
-    (KILLED, 2, 0, Policy(), False, Action.RESTART, JobState.RESTARTING),
+    # a share killed by SIGKILL is the job's own failure (its user can send it): not retried
+    (KILLED, 0, 0, Policy(), False, Action.FAIL, JobState.FAILED),
+    (KILLED, 0, 0, Policy(max_code_restarts=1), False, Action.RESTART, JobState.RESTARTING),
     (UNHEALTHY, 1, 0, Policy(), False, Action.RESTART, JobState.RESTARTING),
     (MASTER, 0, 0, Policy(), False, Action.RESTART, JobState.RESTARTING),
-    (KILLED, 3, 0, Policy(), False, Action.FAIL, JobState.FAILED),  # default 3 used up
+    (LOST, 3, 0, Policy(), False, Action.FAIL, JobState.FAILED),  # default 3 used up
     (LOST, 0, 0, Policy(max_restarts=0), False, Action.FAIL, JobState.FAILED),
     (CODE, 0, 0, Policy(), False, Action.FAIL, JobState.FAILED),  # code: not retried
     (CODE, 0, 0, Policy(max_code_restarts=1), False, Action.RESTART, JobState.RESTARTING),
@@ -127,11 +129,13 @@ def node(rank: int, rc: int | None, reason: str = "") -> NodeResult:
     # a lost node is to blame, whatever its peers did
     (result("failed", node(0, 1), node(1, None, "executor heartbeat stopped 11 s ago")),
      {0: share_exit(0, 1, at=5)}, 1, FailureKind.NODE_LOST, 1),
-    # SIGKILL of a share (not the job's cancel) is the node's fault, even if a peer failed
-    # first by consequence
+    # SIGKILL of a share (not the job's cancel) is the likely cause, even if a peer failed
+    # first by consequence; it is the job's (user code), never the node's
     (result("failed", node(0, 1), node(1, -9)),
      {0: share_exit(0, 1, at=4), 1: share_exit(1, -signal.SIGKILL, at=5)}, 1,
-     FailureKind.NODE_SIGNAL, 1),
+     FailureKind.SIGNALLED, 1),
+    (result("failed", node(0, -7)), {0: share_exit(0, -signal.SIGBUS, at=3)}, 1,
+     FailureKind.SIGNALLED, 0),
     # SIGKILL sent by the executor while stopping a cancelled share: not a node fault
     (result("failed", node(0, 1), node(1, -9)),
      {0: share_exit(0, 1, at=4), 1: share_exit(1, -9, at=5, cancelled=True)}, 1,
@@ -189,6 +193,8 @@ def test_an_exit_the_executor_marks_infrastructure_is_classified_so():
     assert not failure.kind.node_fault
 
 
-def test_node_faults_are_exactly_the_three_node_kinds():
+def test_node_faults_are_exactly_the_two_node_kinds():
+    """A job's exit signal is never a node fault: any user's process can SIGKILL itself."""
     assert {k for k in FailureKind if k.node_fault} == {
-        FailureKind.NODE_LOST, FailureKind.NODE_SIGNAL, FailureKind.NODE_UNHEALTHY}
+        FailureKind.NODE_LOST, FailureKind.NODE_UNHEALTHY}
+    assert FailureKind.SIGNALLED.failure_class is FailureClass.USER_CODE

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import single_instance
-from bootstrap_scripts.jobs.controller import attempts, retention
+from bootstrap_scripts.jobs.controller import attempts, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
@@ -95,12 +95,14 @@ def health_gate() -> Gate | None:
 class Controller:
     def __init__(self, root: Path, efs: Path, *, region: str = "",
                  gate: Gate | None = None, health: InstanceHealth | None = None,
-                 retention_days: float = retention.DEFAULT_RETENTION_DAYS) -> None:
+                 retention_days: float = retention.DEFAULT_RETENTION_DAYS,
+                 max_replacements: int = instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR
+                 ) -> None:
         self.root, self.efs = root, efs
         self.retention_days = retention_days
         self.archived_at = 0.0
         self.gate = gate
-        self.health = health or InstanceHealth(region)
+        self.health = health or InstanceHealth(region, max_per_hour=max_replacements)
         self.stopping = False
         self.seq = 0
         self.last_beat = 0.0
@@ -129,7 +131,8 @@ class Controller:
             store.write_record(ClusterPaths(self.efs).controller_heartbeat, ControllerHeartbeat(
                 pid=os.getpid(), heartbeat=time.time(), seq=self.seq, state=state,
                 hostname=socket.gethostname(), instance_id=self.instance_id,
-                address=self.address, started_at=self.started_at, job_id=self.job_id))
+                address=self.address, started_at=self.started_at, job_id=self.job_id,
+                replacements=self.health.recent_marks()))
         except OSError as exc:
             LOG.error("cannot write the controller heartbeat: %s", exc)
 
@@ -138,7 +141,11 @@ class Controller:
         its process alive). One on another instance is a previous master's: gone."""
         hb = store.read_record_or_none(ClusterPaths(self.efs).controller_heartbeat,
                                        ControllerHeartbeat)
-        if hb is None or hb.state == "stopped" or hb.pid == os.getpid():
+        if hb is None or hb.pid == os.getpid():
+            return
+        # the breaker keeps counting across controllers (this master's or a new one's)
+        self.health.marks = sorted({*self.health.marks, *hb.replacements})
+        if hb.state == "stopped":
             return
         fresh = time.time() - hb.heartbeat < managed.CONTROLLER_TIMEOUT
         if fresh and hb.instance_id == self.instance_id and hb.hostname == \
@@ -358,6 +365,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retention-days", type=float, default=retention.DEFAULT_RETENTION_DAYS,
                    help="move finished jobs' records to <EFS>/archive/ this many days after "
                    "they ended (default: %(default)g; 0: keep them where they are)")
+    p.add_argument("--max-replacements-per-hour", type=int, help="circuit breaker: at most "
+                   "this many instances marked Unhealthy in any hour (default: %(default)s)",
+                   default=instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR)
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 
@@ -373,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         LOG.warning("no health gate module (bootstrap_scripts.ops.gate): attempts start "
                     "without one")
     ctl = Controller(root, Path(efs), region=args.region, gate=gate,
-                     retention_days=args.retention_days)
+                     retention_days=args.retention_days,
+                     max_replacements=args.max_replacements_per_hour)
 
     def stop(signum: int, _frame: object) -> None:
         ctl.stopping = True

@@ -13,7 +13,9 @@ The controller (``controller.py``) hands a job to :class:`JobSupervisor`, which 
    ``DL_RESUME``; a user's cancel is passed on to its cancel file at once.
 4. **Decision** (``restart_policy.decide``) on how it ended: done, or a restart record
    (kind, node, instance, checkpoint resumed from, seconds to resume) and a node fault's
-   instance marked Unhealthy, then back to 1.
+   instance marked Unhealthy when root's own record confirms it (``node_evidence``: the
+   node's executor heartbeat lost; never the master; within the cluster's circuit breaker,
+   ``instance_health.breaker``), then back to 1.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts.jobs.controller import attempts
+from bootstrap_scripts.jobs.controller import attempts, node_evidence
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass
@@ -279,19 +281,27 @@ class JobSupervisor:
         self.record_restart(m, failure, detected)
 
     def record_restart(self, m: Membership | None, failure: Failure, detected: float) -> None:
-        """A restart record; a node fault's instance marked Unhealthy and excluded."""
+        """A restart record; a node fault's instance marked Unhealthy and excluded, only on
+        root's evidence (``node_evidence``), never the master, within the breaker."""
         node = m.node_by_address(failure.address) if m and failure.address else None
         instance = failure.instance_id or (node.instance_id if node else "")
-        err, excluded = "", self.job.excluded
-        if failure.kind.node_fault and instance:
+        gone = (node_evidence.executor_gone(self.efs, failure.address, tick=self.tick)
+                if failure.kind.node_fault and failure.address else None)
+        mark, err = node_evidence.verdict(failure, instance=instance,
+                                          master_instance=m.master.instance_id if m else "",
+                                          executor_gone=gone)
+        excluded = self.job.excluded
+        if mark is node_evidence.Mark.MARK:
             err = self.health.mark_unhealthy(instance)
             excluded = tuple(sorted({*excluded, instance}))
         rec = RestartRecord(attempt=self.job.attempt, at=detected, kind=failure.kind.value,
                             detail=failure.detail, address=failure.address,
-                            instance_id=instance, marked_unhealthy=bool(instance) and not err
-                            and failure.kind.node_fault, health_error=err)
-        LOG.warning("job %s: restart %d after attempt %d: %s: %s", self.job.job_id,
-                    self.job.restarts + 1, self.job.attempt, failure.kind.value, failure.detail)
+                            instance_id=instance,
+                            marked_unhealthy=mark is node_evidence.Mark.MARK and not err,
+                            health_error=err)
+        LOG.warning("job %s: restart %d after attempt %d: %s: %s%s", self.job.job_id,
+                    self.job.restarts + 1, self.job.attempt, failure.kind.value, failure.detail,
+                    f" [{err}]" if err else "")
         self.update(state=JobState.RESTARTING.value, restarts=self.job.restarts + 1,
                     code_restarts=self.job.code_restarts + (
                         failure.failure_class is FailureClass.USER_CODE),

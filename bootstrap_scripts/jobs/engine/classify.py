@@ -7,18 +7,22 @@ exits gets the same answer.
 
 The classes (``FailureClass``), and who is to blame:
 
-- ``user-code``: the command exited non-zero (or by a signal of its own) on healthy nodes;
+- ``user-code``: the command exited non-zero, or died by a signal (SIGKILL and SIGBUS
+  included), on nodes whose root-run machinery is healthy. A job's exit signal alone never
+  blames the node: any user's process can SIGKILL itself, so reading it as a node fault would
+  let every user get healthy instances replaced (the OOM killer stopping a job that asked
+  for too much memory is the job's failure too);
 - ``node-lost``: a node stopped answering (its executor heartbeat stopped, or it never
-  started its share);
-- ``node-unhealthy``: the machine or its kernel killed the share (SIGKILL or SIGBUS not sent
-  by the job's cancel: the OOM killer, a hardware fault), or the node failed the health gate;
+  started its share); the job controller confirms it from the executor's heartbeat (root's
+  record) before it blames the node;
+- ``node-unhealthy``: the node failed the (root-run) health gate;
 - ``cancelled``: the user (or the runner's signal) cancelled the job;
 - ``infrastructure``: the product's own fault, not the user's nor the machine's: a job
   executor that restarted and stopped the share it found running, an attempt's runner that
   vanished without a result, a job controller lost with its attempt. Retried like a node
   fault; no node is blamed.
 
-A ``FailureKind`` is the precise cause recorded in a restart record (``node-signal``,
+A ``FailureKind`` is the precise cause recorded in a restart record (``signalled``,
 ``master-lost``, ...); each kind belongs to one class.
 """
 
@@ -38,8 +42,10 @@ from bootstrap_scripts.protocol.records import (
     ShareExit,
 )
 
-#: Signals that say "the machine or the kernel killed it", not "the program crashed".
-NODE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGBUS})
+#: Signals that usually mean "something killed it" rather than "the program crashed": the
+#: likely cause when several shares failed (their peers then fail by consequence), but the
+#: job's own failure all the same (a user's process can send them to itself).
+KILL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGBUS})
 
 
 class FailureClass(StrEnum):
@@ -52,7 +58,7 @@ class FailureClass(StrEnum):
 
 class FailureKind(StrEnum):
     NODE_LOST = "node-lost"
-    NODE_SIGNAL = "node-signal"
+    SIGNALLED = "signalled"
     NODE_UNHEALTHY = "node-unhealthy"
     CODE = "code"
     MASTER_LOST = "master-lost"
@@ -72,7 +78,7 @@ class FailureKind(StrEnum):
 
 _CLASS_OF = {
     FailureKind.NODE_LOST: FailureClass.NODE_LOST,
-    FailureKind.NODE_SIGNAL: FailureClass.NODE_UNHEALTHY,
+    FailureKind.SIGNALLED: FailureClass.USER_CODE,
     FailureKind.NODE_UNHEALTHY: FailureClass.NODE_UNHEALTHY,
     FailureKind.CODE: FailureClass.USER_CODE,
     FailureKind.MASTER_LOST: FailureClass.INFRASTRUCTURE,
@@ -121,15 +127,15 @@ def node_kind(node: NodeResult, exit_rec: ShareExit | None) -> FailureKind | Non
         return FailureKind.EXECUTOR_RESTARTED  # the executor lost track of it, not the code
     if exit_rec is not None and exit_rec.cancelled:
         return FailureKind.CANCELLED
-    if exit_rec is not None and exit_rec.signal in NODE_SIGNALS:
-        return FailureKind.NODE_SIGNAL
+    if exit_rec is not None and exit_rec.signal in KILL_SIGNALS:
+        return FailureKind.SIGNALLED
     return FailureKind.CODE
 
 
 #: Which node's fault is the job's cause when several failed: a node to blame (or the
 #: product) wins over a code failure (when a node is lost or killed, its peers fail too,
 #: by consequence), and a node stopped by the cancel is a cause only when nothing else is.
-_PRECEDENCE = (FailureKind.NODE_LOST, FailureKind.EXECUTOR_RESTARTED, FailureKind.NODE_SIGNAL,
+_PRECEDENCE = (FailureKind.NODE_LOST, FailureKind.EXECUTOR_RESTARTED, FailureKind.SIGNALLED,
                FailureKind.CODE, FailureKind.CANCELLED)
 
 
@@ -137,7 +143,7 @@ def _detail(kind: FailureKind, node: NodeResult, exit_rec: ShareExit | None) -> 
     where = f"node rank {node.rank} ({node.address})"
     if kind is FailureKind.NODE_LOST:
         return node.reason or f"{where}: no exit recorded"
-    if kind is FailureKind.NODE_SIGNAL and exit_rec is not None:
+    if kind is FailureKind.SIGNALLED and exit_rec is not None:
         return f"{where}: share killed by {signal.Signals(exit_rec.signal).name}"
     if kind is FailureKind.EXECUTOR_RESTARTED and exit_rec is not None:
         return f"{where}: {exit_rec.reason}"

@@ -59,7 +59,7 @@ def describe(kind: FailureKind, node: NodeResult, paths: JobPaths) -> str:
     if kind is FailureKind.CANCELLED:
         return f"{where} was stopped ({node.reason}, code {node.returncode})"
     last = last_error_line(paths, node.rank) if kind in (FailureKind.CODE,
-                                                          FailureKind.NODE_SIGNAL) else ""
+                                                          FailureKind.SIGNALLED) else ""
     return f"{where} exited with code {node.returncode}" + (
         f" ({node.reason})" if node.reason else "") + (f": {last}" if last else "")
 

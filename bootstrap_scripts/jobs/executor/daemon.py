@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
@@ -224,6 +225,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "DEEPLEARNING_NODE_ADDR from the node's env file)")
     p.add_argument("--no-mount", action="store_true",
                    help="EFS is a plain directory (emulator): do not expect a mount point")
+    p.add_argument("--guard-imds", action="store_true",
+                   help="before any job, let only root reach the instance metadata service "
+                   "(bootstrap_scripts.agent.imds_guard)")
     # Accepted so the installer can pass the agent's argument list unchanged.
     for name in AGENT_ARGS_IGNORED:
         p.add_argument(name, default=None, help=argparse.SUPPRESS)
@@ -237,6 +241,14 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s dl-executor %(levelname)s %(message)s")
     root = Path(args.root)
     efs = args.mount_point or read_node_env(NodePaths(root)).get("EFS_MOUNT", "") or "/efs"
+    if args.guard_imds:  # no job before jobs are kept from the instance role (rules die
+        try:               # with a reboot: installed again at every start)
+            guarded = imds_guard.ensure()
+        except imds_guard.GuardError as exc:
+            LOG.error("%s; running no job", exc)
+            return 1
+        if guarded:
+            LOG.info("only root reaches instance metadata: %s", guarded)
     try:
         lock = acquire(NodePaths(root).executor_lock)  # held (open) until we exit
     except (AlreadyRunning, UnsafeLockFile, OSError) as exc:

@@ -1,0 +1,75 @@
+"""Whether a failed attempt may cost a node its instance: root-side evidence only.
+
+An attempt's outcome (``result.json``, written by the attempt's runner) comes from the job's
+own user: the controller starts each attempt's runner with the uid of the user who
+submitted the job, and the job's processes belong to that user too. Nothing in it is
+evidence against a node: a user's process can SIGKILL itself (the classifier calls that
+user code) and a user's runner can write "node lost" for any node. So before the controller
+marks an instance Unhealthy after an attempt (Auto Scaling then terminates it) it asks
+root's own record, the node's job executor heartbeat (``cluster/executors/<address>.json``,
+written by the root executor on that node and judged by :mod:`bootstrap_scripts.protocol.
+liveness`): only an executor that stopped, or went silent while watched from here, is a
+lost node. The master is never marked by a job's outcome (the controller runs there: a
+lost master is seen by the capacity adjuster and EC2's checks, not by a job). The other
+root-side evidence, the health gate run by root, marks through ``supervise.run_gate``.
+
+:func:`verdict` is the decision table (pure); :func:`executor_gone` the one observation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+
+from bootstrap_scripts.jobs.engine.classify import Failure
+from bootstrap_scripts.jobs.engine.reachability import read_heartbeat
+from bootstrap_scripts.protocol import liveness
+
+POLL_SECONDS = 0.5
+
+
+class Mark(StrEnum):
+    """What the controller does with a failed attempt's node."""
+
+    MARK = "mark"  # root's evidence says the node is lost: mark it Unhealthy, exclude it
+    NOT_A_NODE_FAULT = "not-a-node-fault"  # the code's, the product's, a cancel
+    NO_INSTANCE = "no-instance"  # a node fault without a node to name
+    MASTER = "master"  # never by a job's outcome
+    EXECUTOR_ALIVE = "executor-alive"  # the job says lost, root's heartbeat says alive
+
+
+def verdict(failure: Failure, *, instance: str, master_instance: str,
+            executor_gone: bool | None) -> tuple[Mark, str]:
+    """Mark the instance or not, and why not (``executor_gone``: what
+    :func:`executor_gone` saw of the failure's node; None: not looked)."""
+    if not failure.kind.node_fault:
+        return Mark.NOT_A_NODE_FAULT, ""
+    if not instance:
+        return Mark.NO_INSTANCE, "no instance id"
+    if instance == master_instance:
+        return Mark.MASTER, ("not marked: the master is never marked Unhealthy by a job's "
+                             "outcome")
+    if not executor_gone:
+        return Mark.EXECUTOR_ALIVE, (f"not marked: the job executor on {failure.address} is "
+                                     f"alive (its heartbeat moves); the attempt's report is "
+                                     f"not root's evidence of a lost node")
+    return Mark.MARK, ""
+
+
+def executor_gone(efs: Path, address: str, *, tick: Callable[[], None],
+                  silent_after: float = liveness.EXECUTOR_SILENT_SECONDS) -> bool:
+    """Watch ``address``'s executor heartbeat until :mod:`liveness` decides: True when it
+    stopped, is missing or stayed silent for ``silent_after`` s from here; False as soon as
+    it moves. ``tick`` keeps the controller's own heartbeat going meanwhile."""
+    last: liveness.Sighting | None = None
+    while True:
+        state, last = liveness.executor(read_heartbeat(efs, address), last, time.monotonic(),
+                                        silent_after)
+        if state.gone:
+            return True
+        if state is liveness.Liveness.ALIVE:
+            return False
+        tick()
+        time.sleep(POLL_SECONDS)

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 R = TypeVar("R", bound="Record")
 
+#: The mode of files that carry a job's environment (its ``--env`` values): the owner reads
+#: them, root (the executors, the controller) too, nobody else.
+OWNER_ONLY = 0o600
+
 
 def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644,
                  fsync: bool = True) -> bool:

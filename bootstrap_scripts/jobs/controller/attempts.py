@@ -116,9 +116,12 @@ def spawn(argv: list[str], request: RunRequest, log: Path, *, uid: int, gid: int
                                f"a job submitted by uid {uid} (run it as root, as its "
                                f"systemd unit does)")
         as_user = {"user": uid, "group": gid, "extra_groups": []}
-    with userfiles.as_user(uid, gid):  # the user's directory: the user's rights, no link
-        log.parent.mkdir(parents=True, exist_ok=True)
-        fd = userfiles.open_append(log)
+    try:
+        with userfiles.as_user(uid, gid):  # the user's directory: the user's rights, no link
+            log.parent.mkdir(parents=True, exist_ok=True)
+            fd = userfiles.open_append(log)
+    except OSError as exc:
+        raise AttemptError(f"cannot open the attempt's log {log} as uid {uid}: {exc}") from None
     with os.fdopen(fd, "ab") as out:
         proc = subprocess.Popen(argv, env=runner_env(request), cwd="/", stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=out, start_new_session=True,

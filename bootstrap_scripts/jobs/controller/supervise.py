@@ -64,7 +64,10 @@ class JobSupervisor:
         self.policy = Policy(max_restarts=request.max_restarts, min_nodes=request.min_nodes,
                              max_code_restarts=request.max_code_restarts,
                              replace_timeout=request.replace_timeout)
-        self.uid, self.gid = attempts.owner(paths.request)
+        try:
+            self.uid, self.gid = attempts.owner(paths.request)
+        except userfiles.UnsafeUserFile:  # the controller's ``refuse`` fails the job with why
+            self.uid = self.gid = -1
         #: instance ids of the previous attempt's nodes (a new one there is a replacement)
         self.last_nodes: set[str] = set()
 
@@ -72,7 +75,8 @@ class JobSupervisor:
     def update(self, **changes: object) -> ManagedJob:
         if "state" in changes:
             check_transition(JobState(self.job.state), JobState(str(changes["state"])))
-        self.job = managed.save_job(self.paths, dataclasses.replace(self.job, **changes))
+        with userfiles.as_user(self.uid, self.gid):  # the user's directory, as the user
+            self.job = managed.save_job(self.paths, dataclasses.replace(self.job, **changes))
         return self.job
 
     def update_last_restart(self, **changes: object) -> None:

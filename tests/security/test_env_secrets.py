@@ -34,7 +34,7 @@ for d, dirs, files in os.walk(root):
 print(json.dumps({"found": found, "denied": denied}))
 """
 
-JOB_RE = re.compile(r"^\\[dl-run\\] job (\\S+?)(?:\\.1)? succeeded", re.M)
+SUBMITTED_RE = re.compile(r"^\[dl-run\] job (\S+) submitted", re.M)
 
 
 def test_another_user_cannot_read_a_jobs_env_values(cluster, victim, attacker):
@@ -46,9 +46,9 @@ def test_another_user_cannot_read_a_jobs_env_values(cluster, victim, attacker):
     assert rc == 0, unmanaged
     rc, managed = dl(c, victim, "dl-run", *command)
     assert rc == 0, managed + c.controller_log()
-    (managed_id,) = {m.group(1) for m in JOB_RE.finditer(managed)
-                     if not m.group(1).endswith(".1")} or {None}
-    assert managed_id, managed
+    submitted = SUBMITTED_RE.search(managed)
+    assert submitted, managed
+    managed_id = submitted.group(1)
 
     hunt = as_user(attacker, HUNT, str(c.efs), value)
     assert hunt.returncode == 0, hunt.stderr

@@ -94,3 +94,14 @@ def test_user_dir_is_made_by_root_and_handed_to_the_user(tmp_path):
     os.chmod(parent, 0o777)  # a parent others may write in: nothing made there
     with pytest.raises(userfiles.UnsafeUserFile, match="writable by nobody else"):
         userfiles.user_dir(parent, NOBODY, NOBODY)
+
+
+def test_a_fifo_planted_as_a_record_does_not_block_a_reader(tmp_path):
+    """A root daemon polls records in users' job directories: a FIFO there (no writer)
+    must read as empty at once, not hang the daemon for every user."""
+    from bootstrap_scripts.protocol import store
+
+    os.mkfifo(tmp_path / "cancel")
+    assert store.exists(tmp_path / "cancel")
+    assert store.read_text(tmp_path / "cancel") == ""
+    assert store.stamp(tmp_path / "cancel") is not None

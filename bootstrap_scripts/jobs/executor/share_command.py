@@ -39,6 +39,17 @@ def job_owner(paths: JobPaths) -> tuple[int, int]:
     return owned.uid, owned.gid
 
 
+def job_writer(paths: JobPaths) -> tuple[int, int]:
+    """Whose rights the executor's writes into the job's directory use: its owner's, taken
+    from ``fstat`` of the directory opened without following a link ((-1, -1): ours, for
+    root's own jobs or an executor that is not root). For a share already running (a
+    re-attach), whatever became of its spec since."""
+    uid, gid = userfiles.owner_of_dir(paths.dir)
+    if os.geteuid() != 0 or uid == 0:
+        return -1, -1
+    return uid, gid
+
+
 def missing_command(argv0: str, env: dict[str, str], cwd: str) -> str:
     """Why ``argv0`` cannot be run ("" if it can): checked here, before the wrapper starts,
     so that a typo still fails the start with a clear error instead of an exit code 127."""

@@ -32,6 +32,7 @@ from bootstrap_scripts.jobs.executor.probation import runner_beat
 from bootstrap_scripts.jobs.executor.reattach import LOST_RETURNCODE, AdoptedProcess, live_group
 from bootstrap_scripts.jobs.executor.share_command import (
     job_owner,
+    job_writer,
     missing_command,
     usable_cwd,
     wrapped,
@@ -364,7 +365,7 @@ class Shares:
         (``.started`` without ``.exit``): its processes carry on, their exits are
         collected from their wrappers' status files (:mod:`reattach`)."""
         token = procgroup.share_token(spec.job_id, share.rank, self.node.address)
-        uid, gid = job_owner(paths)
+        uid, gid = job_writer(paths)
         rec = store.read_record_or_none(paths.started(share.rank), ShareStarted)
         pids = rec.pids if rec else ()
         procs = [RunningProc(proc, AdoptedProcess(

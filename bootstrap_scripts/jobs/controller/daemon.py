@@ -47,7 +47,7 @@ from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
-from bootstrap_scripts.jobs.engine.userfiles import UnsafeUserFile
+from bootstrap_scripts.jobs.engine.userfiles import UnsafeUserFile, as_owner_of
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import (
@@ -249,7 +249,8 @@ class Controller:
         LOG.warning("job %s: attempt %d is orphaned (its controller %s is gone): stopping it",
                     job.job_id, job.attempt, job.controller)
         try:
-            store.atomic_write(jpaths.cancel, "orphaned: the job controller was lost\n")
+            with as_owner_of(jpaths.dir):  # the user's directory: as the user, no link
+                store.atomic_write(jpaths.cancel, "orphaned: the job controller was lost\n")
         except OSError as exc:
             LOG.error("cannot cancel %s: %s", jpaths.dir, exc)
         if not attempts.wait_stopped(jpaths, self.efs, timeout=ORPHAN_STOP_TIMEOUT,

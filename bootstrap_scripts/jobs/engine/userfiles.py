@@ -131,6 +131,15 @@ def as_user(uid: int, gid: int) -> Iterator[None]:
         os.setgroups(saved_groups)
 
 
+@contextlib.contextmanager
+def as_owner_of(directory: Path) -> Iterator[None]:
+    """:func:`as_user` for the owner of ``directory`` (``fstat``, the directory not a
+    link): how root writes a marker in a job directory it knows only by its path."""
+    uid, gid = owner_of_dir(directory)
+    with as_user(uid, gid):
+        yield
+
+
 def open_append(path: Path, mode: int = 0o644) -> int:
     """A descriptor appending to ``path`` (created with ``mode``), the last component never
     a link; call it under :func:`as_user` when ``path`` is a user's."""

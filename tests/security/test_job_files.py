@@ -141,3 +141,33 @@ def test_a_linked_attempt_log_is_neither_chmodded_nor_written_as_root(
     assert secret.read_text() == "the victim's secret\n"
     job = store.read_record(paths.record, ManagedJob)
     assert job.state == "failed" and "attempt's log" in job.message, job
+
+
+#: the attacker's side: a job of their own whose log is a link to someone else's file
+PLANT_LOG_LINK = """
+import os, sys
+job_dir, target, spec = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(os.path.join(job_dir, "nodes"), 0o755)
+os.symlink(target, os.path.join(job_dir, "nodes", "0.log"))
+fd = os.open(os.path.join(job_dir, "spec.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd, spec.encode())
+os.close(fd)
+"""
+
+
+def test_a_share_log_linked_to_another_users_file_is_not_written(cluster, victim, attacker):
+    c = cluster
+    address = c.membership.master_addr
+    notes = Path(victim.pw_dir) / "notes.txt"
+    notes.write_text("the victim's notes\n")
+    os.chown(notes, victim.pw_uid, victim.pw_gid)
+    os.chmod(notes, 0o600)
+    job = ClusterPaths(c.efs).job("evil-log-link")
+    spec = one_share_spec(job.job_id, address, [PYTHON, "-c", "print('overwritten')"])
+    planted = as_user(attacker, PLANT_LOG_LINK, str(job.dir), str(notes), spec)
+    assert planted.returncode == 0, planted.stderr
+    wait_until("the executor to record the share", lambda: job.exit(0).exists())
+
+    assert notes.read_text() == "the victim's notes\n", c.executor_log(address)
+    assert stat.S_IMODE(notes.stat().st_mode) == 0o600
+    assert "cannot open the share's log" in job.exit(0).read_text()

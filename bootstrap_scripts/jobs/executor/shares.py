@@ -167,10 +167,15 @@ class Shares:
             status = self.node.paths.share_status(spec.job_id, share.rank, index)
             with contextlib.suppress(FileNotFoundError):
                 status.unlink()  # a stale one would end the share at once after a restart
-            with as_user(uid, gid):  # the user's directory: the user's rights, no link
-                cwd = usable_cwd(spec.cwd, str(self.node.paths.root))
-                error = missing_command(proc.argv[0], env, cwd)
-                log_fd = userfiles.open_append(paths.log(share.rank, proc.label))
+            log_path = paths.log(share.rank, proc.label)
+            try:
+                with as_user(uid, gid):  # the user's directory: the user's rights, no link
+                    cwd = usable_cwd(spec.cwd, str(self.node.paths.root))
+                    error = missing_command(proc.argv[0], env, cwd)
+                    log_fd = userfiles.open_append(log_path)
+            except OSError as exc:  # e.g. a link planted where the log goes
+                error = f"cannot open the share's log {log_path.name}: {exc}"
+                break
             with os.fdopen(log_fd, "ab", buffering=0) as log:
                 try:
                     if error:

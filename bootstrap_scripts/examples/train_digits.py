@@ -28,11 +28,18 @@ DistributedSampler, whose padding and interleaving depend on the world size, so 
 inside an epoch would not carry over to another world size.
 
 Checkpoints (rank 0, temp file + rename, ``latest.json`` points at the newest), on EFS under
-``<EFS>/checkpoints/<name>/``: ``epoch-NNNN.pt`` at the end of every epoch and
+``<EFS>/checkpoints/<user>/<name>/`` (the user's own directory, which the job executors make
+0700 for them): ``epoch-NNNN.pt`` at the end of every epoch and
 ``step-NNNNNN.pt`` every ``--checkpoint-every`` steps (and when the job is stopped with
 SIGTERM). A (re)start resumes from the latest checkpoint automatically when it was written
 by the SAME run (torchrun's run id = the job id: an elastic restart after a join or a leave),
 or of any run with ``--resume``. A restart thus loses at most ``--checkpoint-every`` steps.
+
+A checkpoint is a file another program could have written, so loading one must not run its
+code: it is loaded with ``torch.load(weights_only=True)`` (tensors and plain data only, never
+a pickled object), and only from the checkpoint directory itself: ``latest.json`` must name a
+checkpoint file in it (no path, no link), and both must belong to the user running the job;
+anything else is ignored with a message and the run starts from scratch.
 
 As a managed job (``dl-run`` through the job controller) it follows the controller's
 variables: ``DL_CHECKPOINT_DIR`` is the checkpoint directory (unless ``--checkpoint-dir``
@@ -50,7 +57,10 @@ import contextlib
 import json
 import math
 import os
+import pwd
+import re
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -123,7 +133,7 @@ def checkpoint_dir(args: argparse.Namespace) -> Path:
     if os.environ.get("DL_CHECKPOINT_DIR"):
         return Path(os.environ["DL_CHECKPOINT_DIR"])
     base = os.environ.get("EFS_MOUNT") or "."
-    return Path(base) / "checkpoints" / args.name
+    return Path(base) / "checkpoints" / pwd.getpwuid(os.geteuid()).pw_name / args.name
 
 
 def load_data(seed: int, test_fraction: float):
@@ -201,13 +211,59 @@ def save_checkpoint(ckdir: Path, state: dict, name: str, keep: int) -> Path:
     return final
 
 
-def latest_info(ckdir: Path) -> dict | None:
+#: the names this job gives its checkpoints; ``latest.json`` may point at nothing else
+CHECKPOINT_NAME_RE = re.compile(r"(epoch-\d{4,}|step-\d{6,})\.pt")
+
+
+class UntrustedCheckpoint(Exception):
+    """A ``latest.json`` or checkpoint this job did not write: never loaded."""
+
+
+def open_own(ckdir: Path, name: str) -> int:
+    """A descriptor of ``ckdir/name``: a regular file, not a link, owned by this user
+    (FileNotFoundError when there is none)."""
+    dfd = os.open(ckdir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        info = json.loads((ckdir / "latest.json").read_text())
-        path = ckdir / info["file"]
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UntrustedCheckpoint(f"{ckdir / name}: {exc.strerror}") from None
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise UntrustedCheckpoint(f"{ckdir / name} is not a file of uid {os.geteuid()}")
+    return fd
+
+
+def latest_info(ckdir: Path) -> dict | None:
+    """``latest.json``'s record with the checkpoint's ``path``; None when there is none
+    or it is not this user's own (then it says why on stderr)."""
+    try:
+        with os.fdopen(open_own(ckdir, "latest.json")) as fh:
+            info = json.loads(fh.read())
+        name = info["file"]
+        if not isinstance(name, str) or not CHECKPOINT_NAME_RE.fullmatch(name):
+            raise UntrustedCheckpoint(f"{ckdir / 'latest.json'} points at {name!r}, "
+                                      "not a checkpoint of this directory")
+        os.close(open_own(ckdir, name))
+    except UntrustedCheckpoint as exc:
+        print(f"ignoring the checkpoint: {exc}", file=sys.stderr, flush=True)
+        return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return {**info, "path": path} if path.exists() else None
+    return {**info, "path": ckdir / name}
+
+
+def load_checkpoint(path: Path, device: object) -> dict:
+    """The checkpoint's state, tensors and plain data only (``weights_only=True``: a
+    pickled object in it is refused, never run), read from this user's own file."""
+    import torch
+
+    with os.fdopen(open_own(path.parent, path.name), "rb") as fh:
+        return torch.load(fh, map_location=device, weights_only=True)
 
 
 def latest_checkpoint(ckdir: Path) -> Path | None:
@@ -276,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     same_run = bool(info and run_id and info.get("run_id") == run_id)
     resumed = ""
     if info and (resume or same_run):
-        state = torch.load(info["path"], map_location=device, weights_only=False)
+        state = load_checkpoint(info["path"], device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         epoch, step = int(state["epoch"]), int(state["step"])

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
+from bootstrap_scripts.protocol.bounds import whole
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import validate_job_id
 from bootstrap_scripts.protocol.records import Record, record
@@ -81,8 +82,8 @@ class JobSpec:
                 raise JobSpecError(f"unsupported job spec schema {data.get('schema')!r}")
             shares = tuple(
                 Share(
-                    rank=int(s["rank"]),
-                    address=str(s["address"]),
+                    rank=_rank(s["rank"]),
+                    address=_address(str(s["address"])),
                     procs=tuple(_proc(p) for p in s["procs"]),
                 )
                 for s in data["shares"]
@@ -116,9 +117,38 @@ def _proc(p: dict) -> Proc:
     return Proc(
         argv=tuple(str(a) for a in p["argv"]),
         env={str(k): str(v) for k, v in p.get("env", {}).items()},
-        label=str(p.get("label", "")),
+        label=_label(str(p.get("label", ""))),
         wait=bool(p.get("wait", True)),
     )
+
+
+#: A process label names a log file (``nodes/<rank>-<label>.log``) the root executor
+#: opens: a word, never a path (no '/', no '..').
+LABEL_RE = re.compile(r"|[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+#: A node address names its executor's heartbeat file: an IP address or a host name.
+ADDRESS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}")
+#: Share ranks (elastic joins claim ranks past the spec's).
+MAX_RANK = 1_000_000
+
+
+def _label(label: str) -> str:
+    if not LABEL_RE.fullmatch(label):
+        raise JobSpecError(f"invalid process label {label!r}: letters, digits, '_' or '-' "
+                           "(max 32), starting with a letter or digit", field="label")
+    return label
+
+
+def _address(address: str) -> str:
+    if not ADDRESS_RE.fullmatch(address) or ".." in address:
+        raise JobSpecError(f"invalid node address {address!r}", field="address")
+    return address
+
+
+def _rank(rank: object) -> int:
+    try:
+        return whole(rank, field="rank", low=0, high=MAX_RANK)
+    except ProtocolError as exc:
+        raise JobSpecError(str(exc), field="rank") from None
 
 
 def new_job_id(name: str = "job") -> str:

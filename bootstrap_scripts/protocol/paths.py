@@ -39,7 +39,8 @@ On EFS (relative to the mount point)::
     jobs/<job-id>/                    one directory per job (see JobPaths)
     managed/<job-id>/                 one managed job (see ManagedPaths); its attempts are
                                       ordinary jobs ``jobs/<job-id>.<attempt>/``
-    checkpoints/<name>/               training checkpoints (the example job's default)
+    checkpoints/<user>/<name>/        training checkpoints (the example job's default); each
+                                      user's directory is theirs alone (0700, made by root)
     archive/managed/<job-id>/         finished managed jobs past their retention (controller)
     archive/jobs/<job-id>/            finished jobs past their retention (controller)
 """
@@ -88,8 +89,12 @@ CHECKPOINTS_DIR = "checkpoints"
 #: Managed jobs (``dl-run`` without ``--unmanaged``): the request, the controller's record.
 MANAGED_DIR = "managed"
 ARCHIVE_DIR = "archive"
-#: Directories every cluster user creates entries in (mode 1777, like /tmp).
-SHARED_USER_DIRS = (JOBS_DIR, CHECKPOINTS_DIR, MANAGED_DIR)
+#: Directories every cluster user creates entries in (mode 1777, like /tmp): job directories,
+#: each its creator's, named by a cluster-unique job id the executors scan for.
+SHARED_USER_DIRS = (JOBS_DIR, MANAGED_DIR)
+#: Root-owned (0755) parents of one directory per user (``<dir>/<user>/``, 0700, made by
+#: root and handed to the user): what no other user may plant anything in.
+PER_USER_DIRS = (CHECKPOINTS_DIR,)
 
 #: Every path above, in the form docs/protocol.md spells it (a test holds the two together).
 LAYOUT = (
@@ -103,7 +108,7 @@ LAYOUT = (
     f"{PREPARED_DIR}/<instance-id>.failed", f"{PREPARED_DIR}/<instance-id>.log",
     f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, WAIT_SIGNAL,
     f"{INSTANCE_TYPES_DIR}/<type>.json",
-    f"{CHECKPOINTS_DIR}/<name>/",
+    f"{CHECKPOINTS_DIR}/<user>/<name>/",
     f"{JOBS_DIR}/<job-id>/spec.json",
     f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
     f"{JOBS_DIR}/<job-id>/cancel", f"{JOBS_DIR}/<job-id>/done", f"{JOBS_DIR}/<job-id>/result.json",
@@ -117,6 +122,8 @@ LAYOUT = (
 )
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: A Linux user name (useradd's rule) or a bare uid: a directory name, never a path.
+USER_NAME_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}\$?|[0-9]{1,10}")
 
 
 def validate_job_id(job_id: str) -> str:
@@ -242,7 +249,9 @@ class JobPaths:
         return self.dir / "nodes"
 
     def log(self, rank: int, label: str = "") -> Path:
-        return self.nodes / (f"{rank}-{label}.log" if label else f"{rank}.log")
+        if "/" in label or label.startswith("."):  # a word (``jobs.LABEL_RE``), never a path
+            raise ProtocolError(f"invalid process label {label!r}", field="label")
+        return self.nodes / (f"{int(rank)}-{label}.log" if label else f"{int(rank)}.log")
 
     def started(self, rank: int) -> Path:
         return self.nodes / f"{rank}.started"
@@ -418,6 +427,12 @@ class ClusterPaths:
     @property
     def checkpoints_dir(self) -> Path:
         return self.efs / CHECKPOINTS_DIR
+
+    def user_checkpoints(self, user: str) -> Path:
+        """``checkpoints/<user>/``: one user's checkpoints, writable by that user alone."""
+        if not USER_NAME_RE.fullmatch(user):
+            raise ProtocolError(f"not a user name: {user!r}", field="user")
+        return self.checkpoints_dir / user
 
     @property
     def archive_dir(self) -> Path:

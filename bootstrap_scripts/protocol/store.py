@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 R = TypeVar("R", bound="Record")
 
+#: The mode of files that carry a job's environment (its ``--env`` values): the owner reads
+#: them, root (the executors, the controller) too, nobody else.
+OWNER_ONLY = 0o600
+
 
 def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644,
                  fsync: bool = True) -> bool:
@@ -58,12 +62,19 @@ def write_record(path: str | os.PathLike, record: Record, *, mode: int = 0o644) 
     return atomic_write(path, record.to_json(), mode=mode)
 
 
+#: Every open for reading never blocks: a user may plant a FIFO where a record is expected
+#: in their job directory, and a root daemon blocked on it would stop serving every user.
+READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def read_text(path: str | os.PathLike) -> str | None:
     """The file's text, or None when it does not exist."""
     try:
-        return Path(path).read_text()
+        fd = os.open(path, READ_FLAGS)
     except FileNotFoundError:
         return None
+    with os.fdopen(fd) as fh:
+        return fh.read()
 
 
 def read_record(path: str | os.PathLike, cls: type[R]) -> R | None:
@@ -130,7 +141,7 @@ def append_block(path: str | os.PathLike, text: str) -> None:
 def exists(path: str | os.PathLike) -> bool:
     """True when ``path`` can be opened now (open, not stat: see the module docstring)."""
     try:
-        os.close(os.open(path, os.O_RDONLY))
+        os.close(os.open(path, READ_FLAGS))
     except FileNotFoundError:
         return False
     except IsADirectoryError:
@@ -150,7 +161,7 @@ class FileStamp:
 def stamp(path: str | os.PathLike) -> FileStamp | None:
     """open() + fstat() of ``path``, or None when it does not exist."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, READ_FLAGS)
     except FileNotFoundError:
         return None
     try:

@@ -69,8 +69,8 @@ def check_common(tmp_path: Path, report: dict, n_nodes: int) -> list[dict]:
     assert all(e["samples_per_s"] > 0 for e in epochs)
     efs = tmp_path / "work" / "efs"
     assert ClusterPaths(efs).membership.exists()
-    # a managed job checkpoints to <efs>/checkpoints/<job-id> (DL_CHECKPOINT_DIR)
-    assert list((efs / "checkpoints").glob("*/latest.json"))
+    # a managed job checkpoints to <efs>/checkpoints/<user>/<job-id> (DL_CHECKPOINT_DIR)
+    assert list((efs / "checkpoints").glob("*/*/latest.json"))
     return live
 
 

@@ -35,13 +35,14 @@ def request(*options: str) -> ManagedRequest:
 
 
 def test_first_attempt_env_has_the_checkpoint_dir_but_no_resume():
-    assert restart_env(EFS, "train-1", 0) == {"DL_CHECKPOINT_DIR": "/efs/checkpoints/train-1",
-                                              "DL_RESTART_COUNT": "0"}
+    assert restart_env(EFS, "train-1", 0, "ann") == {
+        "DL_CHECKPOINT_DIR": "/efs/checkpoints/ann/train-1", "DL_RESTART_COUNT": "0"}
 
 
 def test_a_restart_resumes_from_the_same_checkpoint_dir():
-    assert restart_env(EFS, "train-1", 2) == {"DL_CHECKPOINT_DIR": "/efs/checkpoints/train-1",
-                                              "DL_RESTART_COUNT": "2", "DL_RESUME": "1"}
+    assert restart_env(EFS, "train-1", 2, "ann") == {
+        "DL_CHECKPOINT_DIR": "/efs/checkpoints/ann/train-1", "DL_RESTART_COUNT": "2",
+        "DL_RESUME": "1"}
 
 
 def test_runner_argv_is_an_unmanaged_run_reading_its_request():
@@ -54,12 +55,13 @@ def test_runner_argv_is_an_unmanaged_run_reading_its_request():
 
 def test_the_attempt_request_is_the_jobs_under_the_attempts_id():
     req = request("--launcher", "each", "--env", "DL_RESUME=0", "--env", "A=1")
-    run = attempt_request(req, attempt_id="train-1.3", efs=EFS, restart_count=2)
+    run = attempt_request(req, attempt_id="train-1.3", efs=EFS, restart_count=2,
+                          user="ann")
     assert (run.job_id, run.command, run.cwd) == ("train-1.3", ("python", "train.py"),
                                                   "/efs/code")
     # the controller's variables win over the user's --env; every one is forwarded
     assert run.env["DL_RESUME"] == "1" and run.env["A"] == "1"
-    assert run.env["DL_CHECKPOINT_DIR"] == "/efs/checkpoints/train-1"
+    assert run.env["DL_CHECKPOINT_DIR"] == "/efs/checkpoints/ann/train-1"
     assert {"A", "DL_CHECKPOINT_DIR", "DL_RESTART_COUNT", "DL_RESUME"} <= set(run.forward)
     # what the attempt's runner reads on its standard input is the same request
     assert type(run).from_json(run.to_json()) == run
@@ -69,7 +71,7 @@ def plan_attempt(launcher: str, restart_count: int) -> tuple[ln.LaunchPlan, dict
     """The attempt's request, planned by the engine's front door."""
     req = request("--launcher", launcher, "--mxnet-launch", "/opt/launch.py")
     run = attempt_request(req, attempt_id=f"train-1.{restart_count + 1}", efs=EFS,
-                          restart_count=restart_count)
+                          restart_count=restart_count, user="ann")
     return engine.build_plan(run, MEMBERSHIP, ClusterPaths(EFS).job(run.job_id)), run.env
 
 
@@ -77,7 +79,7 @@ def plan_attempt(launcher: str, restart_count: int) -> tuple[ln.LaunchPlan, dict
 @pytest.mark.parametrize("restart_count", [0, 1])
 def test_every_launcher_gives_the_command_the_restart_variables(launcher, restart_count):
     plan, env = plan_attempt(launcher, restart_count)
-    assert env["DL_CHECKPOINT_DIR"] == "/efs/checkpoints/train-1"
+    assert env["DL_CHECKPOINT_DIR"] == "/efs/checkpoints/ann/train-1"
     assert env["DL_RESTART_COUNT"] == str(restart_count)
     assert env.get("DL_RESUME") == ("1" if restart_count else None)
     argvs = [list(p.argv) for s in plan.shares for p in s.procs]

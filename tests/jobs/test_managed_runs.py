@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import time
@@ -65,7 +66,7 @@ def test_submit_follow_succeeds_with_the_first_attempts_variables(cluster):
     assert res.returncode == 0, res.stdout + c.controller_log()
     ranks = {m.group(1): m.groups()[1:] for m in MANAGED_RE.finditer(res.stdout)}
     (job_id,) = {v[1].rsplit(".", 1)[0] for v in ranks.values()}
-    ckpt = str(c.efs / "checkpoints" / job_id)
+    ckpt = str(c.efs / "checkpoints" / pwd.getpwuid(os.geteuid()).pw_name / job_id)
     assert ranks == {r: ("one", f"{job_id}.1", "0", "-", ckpt) for r in ("0", "1")}, res.stdout
     assert f"[dl-run] job {job_id}.1 succeeded on 2 node(s)" in res.stdout
     assert f"[dl-run] job {job_id} succeeded after 1 attempt(s), 0 restart(s)" in res.stdout

@@ -22,7 +22,12 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.agent.install import BIN_DIR
-from bootstrap_scripts.jobs.executor.daemon import SHARED_DIR_MODE, SHARED_EFS_DIRS
+from bootstrap_scripts.jobs.executor.daemon import (
+    PER_USER_EFS_DIRS,
+    PER_USER_PARENT_MODE,
+    SHARED_DIR_MODE,
+    SHARED_EFS_DIRS,
+)
 from bootstrap_scripts.procgroup import stop_popen_group
 from bootstrap_scripts.protocol.paths import JobPaths
 from emulator.nodes import PYTHON, base_env
@@ -107,6 +112,9 @@ def test_a_users_job_runs_as_that_user_on_every_node(cluster, job_user):
     for name in SHARED_EFS_DIRS:  # the executors made them writable for everybody
         st = (c.efs / name).stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, SHARED_DIR_MODE), name
+    for name in PER_USER_EFS_DIRS:  # root's; only root makes entries (one per user)
+        st = (c.efs / name).stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, PER_USER_PARENT_MODE), name
     rc, out = run_as(c, job_user, "--rdzv-port", free_rdzv_port(c), "--",
                      "python", str(WHOAMI))
     assert rc == 0, out
@@ -115,7 +123,11 @@ def test_a_users_job_runs_as_that_user_on_every_node(cluster, job_user):
     assert ranks == {"0": (uid, uid, gid), "1": (uid, uid, gid)}, out
     (jdir,) = c.job_dirs()
     assert JobPaths(jdir).spec.stat().st_uid == job_user.pw_uid
-    written = sorted((c.efs / "checkpoints" / jdir.name).iterdir())
+    mine = c.efs / "checkpoints" / job_user.pw_name  # made by root, handed to the user
+    st = mine.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (
+        job_user.pw_uid, job_user.pw_gid, 0o700)
+    written = sorted((mine / jdir.name).iterdir())
     assert [p.name for p in written] == ["node0.txt", "node1.txt"]
     for path in [written[0].parent, *written]:
         st = path.stat()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -53,7 +54,7 @@ def test_example_job_trains_on_two_nodes_and_resumes_with_another_world_size(emu
     for rank in (0, 1):
         assert store.read_record(JobPaths(jdir).exit(rank), ShareExit).returncode == 0
     assert store.read_record(JobPaths(jdir).result, JobResult).status == "succeeded"
-    ckdir = c.efs / "checkpoints" / "digits"
+    ckdir = c.efs / "checkpoints" / pwd.getpwuid(os.geteuid()).pw_name / "digits"
     assert json.loads((ckdir / "latest.json").read_text())["epoch"] == 20
 
     # Resume with world size 1 (the cluster shrank): continues at epoch 21, same accuracy.

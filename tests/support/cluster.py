@@ -30,6 +30,7 @@ from bootstrap_scripts.procgroup import (
     sweep_share,
 )
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths
@@ -169,7 +170,11 @@ class LocalCluster:
         for jdir in self.job_dirs():
             paths = JobPaths(jdir)
             text = store.read_text(paths.spec)
-            for share in JobSpec.from_json(text).shares if text else ():
+            try:
+                shares = JobSpec.from_json(text).shares if text else ()
+            except ProtocolError:  # a spec the executors refuse (a drill's): nothing started
+                shares = ()
+            for share in shares:
                 found.setdefault(share_token(paths.job_id, share.rank, share.address), 0)
             for _stem, rec in store.scan_records(paths.nodes, ShareStarted,
                                                  suffix=SHARE_STARTED_SUFFIX):

@@ -112,7 +112,10 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     p.add("--membership", default="", help=f"membership to use (default: <root>/{MEMBERSHIP_FILE})")
     p.add("--mount-point", default="", help="EFS mount point (default: the membership's)")
     p.add("--env", action="append", default=[], metavar="KEY=VALUE",
-          help="extra environment for every rank (repeatable)")
+          help="extra environment for every rank (repeatable). The values are stored in the "
+          "job's files on EFS, readable by you and by root only (mode 0600), and never "
+          "printed by dl-jobs; they are not a secret store beyond that (root, and your own "
+          "jobs, see them): prefer a credentials file or an IAM role for real secrets")
     p.add("--forward", action="append", default=[], metavar="VAR",
           help="forward this variable of the runner's environment (repeatable)")
     p.add("--cwd", default="", help="working directory of every rank (default: current)")

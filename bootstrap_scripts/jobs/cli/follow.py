@@ -40,7 +40,10 @@ class AttemptPrinter:
 
     def poll(self, *, final: bool = False) -> None:
         if self.tailer is None:
-            text = store.read_text(self.job.spec) if store.exists(self.job.spec) else None
+            try:
+                text = store.read_text(self.job.spec) if store.exists(self.job.spec) else None
+            except PermissionError:  # another user's job: its spec (its --env) is theirs
+                text = None
             if text:
                 self.tailer = LogTailer(self.job.nodes, JobSpec.from_json(text),
                                         prefix=self.prefix, ranks=self.ranks)

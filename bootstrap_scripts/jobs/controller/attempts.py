@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, classify
 from bootstrap_scripts.jobs.engine.reachability import Executors
 from bootstrap_scripts.procgroup import alive
@@ -41,16 +42,17 @@ class AttemptError(Exception):
     """The attempt cannot be started (e.g. another user's job and no root); names why."""
 
 
-def checkpoint_dir(efs: Path, job_id: str) -> str:
-    """``DL_CHECKPOINT_DIR`` of a managed job: ``<EFS>/checkpoints/<job-id>``, the same for
-    every attempt, so a restarted attempt finds what the previous one saved."""
-    return str(ClusterPaths(efs).checkpoints_dir / job_id)
+def checkpoint_dir(efs: Path, job_id: str, user: str) -> str:
+    """``DL_CHECKPOINT_DIR`` of a managed job: ``<EFS>/checkpoints/<user>/<job-id>``, the
+    same for every attempt, so a restarted attempt finds what the previous one saved, in
+    its submitter's own directory (no other user can plant a checkpoint there)."""
+    return str(ClusterPaths(efs).user_checkpoints(user) / job_id)
 
 
-def restart_env(efs: Path, job_id: str, restart_count: int) -> dict[str, str]:
+def restart_env(efs: Path, job_id: str, restart_count: int, user: str) -> dict[str, str]:
     """The variables every rank of an attempt sees: ``DL_CHECKPOINT_DIR`` always,
     ``DL_RESTART_COUNT`` (0 on the first attempt), and ``DL_RESUME=1`` on restarts only."""
-    env = {"DL_CHECKPOINT_DIR": checkpoint_dir(efs, job_id),
+    env = {"DL_CHECKPOINT_DIR": checkpoint_dir(efs, job_id, user),
            "DL_RESTART_COUNT": str(restart_count)}
     if restart_count:
         env["DL_RESUME"] = "1"
@@ -58,7 +60,7 @@ def restart_env(efs: Path, job_id: str, restart_count: int) -> dict[str, str]:
 
 
 def attempt_request(request: ManagedRequest, *, attempt_id: str, efs: Path,
-                    restart_count: int) -> RunRequest:
+                    restart_count: int, user: str) -> RunRequest:
     """What attempt ``attempt_id`` runs: the job's run request under the attempt's id, with
     this package importable by the ranks (as their own ``dl-run`` would have it) and the
     restart variables last: they win over the user's own ``--env`` of the same name, and
@@ -68,7 +70,7 @@ def attempt_request(request: ManagedRequest, *, attempt_id: str, efs: Path,
     env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + env["PYTHONPATH"]
                                           if env.get("PYTHONPATH") else "")
     env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
-    restart = restart_env(efs, request.job_id, restart_count)
+    restart = restart_env(efs, request.job_id, restart_count, user)
     env.update(restart)
     forward = tuple(dict.fromkeys((*run.forward, *restart)))
     return dataclasses.replace(run, job_id=attempt_id, env=env, forward=forward)
@@ -93,8 +95,13 @@ def runner_env(request: RunRequest) -> dict[str, str]:
 
 
 def owner(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_uid, st.st_gid
+    """(uid, gid) of a managed job's ``request.json`` (its submitter), or of its directory
+    when ``path`` is one, taken from ``fstat`` of what was opened without following links:
+    a request that is a link, or not its directory owner's, is refused (UnsafeUserFile)."""
+    if path.name == "request.json":
+        owned = userfiles.read_owned(path.parent, path.name)
+        return owned.uid, owned.gid
+    return userfiles.owner_of_dir(path)
 
 
 def spawn(argv: list[str], request: RunRequest, log: Path, *, uid: int, gid: int
@@ -109,9 +116,13 @@ def spawn(argv: list[str], request: RunRequest, log: Path, *, uid: int, gid: int
                                f"a job submitted by uid {uid} (run it as root, as its "
                                f"systemd unit does)")
         as_user = {"user": uid, "group": gid, "extra_groups": []}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        os.chmod(log, 0o644)
+    try:
+        with userfiles.as_user(uid, gid):  # the user's directory: the user's rights, no link
+            log.parent.mkdir(parents=True, exist_ok=True)
+            fd = userfiles.open_append(log)
+    except OSError as exc:
+        raise AttemptError(f"cannot open the attempt's log {log} as uid {uid}: {exc}") from None
+    with os.fdopen(fd, "ab") as out:
         proc = subprocess.Popen(argv, env=runner_env(request), cwd="/", stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=out, start_new_session=True,
                                 **as_user)
@@ -153,8 +164,9 @@ def outcome(paths: JobPaths, runner_code: int | None) -> Failure | None:
 def shares_started_at(paths: JobPaths) -> float | None:
     """When the last of the attempt's shares started, once every share of its spec has;
     None before."""
-    spec_text = store.read_text(paths.spec)
-    if not spec_text:
+    try:  # the user's file: never through a link (``userfiles``)
+        spec_text = userfiles.read_owned(paths.dir, paths.spec.name).text
+    except FileNotFoundError:
         return None
     spec = JobSpec.from_json(spec_text)
     started = {rec.rank: rec for _s, rec in store.scan_records(

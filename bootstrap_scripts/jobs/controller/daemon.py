@@ -47,6 +47,7 @@ from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
+from bootstrap_scripts.jobs.engine.userfiles import UnsafeUserFile, as_owner_of
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import (
@@ -255,7 +256,8 @@ class Controller:
         LOG.warning("job %s: attempt %d is orphaned (its controller %s is gone): stopping it",
                     job.job_id, job.attempt, job.controller)
         try:
-            store.atomic_write(jpaths.cancel, "orphaned: the job controller was lost\n")
+            with as_owner_of(jpaths.dir):  # the user's directory: as the user, no link
+                store.atomic_write(jpaths.cancel, "orphaned: the job controller was lost\n")
         except OSError as exc:
             LOG.error("cannot cancel %s: %s", jpaths.dir, exc)
         if not attempts.wait_stopped(jpaths, self.efs, timeout=ORPHAN_STOP_TIMEOUT,
@@ -303,8 +305,11 @@ class Controller:
 
     def refuse(self, paths: ManagedPaths) -> str:
         """Why this controller must not run the job ("" if it may)."""
-        uid, _gid = attempts.owner(paths.request)
-        dir_uid, _ = attempts.owner(paths.dir)
+        try:
+            uid, _gid = attempts.owner(paths.request)
+            dir_uid, _ = attempts.owner(paths.dir)
+        except UnsafeUserFile as exc:  # a link planted in the user's directory
+            return str(exc)
         if uid != dir_uid:
             return (f"{paths.request} belongs to uid {uid} but {paths.dir} to uid {dir_uid}: "
                     f"refusing to run it")

@@ -14,7 +14,7 @@ import logging
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob
@@ -44,8 +44,9 @@ class UnwrittenRecords:
             if job.attempt:
                 attempt = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
                 try:
-                    store.atomic_write(attempt.cancel, "EFS full: the job controller stopped "
-                                       "it\n")
+                    with userfiles.as_owner_of(attempt.dir):  # the user's: as the user
+                        store.atomic_write(attempt.cancel, "EFS full: the job controller "
+                                           "stopped it\n")
                 except OSError as again:
                     LOG.error("cannot cancel %s either: %s", attempt.dir, again)
             job = dataclasses.replace(

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bootstrap_scripts.jobs.controller import attempts, node_evidence
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass
 from bootstrap_scripts.jobs.engine.reachability import Executors
 from bootstrap_scripts.jobs.engine.restart_policy import (
@@ -65,7 +65,10 @@ class JobSupervisor:
         self.policy = Policy(max_restarts=request.max_restarts, min_nodes=request.min_nodes,
                              max_code_restarts=request.max_code_restarts,
                              replace_timeout=request.replace_timeout)
-        self.uid, self.gid = attempts.owner(paths.request)
+        try:
+            self.uid, self.gid = attempts.owner(paths.request)
+        except userfiles.UnsafeUserFile:  # the controller's ``refuse`` fails the job with why
+            self.uid = self.gid = -1
         #: instance ids of the previous attempt's nodes (a new one there is a replacement)
         self.last_nodes: set[str] = set()
         #: the executors as this supervisor has seen them (the cluster's one liveness rule)
@@ -75,7 +78,8 @@ class JobSupervisor:
     def update(self, **changes: object) -> ManagedJob:
         if "state" in changes:
             check_transition(JobState(self.job.state), JobState(str(changes["state"])))
-        self.job = managed.save_job(self.paths, dataclasses.replace(self.job, **changes))
+        with userfiles.as_user(self.uid, self.gid):  # the user's directory, as the user
+            self.job = managed.save_job(self.paths, dataclasses.replace(self.job, **changes))
         return self.job
 
     def update_last_restart(self, **changes: object) -> None:
@@ -186,7 +190,8 @@ class JobSupervisor:
         sub = nodes_membership(m, nodes, reason=f"job {self.job.job_id} attempt {n}: "
                                f"{len(nodes)} of {len(m.nodes)} node(s)")
         path = self.paths.attempt_membership(n)
-        store.atomic_write(path, sub.to_json())
+        with userfiles.as_user(self.uid, self.gid):  # in the user's directory, as the user
+            store.atomic_write(path, sub.to_json())
         return path
 
     # -- 3. one attempt ----------------------------------------------------------------------
@@ -195,10 +200,13 @@ class JobSupervisor:
         attempt_id = self.paths.attempt_id(n)
         argv = attempts.runner_argv(root=str(self.root), efs=self.efs,
                                     membership=self.attempt_membership(m, nodes, n))
+        user = userfiles.user_name(self.uid)
         run = attempts.attempt_request(self.request, attempt_id=attempt_id, efs=self.efs,
-                                       restart_count=self.job.restarts)
+                                       restart_count=self.job.restarts, user=user)
         if self.job.restart_log:
-            epoch, step = managed.checkpoint_position(self.efs, self.job.job_id)
+            with userfiles.as_user(self.uid, self.gid):  # the user's file, the user's rights
+                epoch, step = managed.checkpoint_position(
+                    Path(attempts.checkpoint_dir(self.efs, self.job.job_id, user)))
             new = [x.instance_id for x in nodes
                    if self.last_nodes and x.instance_id not in self.last_nodes]
             self.update_last_restart(next_world_size=len(nodes), resumed_epoch=epoch,
@@ -228,7 +236,8 @@ class JobSupervisor:
                               self.job.restart_log[-1].seconds_to_resume is None)
         while running():
             if not cancel_sent and (managed.cancel_requested(self.paths) or self.stopping()):
-                store.atomic_write(jpaths.cancel, "cancelled by the job controller\n")
+                with userfiles.as_user(self.uid, self.gid):  # the user's job directory
+                    store.atomic_write(jpaths.cancel, "cancelled by the job controller\n")
                 cancel_sent = True
             if pending_resume:
                 pending_resume = not self.note_resumed(jpaths)

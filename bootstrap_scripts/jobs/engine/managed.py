@@ -60,7 +60,7 @@ def submit(efs: Path, request: ManagedRequest,
         except BaseException:
             shutil.rmtree(paths.dir, ignore_errors=True)
             raise
-    store.write_record(paths.request, request)
+    store.write_record(paths.request, request, mode=store.OWNER_ONLY)  # its --env values
     return paths
 
 
@@ -212,10 +212,10 @@ def controller_status(efs: Path, timeout: float = CONTROLLER_TIMEOUT) -> Control
     return ControllerStatus(True, f"job controller alive ({where}, {age:.1f} s ago)", hb)
 
 
-def checkpoint_position(efs: Path, job_id: str) -> tuple[int | None, int | None]:
-    """(epoch, step) of ``checkpoints/<job-id>/latest.json`` (the example job's pointer to its
-    newest checkpoint), (None, None) when there is none."""
-    path = ClusterPaths(efs).checkpoints_dir / job_id / "latest.json"
+def checkpoint_position(ckdir: Path) -> tuple[int | None, int | None]:
+    """(epoch, step) of ``<ckdir>/latest.json`` (the example job's pointer to its newest
+    checkpoint), (None, None) when there is none."""
+    path = ckdir / "latest.json"
     try:
         info = json.loads(path.read_text())
         return int(info["epoch"]), int(info["step"])

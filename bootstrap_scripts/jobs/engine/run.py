@@ -31,6 +31,7 @@ from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
 from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import RunnerHeartbeat
+from bootstrap_scripts.protocol.store import OWNER_ONLY
 
 
 def nodes_membership(m: Membership, nodes: list[Node], *, reason: str,
@@ -139,7 +140,9 @@ def run(request: RunRequest, m: Membership, efs: Path) -> Verdict:
                        f"they start; is one running on this cluster?", EXIT_USAGE) from None
     for name, content in plan.files.items():
         store.atomic_write(paths.dir / name, content)
-    store.atomic_write(paths.commands, commands)
+    # The spec and the rendered commands carry the job's --env values: the owner's alone
+    # (the root executors read them all the same).
+    store.atomic_write(paths.commands, commands, mode=OWNER_ONLY)
     store.write_record(paths.runner_heartbeat,
                        RunnerHeartbeat(seq=0, pid=os.getpid(), time=time.time()))
     spec = JobSpec(
@@ -151,5 +154,5 @@ def run(request: RunRequest, m: Membership, efs: Path) -> Verdict:
     )
     w = Watch(spec, paths, efs, request)
     old = install_signal_handlers(w)
-    store.atomic_write(paths.spec, spec.to_json())  # the go signal: written last
+    store.atomic_write(paths.spec, spec.to_json(), mode=OWNER_ONLY)  # the go: written last
     return summarize(watch(w, old))

@@ -41,7 +41,12 @@ from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.paths import SHARED_USER_DIRS, ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.paths import (
+    PER_USER_DIRS,
+    SHARED_USER_DIRS,
+    ClusterPaths,
+    NodePaths,
+)
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
 from bootstrap_scripts.single_instance import AlreadyRunning, UnsafeLockFile, acquire
 
@@ -53,27 +58,36 @@ HEARTBEAT_SECONDS = 1.0
 #: keeps running and retries, each failed pass doubling the pause from ``POLL_SECONDS``.
 MAX_BACKOFF_SECONDS = 5.0
 #: EFS directories in which every user of the cluster creates entries of their own: job
-#: directories (``dl-run`` runs as the user who starts it) and the example's checkpoints.
+#: directories (``dl-run`` runs as the user who starts it; managed jobs too).
 SHARED_EFS_DIRS = SHARED_USER_DIRS
 #: Like /tmp: anyone may create an entry, only its owner (or root) may remove or rename it.
 SHARED_DIR_MODE = 0o1777
+#: EFS directories holding one directory per user, made by root (``userfiles.user_dir``):
+#: only root creates entries in them, so nobody can plant a file in another user's.
+PER_USER_EFS_DIRS = PER_USER_DIRS
+PER_USER_PARENT_MODE = 0o755
+#: the mode each EFS directory the executor prepares must have
+EFS_DIR_MODES = {**dict.fromkeys(SHARED_EFS_DIRS, SHARED_DIR_MODE),
+                 **dict.fromkeys(PER_USER_EFS_DIRS, PER_USER_PARENT_MODE)}
 
 
 def prepare_shared_dirs(efs: Path) -> list[Path]:
-    """Create (or fix) the EFS directories every user writes in, with mode 1777.
+    """Create (or fix) the EFS directories users work in: 1777 where every user creates
+    entries, 0755 (root's) where root makes one directory per user.
 
     Only root may write in a new EFS file system's root directory, so without this only
     root could start a job. Done by the executor because it runs as root on every node
     from boot, once EFS is there; a directory someone else owns is left as it is (its
     owner chose its mode). Returns the directories whose mode it set."""
     changed = []
-    for name in SHARED_EFS_DIRS:
+    for name, mode in EFS_DIR_MODES.items():
         path = efs / name
         with contextlib.suppress(FileExistsError):
             path.mkdir(mode=0o700)
-        st = path.stat()
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != SHARED_DIR_MODE:
-            os.chmod(path, SHARED_DIR_MODE)
+        st = path.lstat()
+        if st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode) and \
+                stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(path, mode)
             changed.append(path)
     return changed
 
@@ -156,7 +170,7 @@ class Executor:
             return
         try:
             for path in prepare_shared_dirs(self.efs):
-                LOG.info("%s: mode %o (every user may create entries)", path, SHARED_DIR_MODE)
+                LOG.info("%s: mode %o", path, EFS_DIR_MODES[path.name])
             self.shared_dirs_ready = True
         except OSError as exc:
             LOG.error("cannot prepare the shared EFS directories under %s: %s", self.efs, exc)

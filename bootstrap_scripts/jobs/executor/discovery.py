@@ -23,6 +23,7 @@ import logging
 import os
 import time
 
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
 from bootstrap_scripts.jobs.executor.node import ThisNode
@@ -80,16 +81,23 @@ class JobScanner:
         self.listings = 0
 
     def read_spec(self, job_id: str, paths: JobPaths, now: float) -> JobSpec | None:
-        """The job's spec; None while it has none yet, or (then ``seen``) never will."""
+        """The job's spec; None while it has none yet, or (then ``seen``) never will.
+        Read without following links and only when it is its directory's owner's
+        (:func:`userfiles.read_owned`): root never reads a spec through a user's link."""
         try:
-            text = store.read_text(paths.spec)
-            if text is None:
-                first = self.specless.setdefault(job_id, now)
-                if now - first > SPECLESS_GIVE_UP_SECONDS:
-                    self.seen.add(job_id)
-                return None
+            text = userfiles.read_owned(paths.dir, paths.spec.name).text
+        except FileNotFoundError:
+            first = self.specless.setdefault(job_id, now)
+            if now - first > SPECLESS_GIVE_UP_SECONDS:
+                self.seen.add(job_id)
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            LOG.error("job %s: unusable spec, ignoring it: %s", job_id, exc)
+            self.seen.add(job_id)
+            return None
+        try:
             return JobSpec.from_json(text)
-        except (OSError, ProtocolError) as exc:
+        except ProtocolError as exc:
             LOG.error("job %s: unreadable spec, ignoring it: %s", job_id, exc)
             self.seen.add(job_id)
             return None
@@ -107,7 +115,7 @@ class JobScanner:
         self.listings += 1
         try:
             with os.scandir(self.node.cluster.jobs_dir) as it:
-                return [e.name for e in it if e.is_dir()]
+                return [e.name for e in it if e.is_dir(follow_symlinks=False)]
         except FileNotFoundError:
             return []
 

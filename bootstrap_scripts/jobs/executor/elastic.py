@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import time
 
+from bootstrap_scripts.jobs.engine.userfiles import as_user
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import STARTUP_LIVENESS_SECONDS, RunnerProbation
+from bootstrap_scripts.jobs.executor.share_command import job_owner
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Share, join_share
@@ -69,7 +71,12 @@ class ElasticJoins:
                 continue
             del self.waiting[job_id]
             assert spec.join_template is not None
-            rank = self.claim_rank(spec, paths, generation)
+            try:
+                with as_user(*job_owner(paths)):  # a claim in the user's directory
+                    rank = self.claim_rank(spec, paths, generation)
+            except OSError as exc:
+                LOG.error("job %s: cannot claim a rank, not joining it: %s", job_id, exc)
+                continue
             share = join_share(spec.join_template, rank, self.node.address)
             LOG.info("job %s: joining the elastic job as node rank %d (generation %d > %d)",
                      job_id, rank, generation, spec.generation)

@@ -8,8 +8,11 @@ machine differ only by their root directory.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
@@ -35,3 +38,12 @@ class ThisNode:
             return Membership.load(self.paths.membership)
         except (OSError, ValueError):
             return None
+
+    def user_checkpoints(self, uid: int, gid: int) -> Path | None:
+        """``checkpoints/<user>/`` of the job's owner (-1: root's own job), made by root in
+        its root-owned parent and handed to the user, 0700: no other user may plant a
+        checkpoint there. A non-root executor (a one-user development setup) leaves it to
+        the job (None)."""
+        if os.geteuid() != 0:
+            return None
+        return userfiles.user_dir(self.cluster.checkpoints_dir, max(uid, 0), max(gid, 0))

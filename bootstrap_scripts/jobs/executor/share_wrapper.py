@@ -1,6 +1,8 @@
 """The parent of one process of a job's share: runs it, and records how it ended.
 
-``python3 -I share_wrapper.py STATUS_FILE UID GID -- ARGV...`` (UID/GID -1: keep the wrapper's)
+``python3 -I share_wrapper.py STATUS_FILE UID GID CWD -- ARGV...`` (UID/GID -1: keep the
+wrapper's; CWD is entered after the switch to UID, so a user's working directory is
+reached with that user's rights, never root's)
 
 Why a wrapper: only a process's parent learns its exit status. When the job executor is
 killed (``kill -9``, OOM, a crash) and systemd starts it again, the share's processes live
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import resource
 import signal
 import sys
@@ -44,16 +47,28 @@ def write_status(path: str, returncode: int, pid: int) -> None:
     os.replace(tmp, path)
 
 
-def exec_child(argv: list[str], uid: int, gid: int) -> None:
-    """In the forked child: drop to the job's user, restore default signals, exec."""
+def drop_to(uid: int, gid: int) -> None:
+    """Become the job's user for good: its groups as a login gives them (none but ``gid``
+    when it has no name), then gid, then uid (real, effective and saved)."""
+    if gid >= 0:
+        try:
+            os.initgroups(pwd.getpwuid(uid).pw_name, gid)
+        except KeyError:
+            os.setgroups([])
+        os.setresgid(gid, gid, gid)
+    if uid >= 0:
+        os.setresuid(uid, uid, uid)
+
+
+def exec_child(argv: list[str], uid: int, gid: int, cwd: str) -> None:
+    """In the forked child: drop to the job's user, enter ``cwd`` as that user, restore
+    default signals, exec."""
     try:
         for sig in RESET_IN_CHILD + PASSED_ON:
             signal.signal(sig, signal.SIG_DFL)
-        if gid >= 0:
-            os.setgroups([])
-            os.setgid(gid)
-        if uid >= 0:
-            os.setuid(uid)
+        drop_to(uid, gid)
+        if cwd:
+            os.chdir(cwd)
         os.execvp(argv[0], argv)
     except OSError as exc:
         os.write(2, f"dl-executor: cannot start {argv[0]!r}: {exc}\n".encode())
@@ -74,15 +89,15 @@ def exit_like(status: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 6 or argv[4] != "--":
-        os.write(2, b"usage: share_wrapper.py STATUS_FILE UID GID -- ARGV...\n")
+    if len(argv) < 7 or argv[5] != "--":
+        os.write(2, b"usage: share_wrapper.py STATUS_FILE UID GID CWD -- ARGV...\n")
         os._exit(2)
-    status_path, uid, gid, command = argv[1], int(argv[2]), int(argv[3]), argv[5:]
+    status_path, uid, gid, cwd, command = argv[1], int(argv[2]), int(argv[3]), argv[4], argv[6:]
     for sig in PASSED_ON:
         signal.signal(sig, lambda *_: None)  # a handler, not SIG_IGN: exec resets it
     pid = os.fork()
     if pid == 0:
-        exec_child(command, uid, gid)
+        exec_child(command, uid, gid, cwd)
     # no core file of the wrapper when it re-raises the child's SIGSEGV (the child keeps
     # its own limit)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -24,11 +24,19 @@ import time
 from dataclasses import dataclass, field
 
 from bootstrap_scripts import procgroup
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
+from bootstrap_scripts.jobs.engine.userfiles import as_user
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import runner_beat
 from bootstrap_scripts.jobs.executor.reattach import LOST_RETURNCODE, AdoptedProcess, live_group
-from bootstrap_scripts.jobs.executor.share_command import job_owner, missing_command, wrapped
+from bootstrap_scripts.jobs.executor.share_command import (
+    job_owner,
+    job_writer,
+    missing_command,
+    usable_cwd,
+    wrapped,
+)
 from bootstrap_scripts.protocol import liveness, store
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.liveness import Sighting
@@ -76,6 +84,9 @@ class RunningShare:
     #: set when the node's machinery, not the job, ended the share (``ShareExit.fault``)
     fault: str = ""
     fault_reason: str = ""
+    #: the job's owner, whose rights every write into its directory uses (-1: ours)
+    uid: int = -1
+    gid: int = -1
 
     @property
     def token(self) -> str:
@@ -137,12 +148,18 @@ class Shares:
 
     def start(self, spec: JobSpec, share: Share, paths: JobPaths) -> bool:
         """Start every process of ``share`` in one new process group, acknowledge it in
-        ``nodes/<rank>.started``. False (and the exit recorded) if a process cannot start."""
-        paths.nodes.mkdir(parents=True, exist_ok=True)
-        cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else str(self.node.paths.root)
+        ``nodes/<rank>.started``. False (and the exit recorded) if a process cannot start;
+        False and nothing done if the job's spec is not safely its owner's (a link)."""
+        try:
+            uid, gid = job_owner(paths)
+            self.node.user_checkpoints(uid, gid)
+            with as_user(uid, gid):
+                paths.nodes.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            LOG.error("job %s: refusing to start it: %s", spec.job_id, exc)
+            return False
         started: list[RunningProc] = []
         pgid = 0
-        uid, gid = job_owner(paths)
         error = ""
         self.node.paths.share_status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for index, proc in enumerate(share.procs):
@@ -150,13 +167,21 @@ class Shares:
             status = self.node.paths.share_status(spec.job_id, share.rank, index)
             with contextlib.suppress(FileNotFoundError):
                 status.unlink()  # a stale one would end the share at once after a restart
-            with open(paths.log(share.rank, proc.label), "ab", buffering=0) as log:
-                error = missing_command(proc.argv[0], env, cwd)
+            log_path = paths.log(share.rank, proc.label)
+            try:
+                with as_user(uid, gid):  # the user's directory: the user's rights, no link
+                    cwd = usable_cwd(spec.cwd, str(self.node.paths.root))
+                    error = missing_command(proc.argv[0], env, cwd)
+                    log_fd = userfiles.open_append(log_path)
+            except OSError as exc:  # e.g. a link planted where the log goes
+                error = f"cannot open the share's log {log_path.name}: {exc}"
+                break
+            with os.fdopen(log_fd, "ab", buffering=0) as log:
                 try:
                     if error:
                         raise FileNotFoundError(error)
                     popen = subprocess.Popen(
-                        wrapped(proc.argv, status, uid, gid), cwd=cwd, env=env,
+                        wrapped(proc.argv, status, uid, gid, cwd), cwd="/", env=env,
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                         # One new group for the whole share, in the executor's session:
                         # a later process can join a group only within its own session
@@ -169,12 +194,13 @@ class Shares:
                     break
             pgid = pgid or popen.pid
             started.append(RunningProc(proc, popen))
-        running = RunningShare(spec, share, paths, pgid, started, time.time())
+        running = RunningShare(spec, share, paths, pgid, started, time.time(), uid=uid, gid=gid)
         try:
-            store.write_record(paths.started(share.rank), ShareStarted(
-                rank=share.rank, address=self.node.address, pgid=pgid,
-                pids=tuple(p.popen.pid for p in started), started_at=running.started_at,
-                hostname=socket.gethostname(), error=error))
+            with as_user(uid, gid):
+                store.write_record(paths.started(share.rank), ShareStarted(
+                    rank=share.rank, address=self.node.address, pgid=pgid,
+                    pids=tuple(p.popen.pid for p in started), started_at=running.started_at,
+                    hostname=socket.gethostname(), error=error))
         except OSError as exc:
             # Unacknowledged, the share would run unseen by its runner: stop it at once.
             self.stop_unrecorded(running, f"cannot record the start of the share: {exc}")
@@ -211,7 +237,8 @@ class Shares:
             reason=reason or r.cancel_reason,
             started_at=r.started_at, finished_at=time.time(), left_alive=left_alive,
             fault=fault)
-        store.write_record(r.paths.exit(r.share.rank), record)
+        with as_user(r.uid, r.gid):
+            store.write_record(r.paths.exit(r.share.rank), record)
         for index in range(len(r.share.procs)):
             with contextlib.suppress(OSError):
                 self.node.paths.share_status(r.spec.job_id, r.share.rank, index).unlink()
@@ -343,13 +370,14 @@ class Shares:
         (``.started`` without ``.exit``): its processes carry on, their exits are
         collected from their wrappers' status files (:mod:`reattach`)."""
         token = procgroup.share_token(spec.job_id, share.rank, self.node.address)
+        uid, gid = job_writer(paths)
         rec = store.read_record_or_none(paths.started(share.rank), ShareStarted)
         pids = rec.pids if rec else ()
         procs = [RunningProc(proc, AdoptedProcess(
                      pid, token, self.node.paths.share_status(spec.job_id, share.rank, index)))
                  for index, (proc, pid) in enumerate(zip(share.procs, pids, strict=False))]
         r = RunningShare(spec, share, paths, live_group(rec.pgid if rec else 0, token), procs,
-                         rec.started_at if rec else time.time())
+                         rec.started_at if rec else time.time(), uid=uid, gid=gid)
         if not procs:  # nothing to follow: the node lost the share, the job did not fail
             left = procgroup.sweep_share(r.pgid, token)
             self.finish(r, LOST_RETURNCODE, fault=FAULT_INFRASTRUCTURE, left_alive=len(left),

@@ -1,0 +1,186 @@
+"""How root-run node code (job executors, the job controller) touches a cluster user's files.
+
+A job's directory on EFS belongs to the user who created it: that user can replace any
+entry in it at any moment, by a symlink to a file they do not own (``/etc/shadow``,
+another user's spec) or by a directory of their making. Root follows links and passes
+every permission check, so every path root walks into there is the user's to steer.
+Three rules, applied here once:
+
+* **What root reads** to decide on the user's behalf (a job spec, a managed request) is
+  opened without following links (``O_NOFOLLOW``, relative to a directory descriptor also
+  opened ``O_NOFOLLOW``), and its owner is taken from ``fstat`` of the descriptor actually
+  read, never from a ``stat()`` of the name: the file must be a regular file owned by the
+  owner of its directory, and that owner is the user the job runs as.
+* **What root writes** there (logs, records, the runner's log, its mode) is written with
+  the user's identity (:func:`as_user`): the kernel then checks the user's rights and a
+  planted link leads only where the user could write anyway.
+* **What root creates for a user** (their checkpoint directory) is made in a root-owned
+  parent, re-opened ``O_NOFOLLOW`` and handed over with ``fchown`` (:func:`user_dir`).
+
+:func:`as_user` switches the *effective* ids of this process and back (the real and saved
+ids stay root, so the user's processes can neither signal nor trace it meanwhile): the
+executor and the controller are single-threaded, so nothing else runs with those ids, and
+a switch costs two system calls where a child process would cost a fork per record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import pwd
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+#: the flags every open of a user's entry carries: never follow a link, never block on a FIFO
+NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: the longest file root reads on a user's behalf (a spec of 10,000 nodes is far below)
+MAX_READ_BYTES = 64 * 1024 * 1024
+
+
+class UnsafeUserFile(OSError):
+    """A user's entry root will not use: a link, not a regular file, or another owner's."""
+
+
+@dataclass(frozen=True)
+class Owned:
+    """What was read from a user's file, and whose it is (from ``fstat`` of that read)."""
+
+    text: str
+    uid: int
+    gid: int
+
+
+def open_dir(path: Path) -> int:
+    """A descriptor of directory ``path``, refusing a symlink in its last component."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise UnsafeUserFile(exc.errno, f"{path} is a symbolic link: refusing it") from None
+        raise
+
+
+def owner_of_dir(path: Path) -> tuple[int, int]:
+    """(uid, gid) of directory ``path`` itself, a link refused."""
+    fd = open_dir(path)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st.st_uid, st.st_gid
+
+
+def read_owned(directory: Path, name: str) -> Owned:
+    """``directory/name`` as its directory's owner published it: a regular file (no link)
+    owned by the owner of ``directory`` (no link either). UnsafeUserFile otherwise;
+    FileNotFoundError when there is no such entry yet."""
+    if os.sep in name or name in ("", ".", ".."):
+        raise UnsafeUserFile(0, f"not a plain file name: {name!r}")
+    dfd = open_dir(directory)
+    try:
+        dst = os.fstat(dfd)
+        try:
+            fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # the name is a symlink
+                raise UnsafeUserFile(exc.errno, f"{directory / name} is a symbolic link: "
+                                                "refusing it") from None
+            raise
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafeUserFile(0, f"{directory / name} is not a regular file")
+            if st.st_uid != dst.st_uid:
+                raise UnsafeUserFile(0, f"{directory / name} belongs to uid {st.st_uid} but "
+                                        f"its directory to uid {dst.st_uid}: refusing it")
+            data = fh.read(MAX_READ_BYTES + 1)
+    finally:
+        os.close(dfd)
+    if len(data) > MAX_READ_BYTES:
+        raise UnsafeUserFile(0, f"{directory / name} is larger than {MAX_READ_BYTES} bytes")
+    return Owned(data.decode(), st.st_uid, st.st_gid)
+
+
+def groups_of(uid: int, gid: int) -> list[int]:
+    """The user's supplementary groups (as a login gives them), ``[gid]`` if unknown."""
+    try:
+        return os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except KeyError:
+        return [gid]
+
+
+@contextlib.contextmanager
+def as_user(uid: int, gid: int) -> Iterator[None]:
+    """Run the body with effective ids ``uid``/``gid`` and the user's groups (root only;
+    a negative uid, or a process that is not root, or root's own jobs: unchanged)."""
+    if uid < 0 or os.geteuid() != 0 or uid == 0:
+        yield
+        return
+    saved_groups = os.getgroups()
+    os.setgroups(groups_of(uid, gid))
+    os.setresgid(-1, gid, -1)
+    os.setresuid(-1, uid, -1)
+    try:
+        yield
+    finally:
+        os.setresuid(-1, 0, -1)
+        os.setresgid(-1, 0, -1)
+        os.setgroups(saved_groups)
+
+
+@contextlib.contextmanager
+def as_owner_of(directory: Path) -> Iterator[None]:
+    """:func:`as_user` for the owner of ``directory`` (``fstat``, the directory not a
+    link): how root writes a marker in a job directory it knows only by its path."""
+    uid, gid = owner_of_dir(directory)
+    with as_user(uid, gid):
+        yield
+
+
+def open_append(path: Path, mode: int = 0o644) -> int:
+    """A descriptor appending to ``path`` (created with ``mode``), the last component never
+    a link; call it under :func:`as_user` when ``path`` is a user's."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode)
+    os.fchmod(fd, mode)
+    return fd
+
+
+def user_dir(parent: Path, uid: int, gid: int, mode: int = 0o700) -> Path:
+    """``parent/<user name>``, the user's own directory in the root-owned ``parent``: made
+    by root if missing, handed to the user, never a link, never someone else's."""
+    name = user_name(uid)
+    pfd = open_dir(parent)
+    try:
+        pst = os.fstat(pfd)
+        if pst.st_uid != os.geteuid() or pst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UnsafeUserFile(0, f"{parent} must belong to uid {os.geteuid()} and be "
+                                    f"writable by nobody else (mode {pst.st_mode & 0o7777:o})")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, mode, dir_fd=pfd)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=pfd)
+    finally:
+        os.close(pfd)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != uid:
+            if st.st_uid != os.geteuid():
+                raise UnsafeUserFile(0, f"{parent / name} belongs to uid {st.st_uid}, "
+                                        f"not {uid}: refusing it")
+            os.fchown(fd, uid, gid)
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    return parent / name
+
+
+def user_name(uid: int) -> str:
+    """The name of ``uid`` (its directory's name), the number when it has none."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

@@ -70,8 +70,9 @@ def test_cdk_nag_is_live_and_acknowledgements_are_exactly_what_clears_it(tmp_pat
     for rule in found:
         bare = rule.removeprefix("Annotation::").split("[")[0]
         assert bare in text, f"unexpected finding {rule}"
-    # 6, plus the operator policy's instance/* (tag-conditioned) and own-session wildcards
-    assert len(found) <= 9, sorted(found)
+    # 6, plus the operator policy's instance/* (tag-conditioned) and own-session wildcards,
+    # plus the checkpoint prefix's objects (constructs_lib/training_data.py)
+    assert len(found) <= 10, sorted(found)
 
 
 def test_every_acknowledgement_has_a_reason_and_lives_in_one_file() -> None:

@@ -135,3 +135,21 @@ def test_a_node_without_a_result_line_fails_the_staging(tmp_path) -> None:
     paths.log(1).write_text(paths.log(0).read_text())
     assert [n.directory for n in staging.report(request, membership(), paths, 1.0).nodes] == [
         "/d", "/d"]
+
+
+def test_cancelling_the_job_while_it_stages_cancels_the_staging(tmp_path) -> None:
+    import time
+
+    from bootstrap_scripts.protocol.paths import ClusterPaths
+
+    job, stage = ClusterPaths(tmp_path).job("j"), ClusterPaths(tmp_path).job("j.stage")
+    stage.dir.mkdir(parents=True)
+    with staging.cancel_forwarded(job, stage, poll=0.05):
+        time.sleep(0.2)
+        assert not stage.cancel.exists()
+        job.dir.mkdir()
+        job.cancel.write_text("cancelled by the job controller\n")  # what the controller does
+        deadline = time.monotonic() + 5
+        while not stage.cancel.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert stage.cancel.read_text() == "cancelled by the job controller\n"

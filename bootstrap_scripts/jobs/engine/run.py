@@ -125,7 +125,9 @@ def stage_data(request: RunRequest, m: Membership, efs: Path
     stage = staging.stage_request(request, m)
     say(f"staging {request.data} on every node ({stage.job_id})")
     started = time.monotonic()
-    verdict = run(stage, m, efs)
+    with staging.cancel_forwarded(ClusterPaths(efs).job(request.job_id),
+                                  ClusterPaths(efs).job(stage.job_id)):
+        verdict = run(stage, m, efs)
     if verdict.status != "succeeded":
         say(f"job {request.job_id} not started: staging {request.data} {verdict.status}")
         return None, verdict

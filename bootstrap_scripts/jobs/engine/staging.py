@@ -18,6 +18,8 @@ import contextlib
 import json
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +27,7 @@ import bootstrap_scripts
 from bootstrap_scripts.data.plan import RESULT_MARKER
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
+from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import Proc, RunRequest, StagedNode, StagingReport
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import JobPaths
@@ -123,3 +126,26 @@ def announce(staged: StagingReport) -> None:
     say(f"data {staged.source} staged on {len(staged.nodes)} node(s) in {staged.seconds:.1f} s "
         f"({total / 1e9:.2f} GB copied; " + ", ".join(
             f"rank {n.rank}: {n.gbps:.2f} GB/s" for n in staged.nodes) + ")")
+
+
+@contextlib.contextmanager
+def cancel_forwarded(job: JobPaths, stage: JobPaths, poll: float = 0.5) -> Iterator[None]:
+    """While the staging runs: a cancel of the job (the job controller writes the job's
+    ``cancel`` marker, ``dl-jobs cancel``) cancels the staging job too."""
+    done = threading.Event()
+
+    def forward() -> None:
+        while not done.wait(poll):
+            if store.exists(job.cancel):
+                with contextlib.suppress(OSError):
+                    store.atomic_write(stage.cancel, store.read_text(job.cancel) or
+                                       "the job was cancelled while staging its data\n")
+                return
+
+    thread = threading.Thread(target=forward, daemon=True, name="stage-cancel")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)

@@ -317,10 +317,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    count = max(1, args.shard_count)
     try:
-        rank = int(os.environ.get("DL_NODE_RANK", "0"))
+        # the node's rank matters only when the objects are shared out among the nodes
+        rank = int(os.environ.get("DL_NODE_RANK", "0")) if count > 1 else 0
         stage(args.source, root=os.environ.get("DL_ROOT") or "/", rank=rank,
-              shard_count=max(1, args.shard_count), concurrency=max(1, args.concurrency))
+              shard_count=count, concurrency=max(1, args.concurrency))
     except StageError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -154,12 +154,27 @@ def test_a_denied_prefix_fails_naming_the_prefix_and_the_cause(s3env, moto_auth)
     assert run_stage(s3env, "s3://training-data/allowed", client=moto_auth)["copied"] == 1
 
 
-def stage_process(env: S3Env, source: str, concurrency: int = 1) -> subprocess.Popen:
+def stage_process(env: S3Env, source: str, *args: str, rank: int = 0) -> subprocess.Popen:
+    """The stager as every node's executor starts it (its rank in ``DL_NODE_RANK``)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "bootstrap_scripts.data.stage", source,
-         "--concurrency", str(concurrency)], cwd=REPO_ROOT,
-        env={**os.environ, "DL_ROOT": str(env.root), "AWS_ENDPOINT_URL": env.endpoint},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        [sys.executable, "-m", "bootstrap_scripts.data.stage", source, *args], cwd=REPO_ROOT,
+        env={**os.environ, "DL_ROOT": str(env.root), "AWS_ENDPOINT_URL": env.endpoint,
+             "DL_NODE_RANK": str(rank)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_every_node_stages_everything_unless_sharded(s3env, tmp_path) -> None:
+    """Node rank 1 of 2 (what the executor says) stages the whole prefix without
+    --shard-count, and its half with --shard-count 2."""
+    for i in range(4):
+        s3env.put(f"ds/{i}.bin", b"x")
+    for args, expected in (((), 4), (("--shard-count", "2"), 2)):
+        out = tmp_path / f"out{len(args)}"
+        proc = stage_process(s3env, f"s3://training-data/ds:{out}", *args, rank=1)
+        text, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, text
+        assert len(staged_files(out)) == expected, text
+        assert f'"objects": {expected}' in text
 
 
 def test_a_killed_copy_resumes_without_copying_what_it_completed(s3env, tmp_path) -> None:
@@ -167,7 +182,7 @@ def test_a_killed_copy_resumes_without_copying_what_it_completed(s3env, tmp_path
     for key, body in bodies.items():
         s3env.put(key, body)
     out = tmp_path / "out"
-    proc = stage_process(s3env, f"s3://training-data/big:{out}")
+    proc = stage_process(s3env, f"s3://training-data/big:{out}", "--concurrency", "1")
     journal = out / ".dl-stage/journal"
     try:
         deadline = time.monotonic() + 60

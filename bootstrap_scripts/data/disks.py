@@ -25,7 +25,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap_scripts.data.plan import StageError
+from bootstrap_scripts.data.plan import StageError, size_text
 
 INSTANCE_STORE_MODEL = "Amazon EC2 NVMe Instance Storage"
 ROOT_VOLUME_DIR = "var/tmp"
@@ -116,14 +116,6 @@ def make_own_dir(dest: Path) -> None:
                     or st.st_uid != os.geteuid():
                 raise StageError(f"{parent} is not a directory of this user "
                                  f"(uid {os.geteuid()}): refusing to stage into it")
-
-
-def size_text(n: float) -> str:
-    """``1.5 GB``, ``12.0 MB``, ``800 B``: sizes in messages."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def check_space(dest: Path, needed: int, count: int) -> None:

@@ -46,6 +46,14 @@ class Plan:
         return sum(o.size for o in self.fetch)
 
 
+def size_text(n: float) -> str:
+    """``1.5 GB``, ``12.0 MB``, ``800 B``: sizes in messages."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
 def parse_source(text: str) -> DataSource:
     try:
         return parse_data_source(text)

@@ -50,6 +50,7 @@ from bootstrap_scripts.data.plan import (
     StageError,
     parse_source,
     plan_copy,
+    size_text,
 )
 
 #: Objects (and ranges of large objects) transferred at once.
@@ -282,8 +283,8 @@ def stage(source_text: str, *, root: str, rank: int, shard_count: int,
     if not plan.wanted:
         raise StageError(f"{source.url}: no objects to stage"
                          + (f" for shard {rank} of {shard_count}" if shard_count > 1 else ""))
-    say(f"{source.url} -> {dest}: {len(plan.wanted)} object(s), {plan.total_bytes / 1e9:.2f} "
-        f"GB; {len(plan.fetch)} to copy ({plan.fetch_bytes / 1e9:.2f} GB), "
+    say(f"{source.url} -> {dest}: {len(plan.wanted)} object(s), {size_text(plan.total_bytes)}; "
+        f"{len(plan.fetch)} to copy ({size_text(plan.fetch_bytes)}), "
         f"{len(plan.wanted) - len(plan.fetch)} already here")
     if plan.fetch:
         state.incomplete()
@@ -300,7 +301,7 @@ def stage(source_text: str, *, root: str, rank: int, shard_count: int,
               "gbps": round(plan.fetch_bytes / max(seconds, 1e-9) / 1e9, 4),
               "shard": f"{rank}/{shard_count}" if shard_count > 1 else ""}
     say(f"staged {result['objects']} object(s) in {dest}: copied {result['copied']} "
-        f"({plan.fetch_bytes / 1e9:.2f} GB) in {seconds:.1f} s, {result['gbps']:.2f} GB/s")
+        f"({size_text(plan.fetch_bytes)}) in {seconds:.1f} s, {result['gbps']:.3f} GB/s")
     print(f"{RESULT_MARKER} {json.dumps(result, sort_keys=True)}", flush=True)
     return result
 

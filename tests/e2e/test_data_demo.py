@@ -44,6 +44,8 @@ def test_demo_stages_the_dataset_from_s3_on_every_node_and_trains_from_it(tmp_pa
         logs = "".join(p.read_text() for p in cluster.job(attempt.name).nodes.glob(
             f"{node.rank}*.log"))
         assert f"data: {local}/digits.npz (1797 samples)" in logs
-    assert "staged on 2 node(s)" in out
+    runner = (tmp_path / "work" / "logs" / "dl-run-1.log").read_text()
+    assert "data s3://dl-demo-datasets/digits/ staged on 2 node(s)" in runner
+    assert out.count("its ranks trained from it") == 2, out  # the demo's own check, per node
     assert report["final_acc"] >= 0.85
     assert_nothing_left(tmp_path, report)

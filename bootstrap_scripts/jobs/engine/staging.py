@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import bootstrap_scripts
-from bootstrap_scripts.data.plan import RESULT_MARKER
+from bootstrap_scripts.data.plan import RESULT_MARKER, size_text
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
 from bootstrap_scripts.protocol import store
@@ -124,7 +124,7 @@ def with_data_dir(plan: LaunchPlan, staged: StagingReport, request: RunRequest
 def announce(staged: StagingReport) -> None:
     total = sum(n.copied_bytes for n in staged.nodes)
     say(f"data {staged.source} staged on {len(staged.nodes)} node(s) in {staged.seconds:.1f} s "
-        f"({total / 1e9:.2f} GB copied; " + ", ".join(
+        f"({size_text(total)} copied; " + ", ".join(
             f"rank {n.rank}: {n.gbps:.2f} GB/s" for n in staged.nodes) + ")")
 
 

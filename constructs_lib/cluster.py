@@ -10,6 +10,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
@@ -37,6 +38,7 @@ from constructs_lib.shared_storage import (
     NFS_RULE_DESCRIPTION,
     SharedFileSystem,
 )
+from constructs_lib.training_data import TrainingData
 from constructs_lib.user_data import node_user_data
 from constructs_lib.workdir_staging import WorkdirStaging
 
@@ -103,6 +105,9 @@ class DeepLearningCluster(Construct):
         spot_workers: int = DEFAULT_SPOT_WORKERS,
         data_prep_script: str | None = None,
         max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
+        data_bucket: s3.IBucket | None = None,
+        data_prefix: str = "",
+        checkpoint_bucket: s3.IBucket | None = None,
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -188,6 +193,15 @@ class DeepLearningCluster(Construct):
             many instances marked Unhealthy (and replaced by Auto Scaling) in any hour; past
             it a node fault is recorded in the job's record and nobody is replaced.
             :default: 3
+        :param data_bucket: an existing bucket with the training data; the nodes may list and
+            read ``data_prefix`` of it (``dl-run --data`` stages it to local disk).
+            :default: none (no data-bucket permission)
+        :param data_prefix: the part of ``data_bucket`` the nodes may read.
+            :default: ``""`` (the whole bucket)
+        :param checkpoint_bucket: an existing bucket for checkpoints; the nodes may read and
+            write ``checkpoints/<cluster_id>/`` of it.
+            :default: a new versioned, KMS-encrypted, TLS-only, private bucket, RETAINed on
+                stack deletion (``TrainingData``)
         """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
@@ -273,6 +287,12 @@ class DeepLearningCluster(Construct):
             )
             file_system = self.storage.file_system
         self.file_system: efs.IFileSystem = file_system
+
+        # Data and checkpoints in S3 (the VPC's S3 gateway endpoint keeps that traffic off
+        # the NAT: ClusterNetwork).
+        self.training_data = TrainingData(
+            self, "TrainingData", cluster_id=self.cluster_id, data_bucket=data_bucket,
+            data_prefix=data_prefix, checkpoint_bucket=checkpoint_bucket)
 
         self.queues = MetadataQueues(self, "MetadataQueues")
         self.master_queue = self.queues.master_queue
@@ -404,6 +424,8 @@ class DeepLearningCluster(Construct):
         for group in (self.master_group, self.worker_group):
             grant_node_access(group.role, node_scripts=self.node_scripts,
                               file_system=self.file_system)
+            self.training_data.grant_data_read(group.role)
+            self.training_data.grant_checkpoint_read_write(group.role)
             # The subscription must exist before the first launch notification is sent, and
             # nodes boot only once EFS has a mount target to mount.
             group.auto_scaling_group.node.add_dependency(

@@ -169,6 +169,15 @@ class ClusterSettings:
         "capacityBlockId", None, "launch every node into this Capacity Block for ML; needs "
         "`availabilityZones`, the block's zone first", validation.capacity_reservation_id,
         accepts="`cr-` + 17 hex digits")
+    data_bucket: str | None = setting(
+        "dataBucket", None, "an existing S3 bucket with the training data: the nodes may list "
+        "and read it (`dataPrefix` of it) and nothing more, and `dl-run --data s3://…` stages "
+        "it to each node's local disk (\"Data in S3\")", validation.bucket_name,
+        accepts="a bucket name")
+    data_prefix: str = setting(
+        "dataPrefix", "", "with `dataBucket`: the key prefix the nodes may read (a trailing "
+        "`/` is added)", validation.key_prefix, default_doc="the whole bucket",
+        accepts="a key prefix such as `datasets/imagenet/`")
 
 
 #: The construct defaults that come from this description (``DeepLearningCluster``'s props).

@@ -105,6 +105,24 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
     _ack(cluster.master_group.role, staged,
          "The master fetches the staged directory a submit names (keys are random, made "
          "by dlc); only s3:GetObject under workdirs/ of the cluster's own staging bucket.")
+    acknowledge_training_data(cluster)
+
+
+def acknowledge_training_data(cluster: DeepLearningCluster) -> None:
+    """The object wildcards of the data and checkpoint grants (constructs_lib/
+    training_data.py): a prefix's objects have names the jobs choose."""
+    data = cluster.training_data
+    for group in (cluster.master_group, cluster.worker_group):
+        _ack(group.role, f"AwsSolutions-IAM5[Resource::"
+             f"{_bucket_arn(data.checkpoint_bucket)}/{data.checkpoint_prefix}*]",
+             "Checkpoints have names the jobs choose (step numbers, ranks); reads and writes "
+             "are limited to this cluster's prefix checkpoints/<cluster-id>/ of the "
+             "checkpoint bucket, with no delete.")
+        if data.data_bucket is not None:
+            _ack(group.role, f"AwsSolutions-IAM5[Resource::"
+                 f"{_bucket_arn(data.data_bucket)}/{data.data_prefix}*]",
+                 "A dataset is many objects whose names the user chooses; s3:GetObject only, "
+                 "limited to the dataBucket's dataPrefix (dl-run --data stages it).")
 
 
 def acknowledge_custom_resource_provider(scope: IConstruct) -> None:
@@ -190,6 +208,17 @@ def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:
              "No SSH key pair and no Kerberos on purpose: people reach the nodes through SSM "
              "Session Manager (IAM-authenticated and logged) and submit training as EMR "
              "steps (dl-submit), so there is no password or key to manage.")
+
+
+def _bucket_arn(bucket: IConstruct) -> str:
+    """A bucket's ARN as cdk-nag prints it: ``<LogicalId.Arn>`` for one of the stack's,
+    ``arn:<AWS::Partition>:s3:::name`` for one imported by name."""
+    from aws_cdk import Token
+
+    name = bucket.bucket_name  # type: ignore[attr-defined]
+    if Token.is_unresolved(name):
+        return f"<{_logical_id(bucket)}.Arn>"
+    return f"arn:<AWS::Partition>:s3:::{name}"
 
 
 def _logical_id(construct: IConstruct) -> str:

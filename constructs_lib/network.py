@@ -47,6 +47,7 @@ class ClusterNetwork(Construct):
         nat_gateways: int = DEFAULT_NAT_GATEWAYS,
         flow_log_retention: logs.RetentionDays = DEFAULT_FLOW_LOG_RETENTION,
         availability_zones: Sequence[str] | None = None,
+        s3_gateway_endpoint: bool = True,
     ) -> None:
         """
         :param vpc: an existing VPC to use; the other props then do not apply.
@@ -62,8 +63,15 @@ class ClusterNetwork(Construct):
         :param availability_zones: the new VPC's zones by name (at least 2), instead of
             ``max_azs`` (e.g. to include the zone of a Capacity Reservation).
             :default: the region's first ``max_azs`` zones
+        :param s3_gateway_endpoint: give the new VPC an S3 gateway endpoint (routes in every
+            subnet's route table), so datasets and checkpoints reach S3 without crossing the
+            NAT gateway (no NAT data-processing charge, no NAT bandwidth limit). Gateway
+            endpoints cost nothing (https://docs.aws.amazon.com/vpc/latest/privatelink/
+            vpc-endpoints-s3.html). An existing ``vpc`` is left as it is.
+            :default: True
         """
         super().__init__(scope, construct_id)
+        self.s3_endpoint: ec2.GatewayVpcEndpoint | None = None
         if vpc is not None:
             self.vpc: ec2.IVpc = vpc
             self.flow_log_group: logs.ILogGroup | None = None
@@ -107,6 +115,9 @@ class ClusterNetwork(Construct):
                 )
             },
         )
+        if s3_gateway_endpoint:
+            self.s3_endpoint = self.vpc.add_gateway_endpoint(
+                "S3Endpoint", service=ec2.GatewayVpcEndpointAwsService.S3)
 
 
 def flow_log_key(scope: Construct) -> kms.Key:

@@ -321,3 +321,35 @@ def resource_group_arn(name: str, value: object) -> str:
         raise ConfigError(f"{name} must be a resource group ARN like arn:aws:resource-groups:"
                           f"us-east-1:123456789012:group/my-reservations, got {value!r}")
     return value
+
+
+# -- S3: bucket names and key prefixes (data and checkpoints, constructs_lib/training_data.py) --
+
+#: S3's general purpose bucket naming rules: 3-63 characters, lowercase letters, digits, dots
+#: and hyphens, starting and ending with a letter or digit, not an IP address
+#: (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def bucket_name(name: str, value: object) -> str:
+    """An existing general purpose S3 bucket's name (S3's naming rules, above)."""
+    if isinstance(value, str) and Token.is_unresolved(value):
+        return value
+    if (not isinstance(value, str) or not _BUCKET_NAME.match(value) or ".." in value
+            or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", value)):
+        raise ConfigError(
+            f"{name} must be an S3 bucket name (3-63 lowercase letters, digits, dots and "
+            f"hyphens, starting and ending with a letter or digit), got {value!r}")
+    return value
+
+
+def key_prefix(name: str, value: object) -> str:
+    """A key prefix inside a bucket: "" (the whole bucket) or ``a/b/`` (a trailing ``/`` is
+    added: ``data`` must not also grant ``data-private/``). No leading ``/``, no ``*`` (it
+    would widen the IAM resource), no ``..`` component, one line."""
+    if not isinstance(value, str) or any(c in value for c in "*?\n\r\x00") \
+            or value.startswith("/") or ".." in value.split("/") or len(value) > 512:
+        raise ConfigError(
+            f"{name} must be a key prefix such as datasets/imagenet/ (no leading '/', no "
+            f"'*' or '?', no '..'), got {value!r}")
+    return value if not value or value.endswith("/") else value + "/"

@@ -20,6 +20,7 @@ from dlc.target import Target
 MASTER_GROUP_OUTPUT = "MasterGroupName"
 WORKER_GROUP_OUTPUT = "WorkerGroupName"
 FILE_SYSTEM_OUTPUT = "FileSystemId"
+CHECKPOINT_BUCKET_OUTPUT = "CheckpointBucketName"
 CLUSTER_TAG_KEY = "dl-cluster:id"
 #: The resource type of the cluster's Command document (constructs_lib/operator_document.py).
 DOCUMENT_TYPE = "AWS::SSM::Document"
@@ -290,3 +291,28 @@ def delete_file_system(target: Target, file_system_id: str, *, timeout: float = 
         time.sleep(5)
     call(f"DeleteFileSystem {file_system_id}", efs.delete_file_system,
          FileSystemId=file_system_id)
+
+
+def delete_bucket(target: Target, bucket: str) -> int:
+    """Empty a (versioned) bucket, every version and delete marker, then delete it; the
+    number of versions deleted. S3 deletes only an empty bucket:
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/delete-bucket.html"""
+    s3 = target.client("s3")
+    deleted = 0
+    pages = s3.get_paginator("list_object_versions").paginate(Bucket=bucket)
+    for page in call(f"ListObjectVersions {bucket}", list, pages):
+        batch = [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                 for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+        for i in range(0, len(batch), 1000):  # DeleteObjects takes at most 1000 keys
+            call(f"DeleteObjects {bucket}", s3.delete_objects, Bucket=bucket,
+                 Delete={"Objects": batch[i:i + 1000], "Quiet": True})
+        deleted += len(batch)
+    call(f"DeleteBucket {bucket}", s3.delete_bucket, Bucket=bucket)
+    return deleted
+
+
+def schedule_key_deletion(target: Target, key_id: str, days: int = 7) -> None:
+    """KMS deletes a key only after a waiting period (7 to 30 days), cancellable meanwhile."""
+    kms = target.client("kms")
+    call(f"ScheduleKeyDeletion {key_id}", kms.schedule_key_deletion, KeyId=key_id,
+         PendingWindowInDays=days)

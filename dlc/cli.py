@@ -74,11 +74,13 @@ def up(ctx, contexts, wait, timeout) -> None:
 
 @cli.command()
 @click.option("--delete-data", is_flag=True,
-              help="also delete the EFS file system the stack created (RETAINed otherwise)")
+              help="also delete the EFS file system and the checkpoint bucket the stack created "
+                   "(RETAINed otherwise), and schedule the bucket's KMS key for deletion")
 @click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True)
 @click.pass_context
 def down(ctx, delete_data, timeout) -> None:
-    """Destroy the stack; the shared file system is kept unless --delete-data."""
+    """Destroy the stack; the shared file system and checkpoint bucket are kept unless
+    --delete-data."""
     deploy.down(target_of(ctx), click.echo, delete_data=delete_data, timeout=timeout)
 
 

@@ -8,8 +8,10 @@ InService, then the membership forming (``dl-health --json`` on the master). The
 own output goes to a log file, named on failure with its last lines.
 
 ``down`` deletes the stack. The shared file system is RETAINed by the stack (your data
-outlives it); ``--delete-data`` deletes it afterwards, but only a file system this stack
-created (never one it was given with ``efsFileSystemId``).
+outlives it), and so are the checkpoint bucket and its KMS key; ``--delete-data`` deletes
+the file system and the checkpoint bucket (every version) afterwards and schedules the key's
+deletion, but only what this stack created (never a file system it was given with
+``efsFileSystemId``). The checkpoint bucket's access logs are kept (an audit trail).
 """
 
 from __future__ import annotations
@@ -224,6 +226,39 @@ def wait_membership(target: Target, stack: aws.Stack, echo: Echo, deadline: floa
         time.sleep(POLL)
 
 
+def checkpoint_storage(target: Target, stack) -> tuple[str, str]:
+    """(bucket, key id) of the checkpoint bucket and key this stack created ("" if not)."""
+    bucket = stack.outputs.get(aws.CHECKPOINT_BUCKET_OUTPUT, "")
+    owned_bucket = key = ""
+    for r in aws.stack_resources(target):
+        if r.get("ResourceType") == "AWS::S3::Bucket" and r.get("PhysicalResourceId") == bucket:
+            owned_bucket = bucket
+        if r.get("ResourceType") == "AWS::KMS::Key" and "CheckpointKey" in r.get(
+                "LogicalResourceId", ""):
+            key = r.get("PhysicalResourceId", "")
+    return owned_bucket, key
+
+
+def checkpoint_bucket_down(target: Target, echo: Echo, retained: tuple[str, str],
+                           delete_data: bool) -> dict:
+    """After the stack is gone: keep the checkpoint bucket, or (``--delete-data``) empty
+    and delete it and schedule its key's deletion."""
+    bucket, key = retained
+    if not bucket:
+        return {"checkpoint_bucket": None, "checkpoint_bucket_deleted": False}
+    if not delete_data:
+        echo(f"kept checkpoint bucket {bucket} (the stack RETAINs it, and its KMS key); "
+             f"dlc down --delete-data next time deletes both")
+        return {"checkpoint_bucket": bucket, "checkpoint_bucket_deleted": False}
+    versions = aws.delete_bucket(target, bucket)
+    echo(f"deleted checkpoint bucket {bucket} ({versions} object version(s), --delete-data)")
+    if key:
+        aws.schedule_key_deletion(target, key)
+        echo(f"scheduled KMS key {key} for deletion in 7 days (cancel with aws kms "
+             f"cancel-key-deletion --key-id {key})")
+    return {"checkpoint_bucket": bucket, "checkpoint_bucket_deleted": True}
+
+
 def down(target: Target, echo: Echo, *, delete_data: bool = False,
          timeout: float = 1800) -> dict:
     """Destroy the stack; keep (or with ``delete_data`` delete) its file system."""
@@ -231,6 +266,7 @@ def down(target: Target, echo: Echo, *, delete_data: bool = False,
     fs = stack.outputs.get(aws.FILE_SYSTEM_OUTPUT, "")
     owned = any(r.get("ResourceType") == "AWS::EFS::FileSystem"
                 and r.get("PhysicalResourceId") == fs for r in aws.stack_resources(target))
+    retained = checkpoint_storage(target, stack)
     seen = {e["EventId"] for e in aws.stack_events(target, stack.stack_id)}
     events = EventPrinter(target, echo, seen)
     events.stack_id = stack.stack_id or stack.name
@@ -242,6 +278,7 @@ def down(target: Target, echo: Echo, *, delete_data: bool = False,
     result = {"stack": stack.name, "deleted": True, "file_system": fs or None,
               "file_system_deleted": False}
     echo(f"stack {stack.name} deleted")
+    result.update(checkpoint_bucket_down(target, echo, retained, delete_data))
     if not fs:
         return result
     if not delete_data:

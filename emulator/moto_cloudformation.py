@@ -33,6 +33,11 @@ Each gap is filled inside the emulator's moto server process, never by changing 
   the added resources are put in that order (:func:`dependency_order`).
 - moto cannot delete a template's route tables and NAT gateway, so they are deleted with the
   stack's VPC (CloudFormation deletes them before it on AWS).
+- ``AWS::S3::Bucket``'s ``VersioningConfiguration`` and ``PublicAccessBlockConfiguration``
+  (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-s3-bucket.html):
+  moto's CloudFormation applies only the encryption and tags, so a bucket the template makes
+  versioned keeps one version per key; the emulator applies both through moto's own S3
+  backend (PutBucketVersioning, PutPublicAccessBlock) after moto created the bucket.
 """
 
 from __future__ import annotations
@@ -199,6 +204,28 @@ def _wrap_resource_diff(original: Any) -> Any:
     return build_resource_diff
 
 
+def _wrap_bucket_create(original: Any) -> Any:
+    def create_from_cloudformation_json(cls: Any, resource_name: str, cloudformation_json: Any,
+                                        account_id: str, region_name: str, **kwargs: Any) -> Any:
+        from moto.s3.models import s3_backends
+        from moto.utilities.utils import get_partition
+
+        bucket = original.__func__(cls, resource_name, cloudformation_json, account_id,
+                                   region_name, **kwargs)
+        props = cloudformation_json.get("Properties", {})
+        backend = s3_backends[account_id][get_partition(region_name)]
+        status = (props.get("VersioningConfiguration") or {}).get("Status")
+        if status:
+            backend.put_bucket_versioning(bucket.name, status)
+        block = props.get("PublicAccessBlockConfiguration")
+        if block:
+            backend.put_public_access_block(bucket.name, {
+                k: str(v).lower() == "true" for k, v in block.items()})
+        return bucket
+
+    return classmethod(create_from_cloudformation_json)
+
+
 def install() -> None:
     """Patch moto's CloudFormation-side models in this process (idempotent through the
     caller, ``moto_extensions.install``)."""
@@ -206,6 +233,7 @@ def install() -> None:
     from moto.cloudformation.parsing import ResourceMap
     from moto.ec2.models.vpcs import VPC
     from moto.efs.models import FileSystem
+    from moto.s3.models import FakeBucket
 
     FileSystem.get_cfn_attribute = _efs_get_cfn_attribute  # type: ignore[method-assign]
     FileSystem.has_cfn_attr = classmethod(  # type: ignore[method-assign,assignment]
@@ -218,4 +246,8 @@ def install() -> None:
         CloudFormationBackend.delete_stack)
     VPC.delete_from_cloudformation_json = _wrap_vpc_delete(  # type: ignore[method-assign]
         VPC.delete_from_cloudformation_json)
+    if not getattr(FakeBucket.create_from_cloudformation_json, "_dl_wrapped", False):
+        wrapped = _wrap_bucket_create(FakeBucket.create_from_cloudformation_json)
+        wrapped.__func__._dl_wrapped = True  # type: ignore[attr-defined]
+        FakeBucket.create_from_cloudformation_json = wrapped  # type: ignore[method-assign]
     _event_invoke_config_model()  # a CloudFormationModel subclass: moto's model list finds it

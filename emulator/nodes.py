@@ -284,6 +284,11 @@ class Node:
         hosts = self.root / "etc/hosts"
         if not hosts.exists():
             hosts.write_text("127.0.0.1 localhost\n")
+        # The AMI's /var/tmp (sticky, writable by every user): the root volume's place for
+        # data staged by dl-run --data when the instance has no instance store.
+        tmp = self.root / "var/tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        tmp.chmod(0o1777)
         self.env = base_env(aws)
         # no metadata endpoint until boot() starts one (executor-only nodes never do): as
         # botocore's switch says, so nothing waits on 169.254.169.254

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aws_cdk import Annotations, CfnOutput, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from constructs_lib import DeepLearningCluster, FixedAmi, acknowledge_cluster_findings
@@ -72,6 +73,9 @@ class DLClusterStack(Stack):
             spot_workers=s.spot_workers,
             data_prep_script=s.data_prep_script,
             max_replacements_per_hour=s.max_replacements_per_hour,
+            data_bucket=(s3.Bucket.from_bucket_name(self, "DataBucket", s.data_bucket)
+                         if s.data_bucket else None),
+            data_prefix=s.data_prefix,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster
@@ -103,6 +107,22 @@ class DLClusterStack(Stack):
         CfnOutput(self, "MasterQueueUrl", value=c.master_queue.queue_url)
         CfnOutput(self, "WorkdirBucketName", value=c.workdir_staging.bucket_name,
                   description="dlc submit --workdir stages directories here (workdirs/)")
+        data = c.training_data
+        CfnOutput(
+            self,
+            "CheckpointBucketName",
+            value=data.checkpoint_bucket.bucket_name,
+            description=f"Checkpoints in S3 (nodes write under {data.checkpoint_prefix}); "
+            "RETAINed: dlc down keeps it unless --delete-data",
+        )
+        if data.data_bucket is not None:
+            CfnOutput(
+                self,
+                "DataBucketName",
+                value=data.data_bucket.bucket_name,
+                description=f"Training data the nodes may read: {data.data_url} "
+                "(dl-run --data stages it to local disk)",
+            )
         master_instance = (
             f"$(aws autoscaling describe-auto-scaling-groups --region {self.region} "
             f"--auto-scaling-group-names {master_group} "

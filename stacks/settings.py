@@ -36,6 +36,10 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
         ctx.checked("sshCidr", lambda n, v: validation.ssh_cidr(
             n, v, wide_opt_in="sshAllowWideCidr"))
     _check_existing_vpc(settings)
+    if settings.data_prefix and not settings.data_bucket:
+        raise validation.ConfigError(
+            f"context key 'dataPrefix' is a prefix of 'dataBucket', which is not set; got "
+            f"dataPrefix={settings.data_prefix!r}")
     needed = settings.worker_count + settings.spot_workers
     if settings.max_workers is not None and settings.max_workers < needed:
         raise validation.ConfigError(

@@ -95,6 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="sleep this long after each step (demos: stretch the short job so "
                    "nodes can join and leave while it runs; default: 0)")
+    p.add_argument("--data-dir", default=os.environ.get("DL_DATA_DIR", ""),
+                   help="read the digits from DIR/digits.npz (arrays x, y), e.g. what "
+                   "dl-run --data staged on the node (default: $DL_DATA_DIR, else "
+                   "scikit-learn's own copy)")
     p.add_argument("--stop-file", default="",
                    help="end the run at the next epoch boundary once this file exists, even "
                    "before --epochs (every rank agrees; the learning-rate schedule still "
@@ -136,13 +140,18 @@ def checkpoint_dir(args: argparse.Namespace) -> Path:
     return Path(base) / "checkpoints" / pwd.getpwuid(os.geteuid()).pw_name / args.name
 
 
-def load_data(seed: int, test_fraction: float):
+def load_data(seed: int, test_fraction: float, data_dir: str = ""):
     """The fixed split every rank computes identically (same seed, no communication)."""
     import numpy as np
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    x, y = load_digits(return_X_y=True)
+    if data_dir:
+        with np.load(Path(data_dir) / "digits.npz") as f:
+            x, y = f["x"], f["y"]
+        print(f"data: {Path(data_dir) / 'digits.npz'} ({len(y)} samples)", flush=True)
+    else:
+        x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)  # pixel values are 0..16
     return train_test_split(x, y.astype(np.int64), test_size=test_fraction, random_state=seed,
                             stratify=y)
@@ -312,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     job_restarts = int(os.environ.get("DL_RESTART_COUNT", "0") or 0)
     resume = args.resume or os.environ.get("DL_RESUME") == "1"
 
-    x_train, x_test, y_train, y_test = load_data(args.seed, args.test_fraction)
+    x_train, x_test, y_train, y_test = load_data(args.seed, args.test_fraction, args.data_dir)
     xtr, ytr = torch.from_numpy(x_train), torch.from_numpy(y_train)
     xt, yt = torch.from_numpy(x_test).to(device), torch.from_numpy(y_test).to(device)
     n, gb = len(ytr), args.global_batch_size

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 from bootstrap_scripts.protocol.bounds import whole
+from bootstrap_scripts.protocol.data_source import parse_data_source
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import validate_job_id
 from bootstrap_scripts.protocol.records import Record, record
@@ -232,9 +233,45 @@ class RunRequest(Record):
     start_timeout: float = 30.0
     orphan_timeout: float = 30.0
     prefix: bool = True
+    # data in S3 (``dl-run --data``): staged on every node before the job starts
+    #: ``s3://bucket/prefix[:/local/dir]``, "" for none
+    data: str = ""
+    #: each node stages only its share of the objects (rank modulo the node count)
+    data_shard: bool = False
 
     def __post_init__(self) -> None:
         _job_id(self.job_id)
+        if self.data:
+            parse_data_source(self.data)
         if not self.command:
             raise JobSpecError("no command given: put the training command after the options",
                                field="command")
+
+
+@record
+class StagedNode(Record):
+    """One node's staging of a job's ``--data`` (what ``data.stage`` reported)."""
+
+    KIND: ClassVar[str] = "staged node"
+    rank: int
+    address: str
+    directory: str
+    objects: int
+    copied: int
+    bytes: int
+    copied_bytes: int
+    seconds: float
+    gbps: float
+    shard: str = ""
+
+
+@record
+class StagingReport(Record):
+    """``jobs/<job-id>/staging.json``: where ``--data`` was staged on every node, and how
+    fast (the staging itself is the job ``<job-id>.stage``)."""
+
+    KIND: ClassVar[str] = "staging report"
+    job_id: str
+    source: str
+    seconds: float
+    nodes: tuple[StagedNode, ...] = ()

@@ -112,6 +112,7 @@ LAYOUT = (
     f"{JOBS_DIR}/<job-id>/spec.json",
     f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
     f"{JOBS_DIR}/<job-id>/cancel", f"{JOBS_DIR}/<job-id>/done", f"{JOBS_DIR}/<job-id>/result.json",
+    f"{JOBS_DIR}/<job-id>/staging.json",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.exit", f"{JOBS_DIR}/<job-id>/nodes/<rank>.claim",
     CONTROLLER_HEARTBEAT, f"{MANAGED_DIR}/<job-id>/request.json",
@@ -208,6 +209,7 @@ class JobPaths:
         cancel               marker: stop every share now
         done                 marker: the runner has finished with the job
         result.json          per-node exit codes, as the runner saw them
+        staging.json         ``--data``: where and how fast each node staged it
         nodes/<rank>.log     output of the node's share (``<rank>-<label>.log`` if several)
         nodes/<rank>.started the executor's acknowledgement (pids, process group, start time)
         nodes/<rank>.exit    the share's exit
@@ -243,6 +245,10 @@ class JobPaths:
     @property
     def result(self) -> Path:
         return self.dir / "result.json"
+
+    @property
+    def staging(self) -> Path:
+        return self.dir / "staging.json"
 
     @property
     def nodes(self) -> Path:

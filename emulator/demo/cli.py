@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-prep", default="", metavar="COMMAND",
                    help="data-preparation command every node runs before joining "
                         "(-c dataPrepScript=...)")
+    p.add_argument("--data", action="store_true",
+                   help="the dataset comes from S3: upload the digits to an emulated data "
+                        "bucket (-c dataBucket=...), stage it on every node with dl-run "
+                        "--data and train from the staged copy (emulator/demo/data.py)")
     p.add_argument("--fail-data-prep", action="store_true",
                    help="the added worker's data preparation fails: it must never join")
     p.add_argument("--epochs", type=int, default=None,
@@ -154,6 +158,10 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--framework tf runs the plain job only: --elastic, --kill-node-after, "
                      "--kill-master-after and --unhealthy-node resume the PyTorch example "
                      "from its checkpoints")
+    if ns.data and (ns.elastic or ns.framework == "tf"):
+        parser.error("--data stages the dataset for the PyTorch example's plain or recovery "
+                     "runs: not with --elastic (joining nodes would not have it) or "
+                     "--framework tf")
     if ns.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {ns.epochs}")
     if not 0 <= ns.require_acc <= 1:

@@ -39,6 +39,7 @@ from emulator.demo import (
     scenarios,
     signals,
 )
+from emulator.demo import data as demo_data
 from emulator.demo.context import BIN_DIR, DemoContext, DemoError, free_port
 from emulator.demo.joblog import JobRun
 from emulator.nodes import NodeError, base_env
@@ -86,6 +87,7 @@ class Demo(DemoContext):
         if self.ns.framework == "tf":
             train[2] = frameworks.TF_EXAMPLE
             launch = frameworks.tf_job_args(self.work, port)
+        launch += demo_data.dl_run_args(self.ns)
         argv = [str(dl_run), "--root", str(master.root), *launch,
                 "--heartbeat-timeout", "4", "--fail-grace", "3", "--grace", "3",
                 "--replace-timeout", str(REPLACE_TIMEOUT_S),
@@ -214,7 +216,10 @@ class Demo(DemoContext):
         if ns.framework == "tf":
             frameworks.ensure_tensorflow(self)
         cluster.start_cloud(self)
-        cluster.deploy(self, {**scenarios.deploy_context(ns), **capacity.deploy_context(self)})
+        if ns.data:
+            demo_data.upload(self)
+        cluster.deploy(self, {**scenarios.deploy_context(ns), **capacity.deploy_context(self),
+                              **demo_data.deploy_context(ns)})
         scenarios.fail_launches(self)
         cluster.boot_nodes(self)
         cluster.notify_launches(self)
@@ -261,6 +266,8 @@ class Demo(DemoContext):
                 raise DemoError(f"the training job {job.job_id} failed (dl-run exit status "
                                 f"{job.exit_code}): "
                                 f"{cause or chr(10).join(job.output_tail[-10:])}")
+            if self.ns.data:
+                demo_data.check(self, job.managed_id or job.job_id)
             self.ok(f"job {job.job_id} succeeded: accuracy {job.final_acc}, world size "
                     f"{job.world_size}")
             status, code = "succeeded", 0

@@ -44,6 +44,11 @@ def file_systems(endpoint: str) -> set[str]:
     return {f["FileSystemId"] for f in efs.describe_file_systems()["FileSystems"]}
 
 
+def buckets(endpoint: str) -> set[str]:
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    return {b["Name"] for b in s3.list_buckets()["Buckets"]}
+
+
 def test_up_shows_progress_and_down_keeps_or_deletes_the_data(emulated_account, capsys):
     endpoint, state, ami = emulated_account
     assert main(up_args(state, ami)) == 0
@@ -67,8 +72,11 @@ def test_up_shows_progress_and_down_keeps_or_deletes_the_data(emulated_account, 
     assert "master not answering yet" in str(exc.value) and "InvalidInstanceId" in str(exc.value)
 
     first_fs = stack.outputs["FileSystemId"]
+    first_bucket = stack.outputs["CheckpointBucketName"]
     assert main(["--emulator", str(state), "down"]) == 0
     out = capsys.readouterr().out
+    assert f"kept checkpoint bucket {first_bucket}" in out
+    assert first_bucket in buckets(endpoint), "checkpoints must outlive the stack by default"
     assert "destroying DLClusterStack" in out and "stack DLClusterStack deleted" in out
     assert f"kept EFS {first_fs}" in out
     assert any("DELETE_SKIPPED" in x and "AWS::EFS::FileSystem" in x
@@ -79,9 +87,16 @@ def test_up_shows_progress_and_down_keeps_or_deletes_the_data(emulated_account, 
 
     assert main(up_args(state, ami)) == 0
     second_fs = aws.describe_stack(target).outputs["FileSystemId"]
+    second_bucket = aws.describe_stack(target).outputs["CheckpointBucketName"]
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    for body in (b"step 1", b"step 2"):  # two versions of one checkpoint
+        s3.put_object(Bucket=second_bucket, Key="checkpoints/DLClusterStack/c.pt", Body=body)
     capsys.readouterr()
     assert main(["--emulator", str(state), "down", "--delete-data"]) == 0
     out = capsys.readouterr().out
     assert f"deleted EFS {second_fs} (--delete-data)" in out
     assert second_fs not in file_systems(endpoint)
     assert first_fs in file_systems(endpoint), "--delete-data deletes this stack's EFS only"
+    assert f"deleted checkpoint bucket {second_bucket} (2 object version(s)" in out
+    assert second_bucket not in buckets(endpoint)
+    assert first_bucket in buckets(endpoint), "--delete-data deletes this stack's bucket only"

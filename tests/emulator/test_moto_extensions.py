@@ -194,3 +194,26 @@ def test_spot_interruption_drains_through_the_hook_and_launches_a_replacement(
     (replacement,) = states  # desired capacity unchanged: a new instance
     assert states[replacement] == "InService"
     assert stack.lifecycle(victim)["LifecycleHookName"] == "drain"
+
+
+def test_a_template_bucket_is_versioned_and_private_as_the_template_says(moto_reset):
+    """moto's CloudFormation applies only a bucket's encryption and tags; the emulator
+    applies VersioningConfiguration and PublicAccessBlockConfiguration too (the checkpoint
+    bucket keeps every version of a checkpoint, as on AWS)."""
+    cfn = boto3.client("cloudformation", endpoint_url=moto_reset, region_name=REGION)
+    cfn.create_stack(StackName="buckets", TemplateBody=json.dumps({"Resources": {"B": {
+        "Type": "AWS::S3::Bucket", "Properties": {
+            "VersioningConfiguration": {"Status": "Enabled"},
+            "PublicAccessBlockConfiguration": {
+                "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True,
+                "RestrictPublicBuckets": True}}}}}))
+    (res,) = cfn.describe_stack_resources(StackName="buckets")["StackResources"]
+    s3 = boto3.client("s3", endpoint_url=moto_reset, region_name=REGION)
+    name = res["PhysicalResourceId"]
+    assert s3.get_bucket_versioning(Bucket=name)["Status"] == "Enabled"
+    block = s3.get_public_access_block(Bucket=name)["PublicAccessBlockConfiguration"]
+    assert block == {"BlockPublicAcls": True, "IgnorePublicAcls": True,
+                     "BlockPublicPolicy": True, "RestrictPublicBuckets": True}
+    for body in (b"1", b"2"):
+        s3.put_object(Bucket=name, Key="k", Body=body)
+    assert len(s3.list_object_versions(Bucket=name)["Versions"]) == 2

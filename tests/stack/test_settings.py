@@ -49,6 +49,8 @@ def test_every_documented_key_is_parsed() -> None:
         "dataPrepScript": "/efs/prep.sh --fast",
         "sshAllowWideCidr": "false",
         "maxReplacementsPerHour": "5",
+        "dataBucket": "my-datasets",
+        "dataPrefix": "digits",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -75,6 +77,8 @@ def test_every_documented_key_is_parsed() -> None:
         spot_workers=2,
         data_prep_script="/efs/prep.sh --fast",
         max_replacements_per_hour=5,
+        data_bucket="my-datasets",
+        data_prefix="digits/",
     )
 
 
@@ -111,6 +115,12 @@ def test_every_documented_key_is_parsed() -> None:
         ("spotWorkers", "-1"),
         ("dataPrepScript", "line one\nline two"),
         ("dataPrepScript", "  "),
+        ("dataBucket", "My_Bucket"),
+        ("dataBucket", "ab"),
+        ("dataBucket", "192.168.1.1"),
+        ("dataPrefix", "/abs"),
+        ("dataPrefix", "a/*"),
+        ("dataPrefix", "a/../b"),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:
@@ -118,6 +128,12 @@ def test_bad_values_name_key_and_value(key: str, value: str) -> None:
         settings(**{key: value})
     message = str(err.value)
     assert key in message and repr(value) in message, message
+
+
+def test_a_data_prefix_needs_a_data_bucket() -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(dataPrefix="digits")
+    assert "'dataPrefix'" in str(err.value) and "'dataBucket'" in str(err.value)
 
 
 def test_a_new_vpcs_cidr_is_parsed() -> None:

@@ -122,6 +122,15 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     p.add("--python", default="", help="the job's interpreter: runs torchrun, tf and mxnet, "
           "and replaces a leading 'python'/'python3' of the command on every node "
           "(default: this one if it has torch, else python3)")
+    g = p.group("data in S3 (README, \"Data in S3\")")
+    g.add("--data", default="", metavar="s3://BUCKET/PREFIX[:/LOCAL/DIR]",
+          help="before the job starts, copy this S3 prefix to every node's fastest local "
+          "disk (instance-store NVMe, else the root volume) or to /LOCAL/DIR, as the job's "
+          "user; objects already there with the same size and ETag are skipped; the ranks "
+          "find it in $DL_DATA_DIR")
+    g.add("--data-shard", action="store_true",
+          help="with --data: each node copies only its share of the objects (every Nth "
+          "object in key order, N the node count)")
     g = p.group("torchrun")
     g.add("--nnodes", default="", help="N or MIN:MAX (default: the node count)")
     g.add("--nproc-per-node", type=int, default=0,

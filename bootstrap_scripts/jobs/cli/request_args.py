@@ -54,6 +54,8 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
     if not command:
         raise RunError("no command given: put the training command after the options",
                        EXIT_USAGE)
+    if args.data_shard and not args.data:
+        raise RunError("--data-shard shards what --data stages: give --data too", EXIT_USAGE)
     return RunRequest(
         job_id=job_id, command=tuple(command), launcher=args.launcher, env=job_env(args),
         forward=tuple(args.forward) + tuple(e.partition("=")[0] for e in args.env),
@@ -67,4 +69,5 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         tf_mode=args.tf_mode, tf_port=args.tf_port, mxnet_launch=args.mxnet_launch,
         grace=args.grace, fail_grace=args.fail_grace, heartbeat_timeout=args.heartbeat_timeout,
         reach_timeout=args.reach_timeout, start_timeout=args.start_timeout,
-        orphan_timeout=args.orphan_timeout, prefix=not args.no_prefix)
+        orphan_timeout=args.orphan_timeout, prefix=not args.no_prefix, data=args.data,
+        data_shard=args.data_shard)

@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine import staging
 from bootstrap_scripts.jobs.engine.classify import Verdict
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.reachability import check_reachable
 from bootstrap_scripts.jobs.engine.summary import summarize
 from bootstrap_scripts.jobs.engine.watch import Watch, install_signal_handlers, watch
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
+from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest, StagingReport
 from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import RunnerHeartbeat
@@ -118,13 +119,40 @@ def prepare(request: RunRequest, m: Membership, efs: Path
     return plan, paths, render_commands(plan, m, request.env)
 
 
+def stage_data(request: RunRequest, m: Membership, efs: Path
+               ) -> tuple[StagingReport | None, Verdict | None]:
+    """``--data``: the staging job on every node first (``staging``); its report, or the
+    verdict of a staging that failed (the job then never starts)."""
+    stage = staging.stage_request(request, m)
+    say(f"staging {request.data} on every node ({stage.job_id})")
+    started = time.monotonic()
+    with staging.cancel_forwarded(ClusterPaths(efs).job(request.job_id),
+                                  ClusterPaths(efs).job(stage.job_id)):
+        verdict = run(stage, m, efs)
+    if verdict.status != "succeeded":
+        say(f"job {request.job_id} not started: staging {request.data} {verdict.status}")
+        return None, verdict
+    report = staging.report(request, m, ClusterPaths(efs).job(stage.job_id),
+                            time.monotonic() - started)
+    staging.announce(report)
+    return report, None
+
+
 def run(request: RunRequest, m: Membership, efs: Path) -> Verdict:
     """Run ``request`` on the nodes of ``m`` (EFS at ``efs``) and follow it to its end.
 
     RunError before anything was published (a bad plan, an unreachable node: nothing to
     stop); once the spec is out, signals cancel the job on every node and the verdict says
-    so."""
+    so. With ``request.data`` the data is staged on every node first."""
     plan, paths, commands = prepare(request, m, efs)
+    staged = None
+    if request.data:
+        staged, failed = stage_data(request, m, efs)
+        if failed is not None:
+            return failed
+        assert staged is not None
+        plan, request = staging.with_data_dir(plan, staged, request)
+        commands = render_commands(plan, m, request.env)
     announce(request, plan, m)
     check_reachable(efs, [s.address for s in plan.shares],
                     timeout=request.heartbeat_timeout, reach_timeout=request.reach_timeout)
@@ -138,6 +166,8 @@ def run(request: RunRequest, m: Membership, efs: Path) -> Verdict:
         raise RunError(f"cannot create the job directory {paths.dir} ({exc.strerror}): the "
                        f"job executors make {paths.dir.parent} writable for every user when "
                        f"they start; is one running on this cluster?", EXIT_USAGE) from None
+    if staged is not None:
+        store.write_record(paths.staging, staged)
     for name, content in plan.files.items():
         store.atomic_write(paths.dir / name, content)
     # The spec and the rendered commands carry the job's --env values: the owner's alone

@@ -139,8 +139,10 @@ class Shares:
         env = dict(os.environ)
         env.update(spec.env)
         env.update(self.node.env())  # the node's own DEEPLEARNING_* always win
+        # DL_ROOT: the node's root prefix ("/" on a real node), where the node's own files
+        # are (its region file: data.stage reads it); the executor's, never the job's.
         env.update({"DL_JOB_ID": spec.job_id, "DL_JOB_DIR": str(paths.dir),
-                    "DL_NODE_RANK": str(rank),
+                    "DL_NODE_RANK": str(rank), "DL_ROOT": str(self.node.paths.root),
                     "DL_SHARE_TOKEN": procgroup.share_token(spec.job_id, rank,
                                                             self.node.address)})
         env.update(proc.env)

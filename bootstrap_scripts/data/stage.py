@@ -1,0 +1,334 @@
+"""Stage an S3 prefix onto this node's fastest local disk before a job starts.
+
+``python -m bootstrap_scripts.data.stage s3://bucket/prefix[:/local/dir] [--shard-count N]``
+
+Run by ``dl-run --data`` on every node of the job, as the job's user (a share of its own,
+before the job's: ``jobs/engine/staging.py``), so every file it writes is the user's.
+
+Why a copy on local disk: a training job reads its dataset every epoch; local NVMe reads
+at several GB/s with no per-request cost, S3 needs many parallel requests to get near that
+and EFS is slower still. The copy is made once and kept: a second job on the same data
+starts at once.
+
+- **Where**: ``:/local/dir`` if given; else ``dl-data-<user>/<bucket>/<prefix>`` on the
+  fastest local disk (``disks.choose_disk``: an instance-store NVMe file system if the
+  instance has one mounted, else the root volume's ``/var/tmp``).
+- **How**: boto3's transfer manager, many objects at once and large objects in parallel
+  ranges (``TransferConfig.max_concurrency``), one client with as many connections.
+- **Resumable, and never partial**: each object is written under a temporary name and
+  renamed when complete, then journalled (``.dl-stage/journal``); the manifest
+  (``.dl-stage/manifest.json``) is written last and its presence says "complete". An
+  object already there with the same size and ETag (journal or manifest) is skipped, so a
+  copy that was killed resumes, and a complete one costs one listing.
+- **Sharding** (``--shard-count N``): node ``DL_NODE_RANK`` stages only the objects whose
+  index in key order is its rank modulo N.
+- **Fails before the job, naming the cause**: a missing bucket, a denied prefix or object,
+  not enough free space (checked before the first byte), a full disk while copying.
+- **Region**: from the node's region file (``node_region.read_installed`` under the node
+  root ``DL_ROOT``), never from the environment the job was given.
+
+Prints progress lines and, last, ``DL_STAGE_RESULT {json}`` (objects, bytes, seconds,
+GB/s, directory) that the runner records in the job's ``staging.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bootstrap_scripts import node_region
+from bootstrap_scripts.data import disks
+from bootstrap_scripts.data.plan import (
+    RESULT_MARKER,
+    Plan,
+    S3Object,
+    StageError,
+    parse_source,
+    plan_copy,
+    size_text,
+)
+
+#: Objects (and ranges of large objects) transferred at once.
+DEFAULT_CONCURRENCY = 32
+#: Seconds between progress lines.
+PROGRESS_EVERY = 2.0
+STATE_DIR = ".dl-stage"
+MANIFEST = "manifest.json"
+JOURNAL = "journal"
+PART_SUFFIX = ".dl-part"
+
+
+def say(message: str) -> None:
+    print(f"dl-stage: {message}", flush=True)
+
+
+def s3_client(region: str, concurrency: int):
+    """One client for every thread (boto3 clients are thread-safe), with a connection per
+    concurrent request."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "s3", region_name=region,
+        config=Config(max_pool_connections=concurrency + 4,
+                      retries={"max_attempts": 5, "mode": "standard"}))
+
+
+def client_error(exc: Exception) -> tuple[str, str]:
+    """(code, message) of a botocore error, or the exception's own text."""
+    response = getattr(exc, "response", None) or {}
+    err = response.get("Error", {})
+    code = str(err.get("Code") or type(exc).__name__)
+    return code, str(err.get("Message") or exc)
+
+
+def list_objects(client, bucket: str, prefix: str) -> list[S3Object]:
+    """Every object under ``prefix``; StageError naming the bucket / prefix on failure."""
+    out: list[S3Object] = []
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                     Prefix=prefix):
+            out += [S3Object(o["Key"], int(o["Size"]), str(o["ETag"]).strip('"'))
+                    for o in page.get("Contents", [])]
+    except Exception as exc:  # botocore's ClientError, EndpointConnectionError, ...
+        code, message = client_error(exc)
+        if code == "NoSuchBucket":
+            raise StageError(f"s3://{bucket}: the bucket does not exist ({code})") from None
+        if code in ("AccessDenied", "403", "Forbidden"):
+            raise StageError(f"s3://{bucket}/{prefix}: access denied listing the prefix "
+                             f"({code}): the node may read only the stack's dataBucket "
+                             f"under dataPrefix") from None
+        raise StageError(f"s3://{bucket}/{prefix}: cannot list ({code}: {message})") from None
+    return out
+
+
+class State:
+    """The copy's journal and manifest under ``<dest>/.dl-stage/``."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dir = dest / STATE_DIR
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        self.lock = threading.Lock()
+
+    def known(self) -> dict[str, tuple[int, str]]:
+        """key -> (size, etag) of every object a previous copy completed."""
+        known: dict[str, tuple[int, str]] = {}
+        try:
+            manifest = json.loads((self.dir / MANIFEST).read_text())
+            known.update({k: (int(v["size"]), str(v["etag"]))
+                          for k, v in manifest["objects"].items()})
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        try:
+            for line in (self.dir / JOURNAL).read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                    known[str(rec["key"])] = (int(rec["size"]), str(rec["etag"]))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a kill: that object is fetched again
+        except OSError:
+            pass
+        return known
+
+    def incomplete(self) -> None:
+        """From now on the copy is not complete: the manifest goes first."""
+        (self.dir / MANIFEST).unlink(missing_ok=True)
+
+    def journal(self, obj: S3Object) -> None:
+        line = json.dumps({"key": obj.key, "size": obj.size, "etag": obj.etag}) + "\n"
+        with self.lock, open(self.dir / JOURNAL, "a") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def complete(self, source: str, plan: Plan) -> None:
+        """The manifest, atomically and last: its presence says the copy is whole."""
+        body = {"source": source, "completed_at": time.time(),
+                "objects": {o.key: {"size": o.size, "etag": o.etag, "path": o.rel}
+                            for o in plan.wanted}}
+        tmp = self.dir / f"{MANIFEST}.tmp.{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(body, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.dir / MANIFEST)
+        (self.dir / JOURNAL).unlink(missing_ok=True)  # the manifest now says it all
+
+
+def local_sizes(dest: Path, plan_keys: dict[str, str]) -> dict[str, int]:
+    """rel path -> size of the wanted files already in ``dest`` (missing ones absent)."""
+    sizes = {}
+    for rel in plan_keys.values():
+        try:
+            st = os.lstat(dest / rel)
+        except OSError:
+            continue
+        if not os.path.islink(dest / rel):
+            sizes[rel] = st.st_size
+    return sizes
+
+
+def remove_leftovers(dest: Path) -> None:
+    """Temporary files of a copy that was killed (ours and the transfer manager's,
+    ``name.dl-part`` and ``name.dl-part.XXXXXXXX``)."""
+    for dirpath, _dirs, files in os.walk(dest):
+        for name in files:
+            if PART_SUFFIX in name:
+                Path(dirpath, name).unlink(missing_ok=True)
+
+
+class Progress:
+    """Bytes and objects done, printed every ``PROGRESS_EVERY`` seconds by a thread."""
+
+    def __init__(self, total_objects: int, total_bytes: int) -> None:
+        self.objects = self.bytes = 0
+        self.total_objects, self.total_bytes = total_objects, total_bytes
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def add(self, nbytes: int = 0, objects: int = 0) -> None:
+        with self.lock:
+            self.bytes += nbytes
+            self.objects += objects
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return (f"{self.objects}/{self.total_objects} objects, {self.bytes / 1e9:.2f}/"
+                f"{self.total_bytes / 1e9:.2f} GB, {self.bytes / elapsed / 1e9:.2f} GB/s")
+
+    def run(self) -> None:
+        while not self.stop.wait(PROGRESS_EVERY):
+            say(self.line())
+
+
+def download(client, bucket: str, plan: Plan, dest: Path, state: State,
+             concurrency: int) -> None:
+    """Fetch ``plan.fetch`` into ``dest`` (temporary name, rename, journal), many objects at
+    once; StageError naming the first object that failed and why."""
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    from s3transfer.subscribers import BaseSubscriber
+
+    progress = Progress(len(plan.fetch), plan.fetch_bytes)
+    errors: list[str] = []
+
+    class Done(BaseSubscriber):
+        def __init__(self, obj: S3Object) -> None:
+            self.obj = obj
+
+        def on_progress(self, future, bytes_transferred: int, **kwargs) -> None:
+            progress.add(bytes_transferred)
+
+        def on_done(self, future, **kwargs) -> None:
+            final = dest / self.obj.rel
+            try:
+                future.result()
+                os.replace(f"{final}{PART_SUFFIX}", final)
+                state.journal(self.obj)
+                progress.add(objects=1)
+            except Exception as exc:
+                errors.append(object_error(bucket, self.obj, exc))
+
+    config = TransferConfig(max_concurrency=concurrency, use_threads=True)
+    printer = threading.Thread(target=progress.run, daemon=True)
+    printer.start()
+    try:
+        with create_transfer_manager(client, config) as manager:
+            for obj in plan.fetch:
+                (dest / obj.rel).parent.mkdir(parents=True, exist_ok=True)
+                manager.download(bucket, obj.key, f"{dest / obj.rel}{PART_SUFFIX}",
+                                 subscribers=[Done(obj)])
+    finally:
+        progress.stop.set()
+    if errors:
+        remove_leftovers(dest)
+        raise StageError(errors[0] + (f" (and {len(errors) - 1} more object(s))"
+                                      if len(errors) > 1 else ""))
+
+
+def object_error(bucket: str, obj: S3Object, exc: Exception) -> str:
+    """What went wrong with one object, for the job's error line."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"s3://{bucket}/{obj.key}: cannot write {obj.rel}: {exc.strerror}"
+    code, message = client_error(exc)
+    if code in ("AccessDenied", "403", "Forbidden"):
+        return f"s3://{bucket}/{obj.key}: access denied reading the object ({code})"
+    if code in ("NoSuchKey", "404"):
+        return f"s3://{bucket}/{obj.key}: the object disappeared while staging ({code})"
+    return f"s3://{bucket}/{obj.key}: {code}: {message}"
+
+
+def stage(source_text: str, *, root: str, rank: int, shard_count: int,
+          concurrency: int, client=None) -> dict:
+    """Stage the source; the result record (also printed). StageError on failure."""
+    source = parse_source(source_text)
+    region = node_region.read_installed(root)
+    if not region:
+        raise StageError(f"no AWS region in {node_region.env_file(root)}: the node's "
+                         f"installer writes it from instance metadata")
+    dest = Path(source.local_dir) if source.local_dir else disks.default_destination(
+        root, source.bucket, source.prefix)
+    disks.make_own_dir(dest)
+    client = client or s3_client(region, concurrency)
+    started = time.monotonic()
+    objects = list_objects(client, source.bucket, source.prefix)
+    state = State(dest)
+    plan = plan_copy(objects, source.prefix, state.known(),
+                     lambda rels: local_sizes(dest, rels), rank=rank, count=shard_count)
+    if not plan.wanted:
+        raise StageError(f"{source.url}: no objects to stage"
+                         + (f" for shard {rank} of {shard_count}" if shard_count > 1 else ""))
+    say(f"{source.url} -> {dest}: {len(plan.wanted)} object(s), {size_text(plan.total_bytes)}; "
+        f"{len(plan.fetch)} to copy ({size_text(plan.fetch_bytes)}), "
+        f"{len(plan.wanted) - len(plan.fetch)} already here")
+    if plan.fetch:
+        state.incomplete()
+        remove_leftovers(dest)
+        disks.check_space(dest, plan.fetch_bytes, len(plan.fetch))
+        download(client, source.bucket, plan, dest, state, concurrency)
+    for rel in plan.stale:
+        (dest / rel).unlink(missing_ok=True)  # staged before, no longer in the source
+    state.complete(source.url, plan)
+    seconds = time.monotonic() - started
+    result = {"source": source.url, "directory": str(dest), "objects": len(plan.wanted),
+              "copied": len(plan.fetch), "bytes": plan.total_bytes,
+              "copied_bytes": plan.fetch_bytes, "seconds": round(seconds, 3),
+              "gbps": round(plan.fetch_bytes / max(seconds, 1e-9) / 1e9, 4),
+              "shard": f"{rank}/{shard_count}" if shard_count > 1 else ""}
+    say(f"staged {result['objects']} object(s) in {dest}: copied {result['copied']} "
+        f"({size_text(plan.fetch_bytes)}) in {seconds:.1f} s, {result['gbps']:.3f} GB/s")
+    print(f"{RESULT_MARKER} {json.dumps(result, sort_keys=True)}", flush=True)
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dl-stage", description=__doc__.split("\n\n")[0])
+    p.add_argument("source", help="s3://bucket/prefix[:/local/dir]")
+    p.add_argument("--shard-count", type=int, default=1,
+                   help="stage only this node's share of the objects (rank $DL_NODE_RANK)")
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                   help=f"transfers at once (default {DEFAULT_CONCURRENCY})")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    count = max(1, args.shard_count)
+    try:
+        # the node's rank matters only when the objects are shared out among the nodes
+        rank = int(os.environ.get("DL_NODE_RANK", "0")) if count > 1 else 0
+        stage(args.source, root=os.environ.get("DL_ROOT") or "/", rank=rank,
+              shard_count=count, concurrency=max(1, args.concurrency))
+    except StageError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""A node root with a region file and the AMI's /var/tmp, and an S3 bucket on moto's server
+(over HTTP) for the staging tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+
+from bootstrap_scripts import node_region
+
+
+@dataclass
+class S3Env:
+    endpoint: str
+    root: Path
+    bucket: str
+    s3: object
+
+    def put(self, key: str, body: bytes) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body)  # type: ignore[attr-defined]
+
+
+def node_root(path: Path, region: str = "us-east-1") -> Path:
+    """What the installer leaves on a node: the region file; and the AMI's /var/tmp."""
+    env = node_region.env_file(path)
+    env.parent.mkdir(parents=True)
+    env.write_text(node_region.render_env_file(region))
+    (path / "var/tmp").mkdir(parents=True)
+    (path / "var/tmp").chmod(0o1777)
+    return path
+
+
+@pytest.fixture()
+def s3env(moto_reset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Env]:
+    # boto3 finds moto's server through AWS_ENDPOINT_URL, as the emulated nodes' processes do
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_reset)
+    s3 = boto3.client("s3", endpoint_url=moto_reset, region_name="us-east-1")
+    s3.create_bucket(Bucket="training-data")
+    yield S3Env(moto_reset, node_root(tmp_path / "node"), "training-data", s3)

@@ -25,6 +25,7 @@ from constructs_lib.cluster_settings import (
 )
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami, image_family
 from constructs_lib.images import pytorch_version as pytorch_version_check
+from constructs_lib.job_role import JobRole, late_role_arn
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup, grant_node_access
@@ -319,6 +320,8 @@ class DeepLearningCluster(Construct):
                 efs_utils_install=family.efs_utils_install,
                 base_workers=worker_count if node_type == "master" else None,
                 data_prep=data_prep_script,
+                # The job role trusts the node roles, made with the groups below.
+                job_role_arn=late_role_arn(lambda: self.job_role),
             )
 
         common = dict(
@@ -367,6 +370,9 @@ class DeepLearningCluster(Construct):
         # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
         self.drain_hook = self.worker_group.add_drain_hook(self.topic)
         self.drain_hook.node.add_dependency(self.capacity_adjuster)
+        #: The role jobs get credentials of (never the node's): ``constructs_lib/job_role.py``.
+        self.job_role = JobRole(self, "JobRole", cluster_id=self.cluster_id,
+                                node_roles=[self.master_group.role, self.worker_group.role])
         grant_elastic_control(self, self.master_group.role, self.cluster_id)
         # The health gate on the master (dl-health --deep, before each managed attempt)
         # compares each node's GPUs with what EC2 says its instance type has.

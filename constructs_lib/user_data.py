@@ -102,6 +102,7 @@ def node_user_data(
     efs_utils_install: str = "",
     base_workers: int | None = None,
     data_prep: str | None = None,
+    job_role_arn: str = "",
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line")."""
@@ -121,6 +122,8 @@ def node_user_data(
         settings["base-workers"] = str(base_workers)
     if data_prep:
         settings["data-prep"] = data_prep
+    if job_role_arn:  # the executor's: each job gets credentials of this role
+        settings["job-role-arn"] = job_role_arn
     data = ec2.UserData.for_linux()
     data.add_commands(
         *render_bootstrap_commands(

@@ -109,11 +109,13 @@ def agent_unit(python: str, package_dir: str, agent_args: list[str], root: str =
                  f"RestartPreventExitStatus={EXIT_FAILED} {EXIT_USAGE}", "TimeoutStopSec=40"))
 
 
-def executor_unit(python: str, package_dir: str, root: str, mount_point: str) -> str:
+def executor_unit(python: str, package_dir: str, root: str, mount_point: str,
+                  job_role_arn: str = "") -> str:
     return python_unit(root=root,
         description="Deep-learning cluster job executor (runs this node's share of dl-run jobs)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.executor",
-        args=["--root", root, "--mount-point", mount_point],
+        args=["--root", root, "--mount-point", mount_point,
+              *(["--job-role-arn", job_role_arn] if job_role_arn else [])],
         unit=(f"Wants={AGENT_UNIT}", f"After={AGENT_UNIT} remote-fs.target"),
         service=("Restart=always", "RestartSec=5"))
 
@@ -165,7 +167,8 @@ def install(argv: list[str] | None = None) -> list[Path]:
         root / UNIT_DIR / AGENT_UNIT: (agent_unit(opts.python, opts.package_dir, agent_args,
                                                   ns.root), 0o644),
         root / UNIT_DIR / EXECUTOR_UNIT: (
-            executor_unit(opts.python, opts.package_dir, ns.root, ns.mount_point), 0o644),
+            executor_unit(opts.python, opts.package_dir, ns.root, ns.mount_point,
+                          ns.job_role_arn), 0o644),
     }
     units = [AGENT_UNIT, EXECUTOR_UNIT]
     if ns.role == "master":

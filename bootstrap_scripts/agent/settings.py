@@ -51,6 +51,7 @@ class AgentConfig:
     data_prep_timeout: float = 3300.0
     base_workers: int = -1
     drain_timeout: float = 240.0
+    job_role_arn: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -129,6 +130,8 @@ OPTIONS: tuple[Option, ...] = (
            "formation)"),
     Option("--drain-timeout", "master: seconds a drained node gets to stop its job shares "
            "(below the lifecycle hook's 300 s heartbeat)"),
+    Option("--job-role-arn", "the stack's job role, for the executor: each job gets its own "
+           "temporary credentials of it ('' = none)"),
 )
 
 

@@ -33,10 +33,12 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts import node_region
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
+from bootstrap_scripts.jobs.executor.job_credentials import JobCredentialStore
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
@@ -56,6 +58,19 @@ MAX_BACKOFF_SECONDS = 5.0
 SHARED_EFS_DIRS = SHARED_USER_DIRS
 #: Like /tmp: anyone may create an entry, only its owner (or root) may remove or rename it.
 SHARED_DIR_MODE = 0o1777
+
+
+def job_credential_store(root: Path, role_arn: str) -> JobCredentialStore:
+    """Job role credentials made with this node's own (instance role) credentials, in its
+    region (the installed file: the SDK does not ask instance metadata for it)."""
+    region = node_region.client_region(root) or ""
+
+    def sts() -> object:
+        import boto3  # only on nodes whose stack has a job role
+
+        return boto3.client("sts", region_name=region or None)
+
+    return JobCredentialStore(NodePaths(root).job_credentials_dir, role_arn, region, sts)
 
 
 def prepare_shared_dirs(efs: Path) -> list[Path]:
@@ -80,10 +95,13 @@ def prepare_shared_dirs(efs: Path) -> list[Path]:
 class Executor:
     """One node's executor: heartbeat, scan, join, drain and supervise, every 0.2 s."""
 
-    def __init__(self, root: Path, efs: Path, address: str = "", *, require_mount: bool = False):
+    def __init__(self, root: Path, efs: Path, address: str = "", *, require_mount: bool = False,
+                 job_role_arn: str = ""):
         self.node = ThisNode(NodePaths(root), ClusterPaths(efs), address)
         self.require_mount = require_mount
         self.shares = Shares(self.node)
+        if job_role_arn:
+            self.shares.credentials = job_credential_store(root, job_role_arn)
         self.drain = Drain(self.node, self.shares)
         self.joins = ElasticJoins(self.node, self.shares)
         self.scanner = JobScanner(self.node, self.shares, self.joins, self.drain)
@@ -224,6 +242,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "DEEPLEARNING_NODE_ADDR from the node's env file)")
     p.add_argument("--no-mount", action="store_true",
                    help="EFS is a plain directory (emulator): do not expect a mount point")
+    p.add_argument("--job-role-arn", default="",
+                   help="the stack's job role: each job gets its own temporary credentials "
+                        "of it ('' = jobs get no AWS credentials)")
     # Accepted so the installer can pass the agent's argument list unchanged.
     for name in AGENT_ARGS_IGNORED:
         p.add_argument(name, default=None, help=argparse.SUPPRESS)
@@ -242,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     except (AlreadyRunning, UnsafeLockFile, OSError) as exc:
         LOG.error("%s; not starting a second one", exc)
         return 1
-    ex = Executor(root, Path(efs), args.address, require_mount=not args.no_mount)
+    ex = Executor(root, Path(efs), args.address, require_mount=not args.no_mount,
+                  job_role_arn=args.job_role_arn)
 
     def stop(signum: int, _frame: object) -> None:
         ex.stopping = True

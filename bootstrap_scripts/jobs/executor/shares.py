@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -25,6 +26,12 @@ from dataclasses import dataclass, field
 
 from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
+from bootstrap_scripts.jobs.executor.job_credentials import (
+    CredentialsError,
+    JobCredentials,
+    JobCredentialStore,
+    job_env,
+)
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import runner_beat
 from bootstrap_scripts.jobs.executor.reattach import LOST_RETURNCODE, AdoptedProcess, live_group
@@ -76,6 +83,8 @@ class RunningShare:
     #: set when the node's machinery, not the job, ended the share (``ShareExit.fault``)
     fault: str = ""
     fault_reason: str = ""
+    #: the job's user (name, uid, gid): whose job role credentials this share holds
+    owner: tuple[str, int, int] = ("", -1, -1)
 
     @property
     def token(self) -> str:
@@ -123,6 +132,25 @@ class Shares:
         self.running: dict[str, RunningShare] = {}
         #: exits the last :meth:`supervise` could not record (EFS full): retried next pass
         self.unrecorded = 0
+        #: the job role credentials of the running jobs (None: the cluster has no job role)
+        self.credentials: JobCredentialStore | None = None
+
+    def issue_credentials(self, job_id: str, uid: int, gid: int
+                          ) -> tuple[JobCredentials | None, tuple[str, int, int]]:
+        """The job role credentials for a share of ``job_id`` run by ``uid`` (None without
+        a job role), and its owner. CredentialsError when STS or the disk refuses."""
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+        owner = (user, uid, gid)
+        if self.credentials is None or not self.credentials.enabled:
+            return None, owner
+        return self.credentials.issue(job_id, user, uid, gid), owner
+
+    def forget_credentials(self, job_id: str) -> None:
+        if self.credentials is not None:
+            self.credentials.forget(job_id)
 
     def child_env(self, spec: JobSpec, proc: Proc, paths: JobPaths, rank: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -144,14 +172,18 @@ class Shares:
         pgid = 0
         uid, gid = job_owner(paths)
         error = ""
+        try:
+            creds, owner = self.issue_credentials(spec.job_id, uid, gid)
+        except (CredentialsError, OSError) as exc:
+            creds, owner, error = None, ("", uid, gid), str(exc)
         self.node.paths.share_status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for index, proc in enumerate(share.procs):
-            env = self.child_env(spec, proc, paths, share.rank)
+            env = job_env(self.child_env(spec, proc, paths, share.rank), creds)
             status = self.node.paths.share_status(spec.job_id, share.rank, index)
             with contextlib.suppress(FileNotFoundError):
                 status.unlink()  # a stale one would end the share at once after a restart
             with open(paths.log(share.rank, proc.label), "ab", buffering=0) as log:
-                error = missing_command(proc.argv[0], env, cwd)
+                error = error or missing_command(proc.argv[0], env, cwd)
                 try:
                     if error:
                         raise FileNotFoundError(error)
@@ -169,7 +201,7 @@ class Shares:
                     break
             pgid = pgid or popen.pid
             started.append(RunningProc(proc, popen))
-        running = RunningShare(spec, share, paths, pgid, started, time.time())
+        running = RunningShare(spec, share, paths, pgid, started, time.time(), owner=owner)
         try:
             store.write_record(paths.started(share.rank), ShareStarted(
                 rank=share.rank, address=self.node.address, pgid=pgid,
@@ -185,6 +217,7 @@ class Shares:
             for p in started:
                 p.popen.wait()
             self.finish(running, 127, reason=error)
+            self.forget_credentials(spec.job_id)
             return False
         LOG.info("job %s: started share of node rank %d (pgid %d)", spec.job_id, share.rank, pgid)
         self.running[spec.job_id] = running
@@ -284,7 +317,11 @@ class Shares:
                     self.unrecorded += 1
                     continue
                 del self.running[job_id]
+                self.forget_credentials(job_id)
                 ended.append(job_id)
+        if self.credentials is not None and self.credentials.enabled:
+            self.credentials.refresh_due({j: r.owner for j, r in self.running.items()
+                                          if r.owner[1] >= 0})
         return ended
 
     def holding_store(self, r: RunningShare, now: float) -> bool:
@@ -356,6 +393,10 @@ class Shares:
                         reason="the job executor restarted and found no record of the "
                                "share's processes")
             return
+        try:  # the previous executor's credentials were in its memory: issue new ones
+            _creds, r.owner = self.issue_credentials(spec.job_id, *job_owner(paths))
+        except (CredentialsError, OSError) as exc:
+            LOG.error("job %s: no job role credentials after re-attaching: %s", spec.job_id, exc)
         self.running[spec.job_id] = r
         LOG.warning("job %s: re-attached to the share of node rank %d left running by a "
                     "previous executor (pgid %d, pids %s)", spec.job_id, share.rank, r.pgid,

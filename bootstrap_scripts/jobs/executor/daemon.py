@@ -65,10 +65,14 @@ def job_credential_store(root: Path, role_arn: str) -> JobCredentialStore:
     region (the installed file: the SDK does not ask instance metadata for it)."""
     region = node_region.client_region(root) or ""
 
-    def sts() -> object:
-        import boto3  # only on nodes whose stack has a job role
+    clients: list[object] = []
 
-        return boto3.client("sts", region_name=region or None)
+    def sts() -> object:
+        if not clients:  # made once, on the first job: a client costs ~0.5 s of CPU
+            import boto3  # only on nodes whose stack has a job role
+
+            clients.append(boto3.client("sts", region_name=region or None))
+        return clients[0]
 
     return JobCredentialStore(NodePaths(root).job_credentials_dir, role_arn, region, sts)
 

@@ -175,7 +175,13 @@ class Shares:
         try:
             creds, owner = self.issue_credentials(spec.job_id, uid, gid)
         except (CredentialsError, OSError) as exc:
-            creds, owner, error = None, ("", uid, gid), str(exc)
+            # The job still runs (most jobs never call AWS); one that does fails with "no
+            # credentials", and its log says why.
+            creds, owner = None, ("", uid, gid)
+            no_credentials = f"dl-executor: no AWS credentials for this job: {exc}\n"
+            LOG.error("job %s: %s", spec.job_id, exc)
+        else:
+            no_credentials = ""
         self.node.paths.share_status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for index, proc in enumerate(share.procs):
             env = job_env(self.child_env(spec, proc, paths, share.rank), creds)
@@ -183,7 +189,9 @@ class Shares:
             with contextlib.suppress(FileNotFoundError):
                 status.unlink()  # a stale one would end the share at once after a restart
             with open(paths.log(share.rank, proc.label), "ab", buffering=0) as log:
-                error = error or missing_command(proc.argv[0], env, cwd)
+                if no_credentials and index == 0:
+                    log.write(no_credentials.encode())
+                error = missing_command(proc.argv[0], env, cwd)
                 try:
                     if error:
                         raise FileNotFoundError(error)

@@ -28,6 +28,8 @@ from constructs_lib.cluster_settings import (
 )
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami, image_family
 from constructs_lib.images import pytorch_version as pytorch_version_check
+from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
+from constructs_lib.job_role import JobRole, late_role_arn
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup, grant_node_access
@@ -359,6 +361,8 @@ class DeepLearningCluster(Construct):
                 max_replacements_per_hour=(max_replacements_per_hour
                                            if node_type == "master" else None),
                 membership_key=self.membership_key.key_arn,
+                # The job role trusts the node roles, made with the groups below.
+                job_role_arn=late_role_arn(lambda: self.job_role),
             )
 
         common = dict(
@@ -407,6 +411,13 @@ class DeepLearningCluster(Construct):
         # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
         self.drain_hook = self.worker_group.add_drain_hook(self.topic)
         self.drain_hook.node.add_dependency(self.capacity_adjuster)
+        #: The role jobs get credentials of (never the node's): ``constructs_lib/job_role.py``.
+        self.job_role = JobRole(self, "JobRole", cluster_id=self.cluster_id,
+                                node_roles=[self.master_group.role, self.worker_group.role])
+        # Data and checkpoints are the jobs' (each user's own checkpoint prefix), not the nodes'.
+        self.training_data.grant_data_read(self.job_role.role)
+        self.training_data.grant_checkpoint_read_write(self.job_role.role,
+                                                       per_user_tag=JOB_USER_TAG)
         grant_elastic_control(self, self.master_group.role, self.cluster_id)
         # The health gate on the master (dl-health --deep, before each managed attempt)
         # compares each node's GPUs with what EC2 says its instance type has.
@@ -424,8 +435,6 @@ class DeepLearningCluster(Construct):
         for group in (self.master_group, self.worker_group):
             grant_node_access(group.role, node_scripts=self.node_scripts,
                               file_system=self.file_system)
-            self.training_data.grant_data_read(group.role)
-            self.training_data.grant_checkpoint_read_write(group.role)
             # The subscription must exist before the first launch notification is sent, and
             # nodes boot only once EFS has a mount target to mount.
             group.auto_scaling_group.node.add_dependency(

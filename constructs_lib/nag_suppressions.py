@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from aws_cdk import Acknowledgment, Validations
 from constructs import IConstruct
 
+from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
+
 if TYPE_CHECKING:  # pragma: no cover
     from constructs_lib.cluster import DeepLearningCluster
     from constructs_lib.emr_cluster import EmrDeepLearningCluster
@@ -112,17 +114,17 @@ def acknowledge_training_data(cluster: DeepLearningCluster) -> None:
     """The object wildcards of the data and checkpoint grants (constructs_lib/
     training_data.py): a prefix's objects have names the jobs choose."""
     data = cluster.training_data
-    for group in (cluster.master_group, cluster.worker_group):
-        _ack(group.role, f"AwsSolutions-IAM5[Resource::"
-             f"{_bucket_arn(data.checkpoint_bucket)}/{data.checkpoint_prefix}*]",
-             "Checkpoints have names the jobs choose (step numbers, ranks); reads and writes "
-             "are limited to this cluster's prefix checkpoints/<cluster-id>/ of the "
-             "checkpoint bucket, with no delete.")
-        if data.data_bucket is not None:
-            _ack(group.role, f"AwsSolutions-IAM5[Resource::"
-                 f"{_bucket_arn(data.data_bucket)}/{data.data_prefix}*]",
-                 "A dataset is many objects whose names the user chooses; s3:GetObject only, "
-                 "limited to the dataBucket's dataPrefix (dl-run --data stages it).")
+    jobs = cluster.job_role.role
+    _ack(jobs, f"AwsSolutions-IAM5[Resource::{_bucket_arn(data.checkpoint_bucket)}/"
+         f"{data.checkpoint_prefix}${{aws:PrincipalTag/{JOB_USER_TAG}}}/*]",
+         "Checkpoints have names the jobs choose (step numbers, ranks); reads and writes are "
+         "limited to the job's own user's prefix checkpoints/<cluster-id>/<user>/ of the "
+         "checkpoint bucket (the session tag the executor sets), with no delete.")
+    if data.data_bucket is not None:
+        _ack(jobs, f"AwsSolutions-IAM5[Resource::"
+             f"{_bucket_arn(data.data_bucket)}/{data.data_prefix}*]",
+             "A dataset is many objects whose names the user chooses; s3:GetObject only, "
+             "limited to the dataBucket's dataPrefix (dl-run --data stages it).")
 
 
 def acknowledge_custom_resource_provider(scope: IConstruct) -> None:

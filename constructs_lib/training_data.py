@@ -11,8 +11,9 @@
   may read and write under ``checkpoints/<cluster-id>/`` only: a second cluster sharing the
   bucket cannot touch this one's checkpoints.
 
-Both grants go to the node roles; a job role of its own (so that jobs get the data and
-checkpoint permissions and not the node's) is listed as open in docs/security.md.
+Both grants go to the cluster's job role (``job_role.py``), not to the node roles: jobs get
+them through the credentials their executor issues, and each user's jobs may write only
+``checkpoints/<cluster-id>/<user>/`` (the session's ``dl-user`` tag).
 
 S3 permissions: https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-with-s3-policy-actions.html
 (``s3:ListBucket`` is on the bucket and takes the ``s3:prefix`` condition; object actions are
@@ -129,11 +130,14 @@ class TrainingData(Construct):
         if bucket.encryption_key is not None:
             bucket.encryption_key.grant(role, "kms:Decrypt")
 
-    def grant_checkpoint_read_write(self, role: iam.IRole) -> None:
+    def grant_checkpoint_read_write(self, role: iam.IRole, per_user_tag: str = "") -> None:
         """List, read and write this cluster's checkpoint prefix (multipart uploads
-        included); no delete (the bucket's lifecycle expires old versions), nothing else."""
+        included); no delete (the bucket's lifecycle expires old versions), nothing else.
+        With ``per_user_tag``, only ``<prefix><the session's tag value>/``."""
         bucket = self.checkpoint_bucket
-        _grant_prefix(role, bucket, self.checkpoint_prefix, sid="ReadWriteCheckpoints",
+        prefix = self.checkpoint_prefix + (f"${{aws:PrincipalTag/{per_user_tag}}}/"
+                                           if per_user_tag else "")
+        _grant_prefix(role, bucket, prefix, sid="ReadWriteCheckpoints",
                       actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"])
         if bucket.encryption_key is not None:
             bucket.encryption_key.grant(role, "kms:Decrypt", "kms:GenerateDataKey")

@@ -104,6 +104,7 @@ def node_user_data(
     data_prep: str | None = None,
     max_replacements_per_hour: int | None = None,
     membership_key: str = "",
+    job_role_arn: str = "",
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line")."""
@@ -127,6 +128,8 @@ def node_user_data(
         settings["max-replacements-per-hour"] = str(max_replacements_per_hour)
     if membership_key:  # the master signs the membership with it, workers verify
         settings["membership-key"] = membership_key
+    if job_role_arn:  # the executor's: each job gets credentials of this role
+        settings["job-role-arn"] = job_role_arn
     data = ec2.UserData.for_linux()
     data.add_commands(
         *render_bootstrap_commands(

@@ -112,15 +112,17 @@ def agent_unit(python: str, package_dir: str, agent_args: list[str], root: str =
 
 
 def executor_unit(python: str, package_dir: str, root: str, mount_point: str, *,
-                  guard_imds: bool = False) -> str:
+                  guard_imds: bool = False, job_role_arn: str = "") -> str:
     """The job executor; ``guard_imds``: it (re)installs the IMDS guard before any job
     (``imds_guard``: only root reaches instance metadata). The cluster's nodes say so; EMR's
-    do not (its own daemons, YARN's and HDFS's users, read the instance role there)."""
+    do not (its own daemons, YARN's and HDFS's users, read the instance role there).
+    ``job_role_arn``: the role whose credentials each job gets (``job_credentials``)."""
     return python_unit(root=root,
         description="Deep-learning cluster job executor (runs this node's share of dl-run jobs)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.executor",
         args=["--root", root, "--mount-point", mount_point,
-              *(("--guard-imds",) if guard_imds else ())],
+              *(("--guard-imds",) if guard_imds else ()),
+              *(("--job-role-arn", job_role_arn) if job_role_arn else ())],
         unit=(f"Wants={AGENT_UNIT}", f"After={AGENT_UNIT} remote-fs.target"),
         service=("Restart=always", "RestartSec=5"))
 
@@ -174,7 +176,7 @@ def install(argv: list[str] | None = None) -> list[Path]:
                                                   ns.root), 0o644),
         root / UNIT_DIR / EXECUTOR_UNIT: (
             executor_unit(opts.python, opts.package_dir, ns.root, ns.mount_point,
-                          guard_imds=True), 0o644),
+                          guard_imds=True, job_role_arn=ns.job_role_arn), 0o644),
     }
     units = [AGENT_UNIT, EXECUTOR_UNIT]
     if ns.role == "master":

@@ -55,6 +55,7 @@ class AgentConfig:
     drain_timeout: float = 240.0
     max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR
     membership_key: str = ""
+    job_role_arn: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -140,6 +141,8 @@ OPTIONS: tuple[Option, ...] = (
            "(instances it may mark Unhealthy in any hour)"),
     Option("--membership-key", "KMS key that signs the membership (the master signs, "
            "workers apply only what it signed; '' = unsigned)"),
+    Option("--job-role-arn", "the stack's job role, for the executor: each job gets its own "
+           "temporary credentials of it ('' = none)"),
 )
 
 

@@ -17,6 +17,8 @@ On a node (relative to its root)::
     var/lib/dl-agent/<name>.lock      held (flock) by the one running <name> daemon
     var/lib/dl-executor/shares/<job-id>.<rank>.<n>.status  how process n of a share ended,
                                       written by its wrapper (a restarted executor reads it)
+    var/lib/dl-executor/job-credentials/<job-id>/  a running job's job role credentials
+                                      (root's directory, files 0600 for the job's user)
 
 On EFS (relative to the mount point)::
 
@@ -193,6 +195,11 @@ class NodePaths:
     @property
     def share_status_dir(self) -> Path:
         return self.root / SHARE_STATUS_DIR
+
+    @property
+    def job_credentials_dir(self) -> Path:
+        """Where the executor keeps running jobs' job role credentials (node-local)."""
+        return self.root / EXECUTOR_STATE_DIR / "job-credentials"
 
     def share_status(self, job_id: str, rank: int, index: int) -> Path:
         """How process ``index`` of this node's share ``rank`` of ``job_id`` ended."""

@@ -33,11 +33,13 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
+from bootstrap_scripts.jobs.executor.job_credentials import JobCredentialStore
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
@@ -71,6 +73,23 @@ EFS_DIR_MODES = {**dict.fromkeys(SHARED_EFS_DIRS, SHARED_DIR_MODE),
                  **dict.fromkeys(PER_USER_EFS_DIRS, PER_USER_PARENT_MODE)}
 
 
+def job_credential_store(root: Path, role_arn: str) -> JobCredentialStore:
+    """Job role credentials made with this node's own (instance role) credentials, in its
+    region (the installed file: the SDK does not ask instance metadata for it)."""
+    region = node_region.client_region(root) or ""
+
+    clients: list[object] = []
+
+    def sts() -> object:
+        if not clients:  # made once, on the first job: a client costs ~0.5 s of CPU
+            import boto3  # only on nodes whose stack has a job role
+
+            clients.append(boto3.client("sts", region_name=region or None))
+        return clients[0]
+
+    return JobCredentialStore(NodePaths(root).job_credentials_dir, role_arn, region, sts)
+
+
 def prepare_shared_dirs(efs: Path) -> list[Path]:
     """Create (or fix) the EFS directories users work in: 1777 where every user creates
     entries, 0755 (root's) where root makes one directory per user.
@@ -95,10 +114,13 @@ def prepare_shared_dirs(efs: Path) -> list[Path]:
 class Executor:
     """One node's executor: heartbeat, scan, join, drain and supervise, every 0.2 s."""
 
-    def __init__(self, root: Path, efs: Path, address: str = "", *, require_mount: bool = False):
+    def __init__(self, root: Path, efs: Path, address: str = "", *, require_mount: bool = False,
+                 job_role_arn: str = ""):
         self.node = ThisNode(NodePaths(root), ClusterPaths(efs), address)
         self.require_mount = require_mount
         self.shares = Shares(self.node)
+        if job_role_arn:
+            self.shares.credentials = job_credential_store(root, job_role_arn)
         self.drain = Drain(self.node, self.shares)
         self.joins = ElasticJoins(self.node, self.shares)
         self.scanner = JobScanner(self.node, self.shares, self.joins, self.drain)
@@ -242,6 +264,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--guard-imds", action="store_true",
                    help="before any job, let only root reach the instance metadata service "
                    "(bootstrap_scripts.agent.imds_guard)")
+    p.add_argument("--job-role-arn", default="",
+                   help="the stack's job role: each job gets its own temporary credentials "
+                        "of it ('' = jobs get no AWS credentials)")
     # Accepted so the installer can pass the agent's argument list unchanged.
     for name in AGENT_ARGS_IGNORED:
         p.add_argument(name, default=None, help=argparse.SUPPRESS)
@@ -268,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     except (AlreadyRunning, UnsafeLockFile, OSError) as exc:
         LOG.error("%s; not starting a second one", exc)
         return 1
-    ex = Executor(root, Path(efs), args.address, require_mount=not args.no_mount)
+    ex = Executor(root, Path(efs), args.address, require_mount=not args.no_mount,
+                  job_role_arn=args.job_role_arn)
 
     def stop(signum: int, _frame: object) -> None:
         ex.stopping = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -27,6 +28,12 @@ from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user
+from bootstrap_scripts.jobs.executor.job_credentials import (
+    CredentialsError,
+    JobCredentials,
+    JobCredentialStore,
+    job_env,
+)
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import runner_beat
 from bootstrap_scripts.jobs.executor.reattach import LOST_RETURNCODE, AdoptedProcess, live_group
@@ -87,6 +94,8 @@ class RunningShare:
     #: the job's owner, whose rights every write into its directory uses (-1: ours)
     uid: int = -1
     gid: int = -1
+    #: the job's user (name, uid, gid): whose job role credentials this share holds
+    owner: tuple[str, int, int] = ("", -1, -1)
 
     @property
     def token(self) -> str:
@@ -134,6 +143,25 @@ class Shares:
         self.running: dict[str, RunningShare] = {}
         #: exits the last :meth:`supervise` could not record (EFS full): retried next pass
         self.unrecorded = 0
+        #: the job role credentials of the running jobs (None: the cluster has no job role)
+        self.credentials: JobCredentialStore | None = None
+
+    def issue_credentials(self, job_id: str, uid: int, gid: int
+                          ) -> tuple[JobCredentials | None, tuple[str, int, int]]:
+        """The job role credentials for a share of ``job_id`` run by ``uid`` (None without
+        a job role), and its owner. CredentialsError when STS or the disk refuses."""
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+        owner = (user, uid, gid)
+        if self.credentials is None or not self.credentials.enabled:
+            return None, owner
+        return self.credentials.issue(job_id, user, uid, gid), owner
+
+    def forget_credentials(self, job_id: str) -> None:
+        if self.credentials is not None:
+            self.credentials.forget(job_id)
 
     def child_env(self, spec: JobSpec, proc: Proc, paths: JobPaths, rank: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -163,9 +191,19 @@ class Shares:
         started: list[RunningProc] = []
         pgid = 0
         error = ""
+        try:
+            creds, owner = self.issue_credentials(spec.job_id, uid, gid)
+        except (CredentialsError, OSError) as exc:
+            # The job still runs (most jobs never call AWS); one that does fails with "no
+            # credentials", and its log says why.
+            creds, owner = None, ("", uid, gid)
+            no_credentials = f"dl-executor: no AWS credentials for this job: {exc}\n"
+            LOG.error("job %s: %s", spec.job_id, exc)
+        else:
+            no_credentials = ""
         self.node.paths.share_status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for index, proc in enumerate(share.procs):
-            env = self.child_env(spec, proc, paths, share.rank)
+            env = job_env(self.child_env(spec, proc, paths, share.rank), creds)
             status = self.node.paths.share_status(spec.job_id, share.rank, index)
             with contextlib.suppress(FileNotFoundError):
                 status.unlink()  # a stale one would end the share at once after a restart
@@ -179,6 +217,8 @@ class Shares:
                 error = f"cannot open the share's log {log_path.name}: {exc}"
                 break
             with os.fdopen(log_fd, "ab", buffering=0) as log:
+                if no_credentials and index == 0:
+                    log.write(no_credentials.encode())
                 try:
                     if error:
                         raise FileNotFoundError(error)
@@ -196,7 +236,8 @@ class Shares:
                     break
             pgid = pgid or popen.pid
             started.append(RunningProc(proc, popen))
-        running = RunningShare(spec, share, paths, pgid, started, time.time(), uid=uid, gid=gid)
+        running = RunningShare(spec, share, paths, pgid, started, time.time(), uid=uid, gid=gid,
+                               owner=owner)
         try:
             with as_user(uid, gid):
                 store.write_record(paths.started(share.rank), ShareStarted(
@@ -213,6 +254,7 @@ class Shares:
             for p in started:
                 p.popen.wait()
             self.finish(running, 127, reason=error)
+            self.forget_credentials(spec.job_id)
             return False
         LOG.info("job %s: started share of node rank %d (pgid %d)", spec.job_id, share.rank, pgid)
         self.running[spec.job_id] = running
@@ -313,7 +355,11 @@ class Shares:
                     self.unrecorded += 1
                     continue
                 del self.running[job_id]
+                self.forget_credentials(job_id)
                 ended.append(job_id)
+        if self.credentials is not None and self.credentials.enabled:
+            self.credentials.refresh_due({j: r.owner for j, r in self.running.items()
+                                          if r.owner[1] >= 0})
         return ended
 
     def holding_store(self, r: RunningShare, now: float) -> bool:
@@ -386,6 +432,10 @@ class Shares:
                         reason="the job executor restarted and found no record of the "
                                "share's processes")
             return
+        try:  # the previous executor's credentials were in its memory: issue new ones
+            _creds, r.owner = self.issue_credentials(spec.job_id, uid, gid)
+        except (CredentialsError, OSError) as exc:
+            LOG.error("job %s: no job role credentials after re-attaching: %s", spec.job_id, exc)
         self.running[spec.job_id] = r
         LOG.warning("job %s: re-attached to the share of node rank %d left running by a "
                     "previous executor (pgid %d, pids %s)", spec.job_id, share.rank, r.pgid,

@@ -116,7 +116,7 @@ def acknowledge_training_data(cluster: DeepLearningCluster) -> None:
     data = cluster.training_data
     jobs = cluster.job_role.role
     _ack(jobs, f"AwsSolutions-IAM5[Resource::{_bucket_arn(data.checkpoint_bucket)}/"
-         f"{data.checkpoint_prefix}${{aws:PrincipalTag/{JOB_USER_TAG}}}/*]",
+         f"{data.checkpoint_prefix}<aws:PrincipalTag/{JOB_USER_TAG}>/*]",  # cdk-nag's spelling
          "Checkpoints have names the jobs choose (step numbers, ranks); reads and writes are "
          "limited to the job's own user's prefix checkpoints/<cluster-id>/<user>/ of the "
          "checkpoint bucket (the session tag the executor sets), with no delete.")

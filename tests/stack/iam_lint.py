@@ -195,6 +195,16 @@ ACCEPTED: tuple[Accepted, ...] = (
         "systems-manager/latest/userguide/sysman-rc-setting-up-cmdsec.html). parliament "
         "1.6.4 wants a document ARN in every SendCommand statement."),
     Accepted(
+        "RESOURCE_MISMATCH", "identity", r"JobRoleDefaultPolicy[0-9A-F]+\.PolicyDocument$",
+        r'"action": "s3:(AbortMultipartUpload|GetObject|PutObject)", '
+        r'"required_format": "arn:\*:s3:::\*/\*"',
+        "Valid: the job role's checkpoint objects are arn:aws:s3:::<bucket>/checkpoints/"
+        "<cluster>/${aws:PrincipalTag/dl-user}/*, an object ARN with an IAM policy variable "
+        "(https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html, "
+        "\"Tags as policy variables\"), so each user's jobs reach only their own prefix. "
+        "parliament 1.6.4 matches the ARN before substituting variables and does not see the "
+        "object part."),
+    Accepted(
         "UNKNOWN_CONDITION_FOR_ACTION", "identity",
         r"OperatorAccess(Policy|AdminSessionPolicy)[0-9A-F]+\.PolicyDocument$",
         r"ssm:SessionDocumentAccessCheck for action ssm:StartSession",

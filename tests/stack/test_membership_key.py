@@ -67,10 +67,17 @@ def test_both_roles_get_the_key_in_their_user_data(template: Template) -> None:
 @pytest.mark.parametrize("role", ["MasterGroupInstanceRoleDefaultPolicy",
                                   "WorkerGroupInstanceRoleDefaultPolicy"])
 def test_no_node_role_may_assume_or_pass_a_role(template: Template, role: str) -> None:
-    """A worker cannot become the master (nor the master anything else) through IAM."""
+    """A worker cannot become the master (nor the master anything else) through IAM: the
+    only role a node may assume is the job role (for its jobs' credentials), nothing of
+    iam:."""
+    (job_role,) = [k for k in template.find_resources("AWS::IAM::Role") if "JobRole" in k]
     for st in statements(template, role):
         for action in actions(st):
-            assert not action.lower().startswith(("sts:", "iam:")), (role, st)
+            if action.lower().startswith("sts:"):
+                assert sorted(actions(st)) == ["sts:AssumeRole", "sts:TagSession"], (role, st)
+                assert st["Resource"] == {"Fn::GetAtt": [job_role, "Arn"]}, (role, st)
+                continue
+            assert not action.lower().startswith("iam:"), (role, st)
 
 
 def test_only_ec2_may_assume_the_node_roles(template: Template) -> None:

@@ -65,7 +65,7 @@ def test_s3_traffic_goes_through_a_gateway_endpoint_not_the_nat(plain: Template)
 
 def s3_statements(t: Template, role_fragment: str) -> list[dict]:
     (policy,) = [p for k, p in t.find_resources("AWS::IAM::Policy").items()
-                 if role_fragment in k and "InstanceRole" in k]
+                 if role_fragment in k and ("InstanceRole" in k or "JobRole" in k)]
     out = []
     for st in policy["Properties"]["PolicyDocument"]["Statement"]:
         actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
@@ -77,10 +77,11 @@ def s3_statements(t: Template, role_fragment: str) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("role", ["MasterGroup", "WorkerGroup"])
-def test_nodes_read_the_data_prefix_and_write_their_checkpoint_prefix_only(
-        template: Template, role: str) -> None:
-    by_sid = {s["Sid"]: s for s in s3_statements(template, role)}
+def test_jobs_read_the_data_prefix_and_write_their_users_checkpoint_prefix_only(
+        template: Template) -> None:
+    """The grants are the job role's (jobs get its credentials): the data prefix to read,
+    and under this cluster's checkpoint prefix only the session's own user's part."""
+    by_sid = {s["Sid"]: s for s in s3_statements(template, "JobRole")}
     assert by_sid["ReadTrainingData"]["Action"] == ["s3:GetObject"]
     assert by_sid["ReadTrainingData"]["Resource"].endswith(':s3:::my-datasets/digits/*"]]}')
     assert by_sid["ReadTrainingDataList"]["Action"] == ["s3:ListBucket"]
@@ -88,9 +89,10 @@ def test_nodes_read_the_data_prefix_and_write_their_checkpoint_prefix_only(
         "StringLike": {"s3:prefix": ["digits/*"]}}
     assert by_sid["ReadWriteCheckpoints"]["Action"] == [
         "s3:AbortMultipartUpload", "s3:GetObject", "s3:PutObject"]
-    assert '"/checkpoints/DLClusterStack/*"' in by_sid["ReadWriteCheckpoints"]["Resource"]
+    assert '"/checkpoints/DLClusterStack/${aws:PrincipalTag/dl-user}/*"' in \
+        by_sid["ReadWriteCheckpoints"]["Resource"]
     assert by_sid["ReadWriteCheckpointsList"]["Condition"] == {
-        "StringLike": {"s3:prefix": ["checkpoints/DLClusterStack/*"]}}
+        "StringLike": {"s3:prefix": ["checkpoints/DLClusterStack/${aws:PrincipalTag/dl-user}/*"]}}
     (kms,) = [s for s in by_sid.values() if s["Sid"] is None]
     assert kms["Action"] == ["kms:Decrypt", "kms:GenerateDataKey"]
     assert "CheckpointKey" in kms["Resource"]
@@ -99,8 +101,15 @@ def test_nodes_read_the_data_prefix_and_write_their_checkpoint_prefix_only(
     assert not [a for a in every if "*" in a or a in ("s3:DeleteObject", "s3:PutBucketPolicy")]
 
 
-def test_without_a_data_bucket_the_nodes_get_no_data_permission(plain: Template) -> None:
-    sids = {s["Sid"] for s in s3_statements(plain, "WorkerGroup")}
+@pytest.mark.parametrize("role", ["MasterGroup", "WorkerGroup"])
+def test_the_node_roles_get_neither_data_nor_checkpoints(template: Template, role: str) -> None:
+    sids = {s["Sid"] for s in s3_statements(template, role)}
+    assert not sids & {"ReadTrainingData", "ReadTrainingDataList", "ReadWriteCheckpoints",
+                       "ReadWriteCheckpointsList"}, sids
+
+
+def test_without_a_data_bucket_jobs_get_no_data_permission(plain: Template) -> None:
+    sids = {s["Sid"] for s in s3_statements(plain, "JobRole")}
     assert "ReadTrainingData" not in sids and "ReadWriteCheckpoints" in sids
 
 

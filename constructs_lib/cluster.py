@@ -208,7 +208,8 @@ class DeepLearningCluster(Construct):
                                            DEFAULT_INSTANCE_TYPE),
             reservation_id=capacity_reservation_id, max_zone_moves=max_zone_moves,
             reservation_group_arn=capacity_reservation_group_arn,
-            capacity_block_id=capacity_block_id, spot_workers=spot_workers)
+            capacity_block_id=capacity_block_id, spot_workers=spot_workers,
+            new_placement_group=create_placement_group)
         root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         family = image_family(image_type)
         if pytorch_version is not None:

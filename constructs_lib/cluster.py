@@ -23,7 +23,12 @@ from constructs_lib.cluster_settings import (
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
 )
-from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami, image_family
+from constructs_lib.images import (
+    DEFAULT_IMAGE_TYPE,
+    deep_learning_ami,
+    image_family,
+    published_pytorch,
+)
 from constructs_lib.images import pytorch_version as pytorch_version_check
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
@@ -212,8 +217,19 @@ class DeepLearningCluster(Construct):
             new_placement_group=create_placement_group)
         root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         family = image_family(image_type)
-        if pytorch_version is not None:
+        if pytorch_version is not None and machine_image is None:
+            pytorch_version = published_pytorch(image_type, pytorch_version)
+        elif pytorch_version is not None:
             pytorch_version = pytorch_version_check("pytorch_version", pytorch_version)
+        if (file_system is None and efs_require_tls and machine_image is None
+                and not family.mounts_tls):
+            raise validation.ConfigError(
+                f"image_type={image_type!r} with the default file system: the file system "
+                f"refuses clients without TLS (efs_require_tls=True), and TLS to EFS needs "
+                f"amazon-efs-utils, which the {image_type} Deep Learning AMI does not have and "
+                f"its OS has no package for (AWS documents building it from source); use "
+                f"image_type='amazon-linux-2023', a machine_image that has amazon-efs-utils, or "
+                f"efs_require_tls=False (docs/node-agent.md, \"Mounting EFS\")")
         if ssh_cidr:
             validation.ssh_cidr("ssh_cidr", ssh_cidr)
         self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)

@@ -62,13 +62,17 @@ class ClusterSettings:
         "the PyTorch Deep Learning AMI, resolved at deploy time from its public SSM "
         "parameter (no AMI table to go stale). Amazon Linux 2023 installs amazon-efs-utils at "
         "boot, so EFS mounts with TLS; the Ubuntu DLAMI has no EFS client and cannot mount the "
-        "default TLS-only file system ([docs/node-agent.md](docs/node-agent.md), \"Mounting "
-        "EFS\")", _image_type, accepts=" or ".join(f"`{k}`" for k in IMAGE_FAMILIES))
+        "stack's TLS-only file system, so `ubuntu` is refused at synth unless `amiId` (an image "
+        "with amazon-efs-utils) or `efsFileSystemId` is given ([docs/node-agent.md]"
+        "(docs/node-agent.md), \"Mounting EFS\")", _image_type,
+        accepts=" or ".join(f"`{k}`" for k in IMAGE_FAMILIES))
     pytorch_version: str | None = setting(
         "pytorchVersion", None,
         "the PyTorch line of the DLAMI, as in its SSM parameter name (`…/oss-nvidia-driver-"
         "gpu-pytorch-<version>-<os>/latest/ami-id`); defaults are the newest lines AWS's "
-        "release notes document. `make synth` prints the parameter", pytorch_version,
+        "release notes document. A line without a DLAMI for `imageType` is refused at synth "
+        "with the lines there are (`pytorch_lines` in constructs_lib/images.py). `make synth` "
+        "prints the parameter", pytorch_version,
         default_doc=", ".join(f"`{f.default_pytorch}` ({k})" for k, f in IMAGE_FAMILIES.items()),
         accepts="`major.minor`")
     ami_id: str | None = setting(

@@ -61,11 +61,11 @@ def test_every_refusal_names_key_value_and_limit(account) -> None:
 def test_an_unpublished_dlami_parameter_is_refused(account) -> None:
     _endpoint, state, _ami = account
     with pytest.raises(DlcError) as err:
-        check(state, "pytorchVersion=1.0")
+        check(state, "pytorchVersion=2.6")
     assert ("the DLAMI parameter /aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-"
-            "pytorch-1.0-amazon-linux-2023/latest/ami-id is not published in us-east-1") \
+            "pytorch-2.6-amazon-linux-2023/latest/ami-id is not published in us-east-1") \
         in str(err.value)
-    assert "'pytorchVersion'='1.0'" in str(err.value)
+    assert "'pytorchVersion'='2.6'" in str(err.value)
 
 
 def test_bad_and_misspelt_keys_are_refused_before_any_call(account) -> None:

@@ -249,7 +249,8 @@ def test_reservation_combinations_fail_at_synth(ctx: dict, words: list[str]) -> 
 
 def test_a_reservation_group_may_hold_several_types() -> None:
     """A group holds reservations of several types: master and workers may differ."""
-    t = cluster_template(capacityReservationGroupArn=GROUP_ARN, availabilityZones="us-east-1a,us-east-1b",
+    t = cluster_template(capacityReservationGroupArn=GROUP_ARN,
+                         availabilityZones="us-east-1a,us-east-1b",
                          workerInstanceType="p5.48xlarge", masterInstanceType="g5.xlarge")
     assert len(templates(t)) == 2
 

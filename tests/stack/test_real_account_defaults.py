@@ -15,6 +15,7 @@ from aws_cdk.assertions import Template
 from constructs_lib import DeepLearningCluster
 from constructs_lib.images import IMAGE_FAMILIES, dlami_parameter
 from constructs_lib.user_data import MOUNT_TIMEOUT_SECONDS
+from constructs_lib.validation import ConfigError
 from tests.stack.synth import cluster_template, new_app
 
 DLAMI = "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-{}/latest/ami-id"
@@ -65,13 +66,53 @@ def test_tls_stays_required_by_default(default: Template) -> None:
 
 
 def test_ubuntu_and_another_pytorch_line() -> None:
-    t = cluster_template(imageType="ubuntu", pytorchVersion="2.11")
+    """The construct builds Ubuntu nodes for a file system that does not require TLS."""
+    stack = cdk.Stack(new_app(), "Ubuntu")
+    DeepLearningCluster(stack, "Cluster", image_type="ubuntu", pytorch_version="2.11",
+                        efs_require_tls=False)
+    t = Template.from_stack(stack)
     assert dlami_parameters(t) == [DLAMI.format("2.11-ubuntu-24.04")]
     for text in user_data(t).values():
         assert "dnf" not in text and "no amazon-efs-utils package" in text
     for lt in t.find_resources("AWS::EC2::LaunchTemplate").values():
         (bdm,) = lt["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
         assert bdm["DeviceName"] == "/dev/sda1"
+
+
+def test_ubuntu_with_the_tls_only_file_system_is_refused_at_synth() -> None:
+    """Ubuntu's DLAMI has no mount.efs, so it could never mount the default (TLS-only) file
+    system: refused at synth, naming the setting, the value and the way out."""
+    with pytest.raises(ConfigError) as err:
+        cluster_template(imageType="ubuntu")
+    assert "context key 'imageType'='ubuntu' cannot mount" in str(err.value)
+    assert "amazon-efs-utils" in str(err.value) and "amiId" in str(err.value)
+    with pytest.raises(ConfigError, match=r"image_type='ubuntu' with the default file system.*"
+                       r"efs_require_tls=False"):
+        DeepLearningCluster(cdk.Stack(new_app(), "U"), "Cluster", image_type="ubuntu")
+    # A custom AMI is the user's to have amazon-efs-utils.
+    t = cluster_template(imageType="ubuntu", amiId="ami-0123456789abcdef0")
+    assert dlami_parameters(t) == []
+
+
+@pytest.mark.parametrize(("ctx", "words"), [
+    ({"pytorchVersion": "1.0"}, ["'pytorchVersion'='1.0'", "'imageType'='amazon-linux-2023'",
+                                 "pytorch-1.0-amazon-linux-2023", "2.13"]),
+    ({"pytorchVersion": "2.13", "imageType": "ubuntu"},
+     ["'pytorchVersion'='2.13'", "'imageType'='ubuntu'", "2.9, 2.10, 2.11, 2.12"]),
+])
+def test_a_pytorch_line_without_a_dlami_is_refused_at_synth(ctx: dict, words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        cluster_template(**ctx)
+    for word in words:
+        assert word in str(err.value)
+    with pytest.raises(ConfigError, match=r"pytorch_version='2.99' has no PyTorch Deep Learning "
+                       r"AMI for image_type='amazon-linux-2023'"):
+        DeepLearningCluster(cdk.Stack(new_app(), "P"), "Cluster", pytorch_version="2.99")
+
+
+def test_every_default_line_is_a_published_one() -> None:
+    for family in IMAGE_FAMILIES.values():
+        assert family.default_pytorch == family.pytorch_lines[-1]
 
 
 def test_parameter_names_follow_the_documented_form() -> None:

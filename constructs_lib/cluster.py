@@ -100,6 +100,7 @@ class DeepLearningCluster(Construct):
         placement_group: ec2.IPlacementGroup | None = None,
         create_placement_group: bool = False,
         efa: bool = False,
+        efa_cards: Sequence[int] | None = None,
         cluster_id: str | None = None,
         setup_timeout_seconds: int = SETUP_TIMEOUT_SECONDS,
         spot_workers: int = DEFAULT_SPOT_WORKERS,
@@ -174,9 +175,13 @@ class DeepLearningCluster(Construct):
         :param create_placement_group: start every node in a new cluster placement group
             (``placement_group`` attribute), for the lowest latency between nodes.
             :default: False
-        :param efa: give the nodes an EFA network interface (the instance type must
-            support it).
+        :param efa: give the nodes an EFA interface on every EFA network card of their
+            instance type (p5.48xlarge: 32, p4d.24xlarge: 4; ``constructs_lib.efa``); the type
+            must support EFA. The nodes then start in one zone.
             :default: False
+        :param efa_cards: with ``efa``, the network card indexes that get an EFA interface,
+            for a type the table does not know.
+            :default: the instance type's EFA cards (``constructs_lib.efa.EFA_CARDS``)
         :param cluster_id: the ``dl-cluster:id`` tag that scopes the cluster's permissions.
             :default: the stack name
         :param setup_timeout_seconds: how long the stack waits for the cluster to form.
@@ -349,6 +354,7 @@ class DeepLearningCluster(Construct):
             placement_group=placement_group,
             group_placement_group=self.placement_groups[0] if self.placement_groups else None,
             efa=efa,
+            efa_cards=efa_cards,
             capacity=self.capacity,
         )
         self.master_group = NodeGroup(

@@ -119,6 +119,12 @@ class ClusterSettings:
         "placementGroup", False, "`true`: all nodes in one zone, in a cluster placement group "
         "(one per zone the cluster may move to, see \"When capacity is short\")",
         validation.flag, accepts="`true` or `false`")
+    efa: bool = setting(
+        "efa", False, "`true`: an EFA interface on every EFA network card of the nodes' "
+        "instance type (32 on p5.48xlarge, 4 on p4d.24xlarge; [docs/node-agent.md]"
+        "(docs/node-agent.md), \"EFA\"), nodes in one zone; the type must support EFA, and "
+        "not with `sshCidr` (a public address needs a single interface)", validation.flag,
+        accepts="`true` or `false`")
     max_workers: int | None = setting(
         "maxWorkers", None, "the worker group's maximum: how far `dl-scale --workers` can "
         "grow it", validation.count, default_doc="workerCount + spotWorkers", minimum=1,

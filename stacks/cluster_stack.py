@@ -68,6 +68,7 @@ class DLClusterStack(Stack):
             efs_mount_point=s.efs_mount_point,
             root_volume_gib=s.root_volume_gib,
             create_placement_group=s.placement_group,
+            efa=s.efa,
             max_workers=s.max_workers,
             spot_workers=s.spot_workers,
             data_prep_script=s.data_prep_script,

@@ -282,6 +282,8 @@ VARIANTS = {
                        "workerInstanceType": "p5.48xlarge", "masterInstanceType": "p5.48xlarge"},
     "reservation-group": {"capacityReservationGroupArn": GROUP_ARN,
                           "availabilityZones": "us-east-1a,us-east-1b"},
+    "efa-p5": {"efa": "true", "placementGroup": "true", "workerInstanceType": "p5.48xlarge",
+               "masterInstanceType": "p5.48xlarge"},
 }
 
 

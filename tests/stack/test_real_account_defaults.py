@@ -133,24 +133,88 @@ def test_nodes_boot_only_once_every_mount_target_is_available(default: Template)
 
 
 # -- 12.8: EFA ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("efa", [True, False])
-def test_efa_puts_an_efa_interface_on_both_launch_templates(efa: bool) -> None:
+def efa_templates(types: dict, **props: object) -> tuple[list[dict], str]:
     stack = cdk.Stack(new_app(), "Efa")
-    cluster = DeepLearningCluster(stack, "Cluster", worker_instance_type="p5.48xlarge",
-                                  master_instance_type="p5.48xlarge", efa=efa)
+    cluster = DeepLearningCluster(stack, "Cluster", **types, **props)
     t = Template.from_stack(stack)
     node_sg = stack.resolve(cluster.node_security_group.security_group_id)
     data = [lt["Properties"]["LaunchTemplateData"]
             for lt in t.find_resources("AWS::EC2::LaunchTemplate").values()]
     assert len(data) == 2
+    return data, node_sg
+
+
+P5 = {"worker_instance_type": "p5.48xlarge", "master_instance_type": "p5.48xlarge"}
+
+
+def test_without_efa_the_template_keeps_its_security_groups() -> None:
+    data, node_sg = efa_templates(P5, efa=False)
     for d in data:
-        if not efa:
-            assert "NetworkInterfaces" not in d and d["SecurityGroupIds"] == [node_sg]
-            continue
-        (interface,) = d["NetworkInterfaces"]
-        assert interface["InterfaceType"] == "efa"
-        assert interface["DeviceIndex"] == 0 and interface["Groups"] == [node_sg]
-        assert "SecurityGroupIds" not in d  # the interface carries the groups
+        assert "NetworkInterfaces" not in d and d["SecurityGroupIds"] == [node_sg]
+
+
+def test_efa_on_every_network_card_of_a_p5() -> None:
+    """p5.48xlarge has 32 network cards, each with EFA (DescribeInstanceTypes): the primary
+    EFA interface on card 0, an EFA-only interface on cards 1 to 31."""
+    data, node_sg = efa_templates(P5, efa=True)
+    for d in data:
+        interfaces = d["NetworkInterfaces"]
+        assert [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in interfaces] == [
+            (card, 0) for card in range(32)]
+        assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * 31
+        assert all(i["Groups"] == [node_sg] and i["DeleteOnTermination"] for i in interfaces)
+        assert "SecurityGroupIds" not in d  # the interfaces carry the groups
+
+
+def test_efa_on_a_single_card_type_is_the_one_primary_interface() -> None:
+    data, node_sg = efa_templates({"worker_instance_type": "g5.12xlarge",
+                                   "master_instance_type": "g5.12xlarge"}, efa=True)
+    for d in data:
+        assert d["NetworkInterfaces"] == [{"NetworkCardIndex": 0, "DeviceIndex": 0,
+                                           "DeleteOnTermination": True, "Groups": [node_sg],
+                                           "InterfaceType": "efa"}]
+
+
+def test_a_type_whose_card_0_has_no_efa_keeps_an_ena_primary() -> None:
+    data, _ = efa_templates({"worker_instance_type": "p6-b300.48xlarge",
+                             "master_instance_type": "p4d.24xlarge"}, efa=True)
+    layouts = sorted([(i["NetworkCardIndex"], i["InterfaceType"]) for i in d["NetworkInterfaces"]]
+                     for d in data)
+    assert [(0, "efa"), (1, "efa-only"), (2, "efa-only"), (3, "efa-only")] in layouts
+    assert [(0, "interface")] + [(c, "efa-only") for c in range(1, 17)] in layouts
+
+
+def test_efa_refuses_what_one_launch_template_cannot_serve() -> None:
+    with pytest.raises(ConfigError, match=r"same cards; got p5.48xlarge: 32 .*p4d.24xlarge: 4"):
+        efa_templates({"worker_instance_types": ["p5.48xlarge", "p4d.24xlarge"],
+                       "master_instance_type": "p5.48xlarge"}, efa=True)
+    with pytest.raises(ConfigError, match=r"public address only to an instance launched with "
+                       r"one network interface"):
+        efa_templates(P5, efa=True, ssh_cidr="203.0.113.0/24")
+
+
+def test_the_efa_table_is_what_describe_instance_types_says(moto_reset: str) -> None:
+    """EFA_CARDS holds DescribeInstanceTypes' answer for the accelerated multi-card types:
+    compared with moto's copy of the EC2 instance-type data (NetworkCards' InterfaceTypes,
+    EfaInfo.MaximumEfaInterfaces), every accelerated EFA type of it."""
+    import boto3
+
+    from constructs_lib.efa import ACCELERATED_FAMILIES, efa_cards
+
+    ec2 = boto3.client("ec2", endpoint_url=moto_reset, region_name="us-east-1")
+    checked = 0
+    for page in ec2.get_paginator("describe_instance_types").paginate():
+        for it in page["InstanceTypes"]:
+            net, name = it["NetworkInfo"], it["InstanceType"]
+            if not net.get("EfaSupported") or not any(
+                    name.startswith(f) and name[len(f)].isdigit() for f in ACCELERATED_FAMILIES):
+                continue
+            cards = sorted(c["NetworkCardIndex"] for c in net["NetworkCards"]
+                           if "efa" in c.get("InterfaceTypes", ["efa"]))
+            cards = cards[:net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 1)]
+            assert efa_cards(name) == tuple(cards), name
+            checked += 1
+    assert checked > 20  # the p, g and trn types with EFA
 
 
 # -- 12.4: lost notifications --------------------------------------------------------------------

@@ -48,6 +48,7 @@ def test_every_documented_key_is_parsed() -> None:
         "spotWorkers": "2",
         "dataPrepScript": "/efs/prep.sh --fast",
         "sshAllowWideCidr": "false",
+        "efa": "true",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -73,6 +74,7 @@ def test_every_documented_key_is_parsed() -> None:
         max_workers=8,
         spot_workers=2,
         data_prep_script="/efs/prep.sh --fast",
+        efa=True,
     )
 
 

@@ -40,7 +40,11 @@ from constructs_lib.shared_storage import (
     NFS_RULE_DESCRIPTION,
     SharedFileSystem,
 )
-from constructs_lib.user_data import node_user_data
+from constructs_lib.user_data import (
+    DEFAULT_NODE_BOOT_SECONDS,
+    MIN_NODE_BOOT_SECONDS,
+    node_user_data,
+)
 
 # DEFAULT_INSTANCE_TYPE, DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings'
 # defaults (constructs_lib.cluster_settings, the one description of each setting).
@@ -103,6 +107,7 @@ class DeepLearningCluster(Construct):
         efa_cards: Sequence[int] | None = None,
         cluster_id: str | None = None,
         setup_timeout_seconds: int = SETUP_TIMEOUT_SECONDS,
+        node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
         spot_workers: int = DEFAULT_SPOT_WORKERS,
         data_prep_script: str | None = None,
     ) -> None:
@@ -186,6 +191,11 @@ class DeepLearningCluster(Construct):
             :default: the stack name
         :param setup_timeout_seconds: how long the stack waits for the cluster to form.
             :default: 3300 (55 minutes)
+        :param node_boot_seconds: the node boot budget: how long the master waits, once the
+            groups launched, for their nodes to boot and register before it forms the cluster
+            without the missing ones (whose ids and types the agent logs); at least 60 and at
+            most ``setup_timeout_seconds - 300``.
+            :default: 900 (15 minutes: a DLAMI boots in minutes)
         :param spot_workers: Spot workers above the ``worker_count`` on-demand base.
             :default: 0
         :param data_prep_script: a command every node runs before it joins (one line).
@@ -207,6 +217,11 @@ class DeepLearningCluster(Construct):
                 f"spot_workers <= max_workers, got {min_workers} <= {worker_count} <= "
                 f"{desired_workers} <= {max_workers}"
             )
+        setup_timeout_seconds = validation.positive_int("setup_timeout_seconds",
+                                                        setup_timeout_seconds)
+        node_boot_seconds = validation.count(
+            "node_boot_seconds", node_boot_seconds, minimum=MIN_NODE_BOOT_SECONDS,
+            maximum=max(MIN_NODE_BOOT_SECONDS, setup_timeout_seconds - 300))
         if data_prep_script is not None:
             data_prep_script = validation.one_line("data_prep_script", data_prep_script)
         self.capacity = launch.check_capacity(
@@ -341,6 +356,7 @@ class DeepLearningCluster(Construct):
                 efs_utils_install=family.efs_utils_install,
                 base_workers=worker_count if node_type == "master" else None,
                 data_prep=data_prep_script,
+                node_boot_seconds=node_boot_seconds,
             )
 
         common = dict(

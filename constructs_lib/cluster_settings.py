@@ -22,6 +22,7 @@ from constructs_lib.network import DEFAULT_VPC_CIDR
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
 from constructs_lib.setting import default_of, setting
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
+from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, MIN_NODE_BOOT_SECONDS
 
 #: Most workers a stack setting accepts (workerCount, spotWorkers, maxWorkers): far above any
 #: GPU quota an account starts with, low enough that a typo (100000) fails at synth instead
@@ -29,6 +30,8 @@ from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
 MAX_WORKERS = 1000
 #: Most zone moves: more than the zones of any region.
 MAX_ZONE_MOVES = 10
+#: Longest node boot budget: the stack's 55-minute setup wait minus 5 minutes to form.
+MAX_NODE_BOOT_SECONDS = 3000
 #: Instance type of the master and of the workers.
 DEFAULT_INSTANCE_TYPE = "g5.xlarge"
 
@@ -159,6 +162,12 @@ class ClusterSettings:
         "Scaling's own retries before the capacity adjuster lowers the count or moves zones "
         "(configuration errors such as a bad AMI or a quota act at once)",
         validation.count, minimum=0, maximum=MAX_LAUNCH_RETRY_SECONDS - 1)
+    node_boot_seconds: int = setting(
+        "nodeBootSeconds", DEFAULT_NODE_BOOT_SECONDS, "the node boot budget: seconds a node may "
+        "take from its launch to its registration (a DLAMI boots in minutes, a p5 longer); "
+        "the master waits this long for the launched nodes before it forms the cluster "
+        "without the missing ones, and ends the wait as soon as all registered",
+        validation.count, minimum=MIN_NODE_BOOT_SECONDS, maximum=MAX_NODE_BOOT_SECONDS)
     capacity_reservation_id: str | None = setting(
         "capacityReservationId", None, "launch every node into this On-Demand Capacity "
         "Reservation; needs `availabilityZones`, the reservation's zone first",

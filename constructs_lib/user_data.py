@@ -22,6 +22,15 @@ BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
 #: role reaching EFS; errors that retrying cannot fix end the wait at once
 #: (docs/node-agent.md, "Mounting EFS").
 MOUNT_TIMEOUT_SECONDS = 300
+#: The node boot budget: how long a node may take from its launch to its registration on EFS
+#: (instance start, the DLAMI's own boot with its GPU and EFA drivers, this user data's
+#: downloads and installs, the EFS mount). The master waits this long for the nodes the
+#: groups launched before it forms the cluster without them (docs/node-agent.md, "Master").
+#: A Deep Learning AMI takes minutes to boot, a p5 longer than a g5; 15 minutes covers both
+#: with room, and the wait ends as soon as every node registered.
+DEFAULT_NODE_BOOT_SECONDS = 900
+#: Shortest boot budget accepted: no GPU instance boots a DLAMI faster.
+MIN_NODE_BOOT_SECONDS = 60
 
 
 #: Attempts of each download in the user data, and the first wait between two (doubling):
@@ -102,9 +111,11 @@ def node_user_data(
     efs_utils_install: str = "",
     base_workers: int | None = None,
     data_prep: str | None = None,
+    node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
-    (docs/protocol.md, "The node agent's command line")."""
+    (docs/protocol.md, "The node agent's command line"). The master's registration wait is
+    the node boot budget ``node_boot_seconds``."""
     settings = {
         "role": node_type,
         "cluster-id": cluster_id,
@@ -119,6 +130,8 @@ def node_user_data(
     }
     if base_workers is not None:  # the master's: it decides who is a protected base worker
         settings["base-workers"] = str(base_workers)
+    if node_type == "master":  # only the master waits for registrations
+        settings["registration-wait"] = str(node_boot_seconds)
     if data_prep:
         settings["data-prep"] = data_prep
     data = ec2.UserData.for_linux()

@@ -72,6 +72,7 @@ class DLClusterStack(Stack):
             max_workers=s.max_workers,
             spot_workers=s.spot_workers,
             data_prep_script=s.data_prep_script,
+            node_boot_seconds=s.node_boot_seconds,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster

@@ -125,6 +125,22 @@ def test_parameter_names_follow_the_documented_form() -> None:
         "amazon-linux-2023": "2.13", "ubuntu": "2.12"}
 
 
+def test_the_master_waits_the_node_boot_budget_for_registrations(default: Template) -> None:
+    """A DLAMI boots in minutes: the master's registration wait is the boot budget (900 s by
+    default, nodeBootSeconds), not the agent's 60-second default."""
+    data = user_data(default)
+    assert "--registration-wait '900'" in data["master"]
+    assert "--registration-wait" not in data["worker"]
+    assert "--registration-wait '1800'" in user_data(
+        cluster_template(nodeBootSeconds="1800"))["master"]
+    with pytest.raises(ConfigError, match=r"'nodeBootSeconds' must be an integer >= 60, got "
+                                          r"'30'"):
+        cluster_template(nodeBootSeconds="30")
+    with pytest.raises(ConfigError, match=r"node_boot_seconds must be at most 300, got 400"):
+        DeepLearningCluster(cdk.Stack(new_app(), "B"), "Cluster", setup_timeout_seconds=600,
+                            node_boot_seconds=400)
+
+
 def test_nodes_boot_only_once_every_mount_target_is_available(default: Template) -> None:
     targets = set(default.find_resources("AWS::EFS::MountTarget"))
     assert len(targets) == 2

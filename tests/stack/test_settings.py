@@ -49,6 +49,7 @@ def test_every_documented_key_is_parsed() -> None:
         "dataPrepScript": "/efs/prep.sh --fast",
         "sshAllowWideCidr": "false",
         "efa": "true",
+        "nodeBootSeconds": "1800",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -75,6 +76,7 @@ def test_every_documented_key_is_parsed() -> None:
         spot_workers=2,
         data_prep_script="/efs/prep.sh --fast",
         efa=True,
+        node_boot_seconds=1800,
     )
 
 

@@ -34,6 +34,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from contextlib import redirect_stderr
 from dataclasses import dataclass, field
@@ -195,6 +196,10 @@ class Node:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # imds, agent, executor
     env: dict[str, str] = field(default_factory=dict)
     exited: dict[str, float] = field(default_factory=dict)  # unit -> when its process ended
+    #: Seconds between the machine answering on its metadata endpoint and its user data
+    #: running: the operating system's boot, which on a Deep Learning AMI takes minutes
+    #: (``make demo --boot-delay``; docs/emulator.md). 0: the user data runs at once.
+    boot_delay: float = 0.0
 
     @property
     def instance_id(self) -> str:
@@ -232,7 +237,10 @@ class Node:
                             f"did not start (log: {self.log_path('imds')})") from None
         self.env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = self.imds_url
         self.env["AWS_EC2_METADATA_DISABLED"] = "false"
-        # 2. the real installer, as the user data runs it
+        # 2. the machine boots its OS (boot_delay), then the real installer runs, as the
+        #    user data would
+        if self.boot_delay > 0:
+            time.sleep(self.boot_delay)
         self._install(install_args, wait_handle)
         # 3. what systemd would start
         self.agent_pid = self._start_unit(AGENT_UNIT, "agent").pid

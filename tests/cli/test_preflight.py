@@ -132,3 +132,30 @@ def test_vcpus_per_quota() -> None:
     assert by_code["L-7212CCBC"].vcpus == 2 * 192
     assert preflight.quota_class("trn1n.32xlarge").on_demand == "L-2C3B7624"
     assert preflight.quota_class("u-6tb1.metal") is None
+
+
+def test_efa_needs_types_with_efa(account) -> None:
+    """With efa=true each type must support EFA (DescribeInstanceTypes), and have the EFA
+    network cards the stack gives interfaces."""
+    endpoint, state, ami = account
+    raise_quota(endpoint, "L-DB2E81BA", 12)
+    with pytest.raises(DlcError) as err:
+        check(state, f"amiId={ami}", "efa=true")
+    assert ("context keys 'efa'=true / 'masterInstanceType': g5.xlarge does not support EFA "
+            "(EC2 DescribeInstanceTypes NetworkInfo.EfaSupported)") in str(err.value)
+    raise_quota(endpoint, "L-417A185B", 3 * 192)
+    lines = check(state, f"amiId={ami}", "efa=true", "workerInstanceType=p5.48xlarge",
+                  "masterInstanceType=p5.48xlarge")
+    assert lines[-1].endswith("vCPU quotas")
+
+
+def test_a_stale_efa_table_is_caught_before_the_deploy(account, monkeypatch) -> None:
+    from constructs_lib import efa
+
+    endpoint, state, ami = account
+    raise_quota(endpoint, "L-417A185B", 3 * 192)
+    monkeypatch.setitem(efa.EFA_CARDS, "p5.48xlarge", (0, 4))
+    with pytest.raises(DlcError, match=r"the stack gives p5.48xlarge 4 EFA interface\(s\), EC2 "
+                       r"DescribeInstanceTypes says its EFA network cards are \[0, 1, 2"):
+        check(state, f"amiId={ami}", "efa=true", "workerInstanceType=p5.48xlarge",
+              "masterInstanceType=p5.48xlarge")

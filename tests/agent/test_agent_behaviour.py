@@ -193,3 +193,28 @@ def test_untagged_worker_group_forms_with_the_instances_the_lambda_listed(env, t
     assert sorted(n.instance_id for n in m.nodes[1:]) == sorted(setup["instances"])
     log = ClusterPaths(tmp_path / "efs").agent_log(m.master.instance_id).read_text()
     assert "event=group-missing role=worker" in log
+
+
+def test_a_listed_instance_the_group_lost_is_not_waited_for_a_whole_boot_budget(
+        env, tmp_path, monkeypatch):
+    """The registration wait is the node boot budget (minutes); an instance the Lambda
+    listed that the group no longer has is not booting: formation waits for it only the
+    describe-consistency window, then forms with the registered nodes."""
+    from bootstrap_scripts.agent import formation
+
+    endpoint, recorder, threads = env
+    monkeypatch.setattr(formation, "ABSENT_WAIT_SECONDS", 0.5)
+    cluster = create_cluster(endpoint, workers=2)
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(cluster.setup_message("worker"))  # lists both workers
+    (gone,) = fail_launches(cluster.worker_asg, 1)
+    ((wid, wip),) = [i for i in cluster.instances("worker") if i[0] != gone]
+    shared.write_registration(tmp_path / "efs", Registration(
+        instance_id=wid, address=wip, gpus=1, role="worker"))
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url,
+                           registration_wait=600), master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "SUCCESS", sig
+    m = shared.read_current(tmp_path / "efs")
+    assert gone not in {n.instance_id for n in m.nodes} and len(m.nodes) == 2

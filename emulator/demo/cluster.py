@@ -124,8 +124,11 @@ def boot_node(ctx: DemoContext, inst: Instance, role: str, install_args: list[st
               gpu_fault: bool = False) -> Node:
     """One emulated node for ``inst``: recorded in the state file as soon as it started.
     ``gpu_fault``: its GPU driver fails (``emulator.gpus``), so the health gate fails it."""
+    group = ctx.cluster.groups.get(role) if ctx.cluster else None
     node = Node(inst, role, ctx.work / "nodes" / inst.instance_id, ctx.efs, ctx.logs,
-                gpu_fault=gpu_fault, boot_delay=getattr(ctx.ns, "boot_delay", 0.0))
+                gpu_fault=gpu_fault, boot_delay=getattr(ctx.ns, "boot_delay", 0.0),
+                role_arn=group.role_arn if group else "",
+                instance_profile_arn=group.instance_profile_arn if group else "")
     with _BOOT_LOCK:
         ctx.nodes.append(node)
     node.boot(install_args, ctx.aws, f"{ctx.control}/wait-handle")

@@ -23,13 +23,7 @@ from constructs_lib.cluster_settings import (
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
 )
-from constructs_lib.images import (
-    DEFAULT_IMAGE_TYPE,
-    deep_learning_ami,
-    image_family,
-    published_pytorch,
-)
-from constructs_lib.images import pytorch_version as pytorch_version_check
+from constructs_lib.images import DEFAULT_IMAGE_TYPE, check_image, deep_learning_ami, image_family
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup, grant_node_access
@@ -40,11 +34,7 @@ from constructs_lib.shared_storage import (
     NFS_RULE_DESCRIPTION,
     SharedFileSystem,
 )
-from constructs_lib.user_data import (
-    DEFAULT_NODE_BOOT_SECONDS,
-    MIN_NODE_BOOT_SECONDS,
-    node_user_data,
-)
+from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, boot_budget, node_user_data
 
 # DEFAULT_INSTANCE_TYPE, DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings'
 # defaults (constructs_lib.cluster_settings, the one description of each setting).
@@ -217,11 +207,7 @@ class DeepLearningCluster(Construct):
                 f"spot_workers <= max_workers, got {min_workers} <= {worker_count} <= "
                 f"{desired_workers} <= {max_workers}"
             )
-        setup_timeout_seconds = validation.positive_int("setup_timeout_seconds",
-                                                        setup_timeout_seconds)
-        node_boot_seconds = validation.count(
-            "node_boot_seconds", node_boot_seconds, minimum=MIN_NODE_BOOT_SECONDS,
-            maximum=max(MIN_NODE_BOOT_SECONDS, setup_timeout_seconds - 300))
+        node_boot_seconds = boot_budget(node_boot_seconds, setup_timeout_seconds)
         if data_prep_script is not None:
             data_prep_script = validation.one_line("data_prep_script", data_prep_script)
         self.capacity = launch.check_capacity(
@@ -237,19 +223,9 @@ class DeepLearningCluster(Construct):
             new_placement_group=create_placement_group)
         root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         family = image_family(image_type)
-        if pytorch_version is not None and machine_image is None:
-            pytorch_version = published_pytorch(image_type, pytorch_version)
-        elif pytorch_version is not None:
-            pytorch_version = pytorch_version_check("pytorch_version", pytorch_version)
-        if (file_system is None and efs_require_tls and machine_image is None
-                and not family.mounts_tls):
-            raise validation.ConfigError(
-                f"image_type={image_type!r} with the default file system: the file system "
-                f"refuses clients without TLS (efs_require_tls=True), and TLS to EFS needs "
-                f"amazon-efs-utils, which the {image_type} Deep Learning AMI does not have and "
-                f"its OS has no package for (AWS documents building it from source); use "
-                f"image_type='amazon-linux-2023', a machine_image that has amazon-efs-utils, or "
-                f"efs_require_tls=False (docs/node-agent.md, \"Mounting EFS\")")
+        pytorch_version = check_image(image_type, pytorch_version,
+                                      public_image=machine_image is None,
+                                      tls_only_file_system=file_system is None and efs_require_tls)
         if ssh_cidr:
             validation.ssh_cidr("ssh_cidr", ssh_cidr)
         self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)

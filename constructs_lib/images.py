@@ -119,6 +119,27 @@ def published_pytorch(image_type: str, value: object, *, name: str = "pytorch_ve
     return version
 
 
+def check_image(image_type: str, version: object, *, public_image: bool,
+                tls_only_file_system: bool) -> str | None:
+    """The construct's image props checked together: ``version`` (the ``pytorch_version``
+    prop) must have a DLAMI for ``image_type`` when the public image is used, and that OS
+    must mount the cluster's new TLS-only file system (docs/node-agent.md, "Mounting EFS").
+    Returns the checked version (None: the family's default)."""
+    family = image_family(image_type)
+    if version is not None:
+        version = published_pytorch(image_type, version) if public_image else \
+            pytorch_version("pytorch_version", version)
+    if tls_only_file_system and public_image and not family.mounts_tls:
+        raise ConfigError(
+            f"image_type={image_type!r} with the default file system: the file system "
+            f"refuses clients without TLS (efs_require_tls=True), and TLS to EFS needs "
+            f"amazon-efs-utils, which the {image_type} Deep Learning AMI does not have and "
+            f"its OS has no package for (AWS documents building it from source); use "
+            f"image_type='amazon-linux-2023', a machine_image that has amazon-efs-utils, or "
+            f"efs_require_tls=False (docs/node-agent.md, \"Mounting EFS\")")
+    return version  # type: ignore[return-value]
+
+
 def dlami_parameter(image_type: str = DEFAULT_IMAGE_TYPE, pytorch: str | None = None) -> str:
     """The SSM parameter name the default machine image of ``image_type`` resolves."""
     family = image_family(image_type)

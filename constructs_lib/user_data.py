@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from aws_cdk import Aws
 from aws_cdk import aws_ec2 as ec2
 
+from constructs_lib import validation
+
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
 NODE_LIB_DIR = "/opt/deeplearning/lib"
 BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
@@ -31,6 +33,16 @@ MOUNT_TIMEOUT_SECONDS = 300
 DEFAULT_NODE_BOOT_SECONDS = 900
 #: Shortest boot budget accepted: no GPU instance boots a DLAMI faster.
 MIN_NODE_BOOT_SECONDS = 60
+#: Time the setup keeps after the boot budget, to form the cluster and signal.
+FORMING_SECONDS = 300
+
+
+def boot_budget(node_boot_seconds: object, setup_timeout_seconds: object) -> int:
+    """The ``node_boot_seconds`` prop checked against the setup wait it must fit in."""
+    setup = validation.positive_int("setup_timeout_seconds", setup_timeout_seconds)
+    return validation.count("node_boot_seconds", node_boot_seconds,
+                            minimum=MIN_NODE_BOOT_SECONDS,
+                            maximum=max(MIN_NODE_BOOT_SECONDS, setup - FORMING_SECONDS))
 
 
 #: Attempts of each download in the user data, and the first wait between two (doubling):

@@ -26,8 +26,7 @@ from constructs_lib.cluster_settings import (
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
 )
-from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami, image_family
-from constructs_lib.images import pytorch_version as pytorch_version_check
+from constructs_lib.images import DEFAULT_IMAGE_TYPE, check_image, deep_learning_ami, image_family
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
 from constructs_lib.job_role import JobRole, late_role_arn
 from constructs_lib.metadata_queues import MetadataQueues
@@ -41,7 +40,7 @@ from constructs_lib.shared_storage import (
     SharedFileSystem,
 )
 from constructs_lib.training_data import TrainingData
-from constructs_lib.user_data import node_user_data
+from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, boot_budget, node_user_data
 from constructs_lib.workdir_staging import WorkdirStaging
 
 # DEFAULT_INSTANCE_TYPE, DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings'
@@ -102,8 +101,10 @@ class DeepLearningCluster(Construct):
         placement_group: ec2.IPlacementGroup | None = None,
         create_placement_group: bool = False,
         efa: bool = False,
+        efa_cards: Sequence[int] | None = None,
         cluster_id: str | None = None,
         setup_timeout_seconds: int = SETUP_TIMEOUT_SECONDS,
+        node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
         spot_workers: int = DEFAULT_SPOT_WORKERS,
         data_prep_script: str | None = None,
         max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
@@ -180,13 +181,22 @@ class DeepLearningCluster(Construct):
         :param create_placement_group: start every node in a new cluster placement group
             (``placement_group`` attribute), for the lowest latency between nodes.
             :default: False
-        :param efa: give the nodes an EFA network interface (the instance type must
-            support it).
+        :param efa: give the nodes an EFA interface on every EFA network card of their
+            instance type (p5.48xlarge: 32, p4d.24xlarge: 4; ``constructs_lib.efa``); the type
+            must support EFA. The nodes then start in one zone.
             :default: False
+        :param efa_cards: with ``efa``, the network card indexes that get an EFA interface,
+            for a type the table does not know.
+            :default: the instance type's EFA cards (``constructs_lib.efa.EFA_CARDS``)
         :param cluster_id: the ``dl-cluster:id`` tag that scopes the cluster's permissions.
             :default: the stack name
         :param setup_timeout_seconds: how long the stack waits for the cluster to form.
             :default: 3300 (55 minutes)
+        :param node_boot_seconds: the node boot budget: how long the master waits, once the
+            groups launched, for their nodes to boot and register before it forms the cluster
+            without the missing ones (whose ids and types the agent logs); at least 60 and at
+            most ``setup_timeout_seconds - 300``.
+            :default: 900 (15 minutes: a DLAMI boots in minutes)
         :param spot_workers: Spot workers above the ``worker_count`` on-demand base.
             :default: 0
         :param data_prep_script: a command every node runs before it joins (one line).
@@ -221,6 +231,7 @@ class DeepLearningCluster(Construct):
                 f"spot_workers <= max_workers, got {min_workers} <= {worker_count} <= "
                 f"{desired_workers} <= {max_workers}"
             )
+        node_boot_seconds = boot_budget(node_boot_seconds, setup_timeout_seconds)
         if data_prep_script is not None:
             data_prep_script = validation.one_line("data_prep_script", data_prep_script)
         max_replacements_per_hour = validation.positive_int(
@@ -234,11 +245,13 @@ class DeepLearningCluster(Construct):
                                            DEFAULT_INSTANCE_TYPE),
             reservation_id=capacity_reservation_id, max_zone_moves=max_zone_moves,
             reservation_group_arn=capacity_reservation_group_arn,
-            capacity_block_id=capacity_block_id, spot_workers=spot_workers)
+            capacity_block_id=capacity_block_id, spot_workers=spot_workers,
+            new_placement_group=create_placement_group)
         root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
         family = image_family(image_type)
-        if pytorch_version is not None:
-            pytorch_version = pytorch_version_check("pytorch_version", pytorch_version)
+        pytorch_version = check_image(image_type, pytorch_version,
+                                      public_image=machine_image is None,
+                                      tls_only_file_system=file_system is None and efs_require_tls)
         if ssh_cidr:
             validation.ssh_cidr("ssh_cidr", ssh_cidr)
         self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)
@@ -363,6 +376,7 @@ class DeepLearningCluster(Construct):
                 membership_key=self.membership_key.key_arn,
                 # The job role trusts the node roles, made with the groups below.
                 job_role_arn=late_role_arn(lambda: self.job_role),
+                node_boot_seconds=node_boot_seconds,
             )
 
         common = dict(
@@ -376,6 +390,7 @@ class DeepLearningCluster(Construct):
             placement_group=placement_group,
             group_placement_group=self.placement_groups[0] if self.placement_groups else None,
             efa=efa,
+            efa_cards=efa_cards,
             capacity=self.capacity,
         )
         self.master_group = NodeGroup(

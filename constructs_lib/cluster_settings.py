@@ -25,6 +25,7 @@ from constructs_lib.network import DEFAULT_VPC_CIDR
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
 from constructs_lib.setting import default_of, setting
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
+from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, MIN_NODE_BOOT_SECONDS
 
 #: Most workers a stack setting accepts (workerCount, spotWorkers, maxWorkers): far above any
 #: GPU quota an account starts with, low enough that a typo (100000) fails at synth instead
@@ -32,6 +33,8 @@ from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
 MAX_WORKERS = 1000
 #: Most zone moves: more than the zones of any region.
 MAX_ZONE_MOVES = 10
+#: Longest node boot budget: the stack's 55-minute setup wait minus 5 minutes to form.
+MAX_NODE_BOOT_SECONDS = 3000
 #: Instance type of the master and of the workers.
 DEFAULT_INSTANCE_TYPE = "g5.xlarge"
 
@@ -65,13 +68,17 @@ class ClusterSettings:
         "the PyTorch Deep Learning AMI, resolved at deploy time from its public SSM "
         "parameter (no AMI table to go stale). Amazon Linux 2023 installs amazon-efs-utils at "
         "boot, so EFS mounts with TLS; the Ubuntu DLAMI has no EFS client and cannot mount the "
-        "default TLS-only file system ([docs/node-agent.md](docs/node-agent.md), \"Mounting "
-        "EFS\")", _image_type, accepts=" or ".join(f"`{k}`" for k in IMAGE_FAMILIES))
+        "stack's TLS-only file system, so `ubuntu` is refused at synth unless `amiId` (an image "
+        "with amazon-efs-utils) or `efsFileSystemId` is given ([docs/node-agent.md]"
+        "(docs/node-agent.md), \"Mounting EFS\")", _image_type,
+        accepts=" or ".join(f"`{k}`" for k in IMAGE_FAMILIES))
     pytorch_version: str | None = setting(
         "pytorchVersion", None,
         "the PyTorch line of the DLAMI, as in its SSM parameter name (`…/oss-nvidia-driver-"
         "gpu-pytorch-<version>-<os>/latest/ami-id`); defaults are the newest lines AWS's "
-        "release notes document. `make synth` prints the parameter", pytorch_version,
+        "release notes document. A line without a DLAMI for `imageType` is refused at synth "
+        "with the lines there are (`pytorch_lines` in constructs_lib/images.py). `make synth` "
+        "prints the parameter", pytorch_version,
         default_doc=", ".join(f"`{f.default_pytorch}` ({k})" for k, f in IMAGE_FAMILIES.items()),
         accepts="`major.minor`")
     ami_id: str | None = setting(
@@ -118,6 +125,12 @@ class ClusterSettings:
         "placementGroup", False, "`true`: all nodes in one zone, in a cluster placement group "
         "(one per zone the cluster may move to, see \"When capacity is short\")",
         validation.flag, accepts="`true` or `false`")
+    efa: bool = setting(
+        "efa", False, "`true`: an EFA interface on every EFA network card of the nodes' "
+        "instance type (32 on p5.48xlarge, 4 on p4d.24xlarge; [docs/node-agent.md]"
+        "(docs/node-agent.md), \"EFA\"), nodes in one zone; the type must support EFA, and "
+        "not with `sshCidr` (a public address needs a single interface)", validation.flag,
+        accepts="`true` or `false`")
     max_workers: int | None = setting(
         "maxWorkers", None, "the worker group's maximum: how far `dl-scale --workers` can "
         "grow it", validation.count, default_doc="workerCount + spotWorkers", minimum=1,
@@ -152,6 +165,12 @@ class ClusterSettings:
         "Scaling's own retries before the capacity adjuster lowers the count or moves zones "
         "(configuration errors such as a bad AMI or a quota act at once)",
         validation.count, minimum=0, maximum=MAX_LAUNCH_RETRY_SECONDS - 1)
+    node_boot_seconds: int = setting(
+        "nodeBootSeconds", DEFAULT_NODE_BOOT_SECONDS, "the node boot budget: seconds a node may "
+        "take from its launch to its registration (a DLAMI boots in minutes, a p5 longer); "
+        "the master waits this long for the launched nodes before it forms the cluster "
+        "without the missing ones, and ends the wait as soon as all registered",
+        validation.count, minimum=MIN_NODE_BOOT_SECONDS, maximum=MAX_NODE_BOOT_SECONDS)
     capacity_reservation_id: str | None = setting(
         "capacityReservationId", None, "launch every node into this On-Demand Capacity "
         "Reservation; needs `availabilityZones`, the reservation's zone first",

@@ -78,8 +78,21 @@ class EmrSettings:
         "emrRootVolumeGiB", DEFAULT_ROOT_VOLUME_GIB, "root EBS volume size",
         validation.root_volume)
     efs_file_system_id: str | None = setting(
-        "emrEfsFileSystemId", None, "use this existing EFS instead of a new one",
+        "emrEfsFileSystemId", None, "use this existing EFS instead of a new one; it lives in "
+        "an existing VPC, so it needs `emrVpcId` (the file system's VPC) and its subnets",
         validation.file_system_id)
+    vpc_id: str | None = setting(
+        "emrVpcId", None, "run in this existing VPC instead of a new one (no lookup); needs "
+        "`emrVpcPrivateSubnetIds` and `emrAvailabilityZones`, not `emrVpcCidr`; its private "
+        "subnets must carry the tag `for-use-with-amazon-emr-managed-policies=true`",
+        validation.vpc_id)
+    vpc_private_subnet_ids: tuple[str, ...] | None = setting(
+        "emrVpcPrivateSubnetIds", None, "with `emrVpcId`: private subnets (NAT route or "
+        "endpoints), one per zone of `emrAvailabilityZones`, same order; the cluster runs in "
+        "the first", validation.subnet_ids)
+    availability_zones: tuple[str, ...] | None = setting(
+        "emrAvailabilityZones", None, "with `emrVpcId`: the zones of `emrVpcPrivateSubnetIds`",
+        validation.availability_zones)
     efs_mount_point: str = setting(
         "emrEfsMountPoint", DEFAULT_MOUNT_POINT, "where EFS is mounted on every node",
         validation.mount_point)

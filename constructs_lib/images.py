@@ -31,16 +31,23 @@ ARCHITECTURE = "x86_64"
 class ImageFamily:
     """What the cluster needs to know about an OS family of the PyTorch Deep Learning AMI.
 
-    ``default_pytorch`` is the newest PyTorch line AWS's release notes document for this OS
-    (each line is a separate SSM parameter); ``efs_utils_install`` is the boot command that
-    installs amazon-efs-utils (``mount.efs``, needed for TLS to EFS) from the OS's own package
-    repository, or empty where the OS has no such package."""
+    ``pytorch_lines`` are the PyTorch lines whose x86_64 OSS-driver DLAMI of this OS AWS's
+    release notes list, each a separate SSM parameter (docs/node-agent.md, "The machine
+    image"); ``default_pytorch`` is the newest of them. ``efs_utils_install`` is the boot
+    command that installs amazon-efs-utils (``mount.efs``, needed for TLS to EFS) from the
+    OS's own package repository, or empty where the OS has no such package."""
 
     os_suffix: str
     root_device_name: str
     python: str
     default_pytorch: str
     efs_utils_install: str
+    pytorch_lines: tuple[str, ...] = ()
+
+    @property
+    def mounts_tls(self) -> bool:
+        """The node installs ``mount.efs`` at boot, so it can mount a TLS-only file system."""
+        return bool(self.efs_utils_install)
 
     def ssm_parameter(self, pytorch_version: str) -> str:
         """The public SSM parameter of the latest DLAMI of this OS and PyTorch line."""
@@ -59,6 +66,7 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # amazon-efs-utils is an Amazon Linux 2023 repository package: reachable from a
         # private subnet through its NAT gateway like any other AL2023 update.
         efs_utils_install="dnf install -y -q amazon-efs-utils",
+        pytorch_lines=("2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13"),
     ),
     "ubuntu": ImageFamily(
         os_suffix="ubuntu-24.04",
@@ -68,6 +76,7 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # Ubuntu's archive has no amazon-efs-utils (AWS documents building it from source);
         # without it the node mounts with plain NFS, which a TLS-only file system refuses.
         efs_utils_install="",
+        pytorch_lines=("2.9", "2.10", "2.11", "2.12"),
     ),
 }
 
@@ -94,11 +103,48 @@ def pytorch_version(name: str, value: object) -> str:
     return text
 
 
+def published_pytorch(image_type: str, value: object, *, name: str = "pytorch_version",
+                      os_name: str = "image_type") -> str:
+    """``value`` as a PyTorch line with a DLAMI parameter for ``image_type``, or ConfigError
+    naming both settings and the lines there are (an unpublished parameter would fail the
+    deploy at CloudFormation's parameter resolution, after synth said nothing)."""
+    family = image_family(image_type)
+    version = pytorch_version(name, value)
+    if version not in family.pytorch_lines:
+        raise ConfigError(
+            f"{name}={version!r} has no PyTorch Deep Learning AMI for {os_name}="
+            f"{image_type!r} (no SSM parameter {family.ssm_parameter(version)}); the lines "
+            f"AWS's release notes list for it: {', '.join(family.pytorch_lines)}. For another "
+            f"image give a machine image (amiId)")
+    return version
+
+
+def check_image(image_type: str, version: object, *, public_image: bool,
+                tls_only_file_system: bool) -> str | None:
+    """The construct's image props checked together: ``version`` (the ``pytorch_version``
+    prop) must have a DLAMI for ``image_type`` when the public image is used, and that OS
+    must mount the cluster's new TLS-only file system (docs/node-agent.md, "Mounting EFS").
+    Returns the checked version (None: the family's default)."""
+    family = image_family(image_type)
+    if version is not None:
+        version = published_pytorch(image_type, version) if public_image else \
+            pytorch_version("pytorch_version", version)
+    if tls_only_file_system and public_image and not family.mounts_tls:
+        raise ConfigError(
+            f"image_type={image_type!r} with the default file system: the file system "
+            f"refuses clients without TLS (efs_require_tls=True), and TLS to EFS needs "
+            f"amazon-efs-utils, which the {image_type} Deep Learning AMI does not have and "
+            f"its OS has no package for (AWS documents building it from source); use "
+            f"image_type='amazon-linux-2023', a machine_image that has amazon-efs-utils, or "
+            f"efs_require_tls=False (docs/node-agent.md, \"Mounting EFS\")")
+    return version  # type: ignore[return-value]
+
+
 def dlami_parameter(image_type: str = DEFAULT_IMAGE_TYPE, pytorch: str | None = None) -> str:
     """The SSM parameter name the default machine image of ``image_type`` resolves."""
     family = image_family(image_type)
-    version = family.default_pytorch if pytorch is None else pytorch_version(
-        "pytorch_version", pytorch)
+    version = family.default_pytorch if pytorch is None else published_pytorch(
+        image_type, pytorch)
     return family.ssm_parameter(version)
 
 

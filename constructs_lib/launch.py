@@ -76,8 +76,17 @@ def types_prop(single_name: str, single: object, list_name: str, many: object,
 def check_capacity(*, worker_types: tuple[str, ...], master_types: tuple[str, ...],
                    reservation_id: str | None, reservation_group_arn: str | None,
                    capacity_block_id: str | None, max_zone_moves: object,
-                   spot_workers: int) -> Capacity:
-    """Validate the capacity props as a whole; :class:`Capacity` or ConfigError."""
+                   spot_workers: int, new_placement_group: bool = False) -> Capacity:
+    """Validate the capacity props as a whole; :class:`Capacity` or ConfigError.
+
+    The combinations refused, each because EC2 would refuse the launches (README "When
+    capacity is short"): more than one reservation kind; a type list with any reservation
+    (it launches its one type); master and workers of different types in one reservation or
+    Capacity Block (an instance launches into a reservation only with its instance type);
+    Spot workers with any reservation or block (they hold On-Demand capacity, or are their
+    own market); a new cluster placement group with a Capacity Reservation (a reservation
+    serves a cluster placement group only when it was created in it, and the stack's group
+    does not exist yet)."""
     given = {name: value for name, value in (
         ("capacity_reservation_id", reservation_id),
         ("capacity_reservation_group_arn", reservation_group_arn),
@@ -100,10 +109,25 @@ def check_capacity(*, worker_types: tuple[str, ...], master_types: tuple[str, ..
                 raise validation.ConfigError(
                     f"{name} launches one instance type (the reservation's); {prop} lists "
                     f"{len(types)}: {', '.join(types)}")
-        if capacity_block_id is not None and spot_workers:
+        if spot_workers:
+            why = ("runs every node in the Capacity Block, its own market"
+                   if capacity_block_id is not None else
+                   "holds On-Demand capacity, which Spot instances do not use")
             raise validation.ConfigError(
-                f"capacity_block_id runs every node in the Capacity Block; spot_workers must "
-                f"be 0, got {spot_workers}")
+                f"{name}={given[name]!r} {why}; spot_workers must be 0, got {spot_workers}")
+        if name != "capacity_reservation_group_arn" and worker_types[0] != master_types[0]:
+            raise validation.ConfigError(
+                f"{name}={given[name]!r} is capacity of one instance type, and an instance "
+                f"launches into it only with that type; master_instance_type "
+                f"{master_types[0]} differs from worker_instance_type {worker_types[0]} "
+                f"(give both the reservation's type)")
+        if name == "capacity_reservation_id" and new_placement_group:
+            raise validation.ConfigError(
+                f"capacity_reservation_id={given[name]!r} with create_placement_group=True: "
+                f"a reservation serves a cluster placement group only when it was created in "
+                f"that group, and the cluster's new group does not exist before the deploy; "
+                f"create the reservation in a placement group and pass placement_group, or "
+                f"leave create_placement_group off")
     moves = validation.positive_int("max_zone_moves", max_zone_moves, minimum=0)
     return Capacity(worker_types=worker_types, master_types=master_types,
                     reservation_id=reservation_id, reservation_group_arn=reservation_group_arn,

@@ -15,6 +15,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from constructs_lib import efa as efa_layout
 from constructs_lib import launch, validation
 from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, ROLE_TAG_KEY
 
@@ -78,6 +79,7 @@ class NodeGroup(Construct):
         key_pair: ec2.IKeyPair | None = None,
         placement_group: ec2.IPlacementGroup | None = None,
         efa: bool = False,
+        efa_cards: Sequence[int] | None = None,
         associate_public_ip: bool = False,
         spot_capacity: int = 0,
         fallback_instance_types: Sequence[str] = (),
@@ -109,9 +111,13 @@ class NodeGroup(Construct):
             :default: none (use SSM Session Manager)
         :param placement_group: every instance starts in this placement group.
             :default: none
-        :param efa: give the launch template an EFA network interface (the instance type
-            must support it).
+        :param efa: give the launch template an EFA interface on every EFA network card of
+            the instance type (``constructs_lib.efa``: p5.48xlarge gets 32); the type must
+            support EFA, and fallback types must have the same cards.
             :default: False
+        :param efa_cards: with ``efa``, the network card indexes that get an EFA interface,
+            instead of the instance type's (``constructs_lib.efa.EFA_CARDS``).
+            :default: the instance type's EFA cards (one, card 0, for a type not in the table)
         :param associate_public_ip: give the instances a public address (needs a public
             subnet).
             :default: False
@@ -189,8 +195,12 @@ class NodeGroup(Construct):
         )
         for sg in extra_sgs:
             self.launch_template.add_security_group(sg)
+        #: The network cards with an EFA interface (empty without EFA).
+        self.efa_cards: tuple[int, ...] = efa_layout.group_cards(
+            self.instance_types, override=efa_cards, public_ip=associate_public_ip) \
+            if efa else ()
         if efa or associate_public_ip:
-            self._use_explicit_network_interface(efa=efa, public_ip=associate_public_ip)
+            self._use_explicit_network_interface(public_ip=associate_public_ip)
         if capacity is not None:
             launch.reserve(self.launch_template, capacity)
 
@@ -269,21 +279,18 @@ class NodeGroup(Construct):
             notification_target=hooktargets.TopicHook(topic),
         )
 
-    def _use_explicit_network_interface(self, *, efa: bool, public_ip: bool) -> None:
-        """EFA and public IPs need an explicit interface, which then carries the groups."""
+    def _use_explicit_network_interface(self, *, public_ip: bool) -> None:
+        """EFA and public IPs need explicit interfaces, which then carry the groups: one per
+        EFA network card (``constructs_lib.efa``), or the one primary interface."""
         cfn: ec2.CfnLaunchTemplate = self.launch_template.node.default_child  # type: ignore[assignment]
-        interface: dict = {
-            "DeviceIndex": 0,
-            "DeleteOnTermination": True,
-            "Groups": [
-                sg.security_group_id for sg in self.launch_template.connections.security_groups
-            ],
-        }
-        if efa:
-            interface["InterfaceType"] = "efa"
-        if public_ip:
-            interface["AssociatePublicIpAddress"] = True
-        cfn.add_property_override("LaunchTemplateData.NetworkInterfaces", [interface])
+        groups = [sg.security_group_id for sg in self.launch_template.connections.security_groups]
+        if self.efa_cards:
+            interfaces = efa_layout.network_interfaces(self.efa_cards, groups=groups,
+                                                       public_ip=public_ip)
+        else:
+            interfaces = [{"DeviceIndex": 0, "DeleteOnTermination": True, "Groups": groups,
+                           "AssociatePublicIpAddress": True}]
+        cfn.add_property_override("LaunchTemplateData.NetworkInterfaces", interfaces)
         cfn.add_property_deletion_override("LaunchTemplateData.SecurityGroupIds")
 
     @property

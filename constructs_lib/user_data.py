@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from aws_cdk import Aws
 from aws_cdk import aws_ec2 as ec2
 
+from constructs_lib import validation
+
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
 NODE_LIB_DIR = "/opt/deeplearning/lib"
 BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
@@ -22,6 +24,25 @@ BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
 #: role reaching EFS; errors that retrying cannot fix end the wait at once
 #: (docs/node-agent.md, "Mounting EFS").
 MOUNT_TIMEOUT_SECONDS = 300
+#: The node boot budget: how long a node may take from its launch to its registration on EFS
+#: (instance start, the DLAMI's own boot with its GPU and EFA drivers, this user data's
+#: downloads and installs, the EFS mount). The master waits this long for the nodes the
+#: groups launched before it forms the cluster without them (docs/node-agent.md, "Master").
+#: A Deep Learning AMI takes minutes to boot, a p5 longer than a g5; 15 minutes covers both
+#: with room, and the wait ends as soon as every node registered.
+DEFAULT_NODE_BOOT_SECONDS = 900
+#: Shortest boot budget accepted: no GPU instance boots a DLAMI faster.
+MIN_NODE_BOOT_SECONDS = 60
+#: Time the setup keeps after the boot budget, to form the cluster and signal.
+FORMING_SECONDS = 300
+
+
+def boot_budget(node_boot_seconds: object, setup_timeout_seconds: object) -> int:
+    """The ``node_boot_seconds`` prop checked against the setup wait it must fit in."""
+    setup = validation.positive_int("setup_timeout_seconds", setup_timeout_seconds)
+    return validation.count("node_boot_seconds", node_boot_seconds,
+                            minimum=MIN_NODE_BOOT_SECONDS,
+                            maximum=max(MIN_NODE_BOOT_SECONDS, setup - FORMING_SECONDS))
 
 
 #: Attempts of each download in the user data, and the first wait between two (doubling):
@@ -105,9 +126,11 @@ def node_user_data(
     max_replacements_per_hour: int | None = None,
     membership_key: str = "",
     job_role_arn: str = "",
+    node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
-    (docs/protocol.md, "The node agent's command line")."""
+    (docs/protocol.md, "The node agent's command line"). The master's registration wait is
+    the node boot budget ``node_boot_seconds``."""
     settings = {
         "role": node_type,
         "cluster-id": cluster_id,
@@ -122,6 +145,8 @@ def node_user_data(
     }
     if base_workers is not None:  # the master's: it decides who is a protected base worker
         settings["base-workers"] = str(base_workers)
+    if node_type == "master":  # only the master waits for registrations
+        settings["registration-wait"] = str(node_boot_seconds)
     if data_prep:
         settings["data-prep"] = data_prep
     if max_replacements_per_hour is not None:  # the master's: its job controller's breaker

@@ -10,6 +10,8 @@ limit:
 - ``keyName``: EC2 DescribeKeyPairs; ``amiId``: EC2 DescribeImages;
 - the default image: SSM GetParameter on the DLAMI's public parameter (``imageType`` and
   ``pytorchVersion`` name it);
+- with ``efa``: each instance type supports EFA and has the EFA network cards the stack gives
+  interfaces (EC2 DescribeInstanceTypes);
 - the vCPUs the nodes need against the EC2 quota of their instance class (Service Quotas
   GetServiceQuota, else GetAWSDefaultServiceQuota). A quota Service Quotas cannot report
   (no permission, or an instance class this module does not know) is skipped with a line
@@ -173,7 +175,10 @@ def check(target: Target, contexts: list[str], echo: Echo) -> None:
     else:
         problems += _check_dlami(target, s)
     if offered:
-        problems += _check_quotas(target, s, [t for t in every if t in offered], echo)
+        described = aws.call("ec2 DescribeInstanceTypes", ec2.describe_instance_types,
+                             InstanceTypes=[t for t in every if t in offered])["InstanceTypes"]
+        problems += _check_efa(s, types, described)
+        problems += _check_quotas(target, s, described, echo)
     if problems:
         raise DlcError("dlc up: the account cannot deploy these settings, nothing was "
                        "deployed:\n  " + "\n  ".join(problems))
@@ -196,10 +201,38 @@ def _check_dlami(target: Target, s) -> list[str]:
     return []
 
 
-def _check_quotas(target: Target, s, types: list[str], echo: Echo) -> list[str]:
-    ec2 = target.client("ec2")
-    described = aws.call("ec2 DescribeInstanceTypes", ec2.describe_instance_types,
-                         InstanceTypes=types)["InstanceTypes"]
+def _check_efa(s, types: dict[str, tuple[str, ...]], described: list[dict]) -> list[str]:
+    """With ``efa``: every type supports EFA, and its EFA network cards are the ones the
+    stack gives interfaces (``constructs_lib.efa``, a table kept at synth time: a type AWS
+    changed or added since is caught here, before the launches fail)."""
+    if not s.efa:
+        return []
+    from constructs_lib.efa import efa_cards
+
+    problems = []
+    by_name = {d["InstanceType"]: d.get("NetworkInfo", {}) for d in described}
+    for key, names in types.items():
+        for name in names:
+            net = by_name.get(name)
+            if net is None:
+                continue  # not offered: reported already
+            if not net.get("EfaSupported"):
+                problems.append(f"context keys 'efa'=true / '{key}': {name} does not support "
+                                f"EFA (EC2 DescribeInstanceTypes NetworkInfo.EfaSupported)")
+                continue
+            cards = sorted(c["NetworkCardIndex"] for c in net.get("NetworkCards", [])
+                           if "efa" in c.get("InterfaceTypes", ["efa"]))
+            cards = cards[:net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 1)]
+            if tuple(cards) != efa_cards(name):
+                problems.append(
+                    f"context keys 'efa'=true / '{key}': the stack gives {name} "
+                    f"{len(efa_cards(name))} EFA interface(s), EC2 DescribeInstanceTypes "
+                    f"says its EFA network cards are {cards}; update EFA_CARDS in "
+                    f"constructs_lib/efa.py")
+    return problems
+
+
+def _check_quotas(target: Target, s, described: list[dict], echo: Echo) -> list[str]:
     vcpus = {t["InstanceType"]: int(t["VCpuInfo"]["DefaultVCpus"]) for t in described}
     needs, unknown = vcpu_needs(s, vcpus)
     for itype in unknown:

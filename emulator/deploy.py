@@ -123,6 +123,9 @@ class Group:
     instances: list[Instance]
     user_data: str
     install_args: list[str]
+    #: The launch template's instance profile and its role ("" without one).
+    instance_profile_arn: str = ""
+    role_arn: str = ""
 
 
 @dataclass
@@ -155,7 +158,8 @@ def install_args_from_user_data(user_data: str, group: str) -> list[str]:
                       + "\n".join(user_data.splitlines()[-5:]))
 
 
-def group_user_data(ec2, group: dict) -> str:
+def launch_template_data(ec2, group: dict) -> dict:
+    """The ``LaunchTemplateData`` of the version the group launches."""
     spec = group.get("LaunchTemplate") or (group.get("MixedInstancesPolicy") or {}).get(
         "LaunchTemplate", {}).get("LaunchTemplateSpecification")
     if not spec:
@@ -167,10 +171,29 @@ def group_user_data(ec2, group: dict) -> str:
     chosen = versions[0]
     if wanted not in ("$Latest", "$Default"):
         chosen = next((v for v in versions if str(v["VersionNumber"]) == wanted), chosen)
-    raw = chosen["LaunchTemplateData"].get("UserData", "")
+    return chosen["LaunchTemplateData"]
+
+
+def group_user_data(ec2, group: dict) -> str:
+    raw = launch_template_data(ec2, group).get("UserData", "")
     if not raw:
         raise DeployError(f"launch template of {group['AutoScalingGroupName']} has no user data")
     return base64.b64decode(raw).decode()
+
+
+def instance_role(session, data: dict) -> tuple[str, str]:
+    """(instance profile ARN, its role's ARN) of a launch template's ``IamInstanceProfile``,
+    the role EC2 hands the instances' credentials for; ("", "") without one."""
+    ref = data.get("IamInstanceProfile") or {}
+    name = ref.get("Name") or str(ref.get("Arn", "")).rsplit("/", 1)[-1]
+    if not name:
+        return "", ""
+    profile = session.client("iam").get_instance_profile(
+        InstanceProfileName=name)["InstanceProfile"]
+    roles = profile.get("Roles") or []
+    if len(roles) != 1:
+        raise DeployError(f"instance profile {name} has {len(roles)} roles, expected one")
+    return profile["Arn"], roles[0]["Arn"]
 
 
 def read_cluster(session, stack: str = STACK) -> Cluster:
@@ -200,10 +223,12 @@ def read_cluster(session, stack: str = STACK) -> Cluster:
                               f"{groups[role].name}, {g['AutoScalingGroupName']}")
         cluster_id = tags[CLUSTER_TAG_KEY]
         user_data = group_user_data(ec2, g)
+        profile_arn, role_arn = instance_role(session, launch_template_data(ec2, g))
         groups[role] = Group(
             name=g["AutoScalingGroupName"], role=role, desired=g["DesiredCapacity"],
             min_size=g["MinSize"], max_size=g["MaxSize"], instances=[], user_data=user_data,
-            install_args=install_args_from_user_data(user_data, g["AutoScalingGroupName"]))
+            install_args=install_args_from_user_data(user_data, g["AutoScalingGroupName"]),
+            instance_profile_arn=profile_arn, role_arn=role_arn)
     for role in ("master", "worker"):
         if role not in groups:
             raise DeployError(f"no Auto Scaling group tagged {CLUSTER_TAG_KEY} + "

@@ -15,6 +15,10 @@ API::
     server.stop()
 
 or ``python -m emulator.imds --address A --port P --instance-id I ...`` (prints the URL).
+
+With an instance role (:class:`InstanceRole`, ``--role-arn``) it also serves the role's
+temporary credentials, as EC2 does for an instance launched with an instance profile: the
+node's SDKs then call AWS as that role.
 """
 
 from __future__ import annotations
@@ -95,6 +99,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(401, "IMDSv2 token required")
             return
         path = self.path.split("?", 1)[0].strip("/")
+        role = self.server.role
+        if role is not None and path.startswith(IAM_PREFIX):
+            self._reply_iam(path[len(IAM_PREFIX):].strip("/"), role)
+            return
         paths = self.server.paths
         if path in paths:
             self._reply(200, paths[path])
@@ -109,13 +117,80 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, "not found")
 
 
+    def _reply_iam(self, rest: str, role: InstanceRole) -> None:
+        """``iam/info``, ``iam/security-credentials/`` (the role's name) and the role's
+        temporary credentials, as EC2 serves them for an instance profile."""
+        if rest == "":
+            self._reply(200, "info\nsecurity-credentials/")
+        elif rest == "info":
+            self._reply(200, json.dumps({"Code": "Success", "LastUpdated": _now(),
+                                         "InstanceProfileArn": role.instance_profile_arn,
+                                         "InstanceProfileId": role.instance_profile_id}))
+        elif rest == "security-credentials":
+            self._reply(200, role.name)
+        elif rest == f"security-credentials/{role.name}":
+            try:
+                self._reply(200, json.dumps(role.credentials()))
+            except Exception as exc:  # what a failed STS call looks like to the node
+                self._reply(500, f"could not get the role's credentials: {exc!r}")
+        else:
+            self._reply(404, "not found")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+IAM_PREFIX = "latest/meta-data/iam"
+#: Renew the role's credentials this long before they expire (EC2 rotates them ahead too).
+REFRESH_BEFORE_SECONDS = 300
+
+
+class InstanceRole:
+    """The instance profile's role, whose temporary credentials the endpoint hands out: EC2
+    assumes the role for the instance (``sts:AssumeRole`` against the emulated AWS, the
+    session named after the instance) and serves them under
+    ``iam/security-credentials/<role name>``, where every AWS SDK's default chain finds
+    them (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html,
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/iam-roles-for-amazon-ec2.html)."""
+
+    def __init__(self, role_arn: str, instance_profile_arn: str, instance_id: str,
+                 region: str) -> None:
+        self.arn = role_arn
+        self.name = role_arn.rsplit("/", 1)[-1]
+        self.instance_profile_arn = instance_profile_arn
+        self.instance_profile_id = "AIPA" + secrets.token_hex(8).upper()
+        self.session_name = instance_id
+        self.region = region
+        self._cached: dict | None = None
+        self._expires = 0.0
+        self._lock = threading.Lock()
+
+    def credentials(self) -> dict:
+        with self._lock:
+            if self._cached is None or time.time() > self._expires - REFRESH_BEFORE_SECONDS:
+                import boto3  # EC2's side: the endpoint's process has the emulated AWS's
+
+                creds = boto3.client("sts", region_name=self.region).assume_role(
+                    RoleArn=self.arn, RoleSessionName=self.session_name)["Credentials"]
+                self._expires = creds["Expiration"].timestamp()
+                self._cached = {
+                    "Code": "Success", "LastUpdated": _now(), "Type": "AWS-HMAC",
+                    "AccessKeyId": creds["AccessKeyId"],
+                    "SecretAccessKey": creds["SecretAccessKey"], "Token": creds["SessionToken"],
+                    "Expiration": creds["Expiration"].strftime("%Y-%m-%dT%H:%M:%SZ")}
+            return dict(self._cached)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], paths: dict[str, str]) -> None:
+    def __init__(self, address: tuple[str, int], paths: dict[str, str],
+                 role: InstanceRole | None = None) -> None:
         super().__init__(address, _Handler)
         self.paths = paths
+        self.role = role
         self._tokens: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -139,8 +214,9 @@ class MetadataServer:
         self._thread: threading.Thread | None = None
         self.url = ""
 
-    def start(self, address: str, port: int, identity) -> str:
-        """Serve ``identity`` (mapping or dataclass) on ``address:port`` (0 = any free port)."""
+    def start(self, address: str, port: int, identity, role: InstanceRole | None = None) -> str:
+        """Serve ``identity`` (mapping or dataclass) on ``address:port`` (0 = any free port),
+        and ``role``'s credentials when the instance has an instance profile."""
         if self._server is not None:
             raise RuntimeError(f"metadata server already running at {self.url}")
         if is_dataclass(identity):
@@ -148,7 +224,7 @@ class MetadataServer:
         for key in ("instance_id", "address"):
             if not identity.get(key):
                 raise ValueError(f"identity needs a non-empty {key!r}: {identity!r}")
-        self._server = _Server((address, port), metadata_paths(identity))
+        self._server = _Server((address, port), metadata_paths(identity), role)
         host, bound_port = self._server.server_address[:2]
         self.url = f"http://{host}:{bound_port}/"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
@@ -181,12 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--region", default="us-east-1")
     p.add_argument("--availability-zone", default="")
     p.add_argument("--local-ipv4", default="", help="default: --address")
+    p.add_argument("--role-arn", default="", help="the instance profile's role: its "
+                   "credentials are served under iam/security-credentials/ (default: none)")
+    p.add_argument("--instance-profile-arn", default="")
     ns = p.parse_args(argv)
     server = MetadataServer()
+    role = InstanceRole(ns.role_arn, ns.instance_profile_arn, ns.instance_id, ns.region) \
+        if ns.role_arn else None
     url = server.start(ns.address, ns.port, {
         "instance_id": ns.instance_id, "instance_type": ns.instance_type,
         "address": ns.local_ipv4 or ns.address, "region": ns.region,
-        "availability_zone": ns.availability_zone})
+        "availability_zone": ns.availability_zone}, role)
     print(json.dumps({"url": url}), flush=True)
     try:
         threading.Event().wait()

@@ -48,6 +48,8 @@ Filled gaps (each with the AWS behaviour it reproduces):
   by :func:`install`.
 - The Price List API (``GetProducts``, which moto lacks): ``emulator.pricing``, installed by
   :func:`install`.
+- EC2's vCPU quotas in Service Quotas, with a new account's values (0 vCPUs of G and P
+  instances) and increases: ``emulator.service_quotas``, installed by :func:`install`.
 - Insufficient capacity (``make demo --capacity-out TYPE[@ZONE]``), Auto Scaling's
   prioritized instance-type fallback and UpdateAutoScalingGroup keeping the mixed instances
   policy and refilling the group: ``emulator.capacity``, installed by :func:`install`.
@@ -69,6 +71,7 @@ from emulator import (
     moto_kms,
     moto_publishing,
     pricing,
+    service_quotas,
     ssm_agent,
 )
 from emulator import notifications as nt
@@ -443,4 +446,5 @@ def install() -> None:
     moto_kms.install()  # key policies name existing principals only (emulator/moto_kms.py)
     moto_custom_resources.install()  # Custom::AWS calls (emulator/moto_custom_resources.py)
     moto_emr.install()  # v2 EMR policies need tagged subnets and groups (emulator/moto_emr.py)
+    service_quotas.install()  # EC2's vCPU quotas of a new account (emulator/service_quotas.py)
     _INSTALLED = True

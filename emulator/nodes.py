@@ -34,6 +34,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from contextlib import redirect_stderr
 from dataclasses import dataclass, field
@@ -68,6 +69,10 @@ class NodeError(RuntimeError):
 #: from instance metadata, so a node that relied on these would fail on AWS. Nodes find the
 #: region where a real node does: the file the installer writes from the (emulated) IMDS.
 NOT_ON_A_NODE = ("AWS_REGION", "AWS_DEFAULT_REGION")
+#: Static credentials: a node with an instance profile gets its role's from the metadata
+#: endpoint instead, as an EC2 instance does (the endpoint's own process keeps them: it is
+#: EC2's side, which assumes the role).
+STATIC_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 def base_env(aws: dict[str, str] | None = None) -> dict[str, str]:
@@ -196,6 +201,15 @@ class Node:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # imds, agent, executor
     env: dict[str, str] = field(default_factory=dict)
     exited: dict[str, float] = field(default_factory=dict)  # unit -> when its process ended
+    #: Seconds between the machine answering on its metadata endpoint and its user data
+    #: running: the operating system's boot, which on a Deep Learning AMI takes minutes
+    #: (``make demo --boot-delay``; docs/emulator.md). 0: the user data runs at once.
+    boot_delay: float = 0.0
+    #: The instance profile's role (its launch template's ``IamInstanceProfile``): the
+    #: metadata endpoint serves its credentials and the node's processes get no others, as
+    #: on EC2. "": no instance profile (directly-built test clusters): the harness's.
+    role_arn: str = ""
+    instance_profile_arn: str = ""
 
     @property
     def instance_id(self) -> str:
@@ -220,7 +234,8 @@ class Node:
         imds = subprocess.Popen(
             [PYTHON, "-m", "emulator.imds", "--address", self.address, "--port", "0",
              "--instance-id", self.instance_id, "--instance-type",
-             self.instance.instance_type or "t3.micro", "--region", REGION],
+             self.instance.instance_type or "t3.micro", "--region", REGION,
+             "--role-arn", self.role_arn, "--instance-profile-arn", self.instance_profile_arn],
             cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE, stderr=open(  # noqa: SIM115
                 self.log_path("imds"), "ab"), process_group=0, text=True)
         self._track("imds", imds, leader=True)
@@ -233,7 +248,13 @@ class Node:
                             f"did not start (log: {self.log_path('imds')})") from None
         self.env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = self.imds_url
         self.env["AWS_EC2_METADATA_DISABLED"] = "false"
-        # 2. the real installer, as the user data runs it
+        if self.role_arn:  # the SDKs find the role's credentials where EC2 puts them
+            for key in STATIC_CREDENTIALS:
+                self.env.pop(key, None)
+        # 2. the machine boots its OS (boot_delay), then the real installer runs, as the
+        #    user data would
+        if self.boot_delay > 0:
+            time.sleep(self.boot_delay)
         self._install(install_args, wait_handle)
         # 3. what systemd would start
         self.agent_pid = self._start_unit(AGENT_UNIT, "agent").pid

@@ -69,6 +69,7 @@ class DLClusterStack(Stack):
             efs_mount_point=s.efs_mount_point,
             root_volume_gib=s.root_volume_gib,
             create_placement_group=s.placement_group,
+            efa=s.efa,
             max_workers=s.max_workers,
             spot_workers=s.spot_workers,
             data_prep_script=s.data_prep_script,
@@ -76,6 +77,7 @@ class DLClusterStack(Stack):
             data_bucket=(s3.Bucket.from_bucket_name(self, "DataBucket", s.data_bucket)
                          if s.data_bucket else None),
             data_prefix=s.data_prefix,
+            node_boot_seconds=s.node_boot_seconds,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import Annotations, CfnOutput, Duration, Stack
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from constructs_lib import EmrDeepLearningCluster, FixedAmi
+from constructs_lib import EmrDeepLearningCluster, FixedAmi, validation
 from constructs_lib.emr_settings import EmrSettings
 from constructs_lib.nag_suppressions import acknowledge_emr_findings
 from constructs_lib.setting import context_keys
@@ -33,7 +33,42 @@ EMR_CONTEXT_KEYS: dict[str, str] = context_keys(EmrSettings)
 
 def emr_settings_from_context(get: Callable[[str], object]) -> EmrSettings:
     """Build the settings from a context getter (``app.node.try_get_context``)."""
-    return ContextReader(get).settings(EmrSettings)
+    settings = ContextReader(get).settings(EmrSettings)
+    _check_existing_vpc(settings)
+    return settings
+
+
+def _check_existing_vpc(s: EmrSettings) -> None:
+    """The same rules as DLClusterStack's ``vpcId``: an existing file system lives in an
+    existing VPC (its mount targets cannot reach a new one), and an imported VPC needs its
+    subnets and their zones, one subnet per zone."""
+    def error(message: str) -> validation.ConfigError:
+        return validation.ConfigError(f"context key {message}")
+
+    if s.vpc_id is None:
+        if s.efs_file_system_id:
+            raise error(f"'emrEfsFileSystemId' needs 'emrVpcId' (with 'emrVpcPrivateSubnetIds' "
+                        f"and 'emrAvailabilityZones'): an existing file system is in an "
+                        f"existing VPC, and its mount targets cannot reach a new one; got "
+                        f"emrEfsFileSystemId={s.efs_file_system_id!r} without emrVpcId")
+        for key, value in (("emrVpcPrivateSubnetIds", s.vpc_private_subnet_ids),
+                           ("emrAvailabilityZones", s.availability_zones)):
+            if value:
+                raise error(f"'{key}' is for an existing VPC and needs 'emrVpcId', got "
+                            f"{','.join(value)!r}")
+        return
+    if s.vpc_cidr != EmrSettings.vpc_cidr:
+        raise error(f"'emrVpcCidr' is the CIDR of a new VPC and does not go with 'emrVpcId', "
+                    f"got emrVpcCidr={s.vpc_cidr!r} with emrVpcId={s.vpc_id!r}")
+    subnets, zones = s.vpc_private_subnet_ids or (), s.availability_zones or ()
+    if not subnets or not zones:
+        raise error(f"'emrVpcId' needs 'emrVpcPrivateSubnetIds' and 'emrAvailabilityZones', got "
+                    f"emrVpcId={s.vpc_id!r} with emrVpcPrivateSubnetIds="
+                    f"{s.vpc_private_subnet_ids!r}, emrAvailabilityZones={s.availability_zones!r}")
+    if len(subnets) != len(zones):
+        raise error(f"'emrVpcPrivateSubnetIds' must list one subnet per zone of "
+                    f"'emrAvailabilityZones' ({len(zones)}: {','.join(zones)}), got "
+                    f"{len(subnets)}: {','.join(subnets)}")
 
 
 class DLEmrClusterStack(Stack):
@@ -44,6 +79,16 @@ class DLEmrClusterStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         s = settings or EmrSettings()
         self.settings = s
+        vpc = None
+        if s.vpc_id:
+            # Imported from its ids, not looked up: synth makes no AWS call.
+            vpc = ec2.Vpc.from_vpc_attributes(
+                self, "ExistingVpc", vpc_id=s.vpc_id,
+                availability_zones=list(s.availability_zones or ()),
+                private_subnet_ids=list(s.vpc_private_subnet_ids or ()))
+            Annotations.of(vpc).acknowledge_warning(
+                "@aws-cdk/aws-ec2:noSubnetRouteTableId",
+                "the cluster adds no routes to an existing VPC's subnets")
         file_system = None
         if s.efs_file_system_id:
             file_system = existing_file_system(
@@ -51,6 +96,7 @@ class DLEmrClusterStack(Stack):
                 cluster_vpc=lambda: self.cluster.vpc)
         self.cluster = EmrDeepLearningCluster(
             self, CLUSTER_ID,
+            vpc=vpc,
             vpc_cidr=s.vpc_cidr,
             release_label=s.release_label,
             applications=list(s.applications),

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from constructs_lib import validation
 from constructs_lib.cluster_settings import ClusterSettings
+from constructs_lib.images import image_family, published_pytorch
 from constructs_lib.setting import context_keys
 from stacks.context import ContextReader
 
@@ -40,6 +41,7 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
         raise validation.ConfigError(
             f"context key 'dataPrefix' is a prefix of 'dataBucket', which is not set; got "
             f"dataPrefix={settings.data_prefix!r}")
+    _check_image(settings)
     needed = settings.worker_count + settings.spot_workers
     if settings.max_workers is not None and settings.max_workers < needed:
         raise validation.ConfigError(
@@ -85,3 +87,25 @@ def _check_existing_vpc(s: ClusterSettings) -> None:
     if s.ssh_cidr and not s.vpc_public_subnet_ids:
         raise error(f"'sshCidr' with 'vpcId' needs 'vpcPublicSubnetIds' (the master moves to a "
                     f"public subnet), got sshCidr={s.ssh_cidr!r}")
+
+
+def _check_image(s: ClusterSettings) -> None:
+    """The public DLAMI must exist for ``imageType`` and ``pytorchVersion`` (each line is its
+    own SSM parameter), and its OS must be able to mount the new, TLS-only file system
+    (docs/node-agent.md, "The machine image", "Mounting EFS"). A custom AMI (``amiId``) is
+    neither looked up nor known: it is the user's to have amazon-efs-utils."""
+    if s.ami_id:
+        return
+    if s.pytorch_version is not None:
+        try:
+            published_pytorch(s.image_type, s.pytorch_version, name="'pytorchVersion'",
+                              os_name="'imageType'")
+        except validation.ConfigError as exc:
+            raise validation.ConfigError(f"context key {exc}") from None
+    if not image_family(s.image_type).mounts_tls and not s.efs_file_system_id:
+        raise validation.ConfigError(
+            f"context key 'imageType'={s.image_type!r} cannot mount the stack's file system: "
+            f"it refuses clients without TLS, TLS to EFS needs amazon-efs-utils, and the "
+            f"{s.image_type} Deep Learning AMI has none and its OS no package for it (AWS "
+            f"documents building it from source). Use imageType=amazon-linux-2023 (the "
+            f"default), or amiId with an image that has amazon-efs-utils")

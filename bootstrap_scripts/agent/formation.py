@@ -28,6 +28,10 @@ from bootstrap_scripts.agent.roster import Roster
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership
 
+#: How long formation waits for instances the Lambda listed that the group's description does
+#: not show (yet): Auto Scaling's description can lag its notifications by seconds.
+ABSENT_WAIT_SECONDS = 60.0
+
 
 def take_over(agent: AgentContext, roster: Roster, drains: Drains,
               previous: Membership) -> bool:
@@ -59,7 +63,11 @@ def form(agent: AgentContext, roster: Roster, drains: Drains, kept: MasterState)
     for role, seen in kept.setup.items():
         if seen.asg:
             roster.group_names.setdefault(role, seen.asg)
+    # A launched node has the boot budget (--registration-wait) to boot and register; an
+    # instance the Lambda listed but the group no longer has is not booting (terminated, or
+    # the group's description lags): it gets the describe-consistency window only.
     give_up = time.monotonic() + config.registration_wait
+    absent_give_up = time.monotonic() + min(ABSENT_WAIT_SECONDS, config.registration_wait)
     # With a data-preparation hook, registered nodes may take long to be prepared: wait
     # for their markers up to the setup deadline (not the registration wait).
     prep_give_up = time.monotonic() + max(
@@ -73,7 +81,8 @@ def form(agent: AgentContext, roster: Roster, drains: Drains, kept: MasterState)
         absent = [i for i in expected if i not in ids]
         unprepared = [i for i in ids if i in registrations and config.data_prep
                       and state.prep_status(cluster.efs, i) is None]
-        waiting_registration = (unregistered or absent) and time.monotonic() < give_up
+        waiting_registration = (unregistered and time.monotonic() < give_up) or (
+            absent and time.monotonic() < absent_give_up)
         waiting_prep = unprepared and time.monotonic() < prep_give_up
         if not (waiting_registration or waiting_prep) or agent.stop.is_set():
             break
@@ -85,8 +94,11 @@ def form(agent: AgentContext, roster: Roster, drains: Drains, kept: MasterState)
         log.warning("event=workers-absent instances=%s (the Lambda listed them; "
                 "proceeding with the nodes present)", ",".join(absent))
     if unregistered:
-        log.warning("event=workers-unregistered instances=%s waited=%.0fs (using the "
-                "master's GPU count %d for them)", ",".join(unregistered),
+        types = {w.instance_id: w.instance_type for w in workers}
+        log.warning("event=workers-unregistered instances=%s waited=%.0fs (the boot budget: "
+                "still booting, or their boot failed, see their /var/log/dl-bootstrap.log; "
+                "using the master's GPU count %d for them until they register)",
+                ",".join(f"{i}:{types.get(i) or '?'}" for i in unregistered),
                 config.registration_wait, agent.gpus)
     prepared = None
     if config.data_prep:

@@ -43,7 +43,7 @@ import dataclasses
 import time
 from enum import Enum
 
-from bootstrap_scripts.agent import data_prep, formation, policy
+from bootstrap_scripts.agent import data_prep, formation, policy, setup_report
 from bootstrap_scripts.agent import wait_condition as wc
 from bootstrap_scripts.agent.aws import MasterAws
 from bootstrap_scripts.agent.context import AgentContext
@@ -53,7 +53,7 @@ from bootstrap_scripts.agent.lost_notifications import reason as lost_reason
 from bootstrap_scripts.agent.master_state import GroupSetup, MasterState, load_state
 from bootstrap_scripts.agent.roster import Roster, SetupFailed
 from bootstrap_scripts.agent.settings import EXIT_FAILED
-from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol import launches, state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.messages import (
     AsgSetup,
@@ -224,10 +224,7 @@ class Master:
                 return self._fail(Event.NOTIFICATION_LOST,
                                   lost_reason(self.config.cluster_id, lost))
         if time.time() >= deadline:
-            missing = policy.missing_groups(self._setup_statuses())
-            return self._fail(Event.SETUP_TIMEOUT, f"cluster {self.config.cluster_id}: no "
-                              f"asg-setup success for {' and '.join(missing)} group(s) within "
-                              f"{self.config.setup_timeout:.0f}s")
+            return self._fail(Event.SETUP_TIMEOUT, self._timeout_reason())
         return None
 
     def _step_forming(self) -> Event:
@@ -258,6 +255,27 @@ class Master:
             self.last_resync = time.monotonic()
 
     # -- helpers -----------------------------------------------------------------------------
+    def _timeout_reason(self) -> str:
+        """The SETUP_TIMEOUT reason: which groups, instances and registrations were missing,
+        with the newest launch failure of each group (:mod:`.setup_report`)."""
+        missing = policy.missing_groups(self._setup_statuses())
+        groups: dict[str, setup_report.GroupSeen] = {}
+        for role in missing:
+            try:
+                g = self.aws.group_state(role)
+            except Exception as exc:  # a diagnostic: the failure is signalled regardless
+                groups[role] = setup_report.GroupSeen(role, False, error=repr(exc)[:200])
+                continue
+            groups[role] = setup_report.GroupSeen(role, False) if g is None else \
+                setup_report.GroupSeen(role, True, g.name, g.desired, tuple(
+                    (i.instance_id, i.instance_type) for i in g.instances) + tuple(
+                    (iid, "") for iid in g.missing_address))
+        ids = [iid for g in groups.values() for iid, _ in g.instances]
+        return setup_report.timeout_reason(
+            cluster_id=self.config.cluster_id, timeout=self.config.setup_timeout,
+            missing=missing, groups=groups, registered=set(self.roster.read_registrations(ids)),
+            failures=launches.launch_failures(self.agent.cluster))
+
     def _save_state(self) -> None:
         store.write_record(self.agent.paths.agent_state, self.state, mode=0o600)
 
@@ -314,8 +332,6 @@ class Master:
             self.log.info("event=asg-setup role=%s asg=%s status=%s desired=%d launched=%d "
                           "reason=%r", msg.role, msg.asg, msg.status, msg.desired, msg.launched,
                           msg.reason)
-            from bootstrap_scripts.protocol import launches  # failed launches (capacity)
-
             launches.record_attempts(self.agent.cluster, msg)
             if formed:
                 resync = True

@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the first N worker launches fail with InsufficientInstanceCapacity, "
                         "then capacity frees: the group retries and the cluster forms at full "
                         "size (default: 0; emulator/capacity.py)")
+    p.add_argument("--boot-delay", type=float, default=0.0, metavar="SECONDS",
+                   help="each node's OS boot before its user data runs, as a Deep Learning "
+                        "AMI takes minutes (e.g. 180); the first nodes boot in parallel "
+                        "(default: 0; emulator/nodes.py)")
     p.add_argument("--context", action="append", default=[], metavar="KEY=VALUE",
                    help="a stack setting for cdk deploy (-c KEY=VALUE); repeatable")
     return p

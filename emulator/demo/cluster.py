@@ -14,7 +14,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.markup import escape
@@ -122,12 +124,22 @@ def boot_node(ctx: DemoContext, inst: Instance, role: str, install_args: list[st
               gpu_fault: bool = False) -> Node:
     """One emulated node for ``inst``: recorded in the state file as soon as it started.
     ``gpu_fault``: its GPU driver fails (``emulator.gpus``), so the health gate fails it."""
+    group = ctx.cluster.groups.get(role) if ctx.cluster else None
     node = Node(inst, role, ctx.work / "nodes" / inst.instance_id, ctx.efs, ctx.logs,
-                gpu_fault=gpu_fault)
-    ctx.nodes.append(node)
+                gpu_fault=gpu_fault, boot_delay=getattr(ctx.ns, "boot_delay", 0.0),
+                role_arn=group.role_arn if group else "",
+                instance_profile_arn=group.instance_profile_arn if group else "")
+    with _BOOT_LOCK:
+        ctx.nodes.append(node)
     node.boot(install_args, ctx.aws, f"{ctx.control}/wait-handle")
-    ctx.save_state()
+    with _BOOT_LOCK:
+        ctx.save_state()
     return node
+
+
+#: boot_node may run in several threads at once (``--boot-delay``: the first nodes boot in
+#: parallel, as machines do): the node list and the state file are updated one at a time.
+_BOOT_LOCK = threading.Lock()
 
 
 #: The demo's EC2 status-check delay: a machine whose processes are all dead is marked
@@ -168,12 +180,21 @@ def boot_nodes(ctx: DemoContext) -> None:
     ctx.timings["boot_started"] = time.monotonic()
     # --unhealthy-node: the last worker's GPU driver fails (the health gate's to find)
     faulty = [i for g, i in live if g.role == "worker"][-1:] if ctx.ns.unhealthy_node else []
-    for g, inst in live:
+    for _g, inst in live:
         if not inst.address.startswith("127."):
             raise DemoError(f"instance {inst.instance_id} got address {inst.address!r}, "
                             f"not a loopback one: was the stack deployed with vpcCidr="
                             f"{dp.VPC_CIDR}?")
-        node = boot_node(ctx, inst, g.role, g.install_args, gpu_fault=inst in faulty)
+    # With a boot delay the machines boot side by side, as EC2's do; without one, in turn.
+    def boot(gi: tuple) -> Node:
+        return boot_node(ctx, gi[1], gi[0].role, gi[0].install_args, gpu_fault=gi[1] in faulty)
+
+    if getattr(ctx.ns, "boot_delay", 0.0) > 0:
+        with ThreadPoolExecutor(len(live)) as pool:
+            nodes = list(pool.map(boot, live))
+    else:
+        nodes = [boot(gi) for gi in live]
+    for (g, inst), node in zip(live, nodes, strict=True):
         ctx.info(f"{g.role:6} {inst.instance_id} {inst.address:15} imds {node.imds_url} "
                  f"agent pid {node.agent_pid}, executor pid {node.executor_pid}"
                  + (" [yellow](failing GPU driver)[/]" if inst in faulty else ""))

@@ -8,7 +8,7 @@ from bootstrap_scripts.protocol import state as shared
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.paths import WORKERS_FILE, ClusterPaths
-from bootstrap_scripts.protocol.records import Registration
+from bootstrap_scripts.protocol.records import LaunchAttempt, LaunchFailures, Registration
 from emulator.cloud import fail_launches
 from emulator.resources import create_cluster
 from tests.conftest import REGION
@@ -49,15 +49,32 @@ def test_failure_of_a_group_that_recovered_does_not_fail_the_setup(env, tmp_path
 
 
 def test_setup_timeout_fails_naming_the_missing_group(env, tmp_path):
+    """The reason names the group, its instances that never registered (with their type)
+    and the newest launch failure the capacity adjuster reported for it."""
     endpoint, recorder, threads = env
-    cluster = create_cluster(endpoint, workers=1)
+    cluster = create_cluster(endpoint, workers=2)
     cluster.send(cluster.setup_message("master"))
+    (w1, ip1), (w2, _ip2) = cluster.instances("worker")
+    efs = tmp_path / "efs"
+    shared.write_registration(efs, Registration(instance_id=w1, address=ip1, gpus=1,
+                                                role="worker"))
+    store.write_record(ClusterPaths(efs).launch_failures, LaunchFailures(attempts=(
+        LaunchAttempt(role="worker", asg=cluster.worker_asg, zone="us-east-1a",
+                      instance_types=("p5.48xlarge",),
+                      cause="We currently do not have sufficient p5.48xlarge capacity"),)))
     t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url, setup_timeout=2),
                     master_identity(cluster))
     threads.append(t)
     (sig,) = recorder.wait_for(1, timeout=30)
     assert sig["Status"] == "FAILURE"
-    assert "no asg-setup success for worker group(s) within 2s" in sig["Reason"]
+    reason = sig["Reason"]
+    assert "no asg-setup success for worker group(s) within 2s" in reason
+    assert f"worker group {cluster.worker_asg}: 2 of 2 instances running, 1 registered" \
+        in reason, reason
+    assert f"not registered (still booting or failed to boot): {w2} (" in reason
+    assert w1 not in reason
+    assert ("last launch failure: zone us-east-1a, p5.48xlarge: We currently do not have "
+            "sufficient p5.48xlarge capacity") in reason
     t.thread.join(timeout=30)
     assert t.exit_code == EXIT_FAILED
 
@@ -176,3 +193,28 @@ def test_untagged_worker_group_forms_with_the_instances_the_lambda_listed(env, t
     assert sorted(n.instance_id for n in m.nodes[1:]) == sorted(setup["instances"])
     log = ClusterPaths(tmp_path / "efs").agent_log(m.master.instance_id).read_text()
     assert "event=group-missing role=worker" in log
+
+
+def test_a_listed_instance_the_group_lost_is_not_waited_for_a_whole_boot_budget(
+        env, tmp_path, monkeypatch):
+    """The registration wait is the node boot budget (minutes); an instance the Lambda
+    listed that the group no longer has is not booting: formation waits for it only the
+    describe-consistency window, then forms with the registered nodes."""
+    from bootstrap_scripts.agent import formation
+
+    endpoint, recorder, threads = env
+    monkeypatch.setattr(formation, "ABSENT_WAIT_SECONDS", 0.5)
+    cluster = create_cluster(endpoint, workers=2)
+    cluster.send(cluster.setup_message("master"))
+    cluster.send(cluster.setup_message("worker"))  # lists both workers
+    (gone,) = fail_launches(cluster.worker_asg, 1)
+    ((wid, wip),) = [i for i in cluster.instances("worker") if i[0] != gone]
+    shared.write_registration(tmp_path / "efs", Registration(
+        instance_id=wid, address=wip, gpus=1, role="worker"))
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url,
+                           registration_wait=600), master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "SUCCESS", sig
+    m = shared.read_current(tmp_path / "efs")
+    assert gone not in {n.instance_id for n in m.nodes} and len(m.nodes) == 2

@@ -32,17 +32,46 @@ def check(state: Path, *contexts: str) -> list[str]:
     return lines
 
 
+def raise_quota(endpoint: str, code: str, vcpus: float) -> None:
+    """What an operator does before a first GPU cluster: ask Service Quotas for more."""
+    answer = boto3.client("service-quotas", endpoint_url=endpoint, region_name="us-east-1") \
+        .request_service_quota_increase(ServiceCode="ec2", QuotaCode=code, DesiredValue=vcpus)
+    assert answer["RequestedQuota"]["QuotaCode"] == code
+
+
 def test_settings_the_account_has_pass(account) -> None:
     endpoint, state, ami = account
     boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1").create_key_pair(
         KeyName="ops")
+    raise_quota(endpoint, "L-417A185B", 2 * 192)  # two p5.48xlarge workers
+    raise_quota(endpoint, "L-DB2E81BA", 4)  # the g5.xlarge master
     lines = check(state, f"amiId={ami}", "keyName=ops", "workerInstanceTypes=p5.48xlarge,"
                   "p4d.24xlarge", "workerCount=2")
     assert lines[-1] == ("checked against us-east-1: instance types offered, key pair exists, "
                          "image exists, vCPU quotas")
-    # moto's Service Quotas knows no EC2 quota: the check says it skipped them.
-    assert any("quota check skipped for Running On-Demand P instances (L-417A185B)" in x
-               for x in lines), lines
+    assert not [x for x in lines if "skipped" in x], lines
+
+
+def test_a_new_account_has_no_gpu_quota(account) -> None:
+    """A new account's Service Quotas say 0 vCPUs of G and P instances: the default cluster
+    (three g5.xlarge, 4 vCPUs each) is refused with the keys, the need and the limit."""
+    endpoint, state, ami = account
+    quotas = boto3.client("service-quotas", endpoint_url=endpoint, region_name="us-east-1")
+    defaults = {q["QuotaCode"]: q["Value"] for q in quotas.list_aws_default_service_quotas(
+        ServiceCode="ec2")["Quotas"]}
+    assert defaults["L-DB2E81BA"] == 0 and defaults["L-417A185B"] == 0
+    assert defaults["L-1216C47A"] == 5
+    with pytest.raises(DlcError) as err:
+        check(state, f"amiId={ami}")
+    assert ("context keys 'masterInstanceType', 'workerInstanceType': the nodes need 12 vCPUs "
+            "of 'Running On-Demand G and VT instances' (L-DB2E81BA), the quota in us-east-1 "
+            "is 0") in str(err.value)
+    with pytest.raises(DlcError, match=r"the nodes need 4 vCPUs of 'Spot G and VT instances' "
+                       r"\(L-3819A6DF\), the quota in us-east-1 is 0"):
+        raise_quota(endpoint, "L-DB2E81BA", 12)
+        check(state, f"amiId={ami}", "spotWorkers=1")
+    raise_quota(endpoint, "L-3819A6DF", 4)
+    assert check(state, f"amiId={ami}", "spotWorkers=1")[-1].endswith("vCPU quotas")
 
 
 def test_every_refusal_names_key_value_and_limit(account) -> None:
@@ -61,11 +90,11 @@ def test_every_refusal_names_key_value_and_limit(account) -> None:
 def test_an_unpublished_dlami_parameter_is_refused(account) -> None:
     _endpoint, state, _ami = account
     with pytest.raises(DlcError) as err:
-        check(state, "pytorchVersion=1.0")
+        check(state, "pytorchVersion=2.6")
     assert ("the DLAMI parameter /aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-"
-            "pytorch-1.0-amazon-linux-2023/latest/ami-id is not published in us-east-1") \
+            "pytorch-2.6-amazon-linux-2023/latest/ami-id is not published in us-east-1") \
         in str(err.value)
-    assert "'pytorchVersion'='1.0'" in str(err.value)
+    assert "'pytorchVersion'='2.6'" in str(err.value)
 
 
 def test_bad_and_misspelt_keys_are_refused_before_any_call(account) -> None:
@@ -103,3 +132,30 @@ def test_vcpus_per_quota() -> None:
     assert by_code["L-7212CCBC"].vcpus == 2 * 192
     assert preflight.quota_class("trn1n.32xlarge").on_demand == "L-2C3B7624"
     assert preflight.quota_class("u-6tb1.metal") is None
+
+
+def test_efa_needs_types_with_efa(account) -> None:
+    """With efa=true each type must support EFA (DescribeInstanceTypes), and have the EFA
+    network cards the stack gives interfaces."""
+    endpoint, state, ami = account
+    raise_quota(endpoint, "L-DB2E81BA", 12)
+    with pytest.raises(DlcError) as err:
+        check(state, f"amiId={ami}", "efa=true")
+    assert ("context keys 'efa'=true / 'masterInstanceType': g5.xlarge does not support EFA "
+            "(EC2 DescribeInstanceTypes NetworkInfo.EfaSupported)") in str(err.value)
+    raise_quota(endpoint, "L-417A185B", 3 * 192)
+    lines = check(state, f"amiId={ami}", "efa=true", "workerInstanceType=p5.48xlarge",
+                  "masterInstanceType=p5.48xlarge")
+    assert lines[-1].endswith("vCPU quotas")
+
+
+def test_a_stale_efa_table_is_caught_before_the_deploy(account, monkeypatch) -> None:
+    from constructs_lib import efa
+
+    endpoint, state, ami = account
+    raise_quota(endpoint, "L-417A185B", 3 * 192)
+    monkeypatch.setitem(efa.EFA_CARDS, "p5.48xlarge", (0, 4))
+    with pytest.raises(DlcError, match=r"the stack gives p5.48xlarge 4 EFA interface\(s\), EC2 "
+                       r"DescribeInstanceTypes says its EFA network cards are \[0, 1, 2"):
+        check(state, f"amiId={ami}", "efa=true", "workerInstanceType=p5.48xlarge",
+              "masterInstanceType=p5.48xlarge")

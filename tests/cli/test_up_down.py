@@ -30,6 +30,11 @@ def emulated_account(moto_reset: str, tmp_path: Path, monkeypatch) -> tuple[str,
     state.write_text(json.dumps({"endpoint": moto_reset, "aws": {
         "endpoint": moto_reset, "region": "us-east-1", "access_key_id": "testing",
         "secret_access_key": "testing", "session_token": "testing"}}))
+    # A new account has no G-instance vCPUs (emulator/service_quotas.py); the operator's
+    # increase for the three g5.xlarge nodes, which dlc up's preflight checks.
+    boto3.client("service-quotas", endpoint_url=moto_reset, region_name="us-east-1") \
+        .request_service_quota_increase(ServiceCode="ec2", QuotaCode="L-DB2E81BA",
+                                        DesiredValue=12)
     ec2 = boto3.client("ec2", endpoint_url=moto_reset, region_name="us-east-1")
     return moto_reset, state, dp.pick_ami(ec2)
 

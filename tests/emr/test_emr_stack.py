@@ -119,6 +119,8 @@ def test_context_values_arrive_as_strings_from_the_command_line() -> None:
         "emrTrainingCommand": "python train.py --epochs '3'", "emrIdleTimeoutMinutes": "60",
         "emrEfsFileSystemId": "fs-0123456789abcdef0", "emrCoreInstanceType": "p5.48xlarge",
         "emrTlsCertificatesS3Url": "s3://certs/tls.zip", "emrReleaseLabel": "emr-7.14.0",
+        "emrVpcId": "vpc-0123456789abcdef0", "emrAvailabilityZones": "us-east-1a,us-east-1b",
+        "emrVpcPrivateSubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1",
     }
     s = emr_settings_from_context(ctx.get)
     assert s.core_instance_count == 4 and s.root_volume_gib == 150
@@ -165,3 +167,43 @@ def test_settings_defaults_are_the_constructs_own() -> None:
         assert getattr(s, field) == props[field].default, field
     assert s.idle_timeout_minutes is props["idle_timeout"].default
     assert s.training_command is props["training_command"].default
+
+
+# -- an existing VPC (emrVpcId), which an existing file system needs ---------------------------
+EXISTING_VPC = {"emrVpcId": "vpc-0123456789abcdef0",
+                "emrAvailabilityZones": "us-east-1a,us-east-1b",
+                "emrVpcPrivateSubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1"}
+
+
+@pytest.mark.parametrize(("ctx", "words"), [
+    ({"emrEfsFileSystemId": "fs-0123456789abcdef0"},
+     ["'emrEfsFileSystemId' needs 'emrVpcId'", "fs-0123456789abcdef0"]),
+    ({"emrVpcPrivateSubnetIds": "subnet-0123456789abcdef0"},
+     ["'emrVpcPrivateSubnetIds' is for an existing VPC"]),
+    ({"emrVpcId": "vpc-0123456789abcdef0"},
+     ["'emrVpcId' needs 'emrVpcPrivateSubnetIds' and 'emrAvailabilityZones'"]),
+    ({**EXISTING_VPC, "emrVpcCidr": "10.1.0.0/16"},
+     ["'emrVpcCidr' is the CIDR of a new VPC", "10.1.0.0/16"]),
+    ({**EXISTING_VPC, "emrAvailabilityZones": "us-east-1a"},
+     ["one subnet per zone", "us-east-1a"]),
+])
+def test_existing_vpc_rules_name_the_keys(ctx: dict, words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        emr_settings_from_context(ctx.get)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_an_existing_file_system_runs_in_the_existing_vpc(tmp_path: Path) -> None:
+    from tests.emr.conftest import synth_stack
+
+    s = emr_settings_from_context({**EXISTING_VPC,
+                                   "emrEfsFileSystemId": "fs-0123456789abcdef0"}.get)
+    synth = synth_stack(tmp_path, s)
+    assert not [k for k in synth.resources if synth.resources[k]["Type"] == "AWS::EC2::VPC"]
+    assert not [r for r in synth.resources.values() if r["Type"] == "AWS::EFS::FileSystem"]
+    instances = synth.cluster()["Instances"]
+    assert instances["Ec2SubnetId"] == "subnet-0123456789abcdef0"
+    groups = [r["Properties"] for r in synth.resources.values()
+              if r["Type"] == "AWS::EC2::SecurityGroup"]
+    assert groups and all(g["VpcId"] == "vpc-0123456789abcdef0" for g in groups)

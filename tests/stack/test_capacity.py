@@ -220,12 +220,39 @@ def test_reservation_errors_name_key_and_value(ctx: dict, words: list[str]) -> N
      ["capacity_block_id", "worker_instance_types", "p4d.24xlarge"]),
     ({"capacityBlockId": RESERVATION, "availabilityZones": "us-east-1a,us-east-1b",
       "spotWorkers": "1"}, ["capacity_block_id", "spot_workers"]),
+    # One reservation (or block) is one instance type: the master cannot be another type.
+    ({"capacityReservationId": RESERVATION, "availabilityZones": "us-east-1a,us-east-1b",
+      "workerInstanceType": "p5.48xlarge"},
+     [f"capacity_reservation_id='{RESERVATION}'", "master_instance_type g5.xlarge",
+      "worker_instance_type p5.48xlarge"]),
+    ({"capacityBlockId": RESERVATION, "availabilityZones": "us-east-1a,us-east-1b",
+      "workerInstanceType": "p5.48xlarge", "masterInstanceType": "p4d.24xlarge"},
+     [f"capacity_block_id='{RESERVATION}'", "p4d.24xlarge", "p5.48xlarge"]),
+    # Reserved On-Demand capacity is not for Spot instances, a group's neither.
+    ({"capacityReservationId": RESERVATION, "availabilityZones": "us-east-1a,us-east-1b",
+      "spotWorkers": "2"}, [f"capacity_reservation_id='{RESERVATION}'", "On-Demand",
+                            "spot_workers must be 0, got 2"]),
+    ({"capacityReservationGroupArn": GROUP_ARN, "availabilityZones": "us-east-1a,us-east-1b",
+      "spotWorkers": "1"}, ["capacity_reservation_group_arn", GROUP_ARN,
+                            "spot_workers must be 0, got 1"]),
+    # The stack's new placement group cannot hold a reservation made before the deploy.
+    ({"capacityReservationId": RESERVATION, "availabilityZones": "us-east-1a,us-east-1b",
+      "placementGroup": "true"}, [f"capacity_reservation_id='{RESERVATION}'",
+                                  "create_placement_group=True", "created in"]),
 ])
 def test_reservation_combinations_fail_at_synth(ctx: dict, words: list[str]) -> None:
     with pytest.raises(ConfigError) as err:
         cluster_template(**ctx)
     for word in words:
         assert word in str(err.value)
+
+
+def test_a_reservation_group_may_hold_several_types() -> None:
+    """A group holds reservations of several types: master and workers may differ."""
+    t = cluster_template(capacityReservationGroupArn=GROUP_ARN,
+                         availabilityZones="us-east-1a,us-east-1b",
+                         workerInstanceType="p5.48xlarge", masterInstanceType="g5.xlarge")
+    assert len(templates(t)) == 2
 
 
 def test_every_capacity_key_is_parsed() -> None:
@@ -255,6 +282,8 @@ VARIANTS = {
                        "workerInstanceType": "p5.48xlarge", "masterInstanceType": "p5.48xlarge"},
     "reservation-group": {"capacityReservationGroupArn": GROUP_ARN,
                           "availabilityZones": "us-east-1a,us-east-1b"},
+    "efa-p5": {"efa": "true", "placementGroup": "true", "workerInstanceType": "p5.48xlarge",
+               "masterInstanceType": "p5.48xlarge"},
 }
 
 

@@ -15,6 +15,7 @@ from aws_cdk.assertions import Template
 from constructs_lib import DeepLearningCluster
 from constructs_lib.images import IMAGE_FAMILIES, dlami_parameter
 from constructs_lib.user_data import MOUNT_TIMEOUT_SECONDS
+from constructs_lib.validation import ConfigError
 from tests.stack.synth import cluster_template, new_app
 
 DLAMI = "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-{}/latest/ami-id"
@@ -65,13 +66,53 @@ def test_tls_stays_required_by_default(default: Template) -> None:
 
 
 def test_ubuntu_and_another_pytorch_line() -> None:
-    t = cluster_template(imageType="ubuntu", pytorchVersion="2.11")
+    """The construct builds Ubuntu nodes for a file system that does not require TLS."""
+    stack = cdk.Stack(new_app(), "Ubuntu")
+    DeepLearningCluster(stack, "Cluster", image_type="ubuntu", pytorch_version="2.11",
+                        efs_require_tls=False)
+    t = Template.from_stack(stack)
     assert dlami_parameters(t) == [DLAMI.format("2.11-ubuntu-24.04")]
     for text in user_data(t).values():
         assert "dnf" not in text and "no amazon-efs-utils package" in text
     for lt in t.find_resources("AWS::EC2::LaunchTemplate").values():
         (bdm,) = lt["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
         assert bdm["DeviceName"] == "/dev/sda1"
+
+
+def test_ubuntu_with_the_tls_only_file_system_is_refused_at_synth() -> None:
+    """Ubuntu's DLAMI has no mount.efs, so it could never mount the default (TLS-only) file
+    system: refused at synth, naming the setting, the value and the way out."""
+    with pytest.raises(ConfigError) as err:
+        cluster_template(imageType="ubuntu")
+    assert "context key 'imageType'='ubuntu' cannot mount" in str(err.value)
+    assert "amazon-efs-utils" in str(err.value) and "amiId" in str(err.value)
+    with pytest.raises(ConfigError, match=r"image_type='ubuntu' with the default file system.*"
+                       r"efs_require_tls=False"):
+        DeepLearningCluster(cdk.Stack(new_app(), "U"), "Cluster", image_type="ubuntu")
+    # A custom AMI is the user's to have amazon-efs-utils.
+    t = cluster_template(imageType="ubuntu", amiId="ami-0123456789abcdef0")
+    assert dlami_parameters(t) == []
+
+
+@pytest.mark.parametrize(("ctx", "words"), [
+    ({"pytorchVersion": "1.0"}, ["'pytorchVersion'='1.0'", "'imageType'='amazon-linux-2023'",
+                                 "pytorch-1.0-amazon-linux-2023", "2.13"]),
+    ({"pytorchVersion": "2.13", "imageType": "ubuntu"},
+     ["'pytorchVersion'='2.13'", "'imageType'='ubuntu'", "2.9, 2.10, 2.11, 2.12"]),
+])
+def test_a_pytorch_line_without_a_dlami_is_refused_at_synth(ctx: dict, words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        cluster_template(**ctx)
+    for word in words:
+        assert word in str(err.value)
+    with pytest.raises(ConfigError, match=r"pytorch_version='2.99' has no PyTorch Deep Learning "
+                       r"AMI for image_type='amazon-linux-2023'"):
+        DeepLearningCluster(cdk.Stack(new_app(), "P"), "Cluster", pytorch_version="2.99")
+
+
+def test_every_default_line_is_a_published_one() -> None:
+    for family in IMAGE_FAMILIES.values():
+        assert family.default_pytorch == family.pytorch_lines[-1]
 
 
 def test_parameter_names_follow_the_documented_form() -> None:
@@ -84,6 +125,22 @@ def test_parameter_names_follow_the_documented_form() -> None:
         "amazon-linux-2023": "2.13", "ubuntu": "2.12"}
 
 
+def test_the_master_waits_the_node_boot_budget_for_registrations(default: Template) -> None:
+    """A DLAMI boots in minutes: the master's registration wait is the boot budget (900 s by
+    default, nodeBootSeconds), not the agent's 60-second default."""
+    data = user_data(default)
+    assert "--registration-wait '900'" in data["master"]
+    assert "--registration-wait" not in data["worker"]
+    assert "--registration-wait '1800'" in user_data(
+        cluster_template(nodeBootSeconds="1800"))["master"]
+    with pytest.raises(ConfigError, match=r"'nodeBootSeconds' must be an integer >= 60, got "
+                                          r"'30'"):
+        cluster_template(nodeBootSeconds="30")
+    with pytest.raises(ConfigError, match=r"node_boot_seconds must be at most 300, got 400"):
+        DeepLearningCluster(cdk.Stack(new_app(), "B"), "Cluster", setup_timeout_seconds=600,
+                            node_boot_seconds=400)
+
+
 def test_nodes_boot_only_once_every_mount_target_is_available(default: Template) -> None:
     targets = set(default.find_resources("AWS::EFS::MountTarget"))
     assert len(targets) == 2
@@ -92,24 +149,88 @@ def test_nodes_boot_only_once_every_mount_target_is_available(default: Template)
 
 
 # -- 12.8: EFA ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("efa", [True, False])
-def test_efa_puts_an_efa_interface_on_both_launch_templates(efa: bool) -> None:
+def efa_templates(types: dict, **props: object) -> tuple[list[dict], str]:
     stack = cdk.Stack(new_app(), "Efa")
-    cluster = DeepLearningCluster(stack, "Cluster", worker_instance_type="p5.48xlarge",
-                                  master_instance_type="p5.48xlarge", efa=efa)
+    cluster = DeepLearningCluster(stack, "Cluster", **types, **props)
     t = Template.from_stack(stack)
     node_sg = stack.resolve(cluster.node_security_group.security_group_id)
     data = [lt["Properties"]["LaunchTemplateData"]
             for lt in t.find_resources("AWS::EC2::LaunchTemplate").values()]
     assert len(data) == 2
+    return data, node_sg
+
+
+P5 = {"worker_instance_type": "p5.48xlarge", "master_instance_type": "p5.48xlarge"}
+
+
+def test_without_efa_the_template_keeps_its_security_groups() -> None:
+    data, node_sg = efa_templates(P5, efa=False)
     for d in data:
-        if not efa:
-            assert "NetworkInterfaces" not in d and d["SecurityGroupIds"] == [node_sg]
-            continue
-        (interface,) = d["NetworkInterfaces"]
-        assert interface["InterfaceType"] == "efa"
-        assert interface["DeviceIndex"] == 0 and interface["Groups"] == [node_sg]
-        assert "SecurityGroupIds" not in d  # the interface carries the groups
+        assert "NetworkInterfaces" not in d and d["SecurityGroupIds"] == [node_sg]
+
+
+def test_efa_on_every_network_card_of_a_p5() -> None:
+    """p5.48xlarge has 32 network cards, each with EFA (DescribeInstanceTypes): the primary
+    EFA interface on card 0, an EFA-only interface on cards 1 to 31."""
+    data, node_sg = efa_templates(P5, efa=True)
+    for d in data:
+        interfaces = d["NetworkInterfaces"]
+        assert [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in interfaces] == [
+            (card, 0) for card in range(32)]
+        assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * 31
+        assert all(i["Groups"] == [node_sg] and i["DeleteOnTermination"] for i in interfaces)
+        assert "SecurityGroupIds" not in d  # the interfaces carry the groups
+
+
+def test_efa_on_a_single_card_type_is_the_one_primary_interface() -> None:
+    data, node_sg = efa_templates({"worker_instance_type": "g5.12xlarge",
+                                   "master_instance_type": "g5.12xlarge"}, efa=True)
+    for d in data:
+        assert d["NetworkInterfaces"] == [{"NetworkCardIndex": 0, "DeviceIndex": 0,
+                                           "DeleteOnTermination": True, "Groups": [node_sg],
+                                           "InterfaceType": "efa"}]
+
+
+def test_a_type_whose_card_0_has_no_efa_keeps_an_ena_primary() -> None:
+    data, _ = efa_templates({"worker_instance_type": "p6-b300.48xlarge",
+                             "master_instance_type": "p4d.24xlarge"}, efa=True)
+    layouts = sorted([(i["NetworkCardIndex"], i["InterfaceType"]) for i in d["NetworkInterfaces"]]
+                     for d in data)
+    assert [(0, "efa"), (1, "efa-only"), (2, "efa-only"), (3, "efa-only")] in layouts
+    assert [(0, "interface")] + [(c, "efa-only") for c in range(1, 17)] in layouts
+
+
+def test_efa_refuses_what_one_launch_template_cannot_serve() -> None:
+    with pytest.raises(ConfigError, match=r"same cards; got p5.48xlarge: 32 .*p4d.24xlarge: 4"):
+        efa_templates({"worker_instance_types": ["p5.48xlarge", "p4d.24xlarge"],
+                       "master_instance_type": "p5.48xlarge"}, efa=True)
+    with pytest.raises(ConfigError, match=r"public address only to an instance launched with "
+                       r"one network interface"):
+        efa_templates(P5, efa=True, ssh_cidr="203.0.113.0/24")
+
+
+def test_the_efa_table_is_what_describe_instance_types_says(moto_reset: str) -> None:
+    """EFA_CARDS holds DescribeInstanceTypes' answer for the accelerated multi-card types:
+    compared with moto's copy of the EC2 instance-type data (NetworkCards' InterfaceTypes,
+    EfaInfo.MaximumEfaInterfaces), every accelerated EFA type of it."""
+    import boto3
+
+    from constructs_lib.efa import ACCELERATED_FAMILIES, efa_cards
+
+    ec2 = boto3.client("ec2", endpoint_url=moto_reset, region_name="us-east-1")
+    checked = 0
+    for page in ec2.get_paginator("describe_instance_types").paginate():
+        for it in page["InstanceTypes"]:
+            net, name = it["NetworkInfo"], it["InstanceType"]
+            if not net.get("EfaSupported") or not any(
+                    name.startswith(f) and name[len(f)].isdigit() for f in ACCELERATED_FAMILIES):
+                continue
+            cards = sorted(c["NetworkCardIndex"] for c in net["NetworkCards"]
+                           if "efa" in c.get("InterfaceTypes", ["efa"]))
+            cards = cards[:net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 1)]
+            assert efa_cards(name) == tuple(cards), name
+            checked += 1
+    assert checked > 20  # the p, g and trn types with EFA
 
 
 # -- 12.4: lost notifications --------------------------------------------------------------------

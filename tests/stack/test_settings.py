@@ -51,6 +51,8 @@ def test_every_documented_key_is_parsed() -> None:
         "maxReplacementsPerHour": "5",
         "dataBucket": "my-datasets",
         "dataPrefix": "digits",
+        "efa": "true",
+        "nodeBootSeconds": "1800",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -79,6 +81,8 @@ def test_every_documented_key_is_parsed() -> None:
         max_replacements_per_hour=5,
         data_bucket="my-datasets",
         data_prefix="digits/",
+        efa=True,
+        node_boot_seconds=1800,
     )
 
 

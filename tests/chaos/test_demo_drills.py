@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.procgroup import alive, pids_in_groups
-from tests.chaos.drills import drill
+from tests.chaos.drills import drill, torchelastic_dirs
 from tests.support.demo import kill_everything, recorded_groups, run_demo
 
 pytestmark = pytest.mark.chaos
@@ -36,7 +36,9 @@ def epochs_ok(epochs: list[dict]) -> tuple[bool, str]:
     return ok, f"epochs {seen[:1]}..{seen[-1:]}, last attempt {last[:1]}..{last[-1:]}"
 
 
-def left_behind(tmp_path: Path, report: dict) -> list[str]:
+def left_behind(tmp_path: Path, report: dict, elastic: set[str]) -> list[str]:
+    """Live processes of the demo's groups or of its jobs, and new ``/tmp/torchelastic_*``."""
+    new = sorted(torchelastic_dirs() - elastic)
     groups = recorded_groups(tmp_path)
     left = pids_in_groups(groups) | {g for g in groups if alive(g)}
     if left:
@@ -45,7 +47,7 @@ def left_behind(tmp_path: Path, report: dict) -> list[str]:
     return ([f"pids {sorted(left)}"] if left else []) + \
         ([f"stopped pids alive {stopped}"] if stopped else []) + \
         ([f"demo leftovers {report.get('leftover_pids')}"] if report.get("leftover_pids")
-         else [])
+         else []) + [f"new {d}" for d in new]
 
 
 def actions(report: dict, what: str) -> list[str]:
@@ -53,13 +55,14 @@ def actions(report: dict, what: str) -> list[str]:
 
 
 def test_i_k_lost_worker_and_unhealthy_worker(tmp_path: Path):
+    elastic = torchelastic_dirs()
     code, out, report = run_demo(tmp_path, "--workers", "2", "--unhealthy-node",
                                  "--kill-node-after", "1", "--epochs", str(EPOCHS),
                                  "--require-acc", "0.85", timeout=TIMEOUT)
     rec = report.get("recovery", {})
     jobs = report.get("jobs") or [{}]
     job = jobs[0]
-    left = left_behind(tmp_path, report)
+    left = left_behind(tmp_path, report, elastic)
     with drill("(k) unhealthy worker", "a worker whose GPU driver fails (nvidia-smi errors) "
                "from boot (time: from the demo's start)") as row:
         assert code == 0, out[-3000:]
@@ -90,10 +93,11 @@ def test_i_k_lost_worker_and_unhealthy_worker(tmp_path: Path):
 
 
 def test_j_lost_master(tmp_path: Path):
+    elastic = torchelastic_dirs()
     code, out, report = run_demo(tmp_path, "--workers", "1", "--kill-master-after", "1",
                                  "--epochs", str(EPOCHS), "--require-acc", "0.85",
                                  timeout=TIMEOUT)
-    left = left_behind(tmp_path, report)
+    left = left_behind(tmp_path, report, elastic)
     with drill("(j) master kill", "kill -9 of every process of the master (the machine "
                "gone) 1 s into training") as row:
         assert code == 0, out[-3000:]

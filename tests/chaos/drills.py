@@ -70,9 +70,10 @@ ROWS: list[Row] = []
 
 
 @contextlib.contextmanager
-def drill(name: str, fault: str) -> Iterator[Row]:
+def drill(name: str, fault: str, *, defer: bool = False) -> Iterator[Row]:
     """One row: whatever the drill's body raises makes the row FAIL (with the error) and
-    is raised again; a broken invariant fails the drill's test after its row is complete."""
+    is raised again; a broken invariant fails the drill's test after its row is complete
+    (``defer``: when the test calls :func:`assert_passed`, for a test making several rows)."""
     row = Row(name, fault)
     ROWS.append(row)
     try:
@@ -81,8 +82,13 @@ def drill(name: str, fault: str) -> Iterator[Row]:
         row.error = f"{type(exc).__name__}: {str(exc)[:300]}"
         traceback.print_exc()
         raise
-    broken = [f"{c.name}: {c.detail}" for c in row.checks if not c.ok]
-    assert row.checks and not broken, f"{name}: invariants broken: {broken}"
+    if not defer:
+        assert_passed(row)
+
+
+def assert_passed(*rows: Row) -> None:
+    broken = [f"{r.drill}: {c.name}: {c.detail}" for r in rows for c in r.checks if not c.ok]
+    assert all(r.checks for r in rows) and not broken, f"invariants broken: {broken}"
 
 
 def wait_for(what: str, check: Callable, timeout: float = 120, interval: float = 0.1):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.procgroup import alive, pids_in_groups
-from tests.chaos.drills import drill, torchelastic_dirs
+from tests.chaos.drills import assert_passed, drill, torchelastic_dirs
 from tests.support.demo import kill_everything, recorded_groups, run_demo
 
 pytestmark = pytest.mark.chaos
@@ -64,7 +64,8 @@ def test_i_k_lost_worker_and_unhealthy_worker(tmp_path: Path):
     job = jobs[0]
     left = left_behind(tmp_path, report, elastic)
     with drill("(k) unhealthy worker", "a worker whose GPU driver fails (nvidia-smi errors) "
-               "from boot (time: from the demo's start)") as row:
+               "from boot (time: from the demo's start)", defer=True) as sick_row:
+        row = sick_row
         assert code == 0, out[-3000:]
         sick = rec["unhealthy"]
         row.seconds = sick.get("replaced_s")
@@ -74,7 +75,7 @@ def test_i_k_lost_worker_and_unhealthy_worker(tmp_path: Path):
                   and job.get("epochs") and sick["replaced_s"] < job["epochs"][0]["seen"])
         row.check("nothing left", not left, "; ".join(left))
     with drill("(i) worker kill", "kill -9 of every process of a worker (the machine gone) "
-               "1 s into training") as row:
+               "1 s into training", defer=True) as row:
         assert code == 0, out[-3000:]
         kill = rec["kill_node"]
         restart = kill.get("restart", {})
@@ -90,6 +91,7 @@ def test_i_k_lost_worker_and_unhealthy_worker(tmp_path: Path):
         ok, detail = epochs_ok(job.get("epochs", []))
         row.check("epochs", ok, detail)
         row.check("nothing left", not left, "; ".join(left))
+    assert_passed(sick_row, row)
 
 
 def test_j_lost_master(tmp_path: Path):

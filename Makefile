@@ -14,13 +14,14 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_CLI_NOTICES := false
 NO_AWS := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE
 
-.PHONY: help setup checkov-setup system-deps tf-deps test test-tf lint synth demo bench clean
+.PHONY: help setup checkov-setup system-deps tf-deps test test-tf lint synth demo bench chaos clean
 
 help:
 	@echo "make demo    deploy the cluster to a local AWS emulator and train across its nodes"
 	@echo "make test    run the whole test suite (sets everything up first)"
 	@echo "make synth   write the stacks' templates to cdk.out/ (no AWS access needed)"
 	@echo "make bench   print the performance figures"
+	@echo "make chaos   run the fault drills and print their table"
 	@echo "make setup   create .venv and install the Python and npm dependencies"
 	@echo "make test-tf install tensorflow-cpu (make tf-deps) and run the TensorFlow tests"
 
@@ -62,7 +63,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: setup checkov-setup system-deps lint
-	$(PY) -m pytest -m "not bench and not tf" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not bench and not tf and not chaos" $(PYTEST_ARGS)
 
 # The tests marked `tf` (tests/runner/test_tensorflow.py): not part of make test (and so not
 # of CI): installing TensorFlow and running them adds 2-3 minutes to a fresh machine. The emulator's wildcard-bind shim needs gcc (system-deps).
@@ -82,6 +83,11 @@ demo: setup system-deps
 
 bench: setup system-deps
 	$(PY) -m pytest -m bench -s -p no:cacheprovider $(PYTEST_ARGS)
+
+# The fault drills (tests/chaos/): faults injected into real processes on the emulator, one
+# table row per drill; not part of make test (they take minutes and mount a tmpfs, as root).
+chaos: setup system-deps
+	$(PY) -m pytest -m chaos -s -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf cdk.out cdk.out.* .pytest_cache build dist *.egg-info demo-report.json

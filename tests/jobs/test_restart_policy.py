@@ -149,6 +149,8 @@ def node(rank: int, rc: int | None, reason: str = "") -> NodeResult:
     (None, {}, 3, FailureKind.NODE_LOST, None),
     (None, {}, 2, FailureKind.CODE, None),
     (None, {}, None, FailureKind.RUNNER_LOST, None),  # seen only through its heartbeat
+    # the runner (the product's process, not the job's) killed by a signal: never the code's
+    (None, {}, -signal.SIGKILL, FailureKind.RUNNER_LOST, None),
     # an executor that restarted stopped the share it found running: the product's fault,
     # not the code's (its peers failed by consequence) nor the node's (SIGKILL by us)
     (result("failed", node(0, 1), node(1, -9, EXECUTOR_RESTARTED_REASON + "; stopped")),

@@ -226,7 +226,7 @@ def start_local_cluster(tmp: Path, n_nodes: int, gpus: int = 0, *,
     the nodes' instances (e.g. moto's, for a test whose controller calls Auto Scaling);
     default: loopback addresses and made-up ids."""
     efs = tmp / "efs"
-    efs.mkdir(parents=True)
+    efs.mkdir(parents=True, exist_ok=True)  # a test may have mounted a file system there
     instances = instances or loopback_instances(n_nodes)
     nodes = [Node(inst, "master" if k == 0 else "worker", tmp / f"node{k}", efs, tmp / "logs")
              for k, inst in enumerate(instances[:n_nodes])]

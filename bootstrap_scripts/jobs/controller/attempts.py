@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from bootstrap_scripts.protocol.records import (
     ShareStarted,
 )
 
+LOG = logging.getLogger("dl-controller")
 #: This package's parent directory: the attempt runner must import it whatever the user's env.
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 
@@ -174,6 +176,31 @@ def shares_started_at(paths: JobPaths) -> float | None:
     if any(s.rank not in started for s in spec.shares):
         return None
     return max(started[s.rank].started_at for s in spec.shares)
+
+
+#: How long the controller waits for the shares of an attempt whose runner died to stop.
+ABANDONED_STOP_TIMEOUT = 60.0
+
+
+def stop_abandoned(paths: JobPaths, efs: Path, *, tick: object = None,
+                   timeout: float = ABANDONED_STOP_TIMEOUT) -> bool:
+    """An attempt whose runner ended without a result (killed, crashed) may still have
+    running shares: the runner stops them only on its way out, and the executors only once
+    its heartbeat has been silent for the job's heartbeat timeout. Stop them now through the
+    attempt's cancel file, as the runner would have, and wait, so that the next attempt
+    never runs beside them (two attempts of one job writing one checkpoint). True when
+    nothing of the attempt runs any more."""
+    if store.exists(paths.result) or not paths.dir.is_dir():
+        return True  # summarized by its runner (its shares settled), or never published
+    try:
+        store.atomic_write(paths.cancel, "abandoned: the attempt's runner ended without a "
+                           "result\n")
+    except OSError as exc:
+        LOG.error("cannot cancel %s: %s", paths.dir, exc)
+    stopped = wait_stopped(paths, efs, timeout=timeout, tick=tick)
+    if not stopped:
+        LOG.error("attempt %s still has running shares after %.0f s", paths.job_id, timeout)
+    return stopped
 
 
 def wait_stopped(paths: JobPaths, efs: Path, *, timeout: float, heartbeat_timeout: float = 10.0,

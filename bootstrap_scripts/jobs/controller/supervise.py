@@ -220,14 +220,20 @@ class JobSupervisor:
                  attempt_id, len(nodes), proc.pid)
         jpaths = ClusterPaths(self.efs).job(attempt_id)
         self.follow(jpaths, lambda: proc.poll() is None)
-        return attempts.outcome(jpaths, proc.returncode), time.time()
+        detected = time.time()
+        if not self.stopping():  # stopping: the next controller takes the attempt over
+            attempts.stop_abandoned(jpaths, self.efs, tick=self.tick)
+        return attempts.outcome(jpaths, proc.returncode), detected
 
     def reattach(self) -> tuple[Failure | None, float]:
         """Follow the current attempt, started by a previous controller, to its end (its
         runner is not our child: its heartbeat on EFS says whether it still runs)."""
         jpaths = ClusterPaths(self.efs).job(self.paths.attempt_id(self.job.attempt))
         self.follow(jpaths, lambda: attempts.runner_alive(jpaths))
-        return attempts.outcome(jpaths, 0 if store.exists(jpaths.result) else None), time.time()
+        detected = time.time()
+        if not self.stopping():
+            attempts.stop_abandoned(jpaths, self.efs, tick=self.tick)
+        return attempts.outcome(jpaths, 0 if store.exists(jpaths.result) else None), detected
 
     def follow(self, jpaths, running: Callable[[], bool]) -> None:
         """While the attempt runs: pass a cancel on, note when a restart resumed, beat."""

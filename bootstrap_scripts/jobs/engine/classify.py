@@ -19,7 +19,8 @@ The classes (``FailureClass``), and who is to blame:
 - ``cancelled``: the user (or the runner's signal) cancelled the job;
 - ``infrastructure``: the product's own fault, not the user's nor the machine's: a job
   executor that restarted and stopped the share it found running, an attempt's runner that
-  vanished without a result, a job controller lost with its attempt. Retried like a node
+  vanished (or was killed by a signal) without a result, a job controller lost with its
+  attempt. Retried like a node
   fault; no node is blamed.
 
 A ``FailureKind`` is the precise cause recorded in a restart record (``signalled``,
@@ -176,11 +177,15 @@ def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
     ``result`` is the attempt's ``result.json`` and ``exits`` its shares' exit records;
     ``runner_code`` the runner's exit status, for an attempt that ended without a result
     (a node unreachable at its start: ``node-lost``; None, a runner that vanished (seen
-    only through its heartbeat): ``runner-lost``; anything else, e.g. options the launcher
-    refused: ``code``)."""
+    only through its heartbeat), or negative, one killed by a signal (``kill -9``, the OOM
+    killer: the runner is the product's process, the job's code never runs in it):
+    ``runner-lost``; anything else, e.g. options the launcher refused: ``code``)."""
     if result is None and runner_code is None:
         return Failure(FailureKind.RUNNER_LOST, "the attempt's runner stopped without a "
                        "result (its heartbeat went silent)")
+    if result is None and runner_code < 0:
+        return Failure(FailureKind.RUNNER_LOST, f"the attempt's runner was killed by "
+                       f"{_signal_name(-runner_code)} without a result")
     if result is None:
         if runner_code == EXIT_UNREACHABLE:
             return Failure(FailureKind.NODE_LOST, "a node was unreachable when the attempt "
@@ -199,3 +204,10 @@ def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
         kind = FailureKind.CODE
     return Failure(kind, _detail(kind, node, exits.get(node.rank)), node.address,
                    rank=node.rank)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

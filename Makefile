@@ -14,7 +14,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_CLI_NOTICES := false
 NO_AWS := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE
 
-.PHONY: help setup checkov-setup system-deps tf-deps test test-tf lint synth demo bench chaos clean
+.PHONY: help setup checkov-setup system-deps demo-deps tf-deps test test-tf lint synth demo bench chaos clean
 
 help:
 	@echo "make demo    deploy the cluster to a local AWS emulator and train across its nodes"
@@ -53,6 +53,11 @@ checkov-setup: .venv-checkov/.setup-stamp
 system-deps:
 	@bash scripts/system-deps.sh
 
+# The demo needs one Debian package: iptables, for the nodes' IMDS guard (only root reaches
+# instance metadata); not the MPI tests' sshd and Open MPI.
+demo-deps:
+	@bash scripts/system-deps.sh iptables
+
 # TensorFlow, opt-in (make demo ARGS="--framework tf" runs this script itself; make test-tf):
 # tensorflow-cpu into .venv without changing any installed package (scripts/tf-deps.sh).
 TF_REQUIREMENT := tensorflow-cpu==2.21.0
@@ -78,7 +83,7 @@ synth: setup
 		cdk.out/DLEmrClusterStack.template.json | tr -d '"' | sort -u | sed 's/^/  /'
 
 # The demo needs no Debian package (only the MPI tests do), so no apt-get on the way.
-demo: setup system-deps
+demo: setup demo-deps
 	$(PY) -m emulator.demo $(ARGS)
 
 bench: setup system-deps

@@ -4,9 +4,13 @@
 # iptables: every node's boot keeps non-root processes away from its instance metadata
 # (bootstrap_scripts/agent/imds_guard.py), on an emulated node as on an instance.
 # Idempotent and quiet: installs only what is missing; does nothing when all is there.
+# With arguments, only those packages (`make demo` asks for iptables alone).
 set -euo pipefail
 
 PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc iptables)
+if [ "$#" -gt 0 ]; then
+    PACKAGES=("$@")
+fi
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -14,6 +15,12 @@ if TYPE_CHECKING:
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGION = "us-east-1"
+
+# A suite started in the background by a shell (`make test &`, nohup) inherits SIGINT
+# ignored, and every process the tests start would inherit that too: the tests that press
+# Ctrl-C on a demo, a dl-run follower or the kept cluster's parent would see nothing happen.
+# Python's own handler here means the processes the tests start get SIGINT's default.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

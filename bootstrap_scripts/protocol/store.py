@@ -46,9 +46,9 @@ def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644,
         with os.fdopen(fd, "w") as fh:
             fh.write(content)
             fh.flush()
+            os.fchmod(fh.fileno(), mode)  # the file written, not whatever the name is now
             if fsync:
                 os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, p)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

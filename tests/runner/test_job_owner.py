@@ -9,65 +9,34 @@ CI runs as root, so this runs there; it is skipped only where users cannot be cr
 from __future__ import annotations
 
 import os
-import pwd
 import re
-import secrets
 import shutil
 import stat
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.agent.install import BIN_DIR
 from bootstrap_scripts.jobs.executor.daemon import (
     PER_USER_EFS_DIRS,
     PER_USER_PARENT_MODE,
     SHARED_DIR_MODE,
     SHARED_EFS_DIRS,
 )
-from bootstrap_scripts.procgroup import stop_popen_group
 from bootstrap_scripts.protocol.paths import JobPaths
-from emulator.nodes import PYTHON, base_env
-from tests.conftest import REPO_ROOT
+from tests.support import users
 from tests.support.cluster import LocalCluster, free_rdzv_port, start_local_cluster
+from tests.support.users import run_as
+
+# the shared fixtures (tests/support/users.py), by name
+job_user = users.job_user
+reachable_python = users.reachable_python
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="creating a user needs root")]
 WHOAMI = Path(__file__).parent / "jobs" / "whoami.py"
 WHOAMI_RE = re.compile(r"^\[(\d) \S+\] whoami node=\d uid=(\d+) euid=(\d+) gid=(\d+)", re.M)
-
-
-@pytest.fixture()
-def job_user() -> Iterator[pwd.struct_passwd]:
-    """A real unprivileged user (own group, own home), removed afterwards."""
-    name = f"dltest{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name],
-                   check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
-
-
-@pytest.fixture()
-def reachable_python() -> Iterator[None]:
-    """The interpreter, as on a DLAMI, usable by every user: directories on its path that
-    others cannot traverse (a pyenv under /root here) get o+x for the test, then back."""
-    changed: list[tuple[Path, int]] = []
-    try:
-        for target in (Path(os.path.realpath(PYTHON)), Path(PYTHON), Path(REPO_ROOT)):
-            for d in target.parents:
-                mode = stat.S_IMODE(d.stat().st_mode)
-                if not mode & stat.S_IXOTH and d not in (c[0] for c in changed):
-                    changed.append((d, mode))
-                    os.chmod(d, mode | stat.S_IXOTH)
-        yield
-    finally:
-        for d, mode in reversed(changed):
-            os.chmod(d, mode)
 
 
 @pytest.fixture()
@@ -85,26 +54,6 @@ def cluster(job_user, reachable_python) -> Iterator[LocalCluster]:
         left = c.leftovers()
         shutil.rmtree(tmp, ignore_errors=True)
         assert not left, f"processes left behind: {sorted(left)}"
-
-
-def run_as(c: LocalCluster, user: pwd.struct_passwd, *args: str, managed: bool = False
-           ) -> tuple[int, str]:
-    """``dl-run`` on the master as ``user``, with the environment a login would give
-    (``--unmanaged`` unless ``managed``: then the master's job controller runs it)."""
-    env = {**base_env(), "HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
-    p = subprocess.Popen([str(c.master_root / BIN_DIR / "dl-run"), "--root", str(c.master_root),
-                          *(() if managed else ("--unmanaged",)), *args], cwd=REPO_ROOT,
-                         env=env, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, start_new_session=True,
-                         user=user.pw_uid, group=user.pw_gid, extra_groups=[])
-    c.runners.append(p)
-    try:
-        out, _ = p.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        stop_popen_group(p)
-        out, _ = p.communicate()
-        raise AssertionError(f"dl-run timed out; output so far:\n{out}") from None
-    return p.returncode, out
 
 
 def test_a_users_job_runs_as_that_user_on_every_node(cluster, job_user):

@@ -27,8 +27,8 @@ import pytest
 from bootstrap_scripts.agent.install import BIN_DIR
 from emulator.resources import agent_settings, install_args
 from tests.conftest import REGION
-from tests.runner.test_job_owner import job_user, reachable_python, run_as  # noqa: F401
 from tests.support.cluster import CLUSTER_ID, LocalCluster, start_local_cluster
+from tests.support.users import job_user, reachable_python, run_as  # noqa: F401
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="creating a user needs root")]

@@ -19,8 +19,8 @@ import pytest
 
 from emulator.resources import ClusterResources, create_cluster
 from tests.conftest import REGION
-from tests.runner.test_job_owner import job_user, reachable_python, run_as
 from tests.support.cluster import LocalCluster, start_local_cluster
+from tests.support.users import job_user, reachable_python, run_as
 
 __all__ = ["aws_cluster", "group_health", "job_user", "moto_env", "reachable_python",
            "run_as"]

@@ -13,6 +13,14 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from bootstrap_scripts.agent.install import BIN_DIR
+from bootstrap_scripts.procgroup import stop_popen_group
+from emulator.nodes import PYTHON, base_env
+from tests.conftest import REPO_ROOT
+from tests.support.cluster import LocalCluster
+
 CAN_CREATE_USERS = os.geteuid() == 0
 
 
@@ -44,3 +52,37 @@ def reachable(*paths: str | Path) -> Iterator[None]:
     finally:
         for d, mode in reversed(changed):
             os.chmod(d, mode)
+
+
+@pytest.fixture()
+def job_user() -> Iterator[pwd.struct_passwd]:
+    """A real unprivileged user (own group, own home), removed afterwards."""
+    with cluster_user() as user:
+        yield user
+
+
+@pytest.fixture()
+def reachable_python() -> Iterator[None]:
+    """The interpreter (and this checkout), as on a DLAMI, usable by every user."""
+    with reachable(os.path.realpath(PYTHON), PYTHON, REPO_ROOT):
+        yield
+
+
+def run_as(c: LocalCluster, user: pwd.struct_passwd, *args: str, managed: bool = False
+           ) -> tuple[int, str]:
+    """``dl-run`` on the master as ``user``, with the environment a login would give
+    (``--unmanaged`` unless ``managed``: then the master's job controller runs it)."""
+    env = {**base_env(), "HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
+    p = subprocess.Popen([str(c.master_root / BIN_DIR / "dl-run"), "--root", str(c.master_root),
+                          *(() if managed else ("--unmanaged",)), *args], cwd=REPO_ROOT,
+                         env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, start_new_session=True,
+                         user=user.pw_uid, group=user.pw_gid, extra_groups=[])
+    c.runners.append(p)
+    try:
+        out, _ = p.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        stop_popen_group(p)
+        out, _ = p.communicate()
+        raise AssertionError(f"dl-run timed out; output so far:\n{out}") from None
+    return p.returncode, out

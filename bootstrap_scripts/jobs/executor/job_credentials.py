@@ -33,7 +33,6 @@ import os
 import re
 import shlex
 import shutil
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,10 +182,17 @@ class JobCredentialStore:
         for d in (self.base, directory):
             with contextlib.suppress(FileExistsError):
                 os.mkdir(d, 0o711)
-            st = os.lstat(d)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-                raise CredentialsError(f"{d} is not a directory of this executor's user")
-            os.chmod(d, 0o711)
+            try:  # what is there, never through a link; its mode set on what was opened
+                fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise CredentialsError(f"{d} is not a directory of this executor's user: "
+                                       f"{exc}") from exc
+            try:
+                if os.fstat(fd).st_uid != os.geteuid():
+                    raise CredentialsError(f"{d} is not a directory of this executor's user")
+                os.fchmod(fd, 0o711)
+            finally:
+                os.close(fd)
 
 
 def expiration_of(output: dict[str, Any]) -> float:

@@ -125,9 +125,12 @@ def _retry_later(group: Any) -> None:
         _RETRIES.setdefault(id(group), (time.monotonic() + RETRY_SECONDS, group))
 
 
-def tick() -> None:
-    """Auto Scaling's next attempt for every group whose retry is due (and still short)."""
-    now = time.monotonic()
+def tick(now: float | None = None) -> None:
+    """Auto Scaling's next attempt for every group whose retry is due (and still short).
+
+    ``now`` (monotonic seconds) lets a test step past the retry delay without racing the
+    emulator's own ticker thread, which calls this with the real time."""
+    now = time.monotonic() if now is None else now
     with _LOCK:
         due = [(k, g) for k, (at, g) in _RETRIES.items() if at <= now]
         for key, _group in due:

@@ -11,6 +11,7 @@ Run through ``flock /tmp/e2e.lock`` like every demo (it boots an emulated cluste
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,10 +116,13 @@ def test_nothing_in_the_zone_fails_and_a_move_refills(moto_with_capacity: Any) -
 def test_flaky_launches_fail_then_the_groups_retry_fills(moto_with_capacity: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The fault hook fails the first N launches of the tagged group only; the group's
-    retry (Auto Scaling keeps launching toward desired) then fills it."""
+    retry (Auto Scaling keeps launching toward desired) then fills it. The retry delay is
+    set far out so a ticker thread left in this process by another test cannot retry
+    early; the test steps its own clock past it."""
     asg, ec2 = moto_with_capacity
     subnets = _subnets(ec2)
-    monkeypatch.setattr(capacity, "RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(capacity, "RETRY_SECONDS", 1e6)
+    later = time.monotonic() + 2e6
     capacity.set_flaky(2, "NodeType=Worker")
     _group(asg, ec2, "other", subnets[:1], ["g5.xlarge"], 1)  # untagged: not affected
     _group(asg, ec2, "w", subnets[:1], ["g5.xlarge"], 3)
@@ -129,9 +133,9 @@ def test_flaky_launches_fail_then_the_groups_retry_fills(moto_with_capacity: Any
     assert len(_instances(asg, ec2, "other")) == 1
     assert len(_instances(asg, ec2, "w")) == 3  # one more wanted, failed for capacity
     assert capacity.flaky_state() == {"left": 1, "failed": 1}
-    capacity.tick()  # the retry: the second flaky launch fails too
+    capacity.tick(later)  # the retry: the second flaky launch fails too
     assert len(_instances(asg, ec2, "w")) == 3
-    capacity.tick()  # capacity freed: the retry launches it
+    capacity.tick(later)  # capacity freed: the retry launches it
     assert len(_instances(asg, ec2, "w")) == 4
     assert capacity.flaky_state() == {"left": 0, "failed": 2}
     with pytest.raises(ValueError, match="KEY=VALUE"):
@@ -142,13 +146,14 @@ def test_a_group_without_capacity_keeps_retrying(moto_with_capacity: Any,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     asg, ec2 = moto_with_capacity
     subnets = _subnets(ec2)
-    monkeypatch.setattr(capacity, "RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(capacity, "RETRY_SECONDS", 1e6)
+    later = time.monotonic() + 2e6
     capacity.set_out(["g5.xlarge"])
     _group(asg, ec2, "w", subnets, ["g5.xlarge"], 2)
-    capacity.tick()
+    capacity.tick(later)
     assert _instances(asg, ec2, "w") == []  # still none: the retries keep failing
     capacity.set_out([])  # capacity frees
-    capacity.tick()
+    capacity.tick(later)
     assert len(_instances(asg, ec2, "w")) == 2
 
 

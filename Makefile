@@ -68,7 +68,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: setup checkov-setup system-deps lint
-	$(PY) -m pytest -m "not bench and not tf and not chaos" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not bench and not tf and not chaos" --durations=30 $(PYTEST_ARGS)
 
 # The tests marked `tf` (tests/runner/test_tensorflow.py): not part of make test (and so not
 # of CI): installing TensorFlow and running them adds 2-3 minutes to a fresh machine. The emulator's wildcard-bind shim needs gcc (system-deps).

@@ -65,10 +65,12 @@ def build_request(args: argparse.Namespace, command: list[str]
     # controller scales the workers back to it and the job waits for them).
     idle = managed.idle_stop(cluster.efs)
     size = len(ctx.membership.nodes)
+    args.idle_note = ""
     if idle is not None and idle.stopped_at is not None:
         size = max(size, 1 + idle.desired_before)
-        say(f"{managed.idle_text(idle, _clock)}: the job controller starts them now and the "
-            f"job waits for its {size} node(s)")
+        args.idle_note = (f"{managed.idle_text(idle, _clock)}: the job controller starts them "
+                          f"now and the job waits for its {size} node(s)")
+        say(args.idle_note)
     if policy.min_nodes > size:
         raise RunError(f"--min-nodes {policy.min_nodes} is more than the "
                        f"{size} node(s) of the cluster", EXIT_USAGE)
@@ -107,7 +109,8 @@ def submit_and_follow(args: argparse.Namespace, command: list[str]) -> int:
     if not status.alive:
         say(f"warning: {status.text}; the job waits in the queue until it is back")
     if args.detach:
-        print(json.dumps({"job_id": request.job_id}) if args.json else request.job_id,
+        note = {"note": args.idle_note} if args.idle_note else {}
+        print(json.dumps({"job_id": request.job_id, **note}) if args.json else request.job_id,
               flush=True)
         return 0
     say(f"job {request.job_id} submitted (dl-jobs show {request.job_id}); Ctrl-C detaches, "

@@ -16,7 +16,7 @@ from bootstrap_scripts.protocol import membership as ms
 from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.managed_records import IdleStopRecord
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import ExecutorHeartbeat
+from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Registration
 
 HOUR = 3600.0
 
@@ -49,6 +49,12 @@ HOUR = 3600.0
     ("stopped, a managed job queued: resume",
      dict(idle_seconds=HOUR, queued=True, sharing=False, idle_since=1000.0, stopped=True,
           now=1e9), Decision(Phase.RESUME, 1000.0)),
+    ("stopped, a worker started by hand since: the stop is over, its size kept",
+     dict(idle_seconds=HOUR, queued=False, sharing=False, idle_since=1000.0, stopped=True,
+          now=1e9, rejoined=True), Decision(Phase.ADOPT, 1000.0)),
+    ("stopped, a job queued and a worker started by hand: the job's size wins",
+     dict(idle_seconds=HOUR, queued=True, sharing=False, idle_since=1000.0, stopped=True,
+          now=1e9, rejoined=True), Decision(Phase.RESUME, 1000.0)),
     ("stopped and then disabled by a redeploy: a job still brings the workers back",
      dict(idle_seconds=0.0, queued=True, sharing=False, idle_since=1000.0, stopped=True,
           now=1e9), Decision(Phase.RESUME, 1000.0)),
@@ -114,6 +120,30 @@ def test_idle_for_the_setting_stops_once_and_a_queued_job_restores_the_size(tmp_
     rec = record(tmp_path)
     assert (rec.state, rec.stopped_at, rec.idle_since, rec.resumed_at) == (
         "busy", None, None, clocks.wall)
+
+
+def test_workers_started_by_hand_end_the_stop_at_the_size_they_have(tmp_path):
+    clocks, calls = Clocks(), []
+    side = controller_side(tmp_path, clocks, 10.0, calls)
+    side.tick(queued=False)
+    clocks.advance(10.0)
+    side.tick(queued=False)
+    assert calls == ["stop"]
+    # a worker that registered before the stop (it is leaving) changes nothing
+    state.write_registration(tmp_path, Registration(
+        instance_id="i-old", address="127.20.0.11", role="worker",
+        started_at=clocks.wall - 100))
+    clocks.advance(idle.CHECK_SECONDS)
+    side.tick(queued=False)
+    assert calls == ["stop"] and record(tmp_path).stopped_at is not None
+    # dl-scale --workers 1: a new worker's agent starts after the stop
+    state.write_registration(tmp_path, Registration(
+        instance_id="i-new", address="127.20.0.12", role="worker", started_at=clocks.wall))
+    clocks.advance(idle.CHECK_SECONDS)
+    side.tick(queued=False)
+    assert calls == ["stop", ("restore", 0, 1)]  # 0: keep the size they have
+    rec = record(tmp_path)
+    assert rec.stopped_at is None and "by hand" in rec.message
 
 
 def test_a_new_controller_carries_on_from_the_record(tmp_path):
@@ -237,3 +267,9 @@ def test_restore_keeps_a_larger_size_set_by_hand_within_the_maximum(cloud):
                                           DesiredCapacity=0, MinSize=0)
     c = scale.load_cluster(str(root), str(efs), autoscaling)
     assert scale.restore_workers(c, autoscaling, desired=3, minimum=1) == 2
+    # started by hand (dl-scale --workers 1): the size stays, the minimum comes back
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName=cluster.worker_asg,
+                                          DesiredCapacity=1, MinSize=0)
+    c = scale.load_cluster(str(root), str(efs), autoscaling)
+    assert scale.restore_workers(c, autoscaling, desired=0, minimum=1) == 1
+    assert (group(cluster)["MinSize"], group(cluster)["DesiredCapacity"]) == (1, 1)

@@ -28,7 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from bootstrap_scripts.protocol import liveness, store
+from bootstrap_scripts.protocol import liveness, state, store
 from bootstrap_scripts.protocol.liveness import Sighting
 from bootstrap_scripts.protocol.managed_records import IdleStopRecord
 from bootstrap_scripts.protocol.paths import ClusterPaths
@@ -51,6 +51,7 @@ class Phase(StrEnum):
     STOP = "stop"  # idle long enough: stop the workers now
     STOPPED = "stopped"  # stopped, nothing to run
     RESUME = "resume"  # stopped and a job waits: scale the workers back
+    ADOPT = "adopt"  # stopped, but a worker started since (dl-scale by hand): not stopped
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,17 @@ class Decision:
 
 
 def decide(*, idle_seconds: float, queued: bool, sharing: bool, idle_since: float | None,
-           stopped: bool, now: float) -> Decision:
+           stopped: bool, now: float, rejoined: bool = False) -> Decision:
     """The idle-stop rule (pure). ``queued``: a managed job runs or waits; ``sharing``: a
     job share runs on a live node (an unmanaged ``dl-run`` counts); ``idle_since``: when the
     cluster was first seen idle (None: not idle before); ``stopped``: the workers were
-    stopped and not brought back yet. Only a managed job brings them back: an unmanaged
-    one runs on the nodes there are (the master), so workers launched for it would idle."""
+    stopped and not brought back yet; ``rejoined``: a worker registered after the stop
+    (someone ran ``dl-scale --workers N``). Only a managed job brings them back: an
+    unmanaged one runs on the nodes there are (the master), so workers launched for it
+    would idle."""
     if stopped:
-        return Decision(Phase.RESUME if queued else Phase.STOPPED, idle_since)
+        phase = Phase.RESUME if queued else Phase.ADOPT if rejoined else Phase.STOPPED
+        return Decision(phase, idle_since)
     if idle_seconds <= 0:
         return Decision(Phase.DISABLED)
     if queued or sharing:
@@ -147,9 +151,12 @@ class IdleStop:
         self.checked = mono
         sharing = not queued and bool(running_shares(self.efs, self.sightings, mono))
         d = decide(idle_seconds=self.idle_seconds, queued=queued, sharing=sharing,
-                   idle_since=self.record.idle_since, stopped=self.stopped, now=self.clock())
+                   idle_since=self.record.idle_since, stopped=self.stopped, now=self.clock(),
+                   rejoined=self.stopped and not queued and self.worker_started_since())
         if d.phase is Phase.RESUME:
             self.resume()
+        elif d.phase is Phase.ADOPT:
+            self.resume(by_hand=True)
         elif d.phase is Phase.STOP:
             self.stop(d)
         elif d.phase is not Phase.STOPPED:
@@ -174,23 +181,31 @@ class IdleStop:
                   min_before=minimum, resumed_at=None,
                   message=f"workers {desired} -> 0 after {self.idle_seconds:.0f} s idle")
 
-    def resume(self) -> int:
-        """Scale the workers back to their size before the stop (a job is queued). Returns
-        the worker count asked for (0: not stopped, or the call failed: retried at the next
-        tick, which sees the job still queued)."""
+    def worker_started_since(self) -> bool:
+        """A worker's agent started after the stop (its registration says when)."""
+        at = self.record.stopped_at or 0.0
+        return any(r.role == "worker" and r.started_at > at
+                   for r in state.read_registrations(self.efs).values())
+
+    def resume(self, *, by_hand: bool = False) -> int:
+        """Scale the workers back to their size before the stop (a job is queued); or,
+        ``by_hand`` (someone started workers since), keep the size they have and put the
+        group's minimum back. Returns the worker count asked for (0: not stopped, or the
+        call failed: retried at a later tick)."""
         if not self.stopped or self.monotonic() < self.retry_at:
             return 0
         try:
-            target = self.restore_workers(self.record.desired_before, self.record.min_before)
+            target = self.restore_workers(0 if by_hand else self.record.desired_before,
+                                          self.record.min_before)
         except Exception as exc:
             self.retry_at = self.monotonic() + CHECK_SECONDS * 5
             LOG.error("idle stop: could not scale the workers back: %s", exc)
             self.save(message=f"resume failed: {exc}"[:500])
             return 0
-        LOG.info("idle stop: a job is waiting: worker group %s 0 -> %d", self.record.group,
-                 target)
+        why = "started by hand" if by_hand else "for a job"
+        LOG.info("idle stop: worker group %s back to %d (%s)", self.record.group, target, why)
         self.save(state=Phase.BUSY.value, idle_since=None, stop_at=None, stopped_at=None,
-                  resumed_at=self.clock(), message=f"workers 0 -> {target} for a job")
+                  resumed_at=self.clock(), message=f"workers 0 -> {target} {why}")
         return target
 
 

@@ -273,3 +273,25 @@ def test_restore_keeps_a_larger_size_set_by_hand_within_the_maximum(cloud):
     c = scale.load_cluster(str(root), str(efs), autoscaling)
     assert scale.restore_workers(c, autoscaling, desired=0, minimum=1) == 1
     assert (group(cluster)["MinSize"], group(cluster)["DesiredCapacity"]) == (1, 1)
+
+
+def test_efs_full_never_stops_the_controllers_loop_and_the_record_follows_later(
+        tmp_path, monkeypatch):
+    import errno
+
+    clocks, calls = Clocks(), []
+    side = controller_side(tmp_path, clocks, 10.0, calls)
+    real = store.write_record
+
+    def full(path, rec, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "write_record", full)
+    side.tick(queued=False)
+    clocks.advance(10.0)
+    side.tick(queued=False)  # stops even though the record cannot be written yet
+    assert calls == ["stop"] and side.stopped
+    monkeypatch.setattr(store, "write_record", real)
+    clocks.advance(idle.CHECK_SECONDS)
+    side.tick(queued=False)
+    assert record(tmp_path).stopped_at is not None

@@ -139,7 +139,12 @@ class IdleStop:
         if self.written and dataclasses.replace(new, updated_at=0.0) == dataclasses.replace(
                 self.record, updated_at=0.0):
             return  # nothing changed: no write every turn
-        store.write_record(self.path, new)
+        try:
+            store.write_record(self.path, new)
+        except OSError as exc:  # EFS full or gone for a moment: jobs must not wait on this
+            LOG.warning("idle stop: cannot write %s: %s (kept in memory)", self.path, exc)
+            self.record = new
+            return
         self.record, self.written = new, True
 
     def tick(self, *, queued: bool) -> None:
@@ -149,7 +154,11 @@ class IdleStop:
         if not queued and mono - self.checked < CHECK_SECONDS:
             return
         self.checked = mono
-        sharing = not queued and bool(running_shares(self.efs, self.sightings, mono))
+        try:
+            sharing = not queued and bool(running_shares(self.efs, self.sightings, mono))
+        except OSError as exc:  # EFS unreadable for a moment: decide at the next look
+            LOG.warning("idle stop: cannot read the executors' heartbeats: %s", exc)
+            return
         d = decide(idle_seconds=self.idle_seconds, queued=queued, sharing=sharing,
                    idle_since=self.record.idle_since, stopped=self.stopped, now=self.clock(),
                    rejoined=self.stopped and not queued and self.worker_started_since())
@@ -159,7 +168,9 @@ class IdleStop:
             self.resume(by_hand=True)
         elif d.phase is Phase.STOP:
             self.stop(d)
-        elif d.phase is not Phase.STOPPED:
+        elif d.phase is Phase.STOPPED:
+            self.save()  # writes only a record EFS had no room for before
+        else:
             self.save(state=d.phase.value, idle_since=d.idle_since, stop_at=d.stop_at)
 
     def stop(self, d: Decision) -> None:

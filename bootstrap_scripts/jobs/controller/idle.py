@@ -93,8 +93,8 @@ def running_shares(efs: Path, sightings: dict[str, Sighting], now: float) -> lis
         return found
     for path in files:
         beat = store.read_record_or_none(path, ExecutorHeartbeat)
-        state, sightings[path.stem] = liveness.executor(beat, sightings.get(path.stem), now)
-        if beat is not None and not state.gone:
+        seen, sightings[path.stem] = liveness.executor(beat, sightings.get(path.stem), now)
+        if beat is not None and not seen.gone:
             found.extend(beat.running)
     return found
 
@@ -106,7 +106,8 @@ Resumer = Callable[[int, int], int]
 
 
 class IdleStop:
-    """The controller's side: one :meth:`tick` per loop turn, :meth:`resume` before a job."""
+    """The controller's side: one :meth:`tick` per turn of its loop, with whether a
+    managed job is queued (the turn's next job, before it runs)."""
 
     def __init__(self, efs: Path, *, idle_seconds: float, stop: Stopper, restore: Resumer,
                  clock: Callable[[], float] = time.time,

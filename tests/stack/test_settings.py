@@ -53,6 +53,7 @@ def test_every_documented_key_is_parsed() -> None:
         "dataPrefix": "digits",
         "efa": "true",
         "nodeBootSeconds": "1800",
+        "idleStopMinutes": "15",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -83,6 +84,7 @@ def test_every_documented_key_is_parsed() -> None:
         data_prefix="digits/",
         efa=True,
         node_boot_seconds=1800,
+        idle_stop_minutes=15,
     )
 
 
@@ -125,6 +127,9 @@ def test_every_documented_key_is_parsed() -> None:
         ("dataPrefix", "/abs"),
         ("dataPrefix", "a/*"),
         ("dataPrefix", "a/../b"),
+        ("idleStopMinutes", "-1"),
+        ("idleStopMinutes", "10081"),
+        ("idleStopMinutes", "soon"),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:

@@ -53,6 +53,7 @@ def test_every_documented_key_is_parsed() -> None:
         "dataPrefix": "digits",
         "efa": "true",
         "nodeBootSeconds": "1800",
+        "budgetPerDay": "250.50",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -83,6 +84,7 @@ def test_every_documented_key_is_parsed() -> None:
         data_prefix="digits/",
         efa=True,
         node_boot_seconds=1800,
+        budget_per_day=250.5,
     )
 
 

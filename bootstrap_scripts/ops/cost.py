@@ -23,7 +23,9 @@ https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_Instance.html):
   instances are not billed again while they run
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-pricing-billing.html).
   The ledger charges a job the block's hourly rate (the Price List's ``CapacityBlock`` market
-  option for the type) for the node-seconds it used: what the job took of what was paid.
+  option for the type) for the node-seconds it used: what the job took of what was paid. A
+  block's price is set by supply and demand when it is bought and never changes after, so
+  the Price List's rate of today is an estimate of what that block cost.
 
 EC2 bills Linux instances per second (with a one-minute minimum per instance launch, which
 belongs to the instance, not to a job): a node's cost is its seconds x its hourly rate / 3600.

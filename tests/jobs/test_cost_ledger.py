@@ -347,3 +347,23 @@ def test_dl_jobs_lists_and_shows_the_cost(tmp_path, capsys):
     shown = capsys.readouterr().out
     assert "cost:         3.00 USD (2.000 node-hours) of --max-cost 50 USD" in shown
     assert "attempt 1:" in shown and "i-s g5.xlarge spot 0.5/h" in shown
+
+
+# -- dl-run --max-cost ----------------------------------------------------------------------
+
+
+def test_dl_run_carries_max_cost_exactly_and_refuses_a_bad_one_naming_it(capsys):
+    import argparse
+
+    from bootstrap_scripts.jobs.cli import dl_run
+    from bootstrap_scripts.jobs.cli.request_args import max_cost_from_args
+    from bootstrap_scripts.jobs.engine.outcomes import RunError
+
+    assert max_cost_from_args(argparse.Namespace(max_cost="12.50")) == "12.5"
+    assert max_cost_from_args(argparse.Namespace(max_cost=None)) == ""
+    with pytest.raises(RunError, match=r"--max-cost .*'1e9'") as err:
+        max_cost_from_args(argparse.Namespace(max_cost="1e9"))
+    assert err.value.code == 2
+    # the controller keeps the cap: a run without it cannot promise one
+    assert dl_run.main(["--unmanaged", "--max-cost", "5", "--", "true"]) == 2
+    assert "--max-cost only apply to managed jobs" in capsys.readouterr().err

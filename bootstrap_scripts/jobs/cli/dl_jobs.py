@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 from bootstrap_scripts.jobs.cli import log_pages
@@ -114,10 +115,14 @@ def print_list(efs: Path, as_json: bool) -> int:
     return 0
 
 
+def money(value: Decimal | None) -> str:
+    return f"{cost.usd(value)} USD" if value is not None else "unknown"
+
+
 def ledger_lines(job: ManagedJob, now: float) -> list[str]:
     """``cost:`` and one line per attempt: its span, nodes and what each node cost."""
     ledger = cost.job_cost(job.usage, now)
-    head = (f"{'cost:':14}{cost.usd(ledger.usd)} USD ({ledger.node_seconds / 3600:.3f} "
+    head = (f"{'cost:':14}{money(ledger.usd)} ({ledger.node_seconds / 3600:.3f} "
             f"node-hours)" if job.usage else f"{'cost:':14}- (no attempt ran)")
     head += f" of --max-cost {job.max_cost_usd} USD" if job.max_cost_usd else ""
     lines = [head]
@@ -129,7 +134,7 @@ def ledger_lines(job: ManagedJob, now: float) -> list[str]:
         lines.append(f"attempt {usage.attempt}: {when(usage.started_at)} for "
                      f"{max(0.0, end - usage.started_at):.0f} s"
                      f"{'' if usage.ended_at is not None else ' (running)'}: "
-                     f"{cost.usd(spent)} USD on {nodes or 'no node'}")
+                     f"{money(spent)} on {nodes or 'no node'}")
     return lines
 
 

@@ -293,6 +293,9 @@ def test_submit_with_max_cost_stops_the_job_at_its_cap(kept: dict, capsys, job_u
     assert Decimal("0.01") <= spent < Decimal("0.02"), listed["cost"]
     code, out, _ = dlc(kept, capsys, "jobs")
     assert code == 0 and f"{cost_usd(str(spent))}/0.01" in out
+    # the demo's own job got its ledger into demo-report.json the same way
+    (demo_job,) = [j for j in kept["report"]["jobs"] if j.get("managed_id")][:1]
+    assert Decimal(demo_job["cost"]["usd"]) > 0 and not demo_job["cost"]["unknown"]
 
 
 def test_scale_out_and_in(kept: dict, capsys) -> None:

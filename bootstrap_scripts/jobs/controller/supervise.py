@@ -84,7 +84,7 @@ class JobSupervisor:
         self.last_nodes: set[str] = set()
         #: the executors as this supervisor has seen them (the cluster's one liveness rule)
         self.executors = Executors(efs)
-        #: the cost ledger and --max-cost (ValueError naming a bad cap: the job fails)
+        #: the cost ledger and --max-cost (a cap that is not one: the job fails naming it)
         self.budget = JobBudget(request, prices)
 
     # -- the record ----------------------------------------------------------------------
@@ -226,13 +226,18 @@ class JobSupervisor:
                                      resumed_step=step,
                                      replacement_instance_id=",".join(new))
         self.last_nodes = {x.instance_id for x in nodes}
-        usage = self.budget.start(self.job, n, nodes)  # priced before its clock starts
-        unpriced = self.budget.stop_reason(dataclasses.replace(self.job, usage=usage))
+        # A capped job's nodes are priced before the attempt starts (one it cannot price does
+        # not start); any other job's right after, off the path to its start.
+        usage = self.budget.start(self.job, n, nodes) if self.budget.cap is not None else ()
+        unpriced = (self.budget.stop_reason(dataclasses.replace(self.job, usage=usage))
+                    if usage else "")
         if unpriced:  # a cap that cannot be counted: the attempt does not start
             self.budget.stopped = unpriced
             return Failure(FailureKind.BUDGET, unpriced), time.time()
         proc = attempts.spawn(argv, run, self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
-        usage = (*usage[:-1], dataclasses.replace(usage[-1], started_at=time.time()))
+        started = time.time()
+        usage = ((*usage[:-1], dataclasses.replace(usage[-1], started_at=started)) if usage
+                 else self.budget.start(self.job, n, nodes, at=started))
         self.update(state=JobState.RUNNING.value, attempt=n, world_size=len(nodes),
                     started_at=self.job.started_at or time.time(), usage=usage)
         LOG.info("job %s: attempt %d (%s) on %d node(s), runner pid %d", self.job.job_id, n,

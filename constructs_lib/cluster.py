@@ -20,6 +20,7 @@ from constructs_lib.capacity_adjuster import (
     CapacityAdjuster,
     grant_elastic_control,
 )
+from constructs_lib.cluster_budget import ClusterBudget
 from constructs_lib.cluster_settings import (
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
@@ -113,6 +114,7 @@ class DeepLearningCluster(Construct):
         data_bucket: s3.IBucket | None = None,
         data_prefix: str = "",
         checkpoint_bucket: s3.IBucket | None = None,
+        budget_per_day: float | None = None,
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -220,6 +222,9 @@ class DeepLearningCluster(Construct):
             write ``checkpoints/<cluster_id>/`` of it.
             :default: a new versioned, KMS-encrypted, TLS-only, private bucket, RETAINed on
                 stack deletion (``TrainingData``)
+        :param budget_per_day: a daily AWS Budgets cost budget (USD) of the cluster's tagged
+            costs, notifying an encrypted alarm topic (``ClusterBudget``).
+            :default: none (no budget)
         """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
@@ -450,6 +455,15 @@ class DeepLearningCluster(Construct):
         self.master_group.role.add_to_principal_policy(iam.PolicyStatement(
             sid="GpuCountsOfInstanceTypes", actions=["ec2:DescribeInstanceTypes"],
             resources=["*"]))  # no resource-level permissions for this Describe API
+        # The job controller prices each job's nodes for its cost ledger (bootstrap_scripts/ops/
+        # prices.py): the Price List and the Spot price history, read-only, no resource ARNs.
+        self.master_group.role.add_to_principal_policy(iam.PolicyStatement(
+            sid="PricesOfJobNodes",
+            actions=["pricing:GetProducts", "ec2:DescribeSpotPriceHistory"], resources=["*"]))
+        #: the cluster's daily cost budget and its alarm topic (``constructs_lib/cluster_budget``)
+        self.budget = (ClusterBudget(self, "Budget", cluster_id=self.cluster_id,
+                                     usd_per_day=budget_per_day)
+                       if budget_per_day is not None else None)
         # Only the master consumes the master queue: a worker that could receive or delete
         # there could swallow what the master must learn (docs/security.md).
         self.queues.grant_agent_access(self.master_group.role)

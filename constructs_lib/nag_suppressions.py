@@ -27,6 +27,10 @@ HEALTH_GATE_REASON = (
     " The master's health gate also calls ec2:DescribeInstanceTypes (each node's GPUs against "
     "its instance type's), which supports no resource-level permissions either "
     "(https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html)."
+    " The job controller prices each job's nodes with pricing:GetProducts and "
+    "ec2:DescribeSpotPriceHistory, read-only calls without resource-level permissions "
+    "(https://docs.aws.amazon.com/service-authorization/latest/reference/"
+    "list_awspricelist.html)."
 )
 SSM_CORE_REASON = (
     "AmazonSSMManagedInstanceCore is the AWS-maintained minimum for SSM Session Manager, "

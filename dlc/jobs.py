@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from bootstrap_scripts.ops.cost import parse_usd, plain
 from dlc import aws
+from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
 from dlc.remote import Remote, check_user, user_from_arn
 from dlc.status import job_id, jobs_list
@@ -27,12 +29,19 @@ def master_remote(target: Target) -> Remote:
 
 
 def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts: int | None,
-                min_nodes: int | None, name: str | None, cwd: str | None = None) -> list[str]:
-    """``dl-run --detach --json [options] -- CMD``."""
+                min_nodes: int | None, name: str | None, cwd: str | None = None,
+                max_cost: str | None = None) -> list[str]:
+    """``dl-run --detach --json [options] -- CMD``. ``max_cost``: ``--max-cost`` in USD,
+    checked here (UsageError naming the value) so a bad one never reaches the master."""
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. "
                          "dlc submit -- python -m bootstrap_scripts.examples.train_digits")
     argv = ["dl-run", "--detach", "--json"]
+    if max_cost is not None:
+        try:
+            argv += ["--max-cost", plain(parse_usd(max_cost))]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if launcher:
         argv += ["--launcher", launcher]
     if max_restarts is not None:
@@ -44,6 +53,18 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
     if cwd:
         argv += ["--cwd", cwd]
     return [*argv, "--", *command]
+
+
+def cost_cell(job: dict) -> str:
+    """A job's cost as ``dl-jobs --json`` computed it (its ledger, ``ops/cost``): ``1.23``,
+    ``1.23/5`` with a ``--max-cost``, ``unknown`` (a node's price unknown), ``-`` (no attempt
+    ran, or a master whose dl-jobs predates the ledger)."""
+    ledger = job.get("cost") if isinstance(job.get("cost"), dict) else {}
+    spent = str(ledger.get("usd", "-")) if job.get("usage") else "-"
+    if spent not in ("-", "unknown"):
+        spent = cost_usd(spent)
+    cap = job.get("max_cost_usd") or ""
+    return spent + (f"/{cap}" if cap else "")
 
 
 def job_user(target: Target, as_user: str | None) -> str:

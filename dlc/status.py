@@ -20,7 +20,7 @@ from dlc.remote import Remote
 from dlc.target import Target
 
 #: Job states that are over.
-FINISHED = ("succeeded", "failed", "cancelled")
+FINISHED = ("succeeded", "failed", "cancelled", "budget")
 _AGE = re.compile(r"(-?\d+(?:\.\d+)?)s ago")
 _LEAD_INT = re.compile(r"^\s*(\d+)")
 

@@ -78,11 +78,16 @@ class DLClusterStack(Stack):
             data_bucket=(s3.Bucket.from_bucket_name(self, "DataBucket", s.data_bucket)
                          if s.data_bucket else None),
             data_prefix=s.data_prefix,
+            budget_per_day=s.budget_per_day,
             node_boot_seconds=s.node_boot_seconds,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster
         master_group = c.master_group.group_name
+        if c.budget is not None:
+            CfnOutput(self, "AlarmTopicArn", value=c.budget.topic.topic_arn,
+                      description="SNS topic of the cluster's alarms (its daily budget): "
+                      "subscribe to it")
         CfnOutput(
             self,
             "MasterGroupName",

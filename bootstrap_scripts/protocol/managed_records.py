@@ -33,6 +33,9 @@ class ManagedRequest(Record):
     min_nodes: int = 0  # 0: every node of the first attempt
     max_code_restarts: int = 0
     replace_timeout: float = 900.0
+    #: ``--max-cost``: USD the job may spend (its nodes' seconds x their prices, ``ops/cost``);
+    #: "" = no cap. Reached, the controller stops the job as a cancel does (outcome budget).
+    max_cost_usd: str = ""
 
 
 @record
@@ -56,12 +59,36 @@ class RestartRecord(Record):
 
 
 @record
+class NodeUsage(Record):
+    """One node of an attempt and the price its instance was bought at (``ops/prices``)."""
+
+    KIND: ClassVar[str] = "node usage"
+    instance_id: str
+    instance_type: str = ""
+    market: str = ""  # on-demand | spot | reservation | capacity-block ("" unknown)
+    zone: str = ""
+    usd_per_hour: str = ""  # exact decimal; "" = unknown (price_note says why)
+    price_note: str = ""
+
+
+@record
+class AttemptUsage(Record):
+    """One attempt's place in the job's cost ledger: when it ran and on which nodes."""
+
+    KIND: ClassVar[str] = "attempt usage"
+    attempt: int
+    started_at: float
+    ended_at: float | None = None  # None while it runs
+    nodes: tuple[NodeUsage, ...] = ()
+
+
+@record
 class ManagedJob(Record):
     """``managed/<id>/job.json``: the job controller's record of a managed job."""
 
     KIND: ClassVar[str] = "managed job"
     job_id: str
-    state: str  # queued | running | restarting | succeeded | failed | cancelled
+    state: str  # queued | running | restarting | succeeded | failed | cancelled | budget
     submitted_at: float = 0.0
     updated_at: float = 0.0
     user: str = ""
@@ -80,6 +107,10 @@ class ManagedJob(Record):
     #: every node the health gate failed for this job, "<address> (<instance>): <check>:
     #: <detail>" (last_failure keeps only the latest failure of any kind)
     gate_failures: tuple[str, ...] = ()
+    #: the cost ledger: every attempt's span and priced nodes (``ops/cost.job_cost`` sums it)
+    usage: tuple[AttemptUsage, ...] = ()
+    #: the request's ``--max-cost`` ("" = none), here for every reader (the request is 0600)
+    max_cost_usd: str = ""
 
 
 @record

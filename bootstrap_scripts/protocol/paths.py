@@ -37,6 +37,8 @@ On EFS (relative to the mount point)::
     cluster/wait-condition.json       the master signalled the stack's wait condition (once)
     cluster/instance-types/<type>.json  an instance type's GPUs and EFA support (health gate's
                                       cache of EC2 DescribeInstanceTypes)
+    cluster/prices/<market>.<place>.<type>.json  an instance type's hourly price (the job
+                                      controller's cache of the Price List / Spot history)
     cluster/controller.json           the job controller's heartbeat (master)
     jobs/<job-id>/                    one directory per job (see JobPaths)
     managed/<job-id>/                 one managed job (see ManagedPaths); its attempts are
@@ -84,6 +86,7 @@ HEALTH_DIR = f"{CLUSTER_DIR}/health"
 LAUNCH_FAILURES = f"{CLUSTER_DIR}/launch-failures.json"
 WAIT_SIGNAL = f"{CLUSTER_DIR}/wait-condition.json"
 INSTANCE_TYPES_DIR = f"{CLUSTER_DIR}/instance-types"
+PRICES_DIR = f"{CLUSTER_DIR}/prices"
 CONTROLLER_HEARTBEAT = f"{CLUSTER_DIR}/controller.json"
 #: The job controller's idle stop: idle since when, workers stopped when, their size before.
 IDLE_STOP = f"{CLUSTER_DIR}/idle-stop.json"
@@ -111,7 +114,7 @@ LAYOUT = (
     f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
     f"{PREPARED_DIR}/<instance-id>.failed", f"{PREPARED_DIR}/<instance-id>.log",
     f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, WAIT_SIGNAL,
-    f"{INSTANCE_TYPES_DIR}/<type>.json",
+    f"{INSTANCE_TYPES_DIR}/<type>.json", f"{PRICES_DIR}/<market>.<place>.<type>.json",
     f"{CHECKPOINTS_DIR}/<user>/<name>/",
     f"{JOBS_DIR}/<job-id>/spec.json",
     f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
@@ -413,6 +416,19 @@ class ClusterPaths:
     def health_probe(self, tag: str) -> Path:
         """dl-health's probe file: a dot-file, so record scanners skip it."""
         return self.health_dir / f".probe-{tag}"
+
+    @property
+    def prices_dir(self) -> Path:
+        return self.efs / PRICES_DIR
+
+    def price(self, market: str, place: str, instance_type: str) -> Path:
+        """The job controller's cached hourly price of ``instance_type`` bought on
+        ``market`` in ``place`` (a region, or for Spot a zone)."""
+        for what, value in (("market", market), ("place", place),
+                            ("instance type", instance_type)):
+            if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,63}", value):
+                raise ProtocolError(f"not a price's {what}: {value!r}")
+        return self.prices_dir / f"{market}.{place}.{instance_type}.json"
 
     @property
     def instance_types_dir(self) -> Path:

@@ -22,6 +22,7 @@ import pytest
 
 from bootstrap_scripts.procgroup import alive, pids_in_groups
 from dlc.cli import main
+from dlc.cost import usd as cost_usd
 from emulator.demo.context import BIN_DIR
 from emulator.pricing import PRICES
 from tests.conftest import REPO_ROOT
@@ -247,6 +248,37 @@ def test_submit_then_cancel(kept: dict, capsys, job_user) -> None:
         raise AssertionError(f"job {job} never reached cancelled: {out}")
     code, _, err = dlc(kept, capsys, "cancel", "no-such-job")
     assert code == 3 and "job no-such-job not found" in err and job in err
+
+
+def test_submit_with_max_cost_stops_the_job_at_its_cap(kept: dict, capsys, job_user) -> None:
+    """``dlc submit --max-cost``: the master's controller prices the three nodes through
+    EC2 and the Price List (the emulator's table), stops the job like a cancel once the
+    ledger reaches the cap, and records it ``budget``; ``dlc jobs`` shows the cost."""
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--launcher", "each",
+                         "--max-cost", "0.01", "--json", "--", "sleep", "600")
+    assert code == 0, err
+    job = json.loads(out)["job_id"]
+    for _ in range(240):
+        code, out, _ = dlc(kept, capsys, "jobs", "--json")
+        listed = {j["job_id"]: j for j in json.loads(out)}[job]
+        if listed["state"] not in ("queued", "running"):
+            break
+        time.sleep(0.5)
+    assert listed["state"] == "budget", listed
+    assert listed["max_cost_usd"] == "0.01" and listed["restarts"] == 0
+    assert "--max-cost 0.01 USD" in listed["message"], listed["message"]
+    (attempt,) = listed["usage"]
+    assert {n["usd_per_hour"] for n in attempt["nodes"]} == {
+        PRICES[("us-east-1", "g5.xlarge")].rstrip("0")}
+    spent = Decimal(listed["cost"]["usd"])
+    assert Decimal("0.01") <= spent < Decimal("0.02"), listed["cost"]
+    code, out, _ = dlc(kept, capsys, "jobs")
+    assert code == 0 and f"{cost_usd(str(spent))}/0.01" in out
+    # the demo's own job got its ledger into demo-report.json the same way
+    (demo_job,) = [j for j in kept["report"]["jobs"] if j.get("managed_id")][:1]
+    assert Decimal(demo_job["cost"]["usd"]) > 0 and not demo_job["cost"]["unknown"]
 
 
 def test_scale_out_and_in(kept: dict, capsys) -> None:

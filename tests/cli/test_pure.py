@@ -361,3 +361,43 @@ def test_aws_refusals_name_the_next_step(code: str, words: str) -> None:
 
     exc = ClientError({"Error": {"Code": code, "Message": "no"}}, "DescribeStacks")
     assert words in str(aws_error(exc, "cloudformation DescribeStacks"))
+
+
+# -- cost per job ----------------------------------------------------------------------------
+
+
+def test_submit_argv_carries_max_cost_exactly() -> None:
+    argv = jobs.submit_argv(("true",), launcher=None, max_restarts=None, min_nodes=None,
+                            name=None, max_cost="12.50")
+    assert argv == ["dl-run", "--detach", "--json", "--max-cost", "12.5", "--", "true"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "ten", "0.001"])
+def test_submit_refuses_a_bad_max_cost_naming_it(value) -> None:
+    with pytest.raises(UsageError, match=r"--max-cost .*" + re.escape(repr(value))):
+        jobs.submit_argv(("true",), launcher=None, max_restarts=None, min_nodes=None,
+                         name=None, max_cost=value)
+
+
+@pytest.mark.parametrize("job, cell", [
+    ({"usage": [{}], "cost": {"usd": "1.709"}, "max_cost_usd": "5"}, "1.709/5"),
+    ({"usage": [{}], "cost": {"usd": "2"}}, "2.00"),
+    ({"usage": [{}], "cost": {"usd": "unknown"}}, "unknown"),
+    ({"usage": [], "cost": {"usd": "0"}, "max_cost_usd": "5"}, "-/5"),
+    ({"state": "queued"}, "-"),  # a master whose dl-jobs has no ledger
+])
+def test_the_jobs_cost_cell(job, cell) -> None:
+    assert jobs.cost_cell(job) == cell
+
+
+def test_dlc_jobs_shows_each_jobs_cost(monkeypatch, capsys) -> None:
+    listing = [{"job_id": "a-1", "state": "budget", "world_size": 2, "full_size": 2,
+                "restarts": 0, "submitted_at": 0, "usage": [{}], "cost": {"usd": "5.0001"},
+                "max_cost_usd": "5", "message": "stopped at the cost cap"}]
+    monkeypatch.setattr(jobs, "master_remote", lambda target: None)
+    monkeypatch.setattr(jobs, "list_jobs", lambda remote: listing)
+    monkeypatch.setattr("dlc.cli.target_of", lambda ctx: None)
+    assert main(["jobs"]) == 0
+    text = capsys.readouterr().out
+    assert "cost USD" in text and "5.00/5" in text and "budget" in text
+    assert "budget" in status.FINISHED

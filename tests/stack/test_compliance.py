@@ -23,7 +23,8 @@ CONTEXTS = {
         "placementGroup": "true",
         "keyName": "ops",
     },
-    "elastic-spot": {"spotWorkers": "2", "maxWorkers": "6", "dataPrepScript": "/efs/prep.sh"},
+    "elastic-spot": {"spotWorkers": "2", "maxWorkers": "6", "dataPrepScript": "/efs/prep.sh",
+                     "budgetPerDay": "250"},
 }
 
 

@@ -54,6 +54,7 @@ def test_every_documented_key_is_parsed() -> None:
         "efa": "true",
         "nodeBootSeconds": "1800",
         "idleStopMinutes": "15",
+        "budgetPerDay": "250.50",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -85,6 +86,7 @@ def test_every_documented_key_is_parsed() -> None:
         efa=True,
         node_boot_seconds=1800,
         idle_stop_minutes=15,
+        budget_per_day=250.5,
     )
 
 

@@ -20,7 +20,11 @@ import sys
 import time
 
 from bootstrap_scripts.jobs.cli.follow import final_message, follow
-from bootstrap_scripts.jobs.cli.request_args import load_context, request_from_args
+from bootstrap_scripts.jobs.cli.request_args import (
+    load_context,
+    max_cost_from_args,
+    request_from_args,
+)
 from bootstrap_scripts.jobs.cli.workdir import unpack, workdir_of
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine import run as engine
@@ -52,6 +56,7 @@ def build_request(args: argparse.Namespace, command: list[str]
                            EXIT_USAGE)
         args.cwd = str(workdir_of(cluster.managed(job_id)))
     run = request_from_args(args, command, job_id)
+    max_cost = max_cost_from_args(args)
     # The first attempt's plan, to fail now (exit 2) on what would fail every attempt.
     engine.prepare(dataclasses.replace(run, job_id=f"{job_id}.1"), ctx.membership, ctx.efs)
     policy = Policy(
@@ -80,7 +85,8 @@ def build_request(args: argparse.Namespace, command: list[str]
         job_id=job_id, run=run, submitted_at=time.time(),
         user=getpass.getuser(), world_size=size,
         max_restarts=policy.max_restarts, min_nodes=policy.min_nodes,
-        max_code_restarts=policy.max_code_restarts, replace_timeout=policy.replace_timeout)
+        max_code_restarts=policy.max_code_restarts, replace_timeout=policy.replace_timeout,
+        max_cost_usd=max_cost)
     return request, cluster
 
 

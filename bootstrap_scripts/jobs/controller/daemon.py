@@ -48,6 +48,7 @@ from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
 from bootstrap_scripts.jobs.engine.userfiles import UnsafeUserFile, as_owner_of
+from bootstrap_scripts.ops.prices import PriceBook
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import (
@@ -104,6 +105,8 @@ class Controller:
         self.archived_at = 0.0
         self.gate = gate
         self.health = health or InstanceHealth(region, max_per_hour=max_replacements)
+        #: every job's nodes priced for its cost ledger (``ops/prices``; AWS asked lazily)
+        self.prices = PriceBook(efs, region)
         self.stopping = False
         self.seq = 0
         self.last_beat = 0.0
@@ -161,7 +164,7 @@ class Controller:
                    job: ManagedJob) -> JobSupervisor:
         return JobSupervisor(root=self.root, efs=self.efs, paths=paths, request=request,
                              job=job, health=self.health, gate=self.gate, tick=self.beat,
-                             stopping=lambda: self.stopping)
+                             stopping=lambda: self.stopping, prices=self.prices)
 
     def run_job(self, sup: JobSupervisor, *, reattach: bool = False) -> None:
         self.job_id = sup.job.job_id
@@ -286,7 +289,7 @@ class Controller:
             job = managed.load_job(paths) or ManagedJob(
                 job_id=request.job_id, state=JobState.QUEUED.value,
                 submitted_at=request.submitted_at, user=request.user,
-                world_size=request.world_size)
+                world_size=request.world_size, max_cost_usd=request.max_cost_usd)
             sup = self.supervisor(paths, request, job)
             try:
                 sup.update(controller=self.me)

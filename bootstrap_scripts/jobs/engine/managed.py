@@ -112,7 +112,8 @@ def view(paths: ManagedPaths) -> ManagedJob | None:
         return unusable(paths, problem) if problem else None
     return ManagedJob(job_id=req.job_id, state=JobState.QUEUED.value,
                       submitted_at=req.submitted_at, user=req.user,
-                      world_size=req.world_size, full_size=req.world_size)
+                      world_size=req.world_size, full_size=req.world_size,
+                      max_cost_usd=req.max_cost_usd)
 
 
 def all_paths(efs: Path) -> list[ManagedPaths]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from dlc import aws
 from dlc.errors import DlcError, NotFound, UsageError, listing
 from dlc.remote import Remote, check_user, user_from_arn
@@ -27,8 +28,9 @@ def master_remote(target: Target) -> Remote:
 
 
 def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts: int | None,
-                min_nodes: int | None, name: str | None, cwd: str | None = None) -> list[str]:
-    """``dl-run --detach --json [options] -- CMD``."""
+                min_nodes: int | None, name: str | None, cwd: str | None = None,
+                resume_from: str | None = None) -> list[str]:
+    """``dl-run --detach --json [options] -- CMD``; UsageError naming a bad value."""
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. "
                          "dlc submit -- python -m bootstrap_scripts.examples.train_digits")
@@ -43,6 +45,12 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--name", name]
     if cwd:
         argv += ["--cwd", cwd]
+    if resume_from is not None:
+        try:
+            bucket, prefix = parse_s3_url(resume_from, "--resume-from")
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from None
+        argv += ["--resume-from", f"s3://{bucket}/{prefix}"]
     return [*argv, "--", *command]
 
 
@@ -154,3 +162,12 @@ def run_passthrough(remote: Remote, argv: list[str], timeout: int) -> tuple[int,
         raise DlcError(f"{argv[0]} is not installed on the master {remote.instance_id}: "
                        f"{res.message()}")
     return res.code, res.stdout, res.stderr
+
+
+def checkpoint_text(job: dict) -> str:
+    """Where a job's newest complete checkpoint is, from ``dl-jobs --json``'s
+    ``checkpoint`` (its EFS manifest and the s3:// manifest the mirror last uploaded)."""
+    where = job.get("checkpoint")
+    if not isinstance(where, dict):
+        return "-"
+    return "\n".join(str(where[k]) for k in ("efs", "s3") if where.get(k)) or "-"

@@ -91,7 +91,7 @@ def local_listing(directory: Path) -> tuple[dict[str, str], dict[str, int]]:
             rel = path.relative_to(directory).as_posix()
             if name.startswith("."):
                 continue
-            with contextlib.suppress(FileNotFoundError):  # pruned while we looked
+            with contextlib.suppress(OSError):  # pruned while we looked, or not ours to read
                 st = path.lstat()
                 if not stat.S_ISREG(st.st_mode):
                     continue

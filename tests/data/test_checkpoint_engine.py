@@ -4,6 +4,7 @@ node, the mirror as a helper of its share, the controller's URL per user and job
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -95,3 +96,37 @@ def test_resume_from_needs_a_checkpoint_directory() -> None:
     r = RunRequest(job_id="j", command=("t",), resume_from="s3://old-b/p/")
     with pytest.raises(RunError, match="needs a checkpoint directory"):
         checkpoints.wanted(r)
+
+
+def test_dl_jobs_shows_where_the_last_complete_checkpoint_is(tmp_path, capsys) -> None:
+    import json
+    import pwd
+
+    from bootstrap_scripts.data import checkpoint_mirror, checkpoint_plan
+    from bootstrap_scripts.jobs.cli import dl_jobs
+    from bootstrap_scripts.jobs.engine import managed
+    from bootstrap_scripts.protocol.managed_records import ManagedJob
+    from bootstrap_scripts.protocol.paths import ClusterPaths
+
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    paths = ClusterPaths(tmp_path).managed("ck-1")
+    paths.dir.mkdir(parents=True)
+    paths.request.write_text("{}")
+    managed.save_job(paths, ManagedJob(job_id="ck-1", user=user, state="running"))
+    ckdir = ClusterPaths(tmp_path).user_checkpoints(user) / "ck-1"
+    ckdir.mkdir(parents=True)
+    assert dl_jobs.main(["--mount-point", str(tmp_path), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["jobs"][0]
+    assert listed["checkpoint"] == {"efs": "", "s3": ""}
+    (ckdir / "step-000007.pt").write_bytes(b"1234")
+    (ckdir / "step-000009.pt").write_bytes(b"12")  # no manifest: not complete
+    m = checkpoint_plan.new_manifest("step-000007", 7, 1.0, [("step-000007.pt", 4)])
+    (ckdir / m.manifest_file).write_text(m.render())
+    checkpoint_mirror.write_status(ckdir, BASE + f"{user}/ck-1/", m)
+    assert dl_jobs.main(["--mount-point", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "step-000007 (efs, s3)" in out and "step-000009" not in out
+    assert dl_jobs.main(["--mount-point", str(tmp_path), "show", "ck-1"]) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoint:   {ckdir}/step-000007.manifest.json" in out
+    assert f"mirrored:     {BASE}{user}/ck-1/step-000007.manifest.json" in out

@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from bootstrap_scripts.data.checkpoint_plan import MANIFEST_SUFFIX
 from bootstrap_scripts.jobs.cli import log_pages
 from bootstrap_scripts.jobs.cli.follow import final_message, follow
 from bootstrap_scripts.jobs.engine import managed
@@ -78,25 +79,40 @@ def print_list(efs: Path, as_json: bool) -> int:
     status = managed.controller_status(efs)
     if as_json:
         print(json.dumps({"controller": {"alive": status.alive, "status": status.text},
-                          "jobs": [j.to_dict() for j in jobs]}, indent=2, sort_keys=True))
+                          "jobs": [{**j.to_dict(),
+                                    "checkpoint": managed.last_checkpoint(efs, j)}
+                                   for j in jobs]}, indent=2, sort_keys=True))
         return 0
     print(status.text)
     if not jobs:
         print("no jobs")
         return 0
     rows = [("JOB", "STATE", "ATTEMPT", "RESTARTS", "NODES", "USER", "SUBMITTED",
-             "LAST FAILURE")]
+             "CHECKPOINT", "LAST FAILURE")]
     rows += [(j.job_id, j.state, str(j.attempt), str(j.restarts), str(j.world_size),
-              j.user or "-", when(j.submitted_at), (j.last_failure or "-")[:70]) for j in jobs]
+              j.user or "-", when(j.submitted_at),
+              checkpoint_text(managed.last_checkpoint(efs, j)),
+              (j.last_failure or "-")[:70]) for j in jobs]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
     return 0
 
 
-def print_show(job: ManagedJob, as_json: bool) -> int:
+def checkpoint_text(where: dict[str, str]) -> str:
+    """``step-000120 (efs, s3)``: the newest complete checkpoint's name and where it is."""
+    names = {k: v.rsplit("/", 1)[-1].removesuffix(MANIFEST_SUFFIX) for k, v in where.items()
+             if v}
+    if not names:
+        return "-"
+    newest = names.get("efs") or names["s3"]
+    return f"{newest} ({', '.join(k for k, v in names.items() if v == newest)})"
+
+
+def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
+    where = managed.last_checkpoint(efs, job)
     if as_json:
-        print(json.dumps(job.to_dict(), indent=2, sort_keys=True))
+        print(json.dumps({**job.to_dict(), "checkpoint": where}, indent=2, sort_keys=True))
         return 0
     for label, value in (
             ("job", job.job_id), ("state", job.state), ("user", job.user or "-"),
@@ -107,7 +123,8 @@ def print_show(job: ManagedJob, as_json: bool) -> int:
             ("excluded", ", ".join(job.excluded) or "-"),
             ("last failure", job.last_failure or "-"),
             ("health gate", "; ".join(job.gate_failures) or "-"),
-            ("message", job.message or "-")):
+            ("message", job.message or "-"),
+            ("checkpoint", where["efs"] or "-"), ("mirrored", where["s3"] or "-")):
         print(f"{label + ':':14}{value}")
     for k, r in enumerate(job.restart_log, start=1):
         resumed = (f"epoch {r.resumed_epoch} step {r.resumed_step}"
@@ -149,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             job = managed.view(paths)
             if job is None:
                 raise managed.ManagedError(f"job {args.job_id} has no readable record")
-            return print_show(job, args.json or args.json_show)
+            return print_show(job, args.json or args.json_show, efs)
         if args.command == "cancel":
             print(managed.cancel(efs, args.job_id))
             return 0

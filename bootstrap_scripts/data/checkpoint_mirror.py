@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    say(f"mirroring {directory} to {args.url} every {args.every:g} s")
+    # silent until it uploads: its log is one of the job's (``dl-jobs logs``), and a job
+    # that writes no checkpoint should find no line of the mirror's there
     watch(client, directory, args.url, args.every, stop)
     return 0
 

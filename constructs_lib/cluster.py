@@ -389,6 +389,7 @@ class DeepLearningCluster(Construct):
                 membership_key=self.membership_key.key_arn,
                 # The job role trusts the node roles, made with the groups below.
                 job_role_arn=late_role_arn(lambda: self.job_role),
+                checkpoint_url=self.training_data.checkpoint_url,
                 node_boot_seconds=node_boot_seconds,
             )
 

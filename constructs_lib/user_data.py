@@ -127,6 +127,7 @@ def node_user_data(
     idle_stop_seconds: int | None = None,
     membership_key: str = "",
     job_role_arn: str = "",
+    checkpoint_url: str = "",
     node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
@@ -158,6 +159,8 @@ def node_user_data(
         settings["membership-key"] = membership_key
     if job_role_arn:  # the executor's: each job gets credentials of this role
         settings["job-role-arn"] = job_role_arn
+    if checkpoint_url and node_type == "master":  # its controller mirrors jobs under it
+        settings["checkpoint-url"] = checkpoint_url
     data = ec2.UserData.for_linux()
     data.add_commands(
         *render_bootstrap_commands(

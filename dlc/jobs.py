@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.ops.cost import parse_usd, plain
 from dlc import aws
 from dlc.cost import usd as cost_usd
@@ -30,9 +31,10 @@ def master_remote(target: Target) -> Remote:
 
 def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts: int | None,
                 min_nodes: int | None, name: str | None, cwd: str | None = None,
-                max_cost: str | None = None) -> list[str]:
+                max_cost: str | None = None, resume_from: str | None = None) -> list[str]:
     """``dl-run --detach --json [options] -- CMD``. ``max_cost``: ``--max-cost`` in USD,
-    checked here (UsageError naming the value) so a bad one never reaches the master."""
+    checked here (UsageError naming the value) so a bad one never reaches the master; the
+    same for ``resume_from``."""
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. "
                          "dlc submit -- python -m bootstrap_scripts.examples.train_digits")
@@ -52,6 +54,12 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--name", name]
     if cwd:
         argv += ["--cwd", cwd]
+    if resume_from is not None:
+        try:
+            bucket, prefix = parse_s3_url(resume_from, "--resume-from")
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from None
+        argv += ["--resume-from", f"s3://{bucket}/{prefix}"]
     return [*argv, "--", *command]
 
 
@@ -182,3 +190,12 @@ def run_passthrough(remote: Remote, argv: list[str], timeout: int) -> tuple[int,
         raise DlcError(f"{argv[0]} is not installed on the master {remote.instance_id}: "
                        f"{res.message()}")
     return res.code, res.stdout, res.stderr
+
+
+def checkpoint_text(job: dict) -> str:
+    """Where a job's newest complete checkpoint is, from ``dl-jobs --json``'s
+    ``checkpoint`` (its EFS manifest and the s3:// manifest the mirror last uploaded)."""
+    where = job.get("checkpoint")
+    if not isinstance(where, dict):
+        return "-"
+    return "\n".join(str(where[k]) for k in ("efs", "s3") if where.get(k)) or "-"

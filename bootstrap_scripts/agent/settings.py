@@ -57,6 +57,7 @@ class AgentConfig:
     idle_stop_seconds: float = 0.0
     membership_key: str = ""
     job_role_arn: str = ""
+    checkpoint_url: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -148,6 +149,9 @@ OPTIONS: tuple[Option, ...] = (
            "workers apply only what it signed; '' = unsigned)"),
     Option("--job-role-arn", "the stack's job role, for the executor: each job gets its own "
            "temporary credentials of it ('' = none)"),
+    Option("--checkpoint-url", "master: the cluster's checkpoint prefix in S3 "
+           "(s3://BUCKET/checkpoints/<cluster-id>/); managed jobs' checkpoints are mirrored "
+           "under it ('' = none)"),
 )
 
 

@@ -230,6 +230,50 @@ def test_submit_a_laptop_directory_with_workdir(kept: dict, capsys, job_user,
     assert (workdir / "train.sh").stat().st_uid == pwd.getpwnam(job_user).pw_uid
 
 
+def test_a_job_resumes_from_the_s3_mirror_after_its_efs_copy_was_deleted(
+        kept: dict, capsys, job_user) -> None:
+    """A managed job's checkpoints are mirrored to the checkpoint bucket as its user; with
+    that job's EFS copy deleted, a new job started ``--resume-from`` its mirror fetches the
+    newest complete checkpoint to EFS and resumes from it."""
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    aws = kept["state"]["aws"]
+    cfn = boto3.client("cloudformation", endpoint_url=aws["endpoint"], region_name="us-east-1")
+    s3 = boto3.client("s3", endpoint_url=aws["endpoint"], region_name="us-east-1")
+    bucket = next(o["OutputValue"] for st in cfn.describe_stacks()["Stacks"]
+                  for o in st.get("Outputs", []) if o["OutputKey"] == "CheckpointBucketName")
+    example = ("python", "-m", "bootstrap_scripts.examples.train_digits", "--require-acc",
+               "0.3", "--global-batch-size", "64")
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--json", "--", *example,
+                         "--epochs", "2")
+    assert code == 0, err
+    first = json.loads(out)["job_id"]
+    code, out, err = dlc(kept, capsys, "logs", "-f", first)
+    assert code == 0 and f"job {first} succeeded" in err, out[-2000:] + err
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="checkpoints/").get("Contents", [])
+    mirrored = sorted(o["Key"] for o in listed if f"/{job_user}/{first}/" in o["Key"])
+    assert any(k.endswith("/epoch-0002.manifest.json") for k in mirrored), mirrored
+    assert any(k.endswith("/epoch-0002.pt") for k in mirrored), mirrored
+    prefix = mirrored[0].rsplit("/", 1)[0] + "/"
+    code, out, _ = dlc(kept, capsys, "jobs", "--json")
+    shown = {j["job_id"]: j.get("checkpoint", {}) for j in json.loads(out)}[first]
+    assert shown["s3"] == f"s3://{bucket}/{prefix}epoch-0002.manifest.json", shown
+    efs = Path(kept["report"]["work_dir"]) / "efs"
+    ckdir = efs / "checkpoints" / job_user / first
+    assert (ckdir / "epoch-0002.manifest.json").exists()
+    subprocess.run(["rm", "-rf", str(ckdir)], check=True)  # the EFS copy is gone
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--json", "--resume-from",
+                         f"s3://{bucket}/{prefix}", "--", *example, "--epochs", "3",
+                         "--resume")
+    assert code == 0, err
+    second = json.loads(out)["job_id"]
+    code, out, err = dlc(kept, capsys, "logs", "-f", second)
+    assert code == 0 and f"job {second} succeeded" in err, out[-2000:] + err
+    assert "resumed_from=epoch-0002.pt" in out and "epoch=3" in out and "epoch=1 " not in out
+    fetched = efs / "checkpoints" / job_user / second / "epoch-0002.manifest.json"
+    assert fetched.stat().st_uid == pwd.getpwnam(job_user).pw_uid  # fetched as the user
+
+
 def test_submit_then_cancel(kept: dict, capsys, job_user) -> None:
     if not has_controller(kept):
         pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")

@@ -120,6 +120,21 @@ def test_submit_argv() -> None:
                             name=None) == ["dl-run", "--detach", "--json", "--", "true"]
 
 
+def test_submit_resume_from_is_checked_and_passed_to_dl_run() -> None:
+    argv = jobs.submit_argv(("t",), launcher=None, max_restarts=None, min_nodes=None,
+                            name=None, resume_from="s3://old-ck/checkpoints/c0/alice/j1")
+    assert argv[3:6] == ["--resume-from", "s3://old-ck/checkpoints/c0/alice/j1/", "--"]
+    remote.document_parameters(argv, timeout=9)  # the document's patterns take it
+    for bad in ("old-ck/x", "s3://Old_Ck/x", "s3://old-ck/../x"):
+        with pytest.raises(UsageError, match=re.escape(f"--resume-from {bad!r}")):
+            jobs.submit_argv(("t",), launcher=None, max_restarts=None, min_nodes=None,
+                             name=None, resume_from=bad)
+    assert jobs.checkpoint_text({"checkpoint": {"efs": "/efs/c/a.manifest.json",
+                                                "s3": "s3://b/p/a.manifest.json"}}) == \
+        "/efs/c/a.manifest.json\ns3://b/p/a.manifest.json"
+    assert jobs.checkpoint_text({}) == "-"
+
+
 def test_scale_and_logs_argv() -> None:
     assert jobs.scale_argv(3, None) == ["dl-scale", "--workers", "3"]
     assert jobs.scale_argv(None, "10.0.1.9") == ["dl-scale", "--remove", "10.0.1.9"]

@@ -25,6 +25,7 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+from bootstrap_scripts.data.checkpoint_plan import MANIFEST_SUFFIX
 from bootstrap_scripts.jobs.cli import log_pages
 from bootstrap_scripts.jobs.cli.follow import final_message, follow
 from bootstrap_scripts.jobs.engine import managed
@@ -99,8 +100,9 @@ def print_list(efs: Path, as_json: bool) -> int:
     if as_json:
         print(json.dumps({"controller": {"alive": status.alive, "status": status.text},
                           "idle_stop": idle.to_dict() if idle else None,
-                          "jobs": [with_cost(j, now) for j in jobs]}, indent=2,
-                         sort_keys=True))
+                          "jobs": [{**with_cost(j, now),
+                                    "checkpoint": managed.last_checkpoint(efs, j)}
+                                   for j in jobs]}, indent=2, sort_keys=True))
         return 0
     print(status.text)
     print(managed.idle_text(idle, when))
@@ -108,10 +110,11 @@ def print_list(efs: Path, as_json: bool) -> int:
         print("no jobs")
         return 0
     rows = [("JOB", "STATE", "ATTEMPT", "RESTARTS", "NODES", "USER", "SUBMITTED",
-             "COST USD", "LAST FAILURE")]
+             "COST USD", "CHECKPOINT", "LAST FAILURE")]
     rows += [(j.job_id, j.state, str(j.attempt), str(j.restarts), str(j.world_size),
               j.user or "-", when(j.submitted_at),
               cost_cell(j, now),
+              checkpoint_text(managed.last_checkpoint(efs, j)),
               (j.last_failure or "-")[:70]) for j in jobs]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
@@ -142,10 +145,22 @@ def ledger_lines(job: ManagedJob, now: float) -> list[str]:
     return lines
 
 
-def print_show(job: ManagedJob, as_json: bool) -> int:
+def checkpoint_text(where: dict[str, str]) -> str:
+    """``step-000120 (efs, s3)``: the newest complete checkpoint's name and where it is."""
+    names = {k: v.rsplit("/", 1)[-1].removesuffix(MANIFEST_SUFFIX) for k, v in where.items()
+             if v}
+    if not names:
+        return "-"
+    newest = names.get("efs") or names["s3"]
+    return f"{newest} ({', '.join(k for k, v in names.items() if v == newest)})"
+
+
+def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
     now = time.time()
+    where = managed.last_checkpoint(efs, job)
     if as_json:
-        print(json.dumps(with_cost(job, now), indent=2, sort_keys=True))
+        print(json.dumps({**with_cost(job, now), "checkpoint": where}, indent=2,
+                         sort_keys=True))
         return 0
     for label, value in (
             ("job", job.job_id), ("state", job.state), ("user", job.user or "-"),
@@ -156,7 +171,8 @@ def print_show(job: ManagedJob, as_json: bool) -> int:
             ("excluded", ", ".join(job.excluded) or "-"),
             ("last failure", job.last_failure or "-"),
             ("health gate", "; ".join(job.gate_failures) or "-"),
-            ("message", job.message or "-")):
+            ("message", job.message or "-"),
+            ("checkpoint", where["efs"] or "-"), ("mirrored", where["s3"] or "-")):
         print(f"{label + ':':14}{value}")
     for line in ledger_lines(job, now):
         print(line)
@@ -200,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             job = managed.view(paths)
             if job is None:
                 raise managed.ManagedError(f"job {args.job_id} has no readable record")
-            return print_show(job, args.json or args.json_show)
+            return print_show(job, args.json or args.json_show, efs)
         if args.command == "cancel":
             print(managed.cancel(efs, args.job_id))
             return 0

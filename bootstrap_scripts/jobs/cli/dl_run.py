@@ -136,6 +136,11 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     g.add("--data-shard", action="store_true",
           help="with --data: each node copies only its share of the objects (every Nth "
           "object in key order, N the node count)")
+    g.add("--resume-from", default="", metavar="s3://BUCKET/PREFIX",
+          help="a managed job: before its first attempt, resume from the newest complete "
+          "checkpoint under this S3 prefix (an old cluster's mirror, e.g. "
+          "s3://<checkpoint bucket>/checkpoints/<old-cluster-id>/<user>/<job-id>/) when it "
+          "is newer than the job's own; see README \"Data in S3\"")
     g = p.group("torchrun")
     g.add("--nnodes", default="", help="N or MIN:MAX (default: the node count)")
     g.add("--nproc-per-node", type=int, default=0,

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import single_instance
+from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
@@ -99,8 +100,9 @@ class Controller:
                  gate: Gate | None = None, health: InstanceHealth | None = None,
                  retention_days: float = retention.DEFAULT_RETENTION_DAYS,
                  max_replacements: int = instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
-                 idle_seconds: float = 0.0) -> None:
+                 idle_seconds: float = 0.0, checkpoints_url: str = "") -> None:
         self.root, self.efs = root, efs
+        self.checkpoints_url = checkpoints_url
         self.retention_days = retention_days
         self.archived_at = 0.0
         self.gate = gate
@@ -164,7 +166,8 @@ class Controller:
                    job: ManagedJob) -> JobSupervisor:
         return JobSupervisor(root=self.root, efs=self.efs, paths=paths, request=request,
                              job=job, health=self.health, gate=self.gate, tick=self.beat,
-                             stopping=lambda: self.stopping, prices=self.prices)
+                             stopping=lambda: self.stopping, prices=self.prices,
+                             checkpoints_url=self.checkpoints_url)
 
     def run_job(self, sup: JobSupervisor, *, reattach: bool = False) -> None:
         self.job_id = sup.job.job_id
@@ -381,8 +384,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR)
     p.add_argument("--idle-stop-seconds", type=float, default=0.0, help="workers to zero "
                    "after this long idle (idleStopMinutes x 60; default %(default)g: never)")
+    p.add_argument("--checkpoint-url", default="", metavar="s3://BUCKET/PREFIX/",
+                   help="the cluster's checkpoint prefix: each managed job's checkpoint "
+                   "directory is mirrored to <this><user>/<job-id>/ ('' = none)")
     p.add_argument("-v", "--verbose", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.checkpoint_url:
+        try:
+            parse_s3_url(args.checkpoint_url, "--checkpoint-url")
+        except CheckpointError as exc:
+            p.error(str(exc))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     ctl = Controller(root, Path(efs), region=args.region, gate=gate,
                      retention_days=args.retention_days,
                      max_replacements=args.max_replacements_per_hour,
-                     idle_seconds=args.idle_stop_seconds)
+                     idle_seconds=args.idle_stop_seconds, checkpoints_url=args.checkpoint_url)
 
     def stop(signum: int, _frame: object) -> None:
         ctl.stopping = True

@@ -68,8 +68,10 @@ class JobSupervisor:
     def __init__(self, *, root: Path, efs: Path, paths: ManagedPaths, request: ManagedRequest,
                  job: ManagedJob, health: InstanceHealth, gate: Gate | None,
                  tick: Callable[[], None], stopping: Callable[[], bool],
-                 prices: PriceBook | None = None) -> None:
+                 prices: PriceBook | None = None, checkpoints_url: str = "") -> None:
         self.root, self.efs, self.paths, self.request = root, efs, paths, request
+        #: the cluster's checkpoint prefix in S3 ("" for none): attempts mirror under it
+        self.checkpoints_url = checkpoints_url
         self.job = job
         self.health, self.gate = health, gate
         self.tick, self.stopping = tick, stopping
@@ -215,7 +217,8 @@ class JobSupervisor:
                                     membership=self.attempt_membership(m, nodes, n))
         user = userfiles.user_name(self.uid)
         run = attempts.attempt_request(self.request, attempt_id=attempt_id, efs=self.efs,
-                                       restart_count=self.job.restarts, user=user)
+                                       restart_count=self.job.restarts, user=user,
+                                       checkpoints_url=self.checkpoints_url)
         if self.job.restart_log:
             with userfiles.as_user(self.uid, self.gid):  # the user's file, the user's rights
                 epoch, step = managed.checkpoint_position(

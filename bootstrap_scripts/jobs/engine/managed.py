@@ -12,12 +12,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_status
+from bootstrap_scripts.data.checkpoint_plan import survey
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
@@ -240,11 +244,32 @@ def idle_text(rec: IdleStopRecord | None, when: Callable[[float | None], str]) -
 
 
 def checkpoint_position(ckdir: Path) -> tuple[int | None, int | None]:
-    """(epoch, step) of ``<ckdir>/latest.json`` (the example job's pointer to its newest
-    checkpoint), (None, None) when there is none."""
-    path = ckdir / "latest.json"
+    """(epoch, step) of the newest complete checkpoint in ``ckdir``: its manifest's ``meta``
+    (``data/checkpoint_plan.py``), else ``<ckdir>/latest.json`` (the example job's pointer
+    to its newest checkpoint); (None, None) when there is none."""
+    newest = survey(*local_listing(ckdir)).newest
     try:
-        info = json.loads(path.read_text())
+        info = newest.meta if newest is not None else json.loads(
+            (ckdir / "latest.json").read_text())
         return int(info["epoch"]), int(info["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None, None
+
+
+def last_checkpoint(efs: Path, job: ManagedJob) -> dict[str, str]:
+    """Where job ``job``'s newest complete checkpoint is: ``efs`` (its manifest in the job's
+    checkpoint directory) and ``s3`` (the manifest the mirror last uploaded), "" where there
+    is none or the directory is not ours to read. Root reads it as the job's user: the
+    directory is theirs and may hold a link."""
+    ckdir = ClusterPaths(efs).user_checkpoints(job.user) / job.job_id if job.user else None
+    if ckdir is None:
+        return {"efs": "", "s3": ""}
+    try:
+        uid, gid = pwd.getpwnam(job.user).pw_uid, pwd.getpwnam(job.user).pw_gid
+    except KeyError:
+        uid = gid = -1
+    with userfiles.as_user(uid, gid):
+        newest = survey(*local_listing(ckdir)).newest
+        mirrored = str(read_status(ckdir).get("manifest", ""))
+    return {"efs": str(ckdir / newest.manifest_file) if newest else "",
+            "s3": mirrored if mirrored.startswith("s3://") else ""}

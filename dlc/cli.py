@@ -113,16 +113,20 @@ def status(ctx, as_json) -> None:
 @click.option("--cwd", default=None, metavar="DIR",
               help="run COMMAND in DIR, a directory already on the cluster")
 @click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
+@click.option("--hang-timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="no progress on any rank for this long: dump the stacks and restart "
+                   "(default: 0, off; docs/runner.md \"Hangs and stragglers\")")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def submit(ctx, launcher, max_restarts, min_nodes, name, as_user, workdir, cwd, as_json,
-           command) -> None:
+           hang_timeout, command) -> None:
     """Submit COMMAND (after --) as a job on every node, as USER; prints the job id."""
     if workdir is not None and cwd is not None:
         raise errors.UsageError("--workdir ships a directory and runs the job in it: no "
                                 "--cwd with it")
     argv = jobs_mod.submit_argv(tuple(command), launcher=launcher, max_restarts=max_restarts,
-                                min_nodes=min_nodes, name=name, cwd=cwd)
+                                min_nodes=min_nodes, name=name, cwd=cwd,
+                                hang_timeout=hang_timeout)
     user = jobs_mod.job_user(target_of(ctx), as_user)
     remote = remote_of(ctx)
     staged = None
@@ -150,13 +154,14 @@ def jobs_cmd(ctx, as_json) -> None:
     from rich.table import Table
 
     t = Table(title="jobs")
-    for col in ("job", "state", "nodes", "restarts", "submitted", "message"):
+    for col in ("job", "state", "nodes", "restarts", "submitted", "message", "stragglers"):
         t.add_column(col)
     for j in listing:
         t.add_row(status_mod.job_id(j), str(j.get("state", "")),
                   f"{j.get('world_size', '-')}/{j.get('full_size', '-')}",
                   str(j.get("restarts", "-")), status_mod.clock(j.get("submitted_at")),
-                  str(j.get("last_failure") or j.get("message") or ""))
+                  str(j.get("last_failure") or j.get("message") or ""),
+                  "; ".join(j.get("stragglers") or ()) or "-")
     out().print(t)
 
 

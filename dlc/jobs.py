@@ -27,7 +27,8 @@ def master_remote(target: Target) -> Remote:
 
 
 def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts: int | None,
-                min_nodes: int | None, name: str | None, cwd: str | None = None) -> list[str]:
+                min_nodes: int | None, name: str | None, cwd: str | None = None,
+                hang_timeout: float | None = None) -> list[str]:
     """``dl-run --detach --json [options] -- CMD``."""
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. "
@@ -43,6 +44,8 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--name", name]
     if cwd:
         argv += ["--cwd", cwd]
+    if hang_timeout is not None:
+        argv += ["--hang-timeout", f"{hang_timeout:g}"]
     return [*argv, "--", *command]
 
 

@@ -44,7 +44,7 @@ from bootstrap_scripts.protocol.paths import MEMBERSHIP_FILE, validate_job_id
 DEFAULTS = RunRequest(job_id="job", command=("true",))
 #: Options of managed jobs only (the controller's business, not an attempt's).
 MANAGED_ONLY = ("--detach", "--json", "--max-restarts", "--min-nodes", "--max-code-restarts",
-                "--replace-timeout", "--workdir-archive")
+                "--replace-timeout", "--workdir-archive", "--hang-timeout")
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -96,6 +96,10 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     m.add("--replace-timeout", type=float, default=None,
           help=f"seconds a restart waits for a replaced node (default: "
           f"{DEFAULT_REPLACE_TIMEOUT:.0f})")
+    m.add("--hang-timeout", type=float, default=DEFAULTS.hang_timeout, metavar="SECONDS",
+          help="no progress on any rank (bootstrap_scripts.progress.report) for this long: "
+          "dump every rank's stack, then restart the job as a hang (default: 0, off; "
+          "docs/runner.md)")
     m.add("--workdir-archive", default=None, metavar="-",
           help="unpack the tar.gz on standard input into the job's own directory on EFS "
           "(managed/<id>/workdir) and run there (dlc submit --workdir)")

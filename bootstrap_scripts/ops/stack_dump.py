@@ -1,0 +1,157 @@
+"""Dump the Python stacks of one node's ranks of a hung job (run as root by the executor).
+
+    python -m bootstrap_scripts.ops.stack_dump --progress-dir DIR --uid UID [--timeout S]
+
+The job controller runs it on every node of a hung attempt as an ``each`` job of its own
+(``ops/hang_stacks.py``), so it runs as root on the node that hosts the ranks, which
+``py-spy dump`` needs (it reads another process's memory: ptrace, CAP_SYS_PTRACE).
+It prints one ``DL-STACK {json}`` line per rank found: ``rank``, ``pid``, ``stack`` (the
+text of every thread, innermost frame first), ``signature`` (the main thread's
+``file:function`` frames, what ranks are compared on) and ``error``.
+
+Which processes (root trusting nothing of the user's): a process is a rank of the job only
+if its real uid is the job's user (``--uid``, the job's owner as the controller read it
+from ``fstat``) and its environment has ``DL_PROGRESS_DIR`` equal to the attempt's. A user
+can set that variable in their own processes only, so the dump never reaches another
+user's or root's process. A rank's own children (data loader workers inherit the same
+environment) are left out: the topmost process of each rank is dumped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bootstrap_scripts.jobs.engine.hang_rules import stack_signature
+from bootstrap_scripts.progress import DIR_ENV, RANK_ENVS
+
+MARKER = "DL-STACK "
+DEFAULT_TIMEOUT = 20.0
+MAX_ENVIRON = 1 << 20
+
+
+def read_environ(pid: int) -> dict[str, str]:
+    """The process's environment as it started (``/proc/<pid>/environ``); {} if gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read(MAX_ENVIRON)
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def status_ids(pid: int) -> tuple[int, int] | None:
+    """(real uid, parent pid) of a process, from ``/proc/<pid>/status``; None if gone."""
+    uid = ppid = None
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+                elif line.startswith("PPid:"):
+                    ppid = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (uid, ppid) if uid is not None and ppid is not None else None
+
+
+def rank_of(env: dict[str, str]) -> int | None:
+    for name in RANK_ENVS:
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def find_ranks(progress_dir: str, uid: int, proc: Path = Path("/proc")) -> dict[int, int]:
+    """{rank: pid} of this node's processes of the job (see the module's docstring)."""
+    found: dict[int, tuple[int, int]] = {}  # pid -> (rank, ppid)
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        ids = status_ids(pid)
+        if ids is None or ids[0] != uid:
+            continue
+        env = read_environ(pid)
+        rank = rank_of(env)
+        if env.get(DIR_ENV) != progress_dir or rank is None:
+            continue
+        found[pid] = (rank, ids[1])
+    ranks: dict[int, int] = {}
+    for pid, (rank, ppid) in sorted(found.items()):
+        if found.get(ppid, (None,))[0] == rank:
+            continue  # a child of the rank (a data loader worker)
+        ranks.setdefault(rank, pid)
+    return ranks
+
+
+def py_spy() -> str:
+    """py-spy next to this interpreter (the node's environment), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else (shutil.which("py-spy") or "py-spy")
+
+
+def render(threads: list[dict]) -> tuple[str, str]:
+    """(text of every thread, signature of the main thread) of py-spy's JSON dump."""
+    lines, main = [], ""
+    for t in threads:
+        state = "active" if t.get("active") else "idle"
+        lines.append(f"Thread {t.get('os_thread_id')} ({t.get('thread_name') or '-'}, {state})")
+        frames = t.get("frames") or []
+        for f in frames:
+            lines.append(f"    {f.get('name')} ({f.get('filename')}:{f.get('line')})")
+        if t.get("thread_name") == "MainThread" or t.get("os_thread_id") == t.get("pid"):
+            main = stack_signature([(str(f.get("short_filename") or f.get("filename")),
+                                     str(f.get("name"))) for f in frames])
+    return "\n".join(lines), main
+
+
+def dump(pid: int, *, timeout: float, exe: str = "") -> dict:
+    """``py-spy dump --json`` of one process: {"stack", "signature", "error"}."""
+    try:
+        done = subprocess.run([exe or py_spy(), "dump", "--pid", str(pid), "--json"],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"stack": "", "signature": "", "error": f"py-spy: {exc}"}
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return {"stack": "", "signature": "", "error": f"py-spy: {why}"[:500]}
+    try:
+        stack, signature = render(json.loads(done.stdout))
+    except (ValueError, TypeError, AttributeError) as exc:
+        return {"stack": "", "signature": "", "error": f"py-spy's output: {exc}"}
+    return {"stack": stack, "signature": signature, "error": ""}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="stack_dump", description=__doc__.split("\n\n")[0])
+    p.add_argument("--progress-dir", required=True, help="the attempt's DL_PROGRESS_DIR")
+    p.add_argument("--uid", type=int, required=True, help="the job's user")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds py-spy gets per process")
+    args = p.parse_args(argv)
+    if args.uid < 0 or not os.path.isabs(args.progress_dir):
+        p.error("--uid must be >= 0 and --progress-dir an absolute path")
+    ranks = find_ranks(args.progress_dir, args.uid)
+    if not ranks:
+        print(f"no process of uid {args.uid} with {DIR_ENV}={args.progress_dir} here",
+              flush=True)
+    for rank, pid in sorted(ranks.items()):
+        print(MARKER + json.dumps({"rank": rank, "pid": pid,
+                                   **dump(pid, timeout=args.timeout)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -99,10 +99,11 @@ class HangWatch:
         """The hang's record: every rank's step and stack, the odd ones named."""
         steps = self.steps()
         signatures = {r: str(s.get("signature", "")) for r, s in stacks.items()}
-        odd = hang_rules.odd_ranks({r: steps.get(r) for r in {*steps, *stacks}}, signatures)
+        everyone = {*steps, *stacks, *hang.behind}
+        odd = hang_rules.odd_ranks({r: steps.get(r) for r in everyone}, signatures)
         last_at = max((rec.time for rec in self.records.values()), default=0.0)
         ranks = []
-        for r in sorted({*steps, *stacks}):
+        for r in sorted(everyone):
             s, rec = stacks.get(r, {}), self.records.get(r)
             ranks.append(RankStack(
                 rank=r, address=str(s.get("address", "")), pid=int(s.get("pid") or 0),

@@ -1,0 +1,177 @@
+"""The progress API (``bootstrap_scripts.progress``) and the controller's watch over it
+(``controller/hangs.py``): real files, a stepped clock, a stand-in for the stack dump."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bootstrap_scripts.jobs.controller import hangs
+from bootstrap_scripts.jobs.engine.classify import FailureKind
+from bootstrap_scripts.progress import Reporter
+from bootstrap_scripts.protocol.managed_records import HangReport
+from bootstrap_scripts.protocol.membership import build_membership
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.records import RankProgress
+
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_report_is_a_whole_record_written_at_most_once_per_interval(tmp_path: Path) -> None:
+    clock = Clock()
+    rep = Reporter(tmp_path / "progress", 3, local_rank=1, interval=1.0, clock=clock)
+    assert rep.report(1, loss=2.5, samples_per_s=100)  # the first report is written
+    for step in range(2, 6):  # four more steps within the second: none written
+        clock.now += 0.2
+        assert not rep.report(step)
+    clock.now += 0.5
+    assert rep.report(6, loss=1.5)
+    rec = RankProgress.from_json((tmp_path / "progress" / "3.json").read_text())
+    assert (rec.rank, rec.step, rec.local_rank, rec.loss, rec.pid) == (3, 6, 1, 1.5, os.getpid())
+    assert rec.time == clock.now and rec.started_at == 1000.0
+    assert rec.recent_step_seconds == (0.2, 0.2, 0.2, 0.2, 0.5)  # one per step, oldest first
+    assert rec.step_seconds == 0.5
+    assert [p.name for p in (tmp_path / "progress").iterdir()] == ["3.json"]  # no temp left
+
+
+def test_a_script_reports_through_the_environment_and_anywhere_else_it_is_a_no_op(
+        tmp_path: Path) -> None:
+    code = ("from bootstrap_scripts import progress\n"
+            "for s in range(1, 4): progress.report(s, loss=0.5, samples_per_s=10.0)\n")
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": PACKAGE_PARENT, "RANK": "2",
+           "LOCAL_RANK": "0", "DL_PROGRESS_DIR": str(tmp_path / "p"),
+           "DL_PROGRESS_INTERVAL": "0", "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr" / "rank_")}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
+    rec = RankProgress.from_json((tmp_path / "p" / "2.json").read_text())
+    assert (rec.rank, rec.step, rec.samples_per_s) == (2, 3, 10.0)
+    assert (tmp_path / "fr").is_dir()  # torch's flight recorder has its directory
+    del env["DL_PROGRESS_DIR"]
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30, cwd=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fr", "p"]  # nothing written
+
+
+def write(progress_dir: Path, rank: int, step: int, *, recent=(), name: str = "") -> None:
+    progress_dir.mkdir(parents=True, exist_ok=True)
+    rec = RankProgress(rank=rank, step=step, time=1000.0 + step, host=f"node{rank}",
+                       recent_step_seconds=tuple(recent))
+    (progress_dir / (name or f"{rank}.json")).write_text(rec.to_json())
+
+
+def watch(tmp_path: Path, clock: Clock, timeout: float = 30.0) -> hangs.HangWatch:
+    jpaths = ClusterPaths(tmp_path).job("train-1.1")
+    return hangs.HangWatch(jpaths, uid=os.getuid(), gid=os.getgid(), hang_timeout=timeout,
+                           clock=clock)
+
+
+def test_the_watch_judges_by_when_it_saw_a_step_move(tmp_path: Path) -> None:
+    clock = Clock()
+    w = watch(tmp_path, clock)
+    d = w.jpaths.progress_dir
+    assert w.check(ranks=2) is None  # nothing reported yet: never a hang
+    clock.now += 1000
+    assert w.check(ranks=2) is None
+    write(d, 0, 5)
+    write(d, 1, 5)
+    assert w.check(ranks=2) is None  # first seen now
+    clock.now += 20
+    write(d, 0, 6)  # rank 0 moves
+    assert w.check(ranks=2) is None
+    clock.now += 29
+    assert w.check(ranks=2) is None
+    clock.now += 1
+    hang = w.check(ranks=2)
+    assert hang is not None and hang.seconds == 30 and hang.behind == (1,)
+
+
+def test_the_watch_trusts_no_file_that_is_not_the_ranks_own(tmp_path: Path) -> None:
+    clock = Clock()
+    w = watch(tmp_path, clock)
+    d = w.jpaths.progress_dir
+    write(d, 0, 5)
+    write(d, 7, 9, name="1.json")  # a file speaking for another rank
+    (d / "2.json").symlink_to(d / "0.json")  # a link
+    (d / "3.json").write_text("{not json")
+    w.check()
+    assert w.steps() == {0: 5}
+
+
+def test_stragglers_are_named_with_their_host(tmp_path: Path) -> None:
+    w = watch(tmp_path, Clock())
+    d = w.jpaths.progress_dir
+    write(d, 0, 9, recent=(1.0,) * 6)
+    write(d, 1, 9, recent=(1.0,) * 6)
+    write(d, 2, 8, recent=(3.0,) * 6)
+    w.check()
+    assert w.stragglers() == ("rank 2 on node2: 3 s/step, 3.0x the others' 1 s",)
+
+
+def test_a_hang_is_recorded_with_every_stack_and_the_odd_rank_named(tmp_path: Path) -> None:
+    clock = Clock()
+    w = watch(tmp_path, clock, timeout=10)
+    d = w.jpaths.progress_dir
+    w.jpaths.dir.mkdir(parents=True, exist_ok=True)
+    for r in range(3):
+        write(d, r, 4)
+    w.check()
+    clock.now += 11
+    hang = w.check(ranks=3)
+    assert hang is not None
+    allreduce = "distributed_c10d.py:all_reduce;train.py:main"
+    dumped = []
+
+    def dump(m, progress_dir, uid):
+        dumped.append((progress_dir, uid))
+        return {0: {"rank": 0, "pid": 10, "address": "10.0.0.4", "stack": "a",
+                    "signature": allreduce},
+                1: {"rank": 1, "pid": 11, "address": "10.0.1.5", "stack": "b",
+                    "signature": "train.py:hang_here;train.py:main"},
+                2: {"rank": 2, "pid": 12, "address": "10.0.1.5", "stack": "c",
+                    "signature": allreduce}}, "health-stacks-x"
+
+    m = build_membership(cluster_id="c", generation=1, efs_mount=str(tmp_path),
+                         master={"instance_id": "i-m", "address": "10.0.0.4"},
+                         workers=[{"instance_id": "i-w", "address": "10.0.1.5"}])
+    report_path = tmp_path / "managed" / "train-1" / "attempts" / "1.hang.json"
+    failure, rep = hangs.handle(w, hang, attempt=1, m=m, dump=dump, report_path=report_path)
+    assert dumped == [(str(d), os.getuid())]
+    assert failure.kind is FailureKind.HANG and failure.rank == 1
+    assert failure.address == "10.0.1.5"
+    assert rep.odd_ranks == (1,) and rep.odd_addresses == ("10.0.1.5",)
+    assert "rank(s) 1 on 10.0.1.5" in rep.reason
+    saved = HangReport.from_json(report_path.read_text())
+    assert [(x.rank, x.step, x.stack, x.odd) for x in saved.ranks] == [
+        (0, 4, "a", False), (1, 4, "b", True), (2, 4, "c", False)]
+    assert oct(report_path.stat().st_mode & 0o777) == "0o600"
+    assert w.jpaths.cancel.read_text().startswith("hang: ")  # the attempt is stopped
+
+
+def test_a_failed_dump_still_stops_the_attempt(tmp_path: Path) -> None:
+    clock = Clock()
+    w = watch(tmp_path, clock, timeout=5)
+    write(w.jpaths.progress_dir, 0, 2)
+    w.check()
+    clock.now += 6
+    hang = w.check(ranks=2)
+
+    def dump(m, progress_dir, uid):
+        raise OSError("no executor answered")
+
+    report_path = tmp_path / "1.hang.json"
+    m = build_membership(cluster_id="c", generation=1, efs_mount=str(tmp_path),
+                         master={"instance_id": "i-m", "address": "10.0.0.4"}, workers=[])
+    failure, rep = hangs.handle(w, hang, attempt=1, m=m, dump=dump, report_path=report_path)
+    assert failure.kind is FailureKind.HANG and rep.odd_ranks == (1,)  # never reported
+    assert all(x.error for x in rep.ranks)
+    assert json.loads(report_path.read_text())["odd_ranks"] == [1]
+    assert w.jpaths.cancel.exists()

@@ -1,0 +1,93 @@
+"""``ops/stack_dump.py``: which processes are a job's ranks, and py-spy's dump of them (real
+processes, real py-spy: CI runs as root, which ptrace needs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts.ops import hang_stacks, stack_dump
+
+#: A rank that sleeps in a function of its own, with a forked child that has the same
+#: environment (a data loader worker), printing both pids.
+RANK = """
+import os, sys, time
+def hang_here():
+    time.sleep(60)
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+print(os.getpid(), child, flush=True)
+hang_here()
+"""
+
+
+def start(env_extra: dict[str, str]) -> tuple[subprocess.Popen, int, int]:
+    env = {"PATH": os.environ.get("PATH", ""), **env_extra}
+    proc = subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    assert proc.stdout is not None
+    pid, child = (int(x) for x in proc.stdout.readline().split())
+    return proc, pid, child
+
+
+@pytest.fixture
+def ranks(tmp_path: Path):
+    procs = []
+
+    def make(**env: str) -> tuple[int, int]:
+        proc, pid, child = start(env)
+        procs.append(proc)
+        return pid, child
+
+    yield make
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def test_only_the_jobs_own_ranks_are_found_and_not_their_children(ranks, tmp_path) -> None:
+    mine = str(tmp_path / "jobs" / "j.1" / "progress")
+    r3, _child = ranks(DL_PROGRESS_DIR=mine, RANK="3")
+    r4, _ = ranks(DL_PROGRESS_DIR=mine, OMPI_COMM_WORLD_RANK="4")
+    ranks(DL_PROGRESS_DIR=str(tmp_path / "jobs" / "other.1" / "progress"), RANK="5")
+    ranks(DL_PROGRESS_DIR=mine)  # no rank: a launcher, not a rank
+    assert stack_dump.find_ranks(mine, os.getuid()) == {3: r3, 4: r4}
+    assert stack_dump.find_ranks(mine, os.getuid() + 4321) == {}  # another user's: never
+
+
+def test_py_spy_dumps_the_ranks_stack_as_root(ranks, tmp_path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("py-spy reads another process's memory: root only (CI runs as root)")
+    pid, _child = ranks(DL_PROGRESS_DIR=str(tmp_path), RANK="0")
+    time.sleep(0.2)  # in hang_here by now
+    found = stack_dump.dump(pid, timeout=20)
+    assert found["error"] == "", found
+    assert "hang_here (<string>:" in found["stack"]
+    assert found["signature"].startswith("<string>:hang_here;<string>:<module>")
+
+
+def test_the_node_side_prints_one_line_per_rank_the_master_side_reads(ranks, tmp_path,
+                                                                       capsys) -> None:
+    d = str(tmp_path)
+    pid, _ = ranks(DL_PROGRESS_DIR=d, RANK="1")
+    assert stack_dump.main(["--progress-dir", d, "--uid", str(os.getuid()),
+                            "--timeout", "20"]) == 0
+    out = capsys.readouterr().out
+    found = hang_stacks.parse_stacks("noise\n" + out + "DL-STACK {broken\n")
+    assert [(x["rank"], x["pid"]) for x in found] == [(1, pid)]
+    assert set(found[0]) == {"rank", "pid", "stack", "signature", "error"}
+    assert json.loads(out.split(stack_dump.MARKER, 1)[1])["rank"] == 1
+
+
+def test_the_node_side_refuses_a_relative_directory() -> None:
+    with pytest.raises(SystemExit):
+        stack_dump.main(["--progress-dir", "jobs/x", "--uid", "0"])

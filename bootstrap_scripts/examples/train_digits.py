@@ -66,6 +66,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bootstrap_scripts.examples import train_progress
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="DDP example on scikit-learn's digits")
@@ -307,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     use_cuda = torch.cuda.is_available()
     backend = "nccl" if use_cuda else "gloo"
     if distributed:
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=train_progress.collective_timeout())
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         rank, world = 0, 1
@@ -370,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                 "world_size": world, "acc": acc, "run_id": run_id,
                 "global_batch_size": gb, "lr": args.lr}
 
-    first = True
+    first, tracker = True, train_progress.Tracker()  # progress: hangs, stragglers
     while epoch <= args.epochs and not stop["signal"]:
         lr = epoch_lr(args.lr, epoch, args.epochs)
         for group in optimizer.param_groups:
@@ -399,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             total_loss, samples = total_loss + loss.item(), samples + len(idx)
             step += 1
+            tracker.step((epoch - 1) * spe + step, loss.item() / len(idx), len(idx) * world)
             if first:
                 print(f"first_step rank={rank} world_size={world} "
                       f"step={(epoch - 1) * spe + step}", flush=True)

@@ -8,7 +8,10 @@
 Each rank writes its own file, ``$DL_PROGRESS_DIR/<rank>.json`` (a
 :class:`~bootstrap_scripts.protocol.records.RankProgress`), atomically (temp file + rename),
 at most once per ``$DL_PROGRESS_INTERVAL`` seconds (default 1): a step every few
-milliseconds costs a dictionary update, not a write to EFS. A managed job's ranks find
+milliseconds costs a dictionary update, not a write to EFS. A step reported within the
+interval is written when it ends, by a timer thread: the file always catches up with the
+last step within the interval, even when the rank hangs right after it (the step a hung
+rank reached is what names it). A managed job's ranks find
 ``DL_PROGRESS_DIR`` set to their attempt's ``jobs/<id>.<n>/progress/``; without it (a script
 run by hand) :func:`report` does nothing, so the same script runs anywhere.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -59,7 +63,7 @@ class Reporter:
 
     def __init__(self, directory: str | os.PathLike, rank: int, *, local_rank: int = -1,
                  interval: float = DEFAULT_INTERVAL,
-                 clock: object = time.time) -> None:
+                 clock: object = time.time, catch_up: bool = True) -> None:
         self.path = Path(directory) / f"{int(rank)}.json"
         self.rank, self.local_rank, self.interval = int(rank), local_rank, interval
         self.clock = clock
@@ -69,6 +73,10 @@ class Reporter:
         self.last_time = 0.0
         self.written_at = float("-inf")
         self.recent: deque[float] = deque(maxlen=RECENT)
+        self.catch_up = catch_up
+        self.lock = threading.Lock()
+        self.pending: RankProgress | None = None
+        self.timer: threading.Timer | None = None
 
     def report(self, step: int, *, loss: float | None = None,
                samples_per_s: float | None = None,
@@ -77,28 +85,48 @@ class Reporter:
         ``step_seconds``: this rank's own time for the step (e.g. its compute without the
         wait in the gradient all-reduce); default: the time since the previous report over
         the steps taken since."""
-        now = float(self.clock())  # type: ignore[operator]
-        if not self.started_at:
-            self.started_at = now
-        if step_seconds is None and self.last_step is not None and step > self.last_step:
-            step_seconds = (now - self.last_time) / (step - self.last_step)
-        if step_seconds is not None:
-            self.recent.append(round(float(step_seconds), 6))
-        self.last_step, self.last_time = int(step), now
-        if now - self.written_at < self.interval:
+        with self.lock:
+            now = float(self.clock())  # type: ignore[operator]
+            if not self.started_at:
+                self.started_at = now
+            if step_seconds is None and self.last_step is not None and step > self.last_step:
+                step_seconds = (now - self.last_time) / (step - self.last_step)
+            if step_seconds is not None:
+                self.recent.append(round(float(step_seconds), 6))
+            self.last_step, self.last_time = int(step), now
+            rec = RankProgress(
+                rank=self.rank, step=int(step), time=now, pid=os.getpid(), host=self.host,
+                local_rank=self.local_rank, started_at=self.started_at,
+                loss=None if loss is None else float(loss),
+                samples_per_s=None if samples_per_s is None else float(samples_per_s),
+                step_seconds=self.recent[-1] if self.recent else None,
+                recent_step_seconds=tuple(self.recent))
+            wait = self.interval - (now - self.written_at)
+            if wait <= 0:
+                self.write(rec, now)
+                return True
+            self.pending = rec
+            if self.catch_up and self.timer is None:
+                self.timer = threading.Timer(wait, self.flush)
+                self.timer.daemon = True  # never keeps a finished script alive
+                self.timer.start()
             return False
-        rec = RankProgress(
-            rank=self.rank, step=int(step), time=now, pid=os.getpid(), host=self.host,
-            local_rank=self.local_rank, started_at=self.started_at,
-            loss=None if loss is None else float(loss),
-            samples_per_s=None if samples_per_s is None else float(samples_per_s),
-            step_seconds=self.recent[-1] if self.recent else None,
-            recent_step_seconds=tuple(self.recent))
+
+    def write(self, rec: RankProgress, now: float) -> None:
+        """Write ``rec`` (the caller holds the lock)."""
+        self.pending = None
+        self.written_at = now
         # No fsync: a lost last record costs a second of staleness, an fsync per write on
         # EFS costs every step; the rename still makes every reader see a whole record.
         store.atomic_write(self.path, rec.to_json(), fsync=False)
-        self.written_at = now
-        return True
+
+    def flush(self) -> None:
+        """Write the step reported within the last interval, if any (the timer's job)."""
+        with self.lock:
+            self.timer = None
+            if self.pending is not None:
+                with contextlib.suppress(OSError):
+                    self.write(self.pending, float(self.clock()))  # type: ignore[operator]
 
 
 _reporter: Reporter | None = None

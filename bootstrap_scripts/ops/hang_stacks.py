@@ -1,6 +1,6 @@
 """Every rank's Python stack of a hung attempt, dumped as root on the node that hosts it.
 
-    stacks = dump_stacks(root, efs, membership, progress_dir=..., uid=...)
+    stacks, dump_job = dump_stacks(root, efs, membership, job_id="<id>.<n>", uid=...)
     stacks[rank] -> {"rank", "pid", "address", "stack", "signature", "error"}
 
 The job controller calls it when an attempt made no progress for ``--hang-timeout``. It
@@ -43,14 +43,14 @@ def parse_stacks(text: str) -> list[dict]:
     return found
 
 
-def dump_stacks(root: Path, efs: Path, m: Membership, *, progress_dir: str, uid: int,
+def dump_stacks(root: Path, efs: Path, m: Membership, *, job_id: str, uid: int,
                 timeout: float = DEFAULT_TIMEOUT, python: str = "") -> tuple[dict[int, dict], str]:
     """({rank: stack record}, the dump job's id) for the ranks on ``m``'s nodes."""
     settings = GateSettings(python=python)
     job = GateJob("stacks", root, efs, m, list(m.nodes), settings, timeout)
     per_process = max(5.0, timeout / 3)
-    command = ["python", "-m", "bootstrap_scripts.ops.stack_dump", "--progress-dir",
-               progress_dir, "--uid", str(uid), "--timeout", f"{per_process:g}"]
+    command = ["python", "-m", "bootstrap_scripts.ops.stack_dump", "--job-id", job_id,
+               "--uid", str(uid), "--timeout", f"{per_process:g}"]
     deadline = time.monotonic() + timeout
     finished = False
     try:

@@ -1,6 +1,6 @@
 """Dump the Python stacks of one node's ranks of a hung job (run as root by the executor).
 
-    python -m bootstrap_scripts.ops.stack_dump --progress-dir DIR --uid UID [--timeout S]
+    python -m bootstrap_scripts.ops.stack_dump --job-id ID --uid UID [--timeout S]
 
 The job controller runs it on every node of a hung attempt as an ``each`` job of its own
 (``ops/hang_stacks.py``), so it runs as root on the node that hosts the ranks, which
@@ -9,12 +9,15 @@ It prints one ``DL-STACK {json}`` line per rank found: ``rank``, ``pid``, ``stac
 text of every thread, innermost frame first), ``signature`` (the main thread's
 ``file:function`` frames, what ranks are compared on) and ``error``.
 
-Which processes (root trusting nothing of the user's): a process is a rank of the job only
-if its real uid is the job's user (``--uid``, the job's owner as the controller read it
-from ``fstat``) and its environment has ``DL_PROGRESS_DIR`` equal to the attempt's. A user
-can set that variable in their own processes only, so the dump never reaches another
-user's or root's process. A rank's own children (data loader workers inherit the same
-environment) are left out: the topmost process of each rank is dumped.
+Which processes (root trusting nothing of the user's): a process is a rank of the job on
+this node only if its real uid is the job's user (``--uid``, the job's owner as the
+controller read it from ``fstat``), its environment has the share token the executor gave
+every process of the job's share on this node (``DL_SHARE_TOKEN=<job-id>/<rank>/<address>``,
+``procgroup.share_token``; this dump's own share carries this node's address the same way)
+and a rank variable (``RANK``, ``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``). A user can set those
+variables in their own processes only, so the dump never reaches another user's or root's
+process. A rank's own children (data loader workers inherit the same environment) are
+left out: the topmost process of each rank is dumped.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ import sys
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine.hang_rules import stack_signature
-from bootstrap_scripts.progress import DIR_ENV, RANK_ENVS
+from bootstrap_scripts.progress import RANK_ENVS
+from bootstrap_scripts.protocol.paths import validate_job_id
+
+TOKEN_ENV = "DL_SHARE_TOKEN"
 
 MARKER = "DL-STACK "
 DEFAULT_TIMEOUT = 20.0
@@ -73,7 +79,20 @@ def rank_of(env: dict[str, str]) -> int | None:
     return None
 
 
-def find_ranks(progress_dir: str, uid: int, proc: Path = Path("/proc")) -> dict[int, int]:
+def this_address() -> str:
+    """This node's address, from this dump's own share token (``<job>/<rank>/<address>``)."""
+    return os.environ.get(TOKEN_ENV, "").rpartition("/")[2]
+
+
+def of_the_job(token: str, job_id: str, address: str) -> bool:
+    """Is ``token`` the one of ``job_id``'s share on the node at ``address``?"""
+    head, _sep, addr = token.rpartition("/")
+    job, _sep, rank = head.rpartition("/")
+    return job == job_id and addr == address and rank.isdigit()
+
+
+def find_ranks(job_id: str, address: str, uid: int, proc: Path = Path("/proc")
+               ) -> dict[int, int]:
     """{rank: pid} of this node's processes of the job (see the module's docstring)."""
     found: dict[int, tuple[int, int]] = {}  # pid -> (rank, ppid)
     for entry in proc.iterdir():
@@ -85,7 +104,7 @@ def find_ranks(progress_dir: str, uid: int, proc: Path = Path("/proc")) -> dict[
             continue
         env = read_environ(pid)
         rank = rank_of(env)
-        if env.get(DIR_ENV) != progress_dir or rank is None:
+        if rank is None or not of_the_job(env.get(TOKEN_ENV, ""), job_id, address):
             continue
         found[pid] = (rank, ids[1])
     ranks: dict[int, int] = {}
@@ -136,17 +155,23 @@ def dump(pid: int, *, timeout: float, exe: str = "") -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="stack_dump", description=__doc__.split("\n\n")[0])
-    p.add_argument("--progress-dir", required=True, help="the attempt's DL_PROGRESS_DIR")
+    p.add_argument("--job-id", required=True, help="the attempt's job id (<id>.<n>)")
     p.add_argument("--uid", type=int, required=True, help="the job's user")
+    p.add_argument("--address", default="", help="this node's address (default: from this "
+                   "share's own DL_SHARE_TOKEN)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds py-spy gets per process")
     args = p.parse_args(argv)
-    if args.uid < 0 or not os.path.isabs(args.progress_dir):
-        p.error("--uid must be >= 0 and --progress-dir an absolute path")
-    ranks = find_ranks(args.progress_dir, args.uid)
+    address = args.address or this_address()
+    try:
+        validate_job_id(args.job_id)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.uid < 0 or not address:
+        p.error("--uid must be >= 0, and this node's address known (--address)")
+    ranks = find_ranks(args.job_id, address, args.uid)
     if not ranks:
-        print(f"no process of uid {args.uid} with {DIR_ENV}={args.progress_dir} here",
-              flush=True)
+        print(f"no rank of job {args.job_id} (uid {args.uid}) on {address}", flush=True)
     for rank, pid in sorted(ranks.items()):
         print(MARKER + json.dumps({"rank": rank, "pid": pid,
                                    **dump(pid, timeout=args.timeout)}), flush=True)

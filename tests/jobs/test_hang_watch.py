@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bootstrap_scripts.jobs.controller import hangs
@@ -30,7 +31,8 @@ class Clock:
 
 def test_a_report_is_a_whole_record_written_at_most_once_per_interval(tmp_path: Path) -> None:
     clock = Clock()
-    rep = Reporter(tmp_path / "progress", 3, local_rank=1, interval=1.0, clock=clock)
+    rep = Reporter(tmp_path / "progress", 3, local_rank=1, interval=1.0, clock=clock,
+                   catch_up=False)
     assert rep.report(1, loss=2.5, samples_per_s=100)  # the first report is written
     for step in range(2, 6):  # four more steps within the second: none written
         clock.now += 0.2
@@ -43,6 +45,22 @@ def test_a_report_is_a_whole_record_written_at_most_once_per_interval(tmp_path: 
     assert rec.recent_step_seconds == (0.2, 0.2, 0.2, 0.2, 0.5)  # one per step, oldest first
     assert rec.step_seconds == 0.5
     assert [p.name for p in (tmp_path / "progress").iterdir()] == ["3.json"]  # no temp left
+    clock.now += 0.1
+    assert not rep.report(7)
+    rep.flush()  # what the timer does once the interval ends
+    assert RankProgress.from_json((tmp_path / "progress" / "3.json").read_text()).step == 7
+
+
+def test_the_last_step_is_written_even_if_the_rank_never_reports_again(tmp_path: Path) -> None:
+    """A rank that hangs right after a step: the timer writes that step (real time)."""
+    rep = Reporter(tmp_path, 0, interval=0.3)
+    assert rep.report(1) and not rep.report(2)
+    path = tmp_path / "0.json"
+    assert RankProgress.from_json(path.read_text()).step == 1
+    deadline = time.monotonic() + 5
+    while RankProgress.from_json(path.read_text()).step != 2:
+        assert time.monotonic() < deadline, "the pending step was never written"
+        time.sleep(0.05)
 
 
 def test_a_script_reports_through_the_environment_and_anywhere_else_it_is_a_no_op(
@@ -130,8 +148,8 @@ def test_a_hang_is_recorded_with_every_stack_and_the_odd_rank_named(tmp_path: Pa
     allreduce = "distributed_c10d.py:all_reduce;train.py:main"
     dumped = []
 
-    def dump(m, progress_dir, uid):
-        dumped.append((progress_dir, uid))
+    def dump(m, job_id, uid):
+        dumped.append((job_id, uid))
         return {0: {"rank": 0, "pid": 10, "address": "10.0.0.4", "stack": "a",
                     "signature": allreduce},
                 1: {"rank": 1, "pid": 11, "address": "10.0.1.5", "stack": "b",
@@ -144,7 +162,7 @@ def test_a_hang_is_recorded_with_every_stack_and_the_odd_rank_named(tmp_path: Pa
                          workers=[{"instance_id": "i-w", "address": "10.0.1.5"}])
     report_path = tmp_path / "managed" / "train-1" / "attempts" / "1.hang.json"
     failure, rep = hangs.handle(w, hang, attempt=1, m=m, dump=dump, report_path=report_path)
-    assert dumped == [(str(d), os.getuid())]
+    assert dumped == [("train-1.1", os.getuid())]
     assert failure.kind is FailureKind.HANG and failure.rank == 1
     assert failure.address == "10.0.1.5"
     assert rep.odd_ranks == (1,) and rep.odd_addresses == ("10.0.1.5",)
@@ -164,7 +182,7 @@ def test_a_failed_dump_still_stops_the_attempt(tmp_path: Path) -> None:
     clock.now += 6
     hang = w.check(ranks=2)
 
-    def dump(m, progress_dir, uid):
+    def dump(m, job_id, uid):
         raise OSError("no executor answered")
 
     report_path = tmp_path / "1.hang.json"

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -40,10 +39,10 @@ def start(env_extra: dict[str, str]) -> tuple[subprocess.Popen, int, int]:
 
 
 @pytest.fixture
-def ranks(tmp_path: Path):
+def ranks():
     procs = []
 
-    def make(**env: str) -> tuple[int, int]:
+    def make(**env: str) -> tuple[int, int]:  # a rank with this environment
         proc, pid, child = start(env)
         procs.append(proc)
         return pid, child
@@ -54,20 +53,24 @@ def ranks(tmp_path: Path):
         proc.wait(10)
 
 
-def test_only_the_jobs_own_ranks_are_found_and_not_their_children(ranks, tmp_path) -> None:
-    mine = str(tmp_path / "jobs" / "j.1" / "progress")
-    r3, _child = ranks(DL_PROGRESS_DIR=mine, RANK="3")
-    r4, _ = ranks(DL_PROGRESS_DIR=mine, OMPI_COMM_WORLD_RANK="4")
-    ranks(DL_PROGRESS_DIR=str(tmp_path / "jobs" / "other.1" / "progress"), RANK="5")
-    ranks(DL_PROGRESS_DIR=mine)  # no rank: a launcher, not a rank
-    assert stack_dump.find_ranks(mine, os.getuid()) == {3: r3, 4: r4}
-    assert stack_dump.find_ranks(mine, os.getuid() + 4321) == {}  # another user's: never
+HERE, THERE = "127.20.0.8", "127.20.0.9"
 
 
-def test_py_spy_dumps_the_ranks_stack_as_root(ranks, tmp_path) -> None:
+def test_only_the_jobs_own_ranks_on_this_node_are_found_not_their_children(ranks) -> None:
+    r3, _child = ranks(DL_SHARE_TOKEN=f"j.1/0/{HERE}", RANK="3")
+    r4, _ = ranks(DL_SHARE_TOKEN=f"j.1/0/{HERE}", OMPI_COMM_WORLD_RANK="4")
+    ranks(DL_SHARE_TOKEN=f"j.1/1/{THERE}", RANK="5")  # another node's (one machine here)
+    ranks(DL_SHARE_TOKEN=f"j.10/0/{HERE}", RANK="6")  # another job's
+    ranks(DL_SHARE_TOKEN=f"j.1/0/{HERE}")  # no rank: a launcher, not a rank
+    ranks(RANK="7")  # no token: not started by an executor for this job
+    assert stack_dump.find_ranks("j.1", HERE, os.getuid()) == {3: r3, 4: r4}
+    assert stack_dump.find_ranks("j.1", HERE, os.getuid() + 4321) == {}  # another user's
+
+
+def test_py_spy_dumps_the_ranks_stack_as_root(ranks) -> None:
     if os.geteuid() != 0:
         pytest.skip("py-spy reads another process's memory: root only (CI runs as root)")
-    pid, _child = ranks(DL_PROGRESS_DIR=str(tmp_path), RANK="0")
+    pid, _child = ranks(DL_SHARE_TOKEN=f"j.1/0/{HERE}", RANK="0")
     time.sleep(0.2)  # in hang_here by now
     found = stack_dump.dump(pid, timeout=20)
     assert found["error"] == "", found
@@ -75,11 +78,11 @@ def test_py_spy_dumps_the_ranks_stack_as_root(ranks, tmp_path) -> None:
     assert found["signature"].startswith("<string>:hang_here;<string>:<module>")
 
 
-def test_the_node_side_prints_one_line_per_rank_the_master_side_reads(ranks, tmp_path,
+def test_the_node_side_prints_one_line_per_rank_the_master_side_reads(ranks, monkeypatch,
                                                                        capsys) -> None:
-    d = str(tmp_path)
-    pid, _ = ranks(DL_PROGRESS_DIR=d, RANK="1")
-    assert stack_dump.main(["--progress-dir", d, "--uid", str(os.getuid()),
+    pid, _ = ranks(DL_SHARE_TOKEN=f"j.1/1/{THERE}", RANK="1")
+    monkeypatch.setenv("DL_SHARE_TOKEN", f"health-stacks-x/1/{THERE}")  # this dump's own
+    assert stack_dump.main(["--job-id", "j.1", "--uid", str(os.getuid()),
                             "--timeout", "20"]) == 0
     out = capsys.readouterr().out
     found = hang_stacks.parse_stacks("noise\n" + out + "DL-STACK {broken\n")
@@ -88,6 +91,10 @@ def test_the_node_side_prints_one_line_per_rank_the_master_side_reads(ranks, tmp
     assert json.loads(out.split(stack_dump.MARKER, 1)[1])["rank"] == 1
 
 
-def test_the_node_side_refuses_a_relative_directory() -> None:
+@pytest.mark.parametrize("argv", [["--job-id", "../x", "--uid", "0", "--address", HERE],
+                                  ["--job-id", "j.1", "--uid", "-1", "--address", HERE],
+                                  ["--job-id", "j.1", "--uid", "0"]])  # no address known
+def test_the_node_side_refuses_what_it_cannot_trust(argv, monkeypatch) -> None:
+    monkeypatch.delenv("DL_SHARE_TOKEN", raising=False)
     with pytest.raises(SystemExit):
-        stack_dump.main(["--progress-dir", "jobs/x", "--uid", "0"])
+        stack_dump.main(argv)

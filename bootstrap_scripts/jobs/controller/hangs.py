@@ -34,7 +34,7 @@ from bootstrap_scripts.protocol.records import RankProgress
 LOG = logging.getLogger("dl-controller")
 #: Progress files read per pass at most (a rank per file; more is not a job's).
 MAX_RANK_FILES = 4096
-#: ``dump(membership, progress_dir, uid)`` -> ({rank: stack record}, dump job id)
+#: ``dump(membership, attempt job id, uid)`` -> ({rank: stack record}, dump job id)
 NO_STACK = ("no stack: the rank's process was not found on any node (or its node did not "
             "answer)")
 Dumper = Callable[[Membership, str, int], tuple[dict[int, dict], str]]
@@ -130,7 +130,7 @@ def handle(watch: HangWatch, hang: hang_rules.Hang, *, attempt: int, m: Membersh
     stacks: dict[int, dict] = {}
     if m is not None:
         try:
-            stacks, dump_job = dump(m, str(watch.jpaths.progress_dir), watch.uid)
+            stacks, dump_job = dump(m, watch.jpaths.job_id, watch.uid)
             LOG.info("job %s: stacks dumped by %s (%d rank(s))", watch.jpaths.job_id,
                      dump_job, len(stacks))
         except Exception as exc:  # the hang is handled whatever the dump did

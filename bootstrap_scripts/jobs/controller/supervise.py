@@ -274,7 +274,9 @@ class JobSupervisor:
     def look_at_progress(self, watch: hangs.HangWatch) -> bool:
         """One look at the ranks' progress: stragglers into the record; a hang handled
         (stacks, report, the attempt cancelled: True)."""
-        hang = watch.check()
+        # Once a share ended, the ranks stop reporting by design: its end is the runner's
+        # business (exits, --fail-grace), never a hang.
+        hang = watch.check() if not attempts.exits(watch.jpaths) else None
         lagging = watch.stragglers()
         if lagging != self.job.stragglers:
             self.update(stragglers=lagging)
@@ -288,12 +290,12 @@ class JobSupervisor:
         LOG.warning("job %s: hang: %s", self.job.job_id, rep.reason)
         return True
 
-    def dump_stacks_on_nodes(self, m: Membership, progress_dir: str, uid: int
+    def dump_stacks_on_nodes(self, m: Membership, job_id: str, uid: int
                              ) -> tuple[dict[int, dict], str]:
         """py-spy on every node as root, in the controller's own interpreter (never the
         job's ``--python``: root runs no program a user chose)."""
         from bootstrap_scripts.ops.hang_stacks import dump_stacks  # only when a job hangs
-        return dump_stacks(self.root, self.efs, m, progress_dir=progress_dir, uid=uid)
+        return dump_stacks(self.root, self.efs, m, job_id=job_id, uid=uid)
 
     def hang_or(self, failure: Failure | None) -> Failure | None:
         """The attempt's failure: ``hang`` when the watch stopped it (its shares then ended

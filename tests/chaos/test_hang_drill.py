@@ -39,9 +39,9 @@ def hung_node(efs: Path, job_id: str) -> str:
     return ""
 
 
-def test_i_a_rank_hangs(chaos_cluster):
+def test_l_a_rank_hangs(chaos_cluster):
     c = chaos_cluster
-    with drill("(i) a rank hangs", "torchrun rank 1 of 2 sleeps forever at step 10 (its "
+    with drill("(l) a rank hangs", "torchrun rank 1 of 2 sleeps forever at step 10 (its "
                "peer waits in the all-reduce)") as row:
         elastic = torchelastic_dirs()
         res = c.run("--detach", "--json", "--rdzv-port", free_rdzv_port(c), "--hang-timeout",

@@ -193,3 +193,19 @@ def test_a_failed_dump_still_stops_the_attempt(tmp_path: Path) -> None:
     assert all(x.error for x in rep.ranks)
     assert json.loads(report_path.read_text())["odd_ranks"] == [1]
     assert w.jpaths.cancel.exists()
+
+
+def test_dl_jobs_shows_the_running_attempts_stragglers_only(capsys) -> None:
+    from bootstrap_scripts.jobs.cli import dl_jobs
+    from bootstrap_scripts.protocol.managed_records import ManagedJob, RestartRecord
+
+    lagging = ("rank 2 on node2: 3 s/step, 3.0x the others' 1 s",)
+    running = ManagedJob(job_id="j", state="running", stragglers=lagging, restart_log=(
+        RestartRecord(attempt=1, at=1.0, kind="hang", detail="no progress"),))
+    assert dl_jobs.stragglers_cell(running) == "rank 2"
+    dl_jobs.print_show(running, as_json=False)
+    out = capsys.readouterr().out
+    assert "stragglers:   rank 2 on node2: 3 s/step" in out
+    assert "stacks: <EFS>/managed/j/attempts/1.hang.json" in out
+    finished = ManagedJob(job_id="j", state="succeeded", stragglers=lagging)
+    assert dl_jobs.stragglers_cell(finished) == "-"

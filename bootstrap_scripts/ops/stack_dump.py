@@ -28,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine.hang_rules import stack_signature
@@ -116,9 +117,12 @@ def find_ranks(job_id: str, address: str, uid: int, proc: Path = Path("/proc")
 
 
 def py_spy() -> str:
-    """py-spy next to this interpreter (the node's environment), else on PATH."""
-    beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if beside.exists() else (shutil.which("py-spy") or "py-spy")
+    """py-spy of this interpreter's environment (where pip put it: beside the interpreter,
+    or the environment's scripts directory), else on PATH."""
+    for d in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        if (d / "py-spy").exists():
+            return str(d / "py-spy")
+    return shutil.which("py-spy") or "py-spy"
 
 
 def render(threads: list[dict]) -> tuple[str, str]:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,11 @@ def test_the_node_side_refuses_what_it_cannot_trust(argv, monkeypatch) -> None:
     monkeypatch.delenv("DL_SHARE_TOKEN", raising=False)
     with pytest.raises(SystemExit):
         stack_dump.main(argv)
+
+
+def test_the_nodes_install_the_py_spy_the_requirements_pin() -> None:
+    from constructs_lib.user_data import PY_SPY_REQUIREMENT
+    from tests.conftest import REPO_ROOT
+
+    assert PY_SPY_REQUIREMENT in (Path(REPO_ROOT) / "requirements.txt").read_text().split()
+    assert Path(stack_dump.py_spy()).name == "py-spy"

@@ -1,15 +1,16 @@
 """Every rank's Python stack of a hung attempt, dumped as root on the node that hosts it.
 
-    stacks, dump_job = dump_stacks(root, efs, membership, job_id="<id>.<n>", uid=...)
-    stacks[rank] -> {"rank", "pid", "address", "stack", "signature", "error"}
+    found, dump_job = dump_stacks(root, efs, membership, job_id="<id>.<n>", uid=..., gid=...)
+    found[rank] -> {"rank", "pid", "address", "written", "error"}
 
 The job controller calls it when an attempt made no progress for ``--hang-timeout``. It
 runs ``ops.stack_dump`` on each of the attempt's nodes as one ``each`` job through the job
 executors (no ssh anywhere), exactly as the health gate runs its checks (``ops.gate``'s
 ``GateJob``): the controller is root, so the executors run the dump as root, which
-``py-spy dump`` needs to read another process's memory. Each node's share prints one
-``DL-STACK`` line per rank; a node that does not answer within ``timeout`` simply has no
-line (its ranks show "no stack" in the report).
+``py-spy dump`` needs to read another process's memory. Each node writes its ranks' stacks
+as the job's user into the attempt's ``stacks/<rank>.json`` and prints one ``DL-STACK``
+line per rank (no stack in it: this job's log is root's); a node that does not answer
+within ``timeout`` simply has no line (its ranks show "no stack" in the report).
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ def parse_stacks(text: str) -> list[dict]:
     return found
 
 
-def dump_stacks(root: Path, efs: Path, m: Membership, *, job_id: str, uid: int,
+def dump_stacks(root: Path, efs: Path, m: Membership, *, job_id: str, uid: int, gid: int,
                 timeout: float = DEFAULT_TIMEOUT, python: str = "") -> tuple[dict[int, dict], str]:
-    """({rank: stack record}, the dump job's id) for the ranks on ``m``'s nodes."""
+    """({rank: what its node said}, the dump job's id) for the ranks on ``m``'s nodes."""
     settings = GateSettings(python=python)
     job = GateJob("stacks", root, efs, m, list(m.nodes), settings, timeout)
     per_process = max(5.0, timeout / 3)
-    command = ["python", "-m", "bootstrap_scripts.ops.stack_dump", "--job-id", job_id,
-               "--uid", str(uid), "--timeout", f"{per_process:g}"]
+    command = ["python", "-m", "bootstrap_scripts.ops.stack_dump", "--efs", str(efs),
+               "--job-id", job_id, "--uid", str(uid), "--gid", str(gid),
+               "--timeout", f"{per_process:g}"]
     deadline = time.monotonic() + timeout
     finished = False
     try:

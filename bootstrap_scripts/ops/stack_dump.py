@@ -1,13 +1,16 @@
 """Dump the Python stacks of one node's ranks of a hung job (run as root by the executor).
 
-    python -m bootstrap_scripts.ops.stack_dump --job-id ID --uid UID [--timeout S]
+    python -m bootstrap_scripts.ops.stack_dump --efs EFS --job-id ID --uid UID --gid GID
 
 The job controller runs it on every node of a hung attempt as an ``each`` job of its own
 (``ops/hang_stacks.py``), so it runs as root on the node that hosts the ranks, which
 ``py-spy dump`` needs (it reads another process's memory: ptrace, CAP_SYS_PTRACE).
-It prints one ``DL-STACK {json}`` line per rank found: ``rank``, ``pid``, ``stack`` (the
-text of every thread, innermost frame first), ``signature`` (the main thread's
-``file:function`` frames, what ranks are compared on) and ``error``.
+Each rank's dump (a ``RankStack``: ``stack``, the text of every thread, innermost frame
+first; ``signature``, the main thread's ``file:function`` frames, what ranks are compared
+on; ``error``) goes to ``jobs/<id>/stacks/<rank>.json``, written **as the job's user**
+(the user's directory, the user's rights, mode 0600): the stacks are the user's, and this
+job's own log (a root job's, which other users may read) gets only one ``DL-STACK {json}``
+line per rank found: ``rank``, ``pid``, ``written``, ``error``.
 
 Which processes (root trusting nothing of the user's): a process is a rank of the job on
 this node only if its real uid is the job's user (``--uid``, the job's owner as the
@@ -31,9 +34,12 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.hang_rules import stack_signature
 from bootstrap_scripts.progress import RANK_ENVS
-from bootstrap_scripts.protocol.paths import validate_job_id
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.managed_records import RankStack
+from bootstrap_scripts.protocol.paths import ClusterPaths, validate_job_id
 
 TOKEN_ENV = "DL_SHARE_TOKEN"
 
@@ -159,8 +165,10 @@ def dump(pid: int, *, timeout: float, exe: str = "") -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="stack_dump", description=__doc__.split("\n\n")[0])
+    p.add_argument("--efs", required=True, help="the EFS mount point")
     p.add_argument("--job-id", required=True, help="the attempt's job id (<id>.<n>)")
     p.add_argument("--uid", type=int, required=True, help="the job's user")
+    p.add_argument("--gid", type=int, required=True, help="the job's group")
     p.add_argument("--address", default="", help="this node's address (default: from this "
                    "share's own DL_SHARE_TOKEN)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
@@ -171,14 +179,25 @@ def main(argv: list[str] | None = None) -> int:
         validate_job_id(args.job_id)
     except ValueError as exc:
         p.error(str(exc))
-    if args.uid < 0 or not address:
-        p.error("--uid must be >= 0, and this node's address known (--address)")
+    if args.uid < 0 or args.gid < 0 or not address or not os.path.isabs(args.efs):
+        p.error("--uid and --gid must be >= 0, --efs absolute, and this node's address "
+                "known (--address)")
     ranks = find_ranks(args.job_id, address, args.uid)
     if not ranks:
         print(f"no rank of job {args.job_id} (uid {args.uid}) on {address}", flush=True)
+    jpaths = ClusterPaths(args.efs).job(args.job_id)
     for rank, pid in sorted(ranks.items()):
-        print(MARKER + json.dumps({"rank": rank, "pid": pid,
-                                   **dump(pid, timeout=args.timeout)}), flush=True)
+        found = dump(pid, timeout=args.timeout)  # as root: py-spy needs ptrace
+        rec = RankStack(rank=rank, address=address, pid=pid, stack=found["stack"],
+                        signature=found["signature"], error=found["error"])
+        written, error = True, found["error"]
+        try:
+            with userfiles.as_user(args.uid, args.gid):  # the user's directory, as the user
+                store.atomic_write(jpaths.stack(rank), rec.to_json(), mode=0o600)
+        except OSError as exc:
+            written, error = False, f"cannot write {jpaths.stack(rank)}: {exc}"
+        print(MARKER + json.dumps({"rank": rank, "pid": pid, "written": written,
+                                   "error": error}), flush=True)
     return 0
 
 

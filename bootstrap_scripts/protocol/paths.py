@@ -118,6 +118,7 @@ LAYOUT = (
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.exit", f"{JOBS_DIR}/<job-id>/nodes/<rank>.claim",
     f"{JOBS_DIR}/<job-id>/progress/<rank>.json", f"{JOBS_DIR}/<job-id>/flight/",
+    f"{JOBS_DIR}/<job-id>/stacks/<rank>.json",
     CONTROLLER_HEARTBEAT, f"{MANAGED_DIR}/<job-id>/request.json",
     f"{MANAGED_DIR}/<job-id>/job.json", f"{MANAGED_DIR}/<job-id>/cancel",
     f"{MANAGED_DIR}/<job-id>/attempts/<n>.log",
@@ -225,6 +226,7 @@ class JobPaths:
         nodes/<rank>.claim   elastic jobs: a joining node's executor claims rank N (O_EXCL)
         progress/<rank>.json each rank's progress (``bootstrap_scripts.progress``), its own
         flight/              torch's flight recorder dumps (``TORCH_FR_DUMP_TEMP_FILE``)
+        stacks/<rank>.json   a hung rank's Python stack (py-spy, written as the job's user)
     """
 
     dir: Path
@@ -286,6 +288,14 @@ class JobPaths:
 
     def progress(self, rank: int) -> Path:
         return self.progress_dir / f"{int(rank)}.json"
+
+    @property
+    def stacks_dir(self) -> Path:
+        return self.dir / "stacks"
+
+    def stack(self, rank: int) -> Path:
+        """A hung rank's stack, written by its node's root dump as the job's user."""
+        return self.stacks_dir / f"{int(rank)}.json"
 
     @property
     def flight_dir(self) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 from bootstrap_scripts.jobs.controller import hangs
 from bootstrap_scripts.jobs.engine.classify import FailureKind
 from bootstrap_scripts.progress import Reporter
-from bootstrap_scripts.protocol.managed_records import HangReport
+from bootstrap_scripts.protocol.managed_records import HangReport, RankStack
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import RankProgress
@@ -147,22 +147,26 @@ def test_a_hang_is_recorded_with_every_stack_and_the_odd_rank_named(tmp_path: Pa
     assert hang is not None
     allreduce = "distributed_c10d.py:all_reduce;train.py:main"
     dumped = []
+    where = {0: "10.0.0.4", 1: "10.0.1.5", 2: "10.0.1.5"}
+    written = {0: ("a", allreduce), 1: ("b", "train.py:hang_here;train.py:main"),
+               2: ("c", allreduce)}
 
-    def dump(m, job_id, uid):
-        dumped.append((job_id, uid))
-        return {0: {"rank": 0, "pid": 10, "address": "10.0.0.4", "stack": "a",
-                    "signature": allreduce},
-                1: {"rank": 1, "pid": 11, "address": "10.0.1.5", "stack": "b",
-                    "signature": "train.py:hang_here;train.py:main"},
-                2: {"rank": 2, "pid": 12, "address": "10.0.1.5", "stack": "c",
-                    "signature": allreduce}}, "health-stacks-x"
+    def dump(m, job_id, uid, gid):
+        """What the nodes do: each rank's stack into the attempt's stacks/, one line each."""
+        dumped.append((job_id, uid, gid))
+        for r, (stack, sig) in written.items():
+            w.jpaths.stacks_dir.mkdir(exist_ok=True)
+            w.jpaths.stack(r).write_text(RankStack(rank=r, address="forged", pid=1,
+                                                   stack=stack, signature=sig).to_json())
+        return {r: {"rank": r, "pid": 10 + r, "address": a, "written": True, "error": ""}
+                for r, a in where.items()}, "health-stacks-x"
 
     m = build_membership(cluster_id="c", generation=1, efs_mount=str(tmp_path),
                          master={"instance_id": "i-m", "address": "10.0.0.4"},
                          workers=[{"instance_id": "i-w", "address": "10.0.1.5"}])
     report_path = tmp_path / "managed" / "train-1" / "attempts" / "1.hang.json"
     failure, rep = hangs.handle(w, hang, attempt=1, m=m, dump=dump, report_path=report_path)
-    assert dumped == [("train-1.1", os.getuid())]
+    assert dumped == [("train-1.1", os.getuid(), os.getgid())]
     assert failure.kind is FailureKind.HANG and failure.rank == 1
     assert failure.address == "10.0.1.5"
     assert rep.odd_ranks == (1,) and rep.odd_addresses == ("10.0.1.5",)
@@ -170,6 +174,9 @@ def test_a_hang_is_recorded_with_every_stack_and_the_odd_rank_named(tmp_path: Pa
     saved = HangReport.from_json(report_path.read_text())
     assert [(x.rank, x.step, x.stack, x.odd) for x in saved.ranks] == [
         (0, 4, "a", False), (1, 4, "b", True), (2, 4, "c", False)]
+    # where a rank ran is what its node's root dump said, never the user's file
+    assert [(x.address, x.pid) for x in saved.ranks] == [
+        ("10.0.0.4", 10), ("10.0.1.5", 11), ("10.0.1.5", 12)]
     assert oct(report_path.stat().st_mode & 0o777) == "0o600"
     assert w.jpaths.cancel.read_text().startswith("hang: ")  # the attempt is stopped
 
@@ -182,7 +189,7 @@ def test_a_failed_dump_still_stops_the_attempt(tmp_path: Path) -> None:
     clock.now += 6
     hang = w.check(ranks=2)
 
-    def dump(m, job_id, uid):
+    def dump(m, job_id, uid, gid):
         raise OSError("no executor answered")
 
     report_path = tmp_path / "1.hang.json"

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.ops import hang_stacks, stack_dump
+from bootstrap_scripts.protocol.managed_records import RankStack
+from bootstrap_scripts.protocol.paths import ClusterPaths
 
 #: A rank that sleeps in a function of its own, with a forked child that has the same
 #: environment (a data loader worker), printing both pids.
@@ -79,22 +81,31 @@ def test_py_spy_dumps_the_ranks_stack_as_root(ranks) -> None:
     assert found["signature"].startswith("<string>:hang_here;<string>:<module>")
 
 
-def test_the_node_side_prints_one_line_per_rank_the_master_side_reads(ranks, monkeypatch,
-                                                                       capsys) -> None:
+def test_the_node_side_writes_each_stack_as_the_user_and_logs_no_stack(ranks, monkeypatch,
+                                                                        capsys, tmp_path) -> None:
     pid, _ = ranks(DL_SHARE_TOKEN=f"j.1/1/{THERE}", RANK="1")
     monkeypatch.setenv("DL_SHARE_TOKEN", f"health-stacks-x/1/{THERE}")  # this dump's own
-    assert stack_dump.main(["--job-id", "j.1", "--uid", str(os.getuid()),
+    assert stack_dump.main(["--efs", str(tmp_path), "--job-id", "j.1", "--uid",
+                            str(os.getuid()), "--gid", str(os.getgid()),
                             "--timeout", "20"]) == 0
     out = capsys.readouterr().out
     found = hang_stacks.parse_stacks("noise\n" + out + "DL-STACK {broken\n")
-    assert [(x["rank"], x["pid"]) for x in found] == [(1, pid)]
-    assert set(found[0]) == {"rank", "pid", "stack", "signature", "error"}
+    assert [(x["rank"], x["pid"], x["written"]) for x in found] == [(1, pid, True)]
+    assert set(found[0]) == {"rank", "pid", "written", "error"}  # the stack is not logged
+    path = ClusterPaths(tmp_path).job("j.1").stack(1)
+    rec = RankStack.from_json(path.read_text())
+    assert (rec.rank, rec.pid, rec.address) == (1, pid, THERE)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    if os.geteuid() == 0:
+        assert "hang_here" in rec.stack
     assert json.loads(out.split(stack_dump.MARKER, 1)[1])["rank"] == 1
 
 
-@pytest.mark.parametrize("argv", [["--job-id", "../x", "--uid", "0", "--address", HERE],
-                                  ["--job-id", "j.1", "--uid", "-1", "--address", HERE],
-                                  ["--job-id", "j.1", "--uid", "0"]])  # no address known
+@pytest.mark.parametrize("argv", [
+    ["--efs", "/efs", "--job-id", "../x", "--uid", "0", "--gid", "0", "--address", HERE],
+    ["--efs", "/efs", "--job-id", "j.1", "--uid", "-1", "--gid", "0", "--address", HERE],
+    ["--efs", "efs", "--job-id", "j.1", "--uid", "0", "--gid", "0", "--address", HERE],
+    ["--efs", "/efs", "--job-id", "j.1", "--uid", "0", "--gid", "0"]])  # no address known
 def test_the_node_side_refuses_what_it_cannot_trust(argv, monkeypatch) -> None:
     monkeypatch.delenv("DL_SHARE_TOKEN", raising=False)
     with pytest.raises(SystemExit):

@@ -77,6 +77,27 @@ class HangWatch:
         except OSError as exc:
             LOG.debug("progress of %s unreadable: %s", self.jpaths.job_id, exc)
 
+    def read_stacks(self, found: dict[int, dict]) -> dict[int, dict]:
+        """The stacks the nodes wrote (as the user, ``jobs/<id>/stacks/<rank>.json``) for
+        the ranks they said they found; where the rank ran and its pid from what the nodes
+        said (root's), the stack from the file (the user's)."""
+        stacks: dict[int, dict] = {}
+        with userfiles.as_user(self.uid, self.gid):  # the user's files, as the user
+            for rank, said in found.items():
+                item = {"pid": said.get("pid", 0), "address": said.get("address", ""),
+                        "stack": "", "signature": "", "error": str(said.get("error", ""))}
+                try:
+                    rec = RankStack.from_json(userfiles.read_owned(
+                        self.jpaths.stacks_dir, self.jpaths.stack(rank).name).text)
+                except (OSError, ProtocolError, UnicodeDecodeError) as exc:
+                    item["error"] = item["error"] or f"no stack file: {exc}"
+                else:
+                    if rec.rank == rank:
+                        item.update(stack=rec.stack, signature=rec.signature,
+                                    error=rec.error)
+                stacks[rank] = item
+        return stacks
+
     def steps(self) -> dict[int, int | None]:
         return {r: rec.step for r, rec in self.records.items()}
 
@@ -130,7 +151,8 @@ def handle(watch: HangWatch, hang: hang_rules.Hang, *, attempt: int, m: Membersh
     stacks: dict[int, dict] = {}
     if m is not None:
         try:
-            stacks, dump_job = dump(m, watch.jpaths.job_id, watch.uid)
+            found, dump_job = dump(m, watch.jpaths.job_id, watch.uid, watch.gid)
+            stacks = watch.read_stacks(found)
             LOG.info("job %s: stacks dumped by %s (%d rank(s))", watch.jpaths.job_id,
                      dump_job, len(stacks))
         except Exception as exc:  # the hang is handled whatever the dump did

@@ -290,12 +290,12 @@ class JobSupervisor:
         LOG.warning("job %s: hang: %s", self.job.job_id, rep.reason)
         return True
 
-    def dump_stacks_on_nodes(self, m: Membership, job_id: str, uid: int
+    def dump_stacks_on_nodes(self, m: Membership, job_id: str, uid: int, gid: int
                              ) -> tuple[dict[int, dict], str]:
         """py-spy on every node as root, in the controller's own interpreter (never the
         job's ``--python``: root runs no program a user chose)."""
         from bootstrap_scripts.ops.hang_stacks import dump_stacks  # only when a job hangs
-        return dump_stacks(self.root, self.efs, m, job_id=job_id, uid=uid)
+        return dump_stacks(self.root, self.efs, m, job_id=job_id, uid=uid, gid=gid)
 
     def hang_or(self, failure: Failure | None) -> Failure | None:
         """The attempt's failure: ``hang`` when the watch stopped it (its shares then ended

@@ -216,3 +216,37 @@ def test_dl_jobs_shows_the_running_attempts_stragglers_only(capsys) -> None:
     assert "stacks: <EFS>/managed/j/attempts/1.hang.json" in out
     finished = ManagedJob(job_id="j", state="succeeded", stragglers=lagging)
     assert dl_jobs.stragglers_cell(finished) == "-"
+
+
+def test_the_supervisor_restarts_a_hung_attempt_but_never_one_whose_share_ended(
+        tmp_path: Path) -> None:
+    from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
+    from bootstrap_scripts.jobs.engine import managed
+    from bootstrap_scripts.protocol import store
+    from bootstrap_scripts.protocol.jobs import RunRequest
+    from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
+    from bootstrap_scripts.protocol.records import ShareExit
+
+    req = ManagedRequest(job_id="j", run=RunRequest(job_id="j", command=("true",),
+                                                    hang_timeout=5), submitted_at=1.0)
+    (tmp_path / "managed").mkdir()
+    sup = JobSupervisor(root=tmp_path, efs=tmp_path, paths=managed.submit(tmp_path, req),
+                        request=req, job=ManagedJob(job_id="j", state="running", attempt=1),
+                        health=None, gate=None, tick=lambda: None, stopping=lambda: False)
+    sup.dump_stacks = lambda m, job_id, uid, gid: ({}, "health-stacks-x")
+    clock = Clock()
+    jpaths = ClusterPaths(tmp_path).job("j.1")
+    w = hangs.HangWatch(jpaths, uid=sup.uid, gid=sup.gid, hang_timeout=5, clock=clock)
+    write(jpaths.progress_dir, 0, 3, recent=(1.0,) * 5)
+    write(jpaths.progress_dir, 1, 3, recent=(4.0,) * 5)
+    assert not sup.look_at_progress(w)
+    assert sup.job.stragglers == ("rank 1 on node1: 4 s/step, 4.0x the others' 1 s",)
+    clock.now += 6
+    store.write_record(jpaths.exit(0), ShareExit(rank=0, address="10.0.0.4", returncode=0))
+    assert not sup.look_at_progress(w) and sup.hang is None  # finishing, not hung
+    jpaths.exit(0).unlink()
+    assert sup.look_at_progress(w)
+    assert sup.hang is not None and sup.hang.kind is FailureKind.HANG
+    assert sup.hang_or(None) is sup.hang  # the attempt's cancelled end is a hang
+    assert store.exists(jpaths.cancel)
+    assert store.exists(sup.paths.attempt_hang(1))

@@ -18,6 +18,9 @@ from constructs_lib import validation
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
 NODE_LIB_DIR = "/opt/deeplearning/lib"
 BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
+#: py-spy, which the job controller runs as root on every node of a hung job to dump its
+#: ranks' Python stacks (docs/runner.md, "Hangs and stragglers"); the pin of requirements.txt.
+PY_SPY_REQUIREMENT = "py-spy==0.4.2"
 #: Seconds the node agent keeps retrying the EFS mount before it gives up (and the master
 #: signals FAILURE with the reason). The node groups start only after every mount target is
 #: available, so what is left to wait out is the mount target's DNS name and the instance
@@ -104,6 +107,9 @@ def render_bootstrap_commands(
         f'"$PY" -m zipfile -e /opt/deeplearning/node-scripts.zip {NODE_LIB_DIR}/bootstrap_scripts',
         *efs_utils,
         '"$PY" -c \'import boto3\' 2>/dev/null || retry "$PY" -m pip install -q boto3',
+        f'"$PY" -m pip show -q py-spy >/dev/null 2>&1 || retry "$PY" -m pip install -q '
+        f"{PY_SPY_REQUIREMENT} || echo 'dl-bootstrap: py-spy install failed; a hung job is "
+        "restarted without its stacks' >&2",
         f"cd {NODE_LIB_DIR}",
         f'PYTHONPATH={NODE_LIB_DIR} exec "$PY" -m {INSTALL_MODULE} {args}',
     ]

@@ -121,17 +121,20 @@ def status(ctx, as_json) -> None:
               help="start from the newest complete checkpoint under this S3 prefix (e.g. an "
                    "old cluster's mirror: s3://<CheckpointBucketName>/checkpoints/"
                    "<cluster-id>/<user>/<job-id>/); README 'Data in S3'")
+@click.option("--hang-timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="no progress on any rank for this long: dump the stacks and restart "
+                   "(default: 0, off; docs/runner.md \"Hangs and stragglers\")")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, workdir, cwd,
-           as_json, resume_from, command) -> None:
+           as_json, resume_from, hang_timeout, command) -> None:
     """Submit COMMAND (after --) as a job on every node, as USER; prints the job id."""
     if workdir is not None and cwd is not None:
         raise errors.UsageError("--workdir ships a directory and runs the job in it: no "
                                 "--cwd with it")
     argv = jobs_mod.submit_argv(tuple(command), launcher=launcher, max_restarts=max_restarts,
                                 min_nodes=min_nodes, name=name, cwd=cwd, max_cost=max_cost,
-                                resume_from=resume_from)
+                                resume_from=resume_from, hang_timeout=hang_timeout)
     user = jobs_mod.job_user(target_of(ctx), as_user)
     remote = remote_of(ctx)
     staged = None
@@ -162,7 +165,7 @@ def jobs_cmd(ctx, as_json) -> None:
 
     t = Table(title="jobs")
     for col in ("job", "state", "nodes", "restarts", "submitted", "cost USD", "checkpoint",
-                "message"):
+                "message", "stragglers"):
         t.add_column(col)
     for j in listing:
         t.add_row(status_mod.job_id(j), str(j.get("state", "")),
@@ -170,7 +173,8 @@ def jobs_cmd(ctx, as_json) -> None:
                   str(j.get("restarts", "-")), status_mod.clock(j.get("submitted_at")),
                   jobs_mod.cost_cell(j),
                   jobs_mod.checkpoint_text(j),
-                  str(j.get("last_failure") or j.get("message") or ""))
+                  str(j.get("last_failure") or j.get("message") or ""),
+                  "; ".join(j.get("stragglers") or ()) or "-")
     out().print(t)
 
 

@@ -31,7 +31,8 @@ def master_remote(target: Target) -> Remote:
 
 def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts: int | None,
                 min_nodes: int | None, name: str | None, cwd: str | None = None,
-                max_cost: str | None = None, resume_from: str | None = None) -> list[str]:
+                max_cost: str | None = None, resume_from: str | None = None,
+                hang_timeout: float | None = None) -> list[str]:
     """``dl-run --detach --json [options] -- CMD``. ``max_cost``: ``--max-cost`` in USD,
     checked here (UsageError naming the value) so a bad one never reaches the master; the
     same for ``resume_from``."""
@@ -60,6 +61,8 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         except CheckpointError as exc:
             raise UsageError(str(exc)) from None
         argv += ["--resume-from", f"s3://{bucket}/{prefix}"]
+    if hang_timeout is not None:
+        argv += ["--hang-timeout", f"{hang_timeout:g}"]
     return [*argv, "--", *command]
 
 

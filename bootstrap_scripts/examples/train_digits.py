@@ -64,6 +64,8 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts.examples import train_progress
+
 # the checkpoint part, re-exported: tests and tools use train_digits.latest_info & co.
 from bootstrap_scripts.examples.checkpoints import (  # noqa: F401
     CHECKPOINT_NAME_RE,
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     use_cuda = torch.cuda.is_available()
     backend = "nccl" if use_cuda else "gloo"
     if distributed:
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=train_progress.collective_timeout())
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         rank, world = 0, 1
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 "world_size": world, "acc": acc, "run_id": run_id,
                 "global_batch_size": gb, "lr": args.lr}
 
-    first = True
+    first, tracker = True, train_progress.Tracker()  # progress: hangs, stragglers
     while epoch <= args.epochs and not stop["signal"]:
         lr = epoch_lr(args.lr, epoch, args.epochs)
         for group in optimizer.param_groups:
@@ -315,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             total_loss, samples = total_loss + loss.item(), samples + len(idx)
             step += 1
+            tracker.step((epoch - 1) * spe + step, loss.item() / len(idx), len(idx) * world)
             if first:
                 print(f"first_step rank={rank} world_size={world} "
                       f"step={(epoch - 1) * spe + step}", flush=True)

@@ -234,6 +234,10 @@ class RunRequest(Record):
     start_timeout: float = 30.0
     orphan_timeout: float = 30.0
     prefix: bool = True
+    #: managed jobs: seconds without progress on any rank (``bootstrap_scripts.progress``)
+    #: before the job controller calls the attempt hung, dumps its stacks and restarts it;
+    #: 0: never (docs/runner.md, "Hangs and stragglers")
+    hang_timeout: float = 0.0
     # data in S3 (``dl-run --data``): staged on every node before the job starts
     #: ``s3://bucket/prefix[:/local/dir]``, "" for none
     data: str = ""
@@ -248,6 +252,9 @@ class RunRequest(Record):
 
     def __post_init__(self) -> None:
         _job_id(self.job_id)
+        if self.hang_timeout < 0:
+            raise JobSpecError(f"--hang-timeout must be >= 0 s (0: off), got "
+                               f"{self.hang_timeout}", field="hang_timeout")
         if self.data:
             parse_data_source(self.data)
         for name, url in (("checkpoint_url", self.checkpoint_url),

@@ -111,6 +111,42 @@ class ManagedJob(Record):
     usage: tuple[AttemptUsage, ...] = ()
     #: the request's ``--max-cost`` ("" = none), here for every reader (the request is 0600)
     max_cost_usd: str = ""
+    #: ranks of the running attempt whose step time stays well above the others',
+    #: "rank <r> on <address>: <x> s/step, <k>x the median" (``hang_rules.stragglers``)
+    stragglers: tuple[str, ...] = ()
+
+
+@record
+class RankStack(Record):
+    """One rank of a hung attempt (in ``attempts/<n>.hang.json``): where it was, its stack."""
+
+    KIND: ClassVar[str] = "rank stack"
+    rank: int
+    address: str = ""
+    pid: int = 0
+    step: int | None = None  # its last declared step (None: it never reported)
+    seconds_since_progress: float | None = None
+    stack: str = ""  # py-spy's dump of its threads, innermost frame first
+    signature: str = ""  # the main thread's functions, what ranks are compared on
+    error: str = ""  # why there is no stack (py-spy failed, the process was gone)
+    odd: bool = False  # not where the others are (a lower step, or another stack)
+
+
+@record
+class HangReport(Record):
+    """``managed/<id>/attempts/<n>.hang.json``: attempt ``n`` made no progress on any rank
+    for ``--hang-timeout`` seconds; every rank's stack as ``py-spy dump`` saw it, and the
+    ranks (and their nodes) that were not where the others were."""
+
+    KIND: ClassVar[str] = "hang report"
+    attempt: int
+    detected_at: float
+    last_progress_at: float
+    hang_timeout: float
+    ranks: tuple[RankStack, ...] = ()
+    odd_ranks: tuple[int, ...] = ()
+    odd_addresses: tuple[str, ...] = ()
+    reason: str = ""
 
 
 @record

@@ -122,10 +122,13 @@ LAYOUT = (
     f"{JOBS_DIR}/<job-id>/staging.json",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.exit", f"{JOBS_DIR}/<job-id>/nodes/<rank>.claim",
+    f"{JOBS_DIR}/<job-id>/progress/<rank>.json", f"{JOBS_DIR}/<job-id>/flight/",
+    f"{JOBS_DIR}/<job-id>/stacks/<rank>.json",
     CONTROLLER_HEARTBEAT, IDLE_STOP, f"{MANAGED_DIR}/<job-id>/request.json",
     f"{MANAGED_DIR}/<job-id>/job.json", f"{MANAGED_DIR}/<job-id>/cancel",
     f"{MANAGED_DIR}/<job-id>/attempts/<n>.log",
     f"{MANAGED_DIR}/<job-id>/attempts/<n>.membership.json",
+    f"{MANAGED_DIR}/<job-id>/attempts/<n>.hang.json",
     f"{ARCHIVE_DIR}/{MANAGED_DIR}/<job-id>/", f"{ARCHIVE_DIR}/{JOBS_DIR}/<job-id>/",
 )
 
@@ -226,6 +229,9 @@ class JobPaths:
         nodes/<rank>.started the executor's acknowledgement (pids, process group, start time)
         nodes/<rank>.exit    the share's exit
         nodes/<rank>.claim   elastic jobs: a joining node's executor claims rank N (O_EXCL)
+        progress/<rank>.json each rank's progress (``bootstrap_scripts.progress``), its own
+        flight/              torch's flight recorder dumps (``TORCH_FR_DUMP_TEMP_FILE``)
+        stacks/<rank>.json   a hung rank's Python stack (py-spy, written as the job's user)
     """
 
     dir: Path
@@ -280,6 +286,27 @@ class JobPaths:
     def claim(self, rank: int) -> Path:
         return self.nodes / f"{rank}.claim"
 
+    @property
+    def progress_dir(self) -> Path:
+        """Where the ranks declare their progress (``$DL_PROGRESS_DIR``), one file each."""
+        return self.dir / "progress"
+
+    def progress(self, rank: int) -> Path:
+        return self.progress_dir / f"{int(rank)}.json"
+
+    @property
+    def stacks_dir(self) -> Path:
+        return self.dir / "stacks"
+
+    def stack(self, rank: int) -> Path:
+        """A hung rank's stack, written by its node's root dump as the job's user."""
+        return self.stacks_dir / f"{int(rank)}.json"
+
+    @property
+    def flight_dir(self) -> Path:
+        """Where torch's flight recorder writes a rank's trace on a watchdog timeout."""
+        return self.dir / "flight"
+
 
 @dataclass(frozen=True)
 class ManagedPaths:
@@ -290,6 +317,7 @@ class ManagedPaths:
         cancel                        marker: the user asked to cancel the job
         attempts/<n>.log              attempt n's runner messages (its ``[dl-run]`` lines)
         attempts/<n>.membership.json  the nodes attempt n runs on, when not the membership's
+        attempts/<n>.hang.json        attempt n hung: every rank's step and Python stack
 
     Attempt ``n`` (from 1) is the ordinary job ``jobs/<job-id>.<n>/`` (:meth:`attempt_id`).
     """
@@ -321,6 +349,9 @@ class ManagedPaths:
 
     def attempt_membership(self, n: int) -> Path:
         return self.attempts_dir / f"{n}.membership.json"
+
+    def attempt_hang(self, n: int) -> Path:
+        return self.attempts_dir / f"{n}.hang.json"
 
     def attempt_id(self, n: int) -> str:
         """The job id of attempt ``n``: ``<job-id>.<n>``."""

@@ -304,6 +304,29 @@ FAULT_INFRASTRUCTURE = "infrastructure"
 
 
 @record
+class RankProgress(Record):
+    """``jobs/<id>/progress/<rank>.json``: one rank's latest declared progress, written by
+    the training script itself (``bootstrap_scripts.progress.report``, atomically, at most
+    about once a second). The job controller judges hangs and stragglers from it; a
+    metrics emitter can read the same file. ``time`` is the writer's wall clock at the
+    report; ``step_seconds`` the mean time per step since its previous report (or what the
+    script measured itself); ``recent_step_seconds`` the last few of those, oldest first."""
+
+    KIND: ClassVar[str] = "rank progress"
+    rank: int
+    step: int
+    time: float
+    pid: int = 0
+    host: str = ""
+    local_rank: int = -1
+    started_at: float = 0.0  # the first report of this process
+    loss: float | None = None
+    samples_per_s: float | None = None
+    step_seconds: float | None = None
+    recent_step_seconds: tuple[float, ...] = ()
+
+
+@record
 class ShareClaim(Record):
     """``jobs/<id>/nodes/<rank>.claim``: an elastic job's joining node took rank ``rank``
     (created with O_EXCL: several nodes may join at once, nobody hands out numbers)."""

@@ -135,6 +135,13 @@ def test_submit_resume_from_is_checked_and_passed_to_dl_run() -> None:
     assert jobs.checkpoint_text({}) == "-"
 
 
+def test_submit_argv_passes_the_hang_timeout_through_the_document() -> None:
+    argv = jobs.submit_argv(("true",), launcher=None, max_restarts=None, min_nodes=None,
+                            name=None, hang_timeout=300.0)
+    assert argv == ["dl-run", "--detach", "--json", "--hang-timeout", "300", "--", "true"]
+    remote.document_parameters(argv, timeout=9)  # every word within the document's pattern
+
+
 def test_scale_and_logs_argv() -> None:
     assert jobs.scale_argv(3, None) == ["dl-scale", "--workers", "3"]
     assert jobs.scale_argv(None, "10.0.1.9") == ["dl-scale", "--remove", "10.0.1.9"]

@@ -124,3 +124,29 @@ def test_the_controllers_options_are_not_part_of_the_run():
         "each", "1", 4, "/c")
     assert not {f for f in type(run).__dataclass_fields__ if "restarts" in f} - {
         "torchrun_max_restarts"}
+
+
+def test_every_attempt_tells_its_ranks_where_to_declare_progress():
+    run = attempt_request(request("--launcher", "each"), attempt_id="train-1.2", efs=EFS,
+                          restart_count=1, user="ann")
+    assert run.env["DL_PROGRESS_DIR"] == "/efs/jobs/train-1.2/progress"
+    assert "DL_PROGRESS_DIR" in run.forward
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in run.env  # no hang timeout: torch untouched
+
+
+def test_a_hang_timeout_sets_torchs_watchdog_unless_the_user_did():
+    req = request("--launcher", "mpi", "--hang-timeout", "120",
+                  "--env", "TORCH_NCCL_TRACE_BUFFER_SIZE=50")
+    assert req.run.hang_timeout == 120
+    run = attempt_request(req, attempt_id="train-1.1", efs=EFS, restart_count=0, user="ann")
+    assert run.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"  # the user's own wins
+    assert run.env["TORCH_FR_DUMP_TEMP_FILE"] == "/efs/jobs/train-1.1/flight/rank_"
+    assert float(run.env["DL_COLLECTIVE_TIMEOUT"]) > 120
+    assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "DL_COLLECTIVE_TIMEOUT"} <= set(run.forward)
+
+
+def test_a_negative_hang_timeout_is_refused():
+    from bootstrap_scripts.protocol.jobs import JobSpecError
+
+    with pytest.raises(JobSpecError, match="--hang-timeout"):
+        request("--hang-timeout", "-1")

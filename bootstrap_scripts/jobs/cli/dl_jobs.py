@@ -110,16 +110,23 @@ def print_list(efs: Path, as_json: bool) -> int:
         print("no jobs")
         return 0
     rows = [("JOB", "STATE", "ATTEMPT", "RESTARTS", "NODES", "USER", "SUBMITTED",
-             "COST USD", "CHECKPOINT", "LAST FAILURE")]
+             "COST USD", "CHECKPOINT", "STRAGGLERS", "LAST FAILURE")]
     rows += [(j.job_id, j.state, str(j.attempt), str(j.restarts), str(j.world_size),
               j.user or "-", when(j.submitted_at),
               cost_cell(j, now),
-              checkpoint_text(managed.last_checkpoint(efs, j)),
+              checkpoint_text(managed.last_checkpoint(efs, j)), stragglers_cell(j),
               (j.last_failure or "-")[:70]) for j in jobs]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
     return 0
+
+
+def stragglers_cell(job: ManagedJob) -> str:
+    """``rank 3, rank 5`` of the running attempt's stragglers, ``-`` for none."""
+    if JobState(job.state).terminal or not job.stragglers:
+        return "-"
+    return ", ".join(s.split(" on ")[0] for s in job.stragglers)
 
 
 def money(value: Decimal | None) -> str:
@@ -171,6 +178,7 @@ def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
             ("excluded", ", ".join(job.excluded) or "-"),
             ("last failure", job.last_failure or "-"),
             ("health gate", "; ".join(job.gate_failures) or "-"),
+            ("stragglers", "; ".join(job.stragglers) if stragglers_cell(job) != "-" else "-"),
             ("message", job.message or "-"),
             ("checkpoint", where["efs"] or "-"), ("mirrored", where["s3"] or "-")):
         print(f"{label + ':':14}{value}")
@@ -186,6 +194,8 @@ def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
               f"{', ' + r.health_error if r.health_error else ''}; replacement "
               f"{r.replacement_instance_id or '-'}; resumed on {r.next_world_size or '-'} "
               f"node(s) from {resumed} in {took}: {r.detail}")
+        if r.kind == "hang":  # every rank's stack, as the controller recorded it
+            print(f"  stacks: <EFS>/managed/{job.job_id}/attempts/{r.attempt}.hang.json")
     return 0
 
 

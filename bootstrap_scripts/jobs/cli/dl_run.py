@@ -45,7 +45,7 @@ from bootstrap_scripts.protocol.paths import MEMBERSHIP_FILE, validate_job_id
 DEFAULTS = RunRequest(job_id="job", command=("true",))
 #: Options of managed jobs only (the controller's business, not an attempt's).
 MANAGED_ONLY = ("--detach", "--json", "--max-restarts", "--min-nodes", "--max-code-restarts",
-                "--replace-timeout", "--workdir-archive", "--max-cost")
+                "--replace-timeout", "--workdir-archive", "--max-cost", "--hang-timeout")
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -101,6 +101,10 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
           help="stop the job, as a cancel does (SIGTERM, then the grace period to "
           "checkpoint), once its nodes' cost reaches USD (their seconds x their On-Demand, "
           "Spot or reserved price); it ends 'budget' and is not restarted (default: no cap)")
+    m.add("--hang-timeout", type=float, default=DEFAULTS.hang_timeout, metavar="SECONDS",
+          help="no progress on any rank (bootstrap_scripts.progress.report) for this long: "
+          "dump every rank's stack, then restart the job as a hang (default: 0, off; "
+          "docs/runner.md)")
     m.add("--workdir-archive", default=None, metavar="-",
           help="unpack the tar.gz on standard input into the job's own directory on EFS "
           "(managed/<id>/workdir) and run there (dlc submit --workdir)")

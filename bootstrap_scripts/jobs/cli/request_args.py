@@ -71,7 +71,8 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         grace=args.grace, fail_grace=args.fail_grace, heartbeat_timeout=args.heartbeat_timeout,
         reach_timeout=args.reach_timeout, start_timeout=args.start_timeout,
         orphan_timeout=args.orphan_timeout, prefix=not args.no_prefix, data=args.data,
-        data_shard=args.data_shard, resume_from=args.resume_from)
+        data_shard=args.data_shard, resume_from=args.resume_from,
+        hang_timeout=getattr(args, "hang_timeout", 0.0))
 
 
 def max_cost_from_args(args: argparse.Namespace) -> str:

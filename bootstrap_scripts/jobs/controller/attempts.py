@@ -20,8 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts import progress
 from bootstrap_scripts.data.checkpoint_plan import join_url
-from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, classify
 from bootstrap_scripts.jobs.engine.reachability import Executors
 from bootstrap_scripts.procgroup import alive
@@ -73,17 +74,24 @@ def attempt_request(request: ManagedRequest, *, attempt_id: str, efs: Path,
                     restart_count: int, user: str, checkpoints_url: str = "") -> RunRequest:
     """What attempt ``attempt_id`` runs: the job's run request under the attempt's id, with
     this package importable by the ranks (as their own ``dl-run`` would have it) and the
-    restart variables last: they win over the user's own ``--env`` of the same name, and
-    mpirun forwards them (``-x``) like any ``--env``. With ``checkpoints_url`` (the
-    cluster's), the checkpoint directory is mirrored there (``engine.checkpoints``)."""
+    restart variables and ``DL_PROGRESS_DIR`` last: they win over the user's own ``--env``
+    of the same name, and mpirun forwards them (``-x``) like any ``--env``. With a hang
+    timeout, torch's watchdog settings too (``hang_rules.watchdog_env``), unless the user
+    set them. With ``checkpoints_url`` (the cluster's), the checkpoint directory is mirrored
+    there (``engine.checkpoints``)."""
     run = request.run
     env = dict(run.env)
     env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + env["PYTHONPATH"]
                                           if env.get("PYTHONPATH") else "")
     env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
     restart = restart_env(efs, request.job_id, restart_count, user)
+    jpaths = ClusterPaths(efs).job(attempt_id)
+    restart[progress.DIR_ENV] = str(jpaths.progress_dir)  # where ranks declare progress
     env.update(restart)
-    forward = tuple(dict.fromkeys((*run.forward, *restart)))
+    watchdog = hang_rules.watchdog_env(run.hang_timeout, str(jpaths.flight_dir / "rank_"))
+    for key, value in watchdog.items():  # the user's own --env of the same name wins
+        env.setdefault(key, value)
+    forward = tuple(dict.fromkeys((*run.forward, *restart, *watchdog)))
     return dataclasses.replace(run, job_id=attempt_id, env=env, forward=forward,
                                checkpoint_url=checkpoint_url(checkpoints_url,
                                                              request.job_id, user))

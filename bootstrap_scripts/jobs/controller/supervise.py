@@ -10,7 +10,9 @@ The controller (``controller.py``) hands a job to :class:`JobSupervisor`, which 
    Unhealthy (Auto Scaling replaces it) and excluded, and the choice starts again.
 3. **Attempt** ``n``: ``jobs/<id>.<n>/`` run by today's engine (``attempts.py``), as the
    user who submitted the job, with ``DL_CHECKPOINT_DIR`` / ``DL_RESTART_COUNT`` /
-   ``DL_RESUME``; a user's cancel is passed on to its cancel file at once.
+   ``DL_RESUME``; a user's cancel is passed on to its cancel file at once. Its ranks'
+   progress is watched (``hangs.py``): stragglers go into the job's record, and an attempt
+   with no progress for ``--hang-timeout`` has its stacks dumped and is stopped (``hang``).
 4. **Decision** (``restart_policy.decide``) on how it ended: done, or a restart record
    (kind, node, instance, checkpoint resumed from, seconds to resume) and a node fault's
    instance marked Unhealthy when root's own record confirms it (``node_evidence``: the
@@ -29,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts.jobs.controller import attempts, node_evidence
+from bootstrap_scripts.jobs.controller import attempts, hangs, node_evidence
 from bootstrap_scripts.jobs.controller.budget import JobBudget
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.engine import managed, userfiles
@@ -62,6 +64,8 @@ LOG = logging.getLogger("dl-controller")
 #: nodes (see :func:`controller.health_gate`).
 Gate = Callable[[Path, Path, Membership, list[str]], list[tuple[str, str, str]]]
 POLL_SECONDS = 0.5
+#: how often a running attempt's progress files are read (hangs, stragglers)
+WATCH_SECONDS = 1.0
 
 
 class JobSupervisor:
@@ -88,6 +92,10 @@ class JobSupervisor:
         self.executors = Executors(efs)
         #: the cost ledger and --max-cost (a cap that is not one: the job fails naming it)
         self.budget = JobBudget(request, prices)
+        #: how a hung attempt's stacks are dumped (``ops.hang_stacks``; tests give their own)
+        self.dump_stacks: hangs.Dumper = self.dump_stacks_on_nodes
+        #: the current attempt's ``hang`` failure once the watch judged it hung
+        self.hang: Failure | None = None
 
     # -- the record ----------------------------------------------------------------------
     def update(self, **changes: object) -> ManagedJob:
@@ -251,7 +259,7 @@ class JobSupervisor:
         if not self.stopping():  # stopping: the next controller takes the attempt over
             attempts.stop_abandoned(jpaths, self.efs, tick=self.tick)
             self.update(usage=JobBudget.end(self.job, n))
-        return attempts.outcome(jpaths, proc.returncode), detected
+        return self.hang_or(attempts.outcome(jpaths, proc.returncode)), detected
 
     def reattach(self) -> tuple[Failure | None, float]:
         """Follow the current attempt, started by a previous controller, to its end (its
@@ -262,14 +270,21 @@ class JobSupervisor:
         if not self.stopping():
             attempts.stop_abandoned(jpaths, self.efs, tick=self.tick)
             self.update(usage=JobBudget.end(self.job, self.job.attempt))
-        return attempts.outcome(jpaths, 0 if store.exists(jpaths.result) else None), detected
+        return self.hang_or(attempts.outcome(
+            jpaths, 0 if store.exists(jpaths.result) else None)), detected
 
     def follow(self, jpaths, running: Callable[[], bool]) -> None:
         """While the attempt runs: pass a cancel on, stop it at the job's cost cap, note
-        when a restart resumed, beat."""
+        when a restart resumed, watch its progress (hangs, stragglers), beat."""
         cancel_sent = False
         pending_resume = bool(self.job.restart_log and
                               self.job.restart_log[-1].seconds_to_resume is None)
+        self.hang = None
+        watch = hangs.HangWatch(jpaths, uid=self.uid, gid=self.gid,
+                                hang_timeout=self.request.run.hang_timeout)
+        if self.job.stragglers:
+            self.update(stragglers=())
+        next_look = 0.0
         while running():
             if not cancel_sent and not self.stopping():
                 self.budget.stopped = self.budget.stop_reason(self.job)
@@ -283,10 +298,44 @@ class JobSupervisor:
                 cancel_sent = True
             if pending_resume:
                 pending_resume = not self.note_resumed(jpaths)
+            if not cancel_sent and self.uid >= 0 and time.monotonic() >= next_look:
+                next_look = time.monotonic() + WATCH_SECONDS
+                cancel_sent = self.look_at_progress(watch)
             self.tick()
             time.sleep(POLL_SECONDS)
         if pending_resume:
             self.note_resumed(jpaths)
+
+    def look_at_progress(self, watch: hangs.HangWatch) -> bool:
+        """One look at the ranks' progress: stragglers into the record; a hang handled
+        (stacks, report, the attempt cancelled: True)."""
+        # Once a share ended, the ranks stop reporting by design: its end is the runner's
+        # business (exits, --fail-grace), never a hang.
+        hang = watch.check() if not attempts.exits(watch.jpaths) else None
+        lagging = watch.stragglers()
+        if lagging != self.job.stragglers:
+            self.update(stragglers=lagging)
+        if hang is None:
+            return False
+        LOG.warning("job %s: attempt %d made no progress for %.0f s: dumping stacks",
+                    self.job.job_id, self.job.attempt, hang.seconds)
+        self.hang, rep = hangs.handle(watch, hang, attempt=self.job.attempt,
+                                      m=self.membership(), dump=self.dump_stacks,
+                                      report_path=self.paths.attempt_hang(self.job.attempt))
+        LOG.warning("job %s: hang: %s", self.job.job_id, rep.reason)
+        return True
+
+    def dump_stacks_on_nodes(self, m: Membership, job_id: str, uid: int, gid: int
+                             ) -> tuple[dict[int, dict], str]:
+        """py-spy on every node as root, in the controller's own interpreter (never the
+        job's ``--python``: root runs no program a user chose)."""
+        from bootstrap_scripts.ops.hang_stacks import dump_stacks  # only when a job hangs
+        return dump_stacks(self.root, self.efs, m, job_id=job_id, uid=uid, gid=gid)
+
+    def hang_or(self, failure: Failure | None) -> Failure | None:
+        """The attempt's failure: ``hang`` when the watch stopped it (its shares then ended
+        as cancelled), else what the classifier said."""
+        return self.hang if self.hang is not None else failure
 
     def note_resumed(self, jpaths) -> bool:
         """Once every share of the attempt started: seconds from the failure's detection."""

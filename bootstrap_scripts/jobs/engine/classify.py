@@ -23,7 +23,12 @@ The classes (``FailureClass``), and who is to blame:
   executor that restarted and stopped the share it found running, an attempt's runner that
   vanished (or was killed by a signal) without a result, a job controller lost with its
   attempt. Retried like a node
-  fault; no node is blamed.
+  fault; no node is blamed;
+- ``hang``: no rank made progress for the job's ``--hang-timeout`` (the job controller
+  judged it, dumped every rank's stack and stopped the attempt). Neither the code's fault
+  alone (a collective that never returns is often the network's) nor a node's on its own
+  evidence: retried like a node fault, and the health gate before the next attempt (its
+  all-reduce among them) leaves out a node that fails it.
 
 A ``FailureKind`` is the precise cause recorded in a restart record (``signalled``,
 ``master-lost``, ...); each kind belongs to one class.
@@ -58,6 +63,7 @@ class FailureClass(StrEnum):
     CANCELLED = "cancelled"
     INFRASTRUCTURE = "infrastructure"
     BUDGET = "budget"
+    HANG = "hang"
 
 
 class FailureKind(StrEnum):
@@ -70,6 +76,7 @@ class FailureKind(StrEnum):
     RUNNER_LOST = "runner-lost"
     CANCELLED = "cancelled"
     BUDGET = "budget"
+    HANG = "hang"
 
     @property
     def failure_class(self) -> FailureClass:
@@ -91,6 +98,7 @@ _CLASS_OF = {
     FailureKind.RUNNER_LOST: FailureClass.INFRASTRUCTURE,
     FailureKind.CANCELLED: FailureClass.CANCELLED,
     FailureKind.BUDGET: FailureClass.BUDGET,
+    FailureKind.HANG: FailureClass.HANG,
 }
 
 

@@ -1,0 +1,158 @@
+"""Hangs and stragglers of a managed job: pure decisions, no I/O, tested as tables.
+
+The job controller (``controller/hangs.py``) reads every rank's progress file
+(``jobs/<id>.<n>/progress/<rank>.json``, written by ``bootstrap_scripts.progress``) while an
+attempt runs, notes on its own clock when each rank's step last moved, and asks:
+
+- :func:`judge_hang`: has no rank made progress for ``--hang-timeout`` seconds? Only once
+  some rank has reported at all: a script that never reports (or is still loading its
+  data) is never called hung.
+- :func:`odd_ranks`: once the stacks are dumped, which ranks are not where the others are
+  (a lower step, or another stack than the majority's; with no majority, the ranks that
+  are not waiting in a collective while others are).
+- :func:`stragglers`: which ranks' step time stays above ``k`` times the median of the
+  others' for ``m`` steps in a row (shown by ``dl-jobs``; never a restart).
+- :func:`watchdog_env`: torch's own watchdog settings for a job with a hang timeout, set
+  so that torch's fires only after the controller had its chance to dump the stacks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: A rank is a straggler when its last ``STRAGGLER_STEPS`` step times are all above
+#: ``STRAGGLER_FACTOR`` times the median of the other ranks' latest.
+STRAGGLER_FACTOR = 1.5
+STRAGGLER_STEPS = 5
+#: Functions (py-spy's frame names) and files of a rank waiting for its peers.
+COLLECTIVE_FUNCTIONS = frozenset({
+    "all_reduce", "allreduce", "barrier", "monitored_barrier", "broadcast", "all_gather",
+    "all_gather_into_tensor", "all_gather_object", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all", "all_to_all_single", "gather", "scatter", "reduce", "send", "recv", "wait",
+    "_engine_run_backward", "synchronize"})
+COLLECTIVE_FILES = ("distributed_c10d.py",)
+#: torch's flight recorder: events kept per process group.
+FLIGHT_RECORDER_EVENTS = 2000
+
+
+@dataclass(frozen=True)
+class Hang:
+    """No rank moved for ``seconds`` (>= the timeout); ``behind``: ranks below the top step
+    or that never reported."""
+
+    seconds: float
+    last_progress_at: float
+    top_step: int
+    behind: tuple[int, ...]
+
+
+def judge_hang(steps: Mapping[int, int | None], moved_at: Mapping[int, float], *,
+               now: float, timeout: float, ranks: int = 0) -> Hang | None:
+    """``steps``: each rank's last step (None: not reported); ``moved_at``: when (on the
+    caller's clock) each reporting rank's step last changed; ``ranks``: how many ranks the
+    attempt has (0: those in ``steps``). A hang once the newest move is ``timeout`` old."""
+    if timeout <= 0 or not moved_at:
+        return None
+    last = max(moved_at.values())
+    if now - last < timeout:
+        return None
+    known = [s for s in steps.values() if s is not None]
+    top = max(known) if known else 0
+    everyone = range(max(ranks, max(steps, default=-1) + 1))
+    behind = tuple(r for r in everyone if steps.get(r) is None or steps[r] < top)
+    return Hang(seconds=now - last, last_progress_at=last, top_step=top, behind=behind)
+
+
+def in_collective(signature: str) -> bool:
+    """Does this stack signature (``file:function;...``, innermost first) wait for peers?"""
+    for frame in signature.split(";"):
+        file, _sep, func = frame.rpartition(":")
+        if func in COLLECTIVE_FUNCTIONS or file.endswith(COLLECTIVE_FILES):
+            return True
+    return False
+
+
+def odd_ranks(steps: Mapping[int, int | None], signatures: Mapping[int, str]) -> tuple[int, ...]:
+    """The ranks that are not where the others are: a step below the top one (or none),
+    or a stack other than the one most ranks share; when no stack is shared by more ranks
+    than any other, the ranks outside a collective while others wait in one. Empty when
+    every rank is at the same place (a collective that never returns anywhere: the health
+    gate, not the stacks, tells which node is at fault)."""
+    ranks = sorted(set(steps) | set(signatures))
+    known = [s for s in steps.values() if s is not None]
+    top = max(known) if known else None
+    odd = {r for r in ranks if top is not None and (steps.get(r) is None or steps[r] < top)}
+    sigs = {r: s for r, s in signatures.items() if s}
+    counts = Counter(sigs.values()).most_common()
+    if len(counts) > 1:
+        (best, n), (_second, n2) = counts[0], counts[1]
+        if n >= 2 and n > n2:
+            odd |= {r for r, s in sigs.items() if s != best}
+        else:
+            waiting = {r for r, s in sigs.items() if in_collective(s)}
+            if waiting and len(waiting) < len(sigs):
+                odd |= set(sigs) - waiting
+    return tuple(sorted(odd))
+
+
+def stack_signature(frames: list[tuple[str, str]]) -> str:
+    """``file:function;...`` of (file, function) frames, innermost first: what two ranks'
+    stacks are compared on (no line numbers: two ranks in one function are in one place)."""
+    return ";".join(f"{file}:{func}" for file, func in frames)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    step_seconds: float  # its median over the last ``m`` steps
+    reference: float  # the median of the other ranks' latest step times
+    ratio: float
+
+
+def stragglers(recent: Mapping[int, tuple[float, ...]], *, factor: float = STRAGGLER_FACTOR,
+               steps: int = STRAGGLER_STEPS) -> tuple[Straggler, ...]:
+    """Ranks whose last ``steps`` step times all exceed ``factor`` x the median of the
+    other ranks' latest step time (``recent``: each rank's step times, oldest first)."""
+    latest = {r: ts[-1] for r, ts in recent.items() if ts}
+    found = []
+    for r, ts in sorted(recent.items()):
+        others = [t for o, t in latest.items() if o != r]
+        if len(ts) < steps or not others:
+            continue
+        ref = statistics.median(others)
+        window = ts[-steps:]
+        if ref > 0 and all(t > factor * ref for t in window):
+            mine = statistics.median(window)
+            found.append(Straggler(rank=r, step_seconds=mine, reference=ref,
+                                   ratio=mine / ref))
+    return tuple(found)
+
+
+def collective_timeout(hang_timeout: float) -> float:
+    """torch's collective timeout for a job with this hang timeout: long enough that the
+    controller (which judges after ``hang_timeout`` and then dumps stacks) acts first, and
+    torch's watchdog stays the backstop when nothing else does."""
+    return 2 * hang_timeout + 60
+
+
+def watchdog_env(hang_timeout: float, flight_prefix: str) -> dict[str, str]:
+    """The ranks' torch watchdog settings (docs/runner.md, "Hangs and stragglers"); none
+    when the job has no hang timeout. ``flight_prefix``: the flight recorder's file prefix
+    (torch appends the rank)."""
+    if hang_timeout <= 0:
+        return {}
+    timeout = collective_timeout(hang_timeout)
+    return {
+        "DL_COLLECTIVE_TIMEOUT": f"{timeout:g}",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": f"{timeout + 60:g}",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_EVENTS),
+        "TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_EVENTS),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": flight_prefix,
+        "TORCH_FR_DUMP_TEMP_FILE": flight_prefix,
+    }

@@ -28,8 +28,10 @@ plays the agent:
   as ``TimedOut``.
 - An instance no agent announced answers ``InvalidInstanceId`` (as SSM does for instances
   that are not managed nodes). A node whose processes are all gone (the machine died) has no
-  agent to take the command: the invocation stays ``Pending`` and, after the command's
-  ``TimeoutSeconds``, ends ``TimedOut`` with status details "Delivery Timed Out".
+  agent to take the command: the invocation stays ``Pending`` until the agent is back (it is
+  then delivered, as the SSM Agent picks up pending commands when it reconnects) or, after
+  the command's ``TimeoutSeconds``, ends ``TimedOut`` with status details "Delivery Timed
+  Out".
 
 - A Command document of the account (``CreateDocument`` / CloudFormation's
   ``AWS::SSM::Document``) whose one step is ``aws:runShellScript`` runs the way the agent runs
@@ -160,6 +162,7 @@ def reset() -> None:
     stop_running()
     with _LOCK:
         _AGENTS.clear()
+        _PLANS.clear()
 
 
 def stop_running() -> None:
@@ -268,16 +271,24 @@ def _run(command: Any, invocation: dict, agent: Agent, plan: Plan) -> None:
             out=out.decode(errors="replace"), err=err.decode(errors="replace"))
 
 
-def _deliver(command: Any, plan: Plan) -> None:
-    """Hand each invocation of a new command to its instance's agent."""
+#: The plan of each command with an undelivered invocation, by command id.
+_PLANS: dict[str, Plan] = {}
+
+
+def _deliver(command: Any, plan: Plan, *, pending_only: bool = False) -> None:
+    """Hand each invocation of a new command to its instance's agent (``pending_only``:
+    those still waiting for theirs, now that it may be back)."""
     start = _now()
     for invocation in command.invocations:
+        if pending_only and invocation.get("Status") != "Pending":
+            continue
         agent = agents().get(invocation["InstanceId"])
         with _LOCK:
             invocation.update({"ResponseCode": -1, "StandardOutputContent": "",
                                "StandardErrorContent": "", "ExecutionEndDateTime": "",
                                "ExecutionElapsedTime": "", "PluginName": plan.plugin})
             if agent is None or not agent.alive():
+                _PLANS[command.command_id] = plan
                 invocation.update({"Status": "Pending", "StatusDetails": "Pending",
                                    "ExecutionStartDateTime": ""})
                 continue
@@ -286,8 +297,11 @@ def _deliver(command: Any, plan: Plan) -> None:
         threading.Thread(target=_run, args=(command, invocation, agent, plan), daemon=True,
                          name=f"ssm-{command.command_id[:8]}").start()
     with _LOCK:
-        command.status = command.status_details = "InProgress"
-        command.completed_count = 0
+        if not any(i.get("Status") == "Pending" for i in command.invocations):
+            _PLANS.pop(command.command_id, None)
+        if not pending_only:
+            command.status = command.status_details = "InProgress"
+            command.completed_count = 0
 
 
 def _expire_undelivered(command: Any) -> None:
@@ -296,7 +310,11 @@ def _expire_undelivered(command: Any) -> None:
         seconds=command.timeout_seconds)
     now = _now() if deadline.tzinfo else _now().replace(tzinfo=None)  # moto's clock is naive
     if now < deadline:
+        plan = _PLANS.get(command.command_id)
+        if plan is not None:  # an agent that was away takes its pending invocation now
+            _deliver(command, plan, pending_only=True)
         return
+    _PLANS.pop(command.command_id, None)
     for invocation in command.invocations:
         if invocation["Status"] == "Pending":
             _finish(command, invocation, status="TimedOut", details="Delivery Timed Out",

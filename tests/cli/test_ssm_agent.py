@@ -142,6 +142,27 @@ def test_a_dead_machine_never_takes_the_command(machine, emulator_cloud) -> None
     assert (inv["Status"], inv["StatusDetails"]) == ("TimedOut", "Delivery Timed Out")
 
 
+
+def test_a_machine_back_before_the_delivery_timeout_takes_its_pending_command(
+        machine) -> None:
+    """The SSM Agent picks up a command that was pending while it was away."""
+    endpoint, root, proc = machine
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cid = send(endpoint, "dl-hello")
+    assert ssm(endpoint).get_command_invocation(
+        CommandId=cid, InstanceId=IID)["Status"] == "Pending"
+    back = subprocess.Popen(["sleep", "600"], process_group=0)
+    try:
+        ssm_agent.announce({"AWS_ENDPOINT_URL": endpoint, "PATH": "/usr/bin:/bin"}, IID,
+                           root, back.pid)
+        inv = wait_done(endpoint, cid)
+        assert inv["Status"] == "Success", inv
+        assert inv["StandardOutputContent"].startswith(f"hello from {root}")
+    finally:
+        back.kill()
+        back.wait()
+
 # -- the cluster's own Command document (constructs_lib/operator_document.py) ---------------
 
 

@@ -56,6 +56,8 @@ class AgentConfig:
     max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR
     membership_key: str = ""
     job_role_arn: str = ""
+    launch_hook: str = ""
+    warm_poll_interval: float = 5.0
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -76,6 +78,9 @@ class AgentConfig:
         if self.max_replacements_per_hour < 0:
             raise ValueError(f"--max-replacements-per-hour must be >= 0, got "
                              f"{self.max_replacements_per_hour}")
+        if self.warm_poll_interval <= 0:
+            raise ValueError(
+                f"--warm-poll-interval must be positive, got {self.warm_poll_interval}")
         if self.base_workers < -1:
             raise ValueError(f"--base-workers must be >= 0 (or -1: all), got {self.base_workers}")
 
@@ -143,6 +148,11 @@ OPTIONS: tuple[Option, ...] = (
            "workers apply only what it signed; '' = unsigned)"),
     Option("--job-role-arn", "the stack's job role, for the executor: each job gets its own "
            "temporary credentials of it ('' = none)"),
+    Option("--launch-hook", "the group's launch lifecycle hook (a warm pool's): hold while "
+           "the instance's target lifecycle state is Warmed:*, complete the hook, join once "
+           "InService ('' = no hook: join at once)"),
+    Option("--warm-poll-interval", "seconds between reads of the target lifecycle state "
+           "while held in the warm pool (default 5)"),
 )
 
 

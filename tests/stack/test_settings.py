@@ -53,6 +53,7 @@ def test_every_documented_key_is_parsed() -> None:
         "dataPrefix": "digits",
         "efa": "true",
         "nodeBootSeconds": "1800",
+        "warmPoolSize": "0",  # not with spotWorkers (tests/stack/test_warm_pool.py)
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {

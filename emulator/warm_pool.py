@@ -178,6 +178,17 @@ def _wrap_delete_warm_pool(original: Any) -> Any:
     return delete_warm_pool
 
 
+def _wrap_delete_group(original: Any) -> Any:
+    def delete_auto_scaling_group(self: Any, group_name: str) -> None:
+        """Deleting a group terminates its warm pool too (and its launch actions)."""
+        group = self.autoscaling_groups.get(group_name)
+        if group is not None and pool(group):
+            _wrap_delete_warm_pool(lambda *_a: None)(self, group_name)
+        original(self, group_name)
+
+    return delete_auto_scaling_group
+
+
 def finish(action: LaunchAction, result: str) -> None:
     """One launch action ends: once none holds the instance it moves on (ABANDON: at once,
     to termination)."""
@@ -248,11 +259,15 @@ def describe_warm_pool(self: Any) -> Any:
 
     name = self._get_param("AutoScalingGroupName")
     group = self.autoscaling_backend.autoscaling_groups.get(name)
+    if group is None:  # moto would fail with a server error (which clients retry)
+        from moto.autoscaling.exceptions import ValidationError
+
+        raise ValidationError(f"AutoScalingGroup name not found - {name}")
     config = self.autoscaling_backend.describe_warm_pool(group_name=name)
     instances = [{"InstanceId": s.instance.id, "InstanceType": s.instance.instance_type,
                   "AvailabilityZone": s.instance.placement.zone,
                   "LifecycleState": s.lifecycle_state, "HealthStatus": "Healthy"}
-                 for s in (pool(group) if group is not None else [])]
+                 for s in pool(group)]
     return ActionResult({"WarmPoolConfiguration": config, "Instances": instances})
 
 
@@ -296,7 +311,9 @@ def _warm_pool_model() -> type:
                 cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
                 region_name: str) -> None:
             backend = autoscaling_backends[account_id][region_name]
-            name = cloudformation_json["Properties"]["AutoScalingGroupName"]
+            name = cloudformation_json["Properties"].get("AutoScalingGroupName")
+            if not isinstance(name, str):  # an unresolved Ref: the physical id is the group's
+                name = resource_name
             if name in backend.autoscaling_groups:
                 backend.delete_warm_pool(name)
 
@@ -324,6 +341,8 @@ def install(raw_replace: Any) -> None:
         FakeAutoScalingGroup.put_warm_pool)
     AutoScalingBackend.delete_warm_pool = _wrap_delete_warm_pool(  # type: ignore[method-assign]
         AutoScalingBackend.delete_warm_pool)
+    AutoScalingBackend.delete_auto_scaling_group = _wrap_delete_group(  # type: ignore[method-assign]
+        AutoScalingBackend.delete_auto_scaling_group)
     AutoScalingResponse.complete_lifecycle_action = _wrap_complete(  # type: ignore[attr-defined]
         AutoScalingResponse.complete_lifecycle_action)
     AutoScalingResponse.describe_warm_pool = describe_warm_pool  # type: ignore[method-assign]

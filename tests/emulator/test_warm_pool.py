@@ -135,3 +135,10 @@ def test_completing_an_unknown_action_is_refused(group: Group) -> None:
     member = sorted(group.members())[0]  # launched before the hook existed: nothing waits
     with pytest.raises(ClientError, match="No active Lifecycle Action"):
         group.complete(member)
+
+
+def test_deleting_the_stack_terminates_the_pool(group: Group, moto_reset) -> None:
+    pool = set(group.pool())
+    cfn = boto3.client("cloudformation", endpoint_url=moto_reset, region_name=REGION)
+    cfn.delete_stack(StackName="warm")
+    assert {group.ec2_state(i) for i in pool} == {"terminated"}

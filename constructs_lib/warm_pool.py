@@ -75,7 +75,7 @@ def add_warm_pool(group: NodeGroup, size: int, *, cluster_id: str,
     """A Stopped warm pool of ``size`` on ``group``, the launch hook its instances' agents
     complete (held at most ``heartbeat``: the node boot budget), and the permission to
     complete it; the hook."""
-    group.auto_scaling_group.add_warm_pool(
+    pool = group.auto_scaling_group.add_warm_pool(
         min_size=size, max_group_prepared_capacity=size,
         pool_state=autoscaling.PoolState.STOPPED, reuse_on_scale_in=False)
     hook = group.auto_scaling_group.add_lifecycle_hook(
@@ -85,6 +85,9 @@ def add_warm_pool(group: NodeGroup, size: int, *, cluster_id: str,
         heartbeat_timeout=heartbeat,
         default_result=autoscaling.DefaultResult.ABANDON,
     )
+    # The hook first: a pool instance launched before it exists would be stopped in the
+    # middle of its user data, which never runs again.
+    pool.node.add_dependency(hook)
     # The node completes its own launch action. Only groups tagged with this cluster's id and
     # NodeType=Worker: the master group is not reachable from a worker.
     statement = this_clusters_groups(

@@ -40,6 +40,10 @@ def test_the_worker_group_gets_a_stopped_pool_of_that_size(warm) -> None:
     worker = [lid for lid, g in groups.items() if any(
         t["Key"] == "NodeType" and t["Value"] == "Worker" for t in g["Properties"]["Tags"])]
     assert props["AutoScalingGroupName"] == {"Ref": worker[0]}
+    # created after the launch hook: no pool instance is stopped before it is prepared
+    hooks = warm.find_resources("AWS::AutoScaling::LifecycleHook", {
+        "Properties": {"LifecycleHookName": WARM_HOOK_NAME}})
+    assert len(hooks) == 1 and set(hooks) <= set(pool.get("DependsOn", []))
 
 
 def test_a_launch_hook_holds_warmed_instances_until_the_agent_completes_it(warm) -> None:

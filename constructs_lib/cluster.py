@@ -20,12 +20,14 @@ from constructs_lib.capacity_adjuster import (
     CapacityAdjuster,
     grant_elastic_control,
 )
+from constructs_lib.cluster_budget import ClusterBudget
 from constructs_lib.cluster_settings import (
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
 )
+from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, grant_idle_stop, idle_stop_seconds
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, check_image, deep_learning_ami, image_family
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
 from constructs_lib.job_role import JobRole, late_role_arn
@@ -109,9 +111,11 @@ class DeepLearningCluster(Construct):
         warm_pool_size: int = 0,
         data_prep_script: str | None = None,
         max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
+        idle_stop_minutes: int = DEFAULT_IDLE_STOP_MINUTES,
         data_bucket: s3.IBucket | None = None,
         data_prefix: str = "",
         checkpoint_bucket: s3.IBucket | None = None,
+        budget_per_day: float | None = None,
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -210,6 +214,10 @@ class DeepLearningCluster(Construct):
             many instances marked Unhealthy (and replaced by Auto Scaling) in any hour; past
             it a node fault is recorded in the job's record and nobody is replaced.
             :default: 3
+        :param idle_stop_minutes: the master's job controller scales the workers to zero
+            after this many minutes with nothing to run, and back for the next job; 0: never
+            (``constructs_lib/idle_stop.py``).
+            :default: 60
         :param data_bucket: an existing bucket with the training data; the nodes may list and
             read ``data_prefix`` of it (``dl-run --data`` stages it to local disk).
             :default: none (no data-bucket permission)
@@ -219,6 +227,9 @@ class DeepLearningCluster(Construct):
             write ``checkpoints/<cluster_id>/`` of it.
             :default: a new versioned, KMS-encrypted, TLS-only, private bucket, RETAINed on
                 stack deletion (``TrainingData``)
+        :param budget_per_day: a daily AWS Budgets cost budget (USD) of the cluster's tagged
+            costs, notifying an encrypted alarm topic (``ClusterBudget``).
+            :default: none (no budget)
         """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
@@ -241,6 +252,7 @@ class DeepLearningCluster(Construct):
             data_prep_script = validation.one_line("data_prep_script", data_prep_script)
         max_replacements_per_hour = validation.positive_int(
             "max_replacements_per_hour", max_replacements_per_hour, minimum=0)
+        idle_stop = idle_stop_seconds("idle_stop_minutes", idle_stop_minutes)
         self.capacity = launch.check_capacity(
             worker_types=launch.types_prop("worker_instance_type", worker_instance_type,
                                            "worker_instance_types", worker_instance_types,
@@ -382,9 +394,11 @@ class DeepLearningCluster(Construct):
                 data_prep=data_prep_script,
                 max_replacements_per_hour=(max_replacements_per_hour
                                            if node_type == "master" else None),
+                idle_stop_seconds=idle_stop if node_type == "master" else None,
                 membership_key=self.membership_key.key_arn,
                 # The job role trusts the node roles, made with the groups below.
                 job_role_arn=late_role_arn(lambda: self.job_role),
+                checkpoint_url=self.training_data.checkpoint_url,
                 node_boot_seconds=node_boot_seconds,
                 launch_hook=(warm_pool.WARM_HOOK_NAME
                              if warm_pool_size and node_type == "worker" else ""),
@@ -449,11 +463,23 @@ class DeepLearningCluster(Construct):
         self.training_data.grant_checkpoint_read_write(self.job_role.role,
                                                        per_user_tag=JOB_USER_TAG)
         grant_elastic_control(self, self.master_group.role, self.cluster_id)
+        if idle_stop:
+            grant_idle_stop(self, self.master_group.role, cluster_id=self.cluster_id,
+                            min_workers=min_workers)
         # The health gate on the master (dl-health --deep, before each managed attempt)
         # compares each node's GPUs with what EC2 says its instance type has.
         self.master_group.role.add_to_principal_policy(iam.PolicyStatement(
             sid="GpuCountsOfInstanceTypes", actions=["ec2:DescribeInstanceTypes"],
             resources=["*"]))  # no resource-level permissions for this Describe API
+        # The job controller prices each job's nodes for its cost ledger (bootstrap_scripts/ops/
+        # prices.py): the Price List and the Spot price history, read-only, no resource ARNs.
+        self.master_group.role.add_to_principal_policy(iam.PolicyStatement(
+            sid="PricesOfJobNodes",
+            actions=["pricing:GetProducts", "ec2:DescribeSpotPriceHistory"], resources=["*"]))
+        #: the cluster's daily cost budget and its alarm topic (``constructs_lib/cluster_budget``)
+        self.budget = (ClusterBudget(self, "Budget", cluster_id=self.cluster_id,
+                                     usd_per_day=budget_per_day)
+                       if budget_per_day is not None else None)
         # Only the master consumes the master queue: a worker that could receive or delete
         # there could swallow what the master must learn (docs/security.md).
         self.queues.grant_agent_access(self.master_group.role)

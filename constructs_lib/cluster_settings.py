@@ -19,6 +19,8 @@ from constructs_lib.capacity_adjuster import (
     DEFAULT_LAUNCH_RETRY_SECONDS,
     MAX_LAUNCH_RETRY_SECONDS,
 )
+from constructs_lib.cluster_budget import check_usd_per_day
+from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, MAX_IDLE_STOP_MINUTES
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, IMAGE_FAMILIES, pytorch_version
 from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
 from constructs_lib.network import DEFAULT_VPC_CIDR
@@ -204,6 +206,19 @@ class ClusterSettings:
         "dataPrefix", "", "with `dataBucket`: the key prefix the nodes may read (a trailing "
         "`/` is added)", validation.key_prefix, default_doc="the whole bucket",
         accepts="a key prefix such as `datasets/imagenet/`")
+    budget_per_day: float | None = setting(
+        "budgetPerDay", None, "an AWS Budgets cost budget of this cluster per day, in USD: "
+        "the costs tagged `dl-cluster:id=<cluster>` (activate that cost allocation tag in "
+        "Billing first), notifying a KMS-encrypted SNS topic (output `AlarmTopicArn`) at "
+        "80 % and 100 % of it; an alarm, not a brake (jobs stop at their own `--max-cost`)",
+        check_usd_per_day, default_doc="off", accepts="USD, e.g. `250`")
+
+    idle_stop_minutes: int = setting(
+        "idleStopMinutes", DEFAULT_IDLE_STOP_MINUTES, "idle stop: after this many minutes "
+        "with no job running or queued, the master's job controller scales the workers to "
+        "zero (each drained like a scale-in; the master stays), and the next `dlc submit` "
+        "scales them back (\"Idle stop\"); `0`: never", validation.count, minimum=0,
+        maximum=MAX_IDLE_STOP_MINUTES)
 
 
 #: The construct defaults that come from this description (``DeepLearningCluster``'s props).

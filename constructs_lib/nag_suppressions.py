@@ -27,6 +27,10 @@ HEALTH_GATE_REASON = (
     " The master's health gate also calls ec2:DescribeInstanceTypes (each node's GPUs against "
     "its instance type's), which supports no resource-level permissions either "
     "(https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html)."
+    " The job controller prices each job's nodes with pricing:GetProducts and "
+    "ec2:DescribeSpotPriceHistory, read-only calls without resource-level permissions "
+    "(https://docs.aws.amazon.com/service-authorization/latest/reference/"
+    "list_awspricelist.html)."
 )
 SSM_CORE_REASON = (
     "AmazonSSMManagedInstanceCore is the AWS-maintained minimum for SSM Session Manager, "
@@ -44,7 +48,11 @@ ELASTIC_CONTROL_REASON = (
     "SetDesiredCapacity and TerminateInstanceInAutoScalingGroup (and the job controller's "
     "SetInstanceHealth for a failed node) are limited by an "
     "autoscaling:ResourceTag condition to groups tagged dl-cluster:id=<this cluster>; the "
-    "group ARNs hold a generated UUID unknown when the role is created."
+    "group ARNs hold a generated UUID unknown when the role is created. The job controller's "
+    "idle stop adds UpdateAutoScalingGroup on the worker group alone (its NodeType tag too), "
+    "for its minimum and desired capacity only: a minimum no higher than deployed, and no "
+    "launch template, launch configuration, instance types, subnets, maximum or capacity "
+    "reservation in the request (constructs_lib/idle_stop.py)."
 )
 WARM_LAUNCH_REASON = (
     "With a warm pool (warmPoolSize) each worker completes its own launch lifecycle action "

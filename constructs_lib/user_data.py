@@ -124,8 +124,10 @@ def node_user_data(
     base_workers: int | None = None,
     data_prep: str | None = None,
     max_replacements_per_hour: int | None = None,
+    idle_stop_seconds: int | None = None,
     membership_key: str = "",
     job_role_arn: str = "",
+    checkpoint_url: str = "",
     node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
     launch_hook: str = "",
 ) -> ec2.UserData:
@@ -153,12 +155,16 @@ def node_user_data(
         settings["data-prep"] = data_prep
     if max_replacements_per_hour is not None:  # the master's: its job controller's breaker
         settings["max-replacements-per-hour"] = str(max_replacements_per_hour)
+    if idle_stop_seconds is not None:  # the master's: its job controller's idle stop
+        settings["idle-stop-seconds"] = str(idle_stop_seconds)
     if membership_key:  # the master signs the membership with it, workers verify
         settings["membership-key"] = membership_key
     if launch_hook:  # a warm pool's: the agent holds while Warmed:*, completes the hook
         settings["launch-hook"] = launch_hook
     if job_role_arn:  # the executor's: each job gets credentials of this role
         settings["job-role-arn"] = job_role_arn
+    if checkpoint_url and node_type == "master":  # its controller mirrors jobs under it
+        settings["checkpoint-url"] = checkpoint_url
     data = ec2.UserData.for_linux()
     data.add_commands(
         *render_bootstrap_commands(

@@ -103,6 +103,10 @@ def status(ctx, as_json) -> None:
 @click.option("--min-nodes", type=click.IntRange(min=1), default=None,
               help="fewest nodes to run on (default: all)")
 @click.option("--name", default=None, help="a name for the job")
+@click.option("--max-cost", default=None, metavar="USD",
+              help="stop the job (as a cancel does: SIGTERM, then its grace period to "
+                   "checkpoint) once its nodes' cost reaches USD; it ends 'budget', never "
+                   "restarted (default: no cap)")
 @click.option("--as", "as_user", default=None, metavar="USER",
               help="the cluster user the job runs as (default: your IAM identity's name, "
                    "docs/dlc.md); never root")
@@ -113,16 +117,21 @@ def status(ctx, as_json) -> None:
 @click.option("--cwd", default=None, metavar="DIR",
               help="run COMMAND in DIR, a directory already on the cluster")
 @click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
+@click.option("--resume-from", default=None, metavar="s3://BUCKET/PREFIX",
+              help="start from the newest complete checkpoint under this S3 prefix (e.g. an "
+                   "old cluster's mirror: s3://<CheckpointBucketName>/checkpoints/"
+                   "<cluster-id>/<user>/<job-id>/); README 'Data in S3'")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def submit(ctx, launcher, max_restarts, min_nodes, name, as_user, workdir, cwd, as_json,
-           command) -> None:
+def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, workdir, cwd,
+           as_json, resume_from, command) -> None:
     """Submit COMMAND (after --) as a job on every node, as USER; prints the job id."""
     if workdir is not None and cwd is not None:
         raise errors.UsageError("--workdir ships a directory and runs the job in it: no "
                                 "--cwd with it")
     argv = jobs_mod.submit_argv(tuple(command), launcher=launcher, max_restarts=max_restarts,
-                                min_nodes=min_nodes, name=name, cwd=cwd)
+                                min_nodes=min_nodes, name=name, cwd=cwd, max_cost=max_cost,
+                                resume_from=resume_from)
     user = jobs_mod.job_user(target_of(ctx), as_user)
     remote = remote_of(ctx)
     staged = None
@@ -131,7 +140,9 @@ def submit(ctx, launcher, max_restarts, min_nodes, name, as_user, workdir, cwd, 
 
         staged = workdir_mod.stage(target_of(ctx), workdir, user,
                                    lambda s: click.echo(s, err=True))
-    jid = jobs_mod.submit(remote, argv, user, workdir=staged)
+    jid, note = jobs_mod.submit(remote, argv, user, workdir=staged)
+    if note:  # e.g. the workers were stopped while idle: starting again for this job
+        click.echo(note, err=True)
     if as_json:
         emit_json({"job_id": jid})
     else:
@@ -150,12 +161,15 @@ def jobs_cmd(ctx, as_json) -> None:
     from rich.table import Table
 
     t = Table(title="jobs")
-    for col in ("job", "state", "nodes", "restarts", "submitted", "message"):
+    for col in ("job", "state", "nodes", "restarts", "submitted", "cost USD", "checkpoint",
+                "message"):
         t.add_column(col)
     for j in listing:
         t.add_row(status_mod.job_id(j), str(j.get("state", "")),
                   f"{j.get('world_size', '-')}/{j.get('full_size', '-')}",
                   str(j.get("restarts", "-")), status_mod.clock(j.get("submitted_at")),
+                  jobs_mod.cost_cell(j),
+                  jobs_mod.checkpoint_text(j),
                   str(j.get("last_failure") or j.get("message") or ""))
     out().print(t)
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
+from bootstrap_scripts.ops.cost import parse_usd, plain
 from dlc import aws
+from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
 from dlc.remote import Remote, check_user, user_from_arn
 from dlc.status import job_id, jobs_list
@@ -27,12 +30,20 @@ def master_remote(target: Target) -> Remote:
 
 
 def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts: int | None,
-                min_nodes: int | None, name: str | None, cwd: str | None = None) -> list[str]:
-    """``dl-run --detach --json [options] -- CMD``."""
+                min_nodes: int | None, name: str | None, cwd: str | None = None,
+                max_cost: str | None = None, resume_from: str | None = None) -> list[str]:
+    """``dl-run --detach --json [options] -- CMD``. ``max_cost``: ``--max-cost`` in USD,
+    checked here (UsageError naming the value) so a bad one never reaches the master; the
+    same for ``resume_from``."""
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. "
                          "dlc submit -- python -m bootstrap_scripts.examples.train_digits")
     argv = ["dl-run", "--detach", "--json"]
+    if max_cost is not None:
+        try:
+            argv += ["--max-cost", plain(parse_usd(max_cost))]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if launcher:
         argv += ["--launcher", launcher]
     if max_restarts is not None:
@@ -43,7 +54,25 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--name", name]
     if cwd:
         argv += ["--cwd", cwd]
+    if resume_from is not None:
+        try:
+            bucket, prefix = parse_s3_url(resume_from, "--resume-from")
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from None
+        argv += ["--resume-from", f"s3://{bucket}/{prefix}"]
     return [*argv, "--", *command]
+
+
+def cost_cell(job: dict) -> str:
+    """A job's cost as ``dl-jobs --json`` computed it (its ledger, ``ops/cost``): ``1.23``,
+    ``1.23/5`` with a ``--max-cost``, ``unknown`` (a node's price unknown), ``-`` (no attempt
+    ran, or a master whose dl-jobs predates the ledger)."""
+    ledger = job.get("cost") if isinstance(job.get("cost"), dict) else {}
+    spent = str(ledger.get("usd", "-")) if job.get("usage") else "-"
+    if spent not in ("-", "unknown"):
+        spent = cost_usd(spent)
+    cap = job.get("max_cost_usd") or ""
+    return spent + (f"/{cap}" if cap else "")
 
 
 def job_user(target: Target, as_user: str | None) -> str:
@@ -59,15 +88,22 @@ def job_user(target: Target, as_user: str | None) -> str:
     return check_user(user)
 
 
-def submit(remote: Remote, argv: list[str], user: str, *, workdir: str | None = None) -> str:
+def submit(remote: Remote, argv: list[str], user: str, *, workdir: str | None = None
+           ) -> tuple[str, str]:
     """``dl-run --detach`` as ``user`` on the master (the document refuses root); with
     ``workdir`` (``<bucket>/<key>`` staged by :mod:`dlc.workdir`) the job runs in that
-    directory, unpacked into its own directory on EFS."""
-    data = remote.json(argv, run_as=user, workdir=workdir)
-    jid = data.get("job_id") if isinstance(data, dict) else None
+    directory, unpacked into its own directory on EFS. Returns (job id, note)."""
+    return submitted(remote.json(argv, run_as=user, workdir=workdir))
+
+
+def submitted(data: object) -> tuple[str, str]:
+    """(job id, note) from ``dl-run --detach --json``; the note says, say, that the
+    cluster's workers were stopped while idle and are starting for this job."""
+    answer = data if isinstance(data, dict) else {}
+    jid = answer.get("job_id")
     if not jid:
         raise DlcError(f"dl-run --detach printed no job id: {data!r}")
-    return str(jid)
+    return str(jid), str(answer.get("note") or "")
 
 
 def list_jobs(remote: Remote) -> list[dict]:
@@ -154,3 +190,12 @@ def run_passthrough(remote: Remote, argv: list[str], timeout: int) -> tuple[int,
         raise DlcError(f"{argv[0]} is not installed on the master {remote.instance_id}: "
                        f"{res.message()}")
     return res.code, res.stdout, res.stderr
+
+
+def checkpoint_text(job: dict) -> str:
+    """Where a job's newest complete checkpoint is, from ``dl-jobs --json``'s
+    ``checkpoint`` (its EFS manifest and the s3:// manifest the mirror last uploaded)."""
+    where = job.get("checkpoint")
+    if not isinstance(where, dict):
+        return "-"
+    return "\n".join(str(where[k]) for k in ("efs", "s3") if where.get(k)) or "-"

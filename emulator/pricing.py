@@ -10,6 +10,8 @@ the shape of the Price List's product documents
 ``PriceList`` is a list of JSON strings, each a product with its attributes and its
 ``terms.OnDemand`` price dimensions. ``TERM_MATCH`` filters select on the attributes; a
 type the table lacks gets an empty ``PriceList``, as a type AWS does not sell there would.
+Every product here is On-Demand (``marketoption`` ``OnDemand``): the table has no Capacity
+Block rates, so a ``CapacityBlock`` query gets an empty list (no emulated node is in one).
 
 The prices are a snapshot of the published us-east-1 on-demand Linux prices of the instance
 types the demo and the tests launch (the emulator's stand-in, like its instance types' GPU
@@ -31,7 +33,8 @@ PRICES: dict[tuple[str, str], str] = {
 TARGET_PREFIX = "AWSPriceListService."
 #: The attributes every product here has (what ``dlc`` filters on besides type and region).
 FIXED_ATTRIBUTES = {"operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA",
-                    "capacitystatus": "Used", "licenseModel": "No License required"}
+                    "capacitystatus": "Used", "licenseModel": "No License required",
+                    "marketoption": "OnDemand"}
 
 
 def product(region: str, instance_type: str, usd: str) -> dict[str, Any]:

@@ -75,14 +75,20 @@ class DLClusterStack(Stack):
             warm_pool_size=s.warm_pool_size,
             data_prep_script=s.data_prep_script,
             max_replacements_per_hour=s.max_replacements_per_hour,
+            idle_stop_minutes=s.idle_stop_minutes,
             data_bucket=(s3.Bucket.from_bucket_name(self, "DataBucket", s.data_bucket)
                          if s.data_bucket else None),
             data_prefix=s.data_prefix,
+            budget_per_day=s.budget_per_day,
             node_boot_seconds=s.node_boot_seconds,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster
         master_group = c.master_group.group_name
+        if c.budget is not None:
+            CfnOutput(self, "AlarmTopicArn", value=c.budget.topic.topic_arn,
+                      description="SNS topic of the cluster's alarms (its daily budget): "
+                      "subscribe to it")
         CfnOutput(
             self,
             "MasterGroupName",

@@ -27,7 +27,8 @@ summation order). This is why the job shards the data itself rather than with
 DistributedSampler, whose padding and interleaving depend on the world size, so a position
 inside an epoch would not carry over to another world size.
 
-Checkpoints (rank 0, temp file + rename, ``latest.json`` points at the newest), on EFS under
+Checkpoints (rank 0, ``checkpoints.py`` next to this file: temp file + rename, then a
+manifest written last, ``latest.json`` points at the newest), on EFS under
 ``<EFS>/checkpoints/<user>/<name>/`` (the user's own directory, which the job executors make
 0700 for them): ``epoch-NNNN.pt`` at the end of every epoch and
 ``step-NNNNNN.pt`` every ``--checkpoint-every`` steps (and when the job is stopped with
@@ -37,9 +38,10 @@ or of any run with ``--resume``. A restart thus loses at most ``--checkpoint-eve
 
 A checkpoint is a file another program could have written, so loading one must not run its
 code: it is loaded with ``torch.load(weights_only=True)`` (tensors and plain data only, never
-a pickled object), and only from the checkpoint directory itself: ``latest.json`` must name a
-checkpoint file in it (no path, no link), and both must belong to the user running the job;
-anything else is ignored with a message and the run starts from scratch.
+a pickled object), and only from the checkpoint directory itself: a manifest or
+``latest.json`` must name a checkpoint file in it (no path, no link), and both must belong to
+the user running the job; anything else is ignored with a message and the run starts from
+scratch. The manifest is what the S3 mirror of a managed job's checkpoints goes by.
 
 As a managed job (``dl-run`` through the job controller) it follows the controller's
 variables: ``DL_CHECKPOINT_DIR`` is the checkpoint directory (unless ``--checkpoint-dir``
@@ -54,17 +56,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import pwd
-import re
 import signal
-import stat
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+# the checkpoint part, re-exported: tests and tools use train_digits.latest_info & co.
+from bootstrap_scripts.examples.checkpoints import (  # noqa: F401
+    CHECKPOINT_NAME_RE,
+    UntrustedCheckpoint,
+    latest_checkpoint,
+    latest_info,
+    load_checkpoint,
+    open_own,
+    save_checkpoint,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -185,99 +194,6 @@ def epoch_batches(n: int, seed: int, epoch: int, global_batch: int, rank: int, w
         lo, hi = rank_slice(len(chunk), rank, world)
         out.append((chunk[lo:hi], len(chunk)))
     return out
-
-
-def _atomic_save(obj: object, final: Path) -> None:
-    import torch
-
-    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.stem}-", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def save_checkpoint(ckdir: Path, state: dict, name: str, keep: int) -> Path:
-    """Write ``name`` atomically, point ``latest.json`` at it, prune old ones of its kind.
-    A reader (another rank, a restarted job) sees a whole checkpoint or the previous one."""
-    ckdir.mkdir(parents=True, exist_ok=True)
-    final = ckdir / name
-    _atomic_save(state, final)
-    fd, tmp = tempfile.mkstemp(dir=ckdir, prefix=".latest-", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"epoch": state["epoch"], "step": state["step"],
-                   "global_step": state["global_step"], "file": final.name,
-                   "run_id": state.get("run_id", ""), "acc": state.get("acc")}, fh)
-    os.replace(tmp, ckdir / "latest.json")
-    kind = name.split("-", 1)[0]
-    for old in sorted(ckdir.glob(f"{kind}-*.pt"))[:-keep]:
-        with contextlib.suppress(FileNotFoundError):
-            old.unlink()
-    return final
-
-
-#: the names this job gives its checkpoints; ``latest.json`` may point at nothing else
-CHECKPOINT_NAME_RE = re.compile(r"(epoch-\d{4,}|step-\d{6,})\.pt")
-
-
-class UntrustedCheckpoint(Exception):
-    """A ``latest.json`` or checkpoint this job did not write: never loaded."""
-
-
-def open_own(ckdir: Path, name: str) -> int:
-    """A descriptor of ``ckdir/name``: a regular file, not a link, owned by this user
-    (FileNotFoundError when there is none)."""
-    dfd = os.open(ckdir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise UntrustedCheckpoint(f"{ckdir / name}: {exc.strerror}") from None
-    finally:
-        os.close(dfd)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-        os.close(fd)
-        raise UntrustedCheckpoint(f"{ckdir / name} is not a file of uid {os.geteuid()}")
-    return fd
-
-
-def latest_info(ckdir: Path) -> dict | None:
-    """``latest.json``'s record with the checkpoint's ``path``; None when there is none
-    or it is not this user's own (then it says why on stderr)."""
-    try:
-        with os.fdopen(open_own(ckdir, "latest.json")) as fh:
-            info = json.loads(fh.read())
-        name = info["file"]
-        if not isinstance(name, str) or not CHECKPOINT_NAME_RE.fullmatch(name):
-            raise UntrustedCheckpoint(f"{ckdir / 'latest.json'} points at {name!r}, "
-                                      "not a checkpoint of this directory")
-        os.close(open_own(ckdir, name))
-    except UntrustedCheckpoint as exc:
-        print(f"ignoring the checkpoint: {exc}", file=sys.stderr, flush=True)
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return {**info, "path": ckdir / name}
-
-
-def load_checkpoint(path: Path, device: object) -> dict:
-    """The checkpoint's state, tensors and plain data only (``weights_only=True``: a
-    pickled object in it is refused, never run), read from this user's own file."""
-    import torch
-
-    with os.fdopen(open_own(path.parent, path.name), "rb") as fh:
-        return torch.load(fh, map_location=device, weights_only=True)
-
-
-def latest_checkpoint(ckdir: Path) -> Path | None:
-    info = latest_info(ckdir)
-    return info["path"] if info else None
 
 
 def evaluate(model, xt, yt) -> float:
@@ -445,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"final acc={acc:.4f} world_size={world}", flush=True)
     ok = rank != 0 or (acc is not None and acc >= args.require_acc)
     if distributed:
+        # Tear the group down together: a rank that destroys its gloo pairs while rank 0 is
+        # still evaluating can abort at exit ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
     if not ok:
         print(f"error: final held-out accuracy {acc:.4f} is below --require-acc "

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
+from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.protocol.bounds import whole
 from bootstrap_scripts.protocol.data_source import parse_data_source
 from bootstrap_scripts.protocol.errors import ProtocolError
@@ -238,11 +239,24 @@ class RunRequest(Record):
     data: str = ""
     #: each node stages only its share of the objects (rank modulo the node count)
     data_shard: bool = False
+    # checkpoints in S3 (``jobs/engine/checkpoints.py``), for a job with ``DL_CHECKPOINT_DIR``
+    #: ``s3://bucket/prefix/`` the checkpoint directory is mirrored to ("" for none; a
+    #: managed job's is set by the job controller)
+    checkpoint_url: str = ""
+    #: ``s3://bucket/prefix`` (``--resume-from``): another place the job may resume from
+    resume_from: str = ""
 
     def __post_init__(self) -> None:
         _job_id(self.job_id)
         if self.data:
             parse_data_source(self.data)
+        for name, url in (("checkpoint_url", self.checkpoint_url),
+                          ("resume_from", self.resume_from)):
+            if url:
+                try:
+                    parse_s3_url(url, "--resume-from" if name == "resume_from" else name)
+                except CheckpointError as exc:
+                    raise JobSpecError(str(exc), field=name) from None
         if not self.command:
             raise JobSpecError("no command given: put the training command after the options",
                                field="command")

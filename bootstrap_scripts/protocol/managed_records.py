@@ -1,6 +1,7 @@
 """Typed records of managed jobs: what a user's ``dl-run`` asks the job controller for
 (``managed/<id>/request.json``), the controller's record of the job and its restarts
-(``managed/<id>/job.json``), and its heartbeat (``cluster/controller.json``).
+(``managed/<id>/job.json``), its heartbeat (``cluster/controller.json``) and its idle stop
+(``cluster/idle-stop.json``).
 
 They share :class:`~bootstrap_scripts.protocol.records.Record`'s (de)serialiser; where they
 live on disk: :class:`~bootstrap_scripts.protocol.paths.ManagedPaths`.
@@ -32,6 +33,9 @@ class ManagedRequest(Record):
     min_nodes: int = 0  # 0: every node of the first attempt
     max_code_restarts: int = 0
     replace_timeout: float = 900.0
+    #: ``--max-cost``: USD the job may spend (its nodes' seconds x their prices, ``ops/cost``);
+    #: "" = no cap. Reached, the controller stops the job as a cancel does (outcome budget).
+    max_cost_usd: str = ""
 
 
 @record
@@ -55,12 +59,36 @@ class RestartRecord(Record):
 
 
 @record
+class NodeUsage(Record):
+    """One node of an attempt and the price its instance was bought at (``ops/prices``)."""
+
+    KIND: ClassVar[str] = "node usage"
+    instance_id: str
+    instance_type: str = ""
+    market: str = ""  # on-demand | spot | reservation | capacity-block ("" unknown)
+    zone: str = ""
+    usd_per_hour: str = ""  # exact decimal; "" = unknown (price_note says why)
+    price_note: str = ""
+
+
+@record
+class AttemptUsage(Record):
+    """One attempt's place in the job's cost ledger: when it ran and on which nodes."""
+
+    KIND: ClassVar[str] = "attempt usage"
+    attempt: int
+    started_at: float
+    ended_at: float | None = None  # None while it runs
+    nodes: tuple[NodeUsage, ...] = ()
+
+
+@record
 class ManagedJob(Record):
     """``managed/<id>/job.json``: the job controller's record of a managed job."""
 
     KIND: ClassVar[str] = "managed job"
     job_id: str
-    state: str  # queued | running | restarting | succeeded | failed | cancelled
+    state: str  # queued | running | restarting | succeeded | failed | cancelled | budget
     submitted_at: float = 0.0
     updated_at: float = 0.0
     user: str = ""
@@ -79,6 +107,10 @@ class ManagedJob(Record):
     #: every node the health gate failed for this job, "<address> (<instance>): <check>:
     #: <detail>" (last_failure keeps only the latest failure of any kind)
     gate_failures: tuple[str, ...] = ()
+    #: the cost ledger: every attempt's span and priced nodes (``ops/cost.job_cost`` sums it)
+    usage: tuple[AttemptUsage, ...] = ()
+    #: the request's ``--max-cost`` ("" = none), here for every reader (the request is 0600)
+    max_cost_usd: str = ""
 
 
 @record
@@ -97,3 +129,24 @@ class ControllerHeartbeat(Record):
     job_id: str = ""
     #: when the controller marked instances Unhealthy in the last hour (its circuit breaker)
     replacements: tuple[float, ...] = ()
+
+
+@record
+class IdleStopRecord(Record):
+    """``cluster/idle-stop.json``: the job controller's idle stop (``jobs.controller.idle``).
+    Idle since ``idle_since`` (no managed job running or queued, no job share running on any
+    node), the workers stop at ``stop_at``; once stopped (``stopped_at``), the worker group's
+    size and minimum before the stop are what the next job scales it back to."""
+
+    KIND: ClassVar[str] = "idle stop"
+    state: str  # disabled | busy | idle | stopped
+    updated_at: float
+    idle_seconds: float = 0.0  # the setting (idleStopMinutes x 60); 0: never stops
+    idle_since: float | None = None
+    stop_at: float | None = None
+    stopped_at: float | None = None
+    group: str = ""  # the worker Auto Scaling group
+    desired_before: int = 0
+    min_before: int = 0
+    resumed_at: float | None = None
+    message: str = ""  # the last stop's or resume's outcome (an AWS error, say)

@@ -37,6 +37,8 @@ On EFS (relative to the mount point)::
     cluster/wait-condition.json       the master signalled the stack's wait condition (once)
     cluster/instance-types/<type>.json  an instance type's GPUs and EFA support (health gate's
                                       cache of EC2 DescribeInstanceTypes)
+    cluster/prices/<market>.<place>.<type>.json  an instance type's hourly price (the job
+                                      controller's cache of the Price List / Spot history)
     cluster/controller.json           the job controller's heartbeat (master)
     jobs/<job-id>/                    one directory per job (see JobPaths)
     managed/<job-id>/                 one managed job (see ManagedPaths); its attempts are
@@ -84,7 +86,10 @@ HEALTH_DIR = f"{CLUSTER_DIR}/health"
 LAUNCH_FAILURES = f"{CLUSTER_DIR}/launch-failures.json"
 WAIT_SIGNAL = f"{CLUSTER_DIR}/wait-condition.json"
 INSTANCE_TYPES_DIR = f"{CLUSTER_DIR}/instance-types"
+PRICES_DIR = f"{CLUSTER_DIR}/prices"
 CONTROLLER_HEARTBEAT = f"{CLUSTER_DIR}/controller.json"
+#: The job controller's idle stop: idle since when, workers stopped when, their size before.
+IDLE_STOP = f"{CLUSTER_DIR}/idle-stop.json"
 JOBS_DIR = "jobs"
 #: Training checkpoints, one directory per job name (the example job's default).
 CHECKPOINTS_DIR = "checkpoints"
@@ -109,7 +114,7 @@ LAYOUT = (
     f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
     f"{PREPARED_DIR}/<instance-id>.failed", f"{PREPARED_DIR}/<instance-id>.log",
     f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, WAIT_SIGNAL,
-    f"{INSTANCE_TYPES_DIR}/<type>.json",
+    f"{INSTANCE_TYPES_DIR}/<type>.json", f"{PRICES_DIR}/<market>.<place>.<type>.json",
     f"{CHECKPOINTS_DIR}/<user>/<name>/",
     f"{JOBS_DIR}/<job-id>/spec.json",
     f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
@@ -117,7 +122,7 @@ LAYOUT = (
     f"{JOBS_DIR}/<job-id>/staging.json",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.exit", f"{JOBS_DIR}/<job-id>/nodes/<rank>.claim",
-    CONTROLLER_HEARTBEAT, f"{MANAGED_DIR}/<job-id>/request.json",
+    CONTROLLER_HEARTBEAT, IDLE_STOP, f"{MANAGED_DIR}/<job-id>/request.json",
     f"{MANAGED_DIR}/<job-id>/job.json", f"{MANAGED_DIR}/<job-id>/cancel",
     f"{MANAGED_DIR}/<job-id>/attempts/<n>.log",
     f"{MANAGED_DIR}/<job-id>/attempts/<n>.membership.json",
@@ -413,6 +418,19 @@ class ClusterPaths:
         return self.health_dir / f".probe-{tag}"
 
     @property
+    def prices_dir(self) -> Path:
+        return self.efs / PRICES_DIR
+
+    def price(self, market: str, place: str, instance_type: str) -> Path:
+        """The job controller's cached hourly price of ``instance_type`` bought on
+        ``market`` in ``place`` (a region, or for Spot a zone)."""
+        for what, value in (("market", market), ("place", place),
+                            ("instance type", instance_type)):
+            if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,63}", value):
+                raise ProtocolError(f"not a price's {what}: {value!r}")
+        return self.prices_dir / f"{market}.{place}.{instance_type}.json"
+
+    @property
     def instance_types_dir(self) -> Path:
         return self.efs / INSTANCE_TYPES_DIR
 
@@ -425,6 +443,11 @@ class ClusterPaths:
     @property
     def controller_heartbeat(self) -> Path:
         return self.efs / CONTROLLER_HEARTBEAT
+
+    @property
+    def idle_stop(self) -> Path:
+        """The job controller's idle-stop record (``IdleStopRecord``)."""
+        return self.efs / IDLE_STOP
 
     @property
     def jobs_dir(self) -> Path:

@@ -245,6 +245,22 @@ class InstanceTypeFacts(Record):
     fetched_at: float = 0.0
 
 
+
+@record
+class InstancePrice(Record):
+    """``cluster/prices/<market>.<place>.<type>.json``: the hourly USD rate of an instance type
+    bought one way (``ops/cost.Market``) in a region (On-Demand, a reservation, a Capacity
+    Block: the Price List) or an Availability Zone (Spot: the Spot price history), as the job
+    controller fetched it (``ops/prices``), so AWS is asked once per price, not per attempt."""
+
+    KIND: ClassVar[str] = "instance price"
+    market: str
+    place: str  # the region, or for Spot the Availability Zone
+    instance_type: str
+    usd_per_hour: str  # exact decimal
+    fetched_at: float
+    source: str = ""  # the API and filters it came from
+
 # -- a job's per-node records (under jobs/<job-id>/) ----------------------------------------------
 
 

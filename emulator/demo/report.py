@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 from rich.markup import escape
 
-from bootstrap_scripts.protocol import state
+from bootstrap_scripts.ops import cost
+from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.node_files import parse_env_file
 from bootstrap_scripts.protocol.paths import DEEPLEARNING_DIR, NodePaths
@@ -96,7 +99,7 @@ def build_report(ctx: DemoContext, status: str, exit_code: int, error: str = "")
         "world_size": first.world_size if first else 0,
         "epochs": first.epochs if first else [],
         "final_acc": last.final_acc if last else None,
-        "jobs": [j.to_dict() for j in ctx.jobs],
+        "jobs": [{**j.to_dict(), "cost": job_cost(ctx, j.managed_id)} for j in ctx.jobs],
         "kill": ctx.kill_info,
         "recovery": {**ctx.recovery, "kill_node": ctx.kill_info} if ctx.recovery or
         ctx.kill_info else None,
@@ -107,6 +110,21 @@ def build_report(ctx: DemoContext, status: str, exit_code: int, error: str = "")
         "work_dir": str(ctx.work),
         "kept": ns.keep and status == "succeeded",
     }
+
+
+def job_cost(ctx: DemoContext, managed_id: str) -> dict | None:
+    """A managed job's cost ledger as the job controller recorded it (``ops/cost``: node
+    seconds x the emulator's Price List prices), None for a job the controller never ran."""
+    if not managed_id:
+        return None
+    try:
+        rec = store.read_record_or_none(ctx.cluster_paths.managed(managed_id).record,
+                                        ManagedJob)
+    except (OSError, ValueError):
+        return None
+    if rec is None or not rec.usage:
+        return None
+    return cost.job_cost(rec.usage, time.time()).to_dict()
 
 
 def published_generations(ctx: DemoContext) -> list[dict]:
@@ -184,7 +202,7 @@ def job_labels(jobs: list[dict]) -> list[tuple[str, dict]]:
 
 
 def job_figures(job: dict) -> list[tuple[str, str]]:
-    """One job's figures: epochs, world size, samples/s, accuracy or exit status."""
+    """One job's figures: epochs, world size, samples/s, accuracy or exit status, cost."""
     rows = []
     epochs = job["epochs"]
     if epochs:
@@ -196,6 +214,11 @@ def job_figures(job: dict) -> list[tuple[str, str]]:
         rows.append(("final accuracy", f"{job['final_acc']:.3f}"))
     if job["exit_code"] != 0:
         rows.append(("exit status", str(job["exit_code"])))
+    ledger = job.get("cost")
+    if ledger:
+        spent = ledger["usd"] if ledger["usd"] == "unknown" else cost.usd(
+            Decimal(ledger["usd"]))
+        rows.append(("cost", f"{spent} USD ({ledger['node_seconds'] / 3600:.3f} node-hours)"))
     return rows
 
 

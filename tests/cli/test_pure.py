@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from decimal import Decimal
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from dlc import cost, errors, jobs, remote, session, status
 from dlc.cli import main
 from dlc.errors import NotFound, UsageError
 from dlc.target import Target, resolve
+from tests.support.document import run_document_script
 
 
 def state_file(tmp_path: Path, **aws) -> Path:
@@ -120,27 +120,27 @@ def test_submit_argv() -> None:
                             name=None) == ["dl-run", "--detach", "--json", "--", "true"]
 
 
+def test_submit_resume_from_is_checked_and_passed_to_dl_run() -> None:
+    argv = jobs.submit_argv(("t",), launcher=None, max_restarts=None, min_nodes=None,
+                            name=None, resume_from="s3://old-ck/checkpoints/c0/alice/j1")
+    assert argv[3:6] == ["--resume-from", "s3://old-ck/checkpoints/c0/alice/j1/", "--"]
+    remote.document_parameters(argv, timeout=9)  # the document's patterns take it
+    for bad in ("old-ck/x", "s3://Old_Ck/x", "s3://old-ck/../x"):
+        with pytest.raises(UsageError, match=re.escape(f"--resume-from {bad!r}")):
+            jobs.submit_argv(("t",), launcher=None, max_restarts=None, min_nodes=None,
+                             name=None, resume_from=bad)
+    assert jobs.checkpoint_text({"checkpoint": {"efs": "/efs/c/a.manifest.json",
+                                                "s3": "s3://b/p/a.manifest.json"}}) == \
+        "/efs/c/a.manifest.json\ns3://b/p/a.manifest.json"
+    assert jobs.checkpoint_text({}) == "-"
+
+
 def test_scale_and_logs_argv() -> None:
     assert jobs.scale_argv(3, None) == ["dl-scale", "--workers", "3"]
     assert jobs.scale_argv(None, "10.0.1.9") == ["dl-scale", "--remove", "10.0.1.9"]
     assert jobs.page_argv("j1", "2:0=14", 2) == ["dl-jobs", "logs", "j1", "--cursor", "2:0=14",
                                                  "--node", "2"]
     remote.document_parameters(jobs.page_argv("j1", "2:0=14,1-ps=3,r=9", None), timeout=9)
-
-
-def run_document_script(tmp_path: Path, params: dict[str, str],
-                        tool: str) -> subprocess.CompletedProcess:
-    """The cluster document's script, run by a real sh as the agent runs it (parameters as
-    SSM_<name>), with ``tool`` installed as every dl-* command."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    for name in remote.COMMANDS:
-        (bin_dir / name).write_text(tool)
-        (bin_dir / name).chmod(0o755)
-    script = tmp_path / "doc.sh"
-    script.write_text("\n".join(document_content()["mainSteps"][0]["inputs"]["runCommand"]))
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **{f"SSM_{k}": v for k, v in params.items()}}
-    return subprocess.run(["sh", str(script)], capture_output=True, env=env, timeout=30)
 
 
 def test_the_document_reads_from_an_offset_and_keeps_the_exit_status(tmp_path: Path) -> None:
@@ -376,3 +376,43 @@ def test_aws_refusals_name_the_next_step(code: str, words: str) -> None:
 
     exc = ClientError({"Error": {"Code": code, "Message": "no"}}, "DescribeStacks")
     assert words in str(aws_error(exc, "cloudformation DescribeStacks"))
+
+
+# -- cost per job ----------------------------------------------------------------------------
+
+
+def test_submit_argv_carries_max_cost_exactly() -> None:
+    argv = jobs.submit_argv(("true",), launcher=None, max_restarts=None, min_nodes=None,
+                            name=None, max_cost="12.50")
+    assert argv == ["dl-run", "--detach", "--json", "--max-cost", "12.5", "--", "true"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "ten", "0.001"])
+def test_submit_refuses_a_bad_max_cost_naming_it(value) -> None:
+    with pytest.raises(UsageError, match=r"--max-cost .*" + re.escape(repr(value))):
+        jobs.submit_argv(("true",), launcher=None, max_restarts=None, min_nodes=None,
+                         name=None, max_cost=value)
+
+
+@pytest.mark.parametrize("job, cell", [
+    ({"usage": [{}], "cost": {"usd": "1.709"}, "max_cost_usd": "5"}, "1.709/5"),
+    ({"usage": [{}], "cost": {"usd": "2"}}, "2.00"),
+    ({"usage": [{}], "cost": {"usd": "unknown"}}, "unknown"),
+    ({"usage": [], "cost": {"usd": "0"}, "max_cost_usd": "5"}, "-/5"),
+    ({"state": "queued"}, "-"),  # a master whose dl-jobs has no ledger
+])
+def test_the_jobs_cost_cell(job, cell) -> None:
+    assert jobs.cost_cell(job) == cell
+
+
+def test_dlc_jobs_shows_each_jobs_cost(monkeypatch, capsys) -> None:
+    listing = [{"job_id": "a-1", "state": "budget", "world_size": 2, "full_size": 2,
+                "restarts": 0, "submitted_at": 0, "usage": [{}], "cost": {"usd": "5.0001"},
+                "max_cost_usd": "5", "message": "stopped at the cost cap"}]
+    monkeypatch.setattr(jobs, "master_remote", lambda target: None)
+    monkeypatch.setattr(jobs, "list_jobs", lambda remote: listing)
+    monkeypatch.setattr("dlc.cli.target_of", lambda ctx: None)
+    assert main(["jobs"]) == 0
+    text = capsys.readouterr().out
+    assert "cost USD" in text and "5.00/5" in text and "budget" in text
+    assert "budget" in status.FINISHED

@@ -45,3 +45,37 @@ def test_what_the_table_lacks_is_an_empty_answer_not_a_made_up_price(
 def test_other_services_are_still_moto(moto_endpoint: str) -> None:
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_endpoint)
     assert ec2.describe_regions()["Regions"]
+
+
+def test_the_job_controllers_price_book_prices_a_node_from_the_emulator(
+        moto_endpoint: str, tmp_path) -> None:
+    """What the master's controller asks (ops/prices.py): DescribeInstances, then the
+    Price List with the market option; moto's own DescribeSpotPriceHistory for Spot."""
+    import time
+
+    from bootstrap_scripts.ops.cost import Market
+    from bootstrap_scripts.ops.prices import PriceBook
+    from bootstrap_scripts.protocol.membership import Node
+
+    def client(service: str, region: str):
+        return boto3.client(service, region_name=region, endpoint_url=moto_endpoint,
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    ec2 = client("ec2", "us-east-1")
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    (inst,) = ec2.run_instances(ImageId=image, InstanceType="g5.xlarge", MinCount=1,
+                                MaxCount=1)["Instances"]
+    try:
+        book = PriceBook(tmp_path, "us-east-1", client=client)
+        (usage,) = book.node_usage([Node(rank=0, role="master", instance_id=inst["InstanceId"],
+                                         address="127.0.0.1", alias="a",
+                                         instance_type="g5.xlarge")], time.time())
+        assert (usage.market, usage.usd_per_hour, usage.price_note) == (
+            "on-demand", "1.006", "")
+        zone = inst["Placement"]["AvailabilityZone"]
+        spot, source = book.fetch(Market.SPOT, "g5.xlarge", zone, time.time())
+        assert Decimal(spot) > 0 and zone in source
+        assert book.fetch(Market.CAPACITY_BLOCK, "g5.xlarge", "us-east-1", time.time())[0] \
+            is None  # the emulator's table has no Capacity Block rates
+    finally:
+        ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])

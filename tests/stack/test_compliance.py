@@ -25,7 +25,8 @@ CONTEXTS = {
         "warmPoolSize": "2",  # the warm pool, its launch hook and the workers' grant
         "maxWorkers": "4",
     },
-    "elastic-spot": {"spotWorkers": "2", "maxWorkers": "6", "dataPrepScript": "/efs/prep.sh"},
+    "elastic-spot": {"spotWorkers": "2", "maxWorkers": "6", "dataPrepScript": "/efs/prep.sh",
+                     "budgetPerDay": "250"},
 }
 
 

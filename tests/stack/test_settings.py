@@ -53,6 +53,8 @@ def test_every_documented_key_is_parsed() -> None:
         "dataPrefix": "digits",
         "efa": "true",
         "nodeBootSeconds": "1800",
+        "idleStopMinutes": "15",
+        "budgetPerDay": "250.50",
         "warmPoolSize": "0",  # not with spotWorkers (tests/stack/test_warm_pool.py)
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
@@ -84,6 +86,8 @@ def test_every_documented_key_is_parsed() -> None:
         data_prefix="digits/",
         efa=True,
         node_boot_seconds=1800,
+        idle_stop_minutes=15,
+        budget_per_day=250.5,
     )
 
 
@@ -126,6 +130,9 @@ def test_every_documented_key_is_parsed() -> None:
         ("dataPrefix", "/abs"),
         ("dataPrefix", "a/*"),
         ("dataPrefix", "a/../b"),
+        ("idleStopMinutes", "-1"),
+        ("idleStopMinutes", "10081"),
+        ("idleStopMinutes", "soon"),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:

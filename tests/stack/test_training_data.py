@@ -131,3 +131,17 @@ def test_a_data_prefix_without_a_bucket_names_the_prop() -> None:
 
     with pytest.raises(ConfigError, match="data_prefix"):
         TrainingData(cdk.Stack(new_app(), "S"), "Data", cluster_id="c", data_prefix="x")
+
+
+def test_only_the_masters_controller_learns_the_checkpoint_prefix(plain: Template) -> None:
+    """The master's user data gives its job controller ``--checkpoint-url`` (managed jobs'
+    checkpoints are mirrored under it); the workers' do not carry it."""
+    name, _ = checkpoint_bucket(plain)
+    templates = plain.find_resources("AWS::EC2::LaunchTemplate")
+    text = {k: json.dumps(v) for k, v in templates.items()}
+    master = [t for k, t in text.items() if "Master" in k]
+    workers = [t for k, t in text.items() if "Worker" in k]
+    assert master and workers, sorted(text)
+    assert all("--checkpoint-url 's3://" in t and json.dumps({"Ref": name}) in t
+               and "/checkpoints/DLClusterStack/'" in t for t in master)
+    assert not any("--checkpoint-url" in t for t in workers)

@@ -6,8 +6,12 @@
     dl-jobs logs ID --cursor C         one page of it as JSON, from a cursor (``dlc logs``)
     dl-jobs cancel ID                  a queued job never runs; a running one is stopped
 
-Reads EFS only (``managed/``, ``jobs/``, ``cluster/controller.json``), so it works on any
-node. Exit status: 0, 1 (the job of ``logs -f`` did not succeed), 2 (usage, unknown job).
+Each job's cost is its ledger (``ops/cost``): its attempts' node-seconds x each node's
+price, as the controller recorded them; a running attempt counts up to now.
+
+Reads EFS only (``managed/``, ``jobs/``, ``cluster/controller.json``,
+``cluster/idle-stop.json``), so it works on any node. Exit status: 0, 1 (the job of
+``logs -f`` did not succeed), 2 (usage, unknown job).
 """
 
 from __future__ import annotations
@@ -17,13 +21,17 @@ import datetime
 import json
 import os
 import sys
+import time
+from decimal import Decimal
 from pathlib import Path
 
+from bootstrap_scripts.data.checkpoint_plan import MANIFEST_SUFFIX
 from bootstrap_scripts.jobs.cli import log_pages
 from bootstrap_scripts.jobs.cli.follow import final_message, follow
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
+from bootstrap_scripts.ops import cost
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import NodePaths
@@ -73,30 +81,86 @@ def when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def with_cost(job: ManagedJob, now: float) -> dict:
+    """The job's record with its ledger (``cost``), for --json."""
+    return {**job.to_dict(), "cost": cost.job_cost(job.usage, now).to_dict()}
+
+
+def cost_cell(job: ManagedJob, now: float) -> str:
+    """``12.35`` (USD), ``12.35/50`` with a cap, ``-`` before any attempt ran."""
+    spent = cost.usd(cost.job_cost(job.usage, now).usd) if job.usage else "-"
+    return spent + (f"/{job.max_cost_usd}" if job.max_cost_usd else "")
+
+
 def print_list(efs: Path, as_json: bool) -> int:
     jobs = managed.list_jobs(efs)
     status = managed.controller_status(efs)
+    idle = managed.idle_stop(efs)
+    now = time.time()
     if as_json:
         print(json.dumps({"controller": {"alive": status.alive, "status": status.text},
-                          "jobs": [j.to_dict() for j in jobs]}, indent=2, sort_keys=True))
+                          "idle_stop": idle.to_dict() if idle else None,
+                          "jobs": [{**with_cost(j, now),
+                                    "checkpoint": managed.last_checkpoint(efs, j)}
+                                   for j in jobs]}, indent=2, sort_keys=True))
         return 0
     print(status.text)
+    print(managed.idle_text(idle, when))
     if not jobs:
         print("no jobs")
         return 0
     rows = [("JOB", "STATE", "ATTEMPT", "RESTARTS", "NODES", "USER", "SUBMITTED",
-             "LAST FAILURE")]
+             "COST USD", "CHECKPOINT", "LAST FAILURE")]
     rows += [(j.job_id, j.state, str(j.attempt), str(j.restarts), str(j.world_size),
-              j.user or "-", when(j.submitted_at), (j.last_failure or "-")[:70]) for j in jobs]
+              j.user or "-", when(j.submitted_at),
+              cost_cell(j, now),
+              checkpoint_text(managed.last_checkpoint(efs, j)),
+              (j.last_failure or "-")[:70]) for j in jobs]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
     return 0
 
 
-def print_show(job: ManagedJob, as_json: bool) -> int:
+def money(value: Decimal | None) -> str:
+    return f"{cost.usd(value)} USD" if value is not None else "unknown"
+
+
+def ledger_lines(job: ManagedJob, now: float) -> list[str]:
+    """``cost:`` and one line per attempt: its span, nodes and what each node cost."""
+    ledger = cost.job_cost(job.usage, now)
+    head = (f"{'cost:':14}{money(ledger.usd)} ({ledger.node_seconds / 3600:.3f} "
+            f"node-hours)" if job.usage else f"{'cost:':14}- (no attempt ran)")
+    head += f" of --max-cost {job.max_cost_usd} USD" if job.max_cost_usd else ""
+    lines = [head]
+    lines += [f"{'':14}unknown price: {u}" for u in ledger.unknown]
+    for usage, (_n, spent) in zip(job.usage, ledger.by_attempt, strict=True):
+        end = usage.ended_at if usage.ended_at is not None else now
+        nodes = ", ".join(f"{n.instance_id} {n.instance_type or '?'} {n.market or '?'} "
+                          f"{n.usd_per_hour or '?'}/h" for n in usage.nodes)
+        lines.append(f"attempt {usage.attempt}: {when(usage.started_at)} for "
+                     f"{max(0.0, end - usage.started_at):.0f} s"
+                     f"{'' if usage.ended_at is not None else ' (running)'}: "
+                     f"{money(spent)} on {nodes or 'no node'}")
+    return lines
+
+
+def checkpoint_text(where: dict[str, str]) -> str:
+    """``step-000120 (efs, s3)``: the newest complete checkpoint's name and where it is."""
+    names = {k: v.rsplit("/", 1)[-1].removesuffix(MANIFEST_SUFFIX) for k, v in where.items()
+             if v}
+    if not names:
+        return "-"
+    newest = names.get("efs") or names["s3"]
+    return f"{newest} ({', '.join(k for k, v in names.items() if v == newest)})"
+
+
+def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
+    now = time.time()
+    where = managed.last_checkpoint(efs, job)
     if as_json:
-        print(json.dumps(job.to_dict(), indent=2, sort_keys=True))
+        print(json.dumps({**with_cost(job, now), "checkpoint": where}, indent=2,
+                         sort_keys=True))
         return 0
     for label, value in (
             ("job", job.job_id), ("state", job.state), ("user", job.user or "-"),
@@ -107,8 +171,11 @@ def print_show(job: ManagedJob, as_json: bool) -> int:
             ("excluded", ", ".join(job.excluded) or "-"),
             ("last failure", job.last_failure or "-"),
             ("health gate", "; ".join(job.gate_failures) or "-"),
-            ("message", job.message or "-")):
+            ("message", job.message or "-"),
+            ("checkpoint", where["efs"] or "-"), ("mirrored", where["s3"] or "-")):
         print(f"{label + ':':14}{value}")
+    for line in ledger_lines(job, now):
+        print(line)
     for k, r in enumerate(job.restart_log, start=1):
         resumed = (f"epoch {r.resumed_epoch} step {r.resumed_step}"
                    if r.resumed_epoch is not None else "no checkpoint")
@@ -149,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             job = managed.view(paths)
             if job is None:
                 raise managed.ManagedError(f"job {args.job_id} has no readable record")
-            return print_show(job, args.json or args.json_show)
+            return print_show(job, args.json or args.json_show, efs)
         if args.command == "cancel":
             print(managed.cancel(efs, args.job_id))
             return 0

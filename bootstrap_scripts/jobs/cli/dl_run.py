@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from bootstrap_scripts.jobs.cli.request_args import load_context, request_from_args
 from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine import run as engine
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_SIGINT, EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.restart_policy import (
@@ -44,7 +45,7 @@ from bootstrap_scripts.protocol.paths import MEMBERSHIP_FILE, validate_job_id
 DEFAULTS = RunRequest(job_id="job", command=("true",))
 #: Options of managed jobs only (the controller's business, not an attempt's).
 MANAGED_ONLY = ("--detach", "--json", "--max-restarts", "--min-nodes", "--max-code-restarts",
-                "--replace-timeout", "--workdir-archive")
+                "--replace-timeout", "--workdir-archive", "--max-cost")
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -96,6 +97,10 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     m.add("--replace-timeout", type=float, default=None,
           help=f"seconds a restart waits for a replaced node (default: "
           f"{DEFAULT_REPLACE_TIMEOUT:.0f})")
+    m.add("--max-cost", default=None, metavar="USD",
+          help="stop the job, as a cancel does (SIGTERM, then the grace period to "
+          "checkpoint), once its nodes' cost reaches USD (their seconds x their On-Demand, "
+          "Spot or reserved price); it ends 'budget' and is not restarted (default: no cap)")
     m.add("--workdir-archive", default=None, metavar="-",
           help="unpack the tar.gz on standard input into the job's own directory on EFS "
           "(managed/<id>/workdir) and run there (dlc submit --workdir)")
@@ -131,6 +136,11 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     g.add("--data-shard", action="store_true",
           help="with --data: each node copies only its share of the objects (every Nth "
           "object in key order, N the node count)")
+    g.add("--resume-from", default="", metavar="s3://BUCKET/PREFIX",
+          help="a managed job: before its first attempt, resume from the newest complete "
+          "checkpoint under this S3 prefix (an old cluster's mirror, e.g. "
+          "s3://<checkpoint bucket>/checkpoints/<old-cluster-id>/<user>/<job-id>/) when it "
+          "is newer than the job's own; see README \"Data in S3\"")
     g = p.group("torchrun")
     g.add("--nnodes", default="", help="N or MIN:MAX (default: the node count)")
     g.add("--nproc-per-node", type=int, default=0,
@@ -233,6 +243,12 @@ def run(argv: list[str]) -> int:
         job_id = validate_job_id(args.job_id) if args.job_id else new_job_id(
             args.name or args.launcher)
         request = request_from_args(args, command, job_id)
+        idle = managed.idle_stop(ctx.efs)
+        if args.unmanaged and idle is not None and idle.stopped_at is not None:
+            say(f"note: this cluster's workers are stopped (idle stop): an --unmanaged job "
+                f"runs on the {len(ctx.membership.nodes)} node(s) there are; run it managed "
+                f"(without --unmanaged) to bring the {idle.desired_before} worker(s) back, "
+                f"or 'dl-scale --workers N'")
     if args.dry_run:
         plan, _paths, commands = engine.prepare(request, ctx.membership, ctx.efs)
         engine.announce(request, plan, ctx.membership)

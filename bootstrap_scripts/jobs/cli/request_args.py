@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
+from bootstrap_scripts.ops.cost import parse_usd, plain
 from bootstrap_scripts.protocol.jobs import FORWARDED_ENV, RunRequest
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import NodePaths
@@ -70,4 +71,15 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         grace=args.grace, fail_grace=args.fail_grace, heartbeat_timeout=args.heartbeat_timeout,
         reach_timeout=args.reach_timeout, start_timeout=args.start_timeout,
         orphan_timeout=args.orphan_timeout, prefix=not args.no_prefix, data=args.data,
-        data_shard=args.data_shard)
+        data_shard=args.data_shard, resume_from=args.resume_from)
+
+
+def max_cost_from_args(args: argparse.Namespace) -> str:
+    """``--max-cost`` as the managed request carries it (an exact decimal, "" = no cap);
+    RunError naming the value when it is not an amount the controller can keep."""
+    if args.max_cost is None:
+        return ""
+    try:
+        return plain(parse_usd(args.max_cost))
+    except ValueError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts.data.checkpoint_plan import join_url
 from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, classify
 from bootstrap_scripts.jobs.engine.reachability import Executors
@@ -61,12 +62,20 @@ def restart_env(efs: Path, job_id: str, restart_count: int, user: str) -> dict[s
     return env
 
 
+def checkpoint_url(base: str, job_id: str, user: str) -> str:
+    """Where a managed job's checkpoint directory is mirrored: ``<base><user>/<job-id>/``
+    (``base``: the cluster's ``s3://<bucket>/checkpoints/<cluster-id>/``, "" for none), the
+    prefix the job role lets that user's jobs write."""
+    return join_url(base, user, job_id) if base else ""
+
+
 def attempt_request(request: ManagedRequest, *, attempt_id: str, efs: Path,
-                    restart_count: int, user: str) -> RunRequest:
+                    restart_count: int, user: str, checkpoints_url: str = "") -> RunRequest:
     """What attempt ``attempt_id`` runs: the job's run request under the attempt's id, with
     this package importable by the ranks (as their own ``dl-run`` would have it) and the
     restart variables last: they win over the user's own ``--env`` of the same name, and
-    mpirun forwards them (``-x``) like any ``--env``."""
+    mpirun forwards them (``-x``) like any ``--env``. With ``checkpoints_url`` (the
+    cluster's), the checkpoint directory is mirrored there (``engine.checkpoints``)."""
     run = request.run
     env = dict(run.env)
     env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + env["PYTHONPATH"]
@@ -75,7 +84,9 @@ def attempt_request(request: ManagedRequest, *, attempt_id: str, efs: Path,
     restart = restart_env(efs, request.job_id, restart_count, user)
     env.update(restart)
     forward = tuple(dict.fromkeys((*run.forward, *restart)))
-    return dataclasses.replace(run, job_id=attempt_id, env=env, forward=forward)
+    return dataclasses.replace(run, job_id=attempt_id, env=env, forward=forward,
+                               checkpoint_url=checkpoint_url(checkpoints_url,
+                                                             request.job_id, user))
 
 
 def runner_argv(*, root: str, efs: Path, membership: Path | None) -> list[str]:

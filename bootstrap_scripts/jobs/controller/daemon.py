@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import single_instance
-from bootstrap_scripts.jobs.controller import attempts, instance_health, retention
+from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
+from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
@@ -48,6 +49,7 @@ from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
 from bootstrap_scripts.jobs.engine.userfiles import UnsafeUserFile, as_owner_of
+from bootstrap_scripts.ops.prices import PriceBook
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import (
@@ -97,13 +99,16 @@ class Controller:
     def __init__(self, root: Path, efs: Path, *, region: str = "",
                  gate: Gate | None = None, health: InstanceHealth | None = None,
                  retention_days: float = retention.DEFAULT_RETENTION_DAYS,
-                 max_replacements: int = instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR
-                 ) -> None:
+                 max_replacements: int = instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
+                 idle_seconds: float = 0.0, checkpoints_url: str = "") -> None:
         self.root, self.efs = root, efs
+        self.checkpoints_url = checkpoints_url
         self.retention_days = retention_days
         self.archived_at = 0.0
         self.gate = gate
         self.health = health or InstanceHealth(region, max_per_hour=max_replacements)
+        #: every job's nodes priced for its cost ledger (``ops/prices``; AWS asked lazily)
+        self.prices = PriceBook(efs, region)
         self.stopping = False
         self.seq = 0
         self.last_beat = 0.0
@@ -121,6 +126,8 @@ class Controller:
         self.me = f"{self.instance_id or socket.gethostname()}/{os.getpid()}"
         #: job records EFS had no space for (ENOSPC): written once it has again
         self.pending_records = UnwrittenRecords(efs, self.me)
+        stop, restore = idle.worker_group_actions(root, efs, self.health.client)
+        self.idle = idle.IdleStop(efs, idle_seconds=idle_seconds, stop=stop, restore=restore)
 
     # -- heartbeat -------------------------------------------------------------------------
     def beat(self, state: str = "running", *, force: bool = False) -> None:
@@ -159,7 +166,8 @@ class Controller:
                    job: ManagedJob) -> JobSupervisor:
         return JobSupervisor(root=self.root, efs=self.efs, paths=paths, request=request,
                              job=job, health=self.health, gate=self.gate, tick=self.beat,
-                             stopping=lambda: self.stopping)
+                             stopping=lambda: self.stopping, prices=self.prices,
+                             checkpoints_url=self.checkpoints_url)
 
     def run_job(self, sup: JobSupervisor, *, reattach: bool = False) -> None:
         self.job_id = sup.job.job_id
@@ -284,7 +292,7 @@ class Controller:
             job = managed.load_job(paths) or ManagedJob(
                 job_id=request.job_id, state=JobState.QUEUED.value,
                 submitted_at=request.submitted_at, user=request.user,
-                world_size=request.world_size)
+                world_size=request.world_size, max_cost_usd=request.max_cost_usd)
             sup = self.supervisor(paths, request, job)
             try:
                 sup.update(controller=self.me)
@@ -349,6 +357,7 @@ class Controller:
                 self.archived_at = time.monotonic()
                 retention.archive_finished(self.efs, days=self.retention_days)
             sup = self.next_job()
+            self.idle.tick(queued=sup is not None)  # a queued job brings stopped workers back
             if sup is None:
                 return False
             self.run_job(sup)
@@ -373,8 +382,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-replacements-per-hour", type=int, help="circuit breaker: at most "
                    "this many instances marked Unhealthy in any hour (default: %(default)s)",
                    default=instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR)
+    p.add_argument("--idle-stop-seconds", type=float, default=0.0, help="workers to zero "
+                   "after this long idle (idleStopMinutes x 60; default %(default)g: never)")
+    p.add_argument("--checkpoint-url", default="", metavar="s3://BUCKET/PREFIX/",
+                   help="the cluster's checkpoint prefix: each managed job's checkpoint "
+                   "directory is mirrored to <this><user>/<job-id>/ ('' = none)")
     p.add_argument("-v", "--verbose", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.checkpoint_url:
+        try:
+            parse_s3_url(args.checkpoint_url, "--checkpoint-url")
+        except CheckpointError as exc:
+            p.error(str(exc))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                     "without one")
     ctl = Controller(root, Path(efs), region=args.region, gate=gate,
                      retention_days=args.retention_days,
-                     max_replacements=args.max_replacements_per_hour)
+                     max_replacements=args.max_replacements_per_hour,
+                     idle_seconds=args.idle_stop_seconds, checkpoints_url=args.checkpoint_url)
 
     def stop(signum: int, _frame: object) -> None:
         ctl.stopping = True

@@ -16,6 +16,9 @@ The controller (``controller.py``) hands a job to :class:`JobSupervisor`, which 
    instance marked Unhealthy when root's own record confirms it (``node_evidence``: the
    node's executor heartbeat lost; never the master; within the cluster's circuit breaker,
    ``instance_health.breaker``), then back to 1.
+
+Every attempt is entered in the job's cost ledger (``budget.py``); with ``--max-cost`` the
+job is stopped like a cancel once the ledger reaches the cap, and ends ``budget``.
 """
 
 from __future__ import annotations
@@ -27,9 +30,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bootstrap_scripts.jobs.controller import attempts, node_evidence
+from bootstrap_scripts.jobs.controller.budget import JobBudget
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.engine import managed, userfiles
-from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass
+from bootstrap_scripts.jobs.engine.classify import (
+    Failure,
+    FailureClass,
+    FailureKind,
+    budget_stop,
+)
 from bootstrap_scripts.jobs.engine.reachability import Executors
 from bootstrap_scripts.jobs.engine.restart_policy import (
     Action,
@@ -41,6 +50,7 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
     decide,
 )
 from bootstrap_scripts.jobs.engine.run import nodes_membership
+from bootstrap_scripts.ops.prices import PriceBook
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
 from bootstrap_scripts.protocol.membership import Membership, Node
@@ -57,8 +67,11 @@ POLL_SECONDS = 0.5
 class JobSupervisor:
     def __init__(self, *, root: Path, efs: Path, paths: ManagedPaths, request: ManagedRequest,
                  job: ManagedJob, health: InstanceHealth, gate: Gate | None,
-                 tick: Callable[[], None], stopping: Callable[[], bool]) -> None:
+                 tick: Callable[[], None], stopping: Callable[[], bool],
+                 prices: PriceBook | None = None, checkpoints_url: str = "") -> None:
         self.root, self.efs, self.paths, self.request = root, efs, paths, request
+        #: the cluster's checkpoint prefix in S3 ("" for none): attempts mirror under it
+        self.checkpoints_url = checkpoints_url
         self.job = job
         self.health, self.gate = health, gate
         self.tick, self.stopping = tick, stopping
@@ -73,6 +86,8 @@ class JobSupervisor:
         self.last_nodes: set[str] = set()
         #: the executors as this supervisor has seen them (the cluster's one liveness rule)
         self.executors = Executors(efs)
+        #: the cost ledger and --max-cost (a cap that is not one: the job fails naming it)
+        self.budget = JobBudget(request, prices)
 
     # -- the record ----------------------------------------------------------------------
     def update(self, **changes: object) -> ManagedJob:
@@ -202,7 +217,8 @@ class JobSupervisor:
                                     membership=self.attempt_membership(m, nodes, n))
         user = userfiles.user_name(self.uid)
         run = attempts.attempt_request(self.request, attempt_id=attempt_id, efs=self.efs,
-                                       restart_count=self.job.restarts, user=user)
+                                       restart_count=self.job.restarts, user=user,
+                                       checkpoints_url=self.checkpoints_url)
         if self.job.restart_log:
             with userfiles.as_user(self.uid, self.gid):  # the user's file, the user's rights
                 epoch, step = managed.checkpoint_position(
@@ -213,9 +229,20 @@ class JobSupervisor:
                                      resumed_step=step,
                                      replacement_instance_id=",".join(new))
         self.last_nodes = {x.instance_id for x in nodes}
+        # A capped job's nodes are priced before the attempt starts (one it cannot price does
+        # not start); any other job's right after, off the path to its start.
+        usage = self.budget.start(self.job, n, nodes) if self.budget.cap is not None else ()
+        unpriced = (self.budget.stop_reason(dataclasses.replace(self.job, usage=usage))
+                    if usage else "")
+        if unpriced:  # a cap that cannot be counted: the attempt does not start
+            self.budget.stopped = unpriced
+            return Failure(FailureKind.BUDGET, unpriced), time.time()
         proc = attempts.spawn(argv, run, self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
+        started = time.time()
+        usage = ((*usage[:-1], dataclasses.replace(usage[-1], started_at=started)) if usage
+                 else self.budget.start(self.job, n, nodes, at=started))
         self.update(state=JobState.RUNNING.value, attempt=n, world_size=len(nodes),
-                    started_at=self.job.started_at or time.time())
+                    started_at=self.job.started_at or time.time(), usage=usage)
         LOG.info("job %s: attempt %d (%s) on %d node(s), runner pid %d", self.job.job_id, n,
                  attempt_id, len(nodes), proc.pid)
         jpaths = ClusterPaths(self.efs).job(attempt_id)
@@ -223,6 +250,7 @@ class JobSupervisor:
         detected = time.time()
         if not self.stopping():  # stopping: the next controller takes the attempt over
             attempts.stop_abandoned(jpaths, self.efs, tick=self.tick)
+            self.update(usage=JobBudget.end(self.job, n))
         return attempts.outcome(jpaths, proc.returncode), detected
 
     def reattach(self) -> tuple[Failure | None, float]:
@@ -233,17 +261,25 @@ class JobSupervisor:
         detected = time.time()
         if not self.stopping():
             attempts.stop_abandoned(jpaths, self.efs, tick=self.tick)
+            self.update(usage=JobBudget.end(self.job, self.job.attempt))
         return attempts.outcome(jpaths, 0 if store.exists(jpaths.result) else None), detected
 
     def follow(self, jpaths, running: Callable[[], bool]) -> None:
-        """While the attempt runs: pass a cancel on, note when a restart resumed, beat."""
+        """While the attempt runs: pass a cancel on, stop it at the job's cost cap, note
+        when a restart resumed, beat."""
         cancel_sent = False
         pending_resume = bool(self.job.restart_log and
                               self.job.restart_log[-1].seconds_to_resume is None)
         while running():
-            if not cancel_sent and (managed.cancel_requested(self.paths) or self.stopping()):
+            if not cancel_sent and not self.stopping():
+                self.budget.stopped = self.budget.stop_reason(self.job)
+            if not cancel_sent and (managed.cancel_requested(self.paths) or self.stopping()
+                                    or self.budget.stopped):
+                why = self.budget.stopped or "cancelled by the job controller"
                 with userfiles.as_user(self.uid, self.gid):  # the user's job directory
-                    store.atomic_write(jpaths.cancel, "cancelled by the job controller\n")
+                    store.atomic_write(jpaths.cancel, why + "\n")
+                if self.budget.stopped:
+                    LOG.warning("job %s: %s", self.job.job_id, self.budget.stopped)
                 cancel_sent = True
             if pending_resume:
                 pending_resume = not self.note_resumed(jpaths)
@@ -270,6 +306,8 @@ class JobSupervisor:
             if self.stopping():
                 return self.job
             self.after_attempt(self.membership(), failure, detected)
+        if self.budget.problem and not JobState(self.job.state).terminal:
+            return self.finish(JobState.FAILED, self.budget.problem)
         while not JobState(self.job.state).terminal:
             if managed.cancel_requested(self.paths):
                 return self.finish(JobState.CANCELLED, "cancelled by the user")
@@ -280,6 +318,9 @@ class JobSupervisor:
                 if not JobState(self.job.state).terminal:
                     self.finish(JobState.CANCELLED, "cancelled by the user")
                 return self.job
+            spent = self.budget.stop_reason(self.job)
+            if spent:  # a restart would start past the cap
+                return self.finish(JobState.BUDGET, spent)
             failure, detected = self.run_attempt(*chosen)
             if self.stopping():
                 return self.job  # the next controller continues (as master-lost)
@@ -287,6 +328,8 @@ class JobSupervisor:
         return self.job
 
     def after_attempt(self, m: Membership | None, failure: Failure | None, detected: float) -> None:
+        if self.budget.stopped:
+            failure = budget_stop(failure, self.budget.stopped)
         decision = decide(failure, restarts=self.job.restarts,
                           code_restarts=self.job.code_restarts, policy=self.policy,
                           cancel_requested=managed.cancel_requested(self.paths))

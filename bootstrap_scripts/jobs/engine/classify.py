@@ -17,6 +17,8 @@ The classes (``FailureClass``), and who is to blame:
   record) before it blames the node;
 - ``node-unhealthy``: the node failed the (root-run) health gate;
 - ``cancelled``: the user (or the runner's signal) cancelled the job;
+- ``budget``: the job controller stopped the job because its cost reached the job's
+  ``--max-cost`` (``ops/cost.check_cap``), the way a cancel stops it; never restarted;
 - ``infrastructure``: the product's own fault, not the user's nor the machine's: a job
   executor that restarted and stopped the share it found running, an attempt's runner that
   vanished (or was killed by a signal) without a result, a job controller lost with its
@@ -55,6 +57,7 @@ class FailureClass(StrEnum):
     NODE_UNHEALTHY = "node-unhealthy"
     CANCELLED = "cancelled"
     INFRASTRUCTURE = "infrastructure"
+    BUDGET = "budget"
 
 
 class FailureKind(StrEnum):
@@ -66,6 +69,7 @@ class FailureKind(StrEnum):
     EXECUTOR_RESTARTED = "executor-restarted"
     RUNNER_LOST = "runner-lost"
     CANCELLED = "cancelled"
+    BUDGET = "budget"
 
     @property
     def failure_class(self) -> FailureClass:
@@ -86,6 +90,7 @@ _CLASS_OF = {
     FailureKind.EXECUTOR_RESTARTED: FailureClass.INFRASTRUCTURE,
     FailureKind.RUNNER_LOST: FailureClass.INFRASTRUCTURE,
     FailureKind.CANCELLED: FailureClass.CANCELLED,
+    FailureKind.BUDGET: FailureClass.BUDGET,
 }
 
 
@@ -204,6 +209,15 @@ def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
         kind = FailureKind.CODE
     return Failure(kind, _detail(kind, node, exits.get(node.rank)), node.address,
                    rank=node.rank)
+
+
+def budget_stop(failure: Failure | None, reason: str) -> Failure | None:
+    """How an attempt the controller stopped at the job's cost cap ended: ``budget`` whatever
+    the stop made of it (cancelled shares, a rank that died of the SIGTERM), unless it
+    succeeded anyway (it finished as the cap was reached: the work is done)."""
+    if failure is None:
+        return None
+    return Failure(FailureKind.BUDGET, reason)
 
 
 def _signal_name(number: int) -> str:

@@ -12,17 +12,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_status
+from bootstrap_scripts.data.checkpoint_plan import survey
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.managed_records import (
     ControllerHeartbeat,
+    IdleStopRecord,
     ManagedJob,
     ManagedRequest,
 )
@@ -111,7 +116,8 @@ def view(paths: ManagedPaths) -> ManagedJob | None:
         return unusable(paths, problem) if problem else None
     return ManagedJob(job_id=req.job_id, state=JobState.QUEUED.value,
                       submitted_at=req.submitted_at, user=req.user,
-                      world_size=req.world_size, full_size=req.world_size)
+                      world_size=req.world_size, full_size=req.world_size,
+                      max_cost_usd=req.max_cost_usd)
 
 
 def all_paths(efs: Path) -> list[ManagedPaths]:
@@ -212,12 +218,58 @@ def controller_status(efs: Path, timeout: float = CONTROLLER_TIMEOUT) -> Control
     return ControllerStatus(True, f"job controller alive ({where}, {age:.1f} s ago)", hb)
 
 
+def idle_stop(efs: Path) -> IdleStopRecord | None:
+    """The job controller's idle-stop record (``jobs.controller.idle``); None if none yet."""
+    return store.read_record_or_none(ClusterPaths(efs).idle_stop, IdleStopRecord)
+
+
+def idle_text(rec: IdleStopRecord | None, when: Callable[[float | None], str]) -> str:
+    """The idle stop in one sentence (``dl-jobs``, ``dl-run``; ``dlc status`` has its own
+    from the same record): ``when`` formats a time."""
+    if rec is None:
+        return "idle stop: no record yet"
+    if rec.stopped_at is not None:
+        text = (f"idle stop: workers STOPPED at {when(rec.stopped_at)} (idle since "
+                f"{when(rec.idle_since)}); the next job scales them back to "
+                f"{rec.desired_before}")
+    elif rec.state == "idle":
+        text = (f"idle stop: idle since {when(rec.idle_since)}, workers stop at "
+                f"{when(rec.stop_at)}")
+    elif rec.state == "disabled" or rec.idle_seconds <= 0:
+        text = "idle stop: off (idleStopMinutes 0)"
+    else:
+        text = (f"idle stop: not idle; workers stop {rec.idle_seconds / 60:g} min after the "
+                f"last job")
+    return text + (f" [{rec.message}]" if "failed" in rec.message else "")
+
+
 def checkpoint_position(ckdir: Path) -> tuple[int | None, int | None]:
-    """(epoch, step) of ``<ckdir>/latest.json`` (the example job's pointer to its newest
-    checkpoint), (None, None) when there is none."""
-    path = ckdir / "latest.json"
+    """(epoch, step) of the newest complete checkpoint in ``ckdir``: its manifest's ``meta``
+    (``data/checkpoint_plan.py``), else ``<ckdir>/latest.json`` (the example job's pointer
+    to its newest checkpoint); (None, None) when there is none."""
+    newest = survey(*local_listing(ckdir)).newest
     try:
-        info = json.loads(path.read_text())
+        info = newest.meta if newest is not None else json.loads(
+            (ckdir / "latest.json").read_text())
         return int(info["epoch"]), int(info["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None, None
+
+
+def last_checkpoint(efs: Path, job: ManagedJob) -> dict[str, str]:
+    """Where job ``job``'s newest complete checkpoint is: ``efs`` (its manifest in the job's
+    checkpoint directory) and ``s3`` (the manifest the mirror last uploaded), "" where there
+    is none or the directory is not ours to read. Root reads it as the job's user: the
+    directory is theirs and may hold a link."""
+    ckdir = ClusterPaths(efs).user_checkpoints(job.user) / job.job_id if job.user else None
+    if ckdir is None:
+        return {"efs": "", "s3": ""}
+    try:
+        uid, gid = pwd.getpwnam(job.user).pw_uid, pwd.getpwnam(job.user).pw_gid
+    except KeyError:
+        uid = gid = -1
+    with userfiles.as_user(uid, gid):
+        newest = survey(*local_listing(ckdir)).newest
+        mirrored = str(read_status(ckdir).get("manifest", ""))
+    return {"efs": str(ckdir / newest.manifest_file) if newest else "",
+            "s3": mirrored if mirrored.startswith("s3://") else ""}

@@ -8,12 +8,15 @@ restart policy be read and tested in one place.
 States of a managed job::
 
     queued ──▶ running ──▶ succeeded
-                 │  ▲  └─▶ failed | cancelled
+                 │  ▲  └─▶ failed | cancelled | budget
                  ▼  │
-              restarting ──▶ failed | cancelled
+              restarting ──▶ failed | cancelled | budget
+
+``budget``: the job's cost reached its ``--max-cost``; the controller stopped it as a cancel
+does (SIGTERM, the grace period for a last checkpoint) and it is not restarted.
 
 How an attempt failed comes from the one classifier (``classify``: user-code, node-lost,
-node-unhealthy, cancelled, infrastructure). Node faults and infrastructure faults (the
+node-unhealthy, cancelled, infrastructure, budget). Node faults and infrastructure faults (the
 product's own: a restarted executor, a lost controller) are retried up to
 ``--max-restarts``; a user-code failure only up to ``--max-code-restarts`` (default 0: the
 same code on healthy nodes fails again), and it counts against both.
@@ -40,23 +43,26 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    BUDGET = "budget"
 
     @property
     def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
+                        JobState.BUDGET)
 
 
 #: Every allowed transition; the controller checks each one (:func:`check_transition`).
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.RESTARTING, JobState.FAILED,
-                                JobState.CANCELLED}),
+                                JobState.CANCELLED, JobState.BUDGET}),
     JobState.RUNNING: frozenset({JobState.RUNNING, JobState.RESTARTING, JobState.SUCCEEDED,
-                                 JobState.FAILED, JobState.CANCELLED}),
+                                 JobState.FAILED, JobState.CANCELLED, JobState.BUDGET}),
     JobState.RESTARTING: frozenset({JobState.RUNNING, JobState.RESTARTING, JobState.FAILED,
-                                    JobState.CANCELLED}),
+                                    JobState.CANCELLED, JobState.BUDGET}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),
+    JobState.BUDGET: frozenset(),
 }
 
 
@@ -93,6 +99,7 @@ class Action(StrEnum):
     RESTART = "restart"
     FAIL = "fail"
     CANCEL = "cancel"
+    STOP_BUDGET = "stop-budget"
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,8 @@ def decide(failure: Failure | None, *, restarts: int, code_restarts: int, policy
            cancel_requested: bool = False) -> Decision:
     """After an attempt ended (``failure`` None: it succeeded): succeed, restart, fail or
     cancel. ``restarts``/``code_restarts``: restarts done so far."""
+    if failure is not None and failure.failure_class is FailureClass.BUDGET:
+        return Decision(Action.STOP_BUDGET, JobState.BUDGET, failure.detail)
     if cancel_requested or (failure and failure.failure_class is FailureClass.CANCELLED):
         return Decision(Action.CANCEL, JobState.CANCELLED, "cancelled by the user")
     if failure is None:

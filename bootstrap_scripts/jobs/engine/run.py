@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts.jobs.engine import checkpoints, staging
 from bootstrap_scripts.jobs.engine import launchers as ln
-from bootstrap_scripts.jobs.engine import staging
 from bootstrap_scripts.jobs.engine.classify import Verdict
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.reachability import check_reachable
@@ -138,13 +138,51 @@ def stage_data(request: RunRequest, m: Membership, efs: Path
     return report, None
 
 
+def checkpoint_step(request: RunRequest, sub: RunRequest, m: Membership, efs: Path
+                    ) -> Verdict:
+    """A restore or flush job of ``request`` (``checkpoints``) on its first node. A cancel
+    of the job cancels its restore; the flush after it runs all the same (it is short)."""
+    one = nodes_membership(m, checkpoints.first_node(m), reason=sub.job_id)
+    if sub.job_id.endswith(checkpoints.FLUSH_SUFFIX):
+        return run(sub, one, efs)
+    with staging.cancel_forwarded(ClusterPaths(efs).job(request.job_id),
+                                  ClusterPaths(efs).job(sub.job_id)):
+        return run(sub, one, efs)
+
+
 def run(request: RunRequest, m: Membership, efs: Path) -> Verdict:
     """Run ``request`` on the nodes of ``m`` (EFS at ``efs``) and follow it to its end.
+
+    With a checkpoint mirror or ``--resume-from`` (``checkpoints``): the newest complete
+    checkpoint is restored first, mirrored while the job runs and once more after it."""
+    if not checkpoints.wanted(request):
+        return run_job(request, m, efs)
+    prepare(request, m, efs)  # a bad plan fails before the restore, as it would without
+    restored = checkpoint_step(request, checkpoints.restore_request(request), m, efs)
+    if restored.status != "succeeded":
+        say(f"job {request.job_id} not started: restoring its checkpoint {restored.status} "
+            f"(logs: {ClusterPaths(efs).job(request.job_id + checkpoints.RESTORE_SUFFIX).nodes})")
+        return restored
+    verdict = run_job(request, m, efs)
+    flush = checkpoints.flush_request(request)
+    if flush is not None:
+        flushed = checkpoint_step(request, flush, m, efs)
+        if flushed.status != "succeeded":
+            say(f"job {request.job_id}: the last mirror pass {flushed.status} (logs: "
+                f"{ClusterPaths(efs).job(flush.job_id).nodes})")
+    return verdict
+
+
+def run_job(request: RunRequest, m: Membership, efs: Path) -> Verdict:
+    """Run ``request`` itself (after any restore) and follow it to its end.
 
     RunError before anything was published (a bad plan, an unreachable node: nothing to
     stop); once the spec is out, signals cancel the job on every node and the verdict says
     so. With ``request.data`` the data is staged on every node first."""
     plan, paths, commands = prepare(request, m, efs)
+    if request.checkpoint_url:
+        plan, request = checkpoints.with_mirror(plan, request)
+        commands = render_commands(plan, m, request.env)
     staged = None
     if request.data:
         staged, failed = stage_data(request, m, efs)

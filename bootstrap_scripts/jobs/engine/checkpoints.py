@@ -1,0 +1,111 @@
+"""A job's checkpoints in S3: restored before it starts, mirrored while it runs, flushed after.
+
+For a job with a checkpoint directory (``DL_CHECKPOINT_DIR`` in its environment: every
+managed job's) and a mirror URL (``RunRequest.checkpoint_url``, which the job controller
+sets to ``s3://<checkpoint bucket>/checkpoints/<cluster-id>/<user>/<job-id>/``) or a
+``--resume-from`` URL, the engine runs ``bootstrap_scripts.data.checkpoint_mirror``:
+
+1. **restore**: the job ``<job-id>.restore`` on the job's first node only (one writer on
+   EFS), before the job: the newest complete checkpoint of the directory, the mirror and
+   ``--resume-from`` is made present in the directory (fetched when it is in S3). A restore
+   that fails fails the job before it starts, naming the cause.
+2. **mirror**: a helper process (``wait=False``, label ``ckpt-mirror``) of the job's share on
+   its first node, uploading each complete checkpoint as it appears.
+3. **flush**: the job ``<job-id>.flush`` on the same node once the job has ended (the
+   executor stops helpers at once when a job's main processes end, so the last checkpoint
+   may not be mirrored yet): one last pass. Its failure is reported, not the job's.
+
+Each of them is a process of a share, so it runs as the job's user with the job's own
+credentials (the job role's), never root's; the sub-jobs are ordinary jobs of the engine
+(logs in ``jobs/<job-id>.restore/nodes/``), like ``--data``'s staging job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import bootstrap_scripts
+from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
+from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
+from bootstrap_scripts.protocol.jobs import Proc, RunRequest
+from bootstrap_scripts.protocol.membership import Membership
+
+#: The variable naming a job's checkpoint directory (a managed job's: ``attempts``).
+DIR_VARIABLE = "DL_CHECKPOINT_DIR"
+#: The variable telling the ranks where their checkpoints are mirrored.
+URL_VARIABLE = "DL_CHECKPOINT_URL"
+MIRROR_LABEL = "ckpt-mirror"
+RESTORE_SUFFIX, FLUSH_SUFFIX = ".restore", ".flush"
+MODULE = "bootstrap_scripts.data.checkpoint_mirror"
+
+
+def wanted(request: RunRequest) -> bool:
+    """Does this job restore, mirror or flush checkpoints? RunError (usage) when it asks
+    to but has no checkpoint directory."""
+    if not (request.checkpoint_url or request.resume_from):
+        return False
+    if not request.env.get(DIR_VARIABLE):
+        raise RunError(f"--resume-from {request.resume_from or request.checkpoint_url!r} "
+                       f"needs a checkpoint directory to resume in: a managed job's "
+                       f"(dl-run without --unmanaged), or --env {DIR_VARIABLE}=DIR",
+                       EXIT_USAGE)
+    return True
+
+
+def tool_env(request: RunRequest) -> dict[str, str]:
+    """The tool's own additions: this package first on its path (the tools' interpreter
+    has boto3), unbuffered lines."""
+    parent = str(Path(bootstrap_scripts.__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (parent, request.env.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def tool_argv(action: str, request: RunRequest) -> list[str]:
+    argv = [sys.executable, "-m", MODULE, action, "--dir", request.env[DIR_VARIABLE],
+            "--url", request.checkpoint_url or request.resume_from]
+    if action == "restore" and request.checkpoint_url and request.resume_from:
+        argv += ["--from", request.resume_from]
+    return argv
+
+
+def sub_request(request: RunRequest, action: str, suffix: str) -> RunRequest:
+    """``request``'s restore or flush job: the tool once, on one node, in ``/``."""
+    job_id = request.job_id + suffix
+    if len(job_id) > 128:
+        raise RunError(f"job id {request.job_id!r} is too long for its checkpoint job "
+                       f"{job_id!r} (128 characters at most)", EXIT_USAGE)
+    return replace(request, job_id=job_id, command=tuple(tool_argv(action, request)),
+                   launcher="each", env={**request.env, **tool_env(request)}, cwd="/",
+                   python=sys.executable, data="", data_shard=False, elastic=False,
+                   checkpoint_url="", resume_from="")
+
+
+def restore_request(request: RunRequest) -> RunRequest:
+    return sub_request(request, "restore", RESTORE_SUFFIX)
+
+
+def flush_request(request: RunRequest) -> RunRequest | None:
+    return sub_request(request, "once", FLUSH_SUFFIX) if request.checkpoint_url else None
+
+
+def first_node(m: Membership) -> list:
+    """The node the restore, mirror and flush run on: the job's first (lowest rank)."""
+    return [min(m.nodes, key=lambda n: n.rank)]
+
+
+def with_mirror(plan: LaunchPlan, request: RunRequest) -> tuple[LaunchPlan, RunRequest]:
+    """The mirror as a helper of the first share, and ``DL_CHECKPOINT_URL`` for the ranks
+    (informational: they write to the directory, the mirror does the rest)."""
+    if not request.checkpoint_url or not plan.shares:
+        return plan, request
+    first = min(plan.shares, key=lambda s: s.rank)
+    helper = Proc(argv=tuple(tool_argv("watch", request)), env=tool_env(request),
+                  label=MIRROR_LABEL, wait=False)
+    shares = tuple(replace(s, procs=(*s.procs, helper)) if s is first else s
+                   for s in plan.shares)
+    env = {**request.env, URL_VARIABLE: request.checkpoint_url}
+    forward = tuple(dict.fromkeys((*request.forward, URL_VARIABLE)))
+    return replace(plan, shares=shares), replace(request, env=env, forward=forward)

@@ -1,0 +1,95 @@
+"""The checkpoint mirror and restore against moto's S3 server (over HTTP), real files."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from bootstrap_scripts.data import checkpoint_mirror as mirror
+from bootstrap_scripts.data import checkpoint_plan as cp
+from tests.data.conftest import S3Env
+
+URL = "s3://training-data/checkpoints/c1/alice/job-1/"
+PREFIX = "checkpoints/c1/alice/job-1/"
+
+
+def save(directory: Path, name: str, step: int, body: bytes = b"weights",
+         manifest: bool = True) -> None:
+    """What a training job does: the data file, then its manifest last."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.pt").write_bytes(body)
+    if manifest:
+        m = cp.new_manifest(name, step, float(step), [(f"{name}.pt", len(body))])
+        (directory / m.manifest_file).write_text(m.render())
+
+
+def client(env: S3Env):
+    return mirror.s3_client("us-east-1")
+
+
+def keys(env: S3Env) -> list[str]:
+    out = env.s3.list_objects_v2(Bucket=env.bucket, Prefix=PREFIX)  # type: ignore[attr-defined]
+    return sorted(o["Key"][len(PREFIX):] for o in out.get("Contents", []))
+
+
+def test_the_mirror_uploads_complete_checkpoints_only_manifest_last(
+        s3env: S3Env, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    save(ck, "step-000010", 10)
+    save(ck, "step-000020", 20, manifest=False)  # still being written
+    calls: list[str] = []
+    s3 = client(s3env)
+    original = s3.put_object
+    s3.put_object = lambda **kw: (calls.append(kw["Key"]), original(**kw))[1]
+    done = mirror.mirror_once(s3, ck, URL)
+    assert [m.name for m in done] == ["step-000010"]
+    assert keys(s3env) == ["step-000010.manifest.json", "step-000010.pt"]
+    # the transfer manager puts a small file with put_object too: the order is seen
+    assert calls == [PREFIX + "step-000010.pt", PREFIX + "step-000010.manifest.json"]
+    assert mirror.read_status(ck)["manifest"] == URL + "step-000010.manifest.json"
+    assert mirror.mirror_once(s3, ck, URL) == []  # nothing new: nothing uploaded
+    save(ck, "step-000020", 20)
+    assert [m.name for m in mirror.mirror_once(s3, ck, URL)] == ["step-000020"]
+
+
+def test_restore_fetches_the_newer_s3_checkpoint_when_efs_lost_its_copy(
+        s3env: S3Env, tmp_path: Path, capsys) -> None:
+    ck = tmp_path / "ck"
+    save(ck, "step-000010", 10, b"ten")
+    save(ck, "step-000020", 20, b"twenty")
+    s3 = client(s3env)
+    mirror.mirror_once(s3, ck, URL)
+    for f in ck.glob("step-000020*"):
+        f.unlink()  # the EFS copy of the newest is gone
+    (ck / "step-000030.pt").write_bytes(b"half")  # a checkpoint without its manifest
+    choice = mirror.restore(s3, ck, [URL])
+    assert (choice.manifest.name, choice.where) == ("step-000020", cp.S3)
+    assert (ck / "step-000020.pt").read_bytes() == b"twenty"
+    assert (ck / "step-000020.manifest.json").exists()
+    out = capsys.readouterr().out
+    assert "ignored" in out and "step-000030.pt" in out and "no manifest" in out
+    assert not list(ck.glob(".*dl-part"))
+    again = mirror.restore(s3, ck, [URL])  # now EFS has it: nothing fetched
+    assert (again.manifest.name, again.where) == ("step-000020", cp.EFS)
+
+
+def test_restore_ignores_an_s3_checkpoint_whose_manifest_is_missing(
+        s3env: S3Env, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    save(ck, "step-000010", 10)
+    s3env.put(PREFIX + "step-000090.pt", b"no manifest")  # an upload cut short
+    choice = mirror.restore(client(s3env), ck, [URL])
+    assert (choice.manifest.name, choice.where) == ("step-000010", cp.EFS)
+    assert not (ck / "step-000090.pt").exists()
+
+
+def test_watch_makes_a_last_pass_when_stopped(s3env: S3Env, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    stop = threading.Event()
+    t = threading.Thread(target=mirror.watch, args=(client(s3env), ck, URL, 30.0, stop))
+    t.start()
+    save(ck, "step-000010", 10)  # written while the mirror waits for its next pass
+    stop.set()
+    t.join(timeout=20)
+    assert not t.is_alive()
+    assert "step-000010.manifest.json" in keys(s3env)

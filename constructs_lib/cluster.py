@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jsii
-from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, RemovalPolicy, Stack
+from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
@@ -14,7 +14,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from constructs_lib import launch, validation
+from constructs_lib import launch, validation, warm_pool
 from constructs_lib.capacity_adjuster import (
     DEFAULT_LAUNCH_RETRY_SECONDS,
     CapacityAdjuster,
@@ -108,6 +108,7 @@ class DeepLearningCluster(Construct):
         setup_timeout_seconds: int = SETUP_TIMEOUT_SECONDS,
         node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
         spot_workers: int = DEFAULT_SPOT_WORKERS,
+        warm_pool_size: int = 0,
         data_prep_script: str | None = None,
         max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
         idle_stop_minutes: int = DEFAULT_IDLE_STOP_MINUTES,
@@ -203,6 +204,10 @@ class DeepLearningCluster(Construct):
             :default: 900 (15 minutes: a DLAMI boots in minutes)
         :param spot_workers: Spot workers above the ``worker_count`` on-demand base.
             :default: 0
+        :param warm_pool_size: stopped, pre-initialized workers kept in an Auto Scaling warm
+            pool, so a replacement starts instead of booting (``constructs_lib/warm_pool.py``);
+            not with ``spot_workers`` or several worker instance types.
+            :default: 0 (no warm pool)
         :param data_prep_script: a command every node runs before it joins (one line).
             :default: none
         :param max_replacements_per_hour: the job controller's circuit breaker: at most this
@@ -369,6 +374,10 @@ class DeepLearningCluster(Construct):
         self.placement_group = self.placement_groups[0] if self.placement_groups else \
             placement_group
 
+        warm_pool_size = warm_pool.check(self.node.path, warm_pool_size,
+                                         spot_capacity=spot_workers,
+                                         instance_types=self.capacity.worker_types)
+
         def user_data(node_type: str, wait_handle: str) -> ec2.UserData:
             return node_user_data(
                 node_type=node_type,
@@ -391,6 +400,8 @@ class DeepLearningCluster(Construct):
                 job_role_arn=late_role_arn(lambda: self.job_role),
                 checkpoint_url=self.training_data.checkpoint_url,
                 node_boot_seconds=node_boot_seconds,
+                launch_hook=(warm_pool.WARM_HOOK_NAME
+                             if warm_pool_size and node_type == "worker" else ""),
             )
 
         common = dict(
@@ -440,6 +451,10 @@ class DeepLearningCluster(Construct):
         # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
         self.drain_hook = self.worker_group.add_drain_hook(self.topic)
         self.drain_hook.node.add_dependency(self.capacity_adjuster)
+        #: The warm pool's launch hook (None without a warm pool): ``warm_pool.py``.
+        self.warm_launch_hook = warm_pool.add_warm_pool(
+            self.worker_group, warm_pool_size, cluster_id=self.cluster_id,
+            heartbeat=Duration.seconds(node_boot_seconds)) if warm_pool_size else None
         #: The role jobs get credentials of (never the node's): ``constructs_lib/job_role.py``.
         self.job_role = JobRole(self, "JobRole", cluster_id=self.cluster_id,
                                 node_roles=[self.master_group.role, self.worker_group.role])

@@ -141,6 +141,13 @@ class ClusterSettings:
         "spotWorkers", 0, "extra Spot workers above the on-demand base (mixed instances "
         "policy, capacity rebalancing; interruptions drain)", validation.count, minimum=0,
         maximum=MAX_WORKERS)
+    warm_pool_size: int = setting(
+        "warmPoolSize", 0, "workers kept pre-initialized and stopped in an Auto Scaling warm "
+        "pool: a replacement (or `dl-scale` up) starts one in seconds instead of booting a new "
+        "node for minutes; the pool's stopped instances cost their EBS volumes. Not with "
+        "`spotWorkers` or a `workerInstanceTypes` list (AWS refuses a warm pool with Spot or a "
+        "mixed instances policy) ([docs/node-agent.md](docs/node-agent.md), \"Warm pool\")",
+        validation.count, minimum=0, maximum=MAX_WORKERS)
     data_prep_script: str | None = setting(
         "dataPrepScript", None, "command every node runs before it joins (success marker on "
         "EFS; a failing node never joins)", validation.one_line, raw=True,

@@ -54,6 +54,12 @@ ELASTIC_CONTROL_REASON = (
     "launch template, launch configuration, instance types, subnets, maximum or capacity "
     "reservation in the request (constructs_lib/idle_stop.py)."
 )
+WARM_LAUNCH_REASON = (
+    "With a warm pool (warmPoolSize) each worker completes its own launch lifecycle action "
+    "(CompleteLifecycleAction only), limited by autoscaling:ResourceTag conditions to the "
+    "group tagged dl-cluster:id=<this cluster> and NodeType=Worker; the group ARN holds a "
+    "generated UUID unknown when the role is created."
+)
 HOOK_KEY_REASON = (
     "kms:GenerateDataKey* is what CDK's topic.grant_publish gives a publisher of a topic "
     "encrypted with a customer key (SNS asks for GenerateDataKey and "
@@ -90,6 +96,10 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
     _ack(cluster.master_group.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
          "autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/*]",
          ELASTIC_CONTROL_REASON)
+    if cluster.warm_launch_hook is not None:
+        _ack(cluster.worker_group.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
+             "autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:"
+             "autoScalingGroupName/*]", WARM_LAUNCH_REASON)
     _ack(cluster.drain_hook.role, "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
          HOOK_KEY_REASON)
     for group in (cluster.master_group, cluster.worker_group):

@@ -135,10 +135,12 @@ def node_user_data(
     job_role_arn: str = "",
     checkpoint_url: str = "",
     node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
+    launch_hook: str = "",
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line"). The master's registration wait is
-    the node boot budget ``node_boot_seconds``."""
+    the node boot budget ``node_boot_seconds``. ``launch_hook``: the group's launch lifecycle
+    hook the agent completes itself (a warm pool's, ``constructs_lib/warm_pool.py``)."""
     settings = {
         "role": node_type,
         "cluster-id": cluster_id,
@@ -163,6 +165,8 @@ def node_user_data(
         settings["idle-stop-seconds"] = str(idle_stop_seconds)
     if membership_key:  # the master signs the membership with it, workers verify
         settings["membership-key"] = membership_key
+    if launch_hook:  # a warm pool's: the agent holds while Warmed:*, completes the hook
+        settings["launch-hook"] = launch_hook
     if job_role_arn:  # the executor's: each job gets credentials of this role
         settings["job-role-arn"] = job_role_arn
     if checkpoint_url and node_type == "master":  # its controller mirrors jobs under it

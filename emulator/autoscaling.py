@@ -31,7 +31,13 @@ through moto's own APIs:
    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-system-instance-status-check.html)
    the instance is marked ``Unhealthy`` (SetInstanceHealth) and step 1 replaces it. That
    is how a lost master is replaced: nobody else is left to report it.
-6. **Each machine's systemd.** On a running machine a unit whose process ended is started
+6. **Warm pools** (``emulator.warm_pool`` plays Auto Scaling's side in moto). An instance
+   launched into a group's warm pool (``Warmed:Pending:Wait``) boots like any other, its
+   metadata serving the target lifecycle state ``Warmed:Stopped``; when moto stops it the
+   node's processes stop (its root, installed, stays); when the group draws it from the
+   pool (started, ``Pending:Wait``) the node starts again after ``start_delay`` (not the
+   boot delay: a start, not a boot), serving ``InService``, with no installer run.
+7. **Each machine's systemd.** On a running machine a unit whose process ended is started
    again as its ``Restart=`` / ``RestartSec=`` say (``emulator.nodes.Node.restart_units``),
    e.g. a replacement master's job controller that started before the membership did.
 
@@ -44,6 +50,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from botocore.exceptions import ClientError
 
 from bootstrap_scripts.procgroup import stop_groups
 from emulator import notifications as nt
@@ -64,7 +72,8 @@ GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 class Event:
     """One thing the emulated Auto Scaling or EC2 did (``at``: ``time.monotonic()``)."""
 
-    #: status-check-failed | unhealthy-terminated | node-stopped | node-booted | unit-restarted
+    #: status-check-failed | unhealthy-terminated | node-stopped | node-booted |
+    #: node-started | unit-restarted
     what: str
     instance_id: str
     role: str
@@ -88,7 +97,8 @@ class AutoScaling:
                  boot: Callable[[Instance, str], Node],
                  topic: nt.TopicSubscription | None = None,
                  say: Callable[[str], None] = lambda _line: None,
-                 status_check_seconds: float = STATUS_CHECK_SECONDS) -> None:
+                 status_check_seconds: float = STATUS_CHECK_SECONDS,
+                 start_delay: float = 0.0) -> None:
         self.asg = session.client("autoscaling")
         self.ec2 = session.client("ec2")
         self.groups = dict(groups)
@@ -97,6 +107,8 @@ class AutoScaling:
         self.topic = topic
         self.say = say
         self.status_check_seconds = status_check_seconds
+        #: seconds a stopped instance takes from StartInstances to its units (step 6)
+        self.start_delay = start_delay
         self.events: list[Event] = []
         self.last_tick = float("-inf")
         #: every notification delivered to the Lambda: the invocation records
@@ -120,6 +132,7 @@ class AutoScaling:
         self.deliver()
         self.stop_gone()
         self.boot_new(self.describe_groups())
+        self.boot_warming()
         self.deliver()
         self.systemd(now)
 
@@ -204,33 +217,70 @@ class AutoScaling:
                 stop_groups(node.groups, grace=10)
                 node.forget_kernel_rules()
                 self.stopped.add(node.instance_id)
+                state = inst["State"]["Name"]
                 if node.status == "running":  # a killed node stays "killed" in reports
-                    node.status = "removed"
+                    node.status = "stopped" if state in ("stopping", "stopped") else "removed"
                 self.record("node-stopped", node.instance_id, node.role,
-                            f"EC2 terminated {node.instance_id} ({node.address}): its machine "
-                            "is stopped")
+                            f"EC2 {'stopped' if node.status == 'stopped' else 'terminated'} "
+                            f"{node.instance_id} ({node.address}): its machine is stopped",
+                            ec2_state=state)
 
     def boot_new(self, described: dict[str, tuple[str, dict]]) -> None:
-        """A group instance that should run but has no machine yet boots from its template."""
+        """A group instance that should run but has no machine yet boots from its template;
+        one whose machine was stopped in a warm pool starts again."""
+        known = {n.instance_id: n for n in self.nodes()}
+        for iid, (_role, inst) in described.items():
+            node = known.get(iid)
+            if node is not None and node.status == "stopped" and iid in self.stopped \
+                    and inst["LifecycleState"] in RUNNING_STATES:
+                self.start_stopped(node)
+        self._boot([(iid, role, "InService") for iid, (role, inst) in described.items()
+                    if iid not in known and inst["LifecycleState"] in RUNNING_STATES])
+
+    def boot_warming(self) -> None:
+        """An instance launched into a warm pool boots too (step 6): it must be prepared."""
         known = {n.instance_id for n in self.nodes()}
-        new = [(iid, role) for iid, (role, inst) in described.items()
-               if iid not in known and inst["LifecycleState"] in RUNNING_STATES]
+        new = []
+        for role, name in self.groups.items():
+            try:
+                res = self.asg.describe_warm_pool(AutoScalingGroupName=name)
+            except ClientError:  # the group is gone (the stack is being deleted)
+                continue
+            new += [(i["InstanceId"], role, i["LifecycleState"]) for i in res.get("Instances", [])
+                    if i["InstanceId"] not in known
+                    and i["LifecycleState"].startswith("Warmed:Pending")]
+        self._boot(new)
+
+    def start_stopped(self, node: Node) -> None:
+        """The group drew ``node``'s stopped instance from its warm pool: EC2 started it."""
+        node.set_target_lifecycle_state("InService")
+        t = time.monotonic()
+        node.start_again(self.start_delay)
+        self.stopped.discard(node.instance_id)
+        self.record("node-started", node.instance_id, node.role,
+                    f"{node.role} {node.instance_id} ({node.address}) drawn from the warm "
+                    f"pool: started (agent pid {node.agent_pid}), no user data",
+                    start_s=round(time.monotonic() - t, 2), address=node.address)
+
+    def _boot(self, new: list[tuple[str, str, str]]) -> None:
+        """Boot ``(instance id, role, lifecycle state)``s that have an address."""
         if not new:
             return
-        res = self.ec2.describe_instances(InstanceIds=[iid for iid, _ in new])
+        res = self.ec2.describe_instances(InstanceIds=[iid for iid, _, _ in new])
         info = {i["InstanceId"]: i for r in res["Reservations"] for i in r["Instances"]}
-        for iid, role in new:
+        for iid, role, lifecycle in new:
             inst = info.get(iid)
             if inst is None or not inst.get("PrivateIpAddress"):
                 continue  # no address yet: next round
-            instance = Instance(iid, inst["PrivateIpAddress"], "InService",
+            instance = Instance(iid, inst["PrivateIpAddress"], lifecycle,
                                 inst.get("InstanceType", ""))
             t = time.monotonic()
             node = self.boot(instance, role)
             self.record("node-booted", iid, role,
                         f"{role} {iid} ({instance.address}) launched by its group: booted from "
                         f"its launch template's user data (agent pid {node.agent_pid})",
-                        boot_s=round(time.monotonic() - t, 2), address=instance.address)
+                        boot_s=round(time.monotonic() - t, 2), address=instance.address,
+                        warm=lifecycle.startswith("Warmed"))
 
     def systemd(self, now: float) -> None:
         """Every running machine's systemd restarts the units that ended (their policy)."""

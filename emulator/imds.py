@@ -16,6 +16,12 @@ API::
 
 or ``python -m emulator.imds --address A --port P --instance-id I ...`` (prints the URL).
 
+An Auto Scaling instance's ``autoscaling/target-lifecycle-state`` is read from a file that
+the emulated Auto Scaling rewrites as it moves the instance (``--target-lifecycle-state-file``;
+``emulator.warm_pool``), as EC2 updates the item before each steady state
+(https://docs.aws.amazon.com/autoscaling/ec2/userguide/retrieving-target-lifecycle-state-through-imds.html);
+without the file the item is not served (404), as on an instance outside any group.
+
 With an instance role (:class:`InstanceRole`, ``--role-arn``) it also serves the role's
 temporary credentials, as EC2 does for an instance launched with an instance profile: the
 node's SDKs then call AWS as that role.
@@ -32,10 +38,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 MAX_TTL = 21600
+TARGET_LIFECYCLE_STATE = "latest/meta-data/autoscaling/target-lifecycle-state"
 
 
 def metadata_paths(identity: Mapping[str, str]) -> dict[str, str]:
@@ -102,6 +110,12 @@ class _Handler(BaseHTTPRequestHandler):
         role = self.server.role
         if role is not None and path.startswith(IAM_PREFIX):
             self._reply_iam(path[len(IAM_PREFIX):].strip("/"), role)
+            return
+        if path == TARGET_LIFECYCLE_STATE and self.server.target_state is not None:
+            try:
+                self._reply(200, self.server.target_state.read_text().strip())
+            except OSError:
+                self._reply(404, "not found")
             return
         paths = self.server.paths
         if path in paths:
@@ -187,10 +201,11 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], paths: dict[str, str],
-                 role: InstanceRole | None = None) -> None:
+                 role: InstanceRole | None = None, target_state: Path | None = None) -> None:
         super().__init__(address, _Handler)
         self.paths = paths
         self.role = role
+        self.target_state = target_state
         self._tokens: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -214,9 +229,11 @@ class MetadataServer:
         self._thread: threading.Thread | None = None
         self.url = ""
 
-    def start(self, address: str, port: int, identity, role: InstanceRole | None = None) -> str:
+    def start(self, address: str, port: int, identity, role: InstanceRole | None = None,
+              target_lifecycle_state: Path | None = None) -> str:
         """Serve ``identity`` (mapping or dataclass) on ``address:port`` (0 = any free port),
-        and ``role``'s credentials when the instance has an instance profile."""
+        ``role``'s credentials when the instance has an instance profile, and the content of
+        the file ``target_lifecycle_state`` as ``autoscaling/target-lifecycle-state``."""
         if self._server is not None:
             raise RuntimeError(f"metadata server already running at {self.url}")
         if is_dataclass(identity):
@@ -224,7 +241,8 @@ class MetadataServer:
         for key in ("instance_id", "address"):
             if not identity.get(key):
                 raise ValueError(f"identity needs a non-empty {key!r}: {identity!r}")
-        self._server = _Server((address, port), metadata_paths(identity), role)
+        self._server = _Server((address, port), metadata_paths(identity), role,
+                               target_lifecycle_state)
         host, bound_port = self._server.server_address[:2]
         self.url = f"http://{host}:{bound_port}/"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
@@ -260,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--role-arn", default="", help="the instance profile's role: its "
                    "credentials are served under iam/security-credentials/ (default: none)")
     p.add_argument("--instance-profile-arn", default="")
+    p.add_argument("--target-lifecycle-state-file", default="", help="the file the emulated "
+                   "Auto Scaling keeps the instance's target lifecycle state in (default: "
+                   "not an Auto Scaling instance)")
     ns = p.parse_args(argv)
     server = MetadataServer()
     role = InstanceRole(ns.role_arn, ns.instance_profile_arn, ns.instance_id, ns.region) \
@@ -267,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     url = server.start(ns.address, ns.port, {
         "instance_id": ns.instance_id, "instance_type": ns.instance_type,
         "address": ns.local_ipv4 or ns.address, "region": ns.region,
-        "availability_zone": ns.availability_zone}, role)
+        "availability_zone": ns.availability_zone}, role,
+        Path(ns.target_lifecycle_state_file) if ns.target_lifecycle_state_file else None)
     if role is not None:
         # EC2 has the role's credentials ready when the instance boots; assume the role now,
         # beside the boot, so the first SDK lookup does not wait for a new STS client here.

@@ -50,6 +50,9 @@ Filled gaps (each with the AWS behaviour it reproduces):
   :func:`install`.
 - EC2's vCPU quotas in Service Quotas, with a new account's values (0 vCPUs of G and P
   instances) and increases: ``emulator.service_quotas``, installed by :func:`install`.
+- Warm pools (filling, warming, drawing on them, DescribeWarmPool's instances) and launch
+  lifecycle hooks (``Warmed:Pending:Wait``, ``Pending:Wait``): ``emulator.warm_pool``,
+  installed by :func:`install`.
 - Insufficient capacity (``make demo --capacity-out TYPE[@ZONE]``), Auto Scaling's
   prioritized instance-type fallback and UpdateAutoScalingGroup keeping the mixed instances
   policy and refilling the group: ``emulator.capacity``, installed by :func:`install`.
@@ -73,6 +76,7 @@ from emulator import (
     pricing,
     service_quotas,
     ssm_agent,
+    warm_pool,
 )
 from emulator import notifications as nt
 
@@ -105,6 +109,7 @@ def reset() -> None:
         _ACTIONS.clear()
         _RECLAIMS.clear()
     ssm_agent.reset()
+    warm_pool.reset()
     moto_publishing.reset()
     capacity.reset()
 
@@ -400,6 +405,7 @@ def _tick() -> None:
             for action in [a for a in _ACTIONS.values() if a.instance_id == iid]:
                 _ACTIONS.pop(action.token, None)
         _terminate(group, iid)
+    warm_pool.tick()  # launch hooks' heartbeat timeouts (emulator/warm_pool.py)
     capacity.tick()  # groups short after failed launches try again (emulator/capacity.py)
 
 
@@ -421,6 +427,7 @@ def install() -> None:
     from moto.autoscaling.responses import AutoScalingResponse
     from moto.cloudformation import parsing
 
+    raw_replace = FakeAutoScalingGroup.replace_autoscaling_group_instances
     AutoScalingBackend.create_lifecycle_hook = _create_lifecycle_hook  # type: ignore[method-assign]
     AutoScalingBackend.terminate_instance = _terminate_instance  # type: ignore[method-assign]
     AutoScalingBackend.delete_auto_scaling_group = _wrap_delete_group(  # type: ignore[method-assign]
@@ -435,6 +442,7 @@ def install() -> None:
         _record_lifecycle_action_heartbeat)
 
     _hook_model()  # a CloudFormationModel subclass: moto's model list finds it
+    warm_pool.install(raw_replace)  # warm pools and launch hooks (emulator/warm_pool.py)
     moto_cloudformation.install()  # before the model caches are cleared
     moto_publishing.install()
     for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):

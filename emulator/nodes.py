@@ -231,21 +231,9 @@ class Node:
         self._prepare(aws)
         # 1. the metadata endpoint leads the node's process group (a new group in OUR
         #    session: the agent and executor can only join a group of the same session)
-        imds = subprocess.Popen(
-            [PYTHON, "-m", "emulator.imds", "--address", self.address, "--port", "0",
-             "--instance-id", self.instance_id, "--instance-type",
-             self.instance.instance_type or "t3.micro", "--region", REGION,
-             "--role-arn", self.role_arn, "--instance-profile-arn", self.instance_profile_arn],
-            cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE, stderr=open(  # noqa: SIM115
-                self.log_path("imds"), "ab"), process_group=0, text=True)
-        self._track("imds", imds, leader=True)
-        line = imds.stdout.readline() if imds.stdout else ""
-        imds.stdout.close()
-        try:
-            self.imds_url = json.loads(line)["url"]
-        except (ValueError, KeyError, TypeError):
-            raise NodeError(f"node {self.instance_id}: the metadata server on {self.address} "
-                            f"did not start (log: {self.log_path('imds')})") from None
+        self.set_target_lifecycle_state(
+            "Warmed:Stopped" if self.instance.state.startswith("Warmed") else "InService")
+        self._start_imds(0)
         self.env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = self.imds_url
         self.env["AWS_EC2_METADATA_DISABLED"] = "false"
         if self.role_arn:  # the SDKs find the role's credentials where EC2 puts them
@@ -268,6 +256,47 @@ class Node:
                                self.group.pid if self.group else 0)
         except ssm_agent.AgentError as exc:
             raise NodeError(str(exc)) from None
+
+    def _start_imds(self, port: int) -> None:
+        """The metadata endpoint on ``port`` (0: any free one), leading a new process group."""
+        imds = subprocess.Popen(
+            [PYTHON, "-m", "emulator.imds", "--address", self.address, "--port", str(port),
+             "--instance-id", self.instance_id, "--instance-type",
+             self.instance.instance_type or "t3.micro", "--region", REGION,
+             "--role-arn", self.role_arn, "--instance-profile-arn", self.instance_profile_arn,
+             "--target-lifecycle-state-file", str(self.log_path("target-lifecycle-state"))],
+            cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE, stderr=open(  # noqa: SIM115
+                self.log_path("imds"), "ab"), process_group=0, text=True)
+        self._track("imds", imds, leader=True)
+        line = imds.stdout.readline() if imds.stdout else ""
+        imds.stdout.close()
+        try:
+            self.imds_url = json.loads(line)["url"]
+        except (ValueError, KeyError, TypeError):
+            raise NodeError(f"node {self.instance_id}: the metadata server on {self.address} "
+                            f"did not start (log: {self.log_path('imds')})") from None
+
+    def set_target_lifecycle_state(self, state: str) -> None:
+        """What EC2 serves as ``autoscaling/target-lifecycle-state`` (Auto Scaling's side,
+        outside the node's root: ``emulator.warm_pool``)."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.log_path("target-lifecycle-state").write_text(state)
+
+    def start_again(self, start_delay: float) -> None:
+        """A stopped instance is started (it leaves a warm pool): its metadata endpoint comes
+        back on the same address and port, the OS resumes for ``start_delay`` seconds, and
+        systemd starts the enabled units. No user data: cloud-init runs it on the first boot
+        only, so nothing is installed again."""
+        port = int(self.imds_url.rsplit(":", 1)[1].strip("/"))
+        self.procs.clear()
+        self._start_imds(port)
+        if start_delay > 0:
+            time.sleep(start_delay)
+        self.agent_pid = self._start_unit(AGENT_UNIT, "agent").pid
+        self.start_executor()
+        if (self.root / CONTROLLER_UNIT).exists():
+            self.start_controller()
+        self.status = "running"
 
     def install(self, install_args: list[str]) -> None:
         """Executor-only, step 1: the root and the installer (no IMDS, no agent, no AWS)."""

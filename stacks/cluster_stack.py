@@ -72,6 +72,7 @@ class DLClusterStack(Stack):
             efa=s.efa,
             max_workers=s.max_workers,
             spot_workers=s.spot_workers,
+            warm_pool_size=s.warm_pool_size,
             data_prep_script=s.data_prep_script,
             max_replacements_per_hour=s.max_replacements_per_hour,
             idle_stop_minutes=s.idle_stop_minutes,

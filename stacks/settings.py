@@ -48,6 +48,7 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
             f"context key 'dataPrefix' is a prefix of 'dataBucket', which is not set; got "
             f"dataPrefix={settings.data_prefix!r}")
     _check_image(settings)
+    _check_warm_pool(settings)
     needed = settings.worker_count + settings.spot_workers
     if settings.max_workers is not None and settings.max_workers < needed:
         raise validation.ConfigError(
@@ -55,6 +56,24 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
             f"got {settings.max_workers}"
         )
     return settings
+
+
+def _check_warm_pool(s: ClusterSettings) -> None:
+    """AWS refuses a warm pool on a group that launches Spot or has a mixed instances
+    policy (constructs_lib/warm_pool.py): say so with the context keys."""
+    if not s.warm_pool_size:
+        return
+    if s.spot_workers:
+        raise validation.ConfigError(
+            f"context key 'warmPoolSize' ({s.warm_pool_size}) cannot be used with "
+            f"'spotWorkers' ({s.spot_workers}): Auto Scaling has no warm pool for a group "
+            "that launches Spot Instances")
+    if s.worker_instance_types and len(s.worker_instance_types) > 1:
+        raise validation.ConfigError(
+            f"context key 'warmPoolSize' ({s.warm_pool_size}) cannot be used with "
+            f"'workerInstanceTypes' ({','.join(s.worker_instance_types)}): Auto Scaling has "
+            "no warm pool for a group with a mixed instances policy; give one "
+            "'workerInstanceType'")
 
 
 def _check_existing_vpc(s: ClusterSettings) -> None:

@@ -114,3 +114,22 @@ def _fetch_once(endpoint: str, *, timeout: float, attempts: int) -> NodeIdentity
         if not values[required]:
             raise IdentityError(f"metadata {METADATA_PATHS[required]} is empty at {endpoint}")
     return NodeIdentity(**values)
+
+
+def read_metadata(path: str, endpoint: str | None = None, *, timeout: float = 2.0,
+                  attempts: int = 3) -> str | None:
+    """One metadata item (``latest/meta-data/...``) with a fresh IMDSv2 token; None when the
+    service answers 404 (an item EC2 does not serve to this instance, such as
+    ``autoscaling/target-lifecycle-state`` outside an Auto Scaling group). Other failures
+    raise (OSError, urllib's errors) for the caller to retry."""
+    endpoint = endpoint or metadata_endpoint()
+    base = endpoint if endpoint.endswith("/") else endpoint + "/"
+    token = _request(base + TOKEN_PATH, method="PUT", timeout=timeout, attempts=attempts,
+                     headers={TOKEN_TTL_HEADER: str(TOKEN_TTL_SECONDS)}).strip()
+    try:
+        return _request(base + path, method="GET", timeout=timeout, attempts=attempts,
+                        headers={TOKEN_HEADER: token}).strip()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise

@@ -33,9 +33,15 @@ from typing import TYPE_CHECKING
 
 from bootstrap_scripts.agent import log as agent_log
 from bootstrap_scripts.agent import wait_condition as wc
+from bootstrap_scripts.agent import warm_pool
 from bootstrap_scripts.agent.efs_mount import MountError, ensure_mounted
 from bootstrap_scripts.agent.gpus import count_gpus
-from bootstrap_scripts.agent.identity import IdentityError, NodeIdentity, fetch_identity
+from bootstrap_scripts.agent.identity import (
+    IdentityError,
+    NodeIdentity,
+    fetch_identity,
+    read_metadata,
+)
 from bootstrap_scripts.agent.node_files import apply_membership
 from bootstrap_scripts.agent.settings import (
     EXIT_ALREADY_RUNNING,
@@ -115,7 +121,8 @@ class NodeAgent:
         if self.aws is not None:
             self.aws.start()  # overlaps client creation with identity and mount
         try:
-            self._boot()
+            if not self._boot():
+                return 0  # held in the warm pool until stopped, or leaving: never joined
         except (IdentityError, MountError) as exc:
             self.log.error("event=boot-failed error=%s", exc)
             if self.config.role == "master":
@@ -137,7 +144,9 @@ class NodeAgent:
                 self.log.removeHandler(self._file_handler)
                 self._file_handler.close()
 
-    def _boot(self) -> None:
+    def _boot(self) -> bool:
+        """Identity, EFS, GPUs, then (past a warm pool's hold) the registration; False if
+        this launch must not join (``bootstrap_scripts.agent.warm_pool``)."""
         if self.identity is None:
             self.identity = fetch_identity()
         self.log = agent_log.agent_logger(self.identity.instance_id)
@@ -155,7 +164,21 @@ class NodeAgent:
         self.applied_generation = local.generation if local else 0
         self.log.info("event=identity gpus=%d efs=%s applied_generation=%d",
                       self.gpus, self.cluster.efs, self.applied_generation)
+        if c.launch_hook and not self._await_service():
+            return False
         self._register()
+        return True
+
+    def _await_service(self) -> bool:
+        """A group with a warm pool: hold while this instance is on its way into the pool
+        (its bootstrap above is what the pool keeps), join once it goes InService."""
+        c = self.config
+        hook = warm_pool.LaunchHook(hook_name=c.launch_hook, cluster_id=c.cluster_id,
+                                    role=c.role, region=c.region,
+                                    instance_id=self.identity.instance_id)
+        return warm_pool.await_service(
+            lambda: read_metadata(warm_pool.TARGET_LIFECYCLE_STATE_PATH), hook.complete,
+            stop=self.stop, log=self.log, poll=c.warm_poll_interval)
 
     def _local_membership(self) -> Membership | None:
         try:

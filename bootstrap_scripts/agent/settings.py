@@ -58,6 +58,8 @@ class AgentConfig:
     membership_key: str = ""
     job_role_arn: str = ""
     checkpoint_url: str = ""
+    launch_hook: str = ""
+    warm_poll_interval: float = 5.0
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -80,6 +82,9 @@ class AgentConfig:
                              f"{self.max_replacements_per_hour}")
         if self.idle_stop_seconds < 0:
             raise ValueError(f"--idle-stop-seconds must be >= 0, got {self.idle_stop_seconds}")
+        if self.warm_poll_interval <= 0:
+            raise ValueError(
+                f"--warm-poll-interval must be positive, got {self.warm_poll_interval}")
         if self.base_workers < -1:
             raise ValueError(f"--base-workers must be >= 0 (or -1: all), got {self.base_workers}")
 
@@ -152,6 +157,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--checkpoint-url", "master: the cluster's checkpoint prefix in S3 "
            "(s3://BUCKET/checkpoints/<cluster-id>/); managed jobs' checkpoints are mirrored "
            "under it ('' = none)"),
+    Option("--launch-hook", "the group's launch lifecycle hook (a warm pool's): hold while "
+           "the instance's target lifecycle state is Warmed:*, complete the hook, join once "
+           "InService ('' = no hook: join at once)"),
+    Option("--warm-poll-interval", "seconds between reads of the target lifecycle state "
+           "while held in the warm pool (default 5)"),
 )
 
 

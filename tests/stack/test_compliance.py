@@ -22,6 +22,8 @@ CONTEXTS = {
         "availabilityZones": "us-east-1a,us-east-1b",
         "placementGroup": "true",
         "keyName": "ops",
+        "warmPoolSize": "2",  # the warm pool, its launch hook and the workers' grant
+        "maxWorkers": "4",
     },
     "elastic-spot": {"spotWorkers": "2", "maxWorkers": "6", "dataPrepScript": "/efs/prep.sh",
                      "budgetPerDay": "250"},

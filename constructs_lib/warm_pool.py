@@ -1,0 +1,101 @@
+"""An Auto Scaling warm pool for the worker group: replacements start, they do not boot.
+
+A GPU node from a Deep Learning AMI takes minutes from launch to a running agent (OS boot,
+drivers, the user data's install). A warm pool keeps ``size`` workers that already went
+through that once and were then stopped
+(https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-warm-pools.html):
+when the group needs an instance (a replacement, ``dl-scale`` up) Auto Scaling starts one of
+them, and the agent, which systemd starts at boot, joins.
+
+What AWS documents, and how it is met here:
+
+- A warm pool cannot be put on a group with a mixed instances policy or that launches Spot
+  Instances (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_PutWarmPool.html):
+  :func:`check` refuses ``spot_capacity`` and an instance-type fallback list at synth.
+- Only an instance with an EBS root volume can be stopped
+  (https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-warm-pools.html,
+  "Limitations"): the node group's launch template always maps an encrypted gp3 EBS volume
+  on the root device, so the pool state is ``Stopped``.
+- Auto Scaling stops an instance entering the pool as soon as it launched, without waiting
+  for its user data, unless a launch lifecycle hook holds it in ``Warmed:Pending:Wait``
+  (https://docs.aws.amazon.com/autoscaling/ec2/userguide/warm-pool-instance-lifecycle.html).
+  :func:`add_warm_pool` adds that hook (:data:`WARM_HOOK_NAME`, no notification target):
+  the node's agent completes it itself once its bootstrap is done. The same hook holds every
+  launch of the group again in ``Pending:Wait`` (leaving the pool, or a cold launch when the
+  pool is empty), which the agent completes before it registers
+  (``bootstrap_scripts.agent.warm_pool``). Default result ABANDON: an instance whose agent
+  never said it is ready is terminated, not kept in the pool half installed (cloud-init runs
+  user data on the first boot only, so a half-installed instance would never finish).
+- Instances are not returned to the pool on scale-in: a drained worker's root disk holds the
+  old cluster's membership files and job leftovers, and a fresh pool instance is clean.
+- The pool's size is absolute: ``MinSize`` and ``MaxGroupPreparedCapacity`` are both
+  ``size`` (API_PutWarmPool: only then is the size fixed rather than the group's maximum
+  minus its desired capacity).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aws_cdk import Duration
+from aws_cdk import aws_autoscaling as autoscaling
+
+from constructs_lib import validation
+from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, ROLE_TAG_KEY, this_clusters_groups
+
+if TYPE_CHECKING:  # pragma: no cover
+    from constructs_lib.node_group import NodeGroup
+
+#: Name of the worker group's launch lifecycle hook (the agent's ``--launch-hook``).
+WARM_HOOK_NAME = "warm-launch"
+
+
+def check(construct_path: str, size: int, *, spot_capacity: int,
+          instance_types: tuple[str, ...] | list[str]) -> int:
+    """``size`` if a warm pool of that size can go on the group, else ConfigError naming the
+    construct, the key and the value that AWS refuses it with."""
+    size = validation.positive_int("warm_pool_size", size, minimum=0)
+    if not size:
+        return 0
+    if spot_capacity:
+        raise validation.ConfigError(
+            f"{construct_path}: warm_pool_size={size} cannot be used with "
+            f"spot_capacity={spot_capacity}: Auto Scaling refuses a warm pool on a group that "
+            "launches Spot Instances (PutWarmPool)")
+    if len(instance_types) > 1:
+        raise validation.ConfigError(
+            f"{construct_path}: warm_pool_size={size} cannot be used with instance-type "
+            f"fallbacks {','.join(instance_types)!r}: Auto Scaling refuses a warm pool on a "
+            "group with a mixed instances policy (PutWarmPool)")
+    return size
+
+
+def add_warm_pool(group: NodeGroup, size: int, *, cluster_id: str,
+                  heartbeat: Duration) -> autoscaling.LifecycleHook:
+    """A Stopped warm pool of ``size`` on ``group``, the launch hook its instances' agents
+    complete (held at most ``heartbeat``: the node boot budget), and the permission to
+    complete it; the hook."""
+    pool = group.auto_scaling_group.add_warm_pool(
+        min_size=size, max_group_prepared_capacity=size,
+        pool_state=autoscaling.PoolState.STOPPED, reuse_on_scale_in=False)
+    hook = group.auto_scaling_group.add_lifecycle_hook(
+        "WarmLaunchHook",
+        lifecycle_hook_name=WARM_HOOK_NAME,
+        lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_LAUNCHING,
+        heartbeat_timeout=heartbeat,
+        default_result=autoscaling.DefaultResult.ABANDON,
+    )
+    # The hook first: a pool instance launched before it exists would be stopped in the
+    # middle of its user data, which never runs again.
+    pool.node.add_dependency(hook)
+    # The node completes its own launch action. Only groups tagged with this cluster's id and
+    # NodeType=Worker: the master group is not reachable from a worker.
+    statement = this_clusters_groups(
+        group, sid="CompleteOwnLaunchHook", cluster_id=cluster_id,
+        actions=["autoscaling:CompleteLifecycleAction"])
+    statement.add_condition("StringEquals", {
+        f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": cluster_id,
+        f"autoscaling:ResourceTag/{ROLE_TAG_KEY}": "Worker"})
+    group.role.add_to_principal_policy(statement)
+    return hook
+

@@ -1,0 +1,123 @@
+"""``warmPoolSize``: the worker group's Stopped warm pool, its launch hook, the workers' grant
+to complete their own launch action, the agent's ``--launch-hook``, and the restrictions AWS
+documents refused at synth with the key and the value (constructs_lib/warm_pool.py). Without
+the setting nothing changes: the default template is pinned by tests/stack/test_snapshot.py
+(no ``AWS::AutoScaling::WarmPool``, one lifecycle hook, no ``--launch-hook``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aws_cdk.assertions import Match
+
+from constructs_lib import validation
+from constructs_lib.warm_pool import WARM_HOOK_NAME
+from stacks.settings import settings_from_context
+from tests.stack.checkov_skips import SKIPS, checkov_binary, failed_checks
+from tests.stack.synth import cluster_template
+
+
+def _settings(**ctx: str):
+    return settings_from_context(ctx.get)
+
+
+@pytest.fixture(scope="module")
+def warm():
+    return cluster_template(warmPoolSize="2", maxWorkers="4")
+
+
+def test_the_worker_group_gets_a_stopped_pool_of_that_size(warm) -> None:
+    pools = warm.find_resources("AWS::AutoScaling::WarmPool")
+    assert len(pools) == 1
+    (pool,) = pools.values()
+    props = pool["Properties"]
+    assert props["MinSize"] == 2 and props["MaxGroupPreparedCapacity"] == 2
+    assert props["PoolState"] == "Stopped"
+    assert props.get("InstanceReusePolicy", {"ReuseOnScaleIn": False}) == {
+        "ReuseOnScaleIn": False}
+    groups = warm.find_resources("AWS::AutoScaling::AutoScalingGroup")
+    worker = [lid for lid, g in groups.items() if any(
+        t["Key"] == "NodeType" and t["Value"] == "Worker" for t in g["Properties"]["Tags"])]
+    assert props["AutoScalingGroupName"] == {"Ref": worker[0]}
+    # created after the launch hook: no pool instance is stopped before it is prepared
+    hooks = warm.find_resources("AWS::AutoScaling::LifecycleHook", {
+        "Properties": {"LifecycleHookName": WARM_HOOK_NAME}})
+    assert len(hooks) == 1 and set(hooks) <= set(pool.get("DependsOn", []))
+
+
+def test_a_launch_hook_holds_warmed_instances_until_the_agent_completes_it(warm) -> None:
+    warm.has_resource_properties("AWS::AutoScaling::LifecycleHook", {
+        "LifecycleHookName": WARM_HOOK_NAME,
+        "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",
+        "DefaultResult": "ABANDON",
+        "HeartbeatTimeout": 900,  # the node boot budget (nodeBootSeconds)
+        "NotificationTargetARN": Match.absent(),
+    })
+
+
+def test_workers_may_complete_launch_actions_of_this_clusters_worker_group_only(warm) -> None:
+    policies = warm.find_resources("AWS::IAM::Policy")
+    statements = [s for p in policies.values()
+                  for s in p["Properties"]["PolicyDocument"]["Statement"]
+                  if s.get("Sid") == "CompleteOwnLaunchHook"]
+    assert len(statements) == 1
+    (statement,) = statements
+    assert statement["Action"] == "autoscaling:CompleteLifecycleAction"
+    condition = statement["Condition"]["StringEquals"]
+    assert condition["autoscaling:ResourceTag/NodeType"] == "Worker"
+    assert "autoscaling:ResourceTag/dl-cluster:id" in condition
+
+
+def test_workers_user_data_names_the_hook_and_the_masters_does_not(warm) -> None:
+    templates = warm.find_resources("AWS::EC2::LaunchTemplate")
+    rendered = {lid: json.dumps(t) for lid, t in templates.items()}
+    with_hook = [lid for lid, text in rendered.items() if f"--launch-hook {WARM_HOOK_NAME}"
+                 in text or f"--launch-hook '{WARM_HOOK_NAME}'" in text]
+    assert len(with_hook) == 1 and "Worker" in with_hook[0], with_hook
+
+
+@pytest.mark.parametrize(("ctx", "message"), [
+    ({"warmPoolSize": "1", "spotWorkers": "1"},
+     "context key 'warmPoolSize' (1) cannot be used with 'spotWorkers' (1)"),
+    ({"warmPoolSize": "2", "workerInstanceTypes": "p5.48xlarge,p4d.24xlarge"},
+     "context key 'warmPoolSize' (2) cannot be used with 'workerInstanceTypes' "
+     "(p5.48xlarge,p4d.24xlarge)"),
+    ({"warmPoolSize": "-1"}, "'warmPoolSize'"),
+    ({"warmPoolSize": "1001"}, "context key 'warmPoolSize' must be at most 1000"),
+    ({"warmPoolSize": "two"}, "'warmPoolSize'"),
+])
+def test_what_aws_refuses_is_refused_at_synth_naming_key_and_value(ctx, message) -> None:
+    with pytest.raises(validation.ConfigError) as err:
+        _settings(**ctx)
+    assert message in str(err.value)
+
+
+def test_one_fallback_free_type_list_is_accepted() -> None:
+    assert _settings(warmPoolSize="1", workerInstanceTypes="p5.48xlarge").warm_pool_size == 1
+
+
+def test_the_construct_refuses_spot_and_mixed_types_naming_itself() -> None:
+    import aws_cdk as cdk
+
+    from constructs_lib import DeepLearningCluster
+
+    for props, words in (({"spot_workers": 1}, "spot_capacity=1"),
+                         ({"worker_instance_types": ["p5.48xlarge", "p4d.24xlarge"]},
+                          "p5.48xlarge,p4d.24xlarge")):
+        stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(region="us-east-1",
+                                                               account="123456789012"))
+        with pytest.raises(validation.ConfigError) as err:
+            DeepLearningCluster(stack, "Cluster", warm_pool_size=2, **props)
+        assert "Cluster" in str(err.value) and "warm_pool_size=2" in str(err.value)
+        assert words in str(err.value)
+
+
+@pytest.mark.skipif(checkov_binary() is None,
+                    reason="checkov is not installed: make checkov-setup (its own venv)")
+def test_checkov_finds_nothing_new_with_a_warm_pool(warm, tmp_path) -> None:
+    """The warm pool, its hook and grant add no checkov finding without a listed skip."""
+    failures = failed_checks(warm.to_json(), tmp_path)
+    left = [f"{check} {resource}" for check, resource in failures
+            if not any(s.covers(check, resource) for s in SKIPS)]
+    assert not left, "checkov findings without a skip:\n" + "\n".join(left)

@@ -1,0 +1,186 @@
+"""The paths inside one job's directory (``jobs/<job-id>/``) and one managed job's
+(``managed/<job-id>/``), and the job id every such directory is named by.
+
+Part of :mod:`bootstrap_scripts.protocol.paths` (which re-exports all of it: ask there); kept
+apart so that module stays readable. The layout of both directories is in the class
+docstrings below and in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootstrap_scripts.protocol.errors import ProtocolError
+
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def validate_job_id(job_id: str) -> str:
+    """Job ids become directory names on EFS: no slashes, no dot-files, bounded length."""
+    if not JOB_ID_RE.match(job_id):
+        raise ProtocolError(
+            f"invalid job id {job_id!r}: use letters, digits, '.', '_' or '-' (max 128), "
+            "starting with a letter or digit", field="job_id")
+    return job_id
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """One job's directory, ``jobs/<job-id>/`` on EFS::
+
+        spec.json            what to run on which node (written last, atomically: it is the go)
+        commands.txt         the resolved per-node commands, for humans
+        runner.json          the runner's heartbeat (executors watch it change)
+        cancel               marker: stop every share now
+        done                 marker: the runner has finished with the job
+        result.json          per-node exit codes, as the runner saw them
+        staging.json         ``--data``: where and how fast each node staged it
+        nodes/<rank>.log     output of the node's share (``<rank>-<label>.log`` if several)
+        nodes/<rank>.started the executor's acknowledgement (pids, process group, start time)
+        nodes/<rank>.exit    the share's exit
+        nodes/<rank>.claim   elastic jobs: a joining node's executor claims rank N (O_EXCL)
+        progress/<rank>.json each rank's progress (``bootstrap_scripts.progress``), its own
+        flight/              torch's flight recorder dumps (``TORCH_FR_DUMP_TEMP_FILE``)
+        stacks/<rank>.json   a hung rank's Python stack (py-spy, written as the job's user)
+    """
+
+    dir: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.dir.name
+
+    @property
+    def spec(self) -> Path:
+        return self.dir / "spec.json"
+
+    @property
+    def commands(self) -> Path:
+        return self.dir / "commands.txt"
+
+    @property
+    def runner_heartbeat(self) -> Path:
+        return self.dir / "runner.json"
+
+    @property
+    def cancel(self) -> Path:
+        return self.dir / "cancel"
+
+    @property
+    def done(self) -> Path:
+        return self.dir / "done"
+
+    @property
+    def result(self) -> Path:
+        return self.dir / "result.json"
+
+    @property
+    def staging(self) -> Path:
+        return self.dir / "staging.json"
+
+    @property
+    def nodes(self) -> Path:
+        return self.dir / "nodes"
+
+    def log(self, rank: int, label: str = "") -> Path:
+        if "/" in label or label.startswith("."):  # a word (``jobs.LABEL_RE``), never a path
+            raise ProtocolError(f"invalid process label {label!r}", field="label")
+        return self.nodes / (f"{int(rank)}-{label}.log" if label else f"{int(rank)}.log")
+
+    def started(self, rank: int) -> Path:
+        return self.nodes / f"{rank}.started"
+
+    def exit(self, rank: int) -> Path:
+        return self.nodes / f"{rank}.exit"
+
+    def claim(self, rank: int) -> Path:
+        return self.nodes / f"{rank}.claim"
+
+    @property
+    def progress_dir(self) -> Path:
+        """Where the ranks declare their progress (``$DL_PROGRESS_DIR``), one file each."""
+        return self.dir / "progress"
+
+    def progress(self, rank: int) -> Path:
+        return self.progress_dir / f"{int(rank)}.json"
+
+    @property
+    def stacks_dir(self) -> Path:
+        return self.dir / "stacks"
+
+    def stack(self, rank: int) -> Path:
+        """A hung rank's stack, written by its node's root dump as the job's user."""
+        return self.stacks_dir / f"{int(rank)}.json"
+
+    @property
+    def flight_dir(self) -> Path:
+        """Where torch's flight recorder writes a rank's trace on a watchdog timeout."""
+        return self.dir / "flight"
+
+
+@dataclass(frozen=True)
+class ManagedPaths:
+    """One managed job's directory, ``managed/<job-id>/`` on EFS (made by the submitter)::
+
+        request.json                  what the user asked for (ManagedRequest), written last
+        job.json                      the controller's record (ManagedJob): state, restarts
+        cancel                        marker: the user asked to cancel the job
+        attempts/<n>.log              attempt n's runner messages (its ``[dl-run]`` lines)
+        attempts/<n>.membership.json  the nodes attempt n runs on, when not the membership's
+        attempts/<n>.hang.json        attempt n hung: every rank's step and Python stack
+
+    Attempt ``n`` (from 1) is the ordinary job ``jobs/<job-id>.<n>/`` (:meth:`attempt_id`).
+    """
+
+    dir: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.dir.name
+
+    @property
+    def request(self) -> Path:
+        return self.dir / "request.json"
+
+    @property
+    def record(self) -> Path:
+        return self.dir / "job.json"
+
+    @property
+    def cancel(self) -> Path:
+        return self.dir / "cancel"
+
+    @property
+    def attempts_dir(self) -> Path:
+        return self.dir / "attempts"
+
+    def attempt_log(self, n: int) -> Path:
+        return self.attempts_dir / f"{n}.log"
+
+    def attempt_membership(self, n: int) -> Path:
+        return self.attempts_dir / f"{n}.membership.json"
+
+    def attempt_hang(self, n: int) -> Path:
+        return self.attempts_dir / f"{n}.hang.json"
+
+    def attempt_id(self, n: int) -> str:
+        """The job id of attempt ``n``: ``<job-id>.<n>``."""
+        return validate_job_id(f"{self.job_id}.{n}")
+
+
+# -- scanning a job's nodes/ directory (the runner follows logs and joins; an executor its claims)
+SHARE_LOG_SUFFIX = ".log"
+SHARE_STARTED_SUFFIX = ".started"
+SHARE_CLAIM_SUFFIX = ".claim"
+
+
+def parse_share_file(name: str, suffix: str) -> tuple[int, str] | None:
+    """The (rank, label) a ``nodes/`` file name stands for (``3.started`` -> (3, ""),
+    ``0-ps.log`` -> (0, "ps")), the inverse of :meth:`JobPaths.log` and friends; None for
+    any other name (temp files, other kinds, names without a rank)."""
+    if name.startswith(".") or not name.endswith(suffix):
+        return None
+    rank, _, label = name[: -len(suffix)].partition("-")
+    return (int(rank), label) if rank.isdigit() else None

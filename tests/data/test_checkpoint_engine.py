@@ -13,7 +13,7 @@ import pytest
 from bootstrap_scripts.jobs.cli.dl_run import build_parser
 from bootstrap_scripts.jobs.cli.request_args import request_from_args
 from bootstrap_scripts.jobs.controller import attempts
-from bootstrap_scripts.jobs.controller.daemon import parse_args as controller_args
+from bootstrap_scripts.jobs.controller.entry import parse_args as controller_args
 from bootstrap_scripts.jobs.engine import checkpoints
 from bootstrap_scripts.jobs.engine.outcomes import RunError
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan

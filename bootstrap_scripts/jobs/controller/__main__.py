@@ -2,6 +2,6 @@
 
 import sys
 
-from bootstrap_scripts.jobs.controller.daemon import main
+from bootstrap_scripts.jobs.controller.entry import main
 
 sys.exit(main())

@@ -27,19 +27,15 @@ EFS full (ENOSPC) never stops the controller: the job it could not record is fai
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import errno
 import logging
 import os
-import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
 from bootstrap_scripts import single_instance
-from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
@@ -76,23 +72,6 @@ class ControllerError(RuntimeError):
 def lock_path(root: Path) -> Path:
     """The controller's lock file, in the node's state directory (next to the agent's)."""
     return NodePaths(root).lock("dl-controller")
-
-
-def health_gate() -> Gate | None:
-    """The cluster's health gate (``bootstrap_scripts.ops.gate.run_gate``) as a
-    :data:`supervise.Gate`, or None when this installation has no gate module."""
-    try:
-        from bootstrap_scripts.ops.gate import run_gate
-    except ImportError:
-        return None
-
-    def gate(root: Path, efs: Path, m: Membership, addresses: list[str]
-             ) -> list[tuple[str, str, str]]:
-        report = run_gate(root, efs, m, addresses=addresses)
-        return [(f.address, f.instance_id, f"{f.check}: {f.detail or f.value}")
-                for f in report.failures]
-
-    return gate
 
 
 class Controller:
@@ -365,64 +344,3 @@ class Controller:
         except OSError as exc:
             LOG.error("job controller: %s (carrying on)", exc)
             return False
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dl-controller", description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", default="/", help="node root prefix (emulator: the node's dir)")
-    p.add_argument("--mount-point", default="", help="EFS mount point (default: EFS_MOUNT "
-                   "from the node's env file, else /efs)")
-    p.add_argument("--region", default=os.environ.get("AWS_REGION", ""),
-                   help="AWS region of the cluster's Auto Scaling groups")
-    p.add_argument("--no-health-gate", action="store_true",
-                   help="start attempts without running the health gate on their nodes")
-    p.add_argument("--retention-days", type=float, default=retention.DEFAULT_RETENTION_DAYS,
-                   help="move finished jobs' records to <EFS>/archive/ this many days after "
-                   "they ended (default: %(default)g; 0: keep them where they are)")
-    p.add_argument("--max-replacements-per-hour", type=int, help="circuit breaker: at most "
-                   "this many instances marked Unhealthy in any hour (default: %(default)s)",
-                   default=instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR)
-    p.add_argument("--idle-stop-seconds", type=float, default=0.0, help="workers to zero "
-                   "after this long idle (idleStopMinutes x 60; default %(default)g: never)")
-    p.add_argument("--checkpoint-url", default="", metavar="s3://BUCKET/PREFIX/",
-                   help="the cluster's checkpoint prefix: each managed job's checkpoint "
-                   "directory is mirrored to <this><user>/<job-id>/ ('' = none)")
-    p.add_argument("-v", "--verbose", action="store_true")
-    args = p.parse_args(argv)
-    if args.checkpoint_url:
-        try:
-            parse_s3_url(args.checkpoint_url, "--checkpoint-url")
-        except CheckpointError as exc:
-            p.error(str(exc))
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s dl-controller %(levelname)s %(message)s")
-    root = Path(args.root)
-    efs = args.mount_point or read_node_env(NodePaths(root)).get("EFS_MOUNT", "") or "/efs"
-    gate = None if args.no_health_gate else health_gate()
-    if gate is None and not args.no_health_gate:
-        LOG.warning("no health gate module (bootstrap_scripts.ops.gate): attempts start "
-                    "without one")
-    ctl = Controller(root, Path(efs), region=args.region, gate=gate,
-                     retention_days=args.retention_days,
-                     max_replacements=args.max_replacements_per_hour,
-                     idle_seconds=args.idle_stop_seconds, checkpoints_url=args.checkpoint_url)
-
-    def stop(signum: int, _frame: object) -> None:
-        ctl.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        return ctl.run()
-    except ControllerError as exc:
-        LOG.error("%s", exc)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -61,7 +61,7 @@ from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePat
 LOG = logging.getLogger("dl-controller")
 
 #: ``gate(root, efs, membership, addresses)`` -> [(address, instance_id, why)] of failing
-#: nodes (see :func:`controller.health_gate`).
+#: nodes (see :func:`controller.entry.health_gate`).
 Gate = Callable[[Path, Path, Membership, list[str]], list[tuple[str, str, str]]]
 POLL_SECONDS = 0.5
 #: how often a running attempt's progress files are read (hangs, stragglers)

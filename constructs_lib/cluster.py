@@ -14,6 +14,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from bootstrap_scripts import metric_names as names
 from constructs_lib import launch, validation
 from constructs_lib.capacity_adjuster import (
     DEFAULT_LAUNCH_RETRY_SECONDS,
@@ -32,6 +33,7 @@ from constructs_lib.job_role import JobRole, late_role_arn
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup, grant_node_access
+from constructs_lib.observability import DEFAULT_LOG_RETENTION_DAYS, ClusterObservability
 from constructs_lib.operator_access import OperatorAccess
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
 from constructs_lib.shared_storage import (
@@ -111,6 +113,8 @@ class DeepLearningCluster(Construct):
         data_bucket: s3.IBucket | None = None,
         data_prefix: str = "",
         checkpoint_bucket: s3.IBucket | None = None,
+        log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS,
+        alarm_email: str | None = None,
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -214,6 +218,9 @@ class DeepLearningCluster(Construct):
             write ``checkpoints/<cluster_id>/`` of it.
             :default: a new versioned, KMS-encrypted, TLS-only, private bucket, RETAINed on
                 stack deletion (``TrainingData``)
+        :param log_retention_days: how long the cluster's log group keeps the nodes' logs
+            (``ClusterObservability``). :default: 30
+        :param alarm_email: an address subscribed to the alarm topic. :default: none
         """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
@@ -377,6 +384,8 @@ class DeepLearningCluster(Construct):
                 # The job role trusts the node roles, made with the groups below.
                 job_role_arn=late_role_arn(lambda: self.job_role),
                 node_boot_seconds=node_boot_seconds,
+                log_group=names.log_group_name(self.cluster_id),
+                cloudwatch_agent_install=family.cloudwatch_agent_install,
             )
 
         common = dict(
@@ -474,6 +483,14 @@ class DeepLearningCluster(Construct):
         self.workdir_staging = WorkdirStaging(self, "WorkdirStaging")
         self.workdir_staging.grant_stage(self.operator_access.policy)
         self.workdir_staging.grant_fetch(self.master_group.role)
+        # Logs in CloudWatch, the dashboard, the alarms (constructs_lib/observability.py).
+        self.observability = ClusterObservability(
+            self, "Observability", cluster_id=self.cluster_id,
+            groups=[g.auto_scaling_group for g in (self.master_group, self.worker_group)],
+            log_retention_days=log_retention_days, alarm_email=alarm_email)
+        for group in (self.master_group, self.worker_group):
+            self.observability.grant_write(group.role)
+        self.observability.grant_read(self.operator_access.policy)
 
     @property
     def connections(self) -> ec2.Connections:

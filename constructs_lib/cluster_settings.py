@@ -23,6 +23,12 @@ from constructs_lib.images import DEFAULT_IMAGE_TYPE, IMAGE_FAMILIES, pytorch_ve
 from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
 from constructs_lib.network import DEFAULT_VPC_CIDR
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
+from constructs_lib.observability import (
+    DEFAULT_LOG_RETENTION_DAYS,
+    RETENTION_DAYS,
+    check_email,
+    retention_setting,
+)
 from constructs_lib.setting import default_of, setting
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
 from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, MIN_NODE_BOOT_SECONDS
@@ -197,6 +203,15 @@ class ClusterSettings:
         "dataPrefix", "", "with `dataBucket`: the key prefix the nodes may read (a trailing "
         "`/` is added)", validation.key_prefix, default_doc="the whole bucket",
         accepts="a key prefix such as `datasets/imagenet/`")
+    log_retention_days: int = setting(
+        "logRetentionDays", DEFAULT_LOG_RETENTION_DAYS, "days the cluster's log group "
+        "(`/deeplearning/<cluster id>`, every node's agent, executor, controller, boot and job "
+        "logs) keeps events (\"Observability\")", retention_setting,
+        accepts=", ".join(str(d) for d in sorted(RETENTION_DAYS)))
+    alarm_email: str | None = setting(
+        "alarmEmail", None, "subscribe this address to the cluster's alarm topic (node "
+        "unhealthy, nodes missing, a job restarting repeatedly, GPUs idle while a job runs); "
+        "it must confirm the subscription", check_email, accepts="an e-mail address")
 
 
 #: The construct defaults that come from this description (``DeepLearningCluster``'s props).

@@ -13,11 +13,13 @@ from collections.abc import Mapping
 from aws_cdk import Aws
 from aws_cdk import aws_ec2 as ec2
 
+from bootstrap_scripts.agent import cloudwatch_config
 from constructs_lib import validation
 
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
 NODE_LIB_DIR = "/opt/deeplearning/lib"
-BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
+BOOTSTRAP_LOG = "/" + cloudwatch_config.BOOTSTRAP_LOG
+CLOUDWATCH_AGENT_CTL = cloudwatch_config.CTL_PATH
 #: Seconds the node agent keeps retrying the EFS mount before it gives up (and the master
 #: signals FAILURE with the reason). The node groups start only after every mount target is
 #: available, so what is left to wait out is the mount target's DNS name and the instance
@@ -72,6 +74,7 @@ def render_bootstrap_commands(
     agent_settings: Mapping[str, str],
     python: str = "python3",
     efs_utils_install: str = "",
+    cloudwatch_agent_install: str = "",
 ) -> list[str]:
     """Shell lines of the user data (after the shebang that CDK adds).
 
@@ -79,6 +82,9 @@ def render_bootstrap_commands(
     the OS's repository. A failed install is reported here and not fatal: the agent then
     mounts without TLS, and when the file system refuses that, the master's wait-condition
     FAILURE names the missing ``mount.efs`` (a boot script that stops here signals nothing).
+    ``cloudwatch_agent_install`` installs the CloudWatch agent (unless the image has it),
+    which ships the node's logs; a failed install is reported and not fatal either (the
+    logs then stay on the node).
     """
     args = " ".join(f"--{key} {_quote(value)}" for key, value in agent_settings.items())
     if efs_utils_install:
@@ -90,6 +96,11 @@ def render_bootstrap_commands(
     else:
         efs_utils = ["# This image family has no amazon-efs-utils package: the EFS mount uses "
                      "mount.efs if the AMI has it, else plain NFS."]
+    cloudwatch_agent = [
+        "# The CloudWatch agent ships this node's logs (the installer configures it).",
+        f"[ -x /{CLOUDWATCH_AGENT_CTL} ] || retry sh -c {_quote(cloudwatch_agent_install)} || "
+        "echo 'dl-bootstrap: CloudWatch agent install failed; logs stay on the node' >&2",
+    ] if cloudwatch_agent_install else []
     return [
         "# Deep-learning cluster node bootstrap (rendered by constructs_lib.NodeGroup).",
         "set -euo pipefail",
@@ -103,6 +114,7 @@ def render_bootstrap_commands(
         "rm -rf /opt/deeplearning/lib/bootstrap_scripts",
         f'"$PY" -m zipfile -e /opt/deeplearning/node-scripts.zip {NODE_LIB_DIR}/bootstrap_scripts',
         *efs_utils,
+        *cloudwatch_agent,
         '"$PY" -c \'import boto3\' 2>/dev/null || retry "$PY" -m pip install -q boto3',
         f"cd {NODE_LIB_DIR}",
         f'PYTHONPATH={NODE_LIB_DIR} exec "$PY" -m {INSTALL_MODULE} {args}',
@@ -127,10 +139,14 @@ def node_user_data(
     membership_key: str = "",
     job_role_arn: str = "",
     node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
+    log_group: str = "",
+    cloudwatch_agent_install: str = "",
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line"). The master's registration wait is
-    the node boot budget ``node_boot_seconds``."""
+    the node boot budget ``node_boot_seconds``. ``log_group``: the installer configures the
+    CloudWatch agent to ship the node's logs there (``cloudwatch_agent_install`` installs
+    it, ``{region}`` the stack's region)."""
     settings = {
         "role": node_type,
         "cluster-id": cluster_id,
@@ -155,11 +171,15 @@ def node_user_data(
         settings["membership-key"] = membership_key
     if job_role_arn:  # the executor's: each job gets credentials of this role
         settings["job-role-arn"] = job_role_arn
+    if log_group:  # the installer's own option (not the agent's): its log destination
+        settings["log-group"] = log_group
     data = ec2.UserData.for_linux()
     data.add_commands(
         *render_bootstrap_commands(
             asset_s3_url=asset_s3_url, python=python, agent_settings=settings,
             efs_utils_install=efs_utils_install,
+            cloudwatch_agent_install=cloudwatch_agent_install.replace("{region}", Aws.REGION)
+            if log_group else "",
         )
     )
     return data

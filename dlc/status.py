@@ -14,7 +14,7 @@ import datetime
 import re
 
 from bootstrap_scripts.protocol import launches
-from dlc import aws, cost
+from dlc import aws, cloudwatch, cost
 from dlc.errors import DlcError
 from dlc.remote import Remote
 from dlc.target import Target
@@ -98,6 +98,9 @@ def gather(target: Target, *, with_cost: bool = True) -> dict:
     out: dict = {"stack": {"name": stack.name, "status": stack.status,
                            "region": target.region},
                  "errors": {}}
+    # the CloudWatch dashboard (a stack output since the observability construct)
+    board = stack.outputs.get(cloudwatch.DASHBOARD_OUTPUT)
+    out["dashboard"] = cloudwatch.dashboard_url(target.region, board) if board else None
     instances = aws.instances(target, stack)
     health: dict | None = None
     jobs: list[dict] | None = None
@@ -181,6 +184,8 @@ def render(console, st: dict) -> None:
         console.print(f"jobs: {len(jobs['running'])} running{': ' + running if running else ''}"
                       f"; {len(jobs['queued'])} queued{': ' + queued if queued else ''}",
                       highlight=False)
+    if st.get("dashboard"):
+        console.print(f"dashboard: {st['dashboard']}", highlight=False, soft_wrap=True)
     c = st.get("cost")
     if c is not None:
         if c["usd_per_hour"] == "unknown":

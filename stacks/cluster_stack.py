@@ -78,6 +78,8 @@ class DLClusterStack(Stack):
                          if s.data_bucket else None),
             data_prefix=s.data_prefix,
             node_boot_seconds=s.node_boot_seconds,
+            log_retention_days=s.log_retention_days,
+            alarm_email=s.alarm_email,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster
@@ -107,6 +109,13 @@ class DLClusterStack(Stack):
             description=f"EFS mounted at {c.efs_mount_point} on every node",
         )
         CfnOutput(self, "MasterQueueUrl", value=c.master_queue.queue_url)
+        CfnOutput(self, "LogGroupName", value=c.observability.log_group_name,
+                  description="Every node's logs, one stream per node and source "
+                  "(dlc logs --source cloudwatch)")
+        CfnOutput(self, "DashboardName", value=c.observability.dashboard.dashboard_name,
+                  description="The cluster's CloudWatch dashboard (dlc status prints its URL)")
+        CfnOutput(self, "AlarmTopicArn", value=c.observability.alarm_topic.topic_arn,
+                  description="The cluster's alarms publish here; subscribe to be told")
         CfnOutput(self, "WorkdirBucketName", value=c.workdir_staging.bucket_name,
                   description="dlc submit --workdir stages directories here (workdirs/)")
         data = c.training_data

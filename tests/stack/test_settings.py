@@ -53,6 +53,8 @@ def test_every_documented_key_is_parsed() -> None:
         "dataPrefix": "digits",
         "efa": "true",
         "nodeBootSeconds": "1800",
+        "logRetentionDays": "90",
+        "alarmEmail": "ops@example.com",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -83,6 +85,8 @@ def test_every_documented_key_is_parsed() -> None:
         data_prefix="digits/",
         efa=True,
         node_boot_seconds=1800,
+        log_retention_days=90,
+        alarm_email="ops@example.com",
     )
 
 

@@ -92,16 +92,18 @@ def base_env(aws: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def check_agent_args(args: list[str], group: str) -> None:
-    """The user data's arguments must parse with the agent's own parser (drift check)."""
-    from bootstrap_scripts.agent.settings import build_parser
+    """The user data's arguments must parse with the installer's parser, the agent's own
+    for the agent's arguments (drift check)."""
+    from bootstrap_scripts.agent.install import parse_args
 
     err = io.StringIO()
     try:
         with redirect_stderr(err):
-            build_parser().parse_args(args)
+            parse_args(args)
     except SystemExit:
-        raise DeployError(f"the user data of group {group} passes arguments the node agent "
-                          f"rejects: {shlex.join(args)}\n{err.getvalue().strip()}") from None
+        raise DeployError(f"the user data of group {group} passes arguments the node "
+                          f"installer or agent rejects: {shlex.join(args)}\n"
+                          f"{err.getvalue().strip()}") from None
     for required in ("--mount-point", "--wait-handle", "--role", "--cluster-id"):
         if required not in args:
             raise DeployError(f"the user data of group {group} does not pass {required} "

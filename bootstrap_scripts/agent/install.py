@@ -205,8 +205,9 @@ exec '{python}' -m {module} "$@"
 """
 
 
-def install(argv: list[str] | None = None) -> list[Path]:
-    """Write the units and wrappers; returns the files written (changed or not)."""
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """The installer's own options and the node agent's (its parser, so a bad user data
+    fails here); SystemExit 2 with the message on bad arguments."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--no-systemctl", action="store_true")
     pre.add_argument("--python", default=sys.executable)
@@ -214,7 +215,12 @@ def install(argv: list[str] | None = None) -> list[Path]:
     pre.add_argument("--log-group", default="",
                      help="ship the node's logs to this CloudWatch Logs group")
     opts, agent_argv = pre.parse_known_args(argv)
-    ns = build_parser().parse_args(agent_argv)  # exits 2 with a clear message on bad args
+    return opts, build_parser().parse_args(agent_argv)
+
+
+def install(argv: list[str] | None = None) -> list[Path]:
+    """Write the units and wrappers; returns the files written (changed or not)."""
+    opts, ns = parse_args(argv)
     root = Path(ns.root)
     agent_args = canonical_args(ns)  # --name=value: empty values survive
     region = instance_region(ns.region)

@@ -381,6 +381,11 @@ class Node:
         join = self.group is not None and bool(pids_in_groups([self.group.pid]))
         out = self.log_path(Path(unit).stem)
         out.parent.mkdir(parents=True, exist_ok=True)
+        # where the demo says the node logs are: a link to the unit's own file
+        link = self.logs / f"{self.instance_id}-{Path(unit).stem}.log"
+        if out != link and not link.is_symlink():
+            with contextlib.suppress(OSError):
+                link.symlink_to(out)
         with open(out, "ab") as log:
             p = subprocess.Popen(argv, cwd=self.root, env={**self.env, **unit_env},
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -14,7 +14,7 @@ import boto3
 import pytest
 
 from bootstrap_scripts.agent import cloudwatch_config
-from bootstrap_scripts.jobs.executor.log_mirror import LogMirror, share_sources
+from bootstrap_scripts.jobs.executor.log_mirror import JOBS_LOG, LogMirror, share_sources
 from dlc import cloudwatch
 from dlc.cli import main
 from emulator.cloudwatch_agent import Shipper
@@ -122,3 +122,24 @@ def test_dashboard_url_per_partition() -> None:
         "#dashboards/dashboard/c1-cluster")
     assert cloudwatch.dashboard_url("cn-north-1", "d").startswith(
         "https://console.amazonaws.cn/")
+
+
+def test_dlc_logs_falls_back_to_cloudwatch_when_the_master_cannot_answer(
+        tmp_path, logs, moto_reset, capsys) -> None:
+    """No stack, no master (the cluster is unreachable): ``dlc logs`` says so and reads the
+    log group by its name; ``--source efs`` keeps the master's error."""
+    root, config = node(tmp_path, "i-0m")
+    (root / JOBS_LOG).write_text("j9.1 [0 10.0.0.4] still here\n")
+    Shipper(logs, cloudwatch_config.collected(config.read_text()), tmp_path / "st").ship_once()
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"aws": {"endpoint": moto_reset, "region": REGION,
+                                         "access_key_id": "testing",
+                                         "secret_access_key": "testing"}}))
+    code = main(["--emulator", str(state), "--stack", "c1", "logs", "j9"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out == "[0 10.0.0.4] still here\n"
+    assert "stack c1 not found" in captured.err and "CloudWatch log group instead" in captured.err
+    code = main(["--emulator", str(state), "--stack", "c1", "logs", "j9", "--source", "efs"])
+    captured = capsys.readouterr()
+    assert code == 3 and captured.out == "" and "stack c1 not found" in captured.err

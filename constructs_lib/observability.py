@@ -155,7 +155,7 @@ class ClusterObservability(Construct):
         CloudWatch agent calls; the group and its retention are the stack's)."""
         return iam.Grant.add_to_principal(
             grantee=role, actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-            resource_arns=[f"{self.log_group.log_group_arn}"])
+            resource_arns=[self.log_group.log_group_arn])
 
     def grant_read(self, policy: iam.ManagedPolicy) -> None:
         """Operators read the nodes' logs (``dlc logs --source cloudwatch``) from this log

@@ -41,6 +41,8 @@ def log_group(target: Target) -> str:
 
 def job_streams(target: Target, group: str) -> list[str]:
     """Every node's jobs stream in ``group`` (NotFound if the group does not exist)."""
+    from botocore.exceptions import BotoCoreError, ClientError  # as dlc.aws: when needed
+
     client = target.client("logs")
     streams: list[str] = []
     token = None
@@ -48,10 +50,12 @@ def job_streams(target: Target, group: str) -> list[str]:
         kwargs = {"logGroupName": group, **({"nextToken": token} if token else {})}
         try:
             page = client.describe_log_streams(**kwargs)
-        except Exception as exc:
-            if "ResourceNotFoundException" in str(exc):
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
                 raise NotFound(f"log group {group} not found in {target.region}: the "
                                "cluster's logs are deleted with its stack") from None
+            raise aws.aws_error(exc, f"DescribeLogStreams {group}") from None
+        except BotoCoreError as exc:
             raise aws.aws_error(exc, f"DescribeLogStreams {group}") from None
         streams += [s["logStreamName"] for s in page.get("logStreams", [])
                     if s["logStreamName"].endswith("/" + names.SOURCE_JOBS)]

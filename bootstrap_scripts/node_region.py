@@ -13,6 +13,12 @@ So the installer reads the region from IMDSv2 (``placement/region``) and writes
   Command or a Session Manager shell, whoever runs them, whatever ``HOME`` is),
 - ``/etc/profile.d/dl-aws-region.sh`` for login shells (the ``aws`` CLI by hand),
 - the node tools themselves (:func:`client_region`) when started as ``python -m``.
+The same file sets how patiently the SDK asks instance metadata for the instance role's
+credentials (``AWS_METADATA_SERVICE_TIMEOUT``, ``AWS_METADATA_SERVICE_NUM_ATTEMPTS``): the
+SDKs' defaults are one attempt with a one-second timeout
+(https://docs.aws.amazon.com/sdkref/latest/guide/feature-imds-credentials.html), and a
+client created while IMDS is slow to answer (a busy instance, IMDS throttling) has no
+credentials for its whole life: every call then fails with "Unable to locate credentials".
 A per-user ``~/.aws/config`` was not chosen: it depends on which user runs the command and
 on ``HOME`` being set, and the file here serves every user and every entry point.
 """
@@ -28,6 +34,9 @@ from pathlib import Path
 ENV_FILE = "etc/dl-cluster/aws-region.env"
 PROFILE_FILE = "etc/profile.d/dl-aws-region.sh"
 VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
+#: How patiently the SDK fetches the instance role's credentials (the defaults: 1 s, 1 try).
+METADATA_SETTINGS = {"AWS_METADATA_SERVICE_TIMEOUT": "5",
+                     "AWS_METADATA_SERVICE_NUM_ATTEMPTS": "3"}
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 _MAX_BYTES = 4096
 
@@ -49,7 +58,8 @@ def render_env_file(region: str) -> str:
     if not valid_region(region):
         raise RegionError(f"{region!r} is not an AWS region (e.g. us-east-1)")
     return ("# Written by bootstrap_scripts.agent.install from instance metadata "
-            "(placement/region).\n" + "".join(f"{v}={region}\n" for v in VARIABLES))
+            "(placement/region).\n" + "".join(f"{v}={region}\n" for v in VARIABLES)
+            + "".join(f"{k}={v}\n" for k, v in METADATA_SETTINGS.items()))
 
 
 def render_profile(root: str | Path = "/") -> str:
@@ -117,4 +127,6 @@ def adopt(root: str | Path = "/") -> str:
     if region:
         for variable in VARIABLES:
             os.environ[variable] = region
+        for variable, value in METADATA_SETTINGS.items():
+            os.environ.setdefault(variable, value)
     return region

@@ -27,6 +27,7 @@ from constructs_lib.cluster_settings import (
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
 )
+from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, grant_idle_stop, idle_stop_seconds
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, check_image, deep_learning_ami, image_family
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
 from constructs_lib.job_role import JobRole, late_role_arn
@@ -110,6 +111,7 @@ class DeepLearningCluster(Construct):
         spot_workers: int = DEFAULT_SPOT_WORKERS,
         data_prep_script: str | None = None,
         max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
+        idle_stop_minutes: int = DEFAULT_IDLE_STOP_MINUTES,
         data_bucket: s3.IBucket | None = None,
         data_prefix: str = "",
         checkpoint_bucket: s3.IBucket | None = None,
@@ -209,6 +211,10 @@ class DeepLearningCluster(Construct):
             many instances marked Unhealthy (and replaced by Auto Scaling) in any hour; past
             it a node fault is recorded in the job's record and nobody is replaced.
             :default: 3
+        :param idle_stop_minutes: the master's job controller scales the workers to zero
+            after this many minutes with nothing to run, and back for the next job; 0: never
+            (``constructs_lib/idle_stop.py``).
+            :default: 60
         :param data_bucket: an existing bucket with the training data; the nodes may list and
             read ``data_prefix`` of it (``dl-run --data`` stages it to local disk).
             :default: none (no data-bucket permission)
@@ -243,6 +249,7 @@ class DeepLearningCluster(Construct):
             data_prep_script = validation.one_line("data_prep_script", data_prep_script)
         max_replacements_per_hour = validation.positive_int(
             "max_replacements_per_hour", max_replacements_per_hour, minimum=0)
+        idle_stop = idle_stop_seconds("idle_stop_minutes", idle_stop_minutes)
         self.capacity = launch.check_capacity(
             worker_types=launch.types_prop("worker_instance_type", worker_instance_type,
                                            "worker_instance_types", worker_instance_types,
@@ -380,6 +387,7 @@ class DeepLearningCluster(Construct):
                 data_prep=data_prep_script,
                 max_replacements_per_hour=(max_replacements_per_hour
                                            if node_type == "master" else None),
+                idle_stop_seconds=idle_stop if node_type == "master" else None,
                 membership_key=self.membership_key.key_arn,
                 # The job role trusts the node roles, made with the groups below.
                 job_role_arn=late_role_arn(lambda: self.job_role),
@@ -443,6 +451,9 @@ class DeepLearningCluster(Construct):
         self.training_data.grant_checkpoint_read_write(self.job_role.role,
                                                        per_user_tag=JOB_USER_TAG)
         grant_elastic_control(self, self.master_group.role, self.cluster_id)
+        if idle_stop:
+            grant_idle_stop(self, self.master_group.role, cluster_id=self.cluster_id,
+                            min_workers=min_workers)
         # The health gate on the master (dl-health --deep, before each managed attempt)
         # compares each node's GPUs with what EC2 says its instance type has.
         self.master_group.role.add_to_principal_policy(iam.PolicyStatement(

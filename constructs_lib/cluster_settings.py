@@ -19,6 +19,7 @@ from constructs_lib.capacity_adjuster import (
     DEFAULT_LAUNCH_RETRY_SECONDS,
     MAX_LAUNCH_RETRY_SECONDS,
 )
+from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, MAX_IDLE_STOP_MINUTES
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, IMAGE_FAMILIES, pytorch_version
 from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
 from constructs_lib.network import DEFAULT_VPC_CIDR
@@ -212,6 +213,13 @@ class ClusterSettings:
         "alarmEmail", None, "subscribe this address to the cluster's alarm topic (node "
         "unhealthy, nodes missing, a job restarting repeatedly, GPUs idle while a job runs); "
         "it must confirm the subscription", check_email, accepts="an e-mail address")
+
+    idle_stop_minutes: int = setting(
+        "idleStopMinutes", DEFAULT_IDLE_STOP_MINUTES, "idle stop: after this many minutes "
+        "with no job running or queued, the master's job controller scales the workers to "
+        "zero (each drained like a scale-in; the master stays), and the next `dlc submit` "
+        "scales them back (\"Idle stop\"); `0`: never", validation.count, minimum=0,
+        maximum=MAX_IDLE_STOP_MINUTES)
 
 
 #: The construct defaults that come from this description (``DeepLearningCluster``'s props).

@@ -44,7 +44,11 @@ ELASTIC_CONTROL_REASON = (
     "SetDesiredCapacity and TerminateInstanceInAutoScalingGroup (and the job controller's "
     "SetInstanceHealth for a failed node) are limited by an "
     "autoscaling:ResourceTag condition to groups tagged dl-cluster:id=<this cluster>; the "
-    "group ARNs hold a generated UUID unknown when the role is created."
+    "group ARNs hold a generated UUID unknown when the role is created. The job controller's "
+    "idle stop adds UpdateAutoScalingGroup on the worker group alone (its NodeType tag too), "
+    "for its minimum and desired capacity only: a minimum no higher than deployed, and no "
+    "launch template, launch configuration, instance types, subnets, maximum or capacity "
+    "reservation in the request (constructs_lib/idle_stop.py)."
 )
 HOOK_KEY_REASON = (
     "kms:GenerateDataKey* is what CDK's topic.grant_publish gives a publisher of a topic "

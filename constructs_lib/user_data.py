@@ -136,6 +136,7 @@ def node_user_data(
     base_workers: int | None = None,
     data_prep: str | None = None,
     max_replacements_per_hour: int | None = None,
+    idle_stop_seconds: int | None = None,
     membership_key: str = "",
     job_role_arn: str = "",
     node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
@@ -167,6 +168,8 @@ def node_user_data(
         settings["data-prep"] = data_prep
     if max_replacements_per_hour is not None:  # the master's: its job controller's breaker
         settings["max-replacements-per-hour"] = str(max_replacements_per_hour)
+    if idle_stop_seconds is not None:  # the master's: its job controller's idle stop
+        settings["idle-stop-seconds"] = str(idle_stop_seconds)
     if membership_key:  # the master signs the membership with it, workers verify
         settings["membership-key"] = membership_key
     if job_role_arn:  # the executor's: each job gets credentials of this role

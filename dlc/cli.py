@@ -134,7 +134,9 @@ def submit(ctx, launcher, max_restarts, min_nodes, name, as_user, workdir, cwd, 
 
         staged = workdir_mod.stage(target_of(ctx), workdir, user,
                                    lambda s: click.echo(s, err=True))
-    jid = jobs_mod.submit(remote, argv, user, workdir=staged)
+    jid, note = jobs_mod.submit(remote, argv, user, workdir=staged)
+    if note:  # e.g. the workers were stopped while idle: starting again for this job
+        click.echo(note, err=True)
     if as_json:
         emit_json({"job_id": jid})
     else:

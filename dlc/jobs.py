@@ -59,15 +59,22 @@ def job_user(target: Target, as_user: str | None) -> str:
     return check_user(user)
 
 
-def submit(remote: Remote, argv: list[str], user: str, *, workdir: str | None = None) -> str:
+def submit(remote: Remote, argv: list[str], user: str, *, workdir: str | None = None
+           ) -> tuple[str, str]:
     """``dl-run --detach`` as ``user`` on the master (the document refuses root); with
     ``workdir`` (``<bucket>/<key>`` staged by :mod:`dlc.workdir`) the job runs in that
-    directory, unpacked into its own directory on EFS."""
-    data = remote.json(argv, run_as=user, workdir=workdir)
-    jid = data.get("job_id") if isinstance(data, dict) else None
+    directory, unpacked into its own directory on EFS. Returns (job id, note)."""
+    return submitted(remote.json(argv, run_as=user, workdir=workdir))
+
+
+def submitted(data: object) -> tuple[str, str]:
+    """(job id, note) from ``dl-run --detach --json``; the note says, say, that the
+    cluster's workers were stopped while idle and are starting for this job."""
+    answer = data if isinstance(data, dict) else {}
+    jid = answer.get("job_id")
     if not jid:
         raise DlcError(f"dl-run --detach printed no job id: {data!r}")
-    return str(jid)
+    return str(jid), str(answer.get("note") or "")
 
 
 def list_jobs(remote: Remote) -> list[dict]:

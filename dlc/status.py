@@ -92,6 +92,25 @@ def job_id(job: dict) -> str:
     return str(job.get("job_id") or job.get("id") or "")
 
 
+def idle_line(rec: object) -> str:
+    """The job controller's idle stop (``cluster/idle-stop.json``, via ``dl-jobs --json``)
+    in one line: when the workers stop, or that they stopped and what brings them back."""
+    if not isinstance(rec, dict):
+        return ""
+    failed = f" ({rec['message']})" if "failed" in str(rec.get("message", "")) else ""
+    if rec.get("stopped_at"):
+        return (f"idle stop: idle since {clock(rec.get('idle_since'))}, workers STOPPED at "
+                f"{clock(rec.get('stopped_at'))} (were {rec.get('desired_before', '?')}); "
+                f"dlc submit scales them back{failed}")
+    if rec.get("state") == "idle":
+        return (f"idle stop: idle since {clock(rec.get('idle_since'))}, workers stop at "
+                f"{clock(rec.get('stop_at'))}{failed}")
+    if rec.get("state") == "disabled":
+        return "idle stop: off (idleStopMinutes 0)"
+    minutes = float(rec.get("idle_seconds") or 0) / 60
+    return f"idle stop: busy; workers stop {minutes:g} min after the last job{failed}"
+
+
 def gather(target: Target, *, with_cost: bool = True) -> dict:
     """Everything ``dlc status`` shows, as one JSON-able dict."""
     stack = aws.describe_stack(target)
@@ -114,7 +133,9 @@ def gather(target: Target, *, with_cost: bool = True) -> dict:
         except DlcError as exc:
             out["errors"]["health"] = str(exc)
         try:
-            jobs = jobs_list(remote.json(["dl-jobs", "--json"]))
+            listed = remote.json(["dl-jobs", "--json"])
+            jobs = jobs_list(listed)
+            out["idle_stop"] = listed.get("idle_stop") if isinstance(listed, dict) else None
         except DlcError as exc:
             out["errors"]["jobs"] = str(exc)
     except DlcError as exc:
@@ -184,6 +205,9 @@ def render(console, st: dict) -> None:
         console.print(f"jobs: {len(jobs['running'])} running{': ' + running if running else ''}"
                       f"; {len(jobs['queued'])} queued{': ' + queued if queued else ''}",
                       highlight=False)
+    idle = idle_line(st.get("idle_stop"))
+    if idle:
+        console.print(idle, highlight=False)
     if st.get("dashboard"):
         console.print(f"dashboard: {st['dashboard']}", highlight=False, soft_wrap=True)
     c = st.get("cost")

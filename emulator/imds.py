@@ -268,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         "instance_id": ns.instance_id, "instance_type": ns.instance_type,
         "address": ns.local_ipv4 or ns.address, "region": ns.region,
         "availability_zone": ns.availability_zone}, role)
+    if role is not None:
+        # EC2 has the role's credentials ready when the instance boots; assume the role now,
+        # beside the boot, so the first SDK lookup does not wait for a new STS client here.
+        threading.Thread(target=role.credentials, daemon=True, name="warm-credentials").start()
     print(json.dumps({"url": url}), flush=True)
     try:
         threading.Event().wait()

@@ -92,10 +92,11 @@ def agent_settings(role: str, *, cluster_id: str, master_queue_url: str = "",
                    mount_point: str | None = None, wait_handle: str = "",
                    setup_timeout: int | None = None, base_workers: int | None = None,
                    data_prep: str = "", max_replacements_per_hour: int | None = None,
-                   membership_key: str = "") -> dict[str, str]:
+                   membership_key: str = "",
+                   idle_stop_seconds: float | None = None) -> dict[str, str]:
     """The settings ``DeepLearningCluster`` renders into a group's user data, in its order
-    (``mount_point``, ``setup_timeout`` and the master's ``max_replacements_per_hour``
-    default to the stack's)."""
+    (``mount_point``, ``setup_timeout`` and the master's ``max_replacements_per_hour`` and
+    ``idle_stop_seconds`` default to the stack's)."""
     defaults = stack_defaults()
     mount_point = defaults.mount_point if mount_point is None else mount_point
     setup_timeout = defaults.setup_timeout if setup_timeout is None else setup_timeout
@@ -114,6 +115,10 @@ def agent_settings(role: str, *, cluster_id: str, master_queue_url: str = "",
         settings["max-replacements-per-hour"] = str(
             default_of(ClusterSettings, "max_replacements_per_hour")
             if max_replacements_per_hour is None else max_replacements_per_hour)
+        # idleStopMinutes x 60, as the stack renders it; tests give seconds
+        settings["idle-stop-seconds"] = str(
+            60 * default_of(ClusterSettings, "idle_stop_minutes")
+            if idle_stop_seconds is None else idle_stop_seconds)
     if membership_key:
         settings["membership-key"] = membership_key
     return settings

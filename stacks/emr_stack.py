@@ -14,12 +14,13 @@ from aws_cdk import Annotations, CfnOutput, Duration, Stack
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from constructs_lib import EmrDeepLearningCluster, FixedAmi, validation
+from constructs_lib import EmrDeepLearningCluster, FixedAmi
 from constructs_lib.emr_settings import EmrSettings
 from constructs_lib.nag_suppressions import acknowledge_emr_findings
 from constructs_lib.setting import context_keys
 from stacks.context import ContextReader
 from stacks.existing import existing_file_system
+from stacks.vpc_rules import ExistingVpc, ExistingVpcKeys, check_existing_vpc
 
 CLUSTER_ID = "EmrCluster"
 
@@ -29,6 +30,10 @@ __all__ = ["CLUSTER_ID", "EMR_CONTEXT_KEYS", "DLEmrClusterStack", "EmrSettings",
 
 #: context key -> EmrSettings field (derived from the field descriptions).
 EMR_CONTEXT_KEYS: dict[str, str] = context_keys(EmrSettings)
+#: The EMR stack's existing-VPC keys.
+EMR_VPC_KEYS = ExistingVpcKeys(vpc_id="emrVpcId", vpc_cidr="emrVpcCidr",
+                               private_subnets="emrVpcPrivateSubnetIds",
+                               zones="emrAvailabilityZones", file_system="emrEfsFileSystemId")
 
 
 def emr_settings_from_context(get: Callable[[str], object]) -> EmrSettings:
@@ -39,36 +44,12 @@ def emr_settings_from_context(get: Callable[[str], object]) -> EmrSettings:
 
 
 def _check_existing_vpc(s: EmrSettings) -> None:
-    """The same rules as DLClusterStack's ``vpcId``: an existing file system lives in an
-    existing VPC (its mount targets cannot reach a new one), and an imported VPC needs its
-    subnets and their zones, one subnet per zone."""
-    def error(message: str) -> validation.ConfigError:
-        return validation.ConfigError(f"context key {message}")
-
-    if s.vpc_id is None:
-        if s.efs_file_system_id:
-            raise error(f"'emrEfsFileSystemId' needs 'emrVpcId' (with 'emrVpcPrivateSubnetIds' "
-                        f"and 'emrAvailabilityZones'): an existing file system is in an "
-                        f"existing VPC, and its mount targets cannot reach a new one; got "
-                        f"emrEfsFileSystemId={s.efs_file_system_id!r} without emrVpcId")
-        for key, value in (("emrVpcPrivateSubnetIds", s.vpc_private_subnet_ids),
-                           ("emrAvailabilityZones", s.availability_zones)):
-            if value:
-                raise error(f"'{key}' is for an existing VPC and needs 'emrVpcId', got "
-                            f"{','.join(value)!r}")
-        return
-    if s.vpc_cidr != EmrSettings.vpc_cidr:
-        raise error(f"'emrVpcCidr' is the CIDR of a new VPC and does not go with 'emrVpcId', "
-                    f"got emrVpcCidr={s.vpc_cidr!r} with emrVpcId={s.vpc_id!r}")
-    subnets, zones = s.vpc_private_subnet_ids or (), s.availability_zones or ()
-    if not subnets or not zones:
-        raise error(f"'emrVpcId' needs 'emrVpcPrivateSubnetIds' and 'emrAvailabilityZones', got "
-                    f"emrVpcId={s.vpc_id!r} with emrVpcPrivateSubnetIds="
-                    f"{s.vpc_private_subnet_ids!r}, emrAvailabilityZones={s.availability_zones!r}")
-    if len(subnets) != len(zones):
-        raise error(f"'emrVpcPrivateSubnetIds' must list one subnet per zone of "
-                    f"'emrAvailabilityZones' ({len(zones)}: {','.join(zones)}), got "
-                    f"{len(subnets)}: {','.join(subnets)}")
+    """DLClusterStack's existing-VPC rules under the ``emr*`` keys (stacks/vpc_rules.py)."""
+    check_existing_vpc(EMR_VPC_KEYS, ExistingVpc(
+        vpc_id=s.vpc_id,
+        vpc_cidr=None if s.vpc_cidr == EmrSettings.vpc_cidr else s.vpc_cidr,
+        private_subnets=s.vpc_private_subnet_ids, zones=s.availability_zones,
+        file_system=s.efs_file_system_id), zones_need_vpc=True)
 
 
 class DLEmrClusterStack(Stack):

@@ -15,6 +15,7 @@ from constructs_lib.cluster_settings import ClusterSettings
 from constructs_lib.images import image_family, published_pytorch
 from constructs_lib.setting import context_keys
 from stacks.context import ContextReader
+from stacks.vpc_rules import ExistingVpc, ExistingVpcKeys, check_existing_vpc
 
 #: context key -> ClusterSettings field (derived from the field descriptions).
 CONTEXT_KEYS: dict[str, str] = context_keys(ClusterSettings)
@@ -24,6 +25,11 @@ CAPACITY_CONTEXT_KEYS: dict[str, str] = {
     if k in ("workerInstanceTypes", "masterInstanceTypes", "capacityReservationId",
              "capacityReservationGroupArn", "capacityBlockId", "availabilityZones",
              "maxZoneMoves", "launchRetrySeconds")}
+
+#: DLClusterStack's existing-VPC keys.
+VPC_KEYS = ExistingVpcKeys(vpc_id="vpcId", vpc_cidr="vpcCidr",
+                           private_subnets="vpcPrivateSubnetIds", zones="availabilityZones",
+                           file_system="efsFileSystemId", public_subnets="vpcPublicSubnetIds")
 
 
 def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
@@ -52,41 +58,17 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
 
 
 def _check_existing_vpc(s: ClusterSettings) -> None:
-    """An existing VPC is imported from its ids (``ec2.Vpc.from_vpc_attributes``: no lookup,
-    so synth needs no AWS access): the subnets and their zones must be given and agree. An
-    existing file system lives in an existing VPC, so it needs one."""
-    def error(message: str) -> validation.ConfigError:
-        return validation.ConfigError(f"context key {message}")
-
-    if s.vpc_id is None:
-        if s.efs_file_system_id:
-            raise error(f"'efsFileSystemId' needs 'vpcId' (with 'vpcPrivateSubnetIds' and "
-                        f"'availabilityZones'): an existing file system is in an existing VPC, "
-                        f"and its mount targets cannot reach a new one; got "
-                        f"efsFileSystemId={s.efs_file_system_id!r} without vpcId")
-        for key, value in (("vpcPrivateSubnetIds", s.vpc_private_subnet_ids),
-                           ("vpcPublicSubnetIds", s.vpc_public_subnet_ids)):
-            if value:
-                raise error(f"'{key}' is for an existing VPC and needs 'vpcId', got "
-                            f"{','.join(value)!r}")
-        return
-    if s.vpc_cidr != ClusterSettings.vpc_cidr:
-        raise error(f"'vpcCidr' is the CIDR of a new VPC and does not go with 'vpcId', got "
-                    f"vpcCidr={s.vpc_cidr!r} with vpcId={s.vpc_id!r}")
-    zones = s.availability_zones or ()
-    if not s.vpc_private_subnet_ids or not zones:
-        raise error(f"'vpcId' needs 'vpcPrivateSubnetIds' and 'availabilityZones' (the "
-                    f"subnets' zones, in the same order), got vpcId={s.vpc_id!r} with "
-                    f"vpcPrivateSubnetIds={s.vpc_private_subnet_ids!r}, "
-                    f"availabilityZones={s.availability_zones!r}")
-    for key, ids in (("vpcPrivateSubnetIds", s.vpc_private_subnet_ids),
-                     ("vpcPublicSubnetIds", s.vpc_public_subnet_ids)):
-        if ids and len(ids) != len(zones):
-            raise error(f"'{key}' must list one subnet per zone of 'availabilityZones' "
-                        f"({len(zones)}: {','.join(zones)}), got {len(ids)}: {','.join(ids)}")
-    if s.ssh_cidr and not s.vpc_public_subnet_ids:
-        raise error(f"'sshCidr' with 'vpcId' needs 'vpcPublicSubnetIds' (the master moves to a "
-                    f"public subnet), got sshCidr={s.ssh_cidr!r}")
+    """The shared existing-VPC rules (stacks/vpc_rules.py), then this stack's own: SSH to
+    the master in an imported VPC needs a public subnet to move it to."""
+    check_existing_vpc(VPC_KEYS, ExistingVpc(
+        vpc_id=s.vpc_id,
+        vpc_cidr=None if s.vpc_cidr == ClusterSettings.vpc_cidr else s.vpc_cidr,
+        private_subnets=s.vpc_private_subnet_ids, zones=s.availability_zones,
+        file_system=s.efs_file_system_id, public_subnets=s.vpc_public_subnet_ids))
+    if s.vpc_id and s.ssh_cidr and not s.vpc_public_subnet_ids:
+        raise validation.ConfigError(
+            f"context key 'sshCidr' with 'vpcId' needs 'vpcPublicSubnetIds' (the master moves "
+            f"to a public subnet), got sshCidr={s.ssh_cidr!r}")
 
 
 def _check_image(s: ClusterSettings) -> None:

@@ -87,9 +87,22 @@ class MasterAws:
         self._thread.start()
 
     def connect(self) -> None:
+        """Create the clients once the instance role's credentials can be found.
+
+        A client made while they cannot (instance metadata slow to answer at boot) would
+        have none for its whole life, so the lookup is retried until it succeeds or the
+        agent stops."""
         import boto3  # only the master talks to AWS APIs
 
-        session = boto3.session.Session(region_name=self.region)
+        delay = 1.0
+        while True:
+            session = boto3.session.Session(region_name=self.region)
+            if session.get_credentials() is not None or self.stop.is_set():
+                break
+            self.log.warning("event=no-credentials-yet retry_in=%.0fs", delay)
+            if self.stop.wait(delay):
+                break
+            delay = min(delay * 2, 30.0)
         self.sqs = session.client("sqs")
         self.autoscaling = session.client("autoscaling")
         self.ec2 = session.client("ec2")

@@ -176,7 +176,8 @@ def executor_unit(python: str, package_dir: str, root: str, mount_point: str, *,
 
 
 def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
-                    region: str, max_replacements_per_hour: int, log_file: str = "") -> str:
+                    region: str, max_replacements_per_hour: int,
+                    idle_stop_seconds: float = 0.0, log_file: str = "") -> str:
     """The master's job controller. ``KillMode=process``: stopping or restarting the unit
     leaves a running attempt's runner to finish cancelling its shares (the controller
     cancels it on SIGTERM); the next controller restarts the job from its checkpoint."""
@@ -185,7 +186,8 @@ def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
                     "restarts them)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.controller",
         args=["--root", root, "--mount-point", mount_point, "--region", region,
-              "--max-replacements-per-hour", str(max_replacements_per_hour)],
+              "--max-replacements-per-hour", str(max_replacements_per_hour),
+              "--idle-stop-seconds", f"{idle_stop_seconds:g}"],
         unit=(f"Wants={EXECUTOR_UNIT}", f"After={EXECUTOR_UNIT} remote-fs.target"),
         service=("Restart=always", "RestartSec=5", "KillMode=process", "TimeoutStopSec=60"))
 
@@ -241,7 +243,7 @@ def install(argv: list[str] | None = None) -> list[Path]:
     if ns.role == "master":
         files[root / UNIT_DIR / CONTROLLER_UNIT] = (controller_unit(
             opts.python, opts.package_dir, ns.root, ns.mount_point, ns.region,
-            ns.max_replacements_per_hour,
+            ns.max_replacements_per_hour, ns.idle_stop_seconds,
             log_file=str(cloudwatch_config.unit_log(root, "controller"))), 0o644)
         units.append(CONTROLLER_UNIT)
     for name, module in WRAPPERS.items():

@@ -54,6 +54,7 @@ class AgentConfig:
     base_workers: int = -1
     drain_timeout: float = 240.0
     max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR
+    idle_stop_seconds: float = 0.0
     membership_key: str = ""
     job_role_arn: str = ""
 
@@ -76,6 +77,8 @@ class AgentConfig:
         if self.max_replacements_per_hour < 0:
             raise ValueError(f"--max-replacements-per-hour must be >= 0, got "
                              f"{self.max_replacements_per_hour}")
+        if self.idle_stop_seconds < 0:
+            raise ValueError(f"--idle-stop-seconds must be >= 0, got {self.idle_stop_seconds}")
         if self.base_workers < -1:
             raise ValueError(f"--base-workers must be >= 0 (or -1: all), got {self.base_workers}")
 
@@ -139,6 +142,8 @@ OPTIONS: tuple[Option, ...] = (
            "(below the lifecycle hook's 300 s heartbeat)"),
     Option("--max-replacements-per-hour", "master: the job controller's circuit breaker "
            "(instances it may mark Unhealthy in any hour)"),
+    Option("--idle-stop-seconds", "master: the job controller stops the workers after this "
+           "many seconds with nothing to run (the stack's idleStopMinutes x 60; 0 = never)"),
     Option("--membership-key", "KMS key that signs the membership (the master signs, "
            "workers apply only what it signed; '' = unsigned)"),
     Option("--job-role-arn", "the stack's job role, for the executor: each job gets its own "

@@ -445,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"final acc={acc:.4f} world_size={world}", flush=True)
     ok = rank != 0 or (acc is not None and acc >= args.require_acc)
     if distributed:
+        # Tear the group down together: a rank that destroys its gloo pairs while rank 0 is
+        # still evaluating can abort at exit ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
     if not ok:
         print(f"error: final held-out accuracy {acc:.4f} is below --require-acc "

@@ -134,6 +134,41 @@ def set_workers(cluster: Cluster, count: int, autoscaling) -> str:
     return f"workers already {count}: nothing to do"
 
 
+#: SetInstanceProtection takes at most this many instances per call.
+PROTECTION_BATCH = 50
+
+
+def stop_all_workers(cluster: Cluster, autoscaling) -> tuple[int, int]:
+    """The job controller's idle stop: every worker leaves, base workers too, each drained
+    by the group's hook like any scale-in. Scale-in protection is lifted first (Auto
+    Scaling never picks a protected instance for scale-in; the master agent protects the
+    on-demand workers that join after a resume again), then the group's minimum and desired
+    capacity go to 0 in one UpdateAutoScalingGroup (SetDesiredCapacity refuses a value
+    below the minimum). Returns the (desired, minimum) it had: what a resume restores."""
+    g = cluster.worker_group
+    desired, minimum = int(g["DesiredCapacity"]), int(g["MinSize"])
+    protected = sorted(iid for iid, i in _group_instances(cluster).items()
+                       if i.get("ProtectedFromScaleIn"))
+    for k in range(0, len(protected), PROTECTION_BATCH):
+        autoscaling.set_instance_protection(
+            AutoScalingGroupName=cluster.group_name, ProtectedFromScaleIn=False,
+            InstanceIds=protected[k:k + PROTECTION_BATCH])
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName=cluster.group_name,
+                                          MinSize=0, DesiredCapacity=0)
+    return desired, minimum
+
+
+def restore_workers(cluster: Cluster, autoscaling, *, desired: int, minimum: int) -> int:
+    """Undo :func:`stop_all_workers`: the size before the stop (or the group's current one
+    if someone grew it since), within the group's maximum; returns the new desired
+    capacity. The nodes launch, register and join as in a scale-out."""
+    g = cluster.worker_group
+    target = min(max(desired, int(g["DesiredCapacity"])), int(g["MaxSize"]))
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName=cluster.group_name,
+                                          MinSize=min(minimum, target), DesiredCapacity=target)
+    return target
+
+
 def _group_instances(cluster: Cluster) -> dict[str, dict]:
     return {i["InstanceId"]: i for i in cluster.worker_group.get("Instances", [])}
 

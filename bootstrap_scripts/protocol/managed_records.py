@@ -1,6 +1,7 @@
 """Typed records of managed jobs: what a user's ``dl-run`` asks the job controller for
 (``managed/<id>/request.json``), the controller's record of the job and its restarts
-(``managed/<id>/job.json``), and its heartbeat (``cluster/controller.json``).
+(``managed/<id>/job.json``), its heartbeat (``cluster/controller.json``) and its idle stop
+(``cluster/idle-stop.json``).
 
 They share :class:`~bootstrap_scripts.protocol.records.Record`'s (de)serialiser; where they
 live on disk: :class:`~bootstrap_scripts.protocol.paths.ManagedPaths`.
@@ -97,3 +98,24 @@ class ControllerHeartbeat(Record):
     job_id: str = ""
     #: when the controller marked instances Unhealthy in the last hour (its circuit breaker)
     replacements: tuple[float, ...] = ()
+
+
+@record
+class IdleStopRecord(Record):
+    """``cluster/idle-stop.json``: the job controller's idle stop (``jobs.controller.idle``).
+    Idle since ``idle_since`` (no managed job running or queued, no job share running on any
+    node), the workers stop at ``stop_at``; once stopped (``stopped_at``), the worker group's
+    size and minimum before the stop are what the next job scales it back to."""
+
+    KIND: ClassVar[str] = "idle stop"
+    state: str  # disabled | busy | idle | stopped
+    updated_at: float
+    idle_seconds: float = 0.0  # the setting (idleStopMinutes x 60); 0: never stops
+    idle_since: float | None = None
+    stop_at: float | None = None
+    stopped_at: float | None = None
+    group: str = ""  # the worker Auto Scaling group
+    desired_before: int = 0
+    min_before: int = 0
+    resumed_at: float | None = None
+    message: str = ""  # the last stop's or resume's outcome (an AWS error, say)

@@ -85,6 +85,8 @@ LAUNCH_FAILURES = f"{CLUSTER_DIR}/launch-failures.json"
 WAIT_SIGNAL = f"{CLUSTER_DIR}/wait-condition.json"
 INSTANCE_TYPES_DIR = f"{CLUSTER_DIR}/instance-types"
 CONTROLLER_HEARTBEAT = f"{CLUSTER_DIR}/controller.json"
+#: The job controller's idle stop: idle since when, workers stopped when, their size before.
+IDLE_STOP = f"{CLUSTER_DIR}/idle-stop.json"
 JOBS_DIR = "jobs"
 #: Training checkpoints, one directory per job name (the example job's default).
 CHECKPOINTS_DIR = "checkpoints"
@@ -117,7 +119,7 @@ LAYOUT = (
     f"{JOBS_DIR}/<job-id>/staging.json",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.exit", f"{JOBS_DIR}/<job-id>/nodes/<rank>.claim",
-    CONTROLLER_HEARTBEAT, f"{MANAGED_DIR}/<job-id>/request.json",
+    CONTROLLER_HEARTBEAT, IDLE_STOP, f"{MANAGED_DIR}/<job-id>/request.json",
     f"{MANAGED_DIR}/<job-id>/job.json", f"{MANAGED_DIR}/<job-id>/cancel",
     f"{MANAGED_DIR}/<job-id>/attempts/<n>.log",
     f"{MANAGED_DIR}/<job-id>/attempts/<n>.membership.json",
@@ -425,6 +427,11 @@ class ClusterPaths:
     @property
     def controller_heartbeat(self) -> Path:
         return self.efs / CONTROLLER_HEARTBEAT
+
+    @property
+    def idle_stop(self) -> Path:
+        """The job controller's idle-stop record (``IdleStopRecord``)."""
+        return self.efs / IDLE_STOP
 
     @property
     def jobs_dir(self) -> Path:

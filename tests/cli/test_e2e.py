@@ -6,7 +6,6 @@ played by the emulator's SSM Agent. The node-killing test runs last."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pwd
@@ -15,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -24,64 +22,13 @@ import pytest
 
 from bootstrap_scripts.procgroup import alive, pids_in_groups
 from dlc.cli import main
-from emulator.demo.context import BIN_DIR, STATE_FILE
-from emulator.nodes import PYTHON
+from emulator.demo.context import BIN_DIR
 from emulator.pricing import PRICES
 from tests.conftest import REPO_ROOT
-from tests.support.demo import DEMO_TIMEOUT, demo_env
-from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
+from tests.support.demo import demo_env
+from tests.support.kept import UNREACHABLE_ACC, demo_stop, state_groups
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def kept(tmp_path_factory) -> Iterator[dict]:
-    tmp = tmp_path_factory.mktemp("dlc-e2e")
-    report_path = tmp / "report.json"
-    # no --work-dir: the demo makes a temp dir, and --stop must remove it (tested below)
-    proc = subprocess.run(
-        [sys.executable, "-m", "emulator.demo", "--keep", "--workers", "2", "--context",
-         "maxWorkers=3", "--epochs", "2", "--require-acc", "0.3", "--report", str(report_path)],
-        cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True, timeout=DEMO_TIMEOUT)
-    report = json.loads(report_path.read_text())
-    work = Path(report["work_dir"])
-    state_path = work / STATE_FILE
-    groups: set[int] = set()
-    try:
-        state = json.loads(state_path.read_text())
-        groups = {n["group"]["pid"] for n in state["nodes"] if n.get("group")}
-        groups.add(state["cloud"]["pid"])
-        if state.get("service"):
-            groups.add(state["service"]["pid"])
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-        yield {"state_path": state_path, "state": state, "out": proc.stdout, "report": report}
-    finally:
-        with contextlib.suppress(OSError, ValueError):  # nodes the service booted since
-            later = json.loads(state_path.read_text())
-            groups |= {n["group"]["pid"] for n in later["nodes"] if n.get("group")}
-        stop = subprocess.run([sys.executable, "-m", "emulator.demo", "--stop", str(state_path)],
-                              cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True,
-                              timeout=120)
-        left = pids_in_groups(groups) | {g for g in groups if alive(g)}
-        for pgid in left:
-            os.killpg(pgid, signal.SIGKILL)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        assert not left, f"processes left behind after --stop: {sorted(left)}"
-        assert not work.exists(), "--stop did not remove the demo's temp dir"
-
-
-@pytest.fixture(scope="module")
-def job_user(kept: dict) -> Iterator[str]:
-    """The cluster user jobs are submitted as (``dlc submit --as``: jobs never run as root,
-    and the emulator's IAM identity, moto's ``user/moto``, is no user on this machine); the
-    interpreter, the checkout and the demo's directory reachable by it, as on a cluster."""
-    if not CAN_CREATE_USERS:
-        pytest.skip("creating the job's user needs root")
-    work = Path(kept["report"]["work_dir"])
-    python_dir = os.path.realpath(os.path.dirname(PYTHON))
-    with cluster_user() as user, reachable(os.path.realpath(PYTHON), PYTHON, python_dir + "/x",
-                                            REPO_ROOT + "/x", work / "x"):
-        yield user.pw_name
 
 
 def dlc(kept: dict, capsys, *args: str) -> tuple[int, str, str]:
@@ -103,6 +50,7 @@ def has_controller(kept: dict) -> bool:
 
 
 def test_keep_prints_how_to_use_dlc(kept: dict) -> None:
+    assert "The emulated cluster is still running (--keep)." in kept["out"]  # failed job too
     assert f"export DLC_EMULATOR={kept['state_path']}" in kept["out"]
     assert "dlc status" in kept["out"] and "dlc submit --" in kept["out"]
     aws = kept["state"]["aws"]
@@ -123,6 +71,41 @@ def test_kept_cluster_runs_and_answers_dl_health_on_the_master(kept: dict) -> No
         capture_output=True, text=True, timeout=120)
     assert health.returncode == 0, health.stdout + health.stderr
     assert "healthy" in health.stdout
+
+
+
+# -- a new user's first hour: a failed job names its cause, the kept cluster still works ------
+
+
+def test_failed_job_names_its_cause_and_logs_last(kept: dict) -> None:
+    out, report = kept["out"], kept["report"]
+    work = Path(report["work_dir"])
+    last = "\n".join(out.strip().splitlines()[-6:])
+    assert re.search(r"demo failed: .*node rank 0 \(\S+\) exited with code 1: error: final "
+                     rf"held-out accuracy [\d.]+ is below --require-acc {UNREACHABLE_ACC}",
+                     last), last
+    (job,) = report["jobs"]
+    # a managed job: its one attempt (a code failure is not retried by default) holds the logs
+    nodes = work / "efs" / "jobs" / f"{job['job_id']}.1" / "nodes"
+    assert f"job logs, one per node: {nodes}/<rank>.log" in last
+    assert (nodes / "0.log").exists(), "the logs the message points at are gone"
+    assert "final held-out accuracy" in report["error"]
+
+
+def test_readme_commands_work_in_the_kept_master_shell(kept: dict, tmp_path: Path) -> None:
+    """The README's commands, as written, in the shell ``--keep`` prints."""
+    shell = Path(kept["report"]["work_dir"]) / "master-shell"
+    assert f"\n    {shell}\n" in kept["out"], "the short command to enter the shell is not printed"
+    env = {k: v for k, v in demo_env().items() if k not in ("PYTHONPATH",)}
+    run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    health = subprocess.run([str(shell), "dl-health"], **run)
+    assert health.returncode == 0, health.stdout + health.stderr
+    assert "healthy" in health.stdout
+    job = subprocess.run([str(shell), "dl-run", "--", "python", "-m",
+                          "bootstrap_scripts.examples.train_digits", "--resume", "--epochs", "3"],
+                         **run)
+    assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
+    assert re.search(r"job \S+ succeeded on 3 node\(s\)", job.stderr), job.stderr[-2000:]
 
 
 def test_status_json_of_a_healthy_cluster(kept: dict) -> None:
@@ -396,3 +379,22 @@ def test_a_dead_node_is_reported_then_replaced(kept: dict, capsys) -> None:
         str(dead["lifecycle"]).startswith("Terminating"), dead
     code, out, _ = dlc(kept, capsys, "health")
     assert code == 0 and out.strip().endswith("healthy")
+
+
+def test_stop_lists_what_it_deletes_and_keep_files_keeps_it(kept: dict) -> None:
+    """Runs last: it stops the kept cluster (the fixture then only checks nothing is left)."""
+    state_path = kept["state_path"]
+    work = state_path.parent
+    groups = state_groups(state_path)
+    keep = demo_stop(state_path, "--keep-files")
+    assert keep.returncode == 0, keep.stdout + keep.stderr
+    assert f"kept {work}" in keep.stdout and (work / "efs" / "checkpoints").is_dir()
+    left = pids_in_groups(groups) | {g for g in groups if alive(g)}
+    assert not left, f"processes left behind after --stop: {sorted(left)}"
+    gone = demo_stop(state_path)
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    said = gone.stdout
+    assert f"--stop deletes the work directory {work}" in said
+    assert "efs/jobs/" in said and "efs/checkpoints/" in said and "--keep-files" in said
+    assert said.index("deletes") < said.index(f"removed {work}")
+    assert not work.exists()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from decimal import Decimal
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from dlc import cost, errors, jobs, remote, session, status
 from dlc.cli import main
 from dlc.errors import NotFound, UsageError
 from dlc.target import Target, resolve
+from tests.support.document import run_document_script
 
 
 def state_file(tmp_path: Path, **aws) -> Path:
@@ -126,21 +126,6 @@ def test_scale_and_logs_argv() -> None:
     assert jobs.page_argv("j1", "2:0=14", 2) == ["dl-jobs", "logs", "j1", "--cursor", "2:0=14",
                                                  "--node", "2"]
     remote.document_parameters(jobs.page_argv("j1", "2:0=14,1-ps=3,r=9", None), timeout=9)
-
-
-def run_document_script(tmp_path: Path, params: dict[str, str],
-                        tool: str) -> subprocess.CompletedProcess:
-    """The cluster document's script, run by a real sh as the agent runs it (parameters as
-    SSM_<name>), with ``tool`` installed as every dl-* command."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    for name in remote.COMMANDS:
-        (bin_dir / name).write_text(tool)
-        (bin_dir / name).chmod(0o755)
-    script = tmp_path / "doc.sh"
-    script.write_text("\n".join(document_content()["mainSteps"][0]["inputs"]["runCommand"]))
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **{f"SSM_{k}": v for k, v in params.items()}}
-    return subprocess.run(["sh", str(script)], capture_output=True, env=env, timeout=30)
 
 
 def test_the_document_reads_from_an_offset_and_keeps_the_exit_status(tmp_path: Path) -> None:

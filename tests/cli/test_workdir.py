@@ -17,7 +17,7 @@ from bootstrap_scripts.jobs.engine.outcomes import RunError
 from constructs_lib.operator_document import WORKDIR_PATTERN
 from dlc import remote
 from dlc.workdir import collect, pack
-from tests.cli.test_pure import run_document_script
+from tests.support.document import run_document_script
 
 
 def tree(root: Path, files: dict[str, str]) -> None:

@@ -26,52 +26,17 @@ from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import JobResult
 from emulator.demo.context import STATE_FILE
-from emulator.gpus import instance_type_gpus
 from tests.conftest import REPO_ROOT
 from tests.support.demo import (
     assert_nothing_left,
+    check_common,
     demo_env,
+    node_files,
     recorded_groups,
     run_demo,
 )
 
 pytestmark = pytest.mark.slow
-
-
-def node_files(report: dict, node: dict) -> dict[str, str]:
-    root = Path(node["root"])
-    return {rel: (root / rel).read_text() for rel in
-            (pp.WORKERS_FILE, pp.MPI_HOSTFILE, pp.MEMBERSHIP_FILE, pp.ENV_FILE, pp.HOSTS_FILE)}
-
-
-def check_common(tmp_path: Path, report: dict, n_nodes: int) -> list[dict]:
-    """Assertions every successful scenario shares; returns the running nodes."""
-    assert report["status"] == "succeeded", report.get("error")
-    assert report["stack"]["resources"] > 50
-    assert set(report["stack"]["function_env"]) >= {"MASTER_QUEUE_URL", "CLUSTER_ID",
-                                                    "CLUSTER_TAG_KEY", "ROLE_TAG_KEY"}
-    live = [n for n in report["nodes"] if n["status"] in ("stopped", "running")]
-    assert len(live) == n_nodes
-    assert [n["role"] for n in live].count("master") == 1
-    for n in live:
-        assert n["address"].startswith("127.20.")
-        # what EC2 says the instance type has (the emulator's stand-in nvidia-smi lists it)
-        assert n["gpus"] == (instance_type_gpus(n["instance_type"]) or 0), n
-        assert n["env"]["DEEPLEARNING_NODE_ADDR"] == n["address"]
-        assert n["env"]["DEEPLEARNING_MASTER_ADDR"] == report["membership"]["nodes"][0]
-    signals = report["wait_condition"]
-    assert [s["Status"] for s in signals] == ["SUCCESS"]
-    assert signals[0]["_content_type"] == ""  # presigned-URL rule: empty Content-Type
-    for key in ("bootstrap_s", "deploy_s", "boot_to_membership_s", "job_s", "total_s"):
-        assert report["timings"][key] > 0
-    epochs = report["epochs"]
-    assert epochs and all(e["world_size"] == report["world_size"] for e in epochs)
-    assert all(e["samples_per_s"] > 0 for e in epochs)
-    efs = tmp_path / "work" / "efs"
-    assert ClusterPaths(efs).membership.exists()
-    # a managed job checkpoints to <efs>/checkpoints/<user>/<job-id> (DL_CHECKPOINT_DIR)
-    assert list((efs / "checkpoints").glob("*/*/latest.json"))
-    return live
 
 
 def test_demo_with_a_failed_worker_launch_trains_on_every_node_that_came_up(tmp_path):

@@ -24,10 +24,20 @@ def new_app(outdir: str | None = None, **context: object) -> cdk.App:
     return cdk.App(context={**cdk_json_context(), **context}, outdir=outdir)
 
 
-def cluster_template(**context: object) -> Template:
-    """Template of DLClusterStack built by app.py's own code path, with cdk-nag enabled."""
-    import app as app_module
+#: Templates already synthesized in this test process, by their context (a synth takes
+#: seconds; about twenty modules ask for the default one). A Template is read-only: its
+#: ``to_json()`` returns a new dict every call, so sharing one between tests is safe.
+_TEMPLATES: dict[tuple[tuple[str, str], ...], Template] = {}
 
-    app = app_module.build_app(new_app(**context))
-    stack = app.node.find_child("DLClusterStack")
-    return Template.from_stack(stack)  # type: ignore[arg-type]
+
+def cluster_template(**context: object) -> Template:
+    """Template of DLClusterStack built by app.py's own code path, with cdk-nag enabled
+    (synthesized once per context in a test process)."""
+    key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in context.items()))
+    if key not in _TEMPLATES:
+        import app as app_module
+
+        app = app_module.build_app(new_app(**context))
+        stack = app.node.find_child("DLClusterStack")
+        _TEMPLATES[key] = Template.from_stack(stack)  # type: ignore[arg-type]
+    return _TEMPLATES[key]

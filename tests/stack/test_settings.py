@@ -53,6 +53,7 @@ def test_every_documented_key_is_parsed() -> None:
         "dataPrefix": "digits",
         "efa": "true",
         "nodeBootSeconds": "1800",
+        "idleStopMinutes": "15",
         "logRetentionDays": "90",
         "alarmEmail": "ops@example.com",
     }
@@ -85,6 +86,7 @@ def test_every_documented_key_is_parsed() -> None:
         data_prefix="digits/",
         efa=True,
         node_boot_seconds=1800,
+        idle_stop_minutes=15,
         log_retention_days=90,
         alarm_email="ops@example.com",
     )
@@ -129,6 +131,9 @@ def test_every_documented_key_is_parsed() -> None:
         ("dataPrefix", "/abs"),
         ("dataPrefix", "a/*"),
         ("dataPrefix", "a/../b"),
+        ("idleStopMinutes", "-1"),
+        ("idleStopMinutes", "10081"),
+        ("idleStopMinutes", "soon"),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:

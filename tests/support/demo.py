@@ -16,10 +16,12 @@ import sys
 from pathlib import Path
 
 from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.protocol import paths as pp
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import ShareStarted
 from emulator.demo.context import STATE_FILE
+from emulator.gpus import instance_type_gpus
 from tests.conftest import REPO_ROOT
 
 DEMO_TIMEOUT = 420
@@ -92,3 +94,39 @@ def assert_nothing_left(tmp_path: Path, report: dict) -> None:
     # Including processes that left their group (torchrun workers start new sessions).
     stopped = report.get("stopped_pids") or []
     assert stopped and not [p for p in stopped if alive(p)]
+
+
+def node_files(report: dict, node: dict) -> dict[str, str]:
+    root = Path(node["root"])
+    return {rel: (root / rel).read_text() for rel in
+            (pp.WORKERS_FILE, pp.MPI_HOSTFILE, pp.MEMBERSHIP_FILE, pp.ENV_FILE, pp.HOSTS_FILE)}
+
+
+def check_common(tmp_path: Path, report: dict, n_nodes: int) -> list[dict]:
+    """Assertions every successful scenario shares; returns the running nodes."""
+    assert report["status"] == "succeeded", report.get("error")
+    assert report["stack"]["resources"] > 50
+    assert set(report["stack"]["function_env"]) >= {"MASTER_QUEUE_URL", "CLUSTER_ID",
+                                                    "CLUSTER_TAG_KEY", "ROLE_TAG_KEY"}
+    live = [n for n in report["nodes"] if n["status"] in ("stopped", "running")]
+    assert len(live) == n_nodes
+    assert [n["role"] for n in live].count("master") == 1
+    for n in live:
+        assert n["address"].startswith("127.20.")
+        # what EC2 says the instance type has (the emulator's stand-in nvidia-smi lists it)
+        assert n["gpus"] == (instance_type_gpus(n["instance_type"]) or 0), n
+        assert n["env"]["DEEPLEARNING_NODE_ADDR"] == n["address"]
+        assert n["env"]["DEEPLEARNING_MASTER_ADDR"] == report["membership"]["nodes"][0]
+    signals = report["wait_condition"]
+    assert [s["Status"] for s in signals] == ["SUCCESS"]
+    assert signals[0]["_content_type"] == ""  # presigned-URL rule: empty Content-Type
+    for key in ("bootstrap_s", "deploy_s", "boot_to_membership_s", "job_s", "total_s"):
+        assert report["timings"][key] > 0
+    epochs = report["epochs"]
+    assert epochs and all(e["world_size"] == report["world_size"] for e in epochs)
+    assert all(e["samples_per_s"] > 0 for e in epochs)
+    efs = tmp_path / "work" / "efs"
+    assert ClusterPaths(efs).membership.exists()
+    # a managed job checkpoints to <efs>/checkpoints/<user>/<job-id> (DL_CHECKPOINT_DIR)
+    assert list((efs / "checkpoints").glob("*/*/latest.json"))
+    return live

@@ -6,8 +6,9 @@
     dl-jobs logs ID --cursor C         one page of it as JSON, from a cursor (``dlc logs``)
     dl-jobs cancel ID                  a queued job never runs; a running one is stopped
 
-Reads EFS only (``managed/``, ``jobs/``, ``cluster/controller.json``), so it works on any
-node. Exit status: 0, 1 (the job of ``logs -f`` did not succeed), 2 (usage, unknown job).
+Reads EFS only (``managed/``, ``jobs/``, ``cluster/controller.json``,
+``cluster/idle-stop.json``), so it works on any node. Exit status: 0, 1 (the job of
+``logs -f`` did not succeed), 2 (usage, unknown job).
 """
 
 from __future__ import annotations
@@ -76,11 +77,14 @@ def when(ts: float | None) -> str:
 def print_list(efs: Path, as_json: bool) -> int:
     jobs = managed.list_jobs(efs)
     status = managed.controller_status(efs)
+    idle = managed.idle_stop(efs)
     if as_json:
         print(json.dumps({"controller": {"alive": status.alive, "status": status.text},
+                          "idle_stop": idle.to_dict() if idle else None,
                           "jobs": [j.to_dict() for j in jobs]}, indent=2, sort_keys=True))
         return 0
     print(status.text)
+    print(managed.idle_text(idle, when))
     if not jobs:
         print("no jobs")
         return 0

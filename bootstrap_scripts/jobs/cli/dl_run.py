@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from bootstrap_scripts.jobs.cli.request_args import load_context, request_from_args
 from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine import run as engine
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_SIGINT, EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.restart_policy import (
@@ -233,6 +234,12 @@ def run(argv: list[str]) -> int:
         job_id = validate_job_id(args.job_id) if args.job_id else new_job_id(
             args.name or args.launcher)
         request = request_from_args(args, command, job_id)
+        idle = managed.idle_stop(ctx.efs)
+        if args.unmanaged and idle is not None and idle.stopped_at is not None:
+            say(f"note: this cluster's workers are stopped (idle stop): an --unmanaged job "
+                f"runs on the {len(ctx.membership.nodes)} node(s) there are; run it managed "
+                f"(without --unmanaged) to bring the {idle.desired_before} worker(s) back, "
+                f"or 'dl-scale --workers N'")
     if args.dry_run:
         plan, _paths, commands = engine.prepare(request, ctx.membership, ctx.efs)
         engine.announce(request, plan, ctx.membership)

@@ -61,14 +61,24 @@ def build_request(args: argparse.Namespace, command: list[str]
         else args.max_code_restarts,
         replace_timeout=DEFAULT_REPLACE_TIMEOUT if args.replace_timeout is None
         else args.replace_timeout)
-    if policy.min_nodes > len(ctx.membership.nodes):
+    # Workers stopped while idle: the job's size is the cluster's before the stop (the
+    # controller scales the workers back to it and the job waits for them).
+    idle = managed.idle_stop(cluster.efs)
+    size = len(ctx.membership.nodes)
+    args.idle_note = ""
+    if idle is not None and idle.stopped_at is not None:
+        size = max(size, 1 + idle.desired_before)
+        args.idle_note = (f"{managed.idle_text(idle, _clock)}: the job controller starts them "
+                          f"now and the job waits for its {size} node(s)")
+        say(args.idle_note)
+    if policy.min_nodes > size:
         raise RunError(f"--min-nodes {policy.min_nodes} is more than the "
-                       f"{len(ctx.membership.nodes)} node(s) of the cluster", EXIT_USAGE)
+                       f"{size} node(s) of the cluster", EXIT_USAGE)
     check_reachable(ctx.efs, [n.address for n in ctx.membership.nodes],
                     timeout=args.heartbeat_timeout, reach_timeout=args.reach_timeout)
     request = ManagedRequest(
         job_id=job_id, run=run, submitted_at=time.time(),
-        user=getpass.getuser(), world_size=len(ctx.membership.nodes),
+        user=getpass.getuser(), world_size=size,
         max_restarts=policy.max_restarts, min_nodes=policy.min_nodes,
         max_code_restarts=policy.max_code_restarts, replace_timeout=policy.replace_timeout)
     return request, cluster
@@ -99,7 +109,8 @@ def submit_and_follow(args: argparse.Namespace, command: list[str]) -> int:
     if not status.alive:
         say(f"warning: {status.text}; the job waits in the queue until it is back")
     if args.detach:
-        print(json.dumps({"job_id": request.job_id}) if args.json else request.job_id,
+        note = {"note": args.idle_note} if args.idle_note else {}
+        print(json.dumps({"job_id": request.job_id, **note}) if args.json else request.job_id,
               flush=True)
         return 0
     say(f"job {request.job_id} submitted (dl-jobs show {request.job_id}); Ctrl-C detaches, "
@@ -118,6 +129,10 @@ def submit_and_follow(args: argparse.Namespace, command: list[str]) -> int:
         signal.signal(signal.SIGTERM, old)
     say(final_message(job))
     return 0 if job.state == JobState.SUCCEEDED.value else EXIT_FAILED
+
+
+def _clock(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
 def _interrupt(_signum: int, _frame: object) -> None:

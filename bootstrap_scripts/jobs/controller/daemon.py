@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import single_instance
-from bootstrap_scripts.jobs.controller import attempts, instance_health, retention
+from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
@@ -97,8 +97,8 @@ class Controller:
     def __init__(self, root: Path, efs: Path, *, region: str = "",
                  gate: Gate | None = None, health: InstanceHealth | None = None,
                  retention_days: float = retention.DEFAULT_RETENTION_DAYS,
-                 max_replacements: int = instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR
-                 ) -> None:
+                 max_replacements: int = instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
+                 idle_seconds: float = 0.0) -> None:
         self.root, self.efs = root, efs
         self.retention_days = retention_days
         self.archived_at = 0.0
@@ -121,6 +121,8 @@ class Controller:
         self.me = f"{self.instance_id or socket.gethostname()}/{os.getpid()}"
         #: job records EFS had no space for (ENOSPC): written once it has again
         self.pending_records = UnwrittenRecords(efs, self.me)
+        stop, restore = idle.worker_group_actions(root, efs, self.health.client)
+        self.idle = idle.IdleStop(efs, idle_seconds=idle_seconds, stop=stop, restore=restore)
 
     # -- heartbeat -------------------------------------------------------------------------
     def beat(self, state: str = "running", *, force: bool = False) -> None:
@@ -349,6 +351,7 @@ class Controller:
                 self.archived_at = time.monotonic()
                 retention.archive_finished(self.efs, days=self.retention_days)
             sup = self.next_job()
+            self.idle.tick(queued=sup is not None)  # a queued job brings stopped workers back
             if sup is None:
                 return False
             self.run_job(sup)
@@ -373,6 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-replacements-per-hour", type=int, help="circuit breaker: at most "
                    "this many instances marked Unhealthy in any hour (default: %(default)s)",
                    default=instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR)
+    p.add_argument("--idle-stop-seconds", type=float, default=0.0, help="workers to zero "
+                   "after this long idle (idleStopMinutes x 60; default %(default)g: never)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 
@@ -389,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
                     "without one")
     ctl = Controller(root, Path(efs), region=args.region, gate=gate,
                      retention_days=args.retention_days,
-                     max_replacements=args.max_replacements_per_hour)
+                     max_replacements=args.max_replacements_per_hour,
+                     idle_seconds=args.idle_stop_seconds)
 
     def stop(signum: int, _frame: object) -> None:
         ctl.stopping = True

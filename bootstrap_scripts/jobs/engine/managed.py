@@ -23,6 +23,7 @@ from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.managed_records import (
     ControllerHeartbeat,
+    IdleStopRecord,
     ManagedJob,
     ManagedRequest,
 )
@@ -210,6 +211,31 @@ def controller_status(efs: Path, timeout: float = CONTROLLER_TIMEOUT) -> Control
         return ControllerStatus(False, f"job controller NOT RUNNING: last heartbeat {age:.0f} s "
                                 f"ago ({where})", hb)
     return ControllerStatus(True, f"job controller alive ({where}, {age:.1f} s ago)", hb)
+
+
+def idle_stop(efs: Path) -> IdleStopRecord | None:
+    """The job controller's idle-stop record (``jobs.controller.idle``); None if none yet."""
+    return store.read_record_or_none(ClusterPaths(efs).idle_stop, IdleStopRecord)
+
+
+def idle_text(rec: IdleStopRecord | None, when: Callable[[float | None], str]) -> str:
+    """The idle stop in one sentence (``dl-jobs``, ``dl-run``; ``dlc status`` has its own
+    from the same record): ``when`` formats a time."""
+    if rec is None:
+        return "idle stop: no record yet"
+    if rec.stopped_at is not None:
+        text = (f"idle stop: workers STOPPED at {when(rec.stopped_at)} (idle since "
+                f"{when(rec.idle_since)}); the next job scales them back to "
+                f"{rec.desired_before}")
+    elif rec.state == "idle":
+        text = (f"idle stop: idle since {when(rec.idle_since)}, workers stop at "
+                f"{when(rec.stop_at)}")
+    elif rec.state == "disabled" or rec.idle_seconds <= 0:
+        text = "idle stop: off (idleStopMinutes 0)"
+    else:
+        text = (f"idle stop: not idle; workers stop {rec.idle_seconds / 60:g} min after the "
+                f"last job")
+    return text + (f" [{rec.message}]" if "failed" in rec.message else "")
 
 
 def checkpoint_position(ckdir: Path) -> tuple[int | None, int | None]:

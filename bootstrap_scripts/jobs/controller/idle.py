@@ -1,0 +1,239 @@
+"""Idle stop: a cluster with nothing to run scales its workers to zero; the next job scales
+them back (the stack setting ``idleStopMinutes``; the controller's ``--idle-stop-seconds``).
+
+Why the job controller: it is the one process that knows the managed queue (it runs it),
+and the master's role already has the Auto Scaling calls this needs on this cluster's
+groups (scale-in protection, desired capacity; the stack adds UpdateAutoScalingGroup on
+the worker group alone, limited to lowering and restoring its minimum).
+
+Idle means: no managed job running or queued, and no job share (managed or a
+``dl-run --unmanaged`` one) running on any node whose executor is alive (its heartbeat's
+``running``). After ``idle_seconds`` of that, the workers stop through the group's
+ordinary scale-in (``ops.scale.stop_all_workers``): each is drained by the termination
+hook and the master agent, as ``dl-scale`` does. The master stays. A job queued on a
+stopped cluster scales the group back to its size before the stop
+(``ops.scale.restore_workers``) and waits for its nodes as any managed job waits for a
+replacement. The state is ``cluster/idle-stop.json`` (``IdleStopRecord``): a restarted
+controller carries on where the previous one was. :func:`decide` is the whole rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from bootstrap_scripts.protocol import liveness, state, store
+from bootstrap_scripts.protocol.liveness import Sighting
+from bootstrap_scripts.protocol.managed_records import IdleStopRecord
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.records import ExecutorHeartbeat
+
+LOG = logging.getLogger("dl-controller")
+#: The stack's default (``idleStopMinutes``), in the controller's unit.
+DEFAULT_IDLE_STOP_SECONDS = 3600.0
+#: Seconds between two looks at the executors (and between two attempts after an AWS error).
+CHECK_SECONDS = 2.0
+RETRY_SECONDS = 60.0
+
+
+class Phase(StrEnum):
+    """What the controller does about idleness this turn."""
+
+    DISABLED = "disabled"  # the setting is 0: never stop
+    BUSY = "busy"  # a job runs or waits: not idle
+    IDLE = "idle"  # idle, the workers stop at ``stop_at``
+    STOP = "stop"  # idle long enough: stop the workers now
+    STOPPED = "stopped"  # stopped, nothing to run
+    RESUME = "resume"  # stopped and a job waits: scale the workers back
+    ADOPT = "adopt"  # stopped, but a worker started since (dl-scale by hand): not stopped
+
+
+@dataclass(frozen=True)
+class Decision:
+    phase: Phase
+    idle_since: float | None = None
+    stop_at: float | None = None
+
+
+def decide(*, idle_seconds: float, queued: bool, sharing: bool, idle_since: float | None,
+           stopped: bool, now: float, rejoined: bool = False) -> Decision:
+    """The idle-stop rule (pure). ``queued``: a managed job runs or waits; ``sharing``: a
+    job share runs on a live node (an unmanaged ``dl-run`` counts); ``idle_since``: when the
+    cluster was first seen idle (None: not idle before); ``stopped``: the workers were
+    stopped and not brought back yet; ``rejoined``: a worker registered after the stop
+    (someone ran ``dl-scale --workers N``). Only a managed job brings them back: an
+    unmanaged one runs on the nodes there are (the master), so workers launched for it
+    would idle."""
+    if stopped:
+        phase = Phase.RESUME if queued else Phase.ADOPT if rejoined else Phase.STOPPED
+        return Decision(phase, idle_since)
+    if idle_seconds <= 0:
+        return Decision(Phase.DISABLED)
+    if queued or sharing:
+        return Decision(Phase.BUSY)
+    since = now if idle_since is None else idle_since
+    stop_at = since + idle_seconds
+    return Decision(Phase.STOP if now >= stop_at else Phase.IDLE, since, stop_at)
+
+
+def running_shares(efs: Path, sightings: dict[str, Sighting], now: float) -> list[str]:
+    """Job ids with a share running on a node whose executor is not gone (judged by
+    ``protocol.liveness`` on the caller's monotonic ``now``; ``sightings`` is updated)."""
+    found: list[str] = []
+    directory = ClusterPaths(efs).executors_dir
+    try:
+        files = sorted(p for p in directory.iterdir() if p.suffix == ".json")
+    except FileNotFoundError:
+        return found
+    for path in files:
+        beat = store.read_record_or_none(path, ExecutorHeartbeat)
+        seen, sightings[path.stem] = liveness.executor(beat, sightings.get(path.stem), now)
+        if beat is not None and not seen.gone:
+            found.extend(beat.running)
+    return found
+
+
+#: Stops the workers; returns the group's name, desired capacity and minimum before.
+Stopper = Callable[[], tuple[str, int, int]]
+#: Scales them back (desired, minimum before the stop); returns the new desired capacity.
+Resumer = Callable[[int, int], int]
+
+
+class IdleStop:
+    """The controller's side: one :meth:`tick` per turn of its loop, with whether a
+    managed job is queued (the turn's next job, before it runs)."""
+
+    def __init__(self, efs: Path, *, idle_seconds: float, stop: Stopper, restore: Resumer,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        if idle_seconds < 0:
+            raise ValueError(f"--idle-stop-seconds must be >= 0, got {idle_seconds}")
+        self.efs, self.idle_seconds = efs, idle_seconds
+        self.stop_workers, self.restore_workers = stop, restore
+        self.clock, self.monotonic = clock, monotonic
+        self.sightings: dict[str, Sighting] = {}
+        self.checked = -CHECK_SECONDS
+        self.retry_at = 0.0
+        found = store.read_record_or_none(self.path, IdleStopRecord)
+        self.written = found is not None  # no record yet: the first turn writes one
+        self.record = found or IdleStopRecord(
+            state=Phase.DISABLED.value if idle_seconds <= 0 else Phase.BUSY.value,
+            updated_at=self.clock(), idle_seconds=idle_seconds)
+
+    @property
+    def path(self) -> Path:
+        return ClusterPaths(self.efs).idle_stop
+
+    @property
+    def stopped(self) -> bool:
+        return self.record.stopped_at is not None
+
+    def save(self, **changes: object) -> None:
+        new = dataclasses.replace(self.record, **changes, updated_at=self.clock(),
+                                  idle_seconds=self.idle_seconds)
+        if self.written and dataclasses.replace(new, updated_at=0.0) == dataclasses.replace(
+                self.record, updated_at=0.0):
+            return  # nothing changed: no write every turn
+        try:
+            store.write_record(self.path, new)
+        except OSError as exc:  # EFS full or gone for a moment: jobs must not wait on this
+            LOG.warning("idle stop: cannot write %s: %s (kept in memory)", self.path, exc)
+            self.record = new
+            return
+        self.record, self.written = new, True
+
+    def tick(self, *, queued: bool) -> None:
+        """Look at the cluster (every :data:`CHECK_SECONDS`; at once when a job is queued)
+        and act on :func:`decide`."""
+        mono = self.monotonic()
+        if not queued and mono - self.checked < CHECK_SECONDS:
+            return
+        self.checked = mono
+        try:
+            sharing = not queued and bool(running_shares(self.efs, self.sightings, mono))
+        except OSError as exc:  # EFS unreadable for a moment: decide at the next look
+            LOG.warning("idle stop: cannot read the executors' heartbeats: %s", exc)
+            return
+        d = decide(idle_seconds=self.idle_seconds, queued=queued, sharing=sharing,
+                   idle_since=self.record.idle_since, stopped=self.stopped, now=self.clock(),
+                   rejoined=self.stopped and not queued and self.worker_started_since())
+        if d.phase is Phase.RESUME:
+            self.resume()
+        elif d.phase is Phase.ADOPT:
+            self.resume(by_hand=True)
+        elif d.phase is Phase.STOP:
+            self.stop(d)
+        elif d.phase is Phase.STOPPED:
+            self.save()  # writes only a record EFS had no room for before
+        else:
+            self.save(state=d.phase.value, idle_since=d.idle_since, stop_at=d.stop_at)
+
+    def stop(self, d: Decision) -> None:
+        if self.monotonic() < self.retry_at:
+            return
+        try:
+            group, desired, minimum = self.stop_workers()
+        except Exception as exc:  # AWS refused or is unreachable: say so, try again later
+            self.retry_at = self.monotonic() + RETRY_SECONDS
+            LOG.error("idle stop: could not stop the workers: %s (again in %.0f s)", exc,
+                      RETRY_SECONDS)
+            self.save(state=Phase.IDLE.value, idle_since=d.idle_since, stop_at=d.stop_at,
+                      message=f"stop failed: {exc}"[:500])
+            return
+        LOG.info("idle stop: idle since %s: worker group %s %d -> 0 (each drained first)",
+                 time.ctime(d.idle_since or 0), group, desired)
+        self.save(state=Phase.STOPPED.value, idle_since=d.idle_since, stop_at=d.stop_at,
+                  stopped_at=self.clock(), group=group, desired_before=desired,
+                  min_before=minimum, resumed_at=None,
+                  message=f"workers {desired} -> 0 after {self.idle_seconds:.0f} s idle")
+
+    def worker_started_since(self) -> bool:
+        """A worker's agent started after the stop (its registration says when)."""
+        at = self.record.stopped_at or 0.0
+        return any(r.role == "worker" and r.started_at > at
+                   for r in state.read_registrations(self.efs).values())
+
+    def resume(self, *, by_hand: bool = False) -> int:
+        """Scale the workers back to their size before the stop (a job is queued); or,
+        ``by_hand`` (someone started workers since), keep the size they have and put the
+        group's minimum back. Returns the worker count asked for (0: not stopped, or the
+        call failed: retried at a later tick)."""
+        if not self.stopped or self.monotonic() < self.retry_at:
+            return 0
+        try:
+            target = self.restore_workers(0 if by_hand else self.record.desired_before,
+                                          self.record.min_before)
+        except Exception as exc:
+            self.retry_at = self.monotonic() + CHECK_SECONDS * 5
+            LOG.error("idle stop: could not scale the workers back: %s", exc)
+            self.save(message=f"resume failed: {exc}"[:500])
+            return 0
+        why = "started by hand" if by_hand else "for a job"
+        LOG.info("idle stop: worker group %s back to %d (%s)", self.record.group, target, why)
+        self.save(state=Phase.BUSY.value, idle_since=None, stop_at=None, stopped_at=None,
+                  resumed_at=self.clock(), message=f"workers 0 -> {target} {why}")
+        return target
+
+
+def worker_group_actions(root: Path, efs: Path, client: Callable[[], Any]
+                         ) -> tuple[Stopper, Resumer]:
+    """The two AWS actions, through ``dl-scale``'s own code (``ops.scale``): the worker
+    group found by the cluster's tags, ``client()`` the controller's Auto Scaling client."""
+    from bootstrap_scripts.ops import scale
+
+    def stop() -> tuple[str, int, int]:
+        cluster = scale.load_cluster(str(root), str(efs), client())
+        desired, minimum = scale.stop_all_workers(cluster, client())
+        return cluster.group_name, desired, minimum
+
+    def restore(desired: int, minimum: int) -> int:
+        cluster = scale.load_cluster(str(root), str(efs), client())
+        return scale.restore_workers(cluster, client(), desired=desired, minimum=minimum)
+
+    return stop, restore

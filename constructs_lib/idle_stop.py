@@ -1,0 +1,63 @@
+"""Idle stop: what the master's job controller may do to stop and restart idle workers.
+
+The controller (``bootstrap_scripts.jobs.controller.idle``) scales the worker group to zero
+after ``idle_stop_minutes`` with nothing to run, and back when a job is queued. Setting the
+desired capacity and lifting scale-in protection the master's role already may do
+(``grant_elastic_control``). Only the group's minimum is new: SetDesiredCapacity refuses a
+value below it, so the stop lowers the minimum to 0 and the resume puts it back, in one
+UpdateAutoScalingGroup each (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_UpdateAutoScalingGroup.html).
+
+That call can change much more than sizes, so the grant is narrowed by Auto Scaling's own
+condition keys (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html#amazonec2autoscaling-policy-keys):
+the worker group of this cluster only (its two tags); a minimum no higher than the one
+deployed; and no launch template, launch configuration, instance types, subnets, maximum
+or capacity reservation in the request (each key must be absent, ``Null: true``). The
+construct adds nothing when the setting is 0.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from constructs_lib import validation
+from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, ROLE_TAG_KEY
+from constructs_lib.node_group import NODE_TYPES
+
+#: ``idleStopMinutes``' default: an hour with nothing to run stops the workers.
+DEFAULT_IDLE_STOP_MINUTES = 60
+#: The longest idle time the setting accepts: a week.
+MAX_IDLE_STOP_MINUTES = 7 * 24 * 60
+#: Keys that must be absent from the controller's UpdateAutoScalingGroup request.
+_ABSENT = ("autoscaling:LaunchConfigurationName", "autoscaling:LaunchTemplateVersionSpecified",
+           "autoscaling:InstanceTypes", "autoscaling:VPCZoneIdentifiers", "autoscaling:MaxSize",
+           "autoscaling:CapacityReservationIds",
+           "autoscaling:CapacityReservationResourceGroupArns")
+
+
+def idle_stop_seconds(name: str, minutes: int) -> int:
+    """``minutes`` checked (0: off) as the controller's ``--idle-stop-seconds``."""
+    return 60 * validation.count(name, minutes, minimum=0, maximum=MAX_IDLE_STOP_MINUTES)
+
+
+def grant_idle_stop(scope: Construct, role: iam.IRole, *, cluster_id: str,
+                    min_workers: int) -> None:
+    """Let ``role`` (the master's) set the worker group's minimum between 0 and
+    ``min_workers`` with its desired capacity, and nothing else of the group."""
+    role.add_to_principal_policy(iam.PolicyStatement(
+        sid="IdleStopOfThisClustersWorkers",
+        actions=["autoscaling:UpdateAutoScalingGroup"],
+        resources=[Stack.of(scope).format_arn(
+            service="autoscaling", resource="autoScalingGroup",
+            resource_name="*:autoScalingGroupName/*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME)],
+        conditions={
+            "StringEquals": {
+                f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": cluster_id,
+                f"autoscaling:ResourceTag/{ROLE_TAG_KEY}": NODE_TYPES["worker"],
+            },
+            "NumericLessThanEquals": {"autoscaling:MinSize": str(min_workers)},
+            "Null": {key: "true" for key in _ABSENT},
+        },
+    ))

@@ -1,0 +1,35 @@
+"""Helpers for the kept emulated cluster of ``tests/cli`` (its fixture: tests/cli/conftest.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+from tests.support.demo import demo_env
+
+#: The demo job's accuracy target: out of reach in 2 epochs, so the kept cluster's first job
+#: fails as a new user's might.
+UNREACHABLE_ACC = "0.99"
+
+
+def demo_stop(state_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``make demo ARGS="--stop STATE"`` (``extra``: e.g. ``--keep-files``)."""
+    return subprocess.run([sys.executable, "-m", "emulator.demo", "--stop", str(state_path),
+                           *extra], cwd=REPO_ROOT, env=demo_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
+def state_groups(state_path: Path) -> set[int]:
+    """Every process group the kept cluster's state file records (nodes, moto, service)."""
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads(state_path.read_text())
+        groups = {n["group"]["pid"] for n in state["nodes"] if n.get("group")}
+        groups.add(state["cloud"]["pid"])
+        if state.get("service"):
+            groups.add(state["service"]["pid"])
+        return groups
+    return set()

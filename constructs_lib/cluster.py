@@ -14,6 +14,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from bootstrap_scripts import metric_names as names
 from constructs_lib import launch, validation, warm_pool
 from constructs_lib.capacity_adjuster import (
     DEFAULT_LAUNCH_RETRY_SECONDS,
@@ -34,6 +35,7 @@ from constructs_lib.job_role import JobRole, late_role_arn
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup, grant_node_access
+from constructs_lib.observability import DEFAULT_LOG_RETENTION_DAYS, ClusterObservability
 from constructs_lib.operator_access import OperatorAccess
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
 from constructs_lib.shared_storage import (
@@ -116,6 +118,8 @@ class DeepLearningCluster(Construct):
         data_prefix: str = "",
         checkpoint_bucket: s3.IBucket | None = None,
         budget_per_day: float | None = None,
+        log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS,
+        alarm_email: str | None = None,
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -230,6 +234,9 @@ class DeepLearningCluster(Construct):
         :param budget_per_day: a daily AWS Budgets cost budget (USD) of the cluster's tagged
             costs, notifying an encrypted alarm topic (``ClusterBudget``).
             :default: none (no budget)
+        :param log_retention_days: how long the cluster's log group keeps the nodes' logs
+            (``ClusterObservability``). :default: 30
+        :param alarm_email: an address subscribed to the alarm topic. :default: none
         """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
@@ -402,6 +409,8 @@ class DeepLearningCluster(Construct):
                 node_boot_seconds=node_boot_seconds,
                 launch_hook=(warm_pool.WARM_HOOK_NAME
                              if warm_pool_size and node_type == "worker" else ""),
+                log_group=names.log_group_name(self.cluster_id),
+                cloudwatch_agent_install=family.cloudwatch_agent_install,
             )
 
         common = dict(
@@ -476,10 +485,6 @@ class DeepLearningCluster(Construct):
         self.master_group.role.add_to_principal_policy(iam.PolicyStatement(
             sid="PricesOfJobNodes",
             actions=["pricing:GetProducts", "ec2:DescribeSpotPriceHistory"], resources=["*"]))
-        #: the cluster's daily cost budget and its alarm topic (``constructs_lib/cluster_budget``)
-        self.budget = (ClusterBudget(self, "Budget", cluster_id=self.cluster_id,
-                                     usd_per_day=budget_per_day)
-                       if budget_per_day is not None else None)
         # Only the master consumes the master queue: a worker that could receive or delete
         # there could swallow what the master must learn (docs/security.md).
         self.queues.grant_agent_access(self.master_group.role)
@@ -515,6 +520,23 @@ class DeepLearningCluster(Construct):
         self.workdir_staging = WorkdirStaging(self, "WorkdirStaging")
         self.workdir_staging.grant_stage(self.operator_access.policy)
         self.workdir_staging.grant_fetch(self.master_group.role)
+        # Logs in CloudWatch, the dashboard, the alarms (constructs_lib/observability.py).
+        self.observability = ClusterObservability(
+            self, "Observability", cluster_id=self.cluster_id,
+            groups=[g.auto_scaling_group for g in (self.master_group, self.worker_group)],
+            log_retention_days=log_retention_days, alarm_email=alarm_email)
+        for group in (self.master_group, self.worker_group):
+            self.observability.grant_write(group.role)
+        self.observability.grant_read(self.operator_access.policy)
+        #: the cluster's daily cost budget (``constructs_lib/cluster_budget``), notifying the
+        #: one alarm topic of the cluster
+        self.budget: ClusterBudget | None = None
+        if budget_per_day is not None:
+            self.observability.allow_alarms_from("budgets.amazonaws.com")
+            self.budget = ClusterBudget(self, "Budget", cluster_id=self.cluster_id,
+                                        usd_per_day=budget_per_day,
+                                        topic=self.observability.alarm_topic)
+            self.budget.node.add_dependency(self.observability.alarm_topic)
 
     @property
     def connections(self) -> ec2.Connections:

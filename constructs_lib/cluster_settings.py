@@ -25,6 +25,12 @@ from constructs_lib.images import DEFAULT_IMAGE_TYPE, IMAGE_FAMILIES, pytorch_ve
 from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
 from constructs_lib.network import DEFAULT_VPC_CIDR
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
+from constructs_lib.observability import (
+    DEFAULT_LOG_RETENTION_DAYS,
+    RETENTION_DAYS,
+    check_email,
+    retention_setting,
+)
 from constructs_lib.setting import default_of, setting
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
 from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, MIN_NODE_BOOT_SECONDS
@@ -212,6 +218,15 @@ class ClusterSettings:
         "Billing first), notifying a KMS-encrypted SNS topic (output `AlarmTopicArn`) at "
         "80 % and 100 % of it; an alarm, not a brake (jobs stop at their own `--max-cost`)",
         check_usd_per_day, default_doc="off", accepts="USD, e.g. `250`")
+    log_retention_days: int = setting(
+        "logRetentionDays", DEFAULT_LOG_RETENTION_DAYS, "days the cluster's log group "
+        "(`/deeplearning/<cluster id>`, every node's agent, executor, controller, boot and job "
+        "logs) keeps events (\"Observability\")", retention_setting,
+        accepts=", ".join(str(d) for d in sorted(RETENTION_DAYS)))
+    alarm_email: str | None = setting(
+        "alarmEmail", None, "subscribe this address to the cluster's alarm topic (node "
+        "unhealthy, nodes missing, a job restarting repeatedly, GPUs idle while a job runs); "
+        "it must confirm the subscription", check_email, accepts="an e-mail address")
 
     idle_stop_minutes: int = setting(
         "idleStopMinutes", DEFAULT_IDLE_STOP_MINUTES, "idle stop: after this many minutes "

@@ -35,7 +35,10 @@ class ImageFamily:
     release notes list, each a separate SSM parameter (docs/node-agent.md, "The machine
     image"); ``default_pytorch`` is the newest of them. ``efs_utils_install`` is the boot
     command that installs amazon-efs-utils (``mount.efs``, needed for TLS to EFS) from the
-    OS's own package repository, or empty where the OS has no such package."""
+    OS's own package repository, or empty where the OS has no such package.
+    ``cloudwatch_agent_install`` installs the CloudWatch agent the way AWS documents for
+    the OS (``{region}``: the node's region), which ships the node's logs
+    (``constructs_lib/observability.py``)."""
 
     os_suffix: str
     root_device_name: str
@@ -43,6 +46,7 @@ class ImageFamily:
     default_pytorch: str
     efs_utils_install: str
     pytorch_lines: tuple[str, ...] = ()
+    cloudwatch_agent_install: str = ""
 
     @property
     def mounts_tls(self) -> bool:
@@ -67,6 +71,9 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # private subnet through its NAT gateway like any other AL2023 update.
         efs_utils_install="dnf install -y -q amazon-efs-utils",
         pytorch_lines=("2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13"),
+        # AL2023's repository has the agent's package (AWS: "Install the CloudWatch agent
+        # on Amazon Linux 2023", install-CloudWatch-Agent-commandline-fileoverview.html).
+        cloudwatch_agent_install="dnf install -y -q amazon-cloudwatch-agent",
     ),
     "ubuntu": ImageFamily(
         os_suffix="ubuntu-24.04",
@@ -77,6 +84,13 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # without it the node mounts with plain NFS, which a TLS-only file system refuses.
         efs_utils_install="",
         pytorch_lines=("2.9", "2.10", "2.11", "2.12"),
+        # Ubuntu has no agent package: AWS's own .deb from the region's download bucket
+        # (reached through the VPC's S3 gateway endpoint), installed with dpkg -i -E
+        # (download-CloudWatch-Agent-on-EC2-Instance-commandline-first.html).
+        cloudwatch_agent_install=(
+            "curl -fsSL -o /tmp/amazon-cloudwatch-agent.deb https://amazoncloudwatch-agent-"
+            "{region}.s3.{region}.amazonaws.com/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb"
+            " && dpkg -i -E /tmp/amazon-cloudwatch-agent.deb"),
     ),
 }
 

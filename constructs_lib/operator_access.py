@@ -21,7 +21,9 @@ grants:
   condition, without which a StartSession that names no document opens the default shell
   (``SSM-SessionManagerRunShell``) although the policy does not grant it;
   ssm:TerminateSession / ssm:ResumeSession on the caller's own sessions only;
-- the hourly cost estimate: pricing:GetProducts.
+- the hourly cost estimate: pricing:GetProducts;
+- (added by ``ClusterObservability.grant_read``) reading the cluster's log group:
+  logs:DescribeLogStreams, logs:FilterLogEvents, logs:GetLogEvents on that group only.
 
 A shell on the nodes (``dlc connect``: root, through Session Manager) is a separate,
 opt-in permission: ``admin_policy`` (the stack's ``AdminSessionPolicyArn``), for the

@@ -13,11 +13,13 @@ from collections.abc import Mapping
 from aws_cdk import Aws
 from aws_cdk import aws_ec2 as ec2
 
+from bootstrap_scripts.agent import cloudwatch_config
 from constructs_lib import validation
 
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
 NODE_LIB_DIR = "/opt/deeplearning/lib"
-BOOTSTRAP_LOG = "/var/log/dl-bootstrap.log"
+BOOTSTRAP_LOG = "/" + cloudwatch_config.BOOTSTRAP_LOG
+CLOUDWATCH_AGENT_CTL = cloudwatch_config.CTL_PATH
 #: py-spy, which the job controller runs as root on every node of a hung job to dump its
 #: ranks' Python stacks (docs/runner.md, "Hangs and stragglers"); the pin of requirements.txt.
 PY_SPY_REQUIREMENT = "py-spy==0.4.2"
@@ -75,6 +77,7 @@ def render_bootstrap_commands(
     agent_settings: Mapping[str, str],
     python: str = "python3",
     efs_utils_install: str = "",
+    cloudwatch_agent_install: str = "",
 ) -> list[str]:
     """Shell lines of the user data (after the shebang that CDK adds).
 
@@ -82,6 +85,9 @@ def render_bootstrap_commands(
     the OS's repository. A failed install is reported here and not fatal: the agent then
     mounts without TLS, and when the file system refuses that, the master's wait-condition
     FAILURE names the missing ``mount.efs`` (a boot script that stops here signals nothing).
+    ``cloudwatch_agent_install`` installs the CloudWatch agent (unless the image has it),
+    which ships the node's logs; a failed install is reported and not fatal either (the
+    logs then stay on the node).
     """
     args = " ".join(f"--{key} {_quote(value)}" for key, value in agent_settings.items())
     if efs_utils_install:
@@ -93,6 +99,11 @@ def render_bootstrap_commands(
     else:
         efs_utils = ["# This image family has no amazon-efs-utils package: the EFS mount uses "
                      "mount.efs if the AMI has it, else plain NFS."]
+    cloudwatch_agent = [
+        "# The CloudWatch agent ships this node's logs (the installer configures it).",
+        f"[ -x /{CLOUDWATCH_AGENT_CTL} ] || retry sh -c {_quote(cloudwatch_agent_install)} || "
+        "echo 'dl-bootstrap: CloudWatch agent install failed; logs stay on the node' >&2",
+    ] if cloudwatch_agent_install else []
     return [
         "# Deep-learning cluster node bootstrap (rendered by constructs_lib.NodeGroup).",
         "set -euo pipefail",
@@ -106,6 +117,7 @@ def render_bootstrap_commands(
         "rm -rf /opt/deeplearning/lib/bootstrap_scripts",
         f'"$PY" -m zipfile -e /opt/deeplearning/node-scripts.zip {NODE_LIB_DIR}/bootstrap_scripts',
         *efs_utils,
+        *cloudwatch_agent,
         '"$PY" -c \'import boto3\' 2>/dev/null || retry "$PY" -m pip install -q boto3',
         f'"$PY" -m pip show -q py-spy >/dev/null 2>&1 || retry "$PY" -m pip install -q '
         f"{PY_SPY_REQUIREMENT} || echo 'dl-bootstrap: py-spy install failed; a hung job is "
@@ -136,11 +148,15 @@ def node_user_data(
     checkpoint_url: str = "",
     node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
     launch_hook: str = "",
+    log_group: str = "",
+    cloudwatch_agent_install: str = "",
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line"). The master's registration wait is
     the node boot budget ``node_boot_seconds``. ``launch_hook``: the group's launch lifecycle
-    hook the agent completes itself (a warm pool's, ``constructs_lib/warm_pool.py``)."""
+    hook the agent completes itself (a warm pool's, ``constructs_lib/warm_pool.py``).
+    ``log_group``: the installer configures the CloudWatch agent to ship the node's logs
+    there (``cloudwatch_agent_install`` installs it, ``{region}`` the stack's region)."""
     settings = {
         "role": node_type,
         "cluster-id": cluster_id,
@@ -171,11 +187,15 @@ def node_user_data(
         settings["job-role-arn"] = job_role_arn
     if checkpoint_url and node_type == "master":  # its controller mirrors jobs under it
         settings["checkpoint-url"] = checkpoint_url
+    if log_group:  # the installer's own option (not the agent's): its log destination
+        settings["log-group"] = log_group
     data = ec2.UserData.for_linux()
     data.add_commands(
         *render_bootstrap_commands(
             asset_s3_url=asset_s3_url, python=python, agent_settings=settings,
             efs_utils_install=efs_utils_install,
+            cloudwatch_agent_install=cloudwatch_agent_install.replace("{region}", Aws.REGION)
+            if log_group else "",
         )
     )
     return data

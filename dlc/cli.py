@@ -15,10 +15,13 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from dlc import deploy, errors, session
+from dlc import cloudwatch, deploy, errors, session
 from dlc import jobs as jobs_mod
 from dlc import status as status_mod
 from dlc.target import DEFAULT_STACK, EMULATOR_ENV, Target, resolve
+
+#: Where ``dlc logs`` reads a job's output (``--source``).
+LOG_SOURCES = ("auto", "efs", "cloudwatch")
 
 
 def out() -> Console:
@@ -183,13 +186,32 @@ def jobs_cmd(ctx, as_json) -> None:
 @click.option("-f", "--follow", is_flag=True, help="keep printing until the job is over")
 @click.option("--node", type=click.IntRange(min=0), default=None, metavar="RANK",
               help="one node's log (default: every node's)")
+@click.option("--source", type=click.Choice(LOG_SOURCES), default="auto", show_default=True,
+              help="efs: from the master (EFS); cloudwatch: from the cluster's log group, "
+                   "without the master; auto: efs, or cloudwatch when the master or EFS "
+                   "cannot be reached")
 @click.pass_context
-def logs(ctx, job, follow, node) -> int:
+def logs(ctx, job, follow, node, source) -> int:
     """A job's output, every node's lines whole and prefixed with the node; with -f until
-    it ends (exit 0 if it succeeded, else 1)."""
-    final = jobs_mod.stream_logs(remote_of(ctx), job, node,
-                                 lambda s: click.echo(s, nl=False),
-                                 lambda s: click.echo(s, nl=False, err=True), follow=follow)
+    it ends (exit 0 if it succeeded, else 1). From CloudWatch, -f polls until interrupted."""
+    out = lambda s: click.echo(s, nl=False)  # noqa: E731
+    err = lambda s: click.echo(s, nl=False, err=True)  # noqa: E731
+    final: dict = {}
+    if source != "cloudwatch":
+        try:
+            try:
+                remote = remote_of(ctx)
+            except errors.DlcError as exc:  # no stack output, no running master
+                raise jobs_mod.Unreachable(exc) from None
+            final = jobs_mod.stream_logs(remote, job, node, out, err, follow=follow)
+        except jobs_mod.Unreachable as exc:
+            if source == "efs":
+                raise exc.cause from None
+            err(f"dlc: {exc.cause}; reading the cluster's CloudWatch log group instead\n")
+            source = "cloudwatch"
+    if source == "cloudwatch":
+        cloudwatch.stream_job(target_of(ctx), job, node, out, err, follow=follow)
+        return 0
     if not follow:
         return 0
     state = str(final.get("state"))

@@ -141,6 +141,16 @@ def read_page(remote: Remote, jid: str, cursor: str, node: int | None) -> dict:
     return data
 
 
+class Unreachable(DlcError):
+    """The master (or EFS behind it) could not answer the first page: ``cause`` says why
+    (``dlc logs`` then reads CloudWatch Logs, unless ``--source efs``)."""
+
+    def __init__(self, cause: DlcError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.exit_code = cause.exit_code
+
+
 def stream_logs(remote: Remote, jid: str, node: int | None, write: Callable[[str], None],
                 write_err: Callable[[str], None], *, follow: bool,
                 poll: float = FOLLOW_POLL, timeout: float | None = None) -> dict:
@@ -151,7 +161,14 @@ def stream_logs(remote: Remote, jid: str, node: int | None, write: Callable[[str
     cursor = "1"
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        page = read_page(remote, jid, cursor, node)
+        try:
+            page = read_page(remote, jid, cursor, node)
+        except NotFound:
+            raise  # the job is not the cluster's: CloudWatch would not know it either
+        except DlcError as exc:
+            if cursor == "1":  # nothing printed yet: another source may take over
+                raise Unreachable(exc) from None
+            raise
         cursor = page["cursor"]
         if page.get("out"):
             write("".join(line + "\n" for line in page["out"]))

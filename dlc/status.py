@@ -14,7 +14,7 @@ import datetime
 import re
 
 from bootstrap_scripts.protocol import launches
-from dlc import aws, cost
+from dlc import aws, cloudwatch, cost
 from dlc.errors import DlcError
 from dlc.remote import Remote
 from dlc.target import Target
@@ -117,6 +117,9 @@ def gather(target: Target, *, with_cost: bool = True) -> dict:
     out: dict = {"stack": {"name": stack.name, "status": stack.status,
                            "region": target.region},
                  "errors": {}}
+    # the CloudWatch dashboard (a stack output since the observability construct)
+    board = stack.outputs.get(cloudwatch.DASHBOARD_OUTPUT)
+    out["dashboard"] = cloudwatch.dashboard_url(target.region, board) if board else None
     instances = aws.instances(target, stack)
     health: dict | None = None
     jobs: list[dict] | None = None
@@ -205,6 +208,8 @@ def render(console, st: dict) -> None:
     idle = idle_line(st.get("idle_stop"))
     if idle:
         console.print(idle, highlight=False)
+    if st.get("dashboard"):
+        console.print(f"dashboard: {st['dashboard']}", highlight=False, soft_wrap=True)
     c = st.get("cost")
     if c is not None:
         if c["usd_per_hour"] == "unknown":

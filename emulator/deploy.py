@@ -247,8 +247,10 @@ def read_cluster(session, stack: str = STACK) -> Cluster:
     if not function_name:
         raise DeployError(f"no capacity-adjuster function (handler capacity_adjuster.handler) "
                           f"among the stack's functions {functions}")
+    # the capacity adjuster's (the groups' notifications), not the alarm topic
     topics = [r.get("PhysicalResourceId", "") for r in resources
-              if r.get("ResourceType") == "AWS::SNS::Topic"]
+              if r.get("ResourceType") == "AWS::SNS::Topic"
+              and "CapacityAdjuster" in r.get("LogicalResourceId", "")]
     topic_arn = topics[0] if topics else f"arn:aws:sns:{REGION}:{ACCOUNT}:{stack}-notifications"
     return Cluster(cluster_id=cluster_id, groups=groups, function_name=function_name,
                    function_env=function_env, outputs=outputs, resource_count=len(resources),

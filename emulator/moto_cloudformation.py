@@ -38,12 +38,16 @@ Each gap is filled inside the emulator's moto server process, never by changing 
   moto's CloudFormation applies only the encryption and tags, so a bucket the template makes
   versioned keeps one version per key; the emulator applies both through moto's own S3
   backend (PutBucketVersioning, PutPublicAccessBlock) after moto created the bucket.
+- ``AWS::CloudWatch::Alarm``: moto skips the type, so a dashboard showing an alarm cannot
+  deploy; ``emulator.moto_alarms`` creates it through moto's CloudWatch backend.
 """
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any
+
+from emulator import moto_alarms
 
 # -- EFS ------------------------------------------------------------------------------------
 
@@ -251,3 +255,4 @@ def install() -> None:
         wrapped.__func__._dl_wrapped = True  # type: ignore[attr-defined]
         FakeBucket.create_from_cloudformation_json = wrapped  # type: ignore[method-assign]
     _event_invoke_config_model()  # a CloudFormationModel subclass: moto's model list finds it
+    moto_alarms.alarm_model()  # the same for AWS::CloudWatch::Alarm

@@ -40,7 +40,7 @@ from contextlib import redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap_scripts.agent import imds_guard
+from bootstrap_scripts.agent import cloudwatch_config, imds_guard
 from bootstrap_scripts.procgroup import (
     Tracked,
     descendants,
@@ -59,6 +59,9 @@ PYTHON = sys.executable
 AGENT_UNIT = "etc/systemd/system/dl-agent.service"
 EXECUTOR_UNIT = "etc/systemd/system/dl-executor.service"
 CONTROLLER_UNIT = "etc/systemd/system/dl-controller.service"  # the master's only
+#: The CloudWatch agent's configuration and state folder (under the node's root).
+CLOUDWATCH_CONFIG = cloudwatch_config.CONFIG_PATH
+CLOUDWATCH_STATE = "opt/aws/amazon-cloudwatch-agent/logs/state"
 
 
 class NodeError(RuntimeError):
@@ -89,16 +92,18 @@ def base_env(aws: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def check_agent_args(args: list[str], group: str) -> None:
-    """The user data's arguments must parse with the agent's own parser (drift check)."""
-    from bootstrap_scripts.agent.settings import build_parser
+    """The user data's arguments must parse with the installer's parser, the agent's own
+    for the agent's arguments (drift check)."""
+    from bootstrap_scripts.agent.install import parse_args
 
     err = io.StringIO()
     try:
         with redirect_stderr(err):
-            build_parser().parse_args(args)
+            parse_args(args)
     except SystemExit:
-        raise DeployError(f"the user data of group {group} passes arguments the node agent "
-                          f"rejects: {shlex.join(args)}\n{err.getvalue().strip()}") from None
+        raise DeployError(f"the user data of group {group} passes arguments the node "
+                          f"installer or agent rejects: {shlex.join(args)}\n"
+                          f"{err.getvalue().strip()}") from None
     for required in ("--mount-point", "--wait-handle", "--role", "--cluster-id"):
         if required not in args:
             raise DeployError(f"the user data of group {group} does not pass {required} "
@@ -174,6 +179,16 @@ class RestartPolicy:
         return self.restart == "always" or (self.restart == "on-failure" and returncode != 0)
 
 
+def unit_output(unit_text: str) -> str:
+    """The file of a unit's ``StandardOutput=append:<path>`` ("" when it has none), which
+    systemd opens for appending before it starts the process."""
+    for line in unit_text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "StandardOutput" and value.startswith("append:"):
+            return value.removeprefix("append:").replace("%%", "%")
+    return ""
+
+
 def restart_policy(unit_text: str) -> RestartPolicy:
     values = dict(line.partition("=")[::2] for line in unit_text.splitlines() if "=" in line)
     return RestartPolicy(values.get("Restart", "no").strip(),
@@ -224,6 +239,14 @@ class Node:
         return self.procs.get("executor")
 
     def log_path(self, what: str) -> Path:
+        """Where a process's output goes: a unit's ``StandardOutput=append:`` file when its
+        unit names one (``what``: the unit's name without ``.service``), else the
+        harness's log directory."""
+        unit = self.root / "etc/systemd/system" / f"{what}.service"
+        with contextlib.suppress(OSError):
+            target = unit_output(unit.read_text())
+            if target:
+                return Path(target)
         return self.logs / f"{self.instance_id}-{what}.log"
 
     def boot(self, install_args: list[str], aws: dict[str, str], wait_handle: str) -> None:
@@ -249,6 +272,7 @@ class Node:
         self.start_executor()
         if (self.root / CONTROLLER_UNIT).exists():
             self.start_controller()
+        self.start_cloudwatch_agent()
         self.status = "running"
         # 4. the machine's SSM Agent registers it: Run Command reaches it (emulator.ssm_agent)
         try:
@@ -320,6 +344,22 @@ class Node:
         node's process group like the other units."""
         return self._start_unit(CONTROLLER_UNIT, "controller")
 
+    def start_cloudwatch_agent(self) -> subprocess.Popen | None:
+        """What ``amazon-cloudwatch-agent-ctl -a fetch-config -s`` starts when the installer
+        wrote the agent's configuration: the emulator's agent (``emulator.cloudwatch_agent``)
+        on that same file, in the node's process group."""
+        config = self.root / CLOUDWATCH_CONFIG
+        if not config.exists() or self.group is None:
+            return None
+        with open(self.log_path("cloudwatch-agent"), "ab") as log:
+            p = subprocess.Popen(
+                [PYTHON, "-m", "emulator.cloudwatch_agent", "--config", str(config),
+                 "--state-dir", str(self.root / CLOUDWATCH_STATE)], cwd=REPO_ROOT,
+                env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                process_group=self.group.pid)
+        self._track("cloudwatch-agent", p, leader=False)
+        return p
+
     def apply(self, membership):
         """What the node agent does with a published membership: the node's files, written
         by the agent's own code (an older generation or a non-member changes nothing)."""
@@ -368,7 +408,14 @@ class Node:
         if unit == EXECUTOR_UNIT and "--no-mount" not in argv:
             argv.append("--no-mount")
         join = self.group is not None and bool(pids_in_groups([self.group.pid]))
-        with open(self.log_path(Path(unit).stem), "ab") as log:
+        out = self.log_path(Path(unit).stem)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # where the demo says the node logs are: a link to the unit's own file
+        link = self.logs / f"{self.instance_id}-{Path(unit).stem}.log"
+        if out != link and not link.is_symlink():
+            with contextlib.suppress(OSError):
+                link.symlink_to(out)
+        with open(out, "ab") as log:
             p = subprocess.Popen(argv, cwd=self.root, env={**self.env, **unit_env},
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  process_group=self.group.pid if join and self.group else 0)

@@ -81,14 +81,12 @@ class DLClusterStack(Stack):
             data_prefix=s.data_prefix,
             budget_per_day=s.budget_per_day,
             node_boot_seconds=s.node_boot_seconds,
+            log_retention_days=s.log_retention_days,
+            alarm_email=s.alarm_email,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster
         master_group = c.master_group.group_name
-        if c.budget is not None:
-            CfnOutput(self, "AlarmTopicArn", value=c.budget.topic.topic_arn,
-                      description="SNS topic of the cluster's alarms (its daily budget): "
-                      "subscribe to it")
         CfnOutput(
             self,
             "MasterGroupName",
@@ -114,6 +112,14 @@ class DLClusterStack(Stack):
             description=f"EFS mounted at {c.efs_mount_point} on every node",
         )
         CfnOutput(self, "MasterQueueUrl", value=c.master_queue.queue_url)
+        CfnOutput(self, "LogGroupName", value=c.observability.log_group_name,
+                  description="Every node's logs, one stream per node and source "
+                  "(dlc logs --source cloudwatch)")
+        CfnOutput(self, "DashboardName", value=c.observability.dashboard.dashboard_name,
+                  description="The cluster's CloudWatch dashboard (dlc status prints its URL)")
+        CfnOutput(self, "AlarmTopicArn", value=c.observability.alarm_topic.topic_arn,
+                  description="The cluster's alarms (and its daily budget, budgetPerDay) "
+                  "publish here; subscribe to be told")
         CfnOutput(self, "WorkdirBucketName", value=c.workdir_staging.bucket_name,
                   description="dlc submit --workdir stages directories here (workdirs/)")
         data = c.training_data

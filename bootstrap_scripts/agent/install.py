@@ -16,8 +16,14 @@ Written under ``--root`` (default ``/``):
   region, read from instance metadata (IMDSv2 ``placement/region``), for every unit
   (``EnvironmentFile=``), wrapper and login shell: the AWS SDKs never ask the metadata
   service for the region themselves (``bootstrap_scripts.node_region``).
-Then ``systemctl daemon-reload`` and ``systemctl enable --now`` the units, unless
-``--no-systemctl`` (tests, images being baked).
+- ``var/log/dl-cluster/{agent,executor,controller}.log``: where the units append their
+  output, rotated by ``etc/logrotate.d/dl-cluster``;
+- with ``--log-group``: ``opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json``,
+  the CloudWatch agent's configuration (``cloudwatch_config``), which ships those files, the
+  boot log and the jobs' output to the cluster's log group.
+Then ``systemctl daemon-reload`` and ``systemctl enable --now`` the units and (with
+``--log-group``) the CloudWatch agent on its configuration, unless ``--no-systemctl``
+(tests, images being baked).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import sys
 from pathlib import Path
 
 from bootstrap_scripts import node_region
-from bootstrap_scripts.agent import imds_guard
+from bootstrap_scripts.agent import cloudwatch_config, imds_guard
+from bootstrap_scripts.agent.identity import IdentityError
 from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
 from bootstrap_scripts.protocol.store import atomic_write
 
@@ -47,6 +54,8 @@ WRAPPERS = {"dl-run": "bootstrap_scripts.jobs.cli.dl_run",
 #: Seconds the installer waits for instance metadata before it falls back to the user
 #: data's ``--region`` (IMDS answers within milliseconds on a running instance).
 IMDS_DEADLINE_SECONDS = 30.0
+#: logrotate's rule for the units' log files (relative to the node's root).
+LOGROTATE_FILE = "etc/logrotate.d/dl-cluster"
 
 
 def instance_region(fallback: str, *, deadline: float = IMDS_DEADLINE_SECONDS) -> str:
@@ -54,7 +63,7 @@ def instance_region(fallback: str, *, deadline: float = IMDS_DEADLINE_SECONDS) -
     ``fallback`` (the user data's ``--region``) when metadata is switched off
     (``AWS_EC2_METADATA_DISABLED=true``, botocore's own switch) or does not answer."""
     if os.environ.get("AWS_EC2_METADATA_DISABLED", "").strip().lower() != "true":
-        from bootstrap_scripts.agent.identity import IdentityError, fetch_identity
+        from bootstrap_scripts.agent.identity import fetch_identity
 
         try:
             region = fetch_identity(deadline=deadline).region
@@ -72,6 +81,40 @@ def instance_region(fallback: str, *, deadline: float = IMDS_DEADLINE_SECONDS) -
     return fallback
 
 
+def this_instance_id(*, deadline: float = IMDS_DEADLINE_SECONDS) -> str:
+    """This instance's id (IMDSv2), which names its log streams; IdentityError if metadata
+    does not answer (the installer then fails: a node that cannot say who it is cannot
+    join either)."""
+    from bootstrap_scripts.agent.identity import fetch_identity
+
+    return fetch_identity(deadline=deadline).instance_id
+
+
+def logrotate_conf(root: Path) -> str:
+    """logrotate's rule for the units' log files: ``copytruncate``, as systemd keeps each
+    file open for appending (the CloudWatch agent reads a truncated file from its start)."""
+    return (f"{root / cloudwatch_config.LOG_DIR}/*.log {{\n    daily\n    rotate 7\n"
+            "    maxsize 100M\n    missingok\n    notifempty\n    compress\n"
+            "    delaycompress\n    copytruncate\n}\n")
+
+
+def start_cloudwatch_agent(root: Path, config: Path) -> bool:
+    """``amazon-cloudwatch-agent-ctl -a fetch-config -m ec2 -s -c file:<config>``: the agent
+    (installed by the user data from the OS's package) takes the file and (re)starts. An
+    image without the agent keeps its logs on the node only: reported, not fatal."""
+    ctl = root / cloudwatch_config.CTL_PATH
+    if not ctl.exists():
+        print(f"dl-install: no CloudWatch agent ({ctl}); the node's logs stay on the node",
+              file=sys.stderr)
+        return False
+    res = subprocess.run([str(ctl), "-a", "fetch-config", "-m", "ec2", "-s", "-c",
+                          f"file:{config}"], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        print(f"dl-install: the CloudWatch agent did not start (exit {res.returncode}): "
+              f"{(res.stderr or res.stdout).strip()[-400:]}", file=sys.stderr)
+    return res.returncode == 0
+
+
 def systemd_quote(arg: str) -> str:
     """Quote one ExecStart argument: ``%`` is a specifier and ``$`` an expansion in unit
     files, so a presigned wait-handle URL (full of ``%2F``) must have them doubled."""
@@ -82,23 +125,28 @@ def systemd_quote(arg: str) -> str:
 
 def python_unit(*, description: str, python: str, package_dir: str, module: str,
                 args: list[str], unit: tuple[str, ...] = (),
-                service: tuple[str, ...] = (), root: str = "/") -> str:
+                service: tuple[str, ...] = (), root: str = "/", log_file: str = "") -> str:
     """A systemd unit that runs ``python -m module args`` with this package importable,
     unbuffered output and the instance's region (the region file under ``root``);
     ``unit`` / ``service`` are the lines that differ between units (ordering, restart
-    policy)."""
+    policy). ``log_file``: its output (stdout and stderr) is appended to that file
+    (``StandardOutput=append:``, systemd 240 and later), which the CloudWatch agent ships;
+    without it, the output goes to the journal."""
     exec_start = " ".join(systemd_quote(a) for a in [python, "-m", module, *args])
     head = "\n".join([f"Description={description}", *unit])
     # EnvironmentFile= takes a bare absolute path (specifiers expanded, no quotes)
     region_file = str(node_region.env_file(root)).replace("%", "%%")
     body = "\n".join(["Type=simple", f"Environment={systemd_quote('PYTHONPATH=' + package_dir)}",
                       "Environment=PYTHONUNBUFFERED=1", f"EnvironmentFile={region_file}",
-                      f"ExecStart={exec_start}", *service])
+                      f"ExecStart={exec_start}", *service,
+                      *((f"StandardOutput=append:{log_file.replace('%', '%%')}",
+                         "StandardError=inherit") if log_file else ())])
     return f"[Unit]\n{head}\n\n[Service]\n{body}\n\n[Install]\nWantedBy=multi-user.target\n"
 
 
-def agent_unit(python: str, package_dir: str, agent_args: list[str], root: str = "/") -> str:
-    return python_unit(root=root,
+def agent_unit(python: str, package_dir: str, agent_args: list[str], root: str = "/",
+               log_file: str = "") -> str:
+    return python_unit(root=root, log_file=log_file,
         description="Deep-learning cluster node agent (membership, DEEPLEARNING_* environment)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.agent.node_agent",
         args=agent_args,
@@ -112,12 +160,12 @@ def agent_unit(python: str, package_dir: str, agent_args: list[str], root: str =
 
 
 def executor_unit(python: str, package_dir: str, root: str, mount_point: str, *,
-                  guard_imds: bool = False, job_role_arn: str = "") -> str:
+                  guard_imds: bool = False, job_role_arn: str = "", log_file: str = "") -> str:
     """The job executor; ``guard_imds``: it (re)installs the IMDS guard before any job
     (``imds_guard``: only root reaches instance metadata). The cluster's nodes say so; EMR's
     do not (its own daemons, YARN's and HDFS's users, read the instance role there).
     ``job_role_arn``: the role whose credentials each job gets (``job_credentials``)."""
-    return python_unit(root=root,
+    return python_unit(root=root, log_file=log_file,
         description="Deep-learning cluster job executor (runs this node's share of dl-run jobs)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.executor",
         args=["--root", root, "--mount-point", mount_point,
@@ -129,11 +177,12 @@ def executor_unit(python: str, package_dir: str, root: str, mount_point: str, *,
 
 def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
                     region: str, max_replacements_per_hour: int,
-                    idle_stop_seconds: float = 0.0, checkpoint_url: str = "") -> str:
+                    idle_stop_seconds: float = 0.0, checkpoint_url: str = "",
+                    log_file: str = "") -> str:
     """The master's job controller. ``KillMode=process``: stopping or restarting the unit
     leaves a running attempt's runner to finish cancelling its shares (the controller
     cancels it on SIGTERM); the next controller restarts the job from its checkpoint."""
-    return python_unit(root=root,
+    return python_unit(root=root, log_file=log_file,
         description="Deep-learning cluster job controller (runs managed dl-run jobs, "
                     "restarts them)",
         python=python, package_dir=package_dir, module="bootstrap_scripts.jobs.controller",
@@ -160,14 +209,22 @@ exec '{python}' -m {module} "$@"
 """
 
 
-def install(argv: list[str] | None = None) -> list[Path]:
-    """Write the units and wrappers; returns the files written (changed or not)."""
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """The installer's own options and the node agent's (its parser, so a bad user data
+    fails here); SystemExit 2 with the message on bad arguments."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--no-systemctl", action="store_true")
     pre.add_argument("--python", default=sys.executable)
     pre.add_argument("--package-dir", default=str(Path(__file__).resolve().parent.parent))
+    pre.add_argument("--log-group", default="",
+                     help="ship the node's logs to this CloudWatch Logs group")
     opts, agent_argv = pre.parse_known_args(argv)
-    ns = build_parser().parse_args(agent_argv)  # exits 2 with a clear message on bad args
+    return opts, build_parser().parse_args(agent_argv)
+
+
+def install(argv: list[str] | None = None) -> list[Path]:
+    """Write the units and wrappers; returns the files written (changed or not)."""
+    opts, ns = parse_args(argv)
     root = Path(ns.root)
     agent_args = canonical_args(ns)  # --name=value: empty values survive
     region = instance_region(ns.region)
@@ -175,21 +232,31 @@ def install(argv: list[str] | None = None) -> list[Path]:
         # first: every unit and wrapper below reads it
         node_region.env_file(root): (node_region.render_env_file(region), 0o644),
         root / node_region.PROFILE_FILE: (node_region.render_profile(ns.root), 0o644),
-        root / UNIT_DIR / AGENT_UNIT: (agent_unit(opts.python, opts.package_dir, agent_args,
-                                                  ns.root), 0o644),
+        root / UNIT_DIR / AGENT_UNIT: (agent_unit(
+            opts.python, opts.package_dir, agent_args, ns.root,
+            log_file=str(cloudwatch_config.unit_log(root, "agent"))), 0o644),
         root / UNIT_DIR / EXECUTOR_UNIT: (
             executor_unit(opts.python, opts.package_dir, ns.root, ns.mount_point,
-                          guard_imds=True, job_role_arn=ns.job_role_arn), 0o644),
+                          guard_imds=True, job_role_arn=ns.job_role_arn,
+                          log_file=str(cloudwatch_config.unit_log(root, "executor"))), 0o644),
+        root / LOGROTATE_FILE: (logrotate_conf(root), 0o644),
     }
     units = [AGENT_UNIT, EXECUTOR_UNIT]
     if ns.role == "master":
         files[root / UNIT_DIR / CONTROLLER_UNIT] = (controller_unit(
             opts.python, opts.package_dir, ns.root, ns.mount_point, ns.region,
-            ns.max_replacements_per_hour, ns.idle_stop_seconds, ns.checkpoint_url), 0o644)
+            ns.max_replacements_per_hour, ns.idle_stop_seconds, ns.checkpoint_url,
+            log_file=str(cloudwatch_config.unit_log(root, "controller"))), 0o644)
         units.append(CONTROLLER_UNIT)
     for name, module in WRAPPERS.items():
         files[root / BIN_DIR / name] = (wrapper_script(opts.python, opts.package_dir, module,
                                                        ns.root), 0o755)
+    agent_config = root / cloudwatch_config.CONFIG_PATH
+    if opts.log_group:
+        files[agent_config] = (cloudwatch_config.render(
+            root=root, log_group=opts.log_group, instance_id=this_instance_id(),
+            master=ns.role == "master"), 0o644)
+    (root / cloudwatch_config.LOG_DIR).mkdir(mode=0o755, parents=True, exist_ok=True)
     for path, (content, mode) in files.items():
         atomic_write(path, content, mode=mode)
         path.chmod(mode)
@@ -201,13 +268,16 @@ def install(argv: list[str] | None = None) -> list[Path]:
         for cmd in (["systemctl", "daemon-reload"],
                     ["systemctl", "enable", "--now", *units]):
             subprocess.run(cmd, check=True)
+        if opts.log_group:
+            start_cloudwatch_agent(root, agent_config)
     return list(files)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         written = install(argv)
-    except (node_region.RegionError, imds_guard.GuardError) as exc:
+    except (node_region.RegionError, imds_guard.GuardError, IdentityError,
+            cloudwatch_config.ConfigError) as exc:
         print(f"dl-install: {exc}", file=sys.stderr)
         return 1
     except subprocess.CalledProcessError as exc:

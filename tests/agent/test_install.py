@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bootstrap_scripts.agent import install
+from bootstrap_scripts.agent import cloudwatch_config, install
 from bootstrap_scripts.agent.settings import build_parser
 
 HANDLE = ("https://cloudformation-waitcondition-us-east-1.s3.amazonaws.com/arn%3Aaws%3A"
@@ -32,8 +32,10 @@ def test_units_and_wrappers_are_written(tmp_path):
     written = install.install([*agent_args(tmp_path), "--no-systemctl",
                                "--python", "/usr/bin/python3", "--package-dir", "/opt/dl"])
     # a worker: the region file and its login-shell snippet, the agent and executor units
-    # (no job controller: the master's only) and every wrapper
-    assert len(written) == 2 + 2 + len(install.WRAPPERS)
+    # (no job controller: the master's only), the log files' rotation and every wrapper
+    # (no CloudWatch agent configuration without --log-group)
+    assert len(written) == 2 + 2 + 1 + len(install.WRAPPERS)
+    assert not (tmp_path / cloudwatch_config.CONFIG_PATH).exists()
     assert not (tmp_path / "etc/systemd/system/dl-controller.service").exists()
     unit = (tmp_path / "etc/systemd/system/dl-agent.service").read_text()
     argv = exec_start_argv(unit)

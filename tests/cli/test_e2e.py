@@ -196,6 +196,35 @@ def test_logs_follow_a_three_node_job_every_line_once(kept: dict, capsys, job_us
         assert got == list(range(count)), (node, len(got))
 
 
+def test_logs_from_cloudwatch_every_nodes_lines_without_the_master(kept: dict, capsys,
+                                                                   job_user) -> None:
+    """The nodes' CloudWatch agents (the emulator's, on the configuration each node's
+    installer wrote) ship the executors' copies of a job's output; ``dlc logs --source
+    cloudwatch`` reads them back from the cluster's log group, each node's every line once,
+    with the prefix it has from EFS; the dashboard's URL is in ``dlc status``."""
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    count = 40
+    script = os.path.join(REPO_ROOT, "tests", "support", "numbered_lines.py")
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--launcher", "each",
+                         "--json", "--", "python", script, str(count))
+    assert code == 0, err
+    job = json.loads(out)["job_id"]
+    code, out, err = dlc(kept, capsys, "logs", "-f", job)
+    assert code == 0 and f"job {job} succeeded" in err, out[-2000:] + err
+    from_efs = sorted(out.splitlines())
+    deadline = time.monotonic() + 60  # the agents upload every 5 s
+    while True:
+        code, out, err = dlc(kept, capsys, "logs", job, "--source", "cloudwatch")
+        assert code == 0, err
+        if len(out.splitlines()) >= len(from_efs) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert sorted(out.splitlines()) == from_efs and len(from_efs) == 3 * count
+    st = status_json(kept, capsys)
+    assert "#dashboards/dashboard/" in (st.get("dashboard") or "")
+
+
 def test_submit_a_laptop_directory_with_workdir(kept: dict, capsys, job_user,
                                                tmp_path: Path) -> None:
     """``dlc submit --workdir``: a script that exists only in a temp dir on the "laptop"

@@ -1,5 +1,6 @@
-"""The cluster's daily budget (``budgetPerDay``: constructs_lib/cluster_budget.py) and its
-alarm topic (constructs_lib/alarm_topic.py), and the master's price permissions."""
+"""The cluster's daily budget (``budgetPerDay``: constructs_lib/cluster_budget.py), which
+notifies the cluster's one alarm topic (``ClusterObservability``'s), and the master's price
+permissions."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def plain() -> Template:
 
 def test_off_by_default(plain: Template) -> None:
     assert not plain.find_resources("AWS::Budgets::Budget")
-    assert "AlarmTopicArn" not in plain.to_json().get("Outputs", {})
+    # and without a budget, nothing but CloudWatch publishes to the alarm topic
+    assert "budgets.amazonaws.com" not in str(plain.find_resources("AWS::SNS::TopicPolicy"))
 
 
 def test_a_daily_cost_budget_of_the_clusters_tag_notifies_the_alarm_topic(

@@ -39,7 +39,7 @@ def test_worker_group_has_the_drain_hook_notifying_the_topic(template: Template)
     assert props["HeartbeatTimeout"] == 300
     assert props["DefaultResult"] == "CONTINUE"
     worker_asg = _logical_id(template, "AWS::AutoScaling::AutoScalingGroup", "WorkerGroup")
-    topic = _logical_id(template, "AWS::SNS::Topic", "Topic")
+    topic = _logical_id(template, "AWS::SNS::Topic", "CapacityAdjusterTopic")
     assert props["AutoScalingGroupName"] == {"Ref": worker_asg}
     assert props["NotificationTargetARN"] == {"Ref": topic}
     role = props["RoleARN"]["Fn::GetAtt"][0]

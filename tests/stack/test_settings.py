@@ -56,6 +56,8 @@ def test_every_documented_key_is_parsed() -> None:
         "idleStopMinutes": "15",
         "budgetPerDay": "250.50",
         "warmPoolSize": "0",  # not with spotWorkers (tests/stack/test_warm_pool.py)
+        "logRetentionDays": "90",
+        "alarmEmail": "ops@example.com",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -88,6 +90,8 @@ def test_every_documented_key_is_parsed() -> None:
         node_boot_seconds=1800,
         idle_stop_minutes=15,
         budget_per_day=250.5,
+        log_retention_days=90,
+        alarm_email="ops@example.com",
     )
 
 

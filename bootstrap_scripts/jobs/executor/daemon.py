@@ -17,7 +17,8 @@ SIGKILL after ``grace_seconds``. Heartbeat: ``<EFS>/cluster/executors/<address>.
 
 This module is the daemon's loop; the work is in ``discovery`` (which jobs to start),
 ``shares`` (starting, supervising and stopping them), ``elastic`` (joining running elastic
-jobs) and ``drain`` (leaving the cluster).
+jobs), ``drain`` (leaving the cluster) and ``log_mirror`` (this node's job output, copied
+for the CloudWatch agent).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
 from bootstrap_scripts.jobs.executor.job_credentials import JobCredentialStore
+from bootstrap_scripts.jobs.executor.log_mirror import LogMirror, share_sources
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
@@ -119,6 +121,7 @@ class Executor:
         self.node = ThisNode(NodePaths(root), ClusterPaths(efs), address)
         self.require_mount = require_mount
         self.shares = Shares(self.node)
+        self.mirror = LogMirror(self.node.paths.root)
         if job_role_arn:
             self.shares.credentials = job_credential_store(root, job_role_arn)
         self.drain = Drain(self.node, self.shares)
@@ -224,6 +227,11 @@ class Executor:
 
     def supervise(self) -> None:
         self.scanner.seen.update(self.shares.supervise())
+        self.mirror.follow(  # the shares' output to the node's jobs log (CloudWatch)
+            src for r in self.shares.running.values() for src in share_sources(
+                r.spec.job_id, r.paths.nodes, self.node.address,
+                [(r.share.rank, p.proc.label, r.paths.log(r.share.rank, p.proc.label).name)
+                 for p in r.procs]))
 
     def run(self) -> int:
         if not self.resolve_address():

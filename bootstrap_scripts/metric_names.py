@@ -1,0 +1,49 @@
+"""The cluster's CloudWatch names, in one place: the metrics namespace and its dimensions,
+and the log sources every node ships to the cluster's log group.
+
+Both sides read this module: the stack (``constructs_lib/observability.py``: the dashboard,
+the alarms, the node role's permission) and the nodes (the installer's CloudWatch agent
+configuration, ``bootstrap_scripts/agent/cloudwatch_config.py``; whatever publishes the
+GPU and job metrics). It imports nothing, so runtime code and constructs can share it
+without either importing the other's libraries. README "Observability" lists the names.
+"""
+
+from __future__ import annotations
+
+#: The namespace of every custom metric the cluster publishes.
+NAMESPACE = "DeepLearningCluster"
+
+#: Dimension: the cluster (its ``dl-cluster:id`` tag); every metric has it.
+DIM_CLUSTER = "ClusterId"
+#: Dimension: the EC2 instance a per-node metric is about.
+DIM_INSTANCE = "InstanceId"
+#: Dimension: a managed job's id, for per-job metrics.
+DIM_JOB = "JobId"
+
+#: GPU utilisation in percent (0-100): per node (ClusterId, InstanceId), the mean of the
+#: node's GPUs; and per cluster (ClusterId), the mean over every node's GPUs.
+METRIC_GPU_UTILIZATION = "GPUUtilization"
+#: Per cluster (ClusterId): managed jobs running now.
+METRIC_JOBS_RUNNING = "JobsRunning"
+#: Per cluster (ClusterId): attempts the job controller restarted (a count per period).
+METRIC_JOB_RESTARTS = "JobRestarts"
+#: Per cluster (ClusterId): nodes failing their health checks now (0 when all pass).
+METRIC_UNHEALTHY_NODES = "UnhealthyNodes"
+
+#: The log sources of a node: the stream of each is ``<instance-id>/<source>``.
+SOURCE_AGENT = "agent"
+SOURCE_EXECUTOR = "executor"
+SOURCE_CONTROLLER = "controller"  # the master's only
+SOURCE_BOOTSTRAP = "bootstrap"
+SOURCE_JOBS = "jobs"
+LOG_SOURCES = (SOURCE_AGENT, SOURCE_EXECUTOR, SOURCE_CONTROLLER, SOURCE_BOOTSTRAP, SOURCE_JOBS)
+
+
+def log_stream(instance_id: str, source: str) -> str:
+    """The stream a node's source goes to in the cluster's log group."""
+    return f"{instance_id}/{source}"
+
+
+def log_group_name(cluster_id: str) -> str:
+    """The cluster's log group (one per cluster): ``/deeplearning/<cluster id>``."""
+    return f"/deeplearning/{cluster_id}"

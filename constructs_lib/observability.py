@@ -1,0 +1,270 @@
+"""ClusterObservability: the cluster's log group, dashboard, alarms and alarm topic.
+
+- **Logs**: one log group per cluster, ``/deeplearning/<cluster id>``, encrypted with a
+  key of its own, kept ``log_retention_days``. Every node's CloudWatch agent ships its
+  agent, executor, controller, boot and job logs there, one stream per node and source
+  (``<instance-id>/<source>``: ``bootstrap_scripts/agent/cloudwatch_config.py``), so a
+  node's logs outlive the node and ``dlc logs --source cloudwatch`` reads them without the
+  cluster. :meth:`grant_write` lets a node role create streams and put events in this group
+  and nowhere else.
+- **Dashboard** (``<cluster id>-cluster``): the node groups' size (Auto Scaling group
+  metrics, collected by ``NodeGroup``), GPU utilisation per node, jobs running, restarts
+  and unhealthy nodes, in the namespace and dimensions of ``bootstrap_scripts.metric_names``.
+- **Alarms**, to an SNS topic (KMS-encrypted, TLS-only; ``alarm_email`` subscribes an
+  address): a node unhealthy, nodes missing from a group for long, a job restarting
+  repeatedly, GPUs idle while a job runs.
+
+Encryption: CloudWatch Logs and CloudWatch (publishing alarms to the topic) may use the
+key for this account and region only (https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html,
+https://docs.aws.amazon.com/sns/latest/dg/sns-key-management.html).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subs
+from constructs import Construct
+
+from bootstrap_scripts import metric_names as names
+from constructs_lib.validation import ConfigError
+
+#: Days a log group may keep events (CloudWatch Logs' PutRetentionPolicy values).
+RETENTION_DAYS: dict[int, logs.RetentionDays] = {
+    1: logs.RetentionDays.ONE_DAY, 3: logs.RetentionDays.THREE_DAYS,
+    5: logs.RetentionDays.FIVE_DAYS, 7: logs.RetentionDays.ONE_WEEK,
+    14: logs.RetentionDays.TWO_WEEKS, 30: logs.RetentionDays.ONE_MONTH,
+    60: logs.RetentionDays.TWO_MONTHS, 90: logs.RetentionDays.THREE_MONTHS,
+    120: logs.RetentionDays.FOUR_MONTHS, 150: logs.RetentionDays.FIVE_MONTHS,
+    180: logs.RetentionDays.SIX_MONTHS, 365: logs.RetentionDays.ONE_YEAR,
+    400: logs.RetentionDays.THIRTEEN_MONTHS, 545: logs.RetentionDays.EIGHTEEN_MONTHS,
+    731: logs.RetentionDays.TWO_YEARS, 1096: logs.RetentionDays.THREE_YEARS,
+    1827: logs.RetentionDays.FIVE_YEARS, 2192: logs.RetentionDays.SIX_YEARS,
+    2557: logs.RetentionDays.SEVEN_YEARS, 2922: logs.RetentionDays.EIGHT_YEARS,
+    3288: logs.RetentionDays.NINE_YEARS, 3653: logs.RetentionDays.TEN_YEARS,
+}
+EMAIL_RE = re.compile(r"^[^@\s,;]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,}$")
+#: How long the cluster's logs are kept.
+DEFAULT_LOG_RETENTION_DAYS = 30
+#: Restarts of the cluster's jobs within an hour that raise the restart alarm.
+RESTARTS_PER_HOUR_ALARM = 3
+#: Mean GPU utilisation (percent) below which GPUs count as idle while a job runs.
+IDLE_GPU_PERCENT = 5
+#: Minutes GPUs must stay idle with a job running before the idle alarm fires (a job's
+#: start: data staging, the health gate, rendezvous, take minutes without the GPUs).
+IDLE_GPU_MINUTES = 15
+#: Minutes a group may have fewer instances in service than desired (launches, a
+#: replacement booting take minutes) before the missing-nodes alarm fires.
+MISSING_NODES_MINUTES = 20
+#: The metrics' period on the dashboard and in the alarms.
+PERIOD = Duration.minutes(1)
+
+
+def check_retention(construct: str, days: object) -> int:
+    """``days`` if CloudWatch Logs accepts it as a retention, ConfigError naming it if not."""
+    if isinstance(days, bool) or not isinstance(days, int) or days not in RETENTION_DAYS:
+        raise ConfigError(f"{construct}: log_retention_days must be one of "
+                          f"{sorted(RETENTION_DAYS)}, got {days!r}")
+    return days
+
+
+def retention_setting(name: str, value: object) -> int:
+    """A retention given as text (``-c logRetentionDays=90``) or a number."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit():
+        raise ConfigError(f"{name} must be a number of days, got {value!r}")
+    return check_retention(name, int(text))
+
+
+def check_email(name: str, value: object) -> str:
+    """One e-mail address (what an SNS e-mail subscription takes)."""
+    text = str(value).strip()
+    if not EMAIL_RE.match(text):
+        raise ConfigError(f"{name} must be one e-mail address, got {value!r}")
+    return text
+
+
+def dashboard_name(cluster_id: str) -> str:
+    """The dashboard's name (``dlc status`` prints its console URL)."""
+    return f"{cluster_id}-cluster"
+
+
+class ClusterObservability(Construct):
+    """The cluster's log group, dashboard, alarms and alarm topic (module docstring)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cluster_id: str,
+                 groups: Sequence[autoscaling.AutoScalingGroup] = (),
+                 log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS,
+                 alarm_email: str | None = None) -> None:
+        """
+        :param cluster_id: the cluster's id: the log group's and the dashboard's name, the
+            ``ClusterId`` dimension of its metrics.
+        :param groups: the node groups whose size the dashboard shows and whose missing
+            instances raise an alarm. :default: none
+        :param log_retention_days: how long the log group keeps events (a value CloudWatch
+            Logs accepts: 1, 3, 5, 7, 14, 30, 60, 90, …). :default: 30
+        :param alarm_email: an address subscribed to the alarm topic (it must confirm the
+            subscription). :default: none (subscribe what you like to ``alarm_topic``)
+        """
+        super().__init__(scope, construct_id)
+        retention = RETENTION_DAYS[check_retention(f"ClusterObservability {construct_id}",
+                                                   log_retention_days)]
+        self.cluster_id = cluster_id
+        self.key = kms.Key(self, "Key", enable_key_rotation=True,
+                           removal_policy=RemovalPolicy.DESTROY,
+                           description=f"Encrypts the logs and the alarm topic of cluster "
+                                       f"{cluster_id}")
+        self.key.add_to_resource_policy(iam.PolicyStatement(
+            sid="CloudWatchLogsEncryptsTheClusterLogs",
+            principals=[iam.ServicePrincipal(f"logs.{Aws.REGION}.amazonaws.com")],
+            actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*"],
+            resources=["*"],
+            conditions={"StringLike": {"kms:EncryptionContext:aws:logs:arn": (
+                f"arn:{Aws.PARTITION}:logs:{Aws.REGION}:{Aws.ACCOUNT_ID}:log-group:*")}}))
+        self.key.add_to_resource_policy(iam.PolicyStatement(
+            sid="CloudWatchPublishesAlarms",
+            principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+            actions=["kms:GenerateDataKey*", "kms:Decrypt"], resources=["*"],
+            conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
+        self.log_group = logs.LogGroup(
+            self, "NodeLogs", log_group_name=names.log_group_name(cluster_id),
+            retention=retention, encryption_key=self.key,
+            removal_policy=RemovalPolicy.DESTROY)
+        self.alarm_topic = sns.Topic(self, "AlarmTopic", master_key=self.key, enforce_ssl=True,
+                                     display_name=f"{cluster_id} cluster alarms")
+        if alarm_email:
+            self.alarm_topic.add_subscription(subs.EmailSubscription(alarm_email))
+        self.alarms = self._alarms(groups)
+        self.dashboard = self._dashboard(groups)
+
+    def allow_alarms_from(self, service: str) -> None:
+        """Let AWS service principal ``service`` (e.g. ``budgets.amazonaws.com``) publish to
+        the alarm topic and use its key for it, for this account only
+        (https://docs.aws.amazon.com/cost-management/latest/userguide/budgets-sns-policy.html)."""
+        principal = iam.ServicePrincipal(service)
+        name = service.split(".")[0].title()
+        self.alarm_topic.add_to_resource_policy(iam.PolicyStatement(
+            sid=f"Publish{name}", actions=["sns:Publish"], principals=[principal],
+            resources=[self.alarm_topic.topic_arn],
+            conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
+        self.key.add_to_resource_policy(iam.PolicyStatement(
+            sid=f"Encrypt{name}Alarms", actions=["kms:GenerateDataKey*", "kms:Decrypt"],
+            principals=[principal], resources=["*"], conditions={"StringEquals": {
+                "aws:SourceAccount": Aws.ACCOUNT_ID,
+                "kms:ViaService": f"sns.{Aws.REGION}.amazonaws.com"}}))
+
+    @property
+    def log_group_name(self) -> str:
+        return self.log_group.log_group_name
+
+    def grant_write(self, role: iam.IRole) -> iam.Grant:
+        """A node role may create streams and put events in this log group only (what the
+        CloudWatch agent calls; the group and its retention are the stack's)."""
+        return iam.Grant.add_to_principal(
+            grantee=role, actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+            resource_arns=[self.log_group.log_group_arn])
+
+    def grant_read(self, policy: iam.ManagedPolicy) -> None:
+        """Operators read the nodes' logs (``dlc logs --source cloudwatch``) from this log
+        group only."""
+        policy.add_statements(iam.PolicyStatement(
+            sid="ReadTheClusterLogs",
+            actions=["logs:DescribeLogStreams", "logs:FilterLogEvents", "logs:GetLogEvents"],
+            resources=[self.log_group.log_group_arn]))
+
+    # -- metrics -------------------------------------------------------------------------
+    def metric(self, name: str, statistic: str = "Average",
+               period: Duration = PERIOD) -> cw.Metric:
+        """A cluster-wide metric of the namespace (dimension ``ClusterId`` only)."""
+        return cw.Metric(namespace=names.NAMESPACE, metric_name=name, statistic=statistic,
+                         period=period, dimensions_map={names.DIM_CLUSTER: self.cluster_id})
+
+    def per_node(self, name: str, label: str) -> cw.MathExpression:
+        """Every node's series of a per-node metric (a SEARCH over ``InstanceId``)."""
+        return cw.MathExpression(
+            expression=(f"SEARCH('{{{names.NAMESPACE},{names.DIM_CLUSTER},"
+                        f"{names.DIM_INSTANCE}}} MetricName=\"{name}\" "
+                        f"{names.DIM_CLUSTER}=\"{self.cluster_id}\"', 'Average', 60)"),
+            using_metrics={}, label=label, period=PERIOD)
+
+    @staticmethod
+    def group_metric(group: autoscaling.AutoScalingGroup, name: str) -> cw.Metric:
+        return cw.Metric(namespace="AWS/AutoScaling", metric_name=name, statistic="Average",
+                         period=PERIOD,
+                         dimensions_map={"AutoScalingGroupName": group.auto_scaling_group_name})
+
+    # -- alarms --------------------------------------------------------------------------
+    def _alarm(self, construct_id: str, metric: cw.IMetric, description: str, *,
+               threshold: float, periods: int = 1,
+               op: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+               ) -> cw.Alarm:
+        alarm = metric.create_alarm(
+            self, construct_id, threshold=threshold, evaluation_periods=periods,
+            comparison_operator=op, alarm_description=description,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING)
+        alarm.add_alarm_action(cw_actions.SnsAction(self.alarm_topic))
+        return alarm
+
+    def _alarms(self, groups: Sequence[autoscaling.AutoScalingGroup]) -> list[cw.Alarm]:
+        alarms = [
+            self._alarm("NodeUnhealthy", self.metric(names.METRIC_UNHEALTHY_NODES, "Maximum"),
+                        f"A node of cluster {self.cluster_id} fails its health checks",
+                        threshold=1, periods=2),
+            self._alarm("JobRestartingRepeatedly",
+                        self.metric(names.METRIC_JOB_RESTARTS, "Sum", Duration.hours(1)),
+                        f"Jobs of cluster {self.cluster_id} restarted "
+                        f"{RESTARTS_PER_HOUR_ALARM} or more times within an hour",
+                        threshold=RESTARTS_PER_HOUR_ALARM),
+            self._alarm("GpusIdleWhileJobRuns", cw.MathExpression(
+                expression=f"IF(jobs > 0 AND gpu < {IDLE_GPU_PERCENT}, 1, 0)",
+                using_metrics={"jobs": self.metric(names.METRIC_JOBS_RUNNING, "Maximum"),
+                               "gpu": self.metric(names.METRIC_GPU_UTILIZATION)},
+                label="GPUs idle while a job runs", period=PERIOD),
+                f"A job runs on cluster {self.cluster_id} but its GPUs stayed below "
+                f"{IDLE_GPU_PERCENT}% for {IDLE_GPU_MINUTES} minutes",
+                threshold=1, periods=IDLE_GPU_MINUTES),
+        ]
+        for i, group in enumerate(groups):
+            missing = cw.MathExpression(
+                expression="desired - inservice",
+                using_metrics={"desired": self.group_metric(group, "GroupDesiredCapacity"),
+                               "inservice": self.group_metric(group, "GroupInServiceInstances")},
+                label="instances missing", period=PERIOD)
+            alarms.append(self._alarm(
+                f"NodesMissing{i + 1}", missing,
+                f"A node group of cluster {self.cluster_id} had fewer instances in service "
+                f"than desired for {MISSING_NODES_MINUTES} minutes",
+                threshold=1, periods=MISSING_NODES_MINUTES))
+        return alarms
+
+    # -- dashboard -----------------------------------------------------------------------
+    def _dashboard(self, groups: Sequence[autoscaling.AutoScalingGroup]) -> cw.Dashboard:
+        board = cw.Dashboard(self, "Dashboard", dashboard_name=dashboard_name(self.cluster_id),
+                             default_interval=Duration.hours(3))
+        size = [self.group_metric(g, m) for g in groups
+                for m in ("GroupDesiredCapacity", "GroupInServiceInstances",
+                          "GroupPendingInstances", "GroupTerminatingInstances")]
+        board.add_widgets(
+            cw.GraphWidget(title="Cluster size (Auto Scaling groups)", left=size, width=12),
+            cw.GraphWidget(title="Unhealthy nodes", width=12,
+                           left=[self.metric(names.METRIC_UNHEALTHY_NODES, "Maximum")]))
+        board.add_widgets(
+            cw.GraphWidget(title="GPU utilisation per node (%)", width=24,
+                           left=[self.per_node(names.METRIC_GPU_UTILIZATION, "")],
+                           left_y_axis=cw.YAxisProps(min=0, max=100)))
+        board.add_widgets(
+            cw.GraphWidget(title="Jobs running", width=12,
+                           left=[self.metric(names.METRIC_JOBS_RUNNING, "Maximum")]),
+            cw.GraphWidget(title="Job restarts", width=12,
+                           left=[self.metric(names.METRIC_JOB_RESTARTS, "Sum")]))
+        board.add_widgets(cw.AlarmStatusWidget(title="Alarms", alarms=self.alarms, width=24))
+        return board

@@ -1,0 +1,106 @@
+"""``AWS::CloudWatch::Alarm`` for moto's CloudFormation (part of ``emulator.moto_cloudformation``).
+
+moto 5.2's CloudFormation has ``AWS::CloudWatch::Dashboard`` but no alarm: it skips the type
+with a warning, and a template whose dashboard shows an alarm (``Fn::GetAtt [Alarm, Arn]``)
+then fails to deploy ("references undefined resource"). CloudFormation creates the alarm
+with PutMetricAlarm's fields and returns its ``Arn``
+(https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-cloudwatch-alarm.html);
+the emulator does the same through moto's own CloudWatch backend, so DescribeAlarms lists
+the stack's alarms (metric alarms and metric-math alarms with their queries) as on AWS.
+moto evaluates no alarm (docs/emulator.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+
+def _queries(metrics: list[dict[str, Any]] | None) -> list[Any] | None:
+    """The template's ``Metrics`` (MetricDataQuery properties) as moto's query objects."""
+    if not metrics:
+        return None
+    from moto.cloudwatch.models import Dimension, Metric, MetricDataQuery, MetricStat
+
+    out = []
+    for q in metrics:
+        stat = None
+        if "MetricStat" in q:
+            s = q["MetricStat"]
+            m = s["Metric"]
+            stat = MetricStat(Metric(m.get("MetricName", ""), m.get("Namespace", ""),
+                                     [Dimension(d["Name"], d["Value"])
+                                      for d in m.get("Dimensions", [])]),
+                              s.get("Period"), s.get("Stat", ""), s.get("Unit"))
+        out.append(MetricDataQuery(q["Id"], q.get("Label", ""), q.get("Period"),
+                                   str(q.get("ReturnData", True)).lower(),
+                                   expression=q.get("Expression"), metric_stat=stat))
+    return out
+
+
+def alarm_model() -> type:
+    """The model class; defining it registers it (moto lists CloudFormationModel's
+    subclasses by their ``cloudformation_type``)."""
+    from moto.cloudwatch.models import cloudwatch_backends
+    from moto.core.common_models import CloudFormationModel
+
+    class AlarmResource(CloudFormationModel):
+        def __init__(self, name: str, arn: str) -> None:
+            self.name = name
+            self.arn = arn
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return "AlarmName"
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "AWS::CloudWatch::Alarm"
+
+        @classmethod
+        def has_cfn_attr(cls, attr: str) -> bool:
+            return attr == "Arn"
+
+        def get_cfn_attribute(self, attribute_name: str) -> str:
+            if attribute_name == "Arn":
+                return self.arn
+            from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
+
+            raise UnformattedGetAttTemplateException()
+
+        @classmethod
+        def create_from_cloudformation_json(  # type: ignore[override]
+                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
+                region_name: str, **kwargs: Any) -> AlarmResource:
+            p = cloudformation_json["Properties"]
+            name = p.get("AlarmName") or resource_name
+            alarm = cloudwatch_backends[account_id][region_name].put_metric_alarm(
+                name=name, namespace=p.get("Namespace", ""),
+                metric_name=p.get("MetricName", ""),
+                comparison_operator=p["ComparisonOperator"],
+                evaluation_periods=int(p["EvaluationPeriods"]),
+                period=int(p.get("Period", 0) or 0), threshold=float(p.get("Threshold", 0)),
+                statistic=p.get("Statistic", ""), description=p.get("AlarmDescription", ""),
+                dimensions=[{"Name": d["Name"], "Value": d["Value"]}
+                            for d in p.get("Dimensions", [])],
+                alarm_actions=list(p.get("AlarmActions", [])),
+                metric_data_queries=_queries(p.get("Metrics")),
+                datapoints_to_alarm=p.get("DatapointsToAlarm"),
+                ok_actions=list(p.get("OKActions", [])),
+                insufficient_data_actions=list(p.get("InsufficientDataActions", [])),
+                actions_enabled=bool(p.get("ActionsEnabled", True)),
+                treat_missing_data=p.get("TreatMissingData"))
+            return cls(name, alarm.alarm_arn)
+
+        @classmethod
+        def delete_from_cloudformation_json(  # type: ignore[override]
+                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
+                region_name: str) -> None:
+            with contextlib.suppress(Exception):  # already gone: nothing to delete
+                cloudwatch_backends[account_id][region_name].delete_alarms([resource_name])
+
+        @property
+        def physical_resource_id(self) -> str:
+            return self.name
+
+    return AlarmResource

@@ -8,7 +8,6 @@ import jsii
 from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
@@ -22,6 +21,7 @@ from constructs_lib.capacity_adjuster import (
     grant_elastic_control,
 )
 from constructs_lib.cluster_budget import ClusterBudget
+from constructs_lib.cluster_grants import grant_node_roles
 from constructs_lib.cluster_settings import (
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
@@ -34,7 +34,7 @@ from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
 from constructs_lib.job_role import JobRole, late_role_arn
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
-from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup, grant_node_access
+from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
 from constructs_lib.observability import DEFAULT_LOG_RETENTION_DAYS, ClusterObservability
 from constructs_lib.operator_access import OperatorAccess
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
@@ -475,35 +475,10 @@ class DeepLearningCluster(Construct):
         if idle_stop:
             grant_idle_stop(self, self.master_group.role, cluster_id=self.cluster_id,
                             min_workers=min_workers)
-        # The health gate on the master (dl-health --deep, before each managed attempt)
-        # compares each node's GPUs with what EC2 says its instance type has.
-        self.master_group.role.add_to_principal_policy(iam.PolicyStatement(
-            sid="GpuCountsOfInstanceTypes", actions=["ec2:DescribeInstanceTypes"],
-            resources=["*"]))  # no resource-level permissions for this Describe API
-        # The job controller prices each job's nodes for its cost ledger (bootstrap_scripts/ops/
-        # prices.py): the Price List and the Spot price history, read-only, no resource ARNs.
-        self.master_group.role.add_to_principal_policy(iam.PolicyStatement(
-            sid="PricesOfJobNodes",
-            actions=["pricing:GetProducts", "ec2:DescribeSpotPriceHistory"], resources=["*"]))
-        # Only the master consumes the master queue: a worker that could receive or delete
-        # there could swallow what the master must learn (docs/security.md).
-        self.queues.grant_agent_access(self.master_group.role)
-        self.queues.grant_lost_notifications_read(self.master_group.role)
-        # Only the master signs the membership; every node checks the master's signature.
-        self.membership_key.grant(self.master_group.role, "kms:Sign")
-        for group in (self.master_group, self.worker_group):
-            self.membership_key.grant(group.role, "kms:Verify")
-        for group in (self.master_group, self.worker_group):
-            grant_node_access(group.role, node_scripts=self.node_scripts,
-                              file_system=self.file_system)
-            # The subscription must exist before the first launch notification is sent, and
-            # nodes boot only once EFS has a mount target to mount.
-            group.auto_scaling_group.node.add_dependency(
-                self.capacity_adjuster, self.file_system.mount_targets_available)
-        # As in the original: workers are created after the master group.
-        self.worker_group.auto_scaling_group.node.add_dependency(
-            self.master_group.auto_scaling_group
-        )
+        grant_node_roles(master=self.master_group, workers=self.worker_group,
+                         queues=self.queues, membership_key=self.membership_key,
+                         node_scripts=self.node_scripts, file_system=self.file_system,
+                         capacity_adjuster=self.capacity_adjuster)
 
         self.wait_condition = CfnWaitCondition(
             self,

@@ -1,0 +1,67 @@
+"""The job controller's metrics (bootstrap_scripts/jobs/controller/metrics.py): JobsRunning
+and JobRestarts as EMF lines, written when they change and at least once a minute."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bootstrap_scripts import metric_names as names
+from bootstrap_scripts import metrics_emf
+from bootstrap_scripts.jobs.controller.metrics import (
+    REPEAT_SECONDS,
+    ControllerMetrics,
+    Seen,
+    decide,
+)
+
+
+@pytest.mark.parametrize("seen,job,restarts,now,expected", [
+    (Seen(), "", 0, 0.0, (0, 0)),                              # first word: 0 running
+    (Seen("", 0, 0.0, True), "", 0, 1.0, None),                 # nothing changed
+    (Seen("", 0, 0.0, True), "", 0, REPEAT_SECONDS, (0, 0)),    # the minute's point
+    (Seen("j1", 0, 0.0, True), "j1", 0, 1.0, None),
+    (Seen("j1", 0, 0.0, True), "j1", 2, 1.0, (1, 2)),           # two restarts since
+    (Seen("j1", 3, 0.0, True), "j1", 3, 1.0, None),
+    (Seen("j1", 3, 0.0, True), "", 0, 1.0, (0, 0)),             # the job ended
+    (Seen("", 0, 0.0, True), "j2", 5, 1.0, (1, 0)),              # earlier restarts: not ours
+])
+def test_decide(seen, job, restarts, now, expected) -> None:
+    assert decide(seen, job_id=job, restarts=restarts, now=now) == expected
+
+
+def lines(root) -> list[dict]:
+    path = metrics_emf.metrics_log(root)
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_jobs_life_in_lines(tmp_path) -> None:
+    (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
+    m = ControllerMetrics(tmp_path, lambda: "c1")
+    assert m.observe(job_id="", restarts=0, now=0.0)
+    assert not m.observe(job_id="", restarts=0, now=1.0)
+    assert m.observe(job_id="j1", restarts=1, now=2.0)   # resumed with 1 restart already
+    assert not m.observe(job_id="j1", restarts=1, now=3.0)
+    assert m.observe(job_id="j1", restarts=2, now=4.0)   # restarted by this controller
+    assert m.observe(job_id="", restarts=0, now=5.0)
+    got = [(d[names.METRIC_JOBS_RUNNING], d[names.METRIC_JOB_RESTARTS], d["job"])
+           for d in lines(tmp_path)]
+    assert got == [(0, 0, ""), (1, 0, "j1"), (1, 1, "j1"), (0, 0, "")]
+    doc = lines(tmp_path)[0]
+    assert doc[names.DIM_CLUSTER] == "c1"
+    assert doc["_aws"]["CloudWatchMetrics"] == [{
+        "Namespace": names.NAMESPACE, "Dimensions": [[names.DIM_CLUSTER]],
+        "Metrics": [{"Name": names.METRIC_JOBS_RUNNING, "Unit": "Count"},
+                    {"Name": names.METRIC_JOB_RESTARTS, "Unit": "Count"}]}]
+
+
+def test_no_cluster_id_or_no_file_writes_nothing_and_retries(tmp_path) -> None:
+    cluster = {"id": ""}
+    m = ControllerMetrics(tmp_path, lambda: cluster["id"])
+    assert not m.observe(job_id="j1", restarts=0, now=0.0)
+    cluster["id"] = "c1"
+    assert not m.observe(job_id="j1", restarts=0, now=1.0)  # no var/log/dl-cluster yet
+    (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
+    assert m.observe(job_id="j1", restarts=0, now=2.0)
+    assert [d[names.METRIC_JOBS_RUNNING] for d in lines(tmp_path)] == [1]

@@ -3,9 +3,10 @@ and the log sources every node ships to the cluster's log group.
 
 Both sides read this module: the stack (``constructs_lib/observability.py``: the dashboard,
 the alarms, the node role's permission) and the nodes (the installer's CloudWatch agent
-configuration, ``bootstrap_scripts/agent/cloudwatch_config.py``; whatever publishes the
-GPU and job metrics). It imports nothing, so runtime code and constructs can share it
-without either importing the other's libraries. README "Observability" lists the names.
+configuration, ``bootstrap_scripts/agent/cloudwatch_config.py``; the EMF lines of the
+executor's GPU sampler and the controller's job metrics, ``bootstrap_scripts/metrics_emf.py``).
+It imports nothing, so runtime code and constructs can share it without either importing
+the other's libraries. README "Observability" lists the names.
 """
 
 from __future__ import annotations

@@ -45,6 +45,15 @@ METRIC_GPU_ECC_UNCORRECTED = "GPUEccErrorsUncorrected"
 #: GPUs of the node with retired memory pages waiting for a GPU reset (a count).
 METRIC_GPU_RETIRED_PAGES_PENDING = "GPURetiredPagesPending"
 
+# Per job (ClusterId, JobId), from the ranks' progress files (``bootstrap_scripts.progress``)
+# as the job controller reads them: written only while some rank's step moves.
+#: The ranks' mean time per step, in seconds.
+METRIC_STEP_TIME = "StepTime"
+#: The ranks' own rates summed: the job's samples per second.
+METRIC_SAMPLES_PER_SECOND = "SamplesPerSecond"
+#: The ranks' mean reported loss (unit None).
+METRIC_LOSS = "Loss"
+
 #: The log sources of a node: the stream of each is ``<instance-id>/<source>``.
 SOURCE_AGENT = "agent"
 SOURCE_EXECUTOR = "executor"

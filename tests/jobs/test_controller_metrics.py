@@ -10,11 +10,14 @@ import pytest
 from bootstrap_scripts import metric_names as names
 from bootstrap_scripts import metrics_emf
 from bootstrap_scripts.jobs.controller.metrics import (
+    PROGRESS_SECONDS,
     REPEAT_SECONDS,
     ControllerMetrics,
     Seen,
     decide,
+    progress_metrics,
 )
+from bootstrap_scripts.protocol.records import RankProgress
 
 
 @pytest.mark.parametrize("seen,job,restarts,now,expected", [
@@ -65,3 +68,38 @@ def test_no_cluster_id_or_no_file_writes_nothing_and_retries(tmp_path) -> None:
     (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
     assert m.observe(job_id="j1", restarts=0, now=2.0)
     assert [d[names.METRIC_JOBS_RUNNING] for d in lines(tmp_path)] == [1]
+
+
+def ranks(step: int, **figures) -> dict[int, RankProgress]:
+    return {0: RankProgress(rank=0, step=step, time=1.0, loss=2.0, samples_per_s=100.0,
+                            step_seconds=0.5),
+            1: RankProgress(rank=1, step=step, time=1.0, **figures)}
+
+
+def test_progress_metrics_mean_step_time_summed_rate_mean_loss() -> None:
+    assert progress_metrics(ranks(7, loss=1.0, samples_per_s=50.0, step_seconds=1.5)) == {
+        names.METRIC_STEP_TIME: (1.0, "Seconds"),
+        names.METRIC_SAMPLES_PER_SECOND: (150.0, "Count/Second"),
+        names.METRIC_LOSS: (1.5, "None")}
+    # a rank without figures, or with a non-finite loss, is left out of them
+    assert progress_metrics(ranks(7, loss=float("nan"))) == {
+        names.METRIC_STEP_TIME: (0.5, "Seconds"),
+        names.METRIC_SAMPLES_PER_SECOND: (100.0, "Count/Second"),
+        names.METRIC_LOSS: (2.0, "None")}
+    assert progress_metrics({1: RankProgress(rank=1, step=3, time=1.0)}) == {}
+
+
+def test_a_progress_line_per_job_only_while_steps_move(tmp_path) -> None:
+    (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
+    m = ControllerMetrics(tmp_path, lambda: "c1")
+    assert m.observe_progress("j1", ranks(1), now=0.0)
+    assert not m.observe_progress("j1", ranks(2), now=1.0)                 # too soon
+    assert m.observe_progress("j1", ranks(2), now=PROGRESS_SECONDS)
+    assert not m.observe_progress("j1", ranks(2), now=3 * PROGRESS_SECONDS)  # no step moved
+    assert not m.observe_progress("", ranks(3), now=4 * PROGRESS_SECONDS)    # no job
+    docs = lines(tmp_path)
+    assert [d["step"] for d in docs] == [1, 2]
+    assert docs[0][names.DIM_JOB] == "j1" and docs[0][names.DIM_CLUSTER] == "c1"
+    assert docs[0]["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [
+        [names.DIM_CLUSTER, names.DIM_JOB]]
+    assert docs[0][names.METRIC_STEP_TIME] == 0.5

@@ -134,6 +134,8 @@ class Controller:
             LOG.error("cannot write the controller heartbeat: %s", exc)
         self.metrics.observe(job_id=self.job_id,  # JobsRunning, JobRestarts (metrics.py)
                              restarts=self.sup.job.restarts if self.sup else 0)
+        if self.sup is not None and self.sup.watch is not None:  # StepTime, Loss, ...
+            self.metrics.observe_progress(self.job_id, self.sup.watch.records)
 
     def check_alone(self) -> None:
         """Refuse to run beside a live controller on this instance (its heartbeat fresh and

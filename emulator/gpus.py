@@ -107,8 +107,9 @@ def _query_script(gpus: int, util_file: str) -> str:
         '{ echo "emulated nvidia-smi: only --format=csv,noheader,nounits" >&2; exit 2; }\n'
         f"  util=$(cat {util_file} 2>/dev/null); case $util in ''|*[!0-9]*) util=0 ;; esac\n"
         '  [ "$util" -le 100 ] || util=100\n'
+        "  fields=$(echo \"${1#--query-gpu=}\" | tr ',' ' ')\n"
         f"  g=0; while [ $g -lt {gpus} ]; do line=; sep=\n"
-        "  for f in $(echo \"${1#--query-gpu=}\" | tr ',' ' '); do\n"
+        "  for f in $fields; do\n"
         f"    case $f in\n{cases}"
         '    *) echo "Field \\"$f\\" is not a valid field to query." >&2; exit 2 ;;\n'
         '    esac; line="$line$sep$v"; sep=", "\n'

@@ -176,3 +176,26 @@ def test_the_emulators_nvidia_smi_answers_the_samplers_query(tmp_path, monkeypat
     emulated.inject_gpu_fault(tmp_path)
     with pytest.raises(gpu_metrics.GpuQueryError, match="exited 9"):
         gpu_metrics.query()
+
+
+def test_the_executor_samples_with_the_ids_of_the_membership_it_applied(
+        tmp_path, monkeypatch) -> None:
+    from bootstrap_scripts.jobs.executor.daemon import Executor
+    from bootstrap_scripts.protocol.membership import build_membership
+    from bootstrap_scripts.protocol.paths import NodePaths
+
+    ex = Executor(tmp_path / "node", tmp_path / "efs", "127.0.0.12")
+    assert ex.identity() is None  # no membership yet: no metric
+    m = build_membership(cluster_id="c1", generation=1,
+                         master={"instance_id": "i-0mmm", "address": "127.0.0.11"},
+                         workers=[{"instance_id": "i-0www", "address": "127.0.0.12"}])
+    path = NodePaths(tmp_path / "node").membership
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(m.to_json())
+    assert ex.identity() == ("c1", "i-0www")
+    bindir = emulated.fake_nvidia_smi(tmp_path / "node" / emulated.NODE_BIN_DIR, 1)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    (tmp_path / "node/var/log/dl-cluster").mkdir(parents=True)
+    assert ex.gpu_sampler.sample_once()
+    doc = json.loads(metrics_emf.metrics_log(tmp_path / "node").read_text())
+    assert (doc["ClusterId"], doc["InstanceId"], doc["GPUUtilization"]) == ("c1", "i-0www", 0.0)

@@ -103,3 +103,22 @@ def test_a_progress_line_per_job_only_while_steps_move(tmp_path) -> None:
     assert docs[0]["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [
         [names.DIM_CLUSTER, names.DIM_JOB]]
     assert docs[0][names.METRIC_STEP_TIME] == 0.5
+
+
+def test_the_controllers_heartbeat_writes_the_job_metrics_with_the_clusters_id(tmp_path):
+    from bootstrap_scripts.jobs.controller import daemon
+    from bootstrap_scripts.protocol.membership import build_membership
+    from bootstrap_scripts.protocol.paths import NodePaths
+
+    root = tmp_path / "node"
+    ctl = daemon.Controller(root, tmp_path / "efs")
+    assert ctl.cluster_id() == ""
+    path = NodePaths(root).membership
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(build_membership(
+        cluster_id="c9", generation=1, workers=[],
+        master={"instance_id": "i-0mmm", "address": "127.0.0.11"}).to_json())
+    (root / "var/log/dl-cluster").mkdir(parents=True)
+    ctl.beat(force=True)
+    assert [(d[names.DIM_CLUSTER], d[names.METRIC_JOBS_RUNNING]) for d in lines(root)] == [
+        ("c9", 0)]

@@ -3,9 +3,10 @@ and the log sources every node ships to the cluster's log group.
 
 Both sides read this module: the stack (``constructs_lib/observability.py``: the dashboard,
 the alarms, the node role's permission) and the nodes (the installer's CloudWatch agent
-configuration, ``bootstrap_scripts/agent/cloudwatch_config.py``; whatever publishes the
-GPU and job metrics). It imports nothing, so runtime code and constructs can share it
-without either importing the other's libraries. README "Observability" lists the names.
+configuration, ``bootstrap_scripts/agent/cloudwatch_config.py``; the EMF lines of the
+executor's GPU sampler and the controller's job metrics, ``bootstrap_scripts/metrics_emf.py``).
+It imports nothing, so runtime code and constructs can share it without either importing
+the other's libraries. README "Observability" lists the names.
 """
 
 from __future__ import annotations
@@ -30,13 +31,40 @@ METRIC_JOB_RESTARTS = "JobRestarts"
 #: Per cluster (ClusterId): nodes failing their health checks now (0 when all pass).
 METRIC_UNHEALTHY_NODES = "UnhealthyNodes"
 
+# Per node (ClusterId, InstanceId), from the job executor's nvidia-smi samples
+# (``bootstrap_scripts.gpu_metrics``): what a failing or overheating GPU shows first.
+#: The node's GPUs' memory in use, summed (Megabytes: nvidia-smi's MiB).
+METRIC_GPU_MEMORY_USED = "GPUMemoryUsed"
+#: The node's hottest GPU, in degrees Celsius (unit None).
+METRIC_GPU_TEMPERATURE = "GPUTemperature"
+#: The node's GPUs' power draw, summed, in watts (unit None).
+METRIC_GPU_POWER = "GPUPowerDraw"
+#: Uncorrected ECC errors of the node's GPUs since the driver loaded (volatile), summed:
+#: above 0, the GPU raised an XID 48-class error and its work may be corrupt.
+METRIC_GPU_ECC_UNCORRECTED = "GPUEccErrorsUncorrected"
+#: GPUs of the node with retired memory pages waiting for a GPU reset (a count).
+METRIC_GPU_RETIRED_PAGES_PENDING = "GPURetiredPagesPending"
+
+# Per job (ClusterId, JobId), from the ranks' progress files (``bootstrap_scripts.progress``)
+# as the job controller reads them: written only while some rank's step moves.
+#: The ranks' mean time per step, in seconds.
+METRIC_STEP_TIME = "StepTime"
+#: The ranks' own rates summed: the job's samples per second.
+METRIC_SAMPLES_PER_SECOND = "SamplesPerSecond"
+#: The ranks' mean reported loss (unit None).
+METRIC_LOSS = "Loss"
+
 #: The log sources of a node: the stream of each is ``<instance-id>/<source>``.
 SOURCE_AGENT = "agent"
 SOURCE_EXECUTOR = "executor"
 SOURCE_CONTROLLER = "controller"  # the master's only
 SOURCE_BOOTSTRAP = "bootstrap"
 SOURCE_JOBS = "jobs"
-LOG_SOURCES = (SOURCE_AGENT, SOURCE_EXECUTOR, SOURCE_CONTROLLER, SOURCE_BOOTSTRAP, SOURCE_JOBS)
+#: The metrics' EMF lines (``bootstrap_scripts.metrics_emf``), from the executor and the
+#: controller; CloudWatch Logs makes them metrics of :data:`NAMESPACE`.
+SOURCE_METRICS = "metrics"
+LOG_SOURCES = (SOURCE_AGENT, SOURCE_EXECUTOR, SOURCE_CONTROLLER, SOURCE_BOOTSTRAP, SOURCE_JOBS,
+               SOURCE_METRICS)
 
 
 def log_stream(instance_id: str, source: str) -> str:

@@ -13,7 +13,9 @@ The emulator has no agent binary, so :mod:`emulator.nodes` starts this process i
 node's process group instead when the installer wrote a configuration: it reads the SAME
 file and does the same with boto3 against moto's server, with the node's own credentials
 (the instance role, from the node's metadata endpoint) and region. Differences from the
-real agent (docs/emulator.md): every line is one event stamped with the time it was read
+real agent (docs/emulator.md): the lines it uploaded that are CloudWatch embedded metric
+format documents are also published as metrics (:mod:`emulator.emf_extract`: CloudWatch
+Logs' own work, which moto does not do); every line is one event stamped with the time it was read
 (no ``timestamp_format``, no ``multi_line_start_pattern``), ``file_path`` is one file (no
 wildcards), and the state is one offset per file under the node's root.
 
@@ -35,6 +37,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from bootstrap_scripts.agent.cloudwatch_config import collected
+from emulator import emf_extract
 
 #: PutLogEvents takes at most 10,000 events and 1,048,576 bytes (each event + 26 bytes).
 MAX_EVENTS = 10_000
@@ -47,8 +50,10 @@ READ_LIMIT = 4 * 1024 * 1024
 class Shipper:
     """One pass over every configured file: the new whole lines to their streams."""
 
-    def __init__(self, client, entries: list[dict], state_dir: Path) -> None:
+    def __init__(self, client, entries: list[dict], state_dir: Path, metrics=None) -> None:
         self.client = client
+        #: CloudWatch, for the EMF lines' metrics (None: no extraction)
+        self.metrics = metrics
         self.entries = entries
         self.state_dir = state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -130,6 +135,12 @@ class Shipper:
                 continue
             self._save(path, end)
             shipped += len(lines)
+            if self.metrics is not None:
+                try:
+                    emf_extract.publish(self.metrics, lines)
+                except (ClientError, BotoCoreError) as exc:  # the lines are in the log
+                    print(f"cloudwatch-agent: EMF metrics of {stream}: {exc}",
+                          file=sys.stderr, flush=True)
         return shipped
 
 
@@ -150,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     entries = collected(json.dumps(config))
     flush = float(config.get("logs", {}).get("force_flush_interval", 5))
     state = Path(args.state_dir)
-    client = boto3.client("logs", region_name=os.environ.get("AWS_REGION") or region())
-    shipper = Shipper(client, entries, state)
+    region_name = os.environ.get("AWS_REGION") or region()
+    client = boto3.client("logs", region_name=region_name)
+    shipper = Shipper(client, entries, state,
+                      metrics=boto3.client("cloudwatch", region_name=region_name))
     stopping = False
 
     def stop(_sig, _frame) -> None:

@@ -11,6 +11,16 @@ CPU. An emulated node gets this script first on its ``PATH``:
   GPU type looks like the machine AWS would hand out, and the health gate passes on it;
   a type without GPUs gets no script (like a machine without a driver).
 
+Readings: ``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`` (what the job
+executor's GPU metrics ask, ``bootstrap_scripts.gpu_metrics``) answers one line per GPU in
+the order asked, NVML-shaped values of a V100-SXM2-16GB (:data:`QUERY_FIELDS`): an idle GPU
+(0 %, 0 MiB used, 35 C, 40 W, no ECC error, no retired page pending) unless the file
+``<node root>/emulator/gpu-utilization`` (:func:`set_gpu_utilization`) holds a percent,
+which then drives utilisation, memory, temperature and power alike on every GPU (no job
+uses a GPU here, so nothing else would). A field it does not know fails the query as
+nvidia-smi does (exit 2, ``Field "x" is not a valid field to query.``); another
+``--format`` exits 2 too.
+
 Fault hooks (how the demo's "unhealthy node" and the gate's tests break a node):
 
 - ``Node(gpu_fault=True)``: the script fails from boot, as a broken driver does
@@ -37,6 +47,25 @@ from pathlib import Path
 NODE_BIN_DIR = "usr/bin"
 #: Relative to a node's root: while this file exists, the node's stand-in nvidia-smi fails.
 GPU_FAULT_FILE = "emulator/gpu-fault"
+#: Relative to a node's root: a percent (an integer) the stand-in reports as every GPU's
+#: utilisation.
+GPU_UTILIZATION_FILE = "emulator/gpu-utilization"
+#: The ``--query-gpu`` fields the stand-in answers, and the sh expression of each value
+#: (``$g``: the GPU's index, ``$util``: the utilisation in percent).
+QUERY_FIELDS = {
+    "index": "$g",
+    "name": "Tesla V100-SXM2-16GB",
+    "uuid": "GPU-$(printf %08d $g)-emulated",
+    "utilization.gpu": "$util",
+    "utilization.memory": "$((util / 2))",
+    "memory.total": "16160",
+    "memory.used": "$((util * 120))",
+    "temperature.gpu": "$((35 + util * 40 / 100))",
+    "power.draw": "$((40 + util * 260 / 100)).00",
+    "ecc.errors.uncorrected.volatile.total": "0",
+    "ecc.errors.corrected.volatile.total": "0",
+    "retired_pages.pending": "No",
+}
 DRIVER_FAILURE = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
                   "driver. Make sure that the latest NVIDIA driver is installed and running.")
 
@@ -60,11 +89,42 @@ def fake_nvidia_smi(directory: Path, gpus: int, *, fault: bool = False,
                         for g in range(gpus))
         check = f"if [ -e {shlex.quote(str(fault_file))} ]; then\n{fail}fi\n" \
             if fault_file else ""
-        body = f"{check}[ \"$1\" = -L ] || exit 9\nprintf '{lines}'\n"
+        util_file = shlex.quote(str(Path(str(fault_file).removesuffix(GPU_FAULT_FILE))
+                                    / GPU_UTILIZATION_FILE)) if fault_file else "/nonexistent"
+        body = f"{check}case \"$1\" in\n-L) printf '{lines}' ;;\n" \
+               f"--query-gpu=*) {_query_script(gpus, util_file)} ;;\n*) exit 9 ;;\nesac\n"
     script = directory / "nvidia-smi"
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return directory
+
+
+def _query_script(gpus: int, util_file: str) -> str:
+    """The sh of a ``--query-gpu`` answer (see the module docstring)."""
+    cases = "".join(f"    {field}) v=\"{value}\" ;;\n" for field, value in QUERY_FIELDS.items())
+    return (
+        '[ "$2" = --format=csv,noheader,nounits ] || '
+        '{ echo "emulated nvidia-smi: only --format=csv,noheader,nounits" >&2; exit 2; }\n'
+        f"  util=$(cat {util_file} 2>/dev/null); case $util in ''|*[!0-9]*) util=0 ;; esac\n"
+        '  [ "$util" -le 100 ] || util=100\n'
+        "  fields=$(echo \"${1#--query-gpu=}\" | tr ',' ' ')\n"
+        f"  g=0; while [ $g -lt {gpus} ]; do line=; sep=\n"
+        "  for f in $fields; do\n"
+        f"    case $f in\n{cases}"
+        '    *) echo "Field \\"$f\\" is not a valid field to query." >&2; exit 2 ;;\n'
+        '    esac; line="$line$sep$v"; sep=", "\n'
+        '  done; echo "$line"; g=$((g + 1)); done')
+
+
+def set_gpu_utilization(root: Path, percent: int) -> Path:
+    """From now on the stand-in nvidia-smi of the node at ``root`` reports ``percent``
+    (0-100) as every GPU's utilisation (see the module docstring); returns the file."""
+    if not 0 <= percent <= 100:
+        raise ValueError(f"percent must be 0 to 100, got {percent}")
+    path = root / GPU_UTILIZATION_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{percent}\n")
+    return path
 
 
 def inject_gpu_fault(root: Path, reason: str = "injected by the emulator") -> Path:

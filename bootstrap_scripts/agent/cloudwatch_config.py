@@ -14,6 +14,15 @@ Every node ships its own files to the cluster's one log group, each to the strea
 ``<instance-id>/<source>`` (``bootstrap_scripts.metric_names``): the node agent's, the job
 executor's and (the master's) the job controller's output as their systemd units append it
 (:data:`LOG_DIR`), the user data's boot log, and the jobs' output this node ran. The
+Metrics travel the same way: the executor and (the master's) controller append CloudWatch
+embedded metric format lines (``bootstrap_scripts.metrics_emf``) to ``<LOG_DIR>/metrics.log``,
+shipped to ``<instance-id>/metrics`` like any file; CloudWatch Logs extracts the metrics
+from such events itself, with or without the ``x-amzn-logs-format: json/emf`` header
+(https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Generation_PutLogEvents.html).
+No ``logs.metrics_collected.emf`` section: that one makes the agent listen on a TCP/UDP
+port (25888) for EMF events sent by programs
+(https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Generation_CloudWatch_Agent.html),
+a socket any local user could write fake metrics to; a root-owned file needs none. The
 instance id is written in, not left to the agent's ``{instance_id}`` placeholder, so the
 stream names are what ``dlc logs --source cloudwatch`` looks for whoever reads them. The
 log group itself (its KMS key, its retention) is the stack's: the node role may create
@@ -34,6 +43,7 @@ from bootstrap_scripts.metric_names import (
     SOURCE_CONTROLLER,
     SOURCE_EXECUTOR,
     SOURCE_JOBS,
+    SOURCE_METRICS,
     log_stream,
 )
 
@@ -67,6 +77,7 @@ def sources(root: str | Path, *, master: bool) -> dict[str, Path]:
              if master or s != SOURCE_CONTROLLER}
     files[SOURCE_BOOTSTRAP] = Path(root) / BOOTSTRAP_LOG
     files[SOURCE_JOBS] = unit_log(root, SOURCE_JOBS)
+    files[SOURCE_METRICS] = unit_log(root, SOURCE_METRICS)  # metrics_emf.METRICS_LOG
     return files
 
 

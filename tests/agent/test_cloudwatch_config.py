@@ -9,6 +9,7 @@ import json
 import pytest
 
 from bootstrap_scripts import metric_names as names
+from bootstrap_scripts import metrics_emf
 from bootstrap_scripts.agent import cloudwatch_config, install
 from bootstrap_scripts.jobs.executor import log_mirror
 from emulator.nodes import unit_output
@@ -31,6 +32,8 @@ def test_render_is_the_agents_json_format_one_stream_per_node_and_source(tmp_pat
     assert by_stream["i-0abc/bootstrap"]["file_path"] == str(tmp_path / "var/log/dl-bootstrap.log")
     # the executor's copy of the jobs' output is the file the configuration reads
     assert by_stream["i-0abc/jobs"]["file_path"] == str(log_mirror.jobs_log(tmp_path))
+    # the metrics' EMF lines go to their own stream, from the file they are appended to
+    assert by_stream["i-0abc/metrics"]["file_path"] == str(metrics_emf.metrics_log(tmp_path))
 
 
 def test_a_worker_ships_no_controller_log(tmp_path) -> None:

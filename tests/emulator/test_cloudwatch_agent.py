@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import boto3
 import pytest
@@ -143,3 +144,31 @@ def test_dlc_logs_falls_back_to_cloudwatch_when_the_master_cannot_answer(
     code = main(["--emulator", str(state), "--stack", "c1", "logs", "j9", "--source", "efs"])
     captured = capsys.readouterr()
     assert code == 3 and captured.out == "" and "stack c1 not found" in captured.err
+
+
+def test_an_emf_line_is_shipped_to_the_metrics_stream_and_becomes_a_metric(
+        tmp_path, logs, moto_reset) -> None:
+    from bootstrap_scripts import metrics_emf
+    from bootstrap_scripts.gpu_metrics import parse
+    from bootstrap_scripts.jobs.executor.gpu_sampler import sample_line
+
+    root, config = node(tmp_path, "i-0aaa")
+    line = sample_line(parse("0, 80, 100, 60, 200.00, 0, No\n1, 40, 100, 50, 100.00, 0, No"),
+                       "c1", "i-0aaa", int(time.time() * 1000))
+    metrics_emf.append(metrics_emf.metrics_log(root), [line, "not an EMF line"])
+    cw = boto3.client("cloudwatch", endpoint_url=moto_reset, region_name=REGION)
+    shipper = Shipper(logs, cloudwatch_config.collected(config.read_text()), tmp_path / "st",
+                      metrics=cw)
+    assert shipper.ship_once() == 2
+    assert stream(logs, "i-0aaa/metrics") == [line, "not an EMF line"]
+    stats = {}
+    for dims in ([("ClusterId", "c1"), ("InstanceId", "i-0aaa")], [("ClusterId", "c1")]):
+        got = cw.get_metric_statistics(
+            Namespace="DeepLearningCluster", MetricName="GPUUtilization",
+            Dimensions=[{"Name": k, "Value": v} for k, v in dims],
+            StartTime=time.time() - 600, EndTime=time.time() + 600, Period=60,
+            Statistics=["Average"])["Datapoints"]
+        stats[len(dims)] = [(p["Average"], p["Unit"]) for p in got]
+    assert stats == {2: [(60.0, "Percent")], 1: [(60.0, "Percent")]}
+    names = {m["MetricName"] for m in cw.list_metrics(Namespace="DeepLearningCluster")["Metrics"]}
+    assert {"GPUMemoryUsed", "GPUTemperature", "GPUPowerDraw"} <= names

@@ -39,6 +39,7 @@ from bootstrap_scripts import single_instance
 from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
+from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
@@ -93,6 +94,8 @@ class Controller:
         self.last_beat = 0.0
         self.started_at = time.time()
         self.job_id = ""
+        self.sup: JobSupervisor | None = None  # the job running now (its restart count)
+        self.metrics = ControllerMetrics(root, self.cluster_id)
         env = read_node_env(NodePaths(root))
         self.address = env.get("DEEPLEARNING_NODE_ADDR", "")
         self.instance_id = env.get("DEEPLEARNING_INSTANCE_ID", "")
@@ -108,6 +111,13 @@ class Controller:
         stop, restore = idle.worker_group_actions(root, efs, self.health.client)
         self.idle = idle.IdleStop(efs, idle_seconds=idle_seconds, stop=stop, restore=restore)
 
+    def cluster_id(self) -> str:
+        """The cluster's id, from the membership this node applied ("" before there is one)."""
+        try:
+            return Membership.load(NodePaths(self.root).membership).cluster_id
+        except (OSError, ValueError):
+            return ""
+
     # -- heartbeat -------------------------------------------------------------------------
     def beat(self, state: str = "running", *, force: bool = False) -> None:
         if not force and time.monotonic() - self.last_beat < HEARTBEAT_SECONDS:
@@ -122,6 +132,10 @@ class Controller:
                 replacements=self.health.recent_marks()))
         except OSError as exc:
             LOG.error("cannot write the controller heartbeat: %s", exc)
+        self.metrics.observe(job_id=self.job_id,  # JobsRunning, JobRestarts (metrics.py)
+                             restarts=self.sup.job.restarts if self.sup else 0)
+        if self.sup is not None and self.sup.watch is not None:  # StepTime, Loss, ...
+            self.metrics.observe_progress(self.job_id, self.sup.watch.records)
 
     def check_alone(self) -> None:
         """Refuse to run beside a live controller on this instance (its heartbeat fresh and
@@ -149,7 +163,7 @@ class Controller:
                              checkpoints_url=self.checkpoints_url)
 
     def run_job(self, sup: JobSupervisor, *, reattach: bool = False) -> None:
-        self.job_id = sup.job.job_id
+        self.job_id, self.sup = sup.job.job_id, sup
         self.beat(force=True)
         try:
             sup.run(reattach=reattach)
@@ -161,7 +175,7 @@ class Controller:
         except (attempts.AttemptError, ValueError) as exc:
             self.fail(sup, exc)
         finally:
-            self.job_id = ""
+            self.job_id, self.sup = "", None
 
     def fail(self, sup: JobSupervisor, exc: Exception) -> None:
         LOG.exception("job %s: %s", sup.job.job_id, exc)

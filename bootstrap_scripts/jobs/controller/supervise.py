@@ -96,6 +96,7 @@ class JobSupervisor:
         self.dump_stacks: hangs.Dumper = self.dump_stacks_on_nodes
         #: the current attempt's ``hang`` failure once the watch judged it hung
         self.hang: Failure | None = None
+        self.watch: hangs.HangWatch | None = None  # the attempt's progress (job metrics too)
 
     # -- the record ----------------------------------------------------------------------
     def update(self, **changes: object) -> ManagedJob:
@@ -280,8 +281,8 @@ class JobSupervisor:
         pending_resume = bool(self.job.restart_log and
                               self.job.restart_log[-1].seconds_to_resume is None)
         self.hang = None
-        watch = hangs.HangWatch(jpaths, uid=self.uid, gid=self.gid,
-                                hang_timeout=self.request.run.hang_timeout)
+        watch = self.watch = hangs.HangWatch(jpaths, uid=self.uid, gid=self.gid,
+                                             hang_timeout=self.request.run.hang_timeout)
         if self.job.stragglers:
             self.update(stragglers=())
         next_look = 0.0

@@ -17,8 +17,9 @@ SIGKILL after ``grace_seconds``. Heartbeat: ``<EFS>/cluster/executors/<address>.
 
 This module is the daemon's loop; the work is in ``discovery`` (which jobs to start),
 ``shares`` (starting, supervising and stopping them), ``elastic`` (joining running elastic
-jobs), ``drain`` (leaving the cluster) and ``log_mirror`` (this node's job output, copied
-for the CloudWatch agent).
+jobs), ``drain`` (leaving the cluster), ``log_mirror`` (this node's job output, copied
+for the CloudWatch agent) and ``gpu_sampler`` (this node's GPU metrics, in a thread of
+their own).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
+from bootstrap_scripts.jobs.executor.gpu_sampler import GpuSampler
 from bootstrap_scripts.jobs.executor.job_credentials import JobCredentialStore
 from bootstrap_scripts.jobs.executor.log_mirror import LogMirror, share_sources
 from bootstrap_scripts.jobs.executor.node import ThisNode
@@ -122,6 +124,7 @@ class Executor:
         self.require_mount = require_mount
         self.shares = Shares(self.node)
         self.mirror = LogMirror(self.node.paths.root)
+        self.gpu_sampler = GpuSampler(self.node.paths.root, self.identity)
         if job_role_arn:
             self.shares.credentials = job_credential_store(root, job_role_arn)
         self.drain = Drain(self.node, self.shares)
@@ -156,6 +159,13 @@ class Executor:
                 warned = time.monotonic()
             time.sleep(POLL_SECONDS)
         return ""
+
+    def identity(self) -> tuple[str, str] | None:
+        """(cluster id, instance id) of this node from the membership it applied (None
+        before it has one that lists this node): the GPU metrics' dimensions."""
+        m = self.node.membership()
+        me = m.node_by_address(self.node.address) if m and self.node.address else None
+        return (m.cluster_id, me.instance_id) if m and me else None
 
     # -- heartbeat ---------------------------------------------------------------------
     def heartbeat(self, state: str = "running") -> None:
@@ -240,6 +250,7 @@ class Executor:
                  self.efs)
         if self.require_mount and not os.path.ismount(self.efs):
             LOG.warning("%s is not a mount point (yet); jobs will wait for it", self.efs)
+        self.gpu_sampler.start()
         pause = POLL_SECONDS
         while not self.stopping:
             # EFS full or failing: retry, but do not hammer it (nor fill the log)
@@ -250,6 +261,7 @@ class Executor:
 
     def shutdown(self) -> None:
         """Stop every running share (TERM, then KILL after its grace) before exiting."""
+        self.gpu_sampler.stop()
         with contextlib.suppress(OSError):
             self.shares.stop_all("executor stopped")
         with contextlib.suppress(OSError):

@@ -1,0 +1,152 @@
+"""The job controller's metrics: ``JobsRunning`` and ``JobRestarts`` per cluster, as EMF
+lines (``bootstrap_scripts.metrics_emf``) in the master's metrics file, which its
+CloudWatch agent ships to ``<instance-id>/metrics`` and CloudWatch Logs makes metrics of.
+
+When: at once when the running count changes or the running job was restarted, and at
+least every :data:`REPEAT_SECONDS` otherwise, so each of the dashboard's and the alarms'
+one-minute periods has a point (``JobsRunning`` is read as a Maximum, ``JobRestarts`` as
+a Sum: a repeated 0 adds nothing). The controller runs one job at a time, so
+``JobsRunning`` is 0 or 1. ``JobRestarts`` counts the restarts of the running job since
+this controller first saw it (a job a previous controller restarted starts from its count
+then: a restart is counted once, by the controller that made it).
+
+Per job (``ClusterId`` + ``JobId``): ``StepTime`` (the ranks' mean ``step_seconds``),
+``SamplesPerSecond`` (the ranks' own ``samples_per_s`` summed) and ``Loss`` (their mean
+``loss``), from the progress files the controller already reads for hangs
+(``hangs.HangWatch``: the user's files, read as the user); a line at most every
+:data:`PROGRESS_SECONDS` and only when some rank's step moved, so a hung job's graph
+stops rather than repeating its last figure. What no rank reports is left out.
+
+:func:`decide` and :func:`progress_metrics` are the pure part; :class:`ControllerMetrics`
+remembers and writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+
+from bootstrap_scripts import metric_names as names
+from bootstrap_scripts import metrics_emf
+from bootstrap_scripts.protocol.records import RankProgress
+
+LOG = logging.getLogger("dl-controller.metrics")
+
+#: The longest pause between two lines (the metrics' period is one minute).
+REPEAT_SECONDS = 50.0
+#: The shortest pause between two per-job progress lines.
+PROGRESS_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the last line said: the running job (or ""), its restart count then, when."""
+
+    job_id: str = ""
+    restarts: int = 0
+    at: float = float("-inf")
+    written: bool = False
+
+
+def decide(seen: Seen, *, job_id: str, restarts: int, now: float,
+           repeat: float = REPEAT_SECONDS) -> tuple[int, int] | None:
+    """(jobs running, new restarts) to write now, None when nothing is due."""
+    running = 1 if job_id else 0
+    new = max(0, restarts - seen.restarts) if job_id and job_id == seen.job_id else 0
+    changed = running != (1 if seen.job_id else 0) or not seen.written
+    if changed or new or now - seen.at >= repeat:
+        return running, new
+    return None
+
+
+def progress_metrics(records: Mapping[int, RankProgress]) -> dict[str, tuple[float, str]]:
+    """A job's metrics from its ranks' latest progress (non-finite figures ignored)."""
+    def known(attr: str) -> list[float]:
+        return [float(v) for r in records.values()
+                if isinstance(v := getattr(r, attr), int | float) and math.isfinite(v)]
+
+    out: dict[str, tuple[float, str]] = {}
+    if steps := known("step_seconds"):
+        out[names.METRIC_STEP_TIME] = (fmean(steps), "Seconds")
+    if rates := known("samples_per_s"):
+        out[names.METRIC_SAMPLES_PER_SECOND] = (sum(rates), "Count/Second")
+    if losses := known("loss"):
+        out[names.METRIC_LOSS] = (fmean(losses), "None")
+    return out
+
+
+class ControllerMetrics:
+    """Call :meth:`observe` from the controller's loop (its heartbeat, ~1 s)."""
+
+    def __init__(self, root: Path, cluster_id: Callable[[], str]) -> None:
+        self.path = metrics_emf.metrics_log(root)
+        self.cluster_id = cluster_id
+        self.seen = Seen()
+        self.problem = ""
+        #: the (rank, step) pairs of the last progress line, and when it was written
+        self.progress_steps: tuple[tuple[int, int], ...] = ()
+        self.progress_at = float("-inf")
+
+    def observe(self, *, job_id: str, restarts: int, now: float | None = None) -> bool:
+        """Write a line if one is due; True when written. Never raises for a file or an
+        unknown cluster: logged once, tried again next time."""
+        now = time.monotonic() if now is None else now
+        if job_id != self.seen.job_id:  # a new job: its restarts so far are not ours
+            self.seen = Seen(job_id, restarts, self.seen.at, self.seen.written
+                             and bool(job_id) == bool(self.seen.job_id))
+        due = decide(self.seen, job_id=job_id, restarts=restarts, now=now)
+        if due is None:
+            return False
+        cluster = self.cluster_id()
+        if not cluster:
+            return self._problem("the cluster id is not known yet")
+        running, new = due
+        line = metrics_emf.render(
+            namespace=names.NAMESPACE, dimension_sets=[[names.DIM_CLUSTER]],
+            dimensions={names.DIM_CLUSTER: cluster},
+            metrics={names.METRIC_JOBS_RUNNING: (running, "Count"),
+                     names.METRIC_JOB_RESTARTS: (new, "Count")},
+            timestamp_ms=int(time.time() * 1000), properties={"job": job_id})
+        try:
+            metrics_emf.append(self.path, [line])
+        except OSError as exc:
+            return self._problem(f"cannot append to {self.path}: {exc}")
+        self.seen = Seen(job_id, restarts, now, True)
+        self.problem = ""
+        return True
+
+    def observe_progress(self, job_id: str, records: Mapping[int, RankProgress], *,
+                         now: float | None = None) -> bool:
+        """The running job's progress line, if some rank's step moved since the last one
+        and :data:`PROGRESS_SECONDS` passed; True when written."""
+        now = time.monotonic() if now is None else now
+        steps = tuple(sorted((rank, r.step) for rank, r in records.items()))
+        if not job_id or not steps or steps == self.progress_steps or \
+                now - self.progress_at < PROGRESS_SECONDS:
+            return False
+        metrics = progress_metrics(records)
+        cluster = self.cluster_id() if metrics else ""
+        if not cluster:
+            return False
+        line = metrics_emf.render(
+            namespace=names.NAMESPACE, dimension_sets=[[names.DIM_CLUSTER, names.DIM_JOB]],
+            dimensions={names.DIM_CLUSTER: cluster, names.DIM_JOB: job_id}, metrics=metrics,
+            timestamp_ms=int(time.time() * 1000),
+            properties={"ranks": len(records), "step": max(s for _r, s in steps)})
+        try:
+            metrics_emf.append(self.path, [line])
+        except OSError as exc:
+            return self._problem(f"cannot append to {self.path}: {exc}")
+        self.progress_steps, self.progress_at = steps, now
+        return True
+
+    def _problem(self, text: str) -> bool:
+        if text != self.problem:
+            LOG.warning("job metrics: %s; none written until then", text)
+        self.problem = text
+        return False

@@ -4,6 +4,8 @@ each rank where the data is."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bootstrap_scripts.data.disks import Mount, choose_disk
@@ -90,6 +92,11 @@ def test_the_staging_job_runs_the_stager_once_per_node_as_the_same_request() -> 
     assert stage.command[1:] == ("-m", "bootstrap_scripts.data.stage", "s3://b-1/ds",
                                  "--shard-count", "3")
     assert stage.env["A"] == "1" and stage.cwd == "/" and not stage.data
+    # the job's checkpoint restore and mirror are around the job, not its staging job
+    mirrored = dataclasses.replace(request, checkpoint_url="s3://ck/c/u/j/",
+                                   resume_from="s3://old/c/u/j/")
+    staged = staging.stage_request(mirrored, membership(3))
+    assert (staged.checkpoint_url, staged.resume_from) == ("", "")
     with pytest.raises(RunError, match="--data does not go with --elastic"):
         staging.stage_request(RunRequest(job_id="j", command=("t",), data="s3://b-1/x",
                                          elastic=True), membership())

@@ -28,7 +28,7 @@ from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import StagingReport
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import JobResult
-from tests.support.demo import assert_nothing_left, check_common, run_demo
+from tests.support.demo import assert_nothing_left, check_common, run_demo, training_attempts
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +57,7 @@ def test_flaky_launches_are_retried_then_every_node_stages_the_dataset_and_train
 
     # -- the dataset: staged on every node, trained from -------------------------------------
     cluster = ClusterPaths(tmp_path / "work" / "efs")
-    (attempt,) = [d for d in cluster.jobs_dir.iterdir()
-                  if d.name.startswith("torchrun-") and not d.name.endswith(".stage")]
+    (attempt,) = training_attempts(cluster)
     staging = store.read_record(cluster.job(attempt.name).staging, StagingReport)
     assert staging is not None and staging.source == "s3://dl-demo-datasets/digits/"
     assert len(staging.nodes) == 3 and all(n.objects == 1 for n in staging.nodes)

@@ -34,6 +34,7 @@ from tests.support.demo import (
     node_files,
     recorded_groups,
     run_demo,
+    training_attempts,
 )
 
 pytestmark = pytest.mark.slow
@@ -71,7 +72,7 @@ def test_demo_with_a_failed_worker_launch_trains_on_every_node_that_came_up(tmp_
     assert Membership.from_json(files[0][pp.MEMBERSHIP_FILE]).generation == 1
     cluster = ClusterPaths(tmp_path / "work" / "efs")
     # the training job's one attempt (the health gate's check jobs are there too)
-    (jdir,) = [d for d in cluster.jobs_dir.iterdir() if d.name.startswith("torchrun-")]
+    (jdir,) = training_attempts(cluster)
     result = store.read_record(cluster.job(jdir.name).result, JobResult)
     assert result is not None and result.status == "succeeded"
     assert "job" in out and "succeeded on 3 node(s)" in out

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bootstrap_scripts.jobs.engine.checkpoints import FLUSH_SUFFIX, RESTORE_SUFFIX
+from bootstrap_scripts.jobs.engine.staging import STAGE_SUFFIX
 from bootstrap_scripts.procgroup import alive, pids_in_groups
 from bootstrap_scripts.protocol import paths as pp
 from bootstrap_scripts.protocol import store
@@ -130,3 +132,11 @@ def check_common(tmp_path: Path, report: dict, n_nodes: int) -> list[dict]:
     # a managed job checkpoints to <efs>/checkpoints/<user>/<job-id> (DL_CHECKPOINT_DIR)
     assert list((efs / "checkpoints").glob("*/*/latest.json"))
     return live
+
+
+def training_attempts(cluster: ClusterPaths) -> list[Path]:
+    """The demo's training attempts among the jobs on EFS (``torchrun-…``): not the engine's
+    own jobs around them (staging ``.stage``, checkpoint ``.restore`` / ``.flush``)."""
+    helpers = (STAGE_SUFFIX, RESTORE_SUFFIX, FLUSH_SUFFIX)
+    return sorted(d for d in cluster.jobs_dir.iterdir()
+                  if d.name.startswith("torchrun-") and not d.name.endswith(helpers))

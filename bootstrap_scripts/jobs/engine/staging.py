@@ -57,8 +57,10 @@ def stage_request(request: RunRequest, m: Membership) -> RunRequest:
     command = [sys.executable, "-m", "bootstrap_scripts.data.stage", request.data]
     if request.data_shard:
         command += ["--shard-count", str(len(m.nodes))]
+    # No checkpoint restore or mirror of its own: the job's are around the job, not this.
     return replace(request, job_id=job_id, command=tuple(command), launcher="each", env=env,
-                   cwd="/", python=sys.executable, data="", data_shard=False, elastic=False)
+                   cwd="/", python=sys.executable, data="", data_shard=False, elastic=False,
+                   checkpoint_url="", resume_from="")
 
 
 def stage_results(paths: JobPaths, m: Membership) -> dict[int, dict]:

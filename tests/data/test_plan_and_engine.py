@@ -93,8 +93,8 @@ def test_the_staging_job_runs_the_stager_once_per_node_as_the_same_request() -> 
                                  "--shard-count", "3")
     assert stage.env["A"] == "1" and stage.cwd == "/" and not stage.data
     # the job's checkpoint restore and mirror are around the job, not its staging job
-    mirrored = dataclasses.replace(request, checkpoint_url="s3://ck/c/u/j/",
-                                   resume_from="s3://old/c/u/j/")
+    mirrored = dataclasses.replace(request, checkpoint_url="s3://ck-bucket/c/u/j/",
+                                   resume_from="s3://old-bucket/c/u/j/")
     staged = staging.stage_request(mirrored, membership(3))
     assert (staged.checkpoint_url, staged.resume_from) == ("", "")
     with pytest.raises(RunError, match="--data does not go with --elastic"):

@@ -248,10 +248,14 @@ class JobSupervisor:
             return Failure(FailureKind.BUDGET, unpriced), time.time()
         proc = attempts.spawn(argv, run, self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
         started = time.time()
-        usage = ((*usage[:-1], dataclasses.replace(usage[-1], started_at=started)) if usage
-                 else self.budget.start(self.job, n, nodes, at=started))
+        # The record says RUNNING at once: a controller that dies from here on must find the
+        # attempt to re-attach to, never start attempt n a second time.
         self.update(state=JobState.RUNNING.value, attempt=n, world_size=len(nodes),
-                    started_at=self.job.started_at or time.time(), usage=usage)
+                    started_at=self.job.started_at or started,
+                    usage=(*usage[:-1], dataclasses.replace(usage[-1], started_at=started))
+                    if usage else self.job.usage)
+        if not usage:  # an uncapped job's nodes are priced now, off the path to its start
+            self.update(usage=self.budget.start(self.job, n, nodes, at=started))
         LOG.info("job %s: attempt %d (%s) on %d node(s), runner pid %d", self.job.job_id, n,
                  attempt_id, len(nodes), proc.pid)
         jpaths = ClusterPaths(self.efs).job(attempt_id)

@@ -107,11 +107,17 @@ def prepare_shared_dirs(efs: Path) -> list[Path]:
         path = efs / name
         with contextlib.suppress(FileExistsError):
             path.mkdir(mode=0o700)
-        st = path.lstat()
-        if st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode) and \
-                stat.S_IMODE(st.st_mode) != mode:
-            os.chmod(path, mode)
-            changed.append(path)
+        try:  # the entry itself, never what a link there points to
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # not a directory (or a link): left as it is
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+                os.fchmod(fd, mode)
+                changed.append(path)
+        finally:
+            os.close(fd)
     return changed
 
 

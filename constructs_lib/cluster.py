@@ -120,6 +120,7 @@ class DeepLearningCluster(Construct):
         budget_per_day: float | None = None,
         log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS,
         alarm_email: str | None = None,
+        cluster_users: Sequence[str] = (),
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -237,6 +238,9 @@ class DeepLearningCluster(Construct):
         :param log_retention_days: how long the cluster's log group keeps the nodes' logs
             (``ClusterObservability``). :default: 30
         :param alarm_email: an address subscribed to the alarm topic. :default: none
+        :param cluster_users: the Linux users jobs run as: one per-user Command document
+            each, the only documents the operator policy runs (``OperatorAccess``).
+            :default: ``()``, none (only the admin policy's any-user document runs)
         """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
@@ -490,7 +494,8 @@ class DeepLearningCluster(Construct):
         self.wait_condition.node.add_dependency(self.master_group.auto_scaling_group)
         # What an operator's role needs for dlc (status, jobs, scale, sessions): a managed
         # policy scoped to this cluster's tag (``operator_access.policy``).
-        self.operator_access = OperatorAccess(self, "OperatorAccess", cluster_id=self.cluster_id)
+        self.operator_access = OperatorAccess(self, "OperatorAccess", cluster_id=self.cluster_id,
+                                              cluster_users=cluster_users)
         # dlc submit --workdir: operators stage a directory, the master fetches it.
         self.workdir_staging = WorkdirStaging(self, "WorkdirStaging")
         self.workdir_staging.grant_stage(self.operator_access.policy)

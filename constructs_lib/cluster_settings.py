@@ -31,6 +31,7 @@ from constructs_lib.observability import (
     check_email,
     retention_setting,
 )
+from constructs_lib.operator_document import check_cluster_users
 from constructs_lib.setting import default_of, setting
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
 from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, MIN_NODE_BOOT_SECONDS
@@ -234,6 +235,15 @@ class ClusterSettings:
         "zero (each drained like a scale-in; the master stays), and the next `dlc submit` "
         "scales them back (\"Idle stop\"); `0`: never", validation.count, minimum=0,
         maximum=MAX_IDLE_STOP_MINUTES)
+
+    cluster_users: tuple[str, ...] = setting(
+        "clusterUsers", (), "the Linux users jobs run as (every node must have them): one "
+        "SSM Command document each, `dl-op.<cluster id>.<user>`, that submits jobs as that "
+        "user and cancels only theirs; the operator policy runs only the document named by "
+        "its caller's `dl-user` principal tag. Unset: operators run no command on the nodes, "
+        "only `AdminSessionPolicyArn` does (as any user) ([docs/security.md]"
+        "(docs/security.md), \"Operators and cluster users\")", check_cluster_users,
+        raw=True, default_doc="none", accepts="Linux user names, comma-separated, at most 100")
 
 
 #: The construct defaults that come from this description (``DeepLearningCluster``'s props).

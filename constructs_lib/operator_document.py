@@ -1,4 +1,13 @@
-"""OperatorDocument: the one SSM Command document operators may run on a cluster's nodes.
+"""OperatorDocument: the SSM Command documents operators run on a cluster's nodes.
+
+Two kinds, one design: the *any-user* document takes the job's user as its ``runAs``
+parameter (the opt-in admin policy runs it: ``dlc submit --as`` anyone), and each *per-user*
+document (``user=``, one per ``clusterUsers`` entry, named ``dl-op.<cluster id>.<user>``:
+:func:`user_document_name`) has that user written into its script and no ``runAs``
+parameter at all. The operator policy lets each operator run only the per-user document
+named by their own principal tag (``constructs_lib/operator_access.py``), because SendCommand
+has no condition on a parameter's value: an IAM policy can only choose which documents a
+principal runs, so the user must be the document's, not a parameter's.
 
 ``AWS-RunShellScript`` runs any script as root, so an operator policy that allows it is a
 root shell on every node. This document runs only the product's own commands (``dl-run``,
@@ -19,7 +28,10 @@ Why it cannot be turned into a shell, in three layers:
    pastes the value into the script);
 3. the script itself: ``dl-run`` (submitting a job) runs as the named user only, never as a
    user below UID 1000 (root and system users); ``dl-jobs``, ``dl-health`` and ``dl-scale``
-   are operator operations and run as the agent (root), so their own checks apply.
+   are operator operations and run as the agent (root), so their own checks apply. A
+   per-user document runs ``dl-jobs`` with ``DL_OPERATOR_USER=<its user>`` in the
+   environment, and ``dl-jobs cancel`` then refuses a job whose ``request.json`` is not that
+   user's (the any-user document sets nothing: an admin cancels any job).
 
 ``outputOffset`` / ``outputLimit`` read a long output in pieces below Run Command's output
 limit (GetCommandInvocation returns 24,000 characters of stdout): the command's output is
@@ -30,12 +42,18 @@ Parameter interpolation and allowedPattern:
 https://docs.aws.amazon.com/systems-manager/latest/userguide/documents-syntax-data-elements-parameters.html
 SendCommand's InvalidParameters:
 https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_SendCommand.html
+Document names (``^[a-zA-Z0-9_\\-.]{3,128}$``, no ``aws``/``amazon``/``amzn`` prefix):
+https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_CreateDocument.html
 """
 
 from __future__ import annotations
 
+import re
+
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
+
+from constructs_lib.validation import ConfigError
 
 #: The commands the document runs (the master's installed wrappers).
 COMMANDS = ("dl-run", "dl-jobs", "dl-health", "dl-scale")
@@ -56,9 +74,77 @@ TIMEOUT_PATTERN = r"^[0-9]{1,5}$"
 FIRST_USER_UID = 1000
 #: The step's name (GetCommandInvocation's PluginName).
 STEP_NAME = "runDlCommand"
+#: Per-user documents are named ``<prefix><cluster id>.<user>``. ``.`` is in neither a
+#: cluster id (:data:`CLUSTER_ID_PATTERN`) nor a Linux user name, so a name says which
+#: cluster and which user it is for and no two clusters' names can meet.
+USER_DOCUMENT_PREFIX = "dl-op."
+#: What a cluster id may be for its per-user documents' names (a stack name is one).
+CLUSTER_ID_PATTERN = r"^[A-Za-z0-9_-]+$"
+#: SSM's longest document name.
+MAX_DOCUMENT_NAME = 128
+#: dl-jobs reads this: the cluster user a per-user document acts for (cancel only theirs).
+OPERATOR_USER_ENV = "DL_OPERATOR_USER"
 
-#: The script of the document's one step; it reads the parameters as SSM_<name> variables.
-SCRIPT = [
+
+def user_document_name(cluster_id: str, user: str) -> str:
+    """The per-user document's name: the operator policy's SendCommand resource is this
+    with ``${aws:PrincipalTag/<tag>}`` for ``user``."""
+    return f"{USER_DOCUMENT_PREFIX}{cluster_id}.{user}"
+
+
+#: Most users ``clusterUsers`` lists (a document each; a stack holds at most 500 resources).
+MAX_CLUSTER_USERS = 100
+
+
+def check_cluster_users(name: str, value: object) -> tuple[str, ...]:
+    """The ``clusterUsers`` setting: Linux user names, comma-separated (context) or a list,
+    distinct, none root; ConfigError naming the setting and the value."""
+    items = value.split(",") if isinstance(value, str) else (
+        list(value) if isinstance(value, list | tuple) else [value])
+    users = tuple(str(u).strip() for u in items if str(u).strip())
+    try:
+        for user in users:
+            check_cluster_user(user)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}, got {value!r}") from None
+    twice = sorted({u for u in users if users.count(u) > 1})
+    if twice:
+        raise ConfigError(f"{name} lists {', '.join(twice)} more than once, got {value!r}")
+    if len(users) > MAX_CLUSTER_USERS:
+        raise ConfigError(f"{name} may list at most {MAX_CLUSTER_USERS} users, got "
+                          f"{len(users)}")
+    return users
+
+
+def check_cluster_user(user: str) -> str:
+    """A name a per-user document may be for: a Linux user name, not root (ValueError)."""
+    if not re.match(USER_PATTERN, user) or not user:
+        raise ValueError(f"{user!r} is not a Linux user name ([a-z_][a-z0-9_-]*, at most 32 "
+                         "characters)")
+    if user == "root":
+        raise ValueError("root: jobs never run as root; give the cluster's users")
+    return user
+
+def script(user: str | None = None) -> list[str]:
+    """The document's one step; it reads the parameters as SSM_<name> variables. ``user``:
+    the per-user document's fixed user (checked by :func:`check_cluster_user`, so it is a
+    plain word in the script); None: the any-user document's ``runAs``."""
+    if user is None:
+        who = ['user="${SSM_runAs:-}"', *_NEEDS_RUN_AS]
+        plain = ['  set -- "$SSM_command"']
+    else:
+        check_cluster_user(user)
+        who = ['user=""', f'if [ "$SSM_command" = dl-run ]; then user={user}; fi']
+        plain = [f'  set -- env {OPERATOR_USER_ENV}={user} "$SSM_command"']
+    return [*_HEAD, *who, *_SWITCH, *plain, *_TAIL]
+
+
+_NEEDS_RUN_AS = [
+    'if [ "$SSM_command" = dl-run ] && [ -z "$user" ]; then',
+    '  echo "dl-operate: dl-run needs runAs (the user the job runs as)" >&2; exit 2',
+    "fi",
+]
+_HEAD = [
     'if [ -z "${SSM_command+x}" ]; then',
     '  echo "dl-operate: this SSM Agent does not pass parameters as environment variables'
     ' (needs 3.3.2746.0 or later); refusing" >&2',
@@ -69,10 +155,8 @@ SCRIPT = [
     f'  {"|".join(COMMANDS)}) ;;',
     '  *) echo "dl-operate: not a cluster command: $SSM_command" >&2; exit 2 ;;',
     "esac",
-    'user="${SSM_runAs:-}"',
-    'if [ "$SSM_command" = dl-run ] && [ -z "$user" ]; then',
-    '  echo "dl-operate: dl-run needs runAs (the user the job runs as)" >&2; exit 2',
-    "fi",
+]
+_SWITCH = [
     'if [ -n "$user" ]; then',
     '  entry=$(getent passwd "$user") || {',
     '    echo "dl-operate: no user $user on this node (cluster users are Linux users on'
@@ -89,7 +173,8 @@ SCRIPT = [
     '  set -- "$switch" -u "$user" -- env HOME="$home" USER="$user" LOGNAME="$user"'
     ' "$SSM_command"',
     "else",
-    '  set -- "$SSM_command"',
+]
+_TAIL = [
     "fi",
     'workdir="${SSM_workdir:-}"',
     'if [ -n "$workdir" ]; then',
@@ -128,50 +213,68 @@ def _param(description: str, pattern: str, default: str, *, env: bool = True) ->
     return out
 
 
-def document_content() -> dict:
+def document_content(user: str | None = None) -> dict:
     """The document (schema 2.2): its parameters, each with an allowedPattern, and the one
-    ``aws:runShellScript`` step. Pure: the emulator's SSM Agent and the tests read it."""
+    ``aws:runShellScript`` step; with ``user``, that user's document (no ``runAs``). Pure:
+    the emulator's SSM Agent and the tests read it."""
+    params = _parameters()
+    if user is not None:
+        del params["runAs"]
+    who = "as a named user" if user is None else f"as {user} only"
     return {
         "schemaVersion": "2.2",
         "description": "Run one of the cluster's own commands (dl-run, dl-jobs, dl-health, "
-                       "dl-scale) with validated parameters; dl-run as a named user, never "
+                       f"dl-scale) with validated parameters; dl-run {who}, never "
                        "root. Not a shell.",
-        "parameters": {
-            "command": _param("dl-run, dl-jobs, dl-health or dl-scale", COMMAND_PATTERN,
-                              "dl-health"),
-            "arguments": _param("the command's arguments, separated by single spaces "
-                                f"(characters {ARGUMENT_CHARS} only)",
-                                ARGUMENTS_PATTERN, ""),
-            "runAs": _param("the Linux user dl-run runs as (uid >= 1000, never root)",
-                            USER_PATTERN, ""),
-            "workdir": _param("dl-run: a directory dlc staged, <bucket>/workdirs/<user>/"
-                              "<id>.tar.gz, fetched as root and unpacked by the user's dl-run "
-                              "into the job's directory", WORKDIR_PATTERN, ""),
-            "outputOffset": _param("print the output from this byte", NUMBER_PATTERN, "0"),
-            "outputLimit": _param("print at most this many bytes (0: all, no temp file)",
-                                  NUMBER_PATTERN, "0"),
-            "executionTimeout": _param("seconds before the command is stopped",
-                                       TIMEOUT_PATTERN, "120", env=False),
-        },
+        "parameters": params,
         "mainSteps": [{
             "action": "aws:runShellScript",
             "name": STEP_NAME,
             "precondition": {"StringEquals": ["platformType", "Linux"]},
-            "inputs": {"runCommand": SCRIPT, "timeoutSeconds": "{{ executionTimeout }}"},
+            "inputs": {"runCommand": script(user), "timeoutSeconds": "{{ executionTimeout }}"},
         }],
     }
 
 
-class OperatorDocument(Construct):
-    """The cluster's Command document (module doc); ``document_name`` is its name (the
-    name CloudFormation generates: one document per stack, no clash between clusters)."""
+def _parameters() -> dict:
+    return {
+        "command": _param("dl-run, dl-jobs, dl-health or dl-scale", COMMAND_PATTERN,
+                          "dl-health"),
+        "arguments": _param("the command's arguments, separated by single spaces "
+                            f"(characters {ARGUMENT_CHARS} only)",
+                            ARGUMENTS_PATTERN, ""),
+        "runAs": _param("the Linux user dl-run runs as (uid >= 1000, never root)",
+                        USER_PATTERN, ""),
+        "workdir": _param("dl-run: a directory dlc staged, <bucket>/workdirs/<user>/"
+                          "<id>.tar.gz, fetched as root and unpacked by the user's dl-run "
+                          "into the job's directory", WORKDIR_PATTERN, ""),
+        "outputOffset": _param("print the output from this byte", NUMBER_PATTERN, "0"),
+        "outputLimit": _param("print at most this many bytes (0: all, no temp file)",
+                              NUMBER_PATTERN, "0"),
+        "executionTimeout": _param("seconds before the command is stopped",
+                                   TIMEOUT_PATTERN, "120", env=False),
+    }
 
-    def __init__(self, scope: Construct, construct_id: str) -> None:
+
+class OperatorDocument(Construct):
+    """One of the cluster's Command documents (module doc); ``document_name`` is its name."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, user: str | None = None,
+                 name: str | None = None) -> None:
+        """
+        :param user: the cluster user the document submits jobs as (its per-user document,
+            no ``runAs`` parameter).
+            :default: none: the any-user document, whose ``runAs`` names the user
+        :param name: the document's name (a per-user document's is
+            :func:`user_document_name`, the name the operator policy allows).
+            :default: a name CloudFormation generates (one per stack, no clash)
+        """
         super().__init__(scope, construct_id)
+        self.user = user
         self.document = ssm.CfnDocument(
-            self, "Document", content=document_content(), document_type="Command",
+            self, "Document", content=document_content(user), document_type="Command",
             document_format="JSON", target_type="/AWS::EC2::Instance",
-            update_method="NewVersion")
+            update_method="NewVersion", name=name)
 
     @property
     def document_name(self) -> str:

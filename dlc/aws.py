@@ -50,11 +50,14 @@ NEXT_STEP = {
 
 
 def aws_error(exc: Exception, what: str) -> AwsError:
-    """An AWS failure as one line: the call, AWS's code and message, and the next step."""
+    """An AWS failure as one line: the call, AWS's code and message, and the next step
+    (``code`` keeps AWS's code for a caller that explains it better)."""
     code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
     msg = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
     hint = f" ({NEXT_STEP[code]})" if code in NEXT_STEP else ""
-    return AwsError(f"{what} failed: {code}: {msg}{hint}")
+    err = AwsError(f"{what} failed: {code}: {msg}{hint}")
+    err.code = code
+    return err
 
 
 def call(what: str, fn, *args, **kwargs):
@@ -209,22 +212,40 @@ def master_instance(target: Target, stack: Stack, nodes: list[Instance]) -> Inst
 # -- SSM Run Command ------------------------------------------------------------------------
 
 
-def operator_document(target: Target) -> str:
-    """The name of the stack's Command document (CloudFormation generated it; the stack's
-    resources list it), the only document the operator policy lets ``dlc`` run."""
-    docs = [r["PhysicalResourceId"] for r in stack_resources(target)
+def operator_documents(target: Target) -> list[str]:
+    """The names of the stack's Command documents (the stack's resources list them): the
+    any-user one (a name CloudFormation generated) and one per cluster user
+    (``dl-op.<cluster id>.<user>``); :func:`dlc.remote.choose_document` picks one."""
+    return [r["PhysicalResourceId"] for r in stack_resources(target)
             if r.get("ResourceType") == DOCUMENT_TYPE and r.get("PhysicalResourceId")]
-    if len(docs) != 1:
-        raise NotFound(f"stack {target.stack} has {len(docs)} SSM Command documents "
-                       f"({listing(docs)}), not the one dlc runs: was it deployed from "
-                       "this version? (dlc up)")
-    return docs[0]
 
 
 def caller_arn(target: Target) -> str:
     """The caller's ARN (GetCallerIdentity needs no permission)."""
     sts = target.client("sts")
     return call("GetCallerIdentity", sts.get_caller_identity)["Arn"]
+
+
+def principal_tag(target: Target, arn: str, key: str) -> str | None:
+    """The value of tag ``key`` of the IAM user or role behind ``arn`` (iam:ListUserTags /
+    iam:ListRoleTags, which the operator policy does not grant: None when IAM refuses, or
+    for anything else). A session tag cannot be read back at all; IAM still decides with
+    it, so this is only a guess at which document to try."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    kind, _, rest = arn.rpartition(":")[2].partition("/")  # user/[path/]name, assumed-role/R/s
+    parts = rest.split("/")
+    iam = target.client("iam")
+    try:
+        if kind == "user" and parts[-1]:
+            tags = iam.list_user_tags(UserName=parts[-1])["Tags"]
+        elif kind == "assumed-role" and len(parts) >= 2:
+            tags = iam.list_role_tags(RoleName=parts[0])["Tags"]
+        else:
+            return None
+    except (ClientError, BotoCoreError):
+        return None
+    return next((t["Value"] for t in tags if t.get("Key") == key), None)
 
 
 def send_command(target: Target, instance_id: str, document: str, parameters: dict[str, str],

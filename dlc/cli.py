@@ -111,8 +111,9 @@ def status(ctx, as_json) -> None:
                    "checkpoint) once its nodes' cost reaches USD; it ends 'budget', never "
                    "restarted (default: no cap)")
 @click.option("--as", "as_user", default=None, metavar="USER",
-              help="the cluster user the job runs as (default: your IAM identity's name, "
-                   "docs/dlc.md); never root")
+              help="the cluster user the job runs as (default: your IAM identity's dl-user "
+                   "tag, else its name, docs/dlc.md); never root. IAM decides: an operator "
+                   "may run only their own user's document")
 @click.option("--workdir", default=None, metavar="DIR",
               type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="ship this local directory (minus .gitignore/.dlcignore) to the job's "

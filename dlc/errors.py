@@ -33,6 +33,8 @@ class NotFound(DlcError):
 
 class AwsError(DlcError):
     exit_code = EXIT_AWS
+    #: AWS's error code (AccessDenied, ...), when AWS gave one
+    code = ""
 
 
 def listing(items: list[str], empty: str = "none") -> str:

@@ -15,7 +15,7 @@ from bootstrap_scripts.ops.cost import parse_usd, plain
 from dlc import aws
 from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
-from dlc.remote import Remote, check_user, user_from_arn
+from dlc.remote import Remote, caller_user, check_user
 from dlc.status import job_id, jobs_list
 from dlc.target import Target
 
@@ -79,24 +79,21 @@ def cost_cell(job: dict) -> str:
 
 
 def job_user(target: Target, as_user: str | None) -> str:
-    """``--as USER``, else the user mapped from the caller's IAM identity
-    (:func:`dlc.remote.user_from_arn`); never root."""
+    """``--as USER``, else the caller's cluster user (:func:`dlc.remote.caller_user`: their
+    ``dl-user`` principal tag, else the name mapped from their IAM identity); never root.
+    It only chooses which document dlc tries: IAM decides whether the caller may."""
     if as_user is not None:
         return check_user(as_user)
-    arn = aws.caller_arn(target)
-    user = user_from_arn(arn)
-    if user == "root":
-        raise UsageError(f"your IAM identity {arn} maps to the user root, which jobs never "
-                         "run as: give --as USER")
-    return check_user(user)
+    return caller_user(target)
 
 
 def submit(remote: Remote, argv: list[str], user: str, *, workdir: str | None = None
            ) -> tuple[str, str]:
-    """``dl-run --detach`` as ``user`` on the master (the document refuses root); with
-    ``workdir`` (``<bucket>/<key>`` staged by :mod:`dlc.workdir`) the job runs in that
-    directory, unpacked into its own directory on EFS. Returns (job id, note)."""
-    return submitted(remote.json(argv, run_as=user, workdir=workdir))
+    """``dl-run --detach`` as ``user`` on the master, through ``user``'s Command document
+    (or the any-user one's ``runAs``; the document refuses root); with ``workdir``
+    (``<bucket>/<key>`` staged by :mod:`dlc.workdir`) the job runs in that directory,
+    unpacked into its own directory on EFS. Returns (job id, note)."""
+    return submitted(remote.as_user(user).json(argv, run_as=user, workdir=workdir))
 
 
 def submitted(data: object) -> tuple[str, str]:
@@ -185,6 +182,8 @@ def stream_logs(remote: Remote, jid: str, node: int | None, write: Callable[[str
 
 
 def cancel(remote: Remote, jid: str) -> str:
+    """``dl-jobs cancel`` through the caller's document: a per-user document cancels only
+    its own user's jobs (dl-jobs refuses others), the any-user one any job."""
     res = remote.run(["dl-jobs", "cancel", jid])
     if not res.ok:
         _known(remote, jid)

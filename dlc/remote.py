@@ -5,11 +5,20 @@ Why Run Command (docs/dlc.md, "The channel"): the nodes already run the SSM Agen
 role has AmazonSSMManagedInstanceCore, which Session Manager needs anyway), so no inbound
 port is opened, no SSH key is handed out, every call is authenticated by IAM and logged in
 CloudTrail, and it can be limited to this cluster's instances by their ``dl-cluster:id``
-tag. ``SendCommand`` runs the stack's Command document (constructs_lib/operator_document.py:
-one of the four commands with validated arguments, ``dl-run`` as a named user; never a
-script); ``GetCommandInvocation`` returns its exit code and output once it ends (the first
-24,000 characters of stdout, 8,000 of stderr: ``dlc logs`` asks for its output in pages
-below that, from a cursor, ``dl-jobs logs ID --cursor C``).
+tag. ``SendCommand`` runs one of the stack's Command documents
+(constructs_lib/operator_document.py: one of the four commands with validated arguments,
+``dl-run`` as the document's user; never a script); ``GetCommandInvocation`` returns its
+exit code and output once it ends (the first 24,000 characters of stdout, 8,000 of
+stderr: ``dlc logs`` asks for its output in pages below that, from a cursor,
+``dl-jobs logs ID --cursor C``).
+
+Which document (:func:`choose_document`): the per-user document of the caller's cluster
+user (``dl-op.<cluster id>.<user>``), the only kind the operator policy runs, and only the
+one its caller's ``dl-user`` principal tag names; the any-user document (``runAs``, the admin
+policy's) when the stack has no document for that user. The user is ``--as``, else the
+caller's ``dl-user`` tag when IAM lets dlc read it, else the name mapped from the caller's
+ARN (:func:`user_from_arn`). dlc only chooses which document to try: IAM decides, and a
+refusal names the user and the tag the caller would need (:func:`access_denied`).
 
 The values are checked here against the document's patterns first, so a refused argument
 is a clear usage error rather than SSM's InvalidParameters.
@@ -24,7 +33,7 @@ import time
 from dataclasses import dataclass
 
 from dlc import aws
-from dlc.errors import DlcError, UsageError
+from dlc.errors import AwsError, DlcError, NotFound, UsageError, listing
 from dlc.target import Target
 
 #: SendCommand's delivery timeout (its minimum): an agent that does not take the command
@@ -43,6 +52,50 @@ COMMANDS = ("dl-run", "dl-jobs", "dl-health", "dl-scale")
 ARGUMENT_CHARS = r"A-Za-z0-9_./:=,@%+-"
 ARGUMENT_RE = re.compile(rf"^[{ARGUMENT_CHARS}]+$")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+#: Per-user documents' names start with this (``dl-op.<cluster id>.<user>``), and the
+#: principal tag that names an operator's user (constructs_lib/operator_document.py and
+#: operator_access.py; tests/cli/test_pure.py holds them together).
+USER_DOCUMENT_PREFIX = "dl-op."
+USER_TAG = "dl-user"
+ACCESS_DENIED = ("AccessDenied", "AccessDeniedException")
+
+
+def document_user(name: str) -> str | None:
+    """The user of a per-user document's name; None for the any-user document."""
+    if not name.startswith(USER_DOCUMENT_PREFIX) or "." not in name[len(USER_DOCUMENT_PREFIX):]:
+        return None
+    return name.rpartition(".")[2] or None
+
+
+def choose_document(documents: list[str], user: str) -> str:
+    """``user``'s per-user document if the stack has one, else the any-user document (the
+    admin policy's), else NotFound naming the users that have one."""
+    for name in documents:
+        if document_user(name) == user:
+            return name
+    anyone = [d for d in documents if document_user(d) is None]
+    if len(anyone) == 1:
+        return anyone[0]
+    users = sorted(u for u in map(document_user, documents) if u)
+    raise NotFound(f"the stack has no Command document for the cluster user {user} (users "
+                   f"with one: {listing(users)}; clusterUsers lists them) and "
+                   f"{len(anyone)} any-user documents: was it deployed from this version? "
+                   "(dlc up)")
+
+
+def access_denied(document: str, user: str) -> str:
+    """What to do when IAM refused SendCommand with ``document`` (run for ``user``)."""
+    if document_user(document) is not None:
+        return (f"IAM refused to run {document}, the Command document of the cluster user "
+                f"{user}: the operator policy (OperatorPolicyArn) runs only the document of "
+                f"your own cluster user, named by your IAM identity's {USER_TAG} tag; acting "
+                f"as {user} needs the tag {USER_TAG}={user} on your IAM user or role (or as "
+                "a session tag), set by an administrator; dlc submit --as USER picks "
+                "another user's document, which IAM refuses likewise")
+    return (f"IAM refused to run {document}, the any-user Command document: the cluster has "
+            f"no document of its own for the user {user} (clusterUsers), and the any-user "
+            "one is the admin policy's (AdminSessionPolicyArn). Ask an administrator to add "
+            f"{user} to clusterUsers and tag your IAM identity {USER_TAG}={user}")
 
 
 def document_parameters(argv: list[str], *, timeout: int, run_as: str | None = None,
@@ -111,21 +164,47 @@ class Result:
         return (self.stderr.strip() or self.stdout.strip())[-2000:]
 
 
+def caller_user(target: Target) -> str:
+    """The cluster user the caller acts as: their ``dl-user`` principal tag if IAM lets dlc
+    read it, else the name mapped from their ARN (:func:`user_from_arn`); never root."""
+    arn = aws.caller_arn(target)
+    tagged = aws.principal_tag(target, arn, USER_TAG)
+    user = tagged or user_from_arn(arn)
+    if user == "root":
+        raise UsageError(f"your IAM identity {arn} maps to the user root, which jobs never "
+                         "run as: give --as USER")
+    return check_user(user)
+
+
 class Remote:
     """Runs commands on one instance (the master) and waits for their result."""
 
     def __init__(self, target: Target, instance_id: str, *, poll: float = 0.25,
-                 document: str | None = None) -> None:
+                 document: str | None = None, user: str | None = None) -> None:
         self.target = target
         self.instance_id = instance_id
         self.poll = poll
         self._document = document
+        self._user = user
+
+    @property
+    def user(self) -> str:
+        """The cluster user whose document runs the commands (:func:`caller_user` unless
+        given; looked up once)."""
+        if self._user is None:
+            self._user = caller_user(self.target)
+        return self._user
+
+    def as_user(self, user: str) -> Remote:
+        """The same master through ``user``'s document (``dlc submit --as``)."""
+        return Remote(self.target, self.instance_id, poll=self.poll,
+                      user=check_user(user))
 
     @property
     def document(self) -> str:
-        """The stack's Command document (looked up once)."""
+        """The Command document for :attr:`user` (:func:`choose_document`, looked up once)."""
         if self._document is None:
-            self._document = aws.operator_document(self.target)
+            self._document = choose_document(aws.operator_documents(self.target), self.user)
         return self._document
 
     def run(self, argv: list[str], *, timeout: int = DEFAULT_TIMEOUT,
@@ -134,12 +213,23 @@ class Remote:
         """Run ``argv`` on the instance (as ``run_as``; with ``limit``, only bytes
         ``offset`` .. ``offset + limit`` of its output; with ``workdir``, ``dl-run`` gets
         that staged directory); waits for it to end."""
+        document = self.document
+        fixed = document_user(document)
+        if fixed is not None and run_as is not None:
+            if run_as != fixed:  # never silently run as someone else
+                raise UsageError(f"{document} runs jobs as {fixed} only, not {run_as}")
+            run_as = None  # the user is the document's; it declares no runAs
         params = document_parameters(argv, timeout=timeout, run_as=run_as, offset=offset,
                                      limit=limit, workdir=workdir)
         text = shlex.join(argv)
-        command_id = aws.send_command(self.target, self.instance_id, self.document, params,
-                                      comment=f"dlc: {text}"[:100],
-                                      delivery_timeout=DELIVERY_TIMEOUT)
+        try:
+            command_id = aws.send_command(self.target, self.instance_id, document, params,
+                                          comment=f"dlc: {text}"[:100],
+                                          delivery_timeout=DELIVERY_TIMEOUT)
+        except AwsError as exc:
+            if exc.code in ACCESS_DENIED:
+                raise AwsError(f"{access_denied(document, self.user)} ({exc})") from None
+            raise
         deadline = time.monotonic() + timeout + DELIVERY_TIMEOUT + 30
         delay = self.poll
         while True:

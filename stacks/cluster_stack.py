@@ -83,6 +83,7 @@ class DLClusterStack(Stack):
             node_boot_seconds=s.node_boot_seconds,
             log_retention_days=s.log_retention_days,
             alarm_email=s.alarm_email,
+            cluster_users=s.cluster_users,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster

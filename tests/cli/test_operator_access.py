@@ -1,10 +1,15 @@
 """The operator policy (constructs_lib/operator_access.py): exactly what dlc calls, Run
-Command only with the cluster's own document and sessions only on instances tagged with the
-cluster's id, no shell (that is the separate admin policy), and the stack outputs."""
+Command only with the caller's own per-user document (named by an IAM policy variable on
+the caller's ``dl-user`` principal tag) and sessions only on instances tagged with the
+cluster's id, no shell and no any-user document (both are the separate admin policy's), and
+the stack outputs. moto does not evaluate IAM for SSM: that IAM substitutes the principal
+tag into the document ARN is AWS's documented behaviour (docs/security.md links it); these
+tests prove the policy's shape."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import aws_cdk as cdk
 import pytest
@@ -41,12 +46,25 @@ TAG = {"StringEquals": {"ssm:resourceTag/dl-cluster:id": "c-1"}}
 CHECK = {"BoolIfExists": {"ssm:SessionDocumentAccessCheck": "true"}}
 
 
+#: The operator policy's one document: the caller's own user's, by the principal tag.
+OWN_DOCUMENT = "arn:aws:ssm:eu-west-1:123456789012:document/dl-op.c-1.${aws:PrincipalTag/dl-user}"
+
+
+def send_command_resources(s: dict[str, dict]) -> set[str]:
+    out: set[str] = set()
+    for st in s.values():
+        if "ssm:SendCommand" in ([st["Action"]] if isinstance(st["Action"], str) else
+                                 st["Action"]):
+            res = arn(st["Resource"])
+            out |= {json.dumps(r) if isinstance(r, dict) else r
+                    for r in (res if isinstance(res, list) else [res])}
+    return out
+
+
 def test_run_command_is_the_clusters_document_on_this_clusters_instances_only() -> None:
     s = statements()
-    (doc_id,) = synth().find_resources("AWS::SSM::Document")
-    assert arn(s["RunTheClusterDocumentOnly"]["Resource"]) == \
-        "arn:aws:ssm:eu-west-1:123456789012:document/" + str({"Ref": doc_id})
-    assert "Condition" not in s["RunTheClusterDocumentOnly"]
+    assert arn(s["RunOwnUsersDocumentOnly"]["Resource"]) == OWN_DOCUMENT
+    assert "Condition" not in s["RunOwnUsersDocumentOnly"]
     assert s["RunCommandOnThisClusterOnly"]["Condition"] == TAG
     assert arn(s["RunCommandOnThisClusterOnly"]["Resource"]) == \
         "arn:aws:ec2:eu-west-1:123456789012:instance/*"
@@ -68,9 +86,68 @@ def test_no_shell_for_operators() -> None:
         synth(tunnel_documents=("SSM-SessionManagerRunShell",))
 
 
+def test_operators_run_only_their_own_users_document_through_the_principal_tag() -> None:
+    """SendCommand: the per-user document the caller's dl-user tag names, and the
+    cluster's tagged instances; never the any-user document (whose runAs would let an
+    operator pick any user), whichever users the cluster has."""
+    template = synth(cluster_users=("alice", "bob"))
+    s = statements(cluster_users=("alice", "bob"))
+    assert send_command_resources(s) == {
+        OWN_DOCUMENT, "arn:aws:ec2:eu-west-1:123456789012:instance/*"}
+    documents = template.find_resources("AWS::SSM::Document")
+    (anyone,) = [k for k, d in documents.items() if "Name" not in d["Properties"]]
+    assert anyone not in json.dumps(s)
+    named = {d["Properties"]["Name"]: d["Properties"]["Content"] for d in documents.values()
+             if "Name" in d["Properties"]}
+    assert set(named) == {"dl-op.c-1.alice", "dl-op.c-1.bob"}
+    for user in ("alice", "bob"):
+        content = named[f"dl-op.c-1.{user}"]
+        assert "runAs" not in content["parameters"]  # the user is the document's own
+        script = content["mainSteps"][0]["inputs"]["runCommand"]
+        assert f'if [ "$SSM_command" = dl-run ]; then user={user}; fi' in script
+        assert f'  set -- env DL_OPERATOR_USER={user} "$SSM_command"' in script
+        assert not any("SSM_runAs" in line for line in script)
+
+
+def test_the_any_user_document_is_the_admin_policys() -> None:
+    template = synth(cluster_users=("alice",))
+    (anyone,) = [k for k, d in template.find_resources("AWS::SSM::Document").items()
+                 if "Name" not in d["Properties"]]
+    s = statements(admin=True, cluster_users=("alice",))
+    assert arn(s["RunTheAnyUserDocument"]["Resource"]) == \
+        "arn:aws:ssm:eu-west-1:123456789012:document/" + str({"Ref": anyone})
+    assert s["RunCommandOnThisClusterOnly"]["Condition"] == TAG
+    assert OWN_DOCUMENT not in send_command_resources(s)
+
+
+@pytest.mark.parametrize(("props", "message"), [
+    ({"cluster_users": ("root",)}, "cluster_users: root: jobs never run as root"),
+    ({"cluster_users": ("Alice",)}, "cluster_users: 'Alice' is not a Linux user name"),
+    ({"cluster_users": ("al", "al")}, "cluster_users names 'al' twice"),
+    ({"cluster_users": ("al",), "cluster_id": "c.1"}, "cluster_id 'c.1' may hold letters"),
+    ({"cluster_users": ("al",), "cluster_id": "c" * 120}, "the document name 'dl-op.c"),
+])
+def test_cluster_users_and_the_cluster_id_make_valid_document_names(props, message) -> None:
+    app = cdk.App()
+    stack = cdk.Stack(app, "Ops")
+    with pytest.raises(ValueError, match=re.escape(f"OperatorAccess Access: {message}")):
+        OperatorAccess(stack, "Access", **{"cluster_id": "c-1", **props})
+
+
+def test_the_stack_makes_a_document_per_cluster_user() -> None:
+    """``-c clusterUsers=alice,bob``: the stack's documents are named for its cluster id."""
+    from tests.stack.synth import cluster_template
+
+    template = cluster_template(clusterUsers="alice,bob")
+    names = sorted(d["Properties"].get("Name", "")
+                   for d in template.find_resources("AWS::SSM::Document").values())
+    assert names == ["", "dl-op.DLClusterStack.alice", "dl-op.DLClusterStack.bob"]
+
+
 def test_the_shell_is_a_separate_admin_policy() -> None:
     s = statements(admin=True)
-    assert set(s) == {"ShellsOnThisClusterOnly", "ShellsDocuments", "OwnSessionsOnly"}
+    assert set(s) == {"ShellsOnThisClusterOnly", "ShellsDocuments", "OwnSessionsOnly",
+                      "RunTheAnyUserDocument", "RunCommandOnThisClusterOnly"}
     assert s["ShellsOnThisClusterOnly"]["Condition"] == {**TAG, **CHECK}
     assert arn(s["ShellsDocuments"]["Resource"]) == \
         "arn:aws:ssm:eu-west-1:123456789012:document/SSM-SessionManagerRunShell"

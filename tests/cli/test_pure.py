@@ -227,11 +227,106 @@ def test_user_from_the_callers_arn(arn: str, user: str) -> None:
 def test_submit_defaults_to_the_callers_user_and_never_root(monkeypatch) -> None:
     monkeypatch.setattr(jobs.aws, "caller_arn",
                         lambda target: "arn:aws:sts::1:assumed-role/Ops/dana@example.com")
+    monkeypatch.setattr(jobs.aws, "principal_tag", lambda target, arn, key: None)
     assert jobs.job_user(None, None) == "dana"
     assert jobs.job_user(None, "erin") == "erin"
     monkeypatch.setattr(jobs.aws, "caller_arn", lambda target: "arn:aws:iam::1:root")
     with pytest.raises(UsageError, match="maps to the user root"):
         jobs.job_user(None, None)
+
+
+def test_the_callers_dl_user_tag_names_their_user_before_the_arn(monkeypatch) -> None:
+    asked = []
+    monkeypatch.setattr(jobs.aws, "caller_arn",
+                        lambda target: "arn:aws:sts::1:assumed-role/Ops/dana@example.com")
+    monkeypatch.setattr(jobs.aws, "principal_tag",
+                        lambda target, arn, key: asked.append(key) or "frank")
+    assert jobs.job_user(None, None) == "frank" and asked == ["dl-user"]
+    assert jobs.job_user(None, "erin") == "erin"  # --as picks the document to try
+
+
+# -- which Command document dlc runs (constructs_lib/operator_document.py) ------------------
+
+DOCS = ["DLClusterStack-OperatorAccessDocument1A2B3C-XyZ", "dl-op.DLClusterStack.alice",
+        "dl-op.DLClusterStack.bob_2"]
+
+
+def test_dlc_and_the_stack_name_per_user_documents_alike() -> None:
+    from bootstrap_scripts.jobs.cli import dl_jobs
+    from constructs_lib.operator_access import DEFAULT_USER_TAG
+    from constructs_lib.operator_document import (
+        OPERATOR_USER_ENV,
+        USER_DOCUMENT_PREFIX,
+        user_document_name,
+    )
+
+    assert (remote.USER_DOCUMENT_PREFIX, remote.USER_TAG) == (USER_DOCUMENT_PREFIX,
+                                                               DEFAULT_USER_TAG)
+    assert OPERATOR_USER_ENV == dl_jobs.OPERATOR_USER_ENV
+    for cluster, user in (("DLClusterStack", "alice"), ("c-1", "_svc"), ("a_b", "x-y")):
+        assert remote.document_user(user_document_name(cluster, user)) == user
+    assert remote.document_user(DOCS[0]) is None
+
+
+def test_dlc_picks_the_users_own_document_else_the_any_user_one() -> None:
+    assert remote.choose_document(DOCS, "alice") == "dl-op.DLClusterStack.alice"
+    assert remote.choose_document(DOCS, "bob_2") == "dl-op.DLClusterStack.bob_2"
+    assert remote.choose_document(DOCS, "carol") == DOCS[0]  # IAM decides (admin policy)
+    with pytest.raises(NotFound, match=r"no Command document for the cluster user carol "
+                                       r"\(users with one: alice, bob_2"):
+        remote.choose_document(DOCS[1:], "carol")
+
+
+class FakeAws:
+    """dlc.aws's calls a Remote makes, recorded; SendCommand refused when told to."""
+
+    def __init__(self, refuse: str = "") -> None:
+        self.sent: list[tuple[str, dict]] = []
+        self.refuse = refuse
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(remote.aws, "operator_documents", lambda target: list(DOCS))
+        monkeypatch.setattr(remote.aws, "send_command", self.send_command)
+        monkeypatch.setattr(remote.aws, "command_invocation", lambda t, c, i: {
+            "Status": "Success", "ResponseCode": 0, "StandardOutputContent": '{"job_id": "j-1"}'})
+
+    def send_command(self, target, instance_id, document, params, **kwargs) -> str:
+        if self.refuse:
+            err = errors.AwsError(f"SendCommand {document} to {instance_id} failed: "
+                                  f"{self.refuse}: not authorized")
+            err.code = self.refuse
+            raise err
+        self.sent.append((document, params))
+        return "cmd-1"
+
+
+def test_submit_goes_through_the_users_own_document_without_run_as(monkeypatch) -> None:
+    fake = FakeAws()
+    fake.install(monkeypatch)
+    master = remote.Remote(None, "i-1", poll=0, user="alice")
+    assert jobs.submit(master, ["dl-run", "--detach", "--json", "--", "true"], "alice") == (
+        "j-1", "")
+    assert jobs.submit(master, ["dl-run", "--detach", "--json", "--", "true"], "carol") == (
+        "j-1", "")
+    jobs.cancel(master, "j-1")
+    (doc_a, a), (doc_c, c), (doc_x, x) = fake.sent
+    assert doc_a == "dl-op.DLClusterStack.alice" and "runAs" not in a  # not declared there
+    assert doc_c == DOCS[0] and c["runAs"] == "carol"  # the any-user document's parameter
+    assert doc_x == "dl-op.DLClusterStack.alice" and x["arguments"] == "cancel j-1"
+    with pytest.raises(UsageError, match="runs jobs as alice only, not carol"):
+        master.run(["dl-run", "--", "true"], run_as="carol")
+
+
+@pytest.mark.parametrize(("user", "words"), [
+    ("alice", ["dl-op.DLClusterStack.alice", "dl-user=alice", "OperatorPolicyArn"]),
+    ("carol", ["any-user", "AdminSessionPolicyArn", "clusterUsers", "dl-user=carol"]),
+])
+def test_access_denied_names_the_user_and_the_tag_it_needs(monkeypatch, user, words) -> None:
+    FakeAws(refuse="AccessDeniedException").install(monkeypatch)
+    with pytest.raises(errors.AwsError) as exc:
+        remote.Remote(None, "i-1", poll=0, user=user).run(["dl-health", "--json"])
+    assert all(w in str(exc.value) for w in words), str(exc.value)
+    assert exc.value.exit_code == errors.EXIT_AWS
 
 
 # -- what the master answers ----------------------------------------------------------------

@@ -21,7 +21,12 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from constructs_lib.operator_document import COMMANDS, STEP_NAME, document_content
+from constructs_lib.operator_document import (
+    COMMANDS,
+    STEP_NAME,
+    document_content,
+    user_document_name,
+)
 from emulator import ssm_agent
 from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
 
@@ -248,3 +253,40 @@ def test_an_agent_without_environment_parameters_refuses(tmp_path: Path) -> None
     res = subprocess.run(["sh", str(script)], capture_output=True, text=True, env={
         "PATH": "/usr/bin:/bin"}, timeout=30)
     assert res.returncode == 2 and "does not pass parameters" in res.stderr
+
+
+# -- a cluster user's own document (``clusterUsers``: the user fixed in the script) ----------
+
+
+@pytest.mark.skipif(not CAN_CREATE_USERS, reason="creating a user needs root")
+def test_a_users_document_runs_dl_run_as_its_user_only_and_takes_no_run_as(machine) -> None:
+    """The emulated agent runs a per-user document as it runs the any-user one: no
+    ``runAs`` parameter (SendCommand refuses it: InvalidParameters), ``dl-run`` as the
+    document's user, the other commands as root with DL_OPERATOR_USER set for dl-jobs."""
+    endpoint, root, _ = machine
+    for name in COMMANDS:
+        tool = root / "usr/local/bin" / name
+        tool.write_text(f'#!/bin/sh\necho "{name} as $(id -un) op=${{DL_OPERATOR_USER:-}}"\n'
+                        'for a in "$@"; do echo "arg=$a"; done\n')
+        tool.chmod(0o755)
+    with cluster_user() as user, reachable(root / "usr/local/bin/dl-run"):
+        doc = ssm(endpoint).create_document(
+            Content=json.dumps(document_content(user.pw_name)),
+            Name=user_document_name("c-1", user.pw_name), DocumentType="Command",
+            DocumentFormat="JSON")["DocumentDescription"]["Name"]
+        for bad in ({"command": "dl-run", "runAs": "root"},
+                    {"command": "dl-run", "runAs": user.pw_name}):
+            with pytest.raises(ClientError) as exc:
+                ssm(endpoint).send_command(InstanceIds=[IID], DocumentName=doc,
+                                           Parameters={k: [v] for k, v in bad.items()})
+            assert exc.value.response["Error"]["Code"] == "InvalidParameters", bad
+        inv = run_doc(endpoint, doc, command="dl-run", arguments="--detach -- true")
+        assert inv["Status"] == "Success", inv["StandardErrorContent"]
+        assert inv["StandardOutputContent"].splitlines()[0] == f"dl-run as {user.pw_name} op="
+        inv = run_doc(endpoint, doc, command="dl-jobs", arguments="cancel j-1")
+        assert inv["StandardOutputContent"].splitlines() == [
+            f"dl-jobs as {getpass.getuser()} op={user.pw_name}", "arg=cancel", "arg=j-1"]
+        inv = run_doc(endpoint, doc, command="dl-run", workdir=f"bkt/workdirs/other/{'0' * 32}"
+                      ".tar.gz")
+        assert inv["ResponseCode"] == 2 and f"not under workdirs/{user.pw_name}/" in \
+            inv["StandardErrorContent"]

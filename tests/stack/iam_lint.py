@@ -184,12 +184,14 @@ ACCEPTED: tuple[Accepted, ...] = (
         "keys of an action's own row, not at its resource type's (its bundled database "
         "lists the key on the cluster resource)."),
     Accepted(
-        "RESOURCE_MISMATCH", "identity", r"OperatorAccessPolicy[0-9A-F]+\.PolicyDocument$",
+        "RESOURCE_MISMATCH", "identity",
+        r"OperatorAccess(Policy|AdminSessionPolicy)[0-9A-F]+\.PolicyDocument$",
         r'"action": "ssm:SendCommand", "required_format": "arn:\*:ssm:\*:\*:document/\*"',
         "Valid: ssm:SendCommand authorizes the document AND each target instance "
         "(https://docs.aws.amazon.com/service-authorization/latest/reference/"
-        "list_awssystemsmanager.html), so dlc's operator policy allows the cluster's own "
-        "Command document in one statement and instances tagged dl-cluster:id=<cluster> "
+        "list_awssystemsmanager.html), so dlc's operator policy allows the caller's own "
+        "per-user Command document (the admin policy the any-user one) in one statement and "
+        "instances tagged dl-cluster:id=<cluster> "
         "in another (a tag condition cannot apply to the untagged document), as AWS's "
         "tag-restricted Run Command example does (https://docs.aws.amazon.com/"
         "systems-manager/latest/userguide/sysman-rc-setting-up-cmdsec.html). parliament "

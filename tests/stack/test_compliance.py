@@ -26,7 +26,8 @@ CONTEXTS = {
         "maxWorkers": "4",
     },
     "elastic-spot": {"spotWorkers": "2", "maxWorkers": "6", "dataPrepScript": "/efs/prep.sh",
-                     "budgetPerDay": "250"},
+                     "budgetPerDay": "250",
+                     "clusterUsers": "alice,bob"},  # the per-user Command documents
 }
 
 

@@ -58,6 +58,7 @@ def test_every_documented_key_is_parsed() -> None:
         "warmPoolSize": "0",  # not with spotWorkers (tests/stack/test_warm_pool.py)
         "logRetentionDays": "90",
         "alarmEmail": "ops@example.com",
+        "clusterUsers": "alice, bob_2",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -92,6 +93,7 @@ def test_every_documented_key_is_parsed() -> None:
         budget_per_day=250.5,
         log_retention_days=90,
         alarm_email="ops@example.com",
+        cluster_users=("alice", "bob_2"),
     )
 
 
@@ -137,6 +139,10 @@ def test_every_documented_key_is_parsed() -> None:
         ("idleStopMinutes", "-1"),
         ("idleStopMinutes", "10081"),
         ("idleStopMinutes", "soon"),
+        ("clusterUsers", "root"),
+        ("clusterUsers", "Alice"),
+        ("clusterUsers", "alice,alice"),
+        ("clusterUsers", "al ice"),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:

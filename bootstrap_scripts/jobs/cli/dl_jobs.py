@@ -11,7 +11,12 @@ price, as the controller recorded them; a running attempt counts up to now.
 
 Reads EFS only (``managed/``, ``jobs/``, ``cluster/controller.json``,
 ``cluster/idle-stop.json``), so it works on any node. Exit status: 0, 1 (the job of
-``logs -f`` did not succeed), 2 (usage, unknown job).
+``logs -f`` did not succeed), 2 (usage, unknown job, another user's job).
+
+``DL_OPERATOR_USER=<user>`` in the environment (set by an operator's per-user Command
+document, ``constructs_lib/operator_document.py``, which runs dl-jobs as root): ``cancel``
+refuses a job that is not that user's. An argument could not carry it: the document appends
+the operator's own arguments, and a second option would override the first.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from bootstrap_scripts.protocol.paths import NodePaths
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: The cluster user an operator's per-user Command document acts for (its cancels only).
+OPERATOR_USER_ENV = "DL_OPERATOR_USER"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -228,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise managed.ManagedError(f"job {args.job_id} has no readable record")
             return print_show(job, args.json or args.json_show, efs)
         if args.command == "cancel":
-            print(managed.cancel(efs, args.job_id))
+            print(managed.cancel(efs, args.job_id,
+                                 for_user=os.environ.get(OPERATOR_USER_ENV) or None))
             return 0
         ranks = frozenset({args.node}) if args.node is not None else None
         if args.cursor is not None:

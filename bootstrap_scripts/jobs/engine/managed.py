@@ -172,10 +172,14 @@ def find(efs: Path, job_id: str) -> ManagedPaths:
     return paths
 
 
-def cancel(efs: Path, job_id: str) -> str:
+def cancel(efs: Path, job_id: str, *, for_user: str | None = None) -> str:
     """Ask for the job to be cancelled; the running attempt is stopped at once through its
-    own cancel file (the executors watch it). Returns what was done, for the user."""
+    own cancel file (the executors watch it). Returns what was done, for the user.
+    ``for_user``: cancel only a job of this user (:func:`check_owner`), whoever runs this
+    (an operator's per-user Command document runs it as root)."""
     paths = find(efs, job_id)
+    if for_user is not None:
+        check_owner(paths, for_user)
     job = view(paths)
     if job is not None and JobState(job.state).terminal:
         raise ManagedError(f"job {job_id} has already {job.state}: nothing to cancel")
@@ -189,6 +193,26 @@ def cancel(efs: Path, job_id: str) -> str:
             store.atomic_write(attempt.cancel, "cancelled by the user (dl-jobs cancel)\n")
         return f"cancelling job {job_id}: stopping attempt {job.attempt} on every node"
     return f"cancelled job {job_id} ({job.state if job else 'queued'}): it will not run"
+
+
+def check_owner(paths: ManagedPaths, user: str) -> None:
+    """ManagedError unless the job was submitted by ``user``: its ``request.json`` is that
+    user's file (owner from ``fstat`` of what was opened without following links, as the
+    controller decides whom the job runs as), never what the request says of itself."""
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise ManagedError(f"no user {user} on this node: cannot tell whether job "
+                           f"{paths.dir.name} is theirs") from None
+    try:
+        owner = userfiles.read_owned(paths.dir, paths.request.name).uid
+    except OSError as exc:
+        raise ManagedError(f"job {paths.dir.name}: its request cannot be read safely "
+                           f"({exc}): not cancelled for {user}") from None
+    if owner != uid:
+        raise ManagedError(f"job {paths.dir.name} is {userfiles.user_name(owner)}'s, not "
+                           f"{user}'s: {user}'s operator document cancels only {user}'s jobs "
+                           "(an administrator's cancels any)")
 
 
 def cancel_requested(paths: ManagedPaths) -> bool:

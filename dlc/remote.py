@@ -92,6 +92,10 @@ def access_denied(document: str, user: str) -> str:
                 f"as {user} needs the tag {USER_TAG}={user} on your IAM user or role (or as "
                 "a session tag), set by an administrator; dlc submit --as USER picks "
                 "another user's document, which IAM refuses likewise")
+    if not user:
+        return (f"IAM refused to run {document}, the any-user Command document (the admin "
+                "policy's, AdminSessionPolicyArn): your IAM identity names no cluster user; an "
+                f"operator needs the tag {USER_TAG}=<their user> (set by an administrator)")
     return (f"IAM refused to run {document}, the any-user Command document: the cluster has "
             f"no document of its own for the user {user} (clusterUsers), and the any-user "
             "one is the admin policy's (AdminSessionPolicyArn). Ask an administrator to add "
@@ -169,6 +173,10 @@ def caller_user(target: Target) -> str:
     read it, else the name mapped from their ARN (:func:`user_from_arn`); never root."""
     arn = aws.caller_arn(target)
     tagged = aws.principal_tag(target, arn, USER_TAG)
+    if tagged is not None and not USER_RE.match(tagged):
+        raise UsageError(f"your IAM identity {arn} has the tag {USER_TAG}={tagged!r}, which "
+                         "is not a Linux user name: give --as USER, or ask an administrator "
+                         "to fix the tag")
     user = tagged or user_from_arn(arn)
     if user == "root":
         raise UsageError(f"your IAM identity {arn} maps to the user root, which jobs never "
@@ -190,9 +198,14 @@ class Remote:
     @property
     def user(self) -> str:
         """The cluster user whose document runs the commands (:func:`caller_user` unless
-        given; looked up once)."""
+        given; looked up once). A caller with no usable user (an identity that maps to
+        root) runs the operator commands through the any-user document, "" here: only
+        ``dl-run`` needs a user, and ``dlc submit`` names one (:meth:`as_user`)."""
         if self._user is None:
-            self._user = caller_user(self.target)
+            try:
+                self._user = caller_user(self.target)
+            except UsageError:
+                self._user = ""
         return self._user
 
     def as_user(self, user: str) -> Remote:

@@ -235,6 +235,18 @@ def test_submit_defaults_to_the_callers_user_and_never_root(monkeypatch) -> None
         jobs.job_user(None, None)
 
 
+def test_an_identity_without_a_user_still_runs_operator_commands(monkeypatch) -> None:
+    """The account's root (maps to root) or a bad tag: dlc status etc. go through the
+    any-user document (IAM decides); dlc submit says to give --as."""
+    FakeAws().install(monkeypatch)
+    monkeypatch.setattr(remote.aws, "caller_arn", lambda target: "arn:aws:iam::1:root")
+    monkeypatch.setattr(remote.aws, "principal_tag", lambda target, arn, key: None)
+    assert remote.Remote(None, "i-1").document == DOCS[0]
+    monkeypatch.setattr(remote.aws, "principal_tag", lambda target, arn, key: "Not A User")
+    with pytest.raises(UsageError, match="has the tag dl-user='Not A User'"):
+        jobs.job_user(None, None)
+
+
 def test_the_callers_dl_user_tag_names_their_user_before_the_arn(monkeypatch) -> None:
     asked = []
     monkeypatch.setattr(jobs.aws, "caller_arn",
@@ -320,6 +332,7 @@ def test_submit_goes_through_the_users_own_document_without_run_as(monkeypatch) 
 @pytest.mark.parametrize(("user", "words"), [
     ("alice", ["dl-op.DLClusterStack.alice", "dl-user=alice", "OperatorPolicyArn"]),
     ("carol", ["any-user", "AdminSessionPolicyArn", "clusterUsers", "dl-user=carol"]),
+    ("", ["any-user", "AdminSessionPolicyArn", "names no cluster user", "dl-user=<their"]),
 ])
 def test_access_denied_names_the_user_and_the_tag_it_needs(monkeypatch, user, words) -> None:
     FakeAws(refuse="AccessDeniedException").install(monkeypatch)

@@ -211,8 +211,8 @@ class OperatorAccess(Construct):
     def _user_documents(self, construct_id: str, cluster_id: str,
                         users: Sequence[str]) -> dict[str, OperatorDocument]:
         """One per-user document per cluster user, named as the operator policy allows."""
-        if not Token.is_unresolved(cluster_id) and not re.match(CLUSTER_ID_PATTERN,
-                                                                 cluster_id):
+        if not Token.is_unresolved(cluster_id) and not re.fullmatch(CLUSTER_ID_PATTERN,
+                                                                     cluster_id):
             raise ValueError(f"OperatorAccess {construct_id}: cluster_id {cluster_id!r} may "
                              "hold letters, digits, _ and - only (it is part of the per-user "
                              "Command documents' names)")

@@ -79,7 +79,9 @@ STEP_NAME = "runDlCommand"
 #: cluster and which user it is for and no two clusters' names can meet.
 USER_DOCUMENT_PREFIX = "dl-op."
 #: What a cluster id may be for its per-user documents' names (a stack name is one).
-CLUSTER_ID_PATTERN = r"^[A-Za-z0-9_-]+$"
+CLUSTER_ID_PATTERN = r"[A-Za-z0-9_-]+"
+#: A per-user document's user, matched whole (``re.fullmatch``: no trailing newline).
+USER_NAME = r"[a-z_][a-z0-9_-]{0,31}"
 #: SSM's longest document name.
 MAX_DOCUMENT_NAME = 128
 #: dl-jobs reads this: the cluster user a per-user document acts for (cancel only theirs).
@@ -118,12 +120,13 @@ def check_cluster_users(name: str, value: object) -> tuple[str, ...]:
 
 def check_cluster_user(user: str) -> str:
     """A name a per-user document may be for: a Linux user name, not root (ValueError)."""
-    if not re.match(USER_PATTERN, user) or not user:
+    if not re.fullmatch(USER_NAME, user):
         raise ValueError(f"{user!r} is not a Linux user name ([a-z_][a-z0-9_-]*, at most 32 "
                          "characters)")
     if user == "root":
         raise ValueError("root: jobs never run as root; give the cluster's users")
     return user
+
 
 def script(user: str | None = None) -> list[str]:
     """The document's one step; it reads the parameters as SSM_<name> variables. ``user``:

@@ -173,7 +173,7 @@ def caller_user(target: Target) -> str:
     read it, else the name mapped from their ARN (:func:`user_from_arn`); never root."""
     arn = aws.caller_arn(target)
     tagged = aws.principal_tag(target, arn, USER_TAG)
-    if tagged is not None and not USER_RE.match(tagged):
+    if tagged is not None and not USER_RE.fullmatch(tagged):
         raise UsageError(f"your IAM identity {arn} has the tag {USER_TAG}={tagged!r}, which "
                          "is not a Linux user name: give --as USER, or ask an administrator "
                          "to fix the tag")

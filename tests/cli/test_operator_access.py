@@ -124,6 +124,9 @@ def test_the_any_user_document_is_the_admin_policys() -> None:
     ({"cluster_users": ("root",)}, "cluster_users: root: jobs never run as root"),
     ({"cluster_users": ("Alice",)}, "cluster_users: 'Alice' is not a Linux user name"),
     ({"cluster_users": ("al", "al")}, "cluster_users names 'al' twice"),
+    ({"cluster_users": ("al\n; id",)}, "cluster_users: 'al\\n; id' is not a Linux user"),
+    ({"cluster_users": ("al\n",)}, "cluster_users: 'al\\n' is not a Linux user"),
+    ({"cluster_users": ("al",), "cluster_id": "c-1\n"}, "cluster_id 'c-1\\n' may hold"),
     ({"cluster_users": ("al",), "cluster_id": "c.1"}, "cluster_id 'c.1' may hold letters"),
     ({"cluster_users": ("al",), "cluster_id": "c" * 120}, "the document name 'dl-op.c"),
 ])

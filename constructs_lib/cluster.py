@@ -496,9 +496,12 @@ class DeepLearningCluster(Construct):
         # policy scoped to this cluster's tag (``operator_access.policy``).
         self.operator_access = OperatorAccess(self, "OperatorAccess", cluster_id=self.cluster_id,
                                               cluster_users=cluster_users)
-        # dlc submit --workdir: operators stage a directory, the master fetches it.
+        # dlc submit --workdir: operators stage a directory (under their own user's prefix;
+        # administrators under any), the master fetches it.
         self.workdir_staging = WorkdirStaging(self, "WorkdirStaging")
-        self.workdir_staging.grant_stage(self.operator_access.policy)
+        self.workdir_staging.grant_stage(self.operator_access.policy,
+                                         per_user_tag=self.operator_access.user_tag)
+        self.workdir_staging.grant_stage(self.operator_access.admin_policy)
         self.workdir_staging.grant_fetch(self.master_group.role)
         # Logs in CloudWatch, the dashboard, the alarms (constructs_lib/observability.py).
         self.observability = ClusterObservability(

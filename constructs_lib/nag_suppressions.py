@@ -118,10 +118,17 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
     acknowledge_custom_resource_provider(cluster)
     staged = (f"AwsSolutions-IAM5[Resource::<{_logical_id(cluster.workdir_staging.bucket)}"
               ".Arn>/workdirs/*]")
-    _ack(cluster.operator_access.policy, staged,
+    access = cluster.operator_access
+    _ack(access.policy, staged.replace("/workdirs/*", f"/workdirs/<aws:PrincipalTag/"
+                                                      f"{access.user_tag}>/*"),
          "dlc submit --workdir uploads each directory under a new random key "
-         "(workdirs/<user>/<id>.tar.gz); operators may only put objects under workdirs/ "
-         "of the cluster's own staging bucket (no read, list or delete).")
+         "(workdirs/<user>/<id>.tar.gz); operators may only put objects under "
+         "workdirs/<their own dl-user tag>/ of the cluster's own staging bucket (no read, "
+         "list or delete).")
+    _ack(access.admin_policy, staged,
+         "Administrators submit as any cluster user (the any-user Command document), so they "
+         "may put under workdirs/ of the cluster's own staging bucket (no read, list or "
+         "delete); keys are new random ones, made by dlc.")
     _ack(cluster.master_group.role, staged,
          "The master fetches the staged directory a submit names (keys are random, made "
          "by dlc); only s3:GetObject under workdirs/ of the cluster's own staging bucket.")

@@ -11,8 +11,10 @@ rotation on), refuses plain HTTP, blocks every kind of public access, is version
 bucket-owner-enforced and logs its access to a log bucket of its own (S3 server access
 logs). Archives expire after ``expiration`` (the job has its copy on EFS), old versions
 after a day, unfinished multipart uploads after a day. Least privilege: operators may only
-put objects under ``workdirs/`` (:meth:`grant_stage`), the master may only get them
-(:meth:`grant_fetch`), and both reach the key through S3 only (``kms:ViaService``).
+put objects under ``workdirs/<their dl-user tag>/`` (:meth:`grant_stage` with
+``per_user_tag``: an IAM policy variable, as their Command document is theirs; the admin
+policy under ``workdirs/``), the master may only get them (:meth:`grant_fetch`), and both
+reach the key through S3 only (``kms:ViaService``).
 
 https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html
 https://docs.aws.amazon.com/AmazonS3/latest/userguide/mpuoverview.html (multipart uploads
@@ -74,13 +76,15 @@ class WorkdirStaging(Construct):
     def _via_s3(self) -> dict:
         return {"StringEquals": {"kms:ViaService": f"s3.{Stack.of(self).region}.amazonaws.com"}}
 
-    def grant_stage(self, policy: iam.ManagedPolicy) -> None:
+    def grant_stage(self, policy: iam.ManagedPolicy, per_user_tag: str = "") -> None:
         """Operators: put (and abort their multipart uploads of) objects under ``workdirs/``;
-        the key for that, through S3 only. No read, no list, no delete."""
+        the key for that, through S3 only. No read, no list, no delete. With
+        ``per_user_tag``, only under ``workdirs/<the caller's tag value>/``."""
+        user = f"${{aws:PrincipalTag/{per_user_tag}}}/" if per_user_tag else ""
         policy.add_statements(
             iam.PolicyStatement(
                 sid="StageWorkdirs", actions=["s3:PutObject", "s3:AbortMultipartUpload"],
-                resources=[self.bucket.arn_for_objects(f"{PREFIX}*")]),
+                resources=[self.bucket.arn_for_objects(f"{PREFIX}{user}*")]),
             iam.PolicyStatement(
                 sid="StageWorkdirsKey", actions=["kms:GenerateDataKey", "kms:Decrypt"],
                 resources=[self.key.key_arn], conditions=self._via_s3()))

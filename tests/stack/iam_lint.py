@@ -207,6 +207,16 @@ ACCEPTED: tuple[Accepted, ...] = (
         "parliament 1.6.4 matches the ARN before substituting variables and does not see the "
         "object part."),
     Accepted(
+        "RESOURCE_MISMATCH", "identity", r"OperatorAccessPolicy[0-9A-F]+\.PolicyDocument$",
+        r'"action": "s3:(AbortMultipartUpload|PutObject)", '
+        r'"required_format": "arn:\*:s3:::\*/\*"',
+        "Valid: operators stage --workdir directories under arn:aws:s3:::<staging bucket>/"
+        "workdirs/${aws:PrincipalTag/dl-user}/*, an object ARN with an IAM policy variable "
+        "(https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html, "
+        "\"Tags as policy variables\"), so each operator writes under their own user's prefix "
+        "only. parliament 1.6.4 matches the ARN before substituting variables and does not see "
+        "the object part."),
+    Accepted(
         "UNKNOWN_CONDITION_FOR_ACTION", "identity",
         r"OperatorAccess(Policy|AdminSessionPolicy)[0-9A-F]+\.PolicyDocument$",
         r"ssm:SessionDocumentAccessCheck for action ssm:StartSession",

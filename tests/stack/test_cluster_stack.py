@@ -382,7 +382,14 @@ def test_operators_stage_and_the_master_fetches_workdirs_only(template: Template
             "dlc day-2")}}).values()))
     stmts = {s.get("Sid"): s for s in operator["Properties"]["PolicyDocument"]["Statement"]}
     assert sorted(stmts["StageWorkdirs"]["Action"]) == ["s3:AbortMultipartUpload", "s3:PutObject"]
-    assert stmts["StageWorkdirs"]["Resource"]["Fn::Join"][1][-1] == "/workdirs/*"
+    assert stmts["StageWorkdirs"]["Resource"]["Fn::Join"][1][-1] == \
+        "/workdirs/${aws:PrincipalTag/dl-user}/*"  # each operator under their own user
+    admin = next(iter(t.find_resources(
+        "AWS::IAM::ManagedPolicy", {"Properties": {"Description": Match.string_like_regexp(
+            "root shell")}}).values()))
+    admin_stmts = {s.get("Sid"): s for s in admin["Properties"]["PolicyDocument"]["Statement"]}
+    assert admin_stmts["StageWorkdirs"]["Resource"]["Fn::Join"][1][-1] == "/workdirs/*"
+    assert "s3:GetObject" not in str(admin)
     assert "kms:ViaService" in str(stmts["StageWorkdirsKey"]["Condition"])
     text = str(operator)
     assert "s3:GetObject" not in text and "s3:ListBucket" not in text

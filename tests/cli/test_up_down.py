@@ -15,6 +15,7 @@ import pytest
 from dlc import aws, deploy
 from dlc.cli import main
 from dlc.errors import DlcError
+from dlc.remote import choose_document
 from dlc.target import resolve
 from emulator import deploy as dp
 
@@ -41,7 +42,7 @@ def emulated_account(moto_reset: str, tmp_path: Path, monkeypatch) -> tuple[str,
 
 def up_args(state: Path, ami: str) -> list[str]:
     return ["--emulator", str(state), "up", "--no-wait", "-c", f"vpcCidr={dp.VPC_CIDR}",
-            "-c", f"amiId={ami}", "-c", "workerCount=1"]
+            "-c", f"amiId={ami}", "-c", "workerCount=1", "-c", "clusterUsers=alice"]
 
 
 def file_systems(endpoint: str) -> set[str]:
@@ -67,6 +68,12 @@ def test_up_shows_progress_and_down_keeps_or_deletes_the_data(emulated_account, 
 
     target = resolve(emulator=str(state), environ={})
     stack = aws.describe_stack(target)
+    # clusterUsers: a document of alice's own, by the name the operator policy allows, which
+    # dlc finds in the stack and sends for alice (the any-user one for anyone else)
+    documents = aws.operator_documents(target)
+    assert "dl-op.DLClusterStack.alice" in documents and len(documents) == 2
+    assert choose_document(documents, "alice") == "dl-op.DLClusterStack.alice"
+    assert choose_document(documents, "bob") != "dl-op.DLClusterStack.alice"
     lines: list[str] = []
     nodes = deploy.wait_nodes(target, stack, lines.append, time.monotonic() + 60)
     assert {n["role"] for n in nodes} == {"master", "worker"}

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import progress
-from bootstrap_scripts.tensorboard_log import DIR_ENV as TENSORBOARD_ENV
 from bootstrap_scripts.data.checkpoint_plan import join_url
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, classify
@@ -37,6 +36,7 @@ from bootstrap_scripts.protocol.records import (
     ShareExit,
     ShareStarted,
 )
+from bootstrap_scripts.tensorboard_log import DIR_ENV as TENSORBOARD_ENV
 
 LOG = logging.getLogger("dl-controller")
 #: This package's parent directory: the attempt runner must import it whatever the user's env.

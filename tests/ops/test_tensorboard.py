@@ -81,3 +81,11 @@ def test_the_writer_is_rank_zeros_and_only_with_a_directory(monkeypatch, tmp_pat
     assert not (tmp_path / "tb").exists()
     tensorboard_log.scalars(None, 1, loss=1.0)  # a no-op without a writer
     tensorboard_log.close(None)
+
+
+def test_the_nodes_install_the_tensorboard_the_requirements_pin() -> None:
+    from constructs_lib.user_data import TENSORBOARD_REQUIREMENT
+    from tests.conftest import REPO_ROOT
+
+    pins = (Path(REPO_ROOT) / "requirements.txt").read_text().split()
+    assert TENSORBOARD_REQUIREMENT in pins

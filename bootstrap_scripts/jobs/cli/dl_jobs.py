@@ -36,7 +36,7 @@ from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.ops import cost, tensorboard_server
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
-from bootstrap_scripts.protocol.paths import NodePaths
+from bootstrap_scripts.protocol.paths import ManagedPaths, NodePaths
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -225,7 +225,7 @@ def print_page(efs: Path, args: argparse.Namespace, ranks: frozenset[int] | None
     return 0
 
 
-def serve_tensorboard(paths, args: argparse.Namespace) -> int:
+def serve_tensorboard(paths: ManagedPaths, args: argparse.Namespace) -> int:
     """``dl-jobs tensorboard``: start (or stop) the job's TensorBoard; JSON on stdout."""
     try:
         if args.stop:

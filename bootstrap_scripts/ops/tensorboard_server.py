@@ -204,8 +204,9 @@ def stop(paths: ManagedPaths) -> str:
     uid, _ = job_owner(paths)
     run_as(uid, os.geteuid())
     found = running(paths.job_id)
-    with contextlib.suppress(OSError):
-        (_state_fd_dir() / f"{paths.job_id}.json").unlink()
+    for suffix in (".json", ".log"):  # its record and its output: nothing left behind
+        with contextlib.suppress(OSError):
+            (_state_fd_dir() / f"{paths.job_id}{suffix}").unlink()
     if found is None:
         return f"no TensorBoard runs for job {paths.job_id}"
     _kill_group(found.pid)

@@ -23,6 +23,10 @@ CLOUDWATCH_AGENT_CTL = cloudwatch_config.CTL_PATH
 #: py-spy, which the job controller runs as root on every node of a hung job to dump its
 #: ranks' Python stacks (docs/runner.md, "Hangs and stragglers"); the pin of requirements.txt.
 PY_SPY_REQUIREMENT = "py-spy==0.4.2"
+#: TensorBoard: rank 0 of the example writes its scalars with it (bootstrap_scripts/
+#: tensorboard_log.py, on whichever node rank 0 lands), ``dl-jobs tensorboard`` serves them
+#: on the master; the pin of requirements.txt. Best effort: a job trains without it.
+TENSORBOARD_REQUIREMENT = "tensorboard==2.21.0"
 #: Seconds the node agent keeps retrying the EFS mount before it gives up (and the master
 #: signals FAILURE with the reason). The node groups start only after every mount target is
 #: available, so what is left to wait out is the mount target's DNS name and the instance
@@ -122,6 +126,9 @@ def render_bootstrap_commands(
         f'"$PY" -m pip show -q py-spy >/dev/null 2>&1 || retry "$PY" -m pip install -q '
         f"{PY_SPY_REQUIREMENT} || echo 'dl-bootstrap: py-spy install failed; a hung job is "
         "restarted without its stacks' >&2",
+        f'"$PY" -m pip show -q tensorboard >/dev/null 2>&1 || retry "$PY" -m pip install -q '
+        f"{TENSORBOARD_REQUIREMENT} || echo 'dl-bootstrap: tensorboard install failed; jobs "
+        "write no TensorBoard scalars' >&2",
         f"cd {NODE_LIB_DIR}",
         f'PYTHONPATH={NODE_LIB_DIR} exec "$PY" -m {INSTALL_MODULE} {args}',
     ]

@@ -285,6 +285,31 @@ def tunnel(ctx, port, node, local_port, dry_run) -> None:
                   dry_run=dry_run, echo=click.echo)
 
 
+@cli.command("tensorboard")
+@click.argument("job")
+@click.option("--local-port", type=int, default=None,
+              help="local port (default: the master's TensorBoard port, 6006 if free)")
+@click.option("--minutes", type=click.IntRange(min=1), default=120, show_default=True,
+              help="TensorBoard stops by itself after this long")
+@click.option("--stop", is_flag=True, help="stop the job's TensorBoard on the master")
+@click.option("--dry-run", is_flag=True,
+              help="start TensorBoard, print the port forwarding command instead of running it")
+@click.pass_context
+def tensorboard_cmd(ctx, job, local_port, minutes, stop, dry_run) -> None:
+    """The job's TensorBoard: started on the master as the job's user (127.0.0.1 only), and
+    localhost:LOCAL-PORT forwarded to it (AWS-StartPortForwardingSession, as dlc tunnel)."""
+    from dlc import tensorboard
+
+    if local_port is not None:
+        session.check_ports(local_port, local_port)  # before any AWS call
+    remote = remote_of(ctx)
+    if stop:
+        click.echo(tensorboard.stop_board(remote, job))
+        return
+    tensorboard.open_board(target_of(ctx), remote, job, minutes=minutes, local_port=local_port,
+                           dry_run=dry_run, echo=click.echo)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console script: runs the command, turns every failure into a message and an
     exit code (never a traceback for an expected failure)."""

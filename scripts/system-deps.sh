@@ -3,11 +3,15 @@
 # Open MPI for the MPI path (tests/runner/test_mpi.py), plus a C compiler for mpicc, and
 # iptables: every node's boot keeps non-root processes away from its instance metadata
 # (bootstrap_scripts/agent/imds_guard.py), on an emulated node as on an instance.
+# chromium (Debian's, with no recommended packages): the TensorBoard browser test drives it
+# headless through Playwright (tests/ops/test_tensorboard_browser.py).
 # Idempotent and quiet: installs only what is missing; does nothing when all is there.
 # With arguments, only those packages (`make demo` asks for iptables alone).
 set -euo pipefail
 
-PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc iptables)
+PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc iptables chromium)
+#: installed without their recommended packages (a browser recommends a desktop's worth)
+LEAN=(chromium)
 if [ "$#" -gt 0 ]; then
     PACKAGES=("$@")
 fi
@@ -30,4 +34,13 @@ fi
 echo "system-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq >/dev/null
-$SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+lean=() full=()
+for pkg in "${missing[@]}"; do
+    if [[ " ${LEAN[*]} " == *" $pkg "* ]]; then lean+=("$pkg"); else full+=("$pkg"); fi
+done
+if [ "${#full[@]}" -gt 0 ]; then
+    $SUDO apt-get install -y -qq "${full[@]}" >/dev/null
+fi
+if [ "${#lean[@]}" -gt 0 ]; then
+    $SUDO apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
+fi

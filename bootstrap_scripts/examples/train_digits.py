@@ -64,6 +64,7 @@ import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts import tensorboard_log
 from bootstrap_scripts.examples import train_progress
 
 # the checkpoint part, re-exported: tests and tools use train_digits.latest_info & co.
@@ -114,6 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="end the run at the next epoch boundary once this file exists, even "
                    "before --epochs (every rank agrees; the learning-rate schedule still "
                    "spans --epochs): train until something else is done (default: off)")
+    p.add_argument("--tensorboard-dir", default="",
+                   help="rank 0 writes TensorBoard scalars (loss, accuracy, step_time_s) "
+                   "here (default: $DL_TENSORBOARD_DIR, a managed job's own; none without)")
     ns = p.parse_args(argv)
     if ns.global_batch_size < 1:
         p.error(f"--global-batch-size must be >= 1, got {ns.global_batch_size}")
@@ -289,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 "global_batch_size": gb, "lr": args.lr}
 
     first, tracker = True, train_progress.Tracker()  # progress: hangs, stragglers
+    board = tensorboard_log.open_writer(args.tensorboard_dir) if rank == 0 else None
     while epoch <= args.epochs and not stop["signal"]:
         lr = epoch_lr(args.lr, epoch, args.epochs)
         for group in optimizer.param_groups:
@@ -297,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         total_loss, samples = 0.0, 0
         for idx, count in epoch_batches(n, args.seed, epoch, gb, rank, world, step):
+            t_step = time.perf_counter()
             xb, yb = xtr[idx].to(device), ytr[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
             try:
@@ -318,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             total_loss, samples = total_loss + loss.item(), samples + len(idx)
             step += 1
             tracker.step((epoch - 1) * spe + step, loss.item() / len(idx), len(idx) * world)
+            tensorboard_log.scalars(board, (epoch - 1) * spe + step, loss=loss.item() / len(idx),
+                                    step_time_s=time.perf_counter() - t_step)
             if first:
                 print(f"first_step rank={rank} world_size={world} "
                       f"step={(epoch - 1) * spe + step}", flush=True)
@@ -341,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             acc = evaluate(model, xt, yt)
             save_checkpoint(ckdir, state_dict(epoch, spe), f"epoch-{epoch:04d}.pt", args.keep)
+            tensorboard_log.scalars(board, epoch * spe, accuracy=acc, lr=lr,
+                                    samples_per_s=samples * world / max(elapsed, 1e-9))
             print(f"epoch={epoch} acc={acc:.4f} loss={total_loss / max(1, samples):.4f} "
                   f"samples_per_s={samples * world / max(elapsed, 1e-9):.0f} world_size={world} "
                   f"lr={lr:.2e} global_batch={gb}", flush=True)
@@ -353,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stop file {args.stop_file} exists: ending after epoch {epoch - 1}",
                       flush=True)
             break
+    tensorboard_log.close(board)
     if stop["signal"]:
         if distributed:
             with contextlib.suppress(Exception):

@@ -130,6 +130,8 @@ class ManagedPaths:
         attempts/<n>.log              attempt n's runner messages (its ``[dl-run]`` lines)
         attempts/<n>.membership.json  the nodes attempt n runs on, when not the membership's
         attempts/<n>.hang.json        attempt n hung: every rank's step and Python stack
+        tensorboard/                  TensorBoard event files (``$DL_TENSORBOARD_DIR``), every
+                                      attempt's, written by the ranks as the job's user
 
     Attempt ``n`` (from 1) is the ordinary job ``jobs/<job-id>.<n>/`` (:meth:`attempt_id`).
     """
@@ -164,6 +166,12 @@ class ManagedPaths:
 
     def attempt_hang(self, n: int) -> Path:
         return self.attempts_dir / f"{n}.hang.json"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """Where the ranks write TensorBoard event files (``$DL_TENSORBOARD_DIR``): one
+        directory for every attempt, so a restarted job's curves continue in one run."""
+        return self.dir / "tensorboard"
 
     def attempt_id(self, n: int) -> str:
         """The job id of attempt ``n``: ``<job-id>.<n>``."""

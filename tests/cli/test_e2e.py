@@ -172,6 +172,39 @@ def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys, job_use
     assert {j["job_id"]: j["state"] for j in json.loads(out)}[job] == "succeeded"
 
 
+def test_tensorboard_of_a_job_runs_on_the_master_as_its_user(kept: dict, capsys,
+                                                             job_user) -> None:
+    """dlc tensorboard: the example's scalars served on the master's loopback, as the job's
+    user, reached through the operator channel (the tunnel itself is printed: --dry-run)."""
+    import urllib.request
+
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--json", "--", "python",
+                         "-m", "bootstrap_scripts.examples.train_digits", "--epochs", "1")
+    assert code == 0, err
+    job = json.loads(out)["job_id"]
+    code, out, err = dlc(kept, capsys, "logs", "-f", job)
+    assert code == 0, out[-2000:] + err
+    code, out, err = dlc(kept, capsys, "tensorboard", job, "--minutes", "5", "--dry-run")
+    try:
+        assert code == 0, err
+        port = int(re.search(r"http://localhost:(\d+)/", out).group(1))
+        assert "--document-name AWS-StartPortForwardingSession" in out
+        assert f'"portNumber":["{port}"]' in out
+        url = f"http://127.0.0.1:{port}/data/plugin/scalars/tags"
+        deadline, tags = time.monotonic() + 30, {}
+        while "loss" not in tags and time.monotonic() < deadline:
+            with urllib.request.urlopen(url, timeout=10) as page:
+                tags = next(iter(json.loads(page.read()).values()), {})
+            time.sleep(0.5)
+        assert {"loss", "accuracy", "step_time_s"} <= set(tags), tags
+        assert f"as uid {pwd.getpwnam(job_user).pw_uid}," in out  # the job's user, not root
+    finally:
+        code, out, err = dlc(kept, capsys, "tensorboard", job, "--stop")
+    assert code == 0 and "stopped TensorBoard" in out, out + err
+
+
 def test_logs_follow_a_three_node_job_every_line_once(kept: dict, capsys, job_user) -> None:
     """``dlc logs -f`` of a job writing numbered lines on all three nodes (each line in two
     writes) through Run Command pages: every node's every number exactly once, whole, in

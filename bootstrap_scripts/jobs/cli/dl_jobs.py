@@ -5,6 +5,7 @@
     dl-jobs logs ID [-f] [--node RANK] its output, attempt after attempt
     dl-jobs logs ID --cursor C         one page of it as JSON, from a cursor (``dlc logs``)
     dl-jobs cancel ID                  a queued job never runs; a running one is stopped
+    dl-jobs tensorboard ID [--stop]    its TensorBoard on 127.0.0.1, as its user (JSON)
 
 Each job's cost is its ledger (``ops/cost``): its attempts' node-seconds x each node's
 price, as the controller recorded them; a running attempt counts up to now.
@@ -22,6 +23,7 @@ the operator's own arguments, and a second option would override the first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -36,10 +38,10 @@ from bootstrap_scripts.jobs.cli.follow import final_message, follow
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
-from bootstrap_scripts.ops import cost
+from bootstrap_scripts.ops import cost, tensorboard_server
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
-from bootstrap_scripts.protocol.paths import NodePaths
+from bootstrap_scripts.protocol.paths import ManagedPaths, NodePaths
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -70,6 +72,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                            "cursor to ask with next (1: from the start; log_pages.py)")
     cancel = sub.add_parser("cancel", help="cancel a queued or running job")
     cancel.add_argument("job_id")
+    board = sub.add_parser("tensorboard", help="serve the job's TensorBoard on 127.0.0.1 as "
+                           "the job's user (ops/tensorboard_server.py); prints JSON")
+    board.add_argument("job_id")
+    board.add_argument("--port", type=int, default=tensorboard_server.DEFAULT_PORT,
+                       help="first port to try (default: %(default)s)")
+    board.add_argument("--minutes", type=int, default=tensorboard_server.DEFAULT_MINUTES,
+                       help="it stops by itself after this long (default: %(default)s)")
+    board.add_argument("--stop", action="store_true", help="stop the job's TensorBoard")
     return p.parse_args(argv)
 
 
@@ -222,6 +232,24 @@ def print_page(efs: Path, args: argparse.Namespace, ranks: frozenset[int] | None
     return 0
 
 
+def serve_tensorboard(paths: ManagedPaths, args: argparse.Namespace) -> int:
+    """``dl-jobs tensorboard``: start (or stop) the job's TensorBoard; JSON on stdout."""
+    try:
+        if args.stop:
+            print(json.dumps({"job_id": paths.job_id,
+                              "message": tensorboard_server.stop(paths)}))
+            return 0
+        if not 1 <= args.port <= 65535 or args.minutes < 1:
+            raise tensorboard_server.TensorBoardError("--port must be 1..65535 and "
+                                                      "--minutes at least 1")
+        served = tensorboard_server.start(paths, port=args.port, minutes=args.minutes)
+    except tensorboard_server.TensorBoardError as exc:
+        print(f"dl-jobs: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(dataclasses.asdict(served)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     efs = efs_of(args)
@@ -238,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             print(managed.cancel(efs, args.job_id,
                                  for_user=os.environ.get(OPERATOR_USER_ENV) or None))
             return 0
+        if args.command == "tensorboard":
+            return serve_tensorboard(paths, args)
         ranks = frozenset({args.node}) if args.node is not None else None
         if args.cursor is not None:
             return print_page(efs, args, ranks)

@@ -36,6 +36,7 @@ from bootstrap_scripts.protocol.records import (
     ShareExit,
     ShareStarted,
 )
+from bootstrap_scripts.tensorboard_log import DIR_ENV as TENSORBOARD_ENV
 
 LOG = logging.getLogger("dl-controller")
 #: This package's parent directory: the attempt runner must import it whatever the user's env.
@@ -87,6 +88,8 @@ def attempt_request(request: ManagedRequest, *, attempt_id: str, efs: Path,
     restart = restart_env(efs, request.job_id, restart_count, user)
     jpaths = ClusterPaths(efs).job(attempt_id)
     restart[progress.DIR_ENV] = str(jpaths.progress_dir)  # where ranks declare progress
+    # TensorBoard event files: the job's own directory, one for every attempt (ManagedPaths)
+    restart[TENSORBOARD_ENV] = str(ClusterPaths(efs).managed(request.job_id).tensorboard_dir)
     env.update(restart)
     watchdog = hang_rules.watchdog_env(run.hang_timeout, str(jpaths.flight_dir / "rank_"))
     for key, value in watchdog.items():  # the user's own --env of the same name wins

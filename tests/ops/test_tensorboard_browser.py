@@ -1,0 +1,112 @@
+"""A job's TensorBoard, looked at in a real headless browser.
+
+A real short CPU run of the example (``train_digits``, two epochs) as a real unprivileged
+user writes its event files into its managed job's directory (``DL_TENSORBOARD_DIR``, as the
+controller sets it); ``dl-jobs tensorboard`` (run as root, as the operator channel runs it)
+starts TensorBoard as that user on 127.0.0.1; Debian's chromium, driven by Playwright, opens
+the page and must show the example's scalar tags in the DOM that TensorBoard's JavaScript
+rendered: they are not in the HTML the server sends (checked), so an HTTP 200 alone passes
+nothing. Root only (it creates the user); chromium from ``make system-deps``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts import tensorboard_log
+from bootstrap_scripts.ops import tensorboard_server as tb
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from tests.conftest import REPO_ROOT
+from tests.support.users import CAN_CREATE_USERS, job_user, reachable_python  # noqa: F401
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+#: what the example writes (bootstrap_scripts/examples/train_digits.py)
+TAGS = ("loss", "accuracy", "step_time_s")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CAN_CREATE_USERS, reason="creates a Linux user: root only"),
+    pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                       reason="Debian's chromium is not installed (make system-deps)"),
+]
+
+
+def dl_jobs(efs: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bootstrap_scripts.jobs.cli.dl_jobs",
+                           "--mount-point", str(efs), "tensorboard", *args],
+                          capture_output=True, text=True, timeout=90, cwd=REPO_ROOT)
+
+
+def uid_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid in /proc/{pid}/status")
+
+
+def test_the_examples_scalars_show_in_a_headless_browser(job_user, reachable_python):  # noqa: F811
+    from playwright.sync_api import sync_playwright
+
+    uid, gid = job_user.pw_uid, job_user.pw_gid
+    efs = Path(tempfile.mkdtemp(prefix="dl-tb-efs-", dir="/tmp"))
+    served = None
+    try:
+        os.chmod(efs, 0o755)
+        paths = ClusterPaths(efs).managed("tb-job")
+        paths.dir.parent.mkdir(parents=True)
+        paths.dir.mkdir(mode=0o700)
+        paths.request.write_text("{}")
+        for p in (paths.dir, paths.request):
+            os.chown(p, uid, gid)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": job_user.pw_dir,
+               "PYTHONPATH": REPO_ROOT, tensorboard_log.DIR_ENV: str(paths.tensorboard_dir)}
+        run = subprocess.run(
+            [sys.executable, "-m", "bootstrap_scripts.examples.train_digits", "--epochs", "2",
+             "--checkpoint-dir", str(paths.dir / "ck")],
+            env=env, cwd="/", user=uid, group=gid, extra_groups=[], capture_output=True,
+            text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        events = list(paths.tensorboard_dir.glob("events.out.tfevents.*"))
+        assert events and all(e.stat().st_uid == uid for e in events)  # the user's, not root's
+
+        res = dl_jobs(efs, "tb-job", "--port", str(tb.pick_port(16006)), "--minutes", "5")
+        assert res.returncode == 0, res.stderr
+        served = json.loads(res.stdout)
+        assert served["uid"] == uid and uid_of(served["pid"]) == uid  # never root
+        url = served["url"]
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url, timeout=10) as page:
+            html = page.read().decode(errors="replace")
+        assert page.status == 200 and not any(t in html for t in TAGS)  # JS must render them
+
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=["--no-sandbox"])
+            try:
+                tab = browser.new_page()
+                tab.goto(url + "#timeseries")
+                tab.wait_for_function(
+                    "tags => tags.every(t => document.body.innerText.split(/\\s+/).includes(t))",
+                    arg=list(TAGS), timeout=25_000)
+                words = tab.inner_text("body").split()
+            finally:
+                browser.close()
+        assert set(TAGS) <= set(words)
+        assert "no_such_scalar" not in words
+    finally:
+        if served is not None:
+            dl_jobs(efs, "tb-job", "--stop")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(served["pid"], signal.SIGKILL)  # whatever --stop left
+        shutil.rmtree(efs, ignore_errors=True)

@@ -31,7 +31,7 @@ from constructs_lib.cluster_settings import (
 from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, grant_idle_stop, idle_stop_seconds
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, check_image, deep_learning_ami, image_family
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
-from constructs_lib.job_role import JobRole, late_role_arn
+from constructs_lib.job_role import JobRole, late_role_arn, late_role_id
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
@@ -388,6 +388,9 @@ class DeepLearningCluster(Construct):
         warm_pool_size = warm_pool.check(self.node.path, warm_pool_size,
                                          spot_capacity=spot_workers,
                                          instance_types=self.capacity.worker_types)
+        #: Where warm-pool workers say they are ready (None without a warm pool).
+        self.warm_ready_queue = warm_pool.ready_queue(
+            self, Duration.seconds(node_boot_seconds)) if warm_pool_size else None
 
         def user_data(node_type: str, wait_handle: str) -> ec2.UserData:
             return node_user_data(
@@ -411,8 +414,11 @@ class DeepLearningCluster(Construct):
                 job_role_arn=late_role_arn(lambda: self.job_role),
                 checkpoint_url=self.training_data.checkpoint_url,
                 node_boot_seconds=node_boot_seconds,
-                launch_hook=(warm_pool.WARM_HOOK_NAME
-                             if warm_pool_size and node_type == "worker" else ""),
+                launch_hook=warm_pool.WARM_HOOK_NAME if warm_pool_size else "",
+                warm_ready_queue_url=(self.warm_ready_queue.queue_url
+                                      if self.warm_ready_queue else ""),
+                worker_role_id=(late_role_id(lambda: self.worker_group.role)
+                                if warm_pool_size and node_type == "master" else ""),
                 log_group=names.log_group_name(self.cluster_id),
                 cloudwatch_agent_install=family.cloudwatch_agent_install,
             )
@@ -467,7 +473,8 @@ class DeepLearningCluster(Construct):
         #: The warm pool's launch hook (None without a warm pool): ``warm_pool.py``.
         self.warm_launch_hook = warm_pool.add_warm_pool(
             self.worker_group, warm_pool_size, cluster_id=self.cluster_id,
-            heartbeat=Duration.seconds(node_boot_seconds)) if warm_pool_size else None
+            heartbeat=Duration.seconds(node_boot_seconds), master=self.master_group,
+            queue=self.warm_ready_queue) if self.warm_ready_queue else None
         #: The role jobs get credentials of (never the node's): ``constructs_lib/job_role.py``.
         self.job_role = JobRole(self, "JobRole", cluster_id=self.cluster_id,
                                 node_roles=[self.master_group.role, self.worker_group.role])

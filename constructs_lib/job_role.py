@@ -80,3 +80,18 @@ def late_role_arn(get: Callable[[], JobRole]) -> str:
     """The ARN of a job role made after the caller needs it (the nodes' user data is written
     before the node roles the job role trusts exist): resolved at synthesis."""
     return Lazy.string(_LateArn(get))
+
+
+@jsii.implements(IStableStringProducer)
+class _LateRoleId:
+    def __init__(self, get: Callable[[], iam.IRole]) -> None:
+        self.get = get
+
+    def produce(self) -> str:
+        return self.get().role_id
+
+
+def late_role_id(get: Callable[[], iam.IRole]) -> str:
+    """The unique ID of a role made after the caller needs it (a node role, made with its
+    group after the user data that names it): resolved at synthesis."""
+    return Lazy.string(_LateRoleId(get))

@@ -54,11 +54,12 @@ ELASTIC_CONTROL_REASON = (
     "launch template, launch configuration, instance types, subnets, maximum or capacity "
     "reservation in the request (constructs_lib/idle_stop.py)."
 )
-WARM_LAUNCH_REASON = (
-    "With a warm pool (warmPoolSize) each worker completes its own launch lifecycle action "
-    "(CompleteLifecycleAction only), limited by autoscaling:ResourceTag conditions to the "
-    "group tagged dl-cluster:id=<this cluster> and NodeType=Worker; the group ARN holds a "
-    "generated UUID unknown when the role is created."
+WARM_READY_QUEUE_REASON = (
+    "The warm-ready queue (warmPoolSize) has no dead-letter queue: a worker's ready message "
+    "is useful only while its launch action waits (the queue keeps it that long); one the "
+    "master refuses (not a session of the workers' role) is logged and deleted, and one it "
+    "cannot act on is received again until it expires, after which the hook's ABANDON "
+    "terminates the instance, which Auto Scaling replaces."
 )
 HOOK_KEY_REASON = (
     "kms:GenerateDataKey* is what CDK's topic.grant_publish gives a publisher of a topic "
@@ -96,10 +97,8 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
     _ack(cluster.master_group.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
          "autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/*]",
          ELASTIC_CONTROL_REASON)
-    if cluster.warm_launch_hook is not None:
-        _ack(cluster.worker_group.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
-             "autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:"
-             "autoScalingGroupName/*]", WARM_LAUNCH_REASON)
+    if cluster.warm_ready_queue is not None:
+        _ack(cluster.warm_ready_queue, "AwsSolutions-SQS3", WARM_READY_QUEUE_REASON)
     _ack(cluster.drain_hook.role, "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
          HOOK_KEY_REASON)
     for group in (cluster.master_group, cluster.worker_group):

@@ -155,13 +155,17 @@ def node_user_data(
     checkpoint_url: str = "",
     node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
     launch_hook: str = "",
+    warm_ready_queue_url: str = "",
+    worker_role_id: str = "",
     log_group: str = "",
     cloudwatch_agent_install: str = "",
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line"). The master's registration wait is
-    the node boot budget ``node_boot_seconds``. ``launch_hook``: the group's launch lifecycle
-    hook the agent completes itself (a warm pool's, ``constructs_lib/warm_pool.py``).
+    the node boot budget ``node_boot_seconds``. ``launch_hook``: the worker group's launch
+    lifecycle hook (a warm pool's, ``constructs_lib/warm_pool.py``): a worker says it is
+    ready on ``warm_ready_queue_url``, the master completes the action of a sender that is
+    a session of the workers' role (``worker_role_id``).
     ``log_group``: the installer configures the CloudWatch agent to ship the node's logs
     there (``cloudwatch_agent_install`` installs it, ``{region}`` the stack's region)."""
     settings = {
@@ -188,8 +192,11 @@ def node_user_data(
         settings["idle-stop-seconds"] = str(idle_stop_seconds)
     if membership_key:  # the master signs the membership with it, workers verify
         settings["membership-key"] = membership_key
-    if launch_hook:  # a warm pool's: the agent holds while Warmed:*, completes the hook
+    if launch_hook:  # a warm pool's: a worker holds while Warmed:*, the master completes
         settings["launch-hook"] = launch_hook
+        settings["warm-ready-queue-url"] = warm_ready_queue_url
+    if worker_role_id:  # the master's: whose ready messages it believes
+        settings["worker-role-id"] = worker_role_id
     if job_role_arn:  # the executor's: each job gets credentials of this role
         settings["job-role-arn"] = job_role_arn
     if checkpoint_url and node_type == "master":  # its controller mirrors jobs under it

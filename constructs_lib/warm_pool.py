@@ -26,6 +26,14 @@ What AWS documents, and how it is met here:
   (``bootstrap_scripts.agent.warm_pool``). Default result ABANDON: an instance whose agent
   never said it is ready is terminated, not kept in the pool half installed (cloud-init runs
   user data on the first boot only, so a half-installed instance would never finish).
+- Who completes the hook: the master, never the worker. AWS has no condition key tying a
+  lifecycle action to the instance that calls CompleteLifecycleAction, so a worker role
+  allowed to complete its own action could complete any pending worker's. A worker only
+  sends "ready" on the warm-ready queue (:func:`ready_queue`: the workers may only send,
+  the master alone receives); the master completes the action of the instance SQS names as
+  the message's sender (``SenderId``, ``<role id>:<instance id>``:
+  https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_ReceiveMessage.html),
+  and only for a session of the workers' role (``bootstrap_scripts.agent.warm_ready``).
 - Instances are not returned to the pool on scale-in: a drained worker's root disk holds the
   old cluster's membership files and job leftovers, and a fresh pool instance is clean.
 - The pool's size is absolute: ``MinSize`` and ``MaxGroupPreparedCapacity`` are both
@@ -39,6 +47,8 @@ from typing import TYPE_CHECKING
 
 from aws_cdk import Duration
 from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
 
 from constructs_lib import validation
 from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY, ROLE_TAG_KEY, this_clusters_groups
@@ -70,11 +80,21 @@ def check(construct_path: str, size: int, *, spot_capacity: int,
     return size
 
 
-def add_warm_pool(group: NodeGroup, size: int, *, cluster_id: str,
-                  heartbeat: Duration) -> autoscaling.LifecycleHook:
-    """A Stopped warm pool of ``size`` on ``group``, the launch hook its instances' agents
-    complete (held at most ``heartbeat``: the node boot budget), and the permission to
-    complete it; the hook."""
+def ready_queue(scope: Construct, heartbeat: Duration) -> sqs.Queue:
+    """The queue warm-pool workers say they are ready on (SQS-managed encryption, TLS only).
+    A message is useful only while its instance's action waits (at most ``heartbeat``), so
+    it is kept that long (at least SQS's minimum of 60 s)."""
+    return sqs.Queue(scope, "WarmReady", encryption=sqs.QueueEncryption.SQS_MANAGED,
+                     enforce_ssl=True, visibility_timeout=Duration.seconds(30),
+                     retention_period=Duration.seconds(max(60, heartbeat.to_seconds())))
+
+
+def add_warm_pool(group: NodeGroup, size: int, *, cluster_id: str, heartbeat: Duration,
+                  master: NodeGroup, queue: sqs.IQueue) -> autoscaling.LifecycleHook:
+    """A Stopped warm pool of ``size`` on ``group``, the launch hook that holds its
+    instances (at most ``heartbeat``: the node boot budget) until ``master`` completes their
+    action, and the grants: ``group``'s role may send to ``queue``, ``master``'s role may
+    consume it and complete the worker group's lifecycle actions; the hook."""
     pool = group.auto_scaling_group.add_warm_pool(
         min_size=size, max_group_prepared_capacity=size,
         pool_state=autoscaling.PoolState.STOPPED, reuse_on_scale_in=False)
@@ -88,14 +108,15 @@ def add_warm_pool(group: NodeGroup, size: int, *, cluster_id: str,
     # The hook first: a pool instance launched before it exists would be stopped in the
     # middle of its user data, which never runs again.
     pool.node.add_dependency(hook)
-    # The node completes its own launch action. Only groups tagged with this cluster's id and
-    # NodeType=Worker: the master group is not reachable from a worker.
+    queue.grant_send_messages(group.role)
+    queue.grant_consume_messages(master.role)
+    # The master completes the workers' launch actions. Only groups tagged with this
+    # cluster's id and NodeType=Worker.
     statement = this_clusters_groups(
-        group, sid="CompleteOwnLaunchHook", cluster_id=cluster_id,
+        master, sid="CompleteWorkersLaunchHook", cluster_id=cluster_id,
         actions=["autoscaling:CompleteLifecycleAction"])
     statement.add_condition("StringEquals", {
         f"autoscaling:ResourceTag/{CLUSTER_TAG_KEY}": cluster_id,
         f"autoscaling:ResourceTag/{ROLE_TAG_KEY}": "Worker"})
-    group.role.add_to_principal_policy(statement)
+    master.role.add_to_principal_policy(statement)
     return hook
-

@@ -53,6 +53,8 @@ Filled gaps (each with the AWS behaviour it reproduces):
 - Warm pools (filling, warming, drawing on them, DescribeWarmPool's instances) and launch
   lifecycle hooks (``Warmed:Pending:Wait``, ``Pending:Wait``): ``emulator.warm_pool``,
   installed by :func:`install`.
+- SQS's ``SenderId``, the principal that signed SendMessage (moto gives every message one
+  constant): ``emulator.moto_sqs_sender``, installed by :func:`install`.
 - Insufficient capacity (``make demo --capacity-out TYPE[@ZONE]``), Auto Scaling's
   prioritized instance-type fallback and UpdateAutoScalingGroup keeping the mixed instances
   policy and refilling the group: ``emulator.capacity``, installed by :func:`install`.
@@ -73,6 +75,7 @@ from emulator import (
     moto_emr,
     moto_kms,
     moto_publishing,
+    moto_sqs_sender,
     pricing,
     service_quotas,
     ssm_agent,
@@ -455,4 +458,5 @@ def install() -> None:
     moto_custom_resources.install()  # Custom::AWS calls (emulator/moto_custom_resources.py)
     moto_emr.install()  # v2 EMR policies need tagged subnets and groups (emulator/moto_emr.py)
     service_quotas.install()  # EC2's vCPU quotas of a new account (emulator/service_quotas.py)
+    moto_sqs_sender.install()  # SQS SenderId names the signer (emulator/moto_sqs_sender.py)
     _INSTALLED = True

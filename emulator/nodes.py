@@ -225,6 +225,9 @@ class Node:
     #: on EC2. "": no instance profile (directly-built test clusters): the harness's.
     role_arn: str = ""
     instance_profile_arn: str = ""
+    #: The metadata endpoint's own environment: it is EC2's side, which assumes the role
+    #: with the harness's credentials, never the node's (a node with a role has none).
+    ec2_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def instance_id(self) -> str:
@@ -256,6 +259,7 @@ class Node:
         #    session: the agent and executor can only join a group of the same session)
         self.set_target_lifecycle_state(
             "Warmed:Stopped" if self.instance.state.startswith("Warmed") else "InService")
+        self.ec2_env = dict(self.env)
         self._start_imds(0)
         self.env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = self.imds_url
         self.env["AWS_EC2_METADATA_DISABLED"] = "false"
@@ -289,8 +293,9 @@ class Node:
              self.instance.instance_type or "t3.micro", "--region", REGION,
              "--role-arn", self.role_arn, "--instance-profile-arn", self.instance_profile_arn,
              "--target-lifecycle-state-file", str(self.log_path("target-lifecycle-state"))],
-            cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE, stderr=open(  # noqa: SIM115
-                self.log_path("imds"), "ab"), process_group=0, text=True)
+            cwd=REPO_ROOT, env=self.ec2_env or self.env, stdout=subprocess.PIPE,
+            stderr=open(self.log_path("imds"), "ab"),  # noqa: SIM115
+            process_group=0, text=True)
         self._track("imds", imds, leader=True)
         line = imds.stdout.readline() if imds.stdout else ""
         imds.stdout.close()

@@ -40,10 +40,11 @@ States (:class:`Phase`) and the events (:class:`Event`) that move between them::
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from enum import Enum
 
-from bootstrap_scripts.agent import data_prep, formation, policy, setup_report
+from bootstrap_scripts.agent import data_prep, formation, policy, setup_report, warm_ready
 from bootstrap_scripts.agent import wait_condition as wc
 from bootstrap_scripts.agent.aws import MasterAws
 from bootstrap_scripts.agent.context import AgentContext
@@ -164,6 +165,20 @@ class Master:
             return EXIT_FAILED
         return 0
 
+    def _serve_warm_ready(self) -> None:
+        """With a warm pool: complete the launch action of each worker that says it is
+        ready, in a thread of its own (``bootstrap_scripts.agent.warm_ready``)."""
+        c = self.config
+        if not c.launch_hook:
+            return
+        server = warm_ready.ReadyServer(
+            queue_url=c.warm_ready_queue_url, worker_role_id=c.worker_role_id,
+            sqs=self.aws.sqs, log=self.log, stop=self.agent.stop,
+            complete=warm_ready.completer(self.aws.autoscaling, cluster_id=c.cluster_id,
+                                          hook_name=c.launch_hook))
+        threading.Thread(target=server.serve, daemon=True, name="warm-ready").start()
+        self.log.info("event=warm-ready-serving queue=%s", c.warm_ready_queue_url)
+
     def _fail(self, event: Event, reason: str) -> Event:
         self.failure = reason
         return event
@@ -173,6 +188,7 @@ class Master:
         if not self.aws.ready():
             return self._fail(Event.AWS_UNAVAILABLE, f"could not create AWS clients for region "
                               f"{self.config.region!r} (see the traceback above)")
+        self._serve_warm_ready()
         path = self.agent.paths.agent_state
         self.state = load_state(path) or MasterState(setup_started=time.time())
         self._save_state()

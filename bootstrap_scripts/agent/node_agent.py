@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from bootstrap_scripts.agent import log as agent_log
 from bootstrap_scripts.agent import wait_condition as wc
-from bootstrap_scripts.agent import warm_pool
+from bootstrap_scripts.agent import warm_pool, warm_ready
 from bootstrap_scripts.agent.efs_mount import MountError, ensure_mounted
 from bootstrap_scripts.agent.gpus import count_gpus
 from bootstrap_scripts.agent.identity import (
@@ -164,20 +164,22 @@ class NodeAgent:
         self.applied_generation = local.generation if local else 0
         self.log.info("event=identity gpus=%d efs=%s applied_generation=%d",
                       self.gpus, self.cluster.efs, self.applied_generation)
-        if c.launch_hook and not self._await_service():
+        if c.launch_hook and c.role == "worker" and not self._await_service():
             return False
         self._register()
         return True
 
     def _await_service(self) -> bool:
         """A group with a warm pool: hold while this instance is on its way into the pool
-        (its bootstrap above is what the pool keeps), join once it goes InService."""
+        (its bootstrap above is what the pool keeps), join once it goes InService. The
+        worker says it is ready; the master completes its launch action
+        (``bootstrap_scripts.agent.warm_ready``)."""
         c = self.config
-        hook = warm_pool.LaunchHook(hook_name=c.launch_hook, cluster_id=c.cluster_id,
-                                    role=c.role, region=c.region,
-                                    instance_id=self.identity.instance_id)
+        signal = warm_ready.ReadySignal(queue_url=c.warm_ready_queue_url, region=c.region,
+                                        instance_id=self.identity.instance_id,
+                                        hook_name=c.launch_hook)
         return warm_pool.await_service(
-            lambda: read_metadata(warm_pool.TARGET_LIFECYCLE_STATE_PATH), hook.complete,
+            lambda: read_metadata(warm_pool.TARGET_LIFECYCLE_STATE_PATH), signal.send,
             stop=self.stop, log=self.log, poll=c.warm_poll_interval)
 
     def _local_membership(self) -> Membership | None:

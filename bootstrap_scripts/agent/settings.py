@@ -60,6 +60,8 @@ class AgentConfig:
     checkpoint_url: str = ""
     launch_hook: str = ""
     warm_poll_interval: float = 5.0
+    warm_ready_queue_url: str = ""
+    worker_role_id: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -85,6 +87,12 @@ class AgentConfig:
         if self.warm_poll_interval <= 0:
             raise ValueError(
                 f"--warm-poll-interval must be positive, got {self.warm_poll_interval}")
+        if self.launch_hook and not self.warm_ready_queue_url:
+            raise ValueError("--launch-hook needs --warm-ready-queue-url (where a worker says "
+                             "it is ready)")
+        if self.role == "master" and self.launch_hook and not self.worker_role_id:
+            raise ValueError("--launch-hook on the master needs --worker-role-id (whose "
+                             "ready messages it believes)")
         if self.base_workers < -1:
             raise ValueError(f"--base-workers must be >= 0 (or -1: all), got {self.base_workers}")
 
@@ -157,9 +165,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--checkpoint-url", "master: the cluster's checkpoint prefix in S3 "
            "(s3://BUCKET/checkpoints/<cluster-id>/); managed jobs' checkpoints are mirrored "
            "under it ('' = none)"),
-    Option("--launch-hook", "the group's launch lifecycle hook (a warm pool's): hold while "
-           "the instance's target lifecycle state is Warmed:*, complete the hook, join once "
-           "InService ('' = no hook: join at once)"),
+    Option("--launch-hook", "the worker group's launch lifecycle hook (a warm pool's). A "
+           "worker holds while its target lifecycle state is Warmed:*, says it is ready on "
+           "--warm-ready-queue-url and joins once InService; the master completes the "
+           "action of the instance that said so ('' = no hook: join at once)"),
+    Option("--warm-ready-queue-url", "the warm-ready queue: workers send on it, the master "
+           "receives ('' = none)"),
+    Option("--worker-role-id", "master: the workers' role's unique ID; only a ready "
+           "message whose SQS SenderId is a session of it completes a launch ('' = none)"),
     Option("--warm-poll-interval", "seconds between reads of the target lifecycle state "
            "while held in the warm pool (default 5)"),
 )

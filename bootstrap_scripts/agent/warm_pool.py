@@ -13,11 +13,12 @@ The agent tells the two apart as AWS documents: the instance metadata item
 (https://docs.aws.amazon.com/autoscaling/ec2/userguide/retrieving-target-lifecycle-state-through-imds.html).
 
 The group's launch lifecycle hook (``--launch-hook``) holds the instance in
-``Warmed:Pending:Wait`` until the agent, its bootstrap done, completes it; Auto Scaling then
-stops the instance, and this agent with it. When the instance is started again, systemd
-starts a new agent (user data runs only on the first boot), which reads ``InService``,
-completes the same hook (now ``Pending:Wait``) and joins
-(https://docs.aws.amazon.com/autoscaling/ec2/userguide/warm-pool-instance-lifecycle.html).
+``Warmed:Pending:Wait`` until the agent, its bootstrap done, says it is ready and the master
+completes the action (``bootstrap_scripts.agent.warm_ready``: a worker cannot complete one
+itself); Auto Scaling then stops the instance, and this agent with it. When the instance is
+started again, systemd starts a new agent (user data runs only on the first boot), which
+reads ``InService``, says it is ready again (the hook now holds it in ``Pending:Wait``) and
+joins (https://docs.aws.amazon.com/autoscaling/ec2/userguide/warm-pool-instance-lifecycle.html).
 A cold launch (the pool empty) reads ``InService`` at once and takes that path too.
 
 :func:`decide` is the pure table; :func:`await_service` the loop around the two AWS calls.
@@ -33,9 +34,9 @@ from collections.abc import Callable
 
 #: The metadata item Auto Scaling updates before each steady state (IMDS).
 TARGET_LIFECYCLE_STATE_PATH = "latest/meta-data/autoscaling/target-lifecycle-state"
-#: CompleteLifecycleAction attempts before the hook's heartbeat timeout is left to decide.
+#: Attempts to say "ready" before the hook's heartbeat timeout is left to decide.
 COMPLETE_ATTEMPTS = 5
-#: First retry delay of CompleteLifecycleAction and of an unreadable target state (seconds).
+#: First retry delay of the ready message and of an unreadable target state (seconds).
 RETRY_SECONDS = 1.0
 
 
@@ -68,45 +69,6 @@ def decide(target_state: str | None) -> Step:
     return Step.JOIN
 
 
-class LaunchHook:
-    """Completes this instance's action of the group's launch hook (CONTINUE). The group is
-    the cluster's worker group, found by its tags (``discovery.find_group``)."""
-
-    def __init__(self, *, hook_name: str, cluster_id: str, role: str, region: str,
-                 instance_id: str, client=None) -> None:
-        self.hook_name = hook_name
-        self.cluster_id = cluster_id
-        self.role = role
-        self.instance_id = instance_id
-        if client is None:
-            import boto3  # only a node with a launch hook talks to Auto Scaling at boot
-
-            client = boto3.session.Session(region_name=region).client("autoscaling")
-        self.client = client
-
-    def complete(self) -> str:
-        """``completed``, ``none-waiting`` (no action of this instance is waiting: the hook
-        did not exist when it launched, or it was completed already) or raise."""
-        from botocore.exceptions import ClientError
-
-        from bootstrap_scripts.agent.discovery import find_group
-
-        group = find_group(self.client, self.cluster_id, self.role)
-        if group is None:
-            raise RuntimeError(f"no {self.role} group of cluster {self.cluster_id!r}")
-        try:
-            self.client.complete_lifecycle_action(
-                LifecycleHookName=self.hook_name,
-                AutoScalingGroupName=group["AutoScalingGroupName"],
-                InstanceId=self.instance_id, LifecycleActionResult="CONTINUE")
-        except ClientError as exc:
-            message = str(exc.response.get("Error", {}).get("Message", ""))
-            if "No active Lifecycle Action" in message:
-                return "none-waiting"
-            raise
-        return "completed"
-
-
 def complete_with_retries(complete: Callable[[], str], log: logging.Logger,
                           stop: threading.Event, *, attempts: int = COMPLETE_ATTEMPTS,
                           delay: float = RETRY_SECONDS) -> str:
@@ -130,8 +92,8 @@ def await_service(read_state: Callable[[], str | None], complete: Callable[[], s
     (being terminated, or ``stop`` set while held).
 
     ``read_state``: the metadata item (None if not served; an exception is retried).
-    ``complete``: :meth:`LaunchHook.complete`. While held, the hook is completed once, so
-    Auto Scaling stops the prepared instance."""
+    ``complete``: :meth:`warm_ready.ReadySignal.send` (the master then completes the
+    action). While held, the instance says so once, so Auto Scaling stops it, prepared."""
     wait = sleep or stop.wait
     prepared = False
     held_since: float | None = None

@@ -14,7 +14,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from bootstrap_scripts.agent import warm_pool
+from bootstrap_scripts.agent import warm_pool, warm_ready
 from bootstrap_scripts.agent.identity import NodeIdentity, read_metadata
 from bootstrap_scripts.agent.node_agent import NodeAgent
 from bootstrap_scripts.agent.settings import AgentConfig
@@ -111,7 +111,7 @@ def test_a_failing_completion_is_retried_then_left_to_the_hook_timeout() -> None
     assert len(attempts) == 3
 
 
-def _stubbed_hook(error: str | None = None) -> tuple[warm_pool.LaunchHook, Stubber]:
+def _stubbed_completer(error: str | None = None):
     client = boto3.client("autoscaling", region_name="us-east-1",
                           aws_access_key_id="x", aws_secret_access_key="x")
     stub = Stubber(client)
@@ -129,19 +129,89 @@ def _stubbed_hook(error: str | None = None) -> tuple[warm_pool.LaunchHook, Stubb
     else:
         stub.add_response("complete_lifecycle_action", {}, expected)
     stub.activate()
-    return warm_pool.LaunchHook(hook_name="warm-launch", cluster_id="c1", role="worker",
-                                region="us-east-1", instance_id="i-1", client=client), stub
+    return warm_ready.completer(client, cluster_id="c1", hook_name="warm-launch"), stub
 
 
-def test_the_hook_is_completed_on_the_clusters_worker_group_for_this_instance() -> None:
-    hook, stub = _stubbed_hook()
-    assert hook.complete() == "completed"
+def test_the_master_completes_the_action_on_the_clusters_worker_group() -> None:
+    complete, stub = _stubbed_completer()
+    assert complete("i-1") == "completed"
     stub.assert_no_pending_responses()
 
 
 def test_no_waiting_action_is_not_an_error() -> None:
-    hook, _ = _stubbed_hook("No active Lifecycle Action found with instance ID i-1")
-    assert hook.complete() == "none-waiting"
+    complete, _ = _stubbed_completer("No active Lifecycle Action found with instance ID i-1")
+    assert complete("i-1") == "none-waiting"
+
+
+WORKER_ROLE = "AROAABCDEFGHIJKLMNOPQ"
+
+
+@pytest.mark.parametrize(("sender", "instance", "why"), [
+    (f"{WORKER_ROLE}:i-0123456789abcdef0", "i-0123456789abcdef0", ""),
+    ("AROAZZZZZZZZZZZZZZZZZ:i-0123456789abcdef0", None, "not a session of the workers' role"),
+    (f"{WORKER_ROLE}:botocore-session-1", None, "not an instance's role session"),
+    (f"{WORKER_ROLE}:i-1/../i-2", None, "not an instance's role session"),
+    ("AIDAIT2UOQQY3AUEKVGXU", None, "not a session of the workers' role"),
+    ("", None, "not a session of the workers' role"),
+])
+def test_a_ready_message_speaks_only_for_the_instance_that_signed_it(sender, instance, why):
+    got, reason = warm_ready.instance_of_sender(sender, WORKER_ROLE)
+    assert got == instance and why in reason
+
+
+def test_no_configured_workers_role_believes_nobody() -> None:
+    got, reason = warm_ready.instance_of_sender(f"{WORKER_ROLE}:i-0123456789abcdef0", "")
+    assert got is None and "workers' role ID" in reason
+
+
+class _Queue:
+    """receive_message / delete_message of one batch, as SQS answers them."""
+
+    def __init__(self, messages: list[dict]) -> None:
+        self.messages = messages
+        self.deleted: list[str] = []
+        self.asked: dict = {}
+
+    def receive_message(self, **kw):
+        self.asked = kw
+        out, self.messages = self.messages, []
+        return {"Messages": out}
+
+    def delete_message(self, QueueUrl: str, ReceiptHandle: str) -> None:
+        self.deleted.append(ReceiptHandle)
+
+
+def test_the_master_completes_the_senders_instance_never_the_bodys(caplog) -> None:
+    """A worker's root that names another instance in the body completes only its own; a
+    sender outside the workers' role completes nothing; both messages are deleted."""
+    own = "i-0aaaaaaaaaaaaaaa1"
+    queue = _Queue([
+        {"ReceiptHandle": "r1", "Body": '{"instance": "i-0bbbbbbbbbbbbbbb2"}',
+         "Attributes": {"SenderId": f"{WORKER_ROLE}:{own}"}},
+        {"ReceiptHandle": "r2", "Body": "{}",
+         "Attributes": {"SenderId": "AROAOTHERROLE0000000X:i-0ccccccccccccccc3"}},
+    ])
+    completed: list[str] = []
+    server = warm_ready.ReadyServer(queue_url="q", worker_role_id=WORKER_ROLE, sqs=queue,
+                                    complete=lambda i: completed.append(i) or "completed",
+                                    log=logging.getLogger("t"), stop=threading.Event())
+    assert server.serve_once(wait=0) == 2
+    assert completed == [own]
+    assert queue.deleted == ["r1", "r2"]
+    assert queue.asked["MessageSystemAttributeNames"] == ["SenderId"]
+
+
+def test_a_failed_completion_leaves_the_message_for_another_receive() -> None:
+    queue = _Queue([{"ReceiptHandle": "r1", "Body": "{}",
+                     "Attributes": {"SenderId": f"{WORKER_ROLE}:i-0aaaaaaaaaaaaaaa1"}}])
+
+    def fail(_instance: str) -> str:
+        raise RuntimeError("throttled")
+
+    server = warm_ready.ReadyServer(queue_url="q", worker_role_id=WORKER_ROLE, sqs=queue,
+                                    complete=fail, log=logging.getLogger("t"),
+                                    stop=threading.Event())
+    assert server.serve_once(wait=0) == 0 and queue.deleted == []
 
 
 def test_the_emulated_metadata_serves_the_target_lifecycle_state(tmp_path: Path) -> None:
@@ -164,9 +234,9 @@ def test_a_warm_pool_worker_registers_only_once_in_service(tmp_path: Path, monke
     state = tmp_path / "target-lifecycle-state"
     state.write_text("Warmed:Stopped")
     completed: list[str] = []
-    monkeypatch.setattr(warm_pool.LaunchHook, "__init__", lambda self, **kw: None)
-    monkeypatch.setattr(warm_pool.LaunchHook, "complete",
-                        lambda self: completed.append(state.read_text()) or "completed")
+    monkeypatch.setattr(warm_ready.ReadySignal, "__init__", lambda self, **kw: None)
+    monkeypatch.setattr(warm_ready.ReadySignal, "send",
+                        lambda self: completed.append(state.read_text()) or "sent")
     efs = tmp_path / "efs"
     efs.mkdir()
     with MetadataServer() as server:
@@ -176,6 +246,7 @@ def test_a_warm_pool_worker_registers_only_once_in_service(tmp_path: Path, monke
         config = AgentConfig(role="worker", cluster_id="c1", stack_name="s",
                              region="us-east-1", mount_point=str(efs), no_mount=True,
                              root=str(tmp_path / "root"), launch_hook="warm-launch",
+                             warm_ready_queue_url="https://sqs.example/q",
                              warm_poll_interval=0.05, heartbeat_interval=0.05)
         agent = NodeAgent(config, identity=NodeIdentity("i-w", "g5.xlarge", "127.0.0.1",
                                                          "us-east-1"))

@@ -1,14 +1,17 @@
 """A warm pool end to end with real processes (``make bench``; not in ``make test``): a cluster
 (master + 2 workers as real emulated nodes, the real Lambda) whose worker group has the
 stack's launch hook and a warm pool of 1. The pool instance boots for real (installer, agent,
-executor; its metadata says ``Warmed:Stopped``): its agent completes the hook and never
-registers, and EC2 stops it. A worker marked Unhealthy is replaced from the pool: the
-stopped node starts again (no installer), its agent reads ``InService``, completes the hook
-and joins; the membership is back at full size with it. Prints the replacement time (real
-processes; the start delay is 0, so this is the agent's part, not EC2's)."""
+executor; its metadata says ``Warmed:Stopped``): its agent says it is ready on the
+warm-ready queue, the master completes the hook for the instance SQS names as the sender, the
+agent never registers, and EC2 stops it. A worker marked Unhealthy is replaced from the pool:
+the stopped node starts again (no installer), its agent reads ``InService``, says it is ready
+again, the master completes the hook, and it joins; the membership is back at full size with
+it. Prints the replacement time (real processes; the start delay is 0, so this is the agent's
+part, not EC2's)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -28,6 +31,9 @@ pytestmark = pytest.mark.bench
 
 TIMEOUT = 120.0
 HOOK = "warm-launch"
+EC2_TRUST = {"Version": "2012-10-17", "Statement": [{
+    "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+    "Action": "sts:AssumeRole"}]}
 
 
 def generation(node) -> Membership | None:
@@ -56,13 +62,30 @@ def test_a_replacement_from_the_warm_pool_joins_without_a_boot(
     recorder = WaitHandle()
     nodes: list[Node] = []
 
+    # The stack's warm-ready queue and the workers' instance role: a worker's ready message
+    # is believed for the instance its role session names (SQS's SenderId), nothing else.
+    iam = cluster.client("iam")
+    worker_role = iam.create_role(RoleName=f"{cluster.cluster_id}-worker",
+                                  AssumeRolePolicyDocument=json.dumps(EC2_TRUST))["Role"]
+    profile = iam.create_instance_profile(
+        InstanceProfileName=f"{cluster.cluster_id}-worker")["InstanceProfile"]
+    iam.add_role_to_instance_profile(InstanceProfileName=profile["InstanceProfileName"],
+                                     RoleName=worker_role["RoleName"])
+    ready_queue = cluster.client("sqs").create_queue(
+        QueueName=f"{cluster.cluster_id}-warm-ready")["QueueUrl"]
+
     def boot(instance, role: str) -> Node:
         node = Node(instance, role, tmp_path / "nodes" / instance.instance_id, tmp_path / "efs",
                     tmp_path / "logs")
         nodes.append(node)
         args = cluster.install_args(role)
-        if role == "worker":  # the stack's worker user data with a warm pool
-            args = [*args, "--launch-hook", HOOK, "--warm-poll-interval", "0.5"]
+        # the stack's user data with a warm pool
+        args = [*args, "--launch-hook", HOOK, "--warm-ready-queue-url", ready_queue]
+        if role == "worker":
+            args += ["--warm-poll-interval", "0.5"]
+            node.role_arn, node.instance_profile_arn = worker_role["Arn"], profile["Arn"]
+        else:
+            args += ["--worker-role-id", worker_role["RoleId"]]
         node.boot(args, aws_env(cluster.endpoint), recorder.url)
         return node
 
@@ -101,7 +124,9 @@ def test_a_replacement_from_the_warm_pool_joins_without_a_boot(
         (warm,) = cloud.run_until(pool_ready, TIMEOUT, "the pool instance prepared, stopped")
         efs = ClusterPaths(tmp_path / "efs")
         warm_log = efs.agent_log(warm["InstanceId"]).read_text()
-        assert "event=warm-pool-prepared" in warm_log and "launch_hook=completed" in warm_log
+        assert "event=warm-pool-prepared" in warm_log and "launch_hook=sent" in warm_log
+        master_log = efs.agent_log(cluster.node_instances("master")[0].instance_id).read_text()
+        assert f"event=warm-ready instance={warm['InstanceId']} outcome=completed" in master_log
         assert not (efs.efs / "cluster" / "nodes" / f"{warm['InstanceId']}.json").exists()
 
         sick = next(n for n in nodes if n.role == "worker" and n.status == "running")
@@ -114,7 +139,10 @@ def test_a_replacement_from_the_warm_pool_joins_without_a_boot(
         assert sick.instance_id not in [x.instance_id for x in m2.nodes]
         assert [e.instance_id for e in cloud.events_of("node-started")] == [warm["InstanceId"]]
         log = efs.agent_log(warm["InstanceId"]).read_text()
-        assert "event=launch-hook target=InService result=completed" in log
+        assert "event=launch-hook target=InService result=sent" in log
+        master_log = efs.agent_log(cluster.node_instances("master")[0].instance_id).read_text()
+        assert master_log.count(f"event=warm-ready instance={warm['InstanceId']} "
+                                "outcome=completed") == 2
         states = {i["InstanceId"]: i["LifecycleState"] for i in cluster.group("worker")[
             "Instances"]}
         assert states[warm["InstanceId"]] == "InService"

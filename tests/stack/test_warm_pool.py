@@ -1,8 +1,9 @@
-"""``warmPoolSize``: the worker group's Stopped warm pool, its launch hook, the workers' grant
-to complete their own launch action, the agent's ``--launch-hook``, and the restrictions AWS
-documents refused at synth with the key and the value (constructs_lib/warm_pool.py). Without
-the setting nothing changes: the default template is pinned by tests/stack/test_snapshot.py
-(no ``AWS::AutoScaling::WarmPool``, one lifecycle hook, no ``--launch-hook``)."""
+"""``warmPoolSize``: the worker group's Stopped warm pool, its launch hook, the master's
+grant to complete the workers' launch actions (the workers may only send on the warm-ready
+queue), the agents' options, and the restrictions AWS documents refused at synth with the
+key and the value (constructs_lib/warm_pool.py). Without the setting nothing changes: the
+default template is pinned by tests/stack/test_snapshot.py (no ``AWS::AutoScaling::WarmPool``,
+one lifecycle hook, no ``--launch-hook``)."""
 
 from __future__ import annotations
 
@@ -56,25 +57,71 @@ def test_a_launch_hook_holds_warmed_instances_until_the_agent_completes_it(warm)
     })
 
 
-def test_workers_may_complete_launch_actions_of_this_clusters_worker_group_only(warm) -> None:
-    policies = warm.find_resources("AWS::IAM::Policy")
-    statements = [s for p in policies.values()
-                  for s in p["Properties"]["PolicyDocument"]["Statement"]
-                  if s.get("Sid") == "CompleteOwnLaunchHook"]
-    assert len(statements) == 1
-    (statement,) = statements
+def _statements(template, role_word: str) -> list[dict]:
+    """Every statement of the policies attached to the node role whose logical id has
+    ``role_word`` (Master / Worker)."""
+    out = []
+    for p in template.find_resources("AWS::IAM::Policy").values():
+        roles = json.dumps(p["Properties"].get("Roles", []))
+        if role_word in roles:
+            out.extend(p["Properties"]["PolicyDocument"]["Statement"])
+    return out
+
+
+def _actions(statement: dict) -> list[str]:
+    action = statement["Action"]
+    return [action] if isinstance(action, str) else list(action)
+
+
+def test_only_the_master_may_complete_the_worker_groups_launch_actions(warm) -> None:
+    """A worker cannot complete any launch action (AWS has no condition tying one to the
+    calling instance); the master may, on this cluster's worker group only."""
+    worker = [s for s in _statements(warm, "WorkerGroup")
+              if any(a.startswith("autoscaling:CompleteLifecycleAction") or a == "autoscaling:*"
+                     for a in _actions(s))]
+    assert worker == []
+    master = [s for s in _statements(warm, "MasterGroup")
+              if s.get("Sid") == "CompleteWorkersLaunchHook"]
+    assert len(master) == 1
+    (statement,) = master
     assert statement["Action"] == "autoscaling:CompleteLifecycleAction"
     condition = statement["Condition"]["StringEquals"]
     assert condition["autoscaling:ResourceTag/NodeType"] == "Worker"
     assert "autoscaling:ResourceTag/dl-cluster:id" in condition
 
 
-def test_workers_user_data_names_the_hook_and_the_masters_does_not(warm) -> None:
+def test_workers_may_only_send_on_the_warm_ready_queue_and_the_master_consumes_it(warm) -> None:
+    queues = warm.find_resources("AWS::SQS::Queue")
+    ready = [lid for lid in queues if "WarmReady" in lid]
+    assert len(ready) == 1
+    (lid,) = ready
+    assert queues[lid]["Properties"]["SqsManagedSseEnabled"] is True
+
+    def on_queue(role_word: str) -> set[str]:
+        return {a for s in _statements(warm, role_word)
+                if lid in json.dumps(s.get("Resource")) for a in _actions(s)}
+
+    worker = on_queue("WorkerGroup")
+    assert "sqs:SendMessage" in worker
+    assert not {a for a in worker if a.startswith(("sqs:Receive", "sqs:Delete", "sqs:Change"))}
+    assert {"sqs:ReceiveMessage", "sqs:DeleteMessage"} <= on_queue("MasterGroup")
+
+
+def test_the_master_knows_the_workers_role_and_the_queue(warm) -> None:
     templates = warm.find_resources("AWS::EC2::LaunchTemplate")
-    rendered = {lid: json.dumps(t) for lid, t in templates.items()}
-    with_hook = [lid for lid, text in rendered.items() if f"--launch-hook {WARM_HOOK_NAME}"
-                 in text or f"--launch-hook '{WARM_HOOK_NAME}'" in text]
-    assert len(with_hook) == 1 and "Worker" in with_hook[0], with_hook
+    master = [json.dumps(t) for lid, t in templates.items() if "Master" in lid]
+    assert len(master) == 1
+    assert "--worker-role-id" in master[0] and "RoleId" in master[0]
+    assert "--warm-ready-queue-url" in master[0]
+
+
+def test_workers_user_data_names_the_hook_and_the_queue(warm) -> None:
+    templates = warm.find_resources("AWS::EC2::LaunchTemplate")
+    worker = [json.dumps(t) for lid, t in templates.items() if "Worker" in lid]
+    assert len(worker) == 1
+    assert f"--launch-hook {WARM_HOOK_NAME}" in worker[0] or \
+        f"--launch-hook '{WARM_HOOK_NAME}'" in worker[0]
+    assert "--warm-ready-queue-url" in worker[0] and "--worker-role-id" not in worker[0]
 
 
 @pytest.mark.parametrize(("ctx", "message"), [

@@ -177,15 +177,15 @@ def ice_message(instance_type: str, zone: str, others: list[str], *, mixed: bool
     return (FLEET_PREFIX + text) if mixed else text
 
 
-def _error_notification(group: Any, instance_type: str, subnet: str, zone: str) -> dict:
+def failed_launch_message(group: Any, instance_type: str, subnet: str, zone: str,
+                          status: str) -> dict:
+    """The ``EC2_INSTANCE_LAUNCH_ERROR`` notification of one failed launch of ``group``:
+    EC2's ``status`` as ``StatusMessage`` (also ``emulator.vcpu_quotas``'s launches over
+    the account's vCPU quota)."""
     from emulator import notifications as nt
 
-    ec2 = group.autoscaling_backend.ec2_backend
-    region_zones = [z.name for z in ec2.describe_availability_zones()]
-    others = [z for z in region_zones if z != zone and not is_out(instance_type, z)]
     message = nt.notification(LAUNCH_ERROR, group.name, desired=group.desired_capacity or 0,
                               instance_type=instance_type)
-    status = ice_message(instance_type, zone, others, mixed=len(_types(group)) > 1)
     message.update({
         "StatusMessage": status,
         "Description": f"Launching a new EC2 instance.  Status Reason: {status}",
@@ -197,6 +197,21 @@ def _error_notification(group: Any, instance_type: str, subnet: str, zone: str) 
         "ActivityId": str(uuid.uuid4()),
     })
     return message
+
+
+def _error_notification(group: Any, instance_type: str, subnet: str, zone: str) -> dict:
+    ec2 = group.autoscaling_backend.ec2_backend
+    region_zones = [z.name for z in ec2.describe_availability_zones()]
+    others = [z for z in region_zones if z != zone and not is_out(instance_type, z)]
+    status = ice_message(instance_type, zone, others, mixed=len(_types(group)) > 1)
+    return failed_launch_message(group, instance_type, subnet, zone, status)
+
+
+def report_failed_launch(group: Any, message: dict) -> None:
+    """A launch of ``group`` failed: publish ``message`` (now, or once the group's
+    notification configuration exists) and try again after :data:`RETRY_SECONDS`."""
+    _publish_or_keep(group, message)
+    _retry_later(group)
 
 
 def _publish_or_keep(group: Any, message: dict) -> None:
@@ -221,24 +236,24 @@ def _wrap_replace(original: Any) -> Any:
         for _ in range(count_needed):
             if _take_flaky(self):  # capacity that frees later: this attempt fails
                 subnet, zone = zones[0]
-                _publish_or_keep(self, _error_notification(self, types[0], subnet, zone))
-                _retry_later(self)
+                report_failed_launch(self, _error_notification(self, types[0], subnet, zone))
                 continue
             choice = next(((subnet, zone, t) for subnet, zone in zones for t in types
                            if not is_out(t, zone)), None)
             if choice is None:  # nothing anywhere: one failed launch
                 subnet, zone = zones[0]
-                _publish_or_keep(self, _error_notification(self, types[-1], subnet, zone))
-                _retry_later(self)
+                report_failed_launch(self, _error_notification(self, types[-1], subnet, zone))
                 continue
             subnet, zone, itype = choice
             before = {s.instance.id for s in self.instance_states}
             saved = self.vpc_zone_identifier
             self.vpc_zone_identifier = subnet or saved
+            self.__dict__["emulator_launch_type"] = itype  # whose vCPU quota counts
             try:
                 original(self, 1, dict(propagated_tags))
             finally:
                 self.vpc_zone_identifier = saved
+                self.__dict__.pop("emulator_launch_type", None)
             for state in self.instance_states:
                 if state.instance.id not in before:
                     state.instance.instance_type = itype  # what the fallback launched

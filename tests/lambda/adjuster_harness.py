@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.quotas import operator_quotas
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ACCOUNT = "123456789012"
@@ -112,6 +114,7 @@ class Cloud:
         self.ec2 = boto3.client("ec2", **kwargs)
         self.sqs = boto3.client("sqs", **kwargs)
         self._template: str | None = None
+        operator_quotas(endpoint_url)  # the groups' launches fit the account's vCPU quotas
 
     def queue(self, name: str = "DLClusterStack-master") -> str:
         return self.sqs.create_queue(QueueName=name)["QueueUrl"]

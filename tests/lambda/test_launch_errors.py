@@ -168,6 +168,42 @@ def test_configuration_error_is_final_at_once(cloud: tuple[Cloud, str]) -> None:
     assert AMI in message["reason"]
 
 
+def test_a_vcpu_quota_is_final_at_once_and_names_the_quota_to_raise(
+        cloud: tuple[Cloud, str]) -> None:
+    """Inside the retry window (a capacity error would wait): lowered at once, EC2's message
+    in the reason with the quota of the group's type (t3.micro: Standard) and the command."""
+    c, queue = cloud
+    c.group(WORKERS, min_size=1, desired=4, max_size=4)
+    drop_instances(WORKERS, 1)
+    assert run(error_record(WORKERS, VCPU))["outcomes"] == ["asg-setup-success"]
+    assert c.desired(WORKERS) == 3
+    [message] = c.messages(queue)
+    reason = message["reason"]
+    assert VCPU in reason and "VcpuLimitExceeded: the account's vCPU quota" in reason
+    assert ("next step: request an increase of the account's 'Running On-Demand Standard "
+            "(A, C, D, H, I, M, R, T, Z) instances' (L-1216C47A) vCPU quota") in reason
+    assert ("aws service-quotas request-service-quota-increase --service-code ec2 "
+            "--quota-code L-1216C47A --desired-value VCPUS") in reason
+
+
+@pytest.mark.parametrize(("types", "codes"), [
+    (("g5.xlarge", "g6.xlarge"), ["L-DB2E81BA"]),
+    (("p5.48xlarge", "g5.48xlarge"), ["L-417A185B", "L-DB2E81BA"]),
+    (("u-6tb1.metal",), []),
+    ((), []),
+])
+def test_the_next_step_names_each_quota_of_the_groups_types(types: tuple[str, ...],
+                                                            codes: list[str]) -> None:
+    step = le.classify(VCPU).describe(600, types)
+    assert step.startswith("VcpuLimitExceeded: the account's vCPU quota, retries cannot fix "
+                           "it; next step: request an increase")
+    assert sorted(c for c in ("L-1216C47A", "L-DB2E81BA", "L-417A185B") if c in step) == \
+        sorted(codes)
+    if not codes:  # no type known: how to find the quota
+        assert "aws service-quotas list-service-quotas --service-code ec2" in step
+    assert le.classify(AMI).describe(600, types).endswith("retries cannot fix it")
+
+
 @pytest.fixture()
 def handle() -> Iterator[WaitHandle]:
     h = WaitHandle()
@@ -206,6 +242,8 @@ def test_master_configuration_error_signals_at_once(
     assert run(error_record(MASTER, VCPU))["outcomes"] == ["asg-setup-failure"]
     [signal] = handle.signals
     assert "VcpuLimitExceeded" in signal["Reason"] and "vCPU limit of 32" in signal["Reason"]
+    # no master launched: its type is not known to the function, the step says how to find it
+    assert "next step: request an increase of the EC2 vCPU quota" in signal["Reason"]
 
 
 def test_worker_failure_is_left_to_the_master_agent(

@@ -186,6 +186,42 @@ def test_a_vcpu_quota_is_final_at_once_and_names_the_quota_to_raise(
             "--quota-code L-1216C47A --desired-value VCPUS") in reason
 
 
+def test_the_emulators_refused_launch_reaches_the_function_as_final(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end in moto: a new account (5 vCPUs of Standard) and a group of four
+    t3.micro (2 vCPUs each). ``emulator.vcpu_quotas`` launches two and refuses the others;
+    the launch error it publishes, handed to the function as SNS delivers it, is final at
+    once: the group is lowered to what launched, the reason names the Standard quota."""
+    from moto.autoscaling.models import FakeAutoScalingGroup
+    from moto.ec2.models.instances import InstanceBackend
+
+    from emulator import capacity, service_quotas, vcpu_quotas
+    from emulator import notifications as nt
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    monkeypatch.setattr(capacity, "RETRY_SECONDS", 1e6)  # no retry during the test
+    service_quotas.install()
+    for (cls, name), method in vcpu_quotas.patches(FakeAutoScalingGroup,
+                                                   InstanceBackend).items():
+        monkeypatch.setattr(cls, name, method)
+    with mock_aws():
+        c = Cloud(operator=False)
+        queue = c.queue()
+        lambda_environment(monkeypatch, queue, LAUNCH_RETRY_SECONDS="600")
+        assert len(c.group(WORKERS, min_size=1, desired=4, max_size=4)) == 2
+        refused = _backend_group(WORKERS).__dict__.get("emulator_pending_errors", [])
+        assert len(refused) == 2  # published once the group's notifications exist
+        message = refused[0]
+        assert "current vCPU limit of 5 allows" in message["StatusMessage"]
+        event = nt.sns_event("arn:aws:sns:us-east-1:123456789012:topic", message)
+        assert adjuster.handler(event, None)["outcomes"] == ["asg-setup-success"]
+        assert c.desired(WORKERS) == 2
+        [sent] = c.messages(queue)
+        assert message["StatusMessage"] in sent["reason"] and "L-1216C47A" in sent["reason"]
+    capacity.reset()
+
+
 @pytest.mark.parametrize(("types", "codes"), [
     (("g5.xlarge", "g6.xlarge"), ["L-DB2E81BA"]),
     (("p5.48xlarge", "g5.48xlarge"), ["L-417A185B", "L-DB2E81BA"]),

@@ -38,6 +38,7 @@ no placement groups at all: ``AWS::EC2::PlacementGroup``
 (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-ec2-placementgroup.html)
 is created by name (``Ref`` and ``GroupName`` answer it) so a stack with one deploys; the
 emulator places nothing by it.
+Every failed launch is also an activity of the group (``emulator.scaling_activities``).
 The control endpoint's ``POST /capacity-out {"out": ["TYPE[@ZONE]", ...]}`` sets what is out
 (:func:`set_out`), before the deploy.
 """
@@ -50,6 +51,8 @@ import threading
 import time
 import uuid
 from typing import Any
+
+from emulator import scaling_activities
 
 _LOCK = threading.RLock()
 _OUT: set[tuple[str, str]] = set()  # (instance type, zone or "" for every zone)
@@ -103,6 +106,7 @@ def reset() -> None:
         _OUT.clear()
         _RETRIES.clear()
         _FLAKY.update(count=0, tag=("", ""), failed=0)
+    scaling_activities.reset()
 
 
 def _take_flaky(group: Any) -> bool:
@@ -210,6 +214,7 @@ def _error_notification(group: Any, instance_type: str, subnet: str, zone: str) 
 def report_failed_launch(group: Any, message: dict) -> None:
     """A launch of ``group`` failed: publish ``message`` (now, or once the group's
     notification configuration exists) and try again after :data:`RETRY_SECONDS`."""
+    scaling_activities.record(group, message)  # DescribeScalingActivities shows it
     _publish_or_keep(group, message)
     _retry_later(group)
 
@@ -360,6 +365,7 @@ def install() -> None:
 
     for name, method in patches(FakeAutoScalingGroup).items():
         setattr(FakeAutoScalingGroup, name, method)
+    scaling_activities.install()  # the failed launches in DescribeScalingActivities
     _placement_group_model()  # a CloudFormationModel subclass: moto's model list finds it
     for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
         cached.cache_clear()

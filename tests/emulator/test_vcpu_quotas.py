@@ -129,6 +129,10 @@ def test_a_group_stops_at_the_quota_reports_it_and_fills_after_an_increase(
     assert error["Details"]["Availability Zone"] == f"{REGION}a"
     decided = launch_errors.classify(error["StatusMessage"])
     assert (decided.kind, decided.code) == (launch_errors.FINAL, "VcpuLimitExceeded")
+    [activity] = client(moto_reset, "autoscaling").describe_scaling_activities(
+        AutoScalingGroupName="workers")["Activities"]
+    assert (activity["StatusCode"], activity["StatusMessage"], activity["ActivityId"]) == (
+        "Failed", error["StatusMessage"], error["ActivityId"])
     capacity.tick(later)  # the group's retry: still over the quota, a second failure
     assert _in_group(moto_reset) == 2 and len(_launch_errors(topic)) == 2
     raise_quota(moto_reset, G_VT, 12)

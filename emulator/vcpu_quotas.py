@@ -11,7 +11,8 @@ Spot instances count against the class's Spot quota instead
 https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html). moto launches
 any count. Here, in the emulator's moto server:
 
-- RunInstances (the API, and every launch moto makes for an Auto Scaling group) is refused
+- RunInstances (the API call, and every launch moto makes for an Auto Scaling group; not
+  the instances moto's EMR launches for RunJobFlow) is refused
   with that error when the pending and running instances of the new instances' quota class
   and market, plus the new ones, exceed the value ``emulator.service_quotas`` answers for
   GetServiceQuota in that account and region (the default, or an approved increase). The
@@ -47,11 +48,11 @@ COUNTED_STATES = ("pending", "running")
 SPOT, CAPACITY_BLOCK = "spot", "capacity-block"
 
 _INSTALLED = False
-#: Set while a group's launch runs, after the group launcher checked the quota for the type
-#: it launches (moto's RunInstances then sees the launch template's type, not the
-#: ``emulator.capacity`` fallback type the instance becomes).
-_GROUP_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("group_checked",
-                                                                      default=False)
+#: Set while EC2's RunInstances API call runs: the launches EC2 checks here are that call's
+#: and the groups' (EMR's RunJobFlow also launches through moto's EC2 backend; on AWS its
+#: quota failure is the cluster's state change reason, not the API call's error).
+_RUN_INSTANCES_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "run_instances_call", default=False)
 
 
 def _error_class() -> type:
@@ -138,13 +139,24 @@ def _wrap_run_instances(original: Any) -> Any:
         if kwargs.get("launch_template") and kwargs.get("is_instance_type_default"):
             data = self._get_template_from_args(kwargs["launch_template"]).data
             itype = data.get("InstanceType") or itype
-        if not _GROUP_CHECKED.get():
+        if _RUN_INSTANCES_CALL.get():  # a group's launch is checked by its launcher
             check(self, itype, int(count), market)
         reservation = original(self, image_id, count, user_data, security_group_names,
                                **kwargs)
         for instance in reservation.instances:
             instance.emulator_market = market
         return reservation
+
+    return run_instances
+
+
+def _wrap_api_call(original: Any) -> Any:
+    def run_instances(self: Any) -> Any:
+        token = _RUN_INSTANCES_CALL.set(True)
+        try:
+            return original(self)
+        finally:
+            _RUN_INSTANCES_CALL.reset(token)
 
     return run_instances
 
@@ -173,12 +185,10 @@ def _wrap_group_launch(original: Any) -> Any:
         for _ in range(count_needed):  # one by one: the instances that fit launch
             itype = self.__dict__.get("emulator_launch_type") or self.instance_type
             try:
+                # the type it launches: moto's RunInstances sees the template's type, not the
+                # emulator.capacity fallback type the instance becomes
                 check(ec2, itype, 1, market_of(ec2, {"launch_template": template}))
-                token = _GROUP_CHECKED.set(True)
-                try:
-                    original(self, 1, dict(propagated_tags))
-                finally:
-                    _GROUP_CHECKED.reset(token)
+                original(self, 1, dict(propagated_tags))
             except error_class() as exc:
                 subnet, zone = _first_zone(self)
                 capacity.report_failed_launch(self, capacity.failed_launch_message(
@@ -188,12 +198,16 @@ def _wrap_group_launch(original: Any) -> Any:
 
 
 def patches(group_class: Any, backend_class: Any) -> dict[tuple[Any, str], Any]:
-    """The patched methods ((class, name) -> method): moto's own group launcher and EC2's
-    RunInstances (tests apply them with monkeypatch so that they are undone)."""
+    """The patched methods ((class, name) -> method): moto's own group launcher, EC2's
+    RunInstances call and its backend (tests apply them with monkeypatch so that they are
+    undone)."""
+    from moto.ec2.responses.instances import InstanceResponse
+
     return {
         (group_class, "replace_autoscaling_group_instances"): _wrap_group_launch(
             group_class.replace_autoscaling_group_instances),
         (backend_class, "run_instances"): _wrap_run_instances(backend_class.run_instances),
+        (InstanceResponse, "run_instances"): _wrap_api_call(InstanceResponse.run_instances),
     }
 
 

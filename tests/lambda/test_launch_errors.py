@@ -282,6 +282,25 @@ def test_master_configuration_error_signals_at_once(
     assert "next step: request an increase of the EC2 vCPU quota" in signal["Reason"]
 
 
+def test_a_worker_group_below_its_minimum_for_the_quota_fails_the_setup_with_the_step(
+        cloud: tuple[Cloud, str]) -> None:
+    """The master agent's wait-condition reason for a worker group that cannot reach its
+    minimum (``launches.setup_failure_reason``, what the stack's failure shows) carries the
+    adjuster's reason: EC2's message and the next step with the quota of the group's type."""
+    from bootstrap_scripts.protocol import launches
+    from bootstrap_scripts.protocol.messages import parse_message
+
+    c, queue = cloud
+    c.group(WORKERS, min_size=2, desired=3, max_size=3)
+    drop_instances(WORKERS, 2)
+    assert run(error_record(WORKERS, VCPU))["outcomes"] == ["asg-setup-failure"]
+    [body] = c.messages(queue)
+    reason = launches.setup_failure_reason(parse_message(json.dumps(body)))
+    assert reason.startswith(f"worker group {WORKERS}: ")
+    assert "vCPU limit of 32" in reason and "next step: request an increase" in reason
+    assert "--quota-code L-1216C47A" in reason
+
+
 def test_worker_failure_is_left_to_the_master_agent(
         cloud: tuple[Cloud, str], handle: WaitHandle, monkeypatch: pytest.MonkeyPatch) -> None:
     c, queue = cloud

@@ -19,7 +19,10 @@ Here, in the emulator's moto server:
   (``APPROVED``): the harness plays an operator whose increase went through
   (docs/emulator.md).
 
-Quota codes not listed stay moto's ``NoSuchResourceException``.
+Quota codes not listed stay moto's ``NoSuchResourceException``. ``emulator.vcpu_quotas``
+refuses launches above the applied values (:func:`applied_value`, per instance family
+:data:`FAMILY_QUOTAS`); :func:`request_operator_increases` is the operator's increase the demo
+and the test clusters request first.
 """
 
 from __future__ import annotations

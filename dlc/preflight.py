@@ -23,47 +23,15 @@ so a bad value is refused here with the same message ``cdk synth`` would print.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from dlc import aws
 from dlc.errors import AwsError, DlcError, UsageError
 from dlc.target import Target
+from lambda_src.quota_classes import quota_class  # the product's one table of EC2 quotas
 
 Echo = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class QuotaClass:
-    """An EC2 vCPU quota: instances of these families share it (per region)."""
-
-    name: str
-    on_demand: str  # quota code of running On-Demand instances
-    spot: str | None  # quota code of Spot instance requests
-
-
-#: Instance families (the letters before the generation digit) -> their vCPU quota
-#: (``aws service-quotas list-service-quotas --service-code ec2`` lists them).
-_STANDARD = QuotaClass("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances",
-                       "L-1216C47A", "L-34B43A08")
-QUOTA_CLASSES: dict[str, QuotaClass] = {
-    **{f: _STANDARD for f in ("a", "c", "d", "h", "i", "m", "r", "t", "z")},
-    "g": QuotaClass("Running On-Demand G and VT instances", "L-DB2E81BA", "L-3819A6DF"),
-    "vt": QuotaClass("Running On-Demand G and VT instances", "L-DB2E81BA", "L-3819A6DF"),
-    "p": QuotaClass("Running On-Demand P instances", "L-417A185B", "L-7212CCBC"),
-    "inf": QuotaClass("Running On-Demand Inf instances", "L-1945791B", None),
-    "trn": QuotaClass("Running On-Demand Trn instances", "L-2C3B7624", None),
-    "dl": QuotaClass("Running On-Demand DL instances", "L-6E869C2A", None),
-    "f": QuotaClass("Running On-Demand F instances", "L-74FC7D96", None),
-    "x": QuotaClass("Running On-Demand X instances", "L-7295265B", None),
-}
-
-
-def quota_class(instance_type: str) -> QuotaClass | None:
-    """The vCPU quota an instance type counts against (None: not known here)."""
-    match = re.match(r"^([a-z]+)[0-9]", instance_type)
-    return QUOTA_CLASSES.get(match.group(1)) if match else None
 
 
 @dataclass(frozen=True)

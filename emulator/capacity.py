@@ -38,6 +38,7 @@ no placement groups at all: ``AWS::EC2::PlacementGroup``
 (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-ec2-placementgroup.html)
 is created by name (``Ref`` and ``GroupName`` answer it) so a stack with one deploys; the
 emulator places nothing by it.
+Every failed launch is also an activity of the group (``emulator.scaling_activities``).
 The control endpoint's ``POST /capacity-out {"out": ["TYPE[@ZONE]", ...]}`` sets what is out
 (:func:`set_out`), before the deploy.
 """
@@ -50,6 +51,8 @@ import threading
 import time
 import uuid
 from typing import Any
+
+from emulator import scaling_activities
 
 _LOCK = threading.RLock()
 _OUT: set[tuple[str, str]] = set()  # (instance type, zone or "" for every zone)
@@ -103,6 +106,7 @@ def reset() -> None:
         _OUT.clear()
         _RETRIES.clear()
         _FLAKY.update(count=0, tag=("", ""), failed=0)
+    scaling_activities.reset()
 
 
 def _take_flaky(group: Any) -> bool:
@@ -177,15 +181,15 @@ def ice_message(instance_type: str, zone: str, others: list[str], *, mixed: bool
     return (FLEET_PREFIX + text) if mixed else text
 
 
-def _error_notification(group: Any, instance_type: str, subnet: str, zone: str) -> dict:
+def failed_launch_message(group: Any, instance_type: str, subnet: str, zone: str,
+                          status: str) -> dict:
+    """The ``EC2_INSTANCE_LAUNCH_ERROR`` notification of one failed launch of ``group``:
+    EC2's ``status`` as ``StatusMessage`` (also ``emulator.vcpu_quotas``'s launches over
+    the account's vCPU quota)."""
     from emulator import notifications as nt
 
-    ec2 = group.autoscaling_backend.ec2_backend
-    region_zones = [z.name for z in ec2.describe_availability_zones()]
-    others = [z for z in region_zones if z != zone and not is_out(instance_type, z)]
     message = nt.notification(LAUNCH_ERROR, group.name, desired=group.desired_capacity or 0,
                               instance_type=instance_type)
-    status = ice_message(instance_type, zone, others, mixed=len(_types(group)) > 1)
     message.update({
         "StatusMessage": status,
         "Description": f"Launching a new EC2 instance.  Status Reason: {status}",
@@ -197,6 +201,22 @@ def _error_notification(group: Any, instance_type: str, subnet: str, zone: str) 
         "ActivityId": str(uuid.uuid4()),
     })
     return message
+
+
+def _error_notification(group: Any, instance_type: str, subnet: str, zone: str) -> dict:
+    ec2 = group.autoscaling_backend.ec2_backend
+    region_zones = [z.name for z in ec2.describe_availability_zones()]
+    others = [z for z in region_zones if z != zone and not is_out(instance_type, z)]
+    status = ice_message(instance_type, zone, others, mixed=len(_types(group)) > 1)
+    return failed_launch_message(group, instance_type, subnet, zone, status)
+
+
+def report_failed_launch(group: Any, message: dict) -> None:
+    """A launch of ``group`` failed: publish ``message`` (now, or once the group's
+    notification configuration exists) and try again after :data:`RETRY_SECONDS`."""
+    scaling_activities.record(group, message)  # DescribeScalingActivities shows it
+    _publish_or_keep(group, message)
+    _retry_later(group)
 
 
 def _publish_or_keep(group: Any, message: dict) -> None:
@@ -221,24 +241,24 @@ def _wrap_replace(original: Any) -> Any:
         for _ in range(count_needed):
             if _take_flaky(self):  # capacity that frees later: this attempt fails
                 subnet, zone = zones[0]
-                _publish_or_keep(self, _error_notification(self, types[0], subnet, zone))
-                _retry_later(self)
+                report_failed_launch(self, _error_notification(self, types[0], subnet, zone))
                 continue
             choice = next(((subnet, zone, t) for subnet, zone in zones for t in types
                            if not is_out(t, zone)), None)
             if choice is None:  # nothing anywhere: one failed launch
                 subnet, zone = zones[0]
-                _publish_or_keep(self, _error_notification(self, types[-1], subnet, zone))
-                _retry_later(self)
+                report_failed_launch(self, _error_notification(self, types[-1], subnet, zone))
                 continue
             subnet, zone, itype = choice
             before = {s.instance.id for s in self.instance_states}
             saved = self.vpc_zone_identifier
             self.vpc_zone_identifier = subnet or saved
+            self.__dict__["emulator_launch_type"] = itype  # whose vCPU quota counts
             try:
                 original(self, 1, dict(propagated_tags))
             finally:
                 self.vpc_zone_identifier = saved
+                self.__dict__.pop("emulator_launch_type", None)
             for state in self.instance_states:
                 if state.instance.id not in before:
                     state.instance.instance_type = itype  # what the fallback launched
@@ -345,6 +365,7 @@ def install() -> None:
 
     for name, method in patches(FakeAutoScalingGroup).items():
         setattr(FakeAutoScalingGroup, name, method)
+    scaling_activities.install()  # the failed launches in DescribeScalingActivities
     _placement_group_model()  # a CloudFormationModel subclass: moto's model list finds it
     for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
         cached.cache_clear()

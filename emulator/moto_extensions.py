@@ -49,7 +49,8 @@ Filled gaps (each with the AWS behaviour it reproduces):
 - The Price List API (``GetProducts``, which moto lacks): ``emulator.pricing``, installed by
   :func:`install`.
 - EC2's vCPU quotas in Service Quotas, with a new account's values (0 vCPUs of G and P
-  instances) and increases: ``emulator.service_quotas``, installed by :func:`install`.
+  instances) and increases: ``emulator.service_quotas``, installed by :func:`install`;
+  launches over those quotas fail with ``VcpuLimitExceeded``: ``emulator.vcpu_quotas``.
 - Warm pools (filling, warming, drawing on them, DescribeWarmPool's instances) and launch
   lifecycle hooks (``Warmed:Pending:Wait``, ``Pending:Wait``): ``emulator.warm_pool``,
   installed by :func:`install`.
@@ -79,6 +80,7 @@ from emulator import (
     pricing,
     service_quotas,
     ssm_agent,
+    vcpu_quotas,
     warm_pool,
 )
 from emulator import notifications as nt
@@ -430,6 +432,7 @@ def install() -> None:
     from moto.autoscaling.responses import AutoScalingResponse
     from moto.cloudformation import parsing
 
+    vcpu_quotas.install()  # launches over the vCPU quota fail (emulator/vcpu_quotas.py), innermost
     raw_replace = FakeAutoScalingGroup.replace_autoscaling_group_instances
     AutoScalingBackend.create_lifecycle_hook = _create_lifecycle_hook  # type: ignore[method-assign]
     AutoScalingBackend.terminate_instance = _terminate_instance  # type: ignore[method-assign]

@@ -17,7 +17,10 @@ here instead. What :func:`create_cluster` makes mirrors ``constructs_lib.DeepLea
   group has the ``drain`` termination lifecycle hook on the cluster's topic (moto stores it
   but never holds an instance in it, and has no notification configurations: the stack's
   four Auto Scaling notifications are not configured here);
-- the master queue with its dead-letter queue (after 5 receives).
+- the master queue with its dead-letter queue (after 5 receives);
+- first, the operator's vCPU quota increases
+  (``emulator.service_quotas.request_operator_increases``): the emulator refuses launches
+  above a new account's quotas as EC2 does (``emulator.vcpu_quotas``).
 
 The stack's defaults it uses (mount point, setup timeout, fewest workers, the drain hook's
 name and heartbeat) are read from the constructs' one source (:func:`stack_defaults`), not
@@ -44,6 +47,7 @@ import shlex
 import uuid
 from dataclasses import dataclass, field
 
+from emulator import service_quotas
 from emulator.deploy import (
     CLUSTER_TAG_KEY,
     INSTALL_MODULE,
@@ -259,6 +263,7 @@ def create_cluster(endpoint: str, *, cluster_id: str = "dlc-test", workers: int 
         return boto3.client(service, endpoint_url=endpoint, region_name=REGION)
 
     ec2, asg, sqs, sns = client("ec2"), client("autoscaling"), client("sqs"), client("sns")
+    service_quotas.request_operator_increases(client("service-quotas"))  # before the launches
     max_workers = workers if max_workers is None else max_workers
     if not 0 <= min_workers <= workers <= max_workers:
         raise ValueError(f"need 0 <= min_workers <= workers <= max_workers, got {min_workers}, "

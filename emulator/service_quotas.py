@@ -19,12 +19,16 @@ Here, in the emulator's moto server:
   (``APPROVED``): the harness plays an operator whose increase went through
   (docs/emulator.md).
 
-Quota codes not listed stay moto's ``NoSuchResourceException``.
+Quota codes not listed stay moto's ``NoSuchResourceException``. ``emulator.vcpu_quotas``
+refuses launches above the applied values (:func:`applied_value`, per instance family
+:data:`FAMILY_QUOTAS`); :func:`request_operator_increases` is the operator's increase the demo
+and the test clusters request first.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -42,7 +46,39 @@ EC2_DEFAULTS: dict[str, tuple[str, float]] = {
     "L-7212CCBC": ("All P Spot Instance Requests", 0.0),
 }
 
+#: Instance family (the letters before the generation digit) -> (On-Demand quota code, Spot
+#: quota code or None): the instance class whose quota an instance counts against
+#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-on-demand-instances.html#ec2-on-demand-instances-limits).
+#: Families not listed (DL, F, X, high memory ``u-``) have no quota here: not enforced.
+_STANDARD = ("L-1216C47A", "L-34B43A08")
+FAMILY_QUOTAS: dict[str, tuple[str, str | None]] = {
+    **{family: _STANDARD for family in ("a", "c", "d", "h", "i", "m", "r", "t", "z")},
+    "g": ("L-DB2E81BA", "L-3819A6DF"), "vt": ("L-DB2E81BA", "L-3819A6DF"),
+    "p": ("L-417A185B", "L-7212CCBC"), "inf": ("L-1945791B", None), "trn": ("L-2C3B7624", None),
+}
+
+#: vCPUs of every EC2 quota above that the emulated account's operator had approved before
+#: the demo and the test clusters launch (:func:`request_operator_increases`): a new
+#: account's 0 vCPUs of G and P would refuse their nodes, on AWS as here.
+OPERATOR_VCPUS = 1024.0
+
 _INSTALLED = False
+
+
+def quota_code(instance_type: str, *, spot: bool) -> str | None:
+    """The EC2 vCPU quota ``instance_type`` counts against (On-Demand, or Spot), None when
+    this module has no quota for its family."""
+    match = re.match(r"^([a-z]+)[0-9]", instance_type)
+    codes = FAMILY_QUOTAS.get(match.group(1)) if match else None
+    return (codes[1] if spot else codes[0]) if codes else None
+
+
+def applied_value(account: str, region: str, code: str) -> float:
+    """What GetServiceQuota answers for ``code`` in that account and region: the default, or
+    the value an approved increase set."""
+    from moto.servicequotas.models import servicequotas_backends
+
+    return _applied(servicequotas_backends[account][region]).get(code, EC2_DEFAULTS[code][1])
 
 
 def _quota(region: str, account: str | None, code: str, value: float) -> dict[str, Any]:
@@ -118,3 +154,19 @@ def install() -> None:
     ServiceQuotasResponse.get_aws_default_service_quota = get_aws_default  # type: ignore[attr-defined]
     ServiceQuotasResponse.request_service_quota_increase = request_increase  # type: ignore[attr-defined]
     _INSTALLED = True
+
+
+def request_operator_increases(client: Any, vcpus: float = OPERATOR_VCPUS) -> list[str]:
+    """What an operator does before a first GPU cluster (README, ``dlc up``'s preflight names
+    the quota): RequestServiceQuotaIncrease to ``vcpus`` for every EC2 quota above whose
+    applied value is lower, through the public API (``client``: a Service Quotas client of
+    the emulator). Returns the codes raised. The demo and ``emulator.resources`` call it
+    before their groups launch; the tests of a new account's quotas do not."""
+    raised = []
+    for code in EC2_DEFAULTS:
+        value = client.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
+        if value < vcpus:
+            client.request_service_quota_increase(ServiceCode="ec2", QuotaCode=code,
+                                                  DesiredValue=vcpus)
+            raised.append(code)
+    return raised

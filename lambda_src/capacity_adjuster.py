@@ -187,7 +187,8 @@ def _handle_instance_event(
                      f"the group's own retries for {left:.0f} s more", error_kind=error.kind,
                      error_code=error.code, cause=note.status_message, **state)
             return "retry"
-        error_text = f"{note.status_message} ({error.describe(config.launch_retry_seconds)})"
+        described = error.describe(config.launch_retry_seconds, zf.instance_types(group))
+        error_text = f"{note.status_message} ({described})"
         log.info("launch-error", error_kind=error.kind, error_code=error.code,
                  cause=note.status_message, **state)
     zone = zone_actions.consider(

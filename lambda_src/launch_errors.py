@@ -24,7 +24,9 @@ https://docs.aws.amazon.com/autoscaling/ec2/userguide/ts-as-instancelaunchfailur
 - ``final``: an account quota (``InstanceLimitExceeded``, ``VcpuLimitExceeded``,
   ``MaxSpotInstanceCountExceeded``), a missing or invalid resource (``InvalidAMIID.*``,
   ``InvalidParameter*``, ``Invalid*.NotFound``), an unsupported combination
-  (``Unsupported*``), a full subnet or a missing permission. Acted on at once.
+  (``Unsupported*``), a full subnet or a missing permission. Acted on at once; for
+  ``VcpuLimitExceeded`` the reason names the quota and the command that raises it
+  (``lambda_src.quota_classes``).
 - ``unknown``: anything else. Treated as transient (the wait is bounded), because lowering
   the group for an error that would have passed is the mistake that cannot be undone.
 """
@@ -33,6 +35,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+try:  # imported as lambda_src.launch_errors (tests, installed package)
+    from . import quota_classes
+except ImportError:  # imported as launch_errors (Lambda: the asset root is on sys.path)
+    import quota_classes  # type: ignore[no-redef]
 
 TRANSIENT, FINAL, UNKNOWN = "transient", "final", "unknown"
 
@@ -90,10 +97,14 @@ class LaunchError:
         """Worth waiting for the group's own retries (a bounded time)."""
         return self.kind != FINAL
 
-    def describe(self, window: float = 0) -> str:
+    def describe(self, window: float = 0, instance_types: tuple[str, ...] = ()) -> str:
         """What the adjuster made of the error, for the reason it reports: the code, and
-        whether it was retried (for ``window`` seconds) or is final."""
+        whether it was retried (for ``window`` seconds) or is final; for a vCPU quota, the
+        next step (the quota of ``instance_types``, the group's types, and the command)."""
         code = self.code or "unrecognised error"
+        if self.code == "VcpuLimitExceeded":
+            return (f"{code}: the account's vCPU quota, retries cannot fix it; next step: "
+                    f"{quota_classes.increase_step(instance_types)}")
         if self.kind == FINAL:
             return f"{code}: a configuration or quota error, retries cannot fix it"
         if window > 0:

@@ -92,6 +92,14 @@ def group_types(group: dict[str, Any]) -> tuple[str, ...]:
                  if isinstance(o, dict) and o.get("InstanceType"))
 
 
+def instance_types(group: dict[str, Any]) -> tuple[str, ...]:
+    """The types the group launches: its overrides, else the types of its instances (a
+    group with one launch template type and no instance yet: ())."""
+    launched = [str(i["InstanceType"]) for i in group.get("Instances") or []
+                if isinstance(i, dict) and i.get("InstanceType")]
+    return group_types(group) or tuple(dict.fromkeys(launched))
+
+
 def formed(master_group: dict[str, Any] | None) -> bool:
     """The cluster formed: its master instance is protected from scale-in (the master agent
     sets that when it publishes the first membership)."""

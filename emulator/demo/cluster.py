@@ -28,6 +28,7 @@ from bootstrap_scripts.protocol.paths import NodePaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
 from emulator import deploy as dp
 from emulator import notifications as nt
+from emulator import service_quotas
 from emulator.autoscaling import AutoScaling
 from emulator.demo.context import DemoContext, DemoError, free_port, port_in_use, tail
 from emulator.deploy import Instance
@@ -102,6 +103,11 @@ def deploy(ctx: DemoContext, context: dict[str, str]) -> None:
     env = dp.cli_env(ctx.endpoint)
     log = ctx.logs / "cdk.log"
     ami = dp.pick_ami(ctx.session().client("ec2"))
+    # a new account has 0 vCPUs of G instances: the operator's increase comes first, as on
+    # AWS (emulator/vcpu_quotas.py refuses launches above the quota)
+    if service_quotas.request_operator_increases(ctx.session().client("service-quotas")):
+        ctx.ok(f"Service Quotas: the operator's increase to {service_quotas.OPERATOR_VCPUS:g} "
+               f"vCPUs per EC2 instance class approved")
     ctx.timings["bootstrap_s"] = dp.bootstrap(env, log, ctx.work / "cdk.out")
     ctx.ok(f"cdk bootstrap aws://{dp.ACCOUNT}/{dp.REGION} in "
            f"{ctx.timings['bootstrap_s']:.1f} s")

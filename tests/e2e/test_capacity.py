@@ -23,6 +23,7 @@ from bootstrap_scripts.protocol import launches
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from emulator import capacity
 from tests.support.demo import assert_nothing_left, run_demo
+from tests.support.quotas import operator_quotas
 
 REGION = "us-east-1"
 
@@ -41,6 +42,7 @@ def moto_with_capacity(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     with mock_aws():
         import boto3
 
+        operator_quotas()  # the launches fit the account's vCPU quotas (emulator.vcpu_quotas)
         yield boto3.client("autoscaling", region_name=REGION), boto3.client(
             "ec2", region_name=REGION)
     capacity.reset()

@@ -21,6 +21,7 @@ from emulator import notifications as nt
 from lambda_src import asg_notifications
 from tests.conftest import REGION
 from tests.support.agents import wait_until
+from tests.support.quotas import operator_quotas
 
 TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 ROLE = "arn:aws:iam::123456789012:role/hook-publisher"
@@ -48,6 +49,7 @@ class Stack:
     """The deployed template: its group, topic, and what was published to the topic."""
 
     def __init__(self, endpoint: str, heartbeat: int = 300, default: str = "CONTINUE"):
+        operator_quotas(endpoint)  # the group's launches fit the account's vCPU quotas
         self.asg = boto3.client("autoscaling", endpoint_url=endpoint, region_name=REGION)
         self.ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=REGION)
         cfn = boto3.client("cloudformation", endpoint_url=endpoint, region_name=REGION)

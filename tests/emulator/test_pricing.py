@@ -11,6 +11,7 @@ import pytest
 
 from dlc.cost import parse_on_demand
 from emulator.pricing import PRICES
+from tests.support.quotas import operator_quotas
 
 LINUX = [("operatingSystem", "Linux"), ("tenancy", "Shared"), ("preInstalledSw", "NA"),
          ("capacitystatus", "Used"), ("licenseModel", "No License required")]
@@ -62,6 +63,7 @@ def test_the_job_controllers_price_book_prices_a_node_from_the_emulator(
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 
     ec2 = client("ec2", "us-east-1")
+    operator_quotas(moto_endpoint)  # a g5.xlarge fits the account's vCPU quotas
     image = ec2.describe_images()["Images"][0]["ImageId"]
     (inst,) = ec2.run_instances(ImageId=image, InstanceType="g5.xlarge", MinCount=1,
                                 MaxCount=1)["Instances"]

@@ -26,6 +26,7 @@ from emulator.autoscaling import AutoScaling
 from emulator.deploy import Instance
 from tests.conftest import REGION
 from tests.support.agents import wait_until
+from tests.support.quotas import operator_quotas
 
 LAUNCHING = "autoscaling:EC2_INSTANCE_LAUNCHING"
 
@@ -49,6 +50,7 @@ def template(heartbeat: int, pool: int = 2) -> dict:
 
 class Group:
     def __init__(self, endpoint: str, heartbeat: int = 300) -> None:
+        operator_quotas(endpoint)  # the pool's launches fit the account's vCPU quotas
         self.asg = boto3.client("autoscaling", endpoint_url=endpoint, region_name=REGION)
         self.ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=REGION)
         cfn = boto3.client("cloudformation", endpoint_url=endpoint, region_name=REGION)
@@ -204,6 +206,7 @@ class FakeMachine:
 class Harness:
     def __init__(self, endpoint: str, *, pool: bool, boot_delay: float,
                  start_delay: float) -> None:
+        operator_quotas(endpoint)  # the group's launches fit the account's vCPU quotas
         self.asg = boto3.client("autoscaling", endpoint_url=endpoint, region_name=REGION)
         cfn = boto3.client("cloudformation", endpoint_url=endpoint, region_name=REGION)
         body = template(300)

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.quotas import operator_quotas
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ACCOUNT = "123456789012"
@@ -102,7 +104,8 @@ def lambda_environment(monkeypatch: Any, queue_url: str, **overrides: str) -> No
 class Cloud:
     """boto3 clients plus helpers to build a cluster's groups in moto."""
 
-    def __init__(self, endpoint_url: str | None = None) -> None:
+    def __init__(self, endpoint_url: str | None = None, *, operator: bool = True) -> None:
+        """``operator``: the account's vCPU quotas were raised (False: a new account's)."""
         import boto3
 
         kwargs: dict[str, Any] = {"region_name": REGION}
@@ -112,6 +115,8 @@ class Cloud:
         self.ec2 = boto3.client("ec2", **kwargs)
         self.sqs = boto3.client("sqs", **kwargs)
         self._template: str | None = None
+        if operator:  # the groups' launches fit the account's vCPU quotas
+            operator_quotas(endpoint_url)
 
     def queue(self, name: str = "DLClusterStack-master") -> str:
         return self.sqs.create_queue(QueueName=name)["QueueUrl"]

@@ -168,6 +168,78 @@ def test_configuration_error_is_final_at_once(cloud: tuple[Cloud, str]) -> None:
     assert AMI in message["reason"]
 
 
+def test_a_vcpu_quota_is_final_at_once_and_names_the_quota_to_raise(
+        cloud: tuple[Cloud, str]) -> None:
+    """Inside the retry window (a capacity error would wait): lowered at once, EC2's message
+    in the reason with the quota of the group's type (t3.micro: Standard) and the command."""
+    c, queue = cloud
+    c.group(WORKERS, min_size=1, desired=4, max_size=4)
+    drop_instances(WORKERS, 1)
+    assert run(error_record(WORKERS, VCPU))["outcomes"] == ["asg-setup-success"]
+    assert c.desired(WORKERS) == 3
+    [message] = c.messages(queue)
+    reason = message["reason"]
+    assert VCPU in reason and "VcpuLimitExceeded: the account's vCPU quota" in reason
+    assert ("next step: request an increase of the account's 'Running On-Demand Standard "
+            "(A, C, D, H, I, M, R, T, Z) instances' (L-1216C47A) vCPU quota") in reason
+    assert ("aws service-quotas request-service-quota-increase --service-code ec2 "
+            "--quota-code L-1216C47A --desired-value VCPUS") in reason
+
+
+def test_the_emulators_refused_launch_reaches_the_function_as_final(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end in moto: a new account (5 vCPUs of Standard) and a group of four
+    t3.micro (2 vCPUs each). ``emulator.vcpu_quotas`` launches two and refuses the others;
+    the launch error it publishes, handed to the function as SNS delivers it, is final at
+    once: the group is lowered to what launched, the reason names the Standard quota."""
+    from moto.autoscaling.models import FakeAutoScalingGroup
+    from moto.ec2.models.instances import InstanceBackend
+
+    from emulator import capacity, service_quotas, vcpu_quotas
+    from emulator import notifications as nt
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    monkeypatch.setattr(capacity, "RETRY_SECONDS", 1e6)  # no retry during the test
+    service_quotas.install()
+    for (cls, name), method in vcpu_quotas.patches(FakeAutoScalingGroup,
+                                                   InstanceBackend).items():
+        monkeypatch.setattr(cls, name, method)
+    with mock_aws():
+        c = Cloud(operator=False)
+        queue = c.queue()
+        lambda_environment(monkeypatch, queue, LAUNCH_RETRY_SECONDS="600")
+        assert len(c.group(WORKERS, min_size=1, desired=4, max_size=4)) == 2
+        refused = _backend_group(WORKERS).__dict__.get("emulator_pending_errors", [])
+        assert len(refused) == 2  # published once the group's notifications exist
+        message = refused[0]
+        assert "current vCPU limit of 5 allows" in message["StatusMessage"]
+        event = nt.sns_event("arn:aws:sns:us-east-1:123456789012:topic", message)
+        assert adjuster.handler(event, None)["outcomes"] == ["asg-setup-success"]
+        assert c.desired(WORKERS) == 2
+        [sent] = c.messages(queue)
+        assert message["StatusMessage"] in sent["reason"] and "L-1216C47A" in sent["reason"]
+    capacity.reset()
+
+
+@pytest.mark.parametrize(("types", "codes"), [
+    (("g5.xlarge", "g6.xlarge"), ["L-DB2E81BA"]),
+    (("p5.48xlarge", "g5.48xlarge"), ["L-417A185B", "L-DB2E81BA"]),
+    (("u-6tb1.metal",), []),
+    ((), []),
+])
+def test_the_next_step_names_each_quota_of_the_groups_types(types: tuple[str, ...],
+                                                            codes: list[str]) -> None:
+    step = le.classify(VCPU).describe(600, types)
+    assert step.startswith("VcpuLimitExceeded: the account's vCPU quota, retries cannot fix "
+                           "it; next step: request an increase")
+    assert sorted(c for c in ("L-1216C47A", "L-DB2E81BA", "L-417A185B") if c in step) == \
+        sorted(codes)
+    if not codes:  # no type known: how to find the quota
+        assert "aws service-quotas list-service-quotas --service-code ec2" in step
+    assert le.classify(AMI).describe(600, types).endswith("retries cannot fix it")
+
+
 @pytest.fixture()
 def handle() -> Iterator[WaitHandle]:
     h = WaitHandle()
@@ -206,6 +278,27 @@ def test_master_configuration_error_signals_at_once(
     assert run(error_record(MASTER, VCPU))["outcomes"] == ["asg-setup-failure"]
     [signal] = handle.signals
     assert "VcpuLimitExceeded" in signal["Reason"] and "vCPU limit of 32" in signal["Reason"]
+    # no master launched: its type is not known to the function, the step says how to find it
+    assert "next step: request an increase of the EC2 vCPU quota" in signal["Reason"]
+
+
+def test_a_worker_group_below_its_minimum_for_the_quota_fails_the_setup_with_the_step(
+        cloud: tuple[Cloud, str]) -> None:
+    """The master agent's wait-condition reason for a worker group that cannot reach its
+    minimum (``launches.setup_failure_reason``, what the stack's failure shows) carries the
+    adjuster's reason: EC2's message and the next step with the quota of the group's type."""
+    from bootstrap_scripts.protocol import launches
+    from bootstrap_scripts.protocol.messages import parse_message
+
+    c, queue = cloud
+    c.group(WORKERS, min_size=2, desired=3, max_size=3)
+    drop_instances(WORKERS, 2)
+    assert run(error_record(WORKERS, VCPU))["outcomes"] == ["asg-setup-failure"]
+    [body] = c.messages(queue)
+    reason = launches.setup_failure_reason(parse_message(json.dumps(body)))
+    assert reason.startswith(f"worker group {WORKERS}: ")
+    assert "vCPU limit of 32" in reason and "next step: request an increase" in reason
+    assert "--quota-code L-1216C47A" in reason
 
 
 def test_worker_failure_is_left_to_the_master_agent(

@@ -20,6 +20,7 @@ from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import InstanceTypeFacts
 from tests.conftest import REGION
+from tests.support.quotas import operator_quotas
 
 GPU1 = gr.Expected("g5.xlarge", 1, "g5.xlarge (DescribeInstanceTypes)")
 CPU = gr.Expected("c5.xlarge", 0, "c5.xlarge (DescribeInstanceTypes)")
@@ -240,6 +241,7 @@ def test_instance_types_come_from_describe_instance_types_once(tmp_path, moto_en
 
 def test_efa_attachments_from_describe_instances(moto_reset):
     ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_reset)
+    operator_quotas(moto_reset)  # a p4d.24xlarge fits the account's vCPU quotas
     image = ec2.describe_images()["Images"][0]["ImageId"]
     inst = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1,
                              InstanceType="p4d.24xlarge")["Instances"][0]

@@ -39,7 +39,7 @@ from bootstrap_scripts import single_instance
 from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
-from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics
+from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics, unhealthy_nodes
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
@@ -118,6 +118,20 @@ class Controller:
         except (OSError, ValueError):
             return ""
 
+    def unhealthy_nodes(self) -> int:
+        """``UnhealthyNodes`` (``metrics.unhealthy_nodes``): the members this controller
+        marked Unhealthy or the running job excluded; the membership is read only when
+        some instance is flagged."""
+        marked = self.health.marked_instances()
+        excluded = self.sup.job.excluded if self.sup else ()
+        if not marked and not excluded:
+            return 0
+        try:
+            m = Membership.load(NodePaths(self.root).membership)
+        except (OSError, ValueError):
+            return 0
+        return unhealthy_nodes((n.instance_id for n in m.nodes), marked, excluded)
+
     # -- heartbeat -------------------------------------------------------------------------
     def beat(self, state: str = "running", *, force: bool = False) -> None:
         if not force and time.monotonic() - self.last_beat < HEARTBEAT_SECONDS:
@@ -132,8 +146,9 @@ class Controller:
                 replacements=self.health.recent_marks()))
         except OSError as exc:
             LOG.error("cannot write the controller heartbeat: %s", exc)
-        self.metrics.observe(job_id=self.job_id,  # JobsRunning, JobRestarts (metrics.py)
-                             restarts=self.sup.job.restarts if self.sup else 0)
+        self.metrics.observe(job_id=self.job_id,  # JobsRunning, JobRestarts, UnhealthyNodes
+                             restarts=self.sup.job.restarts if self.sup else 0,
+                             unhealthy=self.unhealthy_nodes())
         if self.sup is not None and self.sup.watch is not None:  # StepTime, Loss, ...
             self.metrics.observe_progress(self.job_id, self.sup.watch.records)
 

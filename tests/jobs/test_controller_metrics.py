@@ -190,3 +190,51 @@ def test_unhealthy_nodes_are_the_members_the_controller_marked_or_its_job_exclud
     ctl.job_id = "j1"
     ctl.beat(force=True)
     assert [d[names.METRIC_UNHEALTHY_NODES] for d in lines(root)] == [0, 1, 2]
+
+
+def test_a_final_progress_line_skips_the_wait_but_not_the_moved_rule(tmp_path) -> None:
+    (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
+    m = ControllerMetrics(tmp_path, lambda: "c1")
+    assert m.observe_progress("j1", ranks(1), now=0.0)
+    assert not m.observe_progress("j1", ranks(9), now=1.0)
+    assert m.observe_progress("j1", ranks(9), now=1.0, final=True)
+    assert not m.observe_progress("j1", ranks(9), now=2.0, final=True)  # nothing moved
+
+
+def test_a_job_shorter_than_the_progress_interval_gets_its_step_time(tmp_path) -> None:
+    """A rank's first report has a loss but no step time or rate yet; the controller's
+    first line (at the first step it sees) therefore has only ``Loss``. When the attempt
+    ends, its last figures go out at once: a short job's graphs get ``StepTime`` and
+    ``SamplesPerSecond`` too, rather than nothing until a 15 s wait that never comes."""
+    from types import SimpleNamespace
+
+    from bootstrap_scripts.jobs.controller import daemon
+    from bootstrap_scripts.jobs.controller.hangs import HangWatch
+    from bootstrap_scripts.protocol.membership import build_membership
+    from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+
+    root = tmp_path / "node"
+    ctl = daemon.Controller(root, tmp_path / "efs")
+    path = NodePaths(root).membership
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(build_membership(cluster_id="c9", generation=1, workers=[], master={
+        "instance_id": "i-0mmm", "address": "127.0.0.11"}).to_json())
+    (root / "var/log/dl-cluster").mkdir(parents=True)
+    watch = HangWatch(ClusterPaths(tmp_path / "efs").job("j1.1"), uid=-1, gid=-1,
+                      hang_timeout=0)
+    first = {0: RankProgress(rank=0, step=1, time=1.0, loss=2.3)}
+
+    def run(reattach: bool = False) -> None:
+        watch.records = first
+        ctl.beat(force=True)   # the first step: a Loss-only line
+        watch.records = ranks(40)  # 2 s later the attempt ended
+
+    sup = SimpleNamespace(job=SimpleNamespace(job_id="j1", restarts=0, excluded=()),
+                          watch=watch, run=run)
+    ctl.run_job(sup)  # type: ignore[arg-type]
+    progress = [d for d in lines(root) if names.DIM_JOB in d]
+    assert [sorted(k for k in d if k in (names.METRIC_STEP_TIME, names.METRIC_LOSS,
+                                          names.METRIC_SAMPLES_PER_SECOND)) for d in progress] \
+        == [[names.METRIC_LOSS],
+            [names.METRIC_LOSS, names.METRIC_SAMPLES_PER_SECOND, names.METRIC_STEP_TIME]]
+    assert ctl.sup is None and ctl.watched is None

@@ -38,6 +38,7 @@ from pathlib import Path
 from bootstrap_scripts import single_instance
 from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
+from bootstrap_scripts.jobs.controller.hangs import HangWatch
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics, unhealthy_nodes
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
@@ -95,6 +96,7 @@ class Controller:
         self.started_at = time.time()
         self.job_id = ""
         self.sup: JobSupervisor | None = None  # the job running now (its restart count)
+        self.watched: HangWatch | None = None  # the attempt whose progress metrics go out
         self.metrics = ControllerMetrics(root, self.cluster_id)
         env = read_node_env(NodePaths(root))
         self.address = env.get("DEEPLEARNING_NODE_ADDR", "")
@@ -150,7 +152,18 @@ class Controller:
                              restarts=self.sup.job.restarts if self.sup else 0,
                              unhealthy=self.unhealthy_nodes())
         if self.sup is not None and self.sup.watch is not None:  # StepTime, Loss, ...
+            if self.watched is not None and self.watched is not self.sup.watch:
+                self.last_progress(self.job_id, self.watched)  # the previous attempt's
+            self.watched = self.sup.watch
             self.metrics.observe_progress(self.job_id, self.sup.watch.records)
+
+    def last_progress(self, job_id: str, watch: HangWatch) -> None:
+        """An ended attempt's last figures (``metrics.ControllerMetrics.observe_progress``,
+        ``final``): its ranks' files read once more, as their user, for the steps reported
+        since the last look."""
+        if watch.uid >= 0:
+            watch.read()
+        self.metrics.observe_progress(job_id, watch.records, final=True)
 
     def check_alone(self) -> None:
         """Refuse to run beside a live controller on this instance (its heartbeat fresh and
@@ -190,7 +203,9 @@ class Controller:
         except (attempts.AttemptError, ValueError) as exc:
             self.fail(sup, exc)
         finally:
-            self.job_id, self.sup = "", None
+            if sup.watch is not None:
+                self.last_progress(sup.job.job_id, sup.watch)
+            self.job_id, self.sup, self.watched = "", None, None
 
     def fail(self, sup: JobSupervisor, exc: Exception) -> None:
         LOG.exception("job %s: %s", sup.job.job_id, exc)

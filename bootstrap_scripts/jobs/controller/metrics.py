@@ -23,7 +23,10 @@ Per job (``ClusterId`` + ``JobId``): ``StepTime`` (the ranks' mean ``step_second
 ``loss``), from the progress files the controller already reads for hangs
 (``hangs.HangWatch``: the user's files, read as the user); a line at most every
 :data:`PROGRESS_SECONDS` and only when some rank's step moved, so a hung job's graph
-stops rather than repeating its last figure. What no rank reports is left out.
+stops rather than repeating its last figure, and one more when an attempt ends (``final``:
+its last figures at once; a rank's first report has no step time or rate yet, so an
+attempt shorter than :data:`PROGRESS_SECONDS` would otherwise show only its first loss).
+What no rank reports is left out.
 
 :func:`decide` and :func:`progress_metrics` are the pure part; :class:`ControllerMetrics`
 remembers and writes.
@@ -146,13 +149,14 @@ class ControllerMetrics:
         return True
 
     def observe_progress(self, job_id: str, records: Mapping[int, RankProgress], *,
-                         now: float | None = None) -> bool:
+                         now: float | None = None, final: bool = False) -> bool:
         """The running job's progress line, if some rank's step moved since the last one
-        and :data:`PROGRESS_SECONDS` passed; True when written."""
+        and :data:`PROGRESS_SECONDS` passed (``final``: the attempt ended, no wait); True
+        when written."""
         now = time.monotonic() if now is None else now
         steps = tuple(sorted((rank, r.step) for rank, r in records.items()))
         if not job_id or not steps or steps == self.progress_steps or \
-                now - self.progress_at < PROGRESS_SECONDS:
+                (now - self.progress_at < PROGRESS_SECONDS and not final):
             return False
         metrics = progress_metrics(records)
         cluster = self.cluster_id() if metrics else ""

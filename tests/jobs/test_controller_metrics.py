@@ -238,3 +238,11 @@ def test_a_job_shorter_than_the_progress_interval_gets_its_step_time(tmp_path) -
         == [[names.METRIC_LOSS],
             [names.METRIC_LOSS, names.METRIC_SAMPLES_PER_SECOND, names.METRIC_STEP_TIME]]
     assert ctl.sup is None and ctl.watched is None
+
+
+def test_a_new_jobs_first_steps_are_written_even_if_they_equal_the_last_jobs(tmp_path) -> None:
+    (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
+    m = ControllerMetrics(tmp_path, lambda: "c1")
+    assert m.observe_progress("j1", ranks(1), now=0.0)
+    assert m.observe_progress("j2", ranks(1), now=1.0)
+    assert [d[names.DIM_JOB] for d in lines(tmp_path)] == ["j1", "j2"]

@@ -115,6 +115,7 @@ class ControllerMetrics:
         #: the (rank, step) pairs of the last progress line, and when it was written
         self.progress_steps: tuple[tuple[int, int], ...] = ()
         self.progress_at = float("-inf")
+        self.progress_job = ""  # whose steps those are: a new job starts afresh
 
     def observe(self, *, job_id: str, restarts: int, unhealthy: int = 0,
                 now: float | None = None) -> bool:
@@ -154,6 +155,8 @@ class ControllerMetrics:
         and :data:`PROGRESS_SECONDS` passed (``final``: the attempt ended, no wait); True
         when written."""
         now = time.monotonic() if now is None else now
+        if job_id != self.progress_job:  # its first steps may equal the previous job's
+            self.progress_steps, self.progress_at, self.progress_job = (), float("-inf"), job_id
         steps = tuple(sorted((rank, r.step) for rank, r in records.items()))
         if not job_id or not steps or steps == self.progress_steps or \
                 (now - self.progress_at < PROGRESS_SECONDS and not final):

@@ -11,7 +11,9 @@ at most once per ``$DL_PROGRESS_INTERVAL`` seconds (default 1): a step every few
 milliseconds costs a dictionary update, not a write to EFS. A step reported within the
 interval is written when it ends, by a timer thread: the file always catches up with the
 last step within the interval, even when the rank hangs right after it (the step a hung
-rank reached is what names it). A managed job's ranks find
+rank reached is what names it); a script that ends within the interval writes it at exit
+(``atexit``: the timer is a daemon thread, gone with the interpreter), so a short job's
+file holds its last step and step time, not its first. A managed job's ranks find
 ``DL_PROGRESS_DIR`` set to their attempt's ``jobs/<id>.<n>/progress/``; without it (a script
 run by hand) :func:`report` does nothing, so the same script runs anywhere.
 
@@ -27,6 +29,7 @@ on a node (``PYTHONPATH`` has this package in every managed job).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
@@ -147,6 +150,7 @@ def reporter() -> Reporter | None:
             _reporter = Reporter(directory, _env_int(RANK_ENVS, 0),
                                  local_rank=_env_int(LOCAL_RANK_ENVS, -1),
                                  interval=max(0.0, interval))
+            atexit.register(_reporter.flush)  # the last step, if the timer did not run yet
             flight = os.environ.get(FLIGHT_ENV, "")
             if flight:  # torch writes its flight recorder there but makes no directory
                 with contextlib.suppress(OSError):

@@ -8,8 +8,12 @@
   cluster. :meth:`grant_write` lets a node role create streams and put events in this group
   and nowhere else.
 - **Dashboard** (``<cluster id>-cluster``): the node groups' size (Auto Scaling group
-  metrics, collected by ``NodeGroup``), GPU utilisation per node, jobs running, restarts
-  and unhealthy nodes, in the namespace and dimensions of ``bootstrap_scripts.metric_names``.
+  metrics, collected by ``NodeGroup``), unhealthy nodes, GPU utilisation (per node and the
+  cluster's mean), each node's GPU memory, temperature, power draw, uncorrected ECC errors
+  and retired pages pending, jobs running and restarts, each job's step time, samples per
+  second and loss: every metric the nodes' EMF lines carry, under the dimension sets they
+  carry it (``tests/stack/test_dashboard_metrics.py`` checks both ways), in the namespace
+  and dimensions of ``bootstrap_scripts.metric_names``.
 - **Alarms**, to an SNS topic (KMS-encrypted, TLS-only; ``alarm_email`` subscribes an
   address): a node unhealthy, nodes missing from a group for long, a job restarting
   repeatedly, GPUs idle while a job runs.
@@ -188,12 +192,23 @@ class ClusterObservability(Construct):
         return cw.Metric(namespace=names.NAMESPACE, metric_name=name, statistic=statistic,
                          period=period, dimensions_map={names.DIM_CLUSTER: self.cluster_id})
 
-    def per_node(self, name: str, label: str) -> cw.MathExpression:
+    def per_node(self, name: str, label: str, statistic: str = "Average") -> cw.MathExpression:
         """Every node's series of a per-node metric (a SEARCH over ``InstanceId``)."""
+        return self.search(name, names.DIM_INSTANCE, label, statistic)
+
+    def per_job(self, name: str, label: str, statistic: str = "Average") -> cw.MathExpression:
+        """Every job's series of a per-job metric (a SEARCH over ``JobId``): a job's line
+        appears while it runs and reports progress."""
+        return self.search(name, names.DIM_JOB, label, statistic)
+
+    def search(self, name: str, dimension: str, label: str,
+               statistic: str) -> cw.MathExpression:
+        """Every series of ``name`` in this cluster under (``ClusterId``, ``dimension``)
+        (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/search-expression-syntax.html)."""
         return cw.MathExpression(
-            expression=(f"SEARCH('{{{names.NAMESPACE},{names.DIM_CLUSTER},"
-                        f"{names.DIM_INSTANCE}}} MetricName=\"{name}\" "
-                        f"{names.DIM_CLUSTER}=\"{self.cluster_id}\"', 'Average', 60)"),
+            expression=(f"SEARCH('{{{names.NAMESPACE},{names.DIM_CLUSTER},{dimension}}} "
+                        f"MetricName=\"{name}\" {names.DIM_CLUSTER}=\"{self.cluster_id}\"', "
+                        f"'{statistic}', {int(PERIOD.to_seconds())})"),
             using_metrics={}, label=label, period=PERIOD)
 
     @staticmethod
@@ -258,13 +273,46 @@ class ClusterObservability(Construct):
             cw.GraphWidget(title="Unhealthy nodes", width=12,
                            left=[self.metric(names.METRIC_UNHEALTHY_NODES, "Maximum")]))
         board.add_widgets(
-            cw.GraphWidget(title="GPU utilisation per node (%)", width=24,
-                           left=[self.per_node(names.METRIC_GPU_UTILIZATION, "")],
+            cw.GraphWidget(title="GPU utilisation per node and cluster mean (%)", width=24,
+                           left=[self.per_node(names.METRIC_GPU_UTILIZATION, ""),
+                                 self.metric(names.METRIC_GPU_UTILIZATION).with_(
+                                     label="cluster mean")],
                            left_y_axis=cw.YAxisProps(min=0, max=100)))
+        board.add_widgets(*self._gpu_health_widgets())
         board.add_widgets(
             cw.GraphWidget(title="Jobs running", width=12,
                            left=[self.metric(names.METRIC_JOBS_RUNNING, "Maximum")]),
             cw.GraphWidget(title="Job restarts", width=12,
                            left=[self.metric(names.METRIC_JOB_RESTARTS, "Sum")]))
+        board.add_widgets(*self._training_widgets())
         board.add_widgets(cw.AlarmStatusWidget(title="Alarms", alarms=self.alarms, width=24))
         return board
+
+    def _gpu_health_widgets(self) -> list[cw.IWidget]:
+        """Per node: what a GPU in trouble shows before its job fails (memory, heat, power;
+        ECC errors and retired pages, read as a Maximum: any error is one too many)."""
+        return [
+            cw.GraphWidget(title="GPU memory used per node (MiB)", width=6,
+                           left=[self.per_node(names.METRIC_GPU_MEMORY_USED, "")]),
+            cw.GraphWidget(title="Hottest GPU per node (Celsius)", width=6,
+                           left=[self.per_node(names.METRIC_GPU_TEMPERATURE, "")]),
+            cw.GraphWidget(title="GPU power draw per node (W)", width=6,
+                           left=[self.per_node(names.METRIC_GPU_POWER, "")]),
+            cw.GraphWidget(title="GPU ECC errors (uncorrected) and retired pages pending",
+                           width=6, left_y_axis=cw.YAxisProps(min=0),
+                           left=[self.per_node(names.METRIC_GPU_ECC_UNCORRECTED, "ECC",
+                                               "Maximum"),
+                                 self.per_node(names.METRIC_GPU_RETIRED_PAGES_PENDING,
+                                               "retired pages", "Maximum")]),
+        ]
+
+    def _training_widgets(self) -> list[cw.IWidget]:
+        """Per job, from its ranks' progress reports (the controller's lines)."""
+        return [
+            cw.GraphWidget(title="Step time per job (s)", width=8,
+                           left=[self.per_job(names.METRIC_STEP_TIME, "")]),
+            cw.GraphWidget(title="Samples per second per job", width=8,
+                           left=[self.per_job(names.METRIC_SAMPLES_PER_SECOND, "")]),
+            cw.GraphWidget(title="Loss per job", width=8,
+                           left=[self.per_job(names.METRIC_LOSS, "")]),
+        ]

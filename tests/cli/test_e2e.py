@@ -20,6 +20,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.procgroup import alive, pids_in_groups
 from dlc.cli import main
 from dlc.cost import usd as cost_usd
@@ -334,6 +335,60 @@ def test_a_job_resumes_from_the_s3_mirror_after_its_efs_copy_was_deleted(
     assert "resumed_from=epoch-0002.pt" in out and "epoch=3" in out and "epoch=1 " not in out
     fetched = efs / "checkpoints" / job_user / second / "epoch-0002.manifest.json"
     assert fetched.stat().st_uid == pwd.getpwnam(job_user).pw_uid  # fetched as the user
+
+
+def test_gpu_and_job_metrics_reach_cloudwatch_with_the_dashboards_dimensions(
+        kept: dict, capsys) -> None:
+    """The metrics path end to end, on the jobs earlier tests ran: the executors' GPU
+    samplers (each node's stand-in nvidia-smi) and the controller append EMF lines, the
+    nodes' CloudWatch agents ship them and (CloudWatch Logs' part, the emulator's) they
+    become metrics, read back with ListMetrics / GetMetricData under the dimension sets
+    the dashboard graphs: every GPU node's readings, the cluster's mean, JobsRunning,
+    UnhealthyNodes (0 now), and StepTime / SamplesPerSecond / Loss of the example's jobs
+    (the only ones here that report progress), each a job ``dlc jobs`` knows."""
+    from emulator.gpus import NODE_BIN_DIR
+    from tests.support import cloudwatch_metrics as cwm
+
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    aws = kept["state"]["aws"]
+    cw = boto3.client("cloudwatch", endpoint_url=aws["endpoint"], region_name=aws["region"])
+    st = status_json(kept, capsys)
+    cluster = st["dashboard"].rsplit("/", 1)[1].removesuffix("-cluster")
+    members = {n["instance_id"] for n in st["nodes"] if n["rank"] is not None}
+    gpu_nodes = {n["instance_id"] for n in kept["state"]["nodes"]
+                 if (Path(n["root"]) / NODE_BIN_DIR / "nvidia-smi").exists()} & members
+    code, out, err = dlc(kept, capsys, "jobs", "--json")
+    assert code == 0, err
+    known = {j["job_id"] for j in json.loads(out)}
+    assert len(gpu_nodes) >= 2, (gpu_nodes, members)
+    deadline = time.monotonic() + 60  # a sample every 30 s, shipped every 5 s
+    while True:
+        jobs = {d[names.DIM_JOB] for d in cwm.dimension_sets(cw, names.METRIC_STEP_TIME)
+                if d.get(names.DIM_CLUSTER) == cluster}
+        gaps = cwm.missing(cw, cluster, gpu_nodes, jobs) + ([] if jobs else ["any StepTime"])
+        if not gaps or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    efs = Path(kept["report"]["work_dir"]) / "efs"
+    assert not gaps, (f"missing {gaps}; lines the nodes wrote: "
+                      f"{cwm.written([n['root'] for n in kept['state']['nodes']])}; "
+                      f"progress files: {sorted(efs.glob('jobs/*/progress/*.json'))[:6]}")
+    assert jobs <= known, (jobs, known)
+    for d in cwm.dimension_sets(cw, names.METRIC_GPU_TEMPERATURE):
+        assert sorted(d) == [names.DIM_CLUSTER, names.DIM_INSTANCE], d
+    c = {names.DIM_CLUSTER: cluster}
+    for instance in gpu_nodes:
+        util = cwm.values(cw, names.METRIC_GPU_UTILIZATION, {**c, names.DIM_INSTANCE: instance})
+        temp = cwm.values(cw, names.METRIC_GPU_TEMPERATURE, {**c, names.DIM_INSTANCE: instance})
+        assert all(0 <= u <= 100 for u in util) and all(20 < t < 100 for t in temp), (util, temp)
+    assert max(cwm.values(cw, names.METRIC_JOBS_RUNNING, c, "Maximum")) == 1
+    assert cwm.values(cw, names.METRIC_UNHEALTHY_NODES, c, "Maximum")[0] == 0
+    for job in jobs:
+        j = {**c, names.DIM_JOB: job}
+        assert min(cwm.values(cw, names.METRIC_STEP_TIME, j)) > 0
+        assert min(cwm.values(cw, names.METRIC_SAMPLES_PER_SECOND, j)) > 0
+        assert all(0 <= v < 10 for v in cwm.values(cw, names.METRIC_LOSS, j))
 
 
 def test_submit_then_cancel(kept: dict, capsys, job_user) -> None:

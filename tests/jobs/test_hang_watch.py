@@ -79,6 +79,19 @@ def test_a_script_reports_through_the_environment_and_anywhere_else_it_is_a_no_o
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fr", "p"]  # nothing written
 
 
+def test_a_script_that_ends_within_the_interval_leaves_its_last_step(tmp_path: Path) -> None:
+    """Its first step is written at once, the rest wait for the interval's timer, a daemon
+    thread the interpreter does not wait for: the last step is written at exit instead,
+    with its step time (what the job's StepTime metric is made of)."""
+    code = ("from bootstrap_scripts import progress\n"
+            "for s in range(1, 30): progress.report(s, loss=0.5, samples_per_s=10.0)\n")
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": PACKAGE_PARENT, "RANK": "0",
+           "DL_PROGRESS_DIR": str(tmp_path / "p"), "DL_PROGRESS_INTERVAL": "60"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
+    rec = RankProgress.from_json((tmp_path / "p" / "0.json").read_text())
+    assert rec.step == 29 and rec.step_seconds is not None
+
+
 def write(progress_dir: Path, rank: int, step: int, *, recent=(), name: str = "") -> None:
     progress_dir.mkdir(parents=True, exist_ok=True)
     rec = RankProgress(rank=rank, step=step, time=1000.0 + step, host=f"node{rank}",

@@ -38,8 +38,9 @@ from pathlib import Path
 from bootstrap_scripts import single_instance
 from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
+from bootstrap_scripts.jobs.controller.hangs import HangWatch
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
-from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics
+from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics, unhealthy_nodes
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
@@ -95,6 +96,7 @@ class Controller:
         self.started_at = time.time()
         self.job_id = ""
         self.sup: JobSupervisor | None = None  # the job running now (its restart count)
+        self.watched: HangWatch | None = None  # the attempt whose progress metrics go out
         self.metrics = ControllerMetrics(root, self.cluster_id)
         env = read_node_env(NodePaths(root))
         self.address = env.get("DEEPLEARNING_NODE_ADDR", "")
@@ -118,6 +120,20 @@ class Controller:
         except (OSError, ValueError):
             return ""
 
+    def unhealthy_nodes(self) -> int:
+        """``UnhealthyNodes`` (``metrics.unhealthy_nodes``): the members this controller
+        marked Unhealthy or the running job excluded; the membership is read only when
+        some instance is flagged."""
+        marked = self.health.marked_instances()
+        excluded = self.sup.job.excluded if self.sup else ()
+        if not marked and not excluded:
+            return 0
+        try:
+            m = Membership.load(NodePaths(self.root).membership)
+        except (OSError, ValueError):
+            return 0
+        return unhealthy_nodes((n.instance_id for n in m.nodes), marked, excluded)
+
     # -- heartbeat -------------------------------------------------------------------------
     def beat(self, state: str = "running", *, force: bool = False) -> None:
         if not force and time.monotonic() - self.last_beat < HEARTBEAT_SECONDS:
@@ -132,10 +148,22 @@ class Controller:
                 replacements=self.health.recent_marks()))
         except OSError as exc:
             LOG.error("cannot write the controller heartbeat: %s", exc)
-        self.metrics.observe(job_id=self.job_id,  # JobsRunning, JobRestarts (metrics.py)
-                             restarts=self.sup.job.restarts if self.sup else 0)
+        self.metrics.observe(job_id=self.job_id,  # JobsRunning, JobRestarts, UnhealthyNodes
+                             restarts=self.sup.job.restarts if self.sup else 0,
+                             unhealthy=self.unhealthy_nodes())
         if self.sup is not None and self.sup.watch is not None:  # StepTime, Loss, ...
+            if self.watched is not None and self.watched is not self.sup.watch:
+                self.last_progress(self.job_id, self.watched)  # the previous attempt's
+            self.watched = self.sup.watch
             self.metrics.observe_progress(self.job_id, self.sup.watch.records)
+
+    def last_progress(self, job_id: str, watch: HangWatch) -> None:
+        """An ended attempt's last figures (``metrics.ControllerMetrics.observe_progress``,
+        ``final``): its ranks' files read once more, as their user, for the steps reported
+        since the last look."""
+        if watch.uid >= 0:
+            watch.read()
+        self.metrics.observe_progress(job_id, watch.records, final=True)
 
     def check_alone(self) -> None:
         """Refuse to run beside a live controller on this instance (its heartbeat fresh and
@@ -175,7 +203,9 @@ class Controller:
         except (attempts.AttemptError, ValueError) as exc:
             self.fail(sup, exc)
         finally:
-            self.job_id, self.sup = "", None
+            if sup.watch is not None:
+                self.last_progress(sup.job.job_id, sup.watch)
+            self.job_id, self.sup, self.watched = "", None, None
 
     def fail(self, sup: JobSupervisor, exc: Exception) -> None:
         LOG.exception("job %s: %s", sup.job.job_id, exc)

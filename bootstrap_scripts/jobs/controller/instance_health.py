@@ -53,6 +53,9 @@ class InstanceHealth:
         self.max_per_hour = max_per_hour
         #: when this cluster's controller marked instances (the last hour's, oldest first)
         self.marks: list[float] = sorted(marks)
+        #: the instances this controller marked, and when (``UnhealthyNodes``: the ones
+        #: still in the membership, i.e. not yet replaced); not carried over to a successor
+        self.marked: dict[str, float] = {}
         self._client: Any = None
 
     def client(self) -> Any:
@@ -69,6 +72,12 @@ class InstanceHealth:
         self.marks = [at for at in self.marks if now - at < WINDOW_SECONDS]
         return tuple(self.marks)
 
+    def marked_instances(self) -> frozenset[str]:
+        """The instances this controller marked Unhealthy within the last hour."""
+        now = time.time()
+        self.marked = {i: at for i, at in self.marked.items() if now - at < WINDOW_SECONDS}
+        return frozenset(self.marked)
+
     def mark_unhealthy(self, instance_id: str) -> str:
         """Mark ``instance_id`` Unhealthy; returns "" on success, else why not (the breaker
         is open, or the call failed: logged, not raised, since a refused or failed call must
@@ -84,5 +93,6 @@ class InstanceHealth:
             LOG.error("SetInstanceHealth(%s, Unhealthy) failed: %s", instance_id, exc)
             return f"SetInstanceHealth failed: {exc}"
         self.marks.append(time.time())
+        self.marked[instance_id] = self.marks[-1]
         LOG.info("marked instance %s Unhealthy: Auto Scaling replaces it", instance_id)
         return ""

@@ -1,5 +1,5 @@
-"""The job controller's metrics: ``JobsRunning`` and ``JobRestarts`` per cluster, as EMF
-lines (``bootstrap_scripts.metrics_emf``) in the master's metrics file, which its
+"""The job controller's metrics: ``JobsRunning``, ``JobRestarts`` and ``UnhealthyNodes`` per
+cluster, as EMF lines (``bootstrap_scripts.metrics_emf``) in the master's metrics file, which its
 CloudWatch agent ships to ``<instance-id>/metrics`` and CloudWatch Logs makes metrics of.
 
 When: at once when the running count changes or the running job was restarted, and at
@@ -10,12 +10,23 @@ a Sum: a repeated 0 adds nothing). The controller runs one job at a time, so
 this controller first saw it (a job a previous controller restarted starts from its count
 then: a restart is counted once, by the controller that made it).
 
+``UnhealthyNodes`` (:func:`unhealthy_nodes`, read as a Maximum by the ``NodeUnhealthy``
+alarm) counts root's own evidence, never a user's: the members of the cluster's membership
+that this controller marked Unhealthy (``SetInstanceHealth``, ``instance_health``) within
+the last hour or that the running job excluded (a failed health gate, a node fault its
+executor's lost heartbeat confirmed). A marked node leaves the count when Auto Scaling has
+replaced it (it leaves the membership); an excluded one the circuit breaker kept from
+being marked stays in it while its job runs, which is when an operator is wanted.
+
 Per job (``ClusterId`` + ``JobId``): ``StepTime`` (the ranks' mean ``step_seconds``),
 ``SamplesPerSecond`` (the ranks' own ``samples_per_s`` summed) and ``Loss`` (their mean
 ``loss``), from the progress files the controller already reads for hangs
 (``hangs.HangWatch``: the user's files, read as the user); a line at most every
 :data:`PROGRESS_SECONDS` and only when some rank's step moved, so a hung job's graph
-stops rather than repeating its last figure. What no rank reports is left out.
+stops rather than repeating its last figure, and one more when an attempt ends (``final``:
+its last figures at once; a rank's first report has no step time or rate yet, so an
+attempt shorter than :data:`PROGRESS_SECONDS` would otherwise show only its first loss).
+What no rank reports is left out.
 
 :func:`decide` and :func:`progress_metrics` are the pure part; :class:`ControllerMetrics`
 remembers and writes.
@@ -26,7 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -45,23 +56,36 @@ PROGRESS_SECONDS = 15.0
 
 @dataclass(frozen=True)
 class Seen:
-    """What the last line said: the running job (or ""), its restart count then, when."""
+    """What the last line said: the running job (or ""), its restart count then, when, and
+    the unhealthy nodes it counted."""
 
     job_id: str = ""
     restarts: int = 0
     at: float = float("-inf")
     written: bool = False
+    unhealthy: int = 0
 
 
-def decide(seen: Seen, *, job_id: str, restarts: int, now: float,
-           repeat: float = REPEAT_SECONDS) -> tuple[int, int] | None:
-    """(jobs running, new restarts) to write now, None when nothing is due."""
+def decide(seen: Seen, *, job_id: str, restarts: int, now: float, unhealthy: int = 0,
+           repeat: float = REPEAT_SECONDS) -> tuple[int, int, int] | None:
+    """(jobs running, new restarts, unhealthy nodes) to write now, None when nothing is
+    due: at once when one of them changed, else every ``repeat`` seconds."""
     running = 1 if job_id else 0
     new = max(0, restarts - seen.restarts) if job_id and job_id == seen.job_id else 0
-    changed = running != (1 if seen.job_id else 0) or not seen.written
+    changed = running != (1 if seen.job_id else 0) or not seen.written or \
+        unhealthy != seen.unhealthy
     if changed or new or now - seen.at >= repeat:
-        return running, new
+        return running, new, unhealthy
     return None
+
+
+def unhealthy_nodes(members: Iterable[str], marked: Iterable[str],
+                    excluded: Iterable[str]) -> int:
+    """How many of the membership's instances (``members``) were marked Unhealthy or
+    excluded by the running job: a node already replaced (gone from the membership) is
+    no longer unhealthy, and an id that is not a member counts for nothing."""
+    flagged = {i for i in (*marked, *excluded) if i}
+    return len(flagged.intersection(members))
 
 
 def progress_metrics(records: Mapping[int, RankProgress]) -> dict[str, tuple[float, str]]:
@@ -91,43 +115,51 @@ class ControllerMetrics:
         #: the (rank, step) pairs of the last progress line, and when it was written
         self.progress_steps: tuple[tuple[int, int], ...] = ()
         self.progress_at = float("-inf")
+        self.progress_job = ""  # whose steps those are: a new job starts afresh
 
-    def observe(self, *, job_id: str, restarts: int, now: float | None = None) -> bool:
-        """Write a line if one is due; True when written. Never raises for a file or an
-        unknown cluster: logged once, tried again next time."""
+    def observe(self, *, job_id: str, restarts: int, unhealthy: int = 0,
+                now: float | None = None) -> bool:
+        """Write a line if one is due; True when written. ``unhealthy``: the
+        :func:`unhealthy_nodes` count now. Never raises for a file or an unknown cluster:
+        logged once, tried again next time."""
         now = time.monotonic() if now is None else now
         if job_id != self.seen.job_id:  # a new job: its restarts so far are not ours
             self.seen = Seen(job_id, restarts, self.seen.at, self.seen.written
-                             and bool(job_id) == bool(self.seen.job_id))
-        due = decide(self.seen, job_id=job_id, restarts=restarts, now=now)
+                             and bool(job_id) == bool(self.seen.job_id), self.seen.unhealthy)
+        due = decide(self.seen, job_id=job_id, restarts=restarts, now=now,
+                     unhealthy=unhealthy)
         if due is None:
             return False
         cluster = self.cluster_id()
         if not cluster:
             return self._problem("the cluster id is not known yet")
-        running, new = due
+        running, new, bad = due
         line = metrics_emf.render(
             namespace=names.NAMESPACE, dimension_sets=[[names.DIM_CLUSTER]],
             dimensions={names.DIM_CLUSTER: cluster},
             metrics={names.METRIC_JOBS_RUNNING: (running, "Count"),
-                     names.METRIC_JOB_RESTARTS: (new, "Count")},
+                     names.METRIC_JOB_RESTARTS: (new, "Count"),
+                     names.METRIC_UNHEALTHY_NODES: (bad, "Count")},
             timestamp_ms=int(time.time() * 1000), properties={"job": job_id})
         try:
             metrics_emf.append(self.path, [line])
         except OSError as exc:
             return self._problem(f"cannot append to {self.path}: {exc}")
-        self.seen = Seen(job_id, restarts, now, True)
+        self.seen = Seen(job_id, restarts, now, True, bad)
         self.problem = ""
         return True
 
     def observe_progress(self, job_id: str, records: Mapping[int, RankProgress], *,
-                         now: float | None = None) -> bool:
+                         now: float | None = None, final: bool = False) -> bool:
         """The running job's progress line, if some rank's step moved since the last one
-        and :data:`PROGRESS_SECONDS` passed; True when written."""
+        and :data:`PROGRESS_SECONDS` passed (``final``: the attempt ended, no wait); True
+        when written."""
         now = time.monotonic() if now is None else now
+        if job_id != self.progress_job:  # its first steps may equal the previous job's
+            self.progress_steps, self.progress_at, self.progress_job = (), float("-inf"), job_id
         steps = tuple(sorted((rank, r.step) for rank, r in records.items()))
         if not job_id or not steps or steps == self.progress_steps or \
-                now - self.progress_at < PROGRESS_SECONDS:
+                (now - self.progress_at < PROGRESS_SECONDS and not final):
             return False
         metrics = progress_metrics(records)
         cluster = self.cluster_id() if metrics else ""

@@ -71,6 +71,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def stop(*_: object) -> None:
+    """Exit at the first SIGTERM/SIGINT and ignore the next ones: a share is stopped with
+    a signal to its process group and one to each of its processes, and a second one
+    arriving during the interpreter's exit would print a traceback into the store's log."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from torch.distributed import TCPStore  # here: --help works without torch
@@ -85,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rdzv-store: cannot serve the rendezvous on {args.host}:{args.port}: {exc}",
               file=sys.stderr, flush=True)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         while True:
             signal.pause()

@@ -44,6 +44,8 @@ from bootstrap_scripts.protocol.records import ShareStarted
 from emulator.nodes import PYTHON
 from tests.security.conftest import user_env, wait_until
 
+pytestmark = [pytest.mark.slow]
+
 #: What the attacker runs: listen on argv[1]:argv[2], say so, hold it.
 SQUAT = """
 import socket, sys, time

@@ -10,6 +10,8 @@ A torchrun job's rendezvous store is a helper process of the master's share
 open, its store serving, until every other share of the job has exited (or its node is
 gone): no agent loses the store while it passes torch's exit barrier and closes the
 rendezvous (why: ``rdzv_store.py``). A store that dies while the job runs fails the share.
+The store's listening socket is bound here, as root, before any process of the share starts
+(``listeners.py``): a port someone else holds fails the share at once, naming the holder.
 """
 
 from __future__ import annotations

@@ -118,8 +118,12 @@ def test_the_store_refuses_a_descriptor_bound_elsewhere(monkeypatch):
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         monkeypatch.setenv(LISTEN_FD_VARIABLE, str(other.fileno()))
-        with pytest.raises(ValueError, match=r"not to 127\.0\.0\.1:294"):
+        with pytest.raises(ValueError, match=r"not a socket listening on 127\.0\.0\.1:294"):
             rdzv_store.inherited_listener("127.0.0.1", 294)
+        port = other.getsockname()[1]  # the right port, but nobody listens: refused too
+        monkeypatch.setenv(LISTEN_FD_VARIABLE, str(other.fileno()))
+        with pytest.raises(ValueError, match="not a socket listening"):
+            rdzv_store.inherited_listener("127.0.0.1", port)
     monkeypatch.delenv(LISTEN_FD_VARIABLE, raising=False)
     assert rdzv_store.inherited_listener("127.0.0.1", 294) is None  # binds itself
 

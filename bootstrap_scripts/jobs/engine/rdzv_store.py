@@ -46,7 +46,7 @@ LISTEN_FD_VARIABLE = "DL_LISTEN_FD"
 
 def inherited_listener(host: str, port: int) -> int | None:
     """The listening descriptor the executor handed over (None: none), checked to be a
-    TCP socket bound to ``port``: a stray variable must not make the store serve on
+    TCP socket listening on ``port``: a stray variable must not make the store serve on
     something else. ValueError when it is not."""
     value = os.environ.pop(LISTEN_FD_VARIABLE, "")
     if not value:
@@ -57,8 +57,10 @@ def inherited_listener(host: str, port: int) -> int | None:
     sock = socket.socket(fileno=os.dup(fd))
     try:
         bound = sock.getsockname()
-        if sock.type != socket.SOCK_STREAM or bound[1] != port:
-            raise ValueError(f"descriptor {fd} is bound to {bound}, not to {host}:{port}")
+        if sock.type != socket.SOCK_STREAM or bound[1] != port or \
+                not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            raise ValueError(f"descriptor {fd} is not a socket listening on {host}:{port} "
+                             f"(bound to {bound})")
     finally:
         sock.close()
     return fd

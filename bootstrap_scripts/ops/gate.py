@@ -42,7 +42,12 @@ from bootstrap_scripts.ops import gate_report as gr
 from bootstrap_scripts.ops import instance_types as it
 from bootstrap_scripts.ops.node_checks import MARKER
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import FORWARDED_ENV, RunRequest, new_job_id
+from bootstrap_scripts.protocol.jobs import (
+    DEFAULT_RDZV_PORT,
+    FORWARDED_ENV,
+    RunRequest,
+    new_job_id,
+)
 from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import InstanceTypeFacts, ShareExit
@@ -121,7 +126,8 @@ class GateJob:
                           heartbeat_timeout=w, start_timeout=w, fail_grace=w,
                           reach_timeout=1.0, grace=3.0, prefix=False)
 
-    def start(self, launcher: str, command: list[str], rdzv_port: int = 29400) -> None:
+    def start(self, launcher: str, command: list[str],
+              rdzv_port: int = DEFAULT_RDZV_PORT) -> None:
         """Run the gate job through the engine's front door (``dl-run --unmanaged
         --request -``, its run request on standard input) in a child process."""
         membership = Path(self.tmp.name) / "membership.json"

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from bootstrap_scripts.protocol.jobs import RDZV_PORTS, listen_port_allowed
 from bootstrap_scripts.protocol.membership import Node
 
 #: The table's columns, in order: one per check.
@@ -42,7 +43,8 @@ class GateSettings:
     allreduce_mib: float = 32.0
     allreduce_iters: int = 5
     allreduce_floor_gbps: float = 0.0
-    rdzv_port: int = 29401
+    #: the all-reduce's rendezvous: the window's second port, next to the jobs' default
+    rdzv_port: int = RDZV_PORTS[1]
     #: the jobs' interpreter ("" = dl-run's default: this one if it has torch, else python3)
     python: str = ""
 
@@ -57,8 +59,9 @@ class GateSettings:
         if self.efs_floor_mbps < 0 or self.allreduce_floor_gbps < 0:
             raise ValueError(f"floors must be >= 0, got efs {self.efs_floor_mbps} MB/s, "
                              f"all-reduce {self.allreduce_floor_gbps} GB/s")
-        if not 0 < self.rdzv_port < 65536:
-            raise ValueError(f"rdzv_port must be 1..65535, got {self.rdzv_port}")
+        if not listen_port_allowed(self.rdzv_port):
+            raise ValueError(f"rdzv_port must be in the rendezvous window {RDZV_PORTS[0]}-"
+                             f"{RDZV_PORTS[-1]} or 1024-65535, got {self.rdzv_port}")
 
     def node_budget(self, check: str) -> float:
         """Seconds a started node has for ``check`` (dcgm waits for nvidia-smi first)."""

@@ -25,6 +25,20 @@ from bootstrap_scripts.protocol.records import Record, record
 SPEC_SCHEMA = 1
 #: In an elastic job's ``join_template``, replaced by the joining node's address.
 ADDRESS_PLACEHOLDER = "{address}"
+#: The rendezvous window: privileged ports (below 1024: only root may bind them, see
+#: ip(7) ``ip_unprivileged_port_start``) that the root job executor binds on the master for a
+#: torchrun job's store (:class:`Listener`). Below 512, where neither glibc's
+#: ``bindresvport`` (512-1023) nor the kernel's NFS client (665-1023) take source ports, and
+#: assigned to nothing a Deep Learning AMI runs (sshd 22, rpcbind 111, DNS 53 are far off).
+RDZV_PORTS = range(294, 310)
+#: The variable that tells a process the number of the listening descriptor it inherited.
+LISTEN_FD_VARIABLE = "DL_LISTEN_FD"
+#: A torchrun job's rendezvous port unless ``--rdzv-port`` says otherwise (the window's first).
+DEFAULT_RDZV_PORT = RDZV_PORTS[0]
+#: The first unprivileged port: root binding one grants the job nothing its user could
+#: not bind alone, so these are allowed too (a development executor that is not root can
+#: bind only these), without the window's guarantee that no user can take it first.
+UNPRIVILEGED_PORTS = range(1024, 65536)
 
 
 class JobSpecError(ProtocolError):
@@ -41,6 +55,37 @@ class Proc:
     env: dict[str, str] = field(default_factory=dict)
     label: str = ""
     wait: bool = True
+    #: a listening socket the root executor binds before any process of the share starts
+    #: and hands to this process (None: none)
+    listen: Listener | None = None
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A TCP listening socket that the node's root job executor binds for a process of a
+    share, before it starts any process of that share, and hands over as an inherited file
+    descriptor (its number in ``DL_LISTEN_FD``): a torchrun job's rendezvous store, so that
+    no other user's process can hold the job's rendezvous address (docs/security.md).
+
+    The spec is the user's file: the fields are checked here (an address, a port of
+    :data:`RDZV_PORTS` or an unprivileged one, never e.g. 22) and again by the executor,
+    which binds only its own node's address when it is the membership's master."""
+
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        _address(self.host)
+        if not listen_port_allowed(self.port):
+            raise JobSpecError(f"invalid listening port {self.port!r}: the rendezvous window "
+                               f"{RDZV_PORTS[0]}-{RDZV_PORTS[-1]} or "
+                               f"{UNPRIVILEGED_PORTS[0]}-{UNPRIVILEGED_PORTS[-1]}",
+                               field="listen.port")
+
+
+def listen_port_allowed(port: object) -> bool:
+    """Whether root may bind ``port`` for a job: the rendezvous window or unprivileged."""
+    return type(port) is int and (port in RDZV_PORTS or port in UNPRIVILEGED_PORTS)
 
 
 @dataclass(frozen=True)
@@ -112,15 +157,34 @@ class JobSpec:
         for share in spec.shares:
             if not share.procs or any(not p.argv for p in share.procs):
                 raise JobSpecError(f"share of node {share.address} has an empty command")
+            _check_listeners(share)
+        if spec.join_template is not None and spec.join_template.listen is not None:
+            raise JobSpecError("an elastic job's join template cannot ask for a listener",
+                               field="listen")
         return spec
 
 
+def _check_listeners(share: Share) -> None:
+    """Root binds a listener only for the job's master (the share of rank 0, at most one)
+    and only on that share's own address: a spec cannot have root bind a port elsewhere."""
+    listeners = [p.listen for p in share.procs if p.listen is not None]
+    if not listeners:
+        return
+    if share.rank != 0 or len(listeners) > 1 or listeners[0].host != share.address:
+        raise JobSpecError(f"share of node rank {share.rank} ({share.address}) asks for "
+                           f"listeners on {', '.join(f'{x.host}:{x.port}' for x in listeners)}"
+                           f": only the share of rank 0, one, on its own address",
+                           field="listen")
+
+
 def _proc(p: dict) -> Proc:
+    listen = p.get("listen")
     return Proc(
         argv=tuple(str(a) for a in p["argv"]),
         env={str(k): str(v) for k, v in p.get("env", {}).items()},
         label=_label(str(p.get("label", ""))),
         wait=bool(p.get("wait", True)),
+        listen=Listener(host=str(listen["host"]), port=listen["port"]) if listen else None,
     )
 
 
@@ -211,7 +275,7 @@ class RunRequest(Record):
     nnodes: str = ""
     nproc_per_node: int = 0
     torchrun_max_restarts: int = 0
-    rdzv_port: int = 29400
+    rdzv_port: int = DEFAULT_RDZV_PORT
     elastic: bool = False
     rdzv_last_call: float = 0.0
     # mpi / horovod

@@ -9,6 +9,7 @@ import pytest
 
 from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.jobs.engine import rdzv_store
+from bootstrap_scripts.protocol.jobs import Listener
 from bootstrap_scripts.protocol.membership import build_membership
 
 NODES = [1, 2, 5]
@@ -53,7 +54,8 @@ def test_torchrun_one_agent_per_node_same_rendezvous(n, gpus):
         assert flag(argv, "nnodes") == str(n)
         assert flag(argv, "nproc-per-node") == str(max(1, gpus))
         assert flag(argv, "rdzv-backend") == "c10d"
-        assert flag(argv, "rdzv-endpoint") == "10.0.0.4:29400"
+        # the rendezvous window's first port: only root can bind it (docs/security.md)
+        assert flag(argv, "rdzv-endpoint") == "10.0.0.4:294"
         assert flag(argv, "rdzv-id") == "job-1"
         assert flag(argv, "local-addr") == node.address
         assert flag(argv, "max-restarts") == "2"
@@ -67,9 +69,12 @@ def test_torchrun_one_agent_per_node_same_rendezvous(n, gpus):
             (store,) = helpers
             assert store.label == rdzv_store.RDZV_STORE_LABEL and not store.wait
             assert store.argv == ("/usr/bin/python3", rdzv_store.RDZV_STORE_SCRIPT,
-                                  "--host", "10.0.0.4", "--port", "29400")
+                                  "--host", "10.0.0.4", "--port", "294")
+            # the master's root executor binds it before the share starts
+            assert store.listen == Listener(host="10.0.0.4", port=294)
+            assert proc.listen is None
         else:
-            assert helpers == []
+            assert helpers == [] and proc.listen is None
 
 
 def test_torchrun_ranks_are_sorted_numerically():
@@ -87,6 +92,13 @@ def test_torchrun_elastic_and_module_and_python_prefix():
     assert flag(argv, "nproc-per-node") == "3"
     assert flag(argv, "rdzv-endpoint") == "10.0.0.4:29500"
     assert argv[-2:] == ("-m", "pkg.train")
+
+
+@pytest.mark.parametrize("port", [22, 293, 310, 1023, 0, 65536])
+def test_torchrun_refuses_a_privileged_port_outside_the_window(port):
+    """Root binds the store's port: a user must not have it bind e.g. sshd's 22."""
+    with pytest.raises(ln.LaunchError, match=f"rendezvous window 294-309.*got {port}"):
+        ln.plan("torchrun", cluster(2, 0), ["t.py"], opts(rdzv_port=port))
 
 
 @pytest.mark.parametrize("bad", ["0", "4:2", "a", "1:2:3", "-1:2"])

@@ -25,7 +25,15 @@ from bootstrap_scripts.jobs.engine.plan_types import (
     python_command,
 )
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL, RDZV_STORE_SCRIPT
-from bootstrap_scripts.protocol.jobs import ADDRESS_PLACEHOLDER, Proc, Share
+from bootstrap_scripts.protocol.jobs import (
+    ADDRESS_PLACEHOLDER,
+    RDZV_PORTS,
+    UNPRIVILEGED_PORTS,
+    Listener,
+    Proc,
+    Share,
+    listen_port_allowed,
+)
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.node_files import (
     render_horovod_hosts,
@@ -102,9 +110,12 @@ ELASTIC_KEEP_ALIVE_ATTEMPTS = 5
 
 def rdzv_store_proc(opts: LaunchOptions, m: Membership) -> Proc:
     """The master's helper that serves the job's rendezvous store (see ``rdzv_store.py``
-    for why no torchrun agent hosts it)."""
+    for why no torchrun agent hosts it), on a listening socket the master's root executor
+    binds before the share starts (``listen``): no other user's process can be listening
+    there instead, which every agent would then take for the job's store."""
     return Proc(argv=(opts.python, RDZV_STORE_SCRIPT, "--host", m.master_addr,
-                      "--port", str(opts.rdzv_port)), label=RDZV_STORE_LABEL, wait=False)
+                      "--port", str(opts.rdzv_port)), label=RDZV_STORE_LABEL, wait=False,
+                listen=Listener(host=m.master_addr, port=opts.rdzv_port))
 
 
 #: torchrun's log directory, in the job's directory on EFS.
@@ -153,8 +164,11 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
     leave completes seconds after the nodes are there, not 30 s) and a join template."""
     if opts.max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0, got {opts.max_restarts}")
-    if not 0 < opts.rdzv_port < 65536:
-        raise LaunchError(f"rendezvous port must be 1..65535, got {opts.rdzv_port}")
+    if not listen_port_allowed(opts.rdzv_port):
+        raise LaunchError(f"--rdzv-port must be in the rendezvous window {RDZV_PORTS[0]}-"
+                          f"{RDZV_PORTS[-1]} (only root can bind these: the default) or "
+                          f"{UNPRIVILEGED_PORTS[0]}-{UNPRIVILEGED_PORTS[-1]}, got "
+                          f"{opts.rdzv_port}")
     if opts.rdzv_last_call < 0:
         raise LaunchError(f"rendezvous last call must be >= 0 s, got {opts.rdzv_last_call}")
     if opts.elastic:

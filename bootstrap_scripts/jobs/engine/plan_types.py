@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from bootstrap_scripts.protocol.jobs import (
     DEFAULT_MPI_IF_EXCLUDE,
     DEFAULT_NCCL_SOCKET_IFNAME,
+    DEFAULT_RDZV_PORT,
     Proc,
     Share,
 )
@@ -30,7 +31,7 @@ class LaunchOptions:
     nnodes: str = ""  # "" = exactly the membership's node count; or "MIN:MAX"
     nproc_per_node: int = 0  # 0 = GPU count (1 on CPU nodes)
     max_restarts: int = 0
-    rdzv_port: int = 29400
+    rdzv_port: int = DEFAULT_RDZV_PORT
     #: elastic: nodes may join and leave while the job runs (see docs/elastic-training.md)
     elastic: bool = False
     #: seconds the rendezvous waits for more nodes once MIN are there (torchrun: 30)

@@ -28,7 +28,7 @@ from bootstrap_scripts.data.plan import RESULT_MARKER, size_text
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import Proc, RunRequest, StagedNode, StagingReport
+from bootstrap_scripts.protocol.jobs import RunRequest, StagedNode, StagingReport
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import JobPaths
 
@@ -117,8 +117,8 @@ def with_data_dir(plan: LaunchPlan, staged: StagingReport, request: RunRequest
                        f"launcher starts every rank from the master: give one directory "
                        f"for all, --data {request.data}:/local/dir", EXIT_USAGE)
     shares = tuple(replace(s, procs=tuple(
-        Proc(argv=p.argv, env={**p.env, DATA_DIR_VARIABLE: dirs[s.address]}, label=p.label,
-             wait=p.wait) for p in s.procs)) if s.address in dirs else s
+        replace(p, env={**p.env, DATA_DIR_VARIABLE: dirs[s.address]})
+        for p in s.procs)) if s.address in dirs else s
         for s in plan.shares)
     return replace(plan, shares=shares), request
 

@@ -24,6 +24,7 @@ import os
 import time
 
 from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.jobs.executor import listeners
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
 from bootstrap_scripts.jobs.executor.node import ThisNode
@@ -31,8 +32,9 @@ from bootstrap_scripts.jobs.executor.probation import STARTUP_LIVENESS_SECONDS, 
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.jobs import JobSpec
+from bootstrap_scripts.protocol.jobs import JobSpec, Share
 from bootstrap_scripts.protocol.paths import JobPaths
+from bootstrap_scripts.protocol.records import ShareStarted
 
 LOG = logging.getLogger("dl-executor")
 
@@ -79,6 +81,8 @@ class JobScanner:
         self.changed_at = self.listed_at = 0.0
         #: directory listings done (the bench and the tests count them)
         self.listings = 0
+        #: jobs whose share waits for the master's listener: since when (monotonic)
+        self.listener_waits: dict[str, float] = {}
 
     def read_spec(self, job_id: str, paths: JobPaths, now: float) -> JobSpec | None:
         """The job's spec; None while it has none yet, or (then ``seen``) never will.
@@ -173,5 +177,30 @@ class JobScanner:
                 self.seen.add(job_id)
             if verdict != RunnerProbation.ALIVE:
                 return
+        if not self.listener_ready(spec, share, paths):
+            return
         if not self.shares.start(spec, share, paths):
             self.seen.add(job_id)
+
+    def listener_ready(self, spec: JobSpec, share: Share, paths: JobPaths) -> bool:
+        """Whether this share may start as far as the job's listener goes: a share of a job
+        whose master's executor binds the rendezvous listener starts only once that share
+        has started without error (root holds the port for the job's own store, so no
+        agent of ours meets another's); a master share that failed to start settles the
+        job here; one that never starts within the spec's orphan timeout too."""
+        holder = listeners.waits_for_listener(spec, share)
+        if holder is None:
+            return True
+        job_id = paths.job_id
+        rec = store.read_record_or_none(paths.started(holder.rank), ShareStarted)
+        if rec is not None and not rec.error:
+            self.listener_waits.pop(job_id, None)
+            return True
+        waited = time.monotonic() - self.listener_waits.setdefault(job_id, time.monotonic())
+        if rec is not None or waited > spec.orphan_timeout:
+            LOG.error("job %s: not starting its share: the master's share %s", job_id,
+                      f"could not start ({rec.error})" if rec is not None else
+                      f"did not start within {spec.orphan_timeout:.0f} s")
+            self.listener_waits.pop(job_id, None)
+            self.seen.add(job_id)
+        return False

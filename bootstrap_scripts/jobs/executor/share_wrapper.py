@@ -22,6 +22,7 @@ it must not import anything from the job's working directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -30,6 +31,8 @@ import signal
 import sys
 import time
 
+#: ``protocol.jobs.LISTEN_FD_VARIABLE`` (this file imports nothing of the project: ``-I``).
+LISTEN_FD_VARIABLE = "DL_LISTEN_FD"
 #: Signals the wrapper lives through (they are meant for the job, which gets them too).
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: Python ignores these at start-up; a job must get them with their default action.
@@ -76,6 +79,16 @@ def exec_child(argv: list[str], uid: int, gid: int, cwd: str) -> None:
         os._exit(127)
 
 
+def close_listener() -> None:
+    """The listening socket the executor bound for the child (``DL_LISTEN_FD``, see
+    ``executor/listeners.py``) is the child's: the wrapper keeps no copy, so the port is
+    free again as soon as the child has ended."""
+    fd = os.environ.get(LISTEN_FD_VARIABLE, "")
+    if fd.isdigit() and int(fd) > 2:
+        with contextlib.suppress(OSError):
+            os.close(int(fd))
+
+
 def exit_like(status: int) -> None:
     """End this process the way the child ended."""
     if os.WIFSIGNALED(status):
@@ -98,6 +111,7 @@ def main(argv: list[str]) -> None:
     pid = os.fork()
     if pid == 0:
         exec_child(command, uid, gid, cwd)
+    close_listener()
     # no core file of the wrapper when it re-raises the child's SIGSEGV (the child keeps
     # its own limit)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -10,6 +10,8 @@ A torchrun job's rendezvous store is a helper process of the master's share
 open, its store serving, until every other share of the job has exited (or its node is
 gone): no agent loses the store while it passes torch's exit barrier and closes the
 rendezvous (why: ``rdzv_store.py``). A store that dies while the job runs fails the share.
+The store's listening socket is bound here, as root, before any process of the share starts
+(``listeners.py``): a port someone else holds fails the share at once, naming the holder.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user
+from bootstrap_scripts.jobs.executor import listeners
 from bootstrap_scripts.jobs.executor.job_credentials import (
     CredentialsError,
     JobCredentials,
@@ -45,7 +48,7 @@ from bootstrap_scripts.jobs.executor.share_command import (
     wrapped,
 )
 from bootstrap_scripts.protocol import liveness, store
-from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
+from bootstrap_scripts.protocol.jobs import LISTEN_FD_VARIABLE, JobSpec, Proc, Share
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, JobPaths
 from bootstrap_scripts.protocol.records import (
     FAULT_INFRASTRUCTURE,
@@ -130,8 +133,15 @@ class Shares:
         else:
             no_credentials = ""
         self.node.paths.share_status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:  # before any process starts: none may meet another user's listener
+            listening, refused = listeners.bind_for(share, self.node.address), ""
+        except listeners.ListenerRefused as exc:
+            listening, refused = {}, str(exc)
         for index, proc in enumerate(share.procs):
             env = job_env(self.child_env(spec, proc, paths, share.rank), creds)
+            held = listening.get(index)
+            if held is not None:
+                env[LISTEN_FD_VARIABLE] = str(held.fileno())
             status = self.node.paths.share_status(spec.job_id, share.rank, index)
             with contextlib.suppress(FileNotFoundError):
                 status.unlink()  # a stale one would end the share at once after a restart
@@ -139,7 +149,7 @@ class Shares:
             try:
                 with as_user(uid, gid):  # the user's directory: the user's rights, no link
                     cwd = usable_cwd(spec.cwd, str(self.node.paths.root))
-                    error = missing_command(proc.argv[0], env, cwd)
+                    error = refused or missing_command(proc.argv[0], env, cwd)
                     log_fd = userfiles.open_append(log_path)
             except OSError as exc:  # e.g. a link planted where the log goes
                 error = f"cannot open the share's log {log_path.name}: {exc}"
@@ -157,6 +167,7 @@ class Shares:
                         # a later process can join a group only within its own session
                         # (setpgid), so the first must not start a session of its own.
                         process_group=pgid,
+                        pass_fds=(held.fileno(),) if held is not None else (),
                     )
                 except OSError as exc:
                     error = error or f"cannot start {proc.argv[0]!r}: {exc}"
@@ -164,6 +175,8 @@ class Shares:
                     break
             pgid = pgid or popen.pid
             started.append(RunningProc(proc, popen))
+        for held in listening.values():
+            held.close()  # the process it was for has it now (or nobody: the start failed)
         running = RunningShare(spec, share, paths, pgid, started, time.time(), uid=uid, gid=gid,
                                owner=owner)
         try:

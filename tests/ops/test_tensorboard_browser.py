@@ -6,7 +6,8 @@ controller sets it); ``dl-jobs tensorboard`` (run as root, as the operator chann
 starts TensorBoard as that user on 127.0.0.1; Debian's chromium, driven by Playwright, opens
 the page and must show the example's scalar tags in the DOM that TensorBoard's JavaScript
 rendered: they are not in the HTML the server sends (checked), so an HTTP 200 alone passes
-nothing. Root only (it creates the user); chromium from ``make system-deps``.
+nothing. The rendered page is kept as ``build/test-artifacts/tensorboard.png``. Root only
+(it creates the user); chromium from ``make system-deps``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from tests.conftest import REPO_ROOT
 from tests.support.users import CAN_CREATE_USERS, job_user, reachable_python  # noqa: F401
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+#: The page as the browser rendered it, kept for a person to look at (git-ignored).
+SCREENSHOT = Path(REPO_ROOT) / "build" / "test-artifacts" / "tensorboard.png"
 #: what the example writes (bootstrap_scripts/examples/train_digits.py)
 TAGS = ("loss", "accuracy", "step_time_s")
 
@@ -100,10 +103,13 @@ def test_the_examples_scalars_show_in_a_headless_browser(job_user, reachable_pyt
                     "tags => tags.every(t => document.body.innerText.split(/\\s+/).includes(t))",
                     arg=list(TAGS), timeout=25_000)
                 words = tab.inner_text("body").split()
+                SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+                tab.screenshot(path=str(SCREENSHOT), full_page=True)
             finally:
                 browser.close()
         assert set(TAGS) <= set(words)
         assert "no_such_scalar" not in words
+        assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         if served is not None:
             dl_jobs(efs, "tb-job", "--stop")

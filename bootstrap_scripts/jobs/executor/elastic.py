@@ -5,6 +5,8 @@ node appears in a newer generation, its executor claims the first free share ran
 O_EXCL: several nodes may join at once and nobody hands out numbers) and starts the
 spec's ``join_template`` with its own address: torchrun's c10d rendezvous admits the new
 agent, the others restart their workers, which resume from the latest step checkpoint.
+An attempt of a managed job (``join_admission``) is joined only once the job controller
+wrote ``admitted/<address>``: its health gate passed on this node.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class ElasticJoins:
                 continue
             if generation <= spec.generation or self.node.address not in addresses:
                 continue
+            if spec.join_admission and not store.exists(paths.admitted(self.node.address)):
+                continue  # the controller gates this node first (it stays waiting)
             verdict = self.probation.check(job_id, paths,
                                            max(STARTUP_LIVENESS_SECONDS, spec.orphan_timeout))
             if verdict == RunnerProbation.DEAD:

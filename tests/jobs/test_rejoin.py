@@ -210,3 +210,20 @@ def test_a_replacement_executor_joins_only_once_admitted(tmp_path):
     joins.wait(plain, kpaths)
     joins.join(draining=False)
     assert len(shares.started) == 2
+
+
+@pytest.mark.parametrize(("admitted", "joined_at", "says"), [
+    ("", None, "restarted on 3 of 4 node(s) at once (elastic); the replacement joins when "
+               "ready"),
+    ("i-r", None, "replacement i-r passed the health gate and is joining"),
+    ("i-r", 1700000000.0, "replacement i-r passed the health gate and joined 20"),
+])
+def test_dl_jobs_show_says_on_how_many_nodes_and_that_the_replacement_joins(
+        capsys, tmp_path, admitted, joined_at, says):
+    from bootstrap_scripts.jobs.cli import dl_jobs
+
+    job = dataclasses.replace(restarted_job(), restart_log=(dataclasses.replace(
+        restarted_job().restart_log[0], admitted_instance_ids=admitted,
+        joined_at=joined_at),))
+    dl_jobs.print_show(job, as_json=False, efs=tmp_path)
+    assert says in capsys.readouterr().out

@@ -3,8 +3,10 @@
 When the restart policy ran an elastic job's attempt on the survivors at once
 (``restart_policy.World.SURVIVORS_NOW``) rather than waiting for Auto Scaling's
 replacement, the attempt is published with ``join_admission``: a node that enters the
-membership later does not join it by itself. While the attempt runs below the job's full
-size, the supervisor looks at the live membership (:meth:`Rejoin.look`): a node there that
+membership later does not join it by itself. While the attempt runs (every elastic
+attempt: a node lost mid-attempt is tolerated by torchrun, so its replacement comes while
+the attempt runs too), the supervisor looks at the live membership (:meth:`Rejoin.look`):
+a node there that
 the attempt does not run on, that the job did not exclude and whose executor is alive
 (:func:`joiners`, pure) goes through the same health gate as before an attempt. Passing, it
 is admitted (``jobs/<attempt>/admitted/<address>``, written as the job's user in the
@@ -32,7 +34,7 @@ from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.records import ShareStarted
 
 LOG = logging.getLogger("dl-controller")
-#: How often the supervisor looks for a replacement while a grown-down attempt runs.
+#: How often the supervisor looks for a late node while an elastic attempt runs.
 LOOK_SECONDS = 2.0
 
 

@@ -273,8 +273,10 @@ class JobSupervisor:
         LOG.info("job %s: attempt %d (%s) on %d node(s), runner pid %d", self.job.job_id, n,
                  attempt_id, len(nodes), proc.pid)
         jpaths = ClusterPaths(self.efs).job(attempt_id)
-        self.rejoin = (rejoin.Rejoin(jpaths, self.uid, self.gid) if self.request.run.elastic
-                       and len(nodes) < self.job.full_size else None)
+        # Every elastic attempt: a node lost while it runs is tolerated (torchrun carries on
+        # without it), so its replacement must be gated and admitted then too.
+        self.rejoin = (rejoin.Rejoin(jpaths, self.uid, self.gid)
+                       if self.request.run.elastic else None)
         self.follow(jpaths, lambda: proc.poll() is None)
         detected = time.time()
         if not self.stopping():  # stopping: the next controller takes the attempt over
@@ -330,13 +332,13 @@ class JobSupervisor:
             self.note_resumed(jpaths)
 
     def grow(self, grow: rejoin.Rejoin) -> None:
-        """Elastic, below full size: a replacement gated and admitted into the running
-        attempt; once its share started, the record says the job grew back."""
+        """Elastic: a late node (a replacement) gated and admitted into the running attempt;
+        once its share started, the record says the job grew back."""
         admitted, joined = grow.step(self.ready_nodes()[0], running=self.last_nodes_addresses,
                                      excluded=self.job.excluded, alive=self.executors.alive,
                                      gate=self.run_gate)
-        if joined:
-            self.update(world_size=self.job.world_size + len(joined))
+        if joined and self.job.world_size < self.job.full_size:  # grew back
+            self.update(world_size=min(self.job.full_size, self.job.world_size + len(joined)))
         if self.job.restart_log and (admitted or joined):
             self.update_last_restart(admitted_instance_ids=",".join(grow.admitted.values()),
                                      **({"joined_at": time.time()} if joined else {}))

@@ -227,3 +227,25 @@ def test_dl_jobs_show_says_on_how_many_nodes_and_that_the_replacement_joins(
         joined_at=joined_at),))
     dl_jobs.print_show(job, as_json=False, efs=tmp_path)
     assert says in capsys.readouterr().out
+
+
+def test_a_new_executor_is_seen_moving_with_real_heartbeats(tmp_path):
+    """The supervisor's real observer (``reachability.Executors``), not the fake: looked at
+    every :data:`rejoin.LOOK_SECONDS`, a replacement's beating executor is found alive (a
+    look interval past the liveness rule's freshness window would never prove it)."""
+    from bootstrap_scripts.jobs.engine.reachability import Executors
+    from bootstrap_scripts.protocol.records import ExecutorHeartbeat
+
+    beat = ClusterPaths(tmp_path).executor_heartbeat("10.0.1.9")
+    beat.parent.mkdir(parents=True)
+    clock = [0.0]
+    executors = Executors(tmp_path, clock=lambda: clock[0])
+    m = membership(2, W[0], REPLACEMENT)
+    found = []
+    for seq in range(1, 5):  # the executor beats once per look interval
+        store.write_record(beat, ExecutorHeartbeat(address="10.0.1.9", heartbeat=seq,
+                                                   seq=seq))
+        found = rejoin.joiners(m, running={"10.0.0.4", "10.0.1.1"}, excluded=(),
+                               alive=executors.alive(["10.0.1.9"]), admitted=())
+        clock[0] += rejoin.LOOK_SECONDS + 0.5  # the supervisor's poll adds up to 0.5 s
+    assert [n.address for n in found] == ["10.0.1.9"]

@@ -28,14 +28,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.jobs.engine.reachability import FRESH_WITHIN_SECONDS
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.job_paths import SHARE_STARTED_SUFFIX, JobPaths
 from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.records import ShareStarted
 
 LOG = logging.getLogger("dl-controller")
-#: How often the supervisor looks for a late node while an elastic attempt runs.
-LOOK_SECONDS = 2.0
+#: How often the supervisor looks for a late node while an elastic attempt runs: within
+#: the liveness rule's freshness window, so that a new executor is seen moving between two
+#: looks (a change across a longer gap proves nothing about now and is looked at afresh).
+LOOK_SECONDS = FRESH_WITHIN_SECONDS / 2
 
 
 def joiners(live: Membership, *, running: Iterable[str], excluded: Iterable[str],

@@ -249,3 +249,27 @@ def test_a_new_executor_is_seen_moving_with_real_heartbeats(tmp_path):
                                alive=executors.alive(["10.0.1.9"]), admitted=())
         clock[0] += rejoin.LOOK_SECONDS + 0.5  # the supervisor's poll adds up to 0.5 s
     assert [n.address for n in found] == ["10.0.1.9"]
+
+
+def test_a_re_attaching_controller_does_not_gate_an_admitted_node_again(tmp_path):
+    gated = []
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: gated.append(addresses) or [])
+    sup.grow(grow)
+    successor = rejoin.Rejoin(grow.jpaths, os.geteuid(), os.getegid())
+    assert successor.admitted == {"10.0.1.9": "i-r"}
+    sup.grow(successor)
+    assert gated == [["10.0.1.9"]]
+
+
+def test_an_admission_planted_as_a_link_admits_nothing(tmp_path):
+    from bootstrap_scripts.jobs.executor.elastic import admitted
+
+    paths = ClusterPaths(tmp_path).job("j.2")
+    paths.admitted_dir.mkdir(parents=True)
+    target = tmp_path / "elsewhere"
+    target.write_text("secret\n")
+    paths.admitted("10.0.1.9").symlink_to(target)
+    assert not admitted(paths, "10.0.1.9")
+    assert rejoin.Rejoin(paths, os.geteuid(), os.getegid()).admitted == {}
+    store.atomic_write(paths.admitted("10.0.1.8"), "i-r passed the health gate\n")
+    assert admitted(paths, "10.0.1.8")

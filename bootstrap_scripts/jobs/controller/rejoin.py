@@ -23,6 +23,7 @@ too, and would only bring into their own job a node that is in the cluster's mem
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -63,6 +64,21 @@ class Rejoin:
     admitted: dict[str, str] = field(default_factory=dict)  # address -> instance id
     joined: set[str] = field(default_factory=set)
     next_look: float = 0.0
+
+    def __post_init__(self) -> None:
+        """A controller that re-attaches to the attempt finds the admissions its predecessor
+        wrote: those nodes are not gated again (they may be training already)."""
+        with userfiles.as_user(self.uid, self.gid):  # the user's directory, never a link
+            try:
+                names = [e.name for e in os.scandir(self.jpaths.admitted_dir)]
+            except OSError:
+                return
+            for address in names:
+                try:
+                    text = userfiles.read_owned(self.jpaths.admitted_dir, address).text
+                except OSError:  # not the controller's file: ignored
+                    continue
+                self.admitted[address] = text.split(" ", 1)[0].strip()
 
     def due(self) -> bool:
         now = time.monotonic()

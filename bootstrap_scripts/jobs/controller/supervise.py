@@ -288,6 +288,10 @@ class JobSupervisor:
         """Follow the current attempt, started by a previous controller, to its end (its
         runner is not our child: its heartbeat on EFS says whether it still runs)."""
         jpaths = ClusterPaths(self.efs).job(self.paths.attempt_id(self.job.attempt))
+        m = self.membership()  # the attempt's nodes, and the late nodes it admitted
+        self.last_nodes_addresses = {n.address for n in m.nodes} if m else set()
+        self.rejoin = (rejoin.Rejoin(jpaths, self.uid, self.gid)
+                       if self.request.run.elastic else None)
         self.follow(jpaths, lambda: attempts.runner_alive(jpaths))
         detected = time.time()
         if not self.stopping():

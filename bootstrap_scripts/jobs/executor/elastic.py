@@ -12,6 +12,7 @@ wrote ``admitted/<address>``: its health gate passed on this node.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from bootstrap_scripts.jobs.engine.userfiles import as_user
@@ -25,6 +26,17 @@ from bootstrap_scripts.protocol.paths import SHARE_CLAIM_SUFFIX, JobPaths
 from bootstrap_scripts.protocol.records import ShareClaim
 
 LOG = logging.getLogger("dl-executor")
+
+
+def admitted(paths: JobPaths, address: str) -> bool:
+    """The job controller admitted ``address`` into the attempt: its file is there, opened
+    (EFS: open, not stat) without following a link (the directory is the job user's: root
+    answers nothing about where a planted link points)."""
+    try:
+        os.close(os.open(paths.admitted(address), store.READ_FLAGS | os.O_NOFOLLOW))
+    except OSError:  # missing, or a link (ELOOP)
+        return False
+    return True
 
 
 class ElasticJoins:
@@ -63,7 +75,7 @@ class ElasticJoins:
                 continue
             if generation <= spec.generation or self.node.address not in addresses:
                 continue
-            if spec.join_admission and not store.exists(paths.admitted(self.node.address)):
+            if spec.join_admission and not admitted(paths, self.node.address):
                 continue  # the controller gates this node first (it stays waiting)
             verdict = self.probation.check(job_id, paths,
                                            max(STARTUP_LIVENESS_SECONDS, spec.orphan_timeout))

@@ -41,6 +41,7 @@ class JobPaths:
         nodes/<rank>.started the executor's acknowledgement (pids, process group, start time)
         nodes/<rank>.exit    the share's exit
         nodes/<rank>.claim   elastic jobs: a joining node's executor claims rank N (O_EXCL)
+        admitted/<address>   elastic attempts of a managed job: the controller's gate passed it
         progress/<rank>.json each rank's progress (``bootstrap_scripts.progress``), its own
         flight/              torch's flight recorder dumps (``TORCH_FR_DUMP_TEMP_FILE``)
         stacks/<rank>.json   a hung rank's Python stack (py-spy, written as the job's user)
@@ -97,6 +98,17 @@ class JobPaths:
 
     def claim(self, rank: int) -> Path:
         return self.nodes / f"{rank}.claim"
+
+    @property
+    def admitted_dir(self) -> Path:
+        return self.dir / "admitted"
+
+    def admitted(self, address: str) -> Path:
+        """Elastic jobs with ``join_admission``: the job controller's word that the node at
+        ``address`` passed the health gate and may join (its executor waits for it)."""
+        if not address or "/" in address or address.startswith("."):  # a name, never a path
+            raise ProtocolError(f"invalid node address {address!r}", field="address")
+        return self.admitted_dir / address
 
     @property
     def progress_dir(self) -> Path:

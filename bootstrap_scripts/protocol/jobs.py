@@ -113,6 +113,9 @@ class JobSpec:
     elastic: bool = False
     generation: int = 0
     join_template: Proc | None = None
+    #: elastic jobs of the job controller: a joining node also waits for
+    #: ``admitted/<address>`` (the controller's health gate passed) before it joins
+    join_admission: bool = False
     schema: int = SPEC_SCHEMA
 
     def share_for(self, address: str) -> Share | None:
@@ -149,6 +152,7 @@ class JobSpec:
                 elastic=bool(data.get("elastic", False)),
                 generation=int(data.get("generation", 0)),
                 join_template=_proc(template) if template else None,
+                join_admission=bool(data.get("join_admission", False)),
             )
         except JobSpecError:
             raise
@@ -277,6 +281,9 @@ class RunRequest(Record):
     torchrun_max_restarts: int = 0
     rdzv_port: int = DEFAULT_RDZV_PORT
     elastic: bool = False
+    #: elastic attempts of a managed job: nodes join only once the job controller admitted
+    #: them (``JobSpec.join_admission``: after its health gate)
+    join_admission: bool = False
     rdzv_last_call: float = 0.0
     # mpi / horovod
     mpi_if_include: str = ""

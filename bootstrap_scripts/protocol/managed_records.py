@@ -56,6 +56,14 @@ class RestartRecord(Record):
     seconds_to_resume: float | None = None  # detection -> every share of the next attempt up
     resumed_epoch: int | None = None
     resumed_step: int | None = None
+    #: how the next attempt's nodes were chosen (``restart_policy.World``: full, survivors
+    #: after --replace-timeout, survivors-now for an elastic job) and the job's full size
+    world: str = ""
+    full_size: int = 0
+    #: elastic, survivors-now: replacement(s) the health gate passed and admitted into the
+    #: running attempt, and when they joined it (their share started: the job grew back)
+    admitted_instance_ids: str = ""
+    joined_at: float | None = None
 
 
 @record

@@ -132,6 +132,7 @@ LAYOUT = (
     f"{JOBS_DIR}/<job-id>/staging.json",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",
     f"{JOBS_DIR}/<job-id>/nodes/<rank>.exit", f"{JOBS_DIR}/<job-id>/nodes/<rank>.claim",
+    f"{JOBS_DIR}/<job-id>/admitted/<address>",
     f"{JOBS_DIR}/<job-id>/progress/<rank>.json", f"{JOBS_DIR}/<job-id>/flight/",
     f"{JOBS_DIR}/<job-id>/stacks/<rank>.json",
     CONTROLLER_HEARTBEAT, IDLE_STOP, f"{MANAGED_DIR}/<job-id>/request.json",

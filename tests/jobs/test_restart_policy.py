@@ -15,6 +15,7 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
     check_transition,
     choose_world,
     decide,
+    elastic_minimum,
 )
 from bootstrap_scripts.protocol.jobs import EXECUTOR_RESTARTED_REASON
 from bootstrap_scripts.protocol.records import (
@@ -78,6 +79,45 @@ def test_choose_world(full, ready, waited, policy, world):
     assert choose_world(full_size=full, ready=ready, waited=waited, policy=policy).world is world
 
 
+ELASTIC = Policy(elastic=True, replace_timeout=900)
+
+
+@pytest.mark.parametrize(("full", "ready", "waited", "policy", "world"), [
+    # elastic, torchrun MIN 1 (its default) or given: the survivors now, no waiting
+    (4, 3, 0, ELASTIC, World.SURVIVORS_NOW),
+    (4, 1, 0, ELASTIC, World.SURVIVORS_NOW),
+    (4, 3, 0, Policy(elastic=True, elastic_min=3), World.SURVIVORS_NOW),
+    # below torchrun's MIN or --min-nodes: wait for the replacement, as before
+    (4, 2, 10, Policy(elastic=True, elastic_min=3, replace_timeout=900), World.WAIT),
+    (4, 2, 10, Policy(elastic=True, min_nodes=3, replace_timeout=900), World.WAIT),
+    (4, 2, 900, Policy(elastic=True, min_nodes=3, replace_timeout=900), World.FAIL),
+    # --min-nodes below torchrun's MIN: MIN wins (torchrun would not form a rendezvous)
+    (4, 2, 900, Policy(elastic=True, min_nodes=1, elastic_min=3, replace_timeout=900),
+     World.FAIL),
+    (4, 4, 0, ELASTIC, World.FULL),
+    (4, 0, 0, ELASTIC, World.WAIT),  # not even the master: nothing to run on
+    # not elastic: today's behaviour exactly (wait, then survivors >= --min-nodes)
+    (4, 3, 0, Policy(min_nodes=1, replace_timeout=900), World.WAIT),
+    (4, 3, 900, Policy(min_nodes=1, replace_timeout=900), World.SURVIVORS),
+])
+def test_choose_world_elastic_restarts_on_the_survivors_at_once(full, ready, waited, policy,
+                                                                world):
+    choice = choose_world(full_size=full, ready=ready, waited=waited, policy=policy)
+    assert choice.world is world, choice.reason
+
+
+def test_the_survivors_now_reason_says_the_sizes_and_that_the_replacement_joins():
+    choice = choose_world(full_size=4, ready=3, waited=0, policy=ELASTIC)
+    assert choice.reason.startswith("restarting on 3 of 4 node(s) now")
+    assert "the replacement joins when ready" in choice.reason
+
+
+@pytest.mark.parametrize(("nnodes", "minimum"), [
+    ("", 1), ("1:64", 1), ("3:8", 3), (" 2 : 4", 2), ("x:4", 1), ("0:4", 1), ("5", 5)])
+def test_elastic_minimum_is_torchruns_min(nnodes, minimum):
+    assert elastic_minimum(nnodes) == minimum
+
+
 @pytest.mark.parametrize(("old", "new", "ok"), [
     (JobState.QUEUED, JobState.RUNNING, True),
     (JobState.QUEUED, JobState.CANCELLED, True),
@@ -102,6 +142,7 @@ def test_transitions(old, new, ok):
     ({"min_nodes": -2}, "--min-nodes must be >= 0, got -2"),
     ({"max_code_restarts": -1}, "--max-code-restarts must be >= 0"),
     ({"replace_timeout": -5}, "--replace-timeout must be >= 0 s, got -5"),
+    ({"elastic": True, "elastic_min": 0}, "--nnodes MIN must be >= 1, got 0"),
 ])
 def test_policy_rejects_bad_values_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -211,6 +211,13 @@ def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
               f"{', ' + r.health_error if r.health_error else ''}; replacement "
               f"{r.replacement_instance_id or '-'}; resumed on {r.next_world_size or '-'} "
               f"node(s) from {resumed} in {took}: {r.detail}")
+        if r.world == "survivors-now":  # elastic: restarted at once, grows back later
+            print(f"  restarted on {r.next_world_size} of {r.full_size} node(s) at once "
+                  f"(elastic); " + (f"replacement {r.admitted_instance_ids} passed the health "
+                                    f"gate and " + ("joined " + when(r.joined_at)
+                                                    if r.joined_at else "is joining")
+                                    if r.admitted_instance_ids else
+                                    "the replacement joins when ready"))
         if r.kind == "hang":  # every rank's stack, as the controller recorded it
             print(f"  stacks: <EFS>/managed/{job.job_id}/attempts/{r.attempt}.hang.json")
     return 0

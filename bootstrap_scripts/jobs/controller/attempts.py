@@ -95,7 +95,10 @@ def attempt_request(request: ManagedRequest, *, attempt_id: str, efs: Path,
     for key, value in watchdog.items():  # the user's own --env of the same name wins
         env.setdefault(key, value)
     forward = tuple(dict.fromkeys((*run.forward, *restart, *watchdog)))
+    # An elastic attempt admits a late node only once the controller's gate passed it
+    # (``rejoin.py``).
     return dataclasses.replace(run, job_id=attempt_id, env=env, forward=forward,
+                               join_admission=run.elastic,
                                checkpoint_url=checkpoint_url(checkpoints_url,
                                                              request.job_id, user))
 

@@ -5,7 +5,9 @@ The controller (``controller.py``) hands a job to :class:`JobSupervisor`, which 
 1. **Nodes.** The membership's nodes, minus the instances the job excluded (failed ones),
    minus nodes whose executor is not alive. Fewer than the first attempt's count: wait for
    Auto Scaling's replacement up to ``--replace-timeout``, then run on the survivors if
-   they are at least ``--min-nodes`` (``restart_policy.choose_world``).
+   they are at least ``--min-nodes`` (``restart_policy.choose_world``). An ``--elastic``
+   job runs on the survivors at once and lets the replacement join that attempt once it
+   passed the health gate (``rejoin.py``).
 2. **Health gate** on those nodes (``ops.gate.run_gate``): a failing node is marked
    Unhealthy (Auto Scaling replaces it) and excluded, and the choice starts again.
 3. **Attempt** ``n``: ``jobs/<id>.<n>/`` run by today's engine (``attempts.py``), as the
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts.jobs.controller import attempts, hangs, node_evidence
+from bootstrap_scripts.jobs.controller import attempts, hangs, node_evidence, rejoin
 from bootstrap_scripts.jobs.controller.budget import JobBudget
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.engine import managed, userfiles
@@ -47,9 +49,11 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
     JobState,
     Policy,
     World,
+    WorldChoice,
     check_transition,
     choose_world,
     decide,
+    elastic_minimum,
 )
 from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.ops.prices import PriceBook
@@ -81,13 +85,19 @@ class JobSupervisor:
         self.tick, self.stopping = tick, stopping
         self.policy = Policy(max_restarts=request.max_restarts, min_nodes=request.min_nodes,
                              max_code_restarts=request.max_code_restarts,
-                             replace_timeout=request.replace_timeout)
+                             replace_timeout=request.replace_timeout,
+                             elastic=request.run.elastic,
+                             elastic_min=elastic_minimum(request.run.nnodes))
+        #: how the current attempt's nodes were chosen; its late joiners (elastic)
+        self.choice: WorldChoice | None = None
+        self.rejoin: rejoin.Rejoin | None = None
         try:
             self.uid, self.gid = attempts.owner(paths.request)
         except userfiles.UnsafeUserFile:  # the controller's ``refuse`` fails the job with why
             self.uid = self.gid = -1
         #: instance ids of the previous attempt's nodes (a new one there is a replacement)
         self.last_nodes: set[str] = set()
+        self.last_nodes_addresses: set[str] = set()
         #: the executors as this supervisor has seen them (the cluster's one liveness rule)
         self.executors = Executors(efs)
         #: the cost ledger and --max-cost (a cap that is not one: the job fails naming it)
@@ -165,8 +175,9 @@ class JobSupervisor:
             if choice.world is not World.WAIT:
                 failing = self.run_gate(m, ready)
                 if not failing:
-                    if choice.world is World.SURVIVORS:
+                    if choice.world is not World.FULL:
                         LOG.info("job %s: %s", self.job.job_id, choice.reason)
+                    self.choice = choice
                     return m, ready
                 continue  # excluded and marked: choose again (replacements may come)
             if choice.reason != announced:
@@ -236,8 +247,11 @@ class JobSupervisor:
                    if self.last_nodes and x.instance_id not in self.last_nodes]
             self.update_last_restart(next_world_size=len(nodes), resumed_epoch=epoch,
                                      resumed_step=step,
-                                     replacement_instance_id=",".join(new))
+                                     replacement_instance_id=",".join(new),
+                                     world=self.choice.world.value if self.choice else "",
+                                     full_size=self.job.full_size)
         self.last_nodes = {x.instance_id for x in nodes}
+        self.last_nodes_addresses = {x.address for x in nodes}
         # A capped job's nodes are priced before the attempt starts (one it cannot price does
         # not start); any other job's right after, off the path to its start.
         usage = self.budget.start(self.job, n, nodes) if self.budget.cap is not None else ()
@@ -259,6 +273,10 @@ class JobSupervisor:
         LOG.info("job %s: attempt %d (%s) on %d node(s), runner pid %d", self.job.job_id, n,
                  attempt_id, len(nodes), proc.pid)
         jpaths = ClusterPaths(self.efs).job(attempt_id)
+        # Every elastic attempt: a node lost while it runs is tolerated (torchrun carries on
+        # without it), so its replacement must be gated and admitted then too.
+        self.rejoin = (rejoin.Rejoin(jpaths, self.uid, self.gid)
+                       if self.request.run.elastic else None)
         self.follow(jpaths, lambda: proc.poll() is None)
         detected = time.time()
         if not self.stopping():  # stopping: the next controller takes the attempt over
@@ -270,6 +288,10 @@ class JobSupervisor:
         """Follow the current attempt, started by a previous controller, to its end (its
         runner is not our child: its heartbeat on EFS says whether it still runs)."""
         jpaths = ClusterPaths(self.efs).job(self.paths.attempt_id(self.job.attempt))
+        m = self.membership()  # the attempt's nodes, and the late nodes it admitted
+        self.last_nodes_addresses = {n.address for n in m.nodes} if m else set()
+        self.rejoin = (rejoin.Rejoin(jpaths, self.uid, self.gid)
+                       if self.request.run.elastic else None)
         self.follow(jpaths, lambda: attempts.runner_alive(jpaths))
         detected = time.time()
         if not self.stopping():
@@ -303,6 +325,8 @@ class JobSupervisor:
                 cancel_sent = True
             if pending_resume:
                 pending_resume = not self.note_resumed(jpaths)
+            if not cancel_sent and self.rejoin is not None and self.rejoin.due():
+                self.grow(self.rejoin)
             if not cancel_sent and self.uid >= 0 and time.monotonic() >= next_look:
                 next_look = time.monotonic() + WATCH_SECONDS
                 cancel_sent = self.look_at_progress(watch)
@@ -310,6 +334,18 @@ class JobSupervisor:
             time.sleep(POLL_SECONDS)
         if pending_resume:
             self.note_resumed(jpaths)
+
+    def grow(self, grow: rejoin.Rejoin) -> None:
+        """Elastic: a late node (a replacement) gated and admitted into the running attempt;
+        once its share started, the record says the job grew back."""
+        admitted, joined = grow.step(self.ready_nodes()[0], running=self.last_nodes_addresses,
+                                     excluded=self.job.excluded, alive=self.executors.alive,
+                                     gate=self.run_gate)
+        if joined and self.job.world_size < self.job.full_size:  # grew back
+            self.update(world_size=min(self.job.full_size, self.job.world_size + len(joined)))
+        if self.job.restart_log and (admitted or joined):
+            self.update_last_restart(admitted_instance_ids=",".join(grow.admitted.values()),
+                                     **({"joined_at": time.time()} if joined else {}))
 
     def look_at_progress(self, watch: hangs.HangWatch) -> bool:
         """One look at the ranks' progress: stragglers into the record; a hang handled

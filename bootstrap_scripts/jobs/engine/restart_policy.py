@@ -81,6 +81,10 @@ class Policy:
     min_nodes: int = 0  # 0: the first attempt's node count
     max_code_restarts: int = DEFAULT_MAX_CODE_RESTARTS
     replace_timeout: float = DEFAULT_REPLACE_TIMEOUT
+    #: ``--elastic``: the job runs under torchrun ``--nnodes MIN:MAX``, so it can start on
+    #: fewer nodes and take a replacement in while it runs (``elastic_min``: MIN)
+    elastic: bool = False
+    elastic_min: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_restarts", "min_nodes", "max_code_restarts"):
@@ -89,8 +93,15 @@ class Policy:
                                  f"got {getattr(self, name)}")
         if self.replace_timeout < 0:
             raise ValueError(f"--replace-timeout must be >= 0 s, got {self.replace_timeout}")
+        if self.elastic_min < 1:
+            raise ValueError(f"--nnodes MIN must be >= 1, got {self.elastic_min}")
 
     def minimum(self, full_size: int) -> int:
+        """The fewest nodes an attempt runs on: ``--min-nodes`` (default: all of them); an
+        elastic job's default is torchrun's ``--nnodes`` MIN, and it is never below MIN
+        (torchrun would not form a rendezvous with fewer)."""
+        if self.elastic:
+            return min(max(self.min_nodes, self.elastic_min), full_size)
         return min(self.min_nodes or full_size, full_size)
 
 
@@ -144,6 +155,9 @@ class World(StrEnum):
     WAIT = "wait"  # a replacement is still expected
     FULL = "full"  # run at full size
     SURVIVORS = "survivors"  # run on fewer nodes (>= min-nodes)
+    #: elastic: run on the survivors now; a replacement joins the running attempt once it
+    #: passed the health gate (TorchElastic's membership change), no waiting for it
+    SURVIVORS_NOW = "survivors-now"
     FAIL = "fail"  # too few nodes, and no more waiting
 
 
@@ -155,16 +169,30 @@ class WorldChoice:
 
 def choose_world(*, full_size: int, ready: int, waited: float, policy: Policy) -> WorldChoice:
     """On how many nodes the next attempt runs: all of them once the cluster is back at
-    ``full_size``; while fewer are ready, wait up to ``--replace-timeout`` for the
-    replacement, then run on the ``ready`` survivors if they are at least ``--min-nodes``."""
+    ``full_size``. While fewer are ready: an elastic job runs on the ``ready`` survivors at
+    once when they are at least its minimum (the replacement joins the running attempt
+    later, through torchrun's rendezvous); any other job waits up to ``--replace-timeout``
+    for the replacement, then runs on the survivors if they are at least ``--min-nodes``."""
     if ready >= full_size:
         return WorldChoice(World.FULL, f"{ready} node(s) ready")
+    minimum = policy.minimum(full_size)
+    if policy.elastic and ready >= minimum and ready > 0:
+        return WorldChoice(World.SURVIVORS_NOW, f"restarting on {ready} of {full_size} "
+                           f"node(s) now (elastic, minimum {minimum}); the replacement joins "
+                           f"when ready (once it passed the health gate)")
     if waited < policy.replace_timeout:
         return WorldChoice(World.WAIT, f"{ready} of {full_size} node(s) ready; waiting up to "
                            f"{policy.replace_timeout:.0f} s for a replacement")
-    minimum = policy.minimum(full_size)
     if ready >= minimum and ready > 0:
         return WorldChoice(World.SURVIVORS, f"no replacement after {waited:.0f} s: running on "
                            f"the {ready} surviving node(s) (--min-nodes {minimum})")
     return WorldChoice(World.FAIL, f"only {ready} of {full_size} node(s) ready after waiting "
                        f"{waited:.0f} s for a replacement (--min-nodes {minimum})")
+
+
+def elastic_minimum(nnodes: str) -> int:
+    """torchrun's MIN of an elastic job's ``--nnodes`` (``MIN:MAX``; "" or a single N: the
+    elastic default of 1 or N). A malformed value is 1 here: the runner refuses it with
+    its own message when the attempt starts."""
+    head = nnodes.split(":", 1)[0].strip() if nnodes else ""
+    return int(head) if head.isdigit() and int(head) >= 1 else 1

@@ -5,11 +5,14 @@ node appears in a newer generation, its executor claims the first free share ran
 O_EXCL: several nodes may join at once and nobody hands out numbers) and starts the
 spec's ``join_template`` with its own address: torchrun's c10d rendezvous admits the new
 agent, the others restart their workers, which resume from the latest step checkpoint.
+An attempt of a managed job (``join_admission``) is joined only once the job controller
+wrote ``admitted/<address>``: its health gate passed on this node.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from bootstrap_scripts.jobs.engine.userfiles import as_user
@@ -23,6 +26,17 @@ from bootstrap_scripts.protocol.paths import SHARE_CLAIM_SUFFIX, JobPaths
 from bootstrap_scripts.protocol.records import ShareClaim
 
 LOG = logging.getLogger("dl-executor")
+
+
+def admitted(paths: JobPaths, address: str) -> bool:
+    """The job controller admitted ``address`` into the attempt: its file is there, opened
+    (EFS: open, not stat) without following a link (the directory is the job user's: root
+    answers nothing about where a planted link points)."""
+    try:
+        os.close(os.open(paths.admitted(address), store.READ_FLAGS | os.O_NOFOLLOW))
+    except OSError:  # missing, or a link (ELOOP)
+        return False
+    return True
 
 
 class ElasticJoins:
@@ -61,6 +75,8 @@ class ElasticJoins:
                 continue
             if generation <= spec.generation or self.node.address not in addresses:
                 continue
+            if spec.join_admission and not admitted(paths, self.node.address):
+                continue  # the controller gates this node first (it stays waiting)
             verdict = self.probation.check(job_id, paths,
                                            max(STARTUP_LIVENESS_SECONDS, spec.orphan_timeout))
             if verdict == RunnerProbation.DEAD:

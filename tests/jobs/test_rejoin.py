@@ -1,0 +1,275 @@
+"""An elastic managed job restarts on its survivors at once and grows back: the supervisor
+acting on ``choose_world``'s survivors-now, and a replacement gated, admitted and seen
+joining the running attempt (injected gate, fake executors: no nodes, no AWS); the
+executor side waits for the admission before it joins."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts.jobs.controller import attempts, rejoin, supervise
+from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
+from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine.restart_policy import World
+from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
+from bootstrap_scripts.jobs.executor.node import ThisNode
+from bootstrap_scripts.jobs.executor.probation import RunnerProbation
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import JobSpec, Proc, RunRequest, Share
+from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
+from bootstrap_scripts.protocol.membership import Membership, build_membership
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.records import ShareStarted
+
+MASTER = {"instance_id": "i-m", "address": "10.0.0.4"}
+W = [{"instance_id": f"i-w{k}", "address": f"10.0.1.{k}"} for k in (1, 2, 3)]
+REPLACEMENT = {"instance_id": "i-r", "address": "10.0.1.9"}
+
+
+def membership(generation: int, *workers: dict) -> Membership:
+    return build_membership(cluster_id="c", generation=generation, efs_mount="/efs",
+                            master=MASTER, workers=list(workers))
+
+
+class FakeHealth:
+    def __init__(self) -> None:
+        self.marked: list[str] = []
+
+    def mark_unhealthy(self, instance_id: str) -> str:
+        self.marked.append(instance_id)
+        return ""
+
+
+class FakeExecutors:
+    """Executors as the supervisor sees them: ``up`` alive, every other one gone."""
+
+    def __init__(self, up: set[str]) -> None:
+        self.up = up
+
+    def alive(self, addresses):
+        return [a for a in addresses if a in self.up]
+
+    def gone(self, addresses):
+        return {a: "stopped" for a in addresses if a not in self.up}
+
+
+def supervisor(tmp_path: Path, *, elastic: bool, gate=None, polls: int = 3,
+               job: ManagedJob | None = None) -> JobSupervisor:
+    req = ManagedRequest(job_id="j", run=RunRequest(job_id="j", command=("true",),
+                                                    elastic=elastic, nnodes="1:8"),
+                         submitted_at=1.0, world_size=4, min_nodes=0, replace_timeout=900)
+    (tmp_path / "managed").mkdir()
+    paths = managed.submit(tmp_path, req)
+    ticks = []
+    sup = JobSupervisor(root=tmp_path, efs=tmp_path, paths=paths, request=req,
+                        job=job or ManagedJob(job_id="j", state="restarting", full_size=4),
+                        health=FakeHealth(), gate=gate, tick=lambda: ticks.append(1),
+                        stopping=lambda: len(ticks) >= polls)
+    return sup
+
+
+def live(tmp_path: Path, m: Membership) -> None:
+    path = NodePaths(tmp_path).membership
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store.atomic_write(path, m.to_json())
+
+
+@pytest.fixture(autouse=True)
+def fast_polls(monkeypatch):
+    monkeypatch.setattr(supervise, "POLL_SECONDS", 0.01)
+
+
+def test_an_elastic_job_restarts_on_three_of_four_nodes_at_once(tmp_path):
+    live(tmp_path, membership(3, *W))
+    sup = supervisor(tmp_path, elastic=True)
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1", "10.0.1.2"})  # 10.0.1.3 lost
+    chosen = sup.choose_nodes()
+    assert chosen is not None, "the elastic job waited for the replacement"
+    assert [n.address for n in chosen[1]] == ["10.0.0.4", "10.0.1.1", "10.0.1.2"]
+    assert sup.choice is not None and sup.choice.world is World.SURVIVORS_NOW
+    assert sup.choice.reason.startswith("restarting on 3 of 4 node(s) now")
+
+
+def test_a_job_that_is_not_elastic_still_waits_for_the_replacement(tmp_path):
+    live(tmp_path, membership(3, *W))
+    sup = supervisor(tmp_path, elastic=False, polls=5)
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1", "10.0.1.2"})
+    assert sup.choose_nodes() is None  # still waiting when the controller stopped
+    assert sup.choice is None
+
+
+def restarted_job() -> ManagedJob:
+    rec = RestartRecord(attempt=1, at=time.time(), kind="node-lost", address="10.0.1.3",
+                        instance_id="i-w3", world="survivors-now", full_size=4,
+                        next_world_size=3)
+    return ManagedJob(job_id="j", state="running", attempt=2, restarts=1, world_size=3,
+                      full_size=4, excluded=("i-w3",), restart_log=(rec,))
+
+
+def grown(tmp_path: Path, gate) -> tuple[JobSupervisor, rejoin.Rejoin]:
+    live(tmp_path, membership(4, *W, REPLACEMENT))  # i-w3 still listed, but excluded
+    sup = supervisor(tmp_path, elastic=True, gate=gate, job=restarted_job())
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1", "10.0.1.2", "10.0.1.3",
+                                   "10.0.1.9"})
+    sup.last_nodes_addresses = {"10.0.0.4", "10.0.1.1", "10.0.1.2"}
+    jpaths = ClusterPaths(tmp_path).job("j.2")
+    jpaths.nodes.mkdir(parents=True)
+    return sup, rejoin.Rejoin(jpaths, os.geteuid(), os.getegid())
+
+
+def test_a_replacement_that_passes_the_gate_is_admitted_and_the_job_grows_back(tmp_path):
+    gated = []
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: gated.append(addresses) or [])
+    sup.grow(grow)
+    assert gated == [["10.0.1.9"]]  # only the replacement: not the excluded node
+    assert store.exists(grow.jpaths.admitted("10.0.1.9"))
+    (rec,) = sup.job.restart_log
+    assert (rec.admitted_instance_ids, rec.joined_at, sup.job.world_size) == ("i-r", None, 3)
+    # its executor joined: the share's start record appears; the job is back at 4
+    store.write_record(grow.jpaths.started(4), ShareStarted(rank=4, address="10.0.1.9",
+                                                            started_at=time.time()))
+    sup.grow(grow)
+    assert gated == [["10.0.1.9"]]  # admitted once, never gated again
+    assert sup.job.world_size == 4 and sup.job.restart_log[0].joined_at is not None
+    assert managed.load_job(sup.paths).restart_log[0].admitted_instance_ids == "i-r"
+
+
+def test_a_replacement_failing_the_gate_is_marked_excluded_and_never_admitted(tmp_path):
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [
+        ("10.0.1.9", "", "gpus: 4 (expected 8)")])
+    sup.grow(grow)
+    assert not store.exists(grow.jpaths.admitted("10.0.1.9"))
+    assert sup.health.marked == ["i-r"] and "i-r" in sup.job.excluded
+    assert sup.job.world_size == 3 and grow.admitted == {}
+
+
+@pytest.mark.parametrize(("running", "excluded", "alive", "admitted", "want"), [
+    ({"10.0.0.4", "10.0.1.1"}, (), {"10.0.1.9"}, (), ["10.0.1.9"]),
+    ({"10.0.0.4", "10.0.1.1"}, ("i-r",), {"10.0.1.9"}, (), []),  # excluded
+    ({"10.0.0.4", "10.0.1.1"}, (), set(), (), []),  # executor not alive (yet)
+    ({"10.0.0.4", "10.0.1.1"}, (), {"10.0.1.9"}, ("10.0.1.9",), []),  # admitted already
+    ({"10.0.1.1"}, (), {"10.0.0.4", "10.0.1.9"}, (), ["10.0.1.9"]),  # never the master
+])
+def test_joiners(running, excluded, alive, admitted, want):
+    m = membership(2, W[0], REPLACEMENT)
+    got = rejoin.joiners(m, running=running, excluded=excluded, alive=alive,
+                         admitted=admitted)
+    assert [n.address for n in got] == want
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_an_attempt_of_an_elastic_job_asks_for_admission(tmp_path, elastic):
+    req = ManagedRequest(job_id="j", run=RunRequest(job_id="j", command=("true",),
+                                                    elastic=elastic), submitted_at=1.0)
+    run = attempts.attempt_request(req, attempt_id="j.2", efs=tmp_path, restart_count=1,
+                                   user="u")
+    assert run.join_admission is elastic
+
+
+class FakeShares:
+    def __init__(self) -> None:
+        self.started: list[Share] = []
+
+    def start(self, spec, share, paths) -> bool:
+        self.started.append(share)
+        return True
+
+
+def test_a_replacement_executor_joins_only_once_admitted(tmp_path):
+    node = ThisNode(NodePaths(tmp_path / "node"), ClusterPaths(tmp_path), address="10.0.1.9")
+    m = membership(5, W[0], REPLACEMENT)
+    node.paths.membership.parent.mkdir(parents=True)
+    store.atomic_write(node.paths.membership, m.to_json())
+    paths = ClusterPaths(tmp_path).job("j.2")
+    paths.nodes.mkdir(parents=True)
+    spec = JobSpec(job_id="j.2", launcher="torchrun", elastic=True, generation=4,
+                   join_admission=True,
+                   shares=(Share(0, "10.0.0.4", (Proc(argv=("torchrun",)),)),),
+                   join_template=Proc(argv=("torchrun", "--local-addr", "{address}")))
+    store.atomic_write(paths.spec, spec.to_json())
+    shares = FakeShares()
+    joins = ElasticJoins(node, shares)  # type: ignore[arg-type]
+    joins.probation.check = lambda *a: RunnerProbation.ALIVE  # the runner beats
+    joins.wait(spec, paths)
+    joins.join(draining=False)
+    assert shares.started == [] and "j.2" in joins.waiting  # not admitted: still waiting
+    paths.admitted_dir.mkdir()
+    store.atomic_write(paths.admitted("10.0.1.9"), "i-r passed the health gate\n")
+    joins.join(draining=False)
+    assert [(s.rank, s.address) for s in shares.started] == [(1, "10.0.1.9")]
+    # a spec without join_admission (dl-run --elastic by hand) joins as before
+    plain = dataclasses.replace(spec, job_id="k.1", join_admission=False)
+    kpaths = ClusterPaths(tmp_path).job("k.1")
+    kpaths.nodes.mkdir(parents=True)
+    store.atomic_write(kpaths.spec, plain.to_json())
+    joins.wait(plain, kpaths)
+    joins.join(draining=False)
+    assert len(shares.started) == 2
+
+
+@pytest.mark.parametrize(("admitted", "joined_at", "says"), [
+    ("", None, "restarted on 3 of 4 node(s) at once (elastic); the replacement joins when "
+               "ready"),
+    ("i-r", None, "replacement i-r passed the health gate and is joining"),
+    ("i-r", 1700000000.0, "replacement i-r passed the health gate and joined 20"),
+])
+def test_dl_jobs_show_says_on_how_many_nodes_and_that_the_replacement_joins(
+        capsys, tmp_path, admitted, joined_at, says):
+    from bootstrap_scripts.jobs.cli import dl_jobs
+
+    job = dataclasses.replace(restarted_job(), restart_log=(dataclasses.replace(
+        restarted_job().restart_log[0], admitted_instance_ids=admitted,
+        joined_at=joined_at),))
+    dl_jobs.print_show(job, as_json=False, efs=tmp_path)
+    assert says in capsys.readouterr().out
+
+
+def test_a_new_executor_is_seen_moving_with_real_heartbeats(tmp_path):
+    """The supervisor's real observer (``reachability.Executors``), not the fake: looked at
+    every :data:`rejoin.LOOK_SECONDS`, a replacement's beating executor is found alive (a
+    look interval past the liveness rule's freshness window would never prove it)."""
+    from bootstrap_scripts.jobs.engine.reachability import Executors
+    from bootstrap_scripts.protocol.records import ExecutorHeartbeat
+
+    beat = ClusterPaths(tmp_path).executor_heartbeat("10.0.1.9")
+    beat.parent.mkdir(parents=True)
+    clock = [0.0]
+    executors = Executors(tmp_path, clock=lambda: clock[0])
+    m = membership(2, W[0], REPLACEMENT)
+    found = []
+    for seq in range(1, 5):  # the executor beats once per look interval
+        store.write_record(beat, ExecutorHeartbeat(address="10.0.1.9", heartbeat=seq,
+                                                   seq=seq))
+        found = rejoin.joiners(m, running={"10.0.0.4", "10.0.1.1"}, excluded=(),
+                               alive=executors.alive(["10.0.1.9"]), admitted=())
+        clock[0] += rejoin.LOOK_SECONDS + 0.5  # the supervisor's poll adds up to 0.5 s
+    assert [n.address for n in found] == ["10.0.1.9"]
+
+
+def test_a_re_attaching_controller_does_not_gate_an_admitted_node_again(tmp_path):
+    gated = []
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: gated.append(addresses) or [])
+    sup.grow(grow)
+    successor = rejoin.Rejoin(grow.jpaths, os.geteuid(), os.getegid())
+    assert successor.admitted == {"10.0.1.9": "i-r"}
+    sup.grow(successor)
+    assert gated == [["10.0.1.9"]]
+
+
+def test_an_admission_planted_as_a_link_admits_nothing(tmp_path):
+    from bootstrap_scripts.jobs.executor.elastic import admitted
+
+    paths = ClusterPaths(tmp_path).job("j.2")
+    paths.admitted_dir.mkdir(parents=True)
+    target = tmp_path / "elsewhere"
+    target.write_text("secret\n")
+    paths.admitted("10.0.1.9").symlink_to(target)
+    assert not admitted(paths, "10.0.1.9")
+    assert rejoin.Rejoin(paths, os.geteuid(), os.getegid()).admitted == {}
+    store.atomic_write(paths.admitted("10.0.1.8"), "i-r passed the health gate\n")
+    assert admitted(paths, "10.0.1.8")

@@ -44,6 +44,10 @@ METRIC_GPU_POWER = "GPUPowerDraw"
 METRIC_GPU_ECC_UNCORRECTED = "GPUEccErrorsUncorrected"
 #: GPUs of the node with retired memory pages waiting for a GPU reset (a count).
 METRIC_GPU_RETIRED_PAGES_PENDING = "GPURetiredPagesPending"
+#: XID errors the node's NVIDIA driver reported in the kernel log since the last sample
+#: (``bootstrap_scripts.xid_errors``; a count; only where the executor can read
+#: ``/dev/kmsg``).
+METRIC_GPU_XID_ERRORS = "GPUXidErrors"
 
 # Per job (ClusterId, JobId), from the ranks' progress files (``bootstrap_scripts.progress``)
 # as the job controller reads them: written only while some rank's step moves.

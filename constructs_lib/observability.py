@@ -247,6 +247,11 @@ class ClusterObservability(Construct):
                 f"A job runs on cluster {self.cluster_id} but its GPUs stayed below "
                 f"{IDLE_GPU_PERCENT}% for {IDLE_GPU_MINUTES} minutes",
                 threshold=1, periods=IDLE_GPU_MINUTES),
+            self._alarm("GpuXidErrors",
+                        self.metric(names.METRIC_GPU_XID_ERRORS, "Sum"),
+                        f"A GPU of cluster {self.cluster_id} reported an XID error (the "
+                        "node's executor log names the code and the device)",
+                        threshold=1),
         ]
         for i, group in enumerate(groups):
             missing = cw.MathExpression(
@@ -298,12 +303,15 @@ class ClusterObservability(Construct):
                            left=[self.per_node(names.METRIC_GPU_TEMPERATURE, "")]),
             cw.GraphWidget(title="GPU power draw per node (W)", width=6,
                            left=[self.per_node(names.METRIC_GPU_POWER, "")]),
-            cw.GraphWidget(title="GPU ECC errors (uncorrected) and retired pages pending",
+            cw.GraphWidget(title="GPU ECC errors (uncorrected), retired pages pending, XIDs",
                            width=6, left_y_axis=cw.YAxisProps(min=0),
                            left=[self.per_node(names.METRIC_GPU_ECC_UNCORRECTED, "ECC",
                                                "Maximum"),
                                  self.per_node(names.METRIC_GPU_RETIRED_PAGES_PENDING,
-                                               "retired pages", "Maximum")]),
+                                               "retired pages", "Maximum"),
+                                 self.per_node(names.METRIC_GPU_XID_ERRORS, "XID", "Sum"),
+                                 self.metric(names.METRIC_GPU_XID_ERRORS, "Sum").with_(
+                                     label="XIDs, whole cluster")]),
         ]
 
     def _training_widgets(self) -> list[cw.IWidget]:

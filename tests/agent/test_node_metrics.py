@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from bootstrap_scripts import gpu_metrics, metrics_emf
+from bootstrap_scripts import gpu_metrics, metrics_emf, xid_errors
 from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.jobs.executor.gpu_sampler import GpuSampler, sample_line
 from emulator import gpus as emulated
@@ -118,6 +118,67 @@ def test_sample_line_is_per_node_and_utilization_per_cluster_too() -> None:
     assert per_cluster["Dimensions"] == [["ClusterId"]]
     assert per_cluster["Metrics"] == [{"Name": "GPUUtilization", "Unit": "Percent"}]
     assert doc["GPUUtilization"] == 50.0 and doc["InstanceId"] == "i-0abc"
+
+
+def test_xids_are_counted_per_node_and_per_cluster() -> None:
+    doc = json.loads(sample_line(gpu_metrics.parse(CSV), "c1", "i-0abc", 5, xids=2))
+    per_node, per_cluster = doc["_aws"]["CloudWatchMetrics"]
+    assert {"Name": "GPUXidErrors", "Unit": "Count"} in per_node["Metrics"]
+    assert {"Name": "GPUXidErrors", "Unit": "Count"} in per_cluster["Metrics"]
+    assert doc["GPUXidErrors"] == 2.0
+
+
+def test_xid_records_are_parsed_from_kernel_log_records() -> None:
+    records = [
+        "6,1201,51409,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has "
+        "fallen off the bus.",
+        "4,1202,51410,-;NVRM: Xid (PCI:0000:86:00): 48, pid=77, An uncorrectable double bit "
+        "error",
+        "6,1203,51411,-;nvidia-nvlink: Unregistered Nvlink Core",  # not an XID
+        "6,1204,51412,-;user said NVRM: Xid (PCI:x): abc",  # no code: not an XID
+    ]
+    assert xid_errors.parse(records) == [("PCI:0000:3b:00", 79), ("PCI:0000:86:00", 48)]
+
+
+def test_only_xids_written_after_the_sampler_started_count_once_each(tmp_path) -> None:
+    """The kernel log is read from its end; each sample counts what came since the last
+    (a regular file at ``<root>/dev/kmsg`` reads as /dev/kmsg does)."""
+    kmsg = tmp_path / "dev" / "kmsg"
+    kmsg.parent.mkdir()
+    kmsg.write_text("6,1,1,-;NVRM: Xid (PCI:0000:3b:00): 13, before the sampler\n")
+    log = xid_errors.KernelLog(tmp_path)
+    assert log.read() == []
+    with kmsg.open("a") as f:
+        f.write("6,2,2,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n")
+        f.write("6,3,3,-;eth0: link up\n")
+    assert xid_errors.parse(log.read()) == [("PCI:0000:3b:00", 79)]
+    assert log.read() == []
+    log.close()
+
+
+def test_without_a_kernel_log_no_xid_metric_and_the_reason_is_kept(tmp_path) -> None:
+    log = xid_errors.KernelLog(tmp_path)
+    assert log.read() is None and "dev/kmsg" in log.problem
+    doc = json.loads(sample_line(gpu_metrics.parse(CSV), "c1", "i-0abc", 5, xids=None))
+    assert "GPUXidErrors" not in doc
+
+
+def test_the_sampler_counts_xids_in_its_lines(tmp_path, monkeypatch) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (tmp_path / "answer.csv").write_text(CSV)
+    script(bindir, f"cat {tmp_path / 'answer.csv'}\n")
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
+    kmsg = tmp_path / "dev" / "kmsg"
+    kmsg.parent.mkdir()
+    kmsg.write_text("")
+    sampler = GpuSampler(tmp_path, lambda: ("c1", "i-0abc"))
+    assert sampler.sample_once()
+    kmsg.write_text("6,9,9,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n")
+    assert sampler.sample_once() and sampler.sample_once()
+    lines = metrics_emf.metrics_log(tmp_path).read_text().splitlines()
+    assert [json.loads(x)["GPUXidErrors"] for x in lines] == [0.0, 1.0, 0.0]
 
 
 def script(directory, body: str) -> None:

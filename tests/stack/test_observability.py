@@ -87,7 +87,7 @@ def test_alarms_exist_and_notify_the_encrypted_topic(template) -> None:
     alarms = resources(template, "AWS::CloudWatch::Alarm")
     ids = " ".join(alarms)
     for name in ("NodeUnhealthy", "JobRestartingRepeatedly", "GpusIdleWhileJobRuns",
-                 "NodesMissing"):
+                 "GpuXidErrors", "NodesMissing"):
         assert name in ids, name
     tpl = template.to_json()["Resources"]
     (topic_id,) = [k for k, v in tpl.items() if v["Type"] == "AWS::SNS::Topic"

@@ -8,8 +8,12 @@ thread shares nothing with the loop but the node's files it reads (the membershi
 cluster id and this node's instance id) and the file it appends to.
 
 Dimensions: every metric per node (``ClusterId`` + ``InstanceId``); ``GPUUtilization``
-also per cluster (``ClusterId`` alone), so CloudWatch's average over every node's samples
-is the cluster's figure the dashboard and the idle alarm read.
+and ``GPUXidErrors`` also per cluster (``ClusterId`` alone), so CloudWatch's average over
+every node's samples is the cluster's figure the dashboard and the idle alarm read, and the
+XID alarm sums every node's.
+
+``GPUXidErrors``: the XID records the driver wrote to the kernel log since the last sample
+(``bootstrap_scripts.xid_errors``), per node; left out where ``/dev/kmsg`` cannot be read.
 
 Failure-tolerant: no nvidia-smi, a failing driver, an unknown identity or an unwritable
 file cost one log line (again only once the cause changes) and no metric; the next
@@ -24,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts import gpu_metrics, metrics_emf
+from bootstrap_scripts import gpu_metrics, metrics_emf, xid_errors
 from bootstrap_scripts import metric_names as names
 
 LOG = logging.getLogger("dl-executor.gpu-metrics")
@@ -37,16 +41,22 @@ Identity = Callable[[], "tuple[str, str] | None"]
 
 
 def sample_line(readings: list[gpu_metrics.GpuReading], cluster_id: str, instance_id: str,
-                timestamp_ms: int) -> str | None:
+                timestamp_ms: int, *, xids: int | None = None) -> str | None:
     """The EMF line of one sample (None when no GPU reported anything): every metric per
-    node, and ``GPUUtilization`` per cluster too (a second directive of the same event)."""
+    node, and ``GPUUtilization`` per cluster too (a second directive of the same event).
+    ``xids``: the XID records since the last sample (None: the kernel log is not read)."""
     metrics = gpu_metrics.node_metrics(readings)
     if not metrics:
         return None
+    if xids is not None:
+        metrics[names.METRIC_GPU_XID_ERRORS] = (float(xids), "Count")
     directives: list[metrics_emf.Directive] = [
         ([[names.DIM_CLUSTER, names.DIM_INSTANCE]], list(metrics))]
-    if names.METRIC_GPU_UTILIZATION in metrics:
-        directives.append(([[names.DIM_CLUSTER]], [names.METRIC_GPU_UTILIZATION]))
+    # per cluster too: the mean utilisation (dashboard, idle alarm), the XIDs (their alarm)
+    cluster = [m for m in (names.METRIC_GPU_UTILIZATION, names.METRIC_GPU_XID_ERRORS)
+               if m in metrics]
+    if cluster:
+        directives.append(([[names.DIM_CLUSTER]], cluster))
     return metrics_emf.render(
         namespace=names.NAMESPACE, directives=directives, metrics=metrics,
         dimensions={names.DIM_CLUSTER: cluster_id, names.DIM_INSTANCE: instance_id},
@@ -59,6 +69,8 @@ class GpuSampler:
     def __init__(self, root: Path, identity: Identity, *,
                  interval: float = SAMPLE_SECONDS) -> None:
         self.path = metrics_emf.metrics_log(root)
+        self.kernel_log = xid_errors.KernelLog(root)
+        self.kernel_log_said = ""  # the kernel log's problem last logged
         self.identity = identity
         self.interval = interval
         self.last_problem = ""
@@ -81,7 +93,8 @@ class GpuSampler:
         except gpu_metrics.GpuQueryError as exc:
             self._problem(str(exc))
             return False
-        line = sample_line(readings, ident[0], ident[1], int(time.time() * 1000))
+        line = sample_line(readings, ident[0], ident[1], int(time.time() * 1000),
+                           xids=self._xids())
         if line is None:
             self._problem("no GPU reported a reading")
             return False
@@ -94,6 +107,24 @@ class GpuSampler:
             LOG.info("GPU metrics: sampling again (%d GPUs)", len(readings))
         self.last_problem = ""
         return True
+
+    def _xids(self) -> int | None:
+        """XID records since the last sample, logged as they come; None without a kernel
+        log (said once)."""
+        try:
+            records = self.kernel_log.read()
+        except OSError as exc:
+            records, self.kernel_log.problem = None, f"reading the kernel log: {exc}"
+        if records is None:
+            if self.kernel_log.problem != self.kernel_log_said:
+                LOG.info("GPU metrics: no XID errors counted: %s", self.kernel_log.problem)
+                self.kernel_log_said = self.kernel_log.problem
+            return None
+        found = xid_errors.parse(records)
+        for device, code in found:
+            LOG.warning("GPU XID %d on %s (NVIDIA's XID list says what it means)", code,
+                        device)
+        return len(found)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -31,7 +31,8 @@ from constructs_lib.cluster_settings import (
 from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, grant_idle_stop, idle_stop_seconds
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, check_image, deep_learning_ami, image_family
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
-from constructs_lib.job_role import JobRole, late_role_arn, late_role_id
+from constructs_lib.job_role import JobRole
+from constructs_lib.late import late_string
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
@@ -411,13 +412,13 @@ class DeepLearningCluster(Construct):
                 idle_stop_seconds=idle_stop if node_type == "master" else None,
                 membership_key=self.membership_key.key_arn,
                 # The job role trusts the node roles, made with the groups below.
-                job_role_arn=late_role_arn(lambda: self.job_role),
+                job_role_arn=late_string(lambda: self.job_role.role_arn),
                 checkpoint_url=self.training_data.checkpoint_url,
                 node_boot_seconds=node_boot_seconds,
                 launch_hook=warm_pool.WARM_HOOK_NAME if warm_pool_size else "",
                 warm_ready_queue_url=(self.warm_ready_queue.queue_url
                                       if self.warm_ready_queue else ""),
-                worker_role_id=(late_role_id(lambda: self.worker_group.role)
+                worker_role_id=(late_string(lambda: self.worker_group.role.role_id)
                                 if warm_pool_size and node_type == "master" else ""),
                 log_group=names.log_group_name(self.cluster_id),
                 cloudwatch_agent_install=family.cloudwatch_agent_install,

@@ -14,10 +14,9 @@ another role's credentials lasts at most one hour, which the executor's renewal 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import jsii
-from aws_cdk import Duration, IStableStringProducer, Lazy
+from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -65,33 +64,3 @@ class JobRole(Construct):
         it: the user is the session's ``dl-user`` tag, which only the executor sets."""
         return bucket.grant_read_write(
             self.role, f"{prefix.strip('/')}/${{aws:PrincipalTag/{USER_TAG}}}/*")
-
-
-@jsii.implements(IStableStringProducer)
-class _LateArn:
-    def __init__(self, get: Callable[[], JobRole]) -> None:
-        self.get = get
-
-    def produce(self) -> str:
-        return self.get().role_arn
-
-
-def late_role_arn(get: Callable[[], JobRole]) -> str:
-    """The ARN of a job role made after the caller needs it (the nodes' user data is written
-    before the node roles the job role trusts exist): resolved at synthesis."""
-    return Lazy.string(_LateArn(get))
-
-
-@jsii.implements(IStableStringProducer)
-class _LateRoleId:
-    def __init__(self, get: Callable[[], iam.IRole]) -> None:
-        self.get = get
-
-    def produce(self) -> str:
-        return self.get().role_id
-
-
-def late_role_id(get: Callable[[], iam.IRole]) -> str:
-    """The unique ID of a role made after the caller needs it (a node role, made with its
-    group after the user data that names it): resolved at synthesis."""
-    return Lazy.string(_LateRoleId(get))

@@ -11,25 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import jsii
-from aws_cdk import IStableStringProducer, Lazy, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from constructs import Construct
 
 from constructs_lib import SharedFileSystem
+from constructs_lib.late import late_string
 
 #: CDK leaves constructs with this id out of logical ids.
 _HIDDEN_ID = "Default"
-
-
-@jsii.implements(IStableStringProducer)
-class _VpcIdOf:
-    def __init__(self, vpc: Callable[[], ec2.IVpc]) -> None:
-        self._vpc = vpc
-
-    def produce(self) -> str:
-        return self._vpc().vpc_id
 
 
 def existing_file_system(
@@ -47,7 +38,7 @@ def existing_file_system(
     """
     scope = Construct(Construct(stack, _HIDDEN_ID), cluster_construct_id)
     vpc = ec2.Vpc.from_vpc_attributes(
-        scope, "ClusterVpc", vpc_id=Lazy.string(_VpcIdOf(cluster_vpc)),
+        scope, "ClusterVpc", vpc_id=late_string(lambda: cluster_vpc().vpc_id),
         availability_zones=stack.availability_zones,
     )
     return SharedFileSystem.from_file_system_id(

@@ -422,6 +422,7 @@ class DeepLearningCluster(Construct):
                                 if warm_pool_size and node_type == "master" else ""),
                 log_group=names.log_group_name(self.cluster_id),
                 cloudwatch_agent_install=family.cloudwatch_agent_install,
+                mount_s3_install=family.mount_s3_install,
             )
 
         common = dict(

@@ -47,6 +47,9 @@ class ImageFamily:
     efs_utils_install: str
     pytorch_lines: tuple[str, ...] = ()
     cloudwatch_agent_install: str = ""
+    #: installs Mountpoint for Amazon S3 (``mount-s3``, for ``dl-run --mount``) the way AWS
+    #: documents for the OS ("Installing Mountpoint", mountpoint-installation.html)
+    mount_s3_install: str = ""
 
     @property
     def mounts_tls(self) -> bool:
@@ -58,6 +61,10 @@ class ImageFamily:
         return (f"/aws/service/deeplearning/ami/{ARCHITECTURE}/"
                 f"oss-nvidia-driver-gpu-pytorch-{pytorch_version}-{self.os_suffix}/latest/ami-id")
 
+
+#: AWS's download URL of the latest Mountpoint for Amazon S3 package for x86_64, without its
+#: extension (``.rpm`` / ``.deb``): https://docs.aws.amazon.com/AmazonS3/latest/userguide/mountpoint-installation.html
+MOUNT_S3_URL = f"https://s3.amazonaws.com/mountpoint-s3-release/latest/{ARCHITECTURE}/mount-s3"
 
 #: PyTorch DLAMIs (OSS NVIDIA driver). `/opt/pytorch/bin/python` carries torch + torchrun
 #: (the release notes' ``python_location``).
@@ -74,6 +81,9 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # AL2023's repository has the agent's package (AWS: "Install the CloudWatch agent
         # on Amazon Linux 2023", install-CloudWatch-Agent-commandline-fileoverview.html).
         cloudwatch_agent_install="dnf install -y -q amazon-cloudwatch-agent",
+        # AL2023's repository has mount-s3 from release 2023.9.20251110; an older image
+        # installs AWS's own RPM from its download URL instead.
+        mount_s3_install=f"dnf install -y -q mount-s3 || dnf install -y -q {MOUNT_S3_URL}.rpm",
     ),
     "ubuntu": ImageFamily(
         os_suffix="ubuntu-24.04",
@@ -91,6 +101,9 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
             "curl -fsSL -o /tmp/amazon-cloudwatch-agent.deb https://amazoncloudwatch-agent-"
             "{region}.s3.{region}.amazonaws.com/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb"
             " && dpkg -i -E /tmp/amazon-cloudwatch-agent.deb"),
+        # AWS's .deb from its download URL, installed with apt-get (which pulls libfuse2).
+        mount_s3_install=(f"curl -fsSL -o /tmp/mount-s3.deb {MOUNT_S3_URL}.deb && "
+                          "apt-get install -y -q /tmp/mount-s3.deb"),
     ),
 }
 

@@ -82,6 +82,7 @@ def render_bootstrap_commands(
     python: str = "python3",
     efs_utils_install: str = "",
     cloudwatch_agent_install: str = "",
+    mount_s3_install: str = "",
 ) -> list[str]:
     """Shell lines of the user data (after the shebang that CDK adds).
 
@@ -91,7 +92,9 @@ def render_bootstrap_commands(
     FAILURE names the missing ``mount.efs`` (a boot script that stops here signals nothing).
     ``cloudwatch_agent_install`` installs the CloudWatch agent (unless the image has it),
     which ships the node's logs; a failed install is reported and not fatal either (the
-    logs then stay on the node).
+    logs then stay on the node). ``mount_s3_install`` installs Mountpoint for Amazon S3
+    (``dl-run --mount``) unless the image has it; a failed install is reported and not
+    fatal (a job's ``--mount`` then fails on that node, saying mount-s3 is missing).
     """
     args = " ".join(f"--{key} {_quote(value)}" for key, value in agent_settings.items())
     if efs_utils_install:
@@ -108,6 +111,11 @@ def render_bootstrap_commands(
         f"[ -x /{CLOUDWATCH_AGENT_CTL} ] || retry sh -c {_quote(cloudwatch_agent_install)} || "
         "echo 'dl-bootstrap: CloudWatch agent install failed; logs stay on the node' >&2",
     ] if cloudwatch_agent_install else []
+    mount_s3 = [
+        "# Mountpoint for Amazon S3 streams a job's --mount data (jobs/executor/s3_mounts.py).",
+        f"command -v mount-s3 >/dev/null || retry sh -c {_quote(mount_s3_install)} || "
+        "echo 'dl-bootstrap: mount-s3 install failed; dl-run --mount fails on this node' >&2",
+    ] if mount_s3_install else []
     return [
         "# Deep-learning cluster node bootstrap (rendered by constructs_lib.NodeGroup).",
         "set -euo pipefail",
@@ -122,6 +130,7 @@ def render_bootstrap_commands(
         f'"$PY" -m zipfile -e /opt/deeplearning/node-scripts.zip {NODE_LIB_DIR}/bootstrap_scripts',
         *efs_utils,
         *cloudwatch_agent,
+        *mount_s3,
         '"$PY" -c \'import boto3\' 2>/dev/null || retry "$PY" -m pip install -q boto3',
         f'"$PY" -m pip show -q py-spy >/dev/null 2>&1 || retry "$PY" -m pip install -q '
         f"{PY_SPY_REQUIREMENT} || echo 'dl-bootstrap: py-spy install failed; a hung job is "
@@ -159,6 +168,7 @@ def node_user_data(
     worker_role_id: str = "",
     log_group: str = "",
     cloudwatch_agent_install: str = "",
+    mount_s3_install: str = "",
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line"). The master's registration wait is
@@ -210,6 +220,7 @@ def node_user_data(
             efs_utils_install=efs_utils_install,
             cloudwatch_agent_install=cloudwatch_agent_install.replace("{region}", Aws.REGION)
             if log_group else "",
+            mount_s3_install=mount_s3_install,
         )
     )
     return data

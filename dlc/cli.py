@@ -125,20 +125,25 @@ def status(ctx, as_json) -> None:
               help="start from the newest complete checkpoint under this S3 prefix (e.g. an "
                    "old cluster's mirror: s3://<CheckpointBucketName>/checkpoints/"
                    "<cluster-id>/<user>/<job-id>/); README 'Data in S3'")
+@click.option("--mount", "mounts", multiple=True, metavar="s3://BUCKET/PREFIX:/DIR",
+              help="mount this S3 prefix read-only at DIR (a directory of the job's user) "
+                   "on every node with Mountpoint for Amazon S3 while the job runs; "
+                   "repeatable; README 'Data in S3'")
 @click.option("--hang-timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="no progress on any rank for this long: dump the stacks and restart "
                    "(default: 0, off; docs/runner.md \"Hangs and stragglers\")")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, workdir, cwd,
-           as_json, resume_from, hang_timeout, command) -> None:
+           as_json, resume_from, hang_timeout, command, mounts=()) -> None:
     """Submit COMMAND (after --) as a job on every node, as USER; prints the job id."""
     if workdir is not None and cwd is not None:
         raise errors.UsageError("--workdir ships a directory and runs the job in it: no "
                                 "--cwd with it")
     argv = jobs_mod.submit_argv(tuple(command), launcher=launcher, max_restarts=max_restarts,
                                 min_nodes=min_nodes, name=name, cwd=cwd, max_cost=max_cost,
-                                resume_from=resume_from, hang_timeout=hang_timeout)
+                                resume_from=resume_from, hang_timeout=hang_timeout,
+                                mounts=mounts)
     user = jobs_mod.job_user(target_of(ctx), as_user)
     remote = remote_of(ctx)
     staged = None

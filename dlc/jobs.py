@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.ops.cost import parse_usd, plain
+from bootstrap_scripts.protocol.data_source import DataSourceError, check_mounts
 from dlc import aws
 from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
@@ -32,7 +33,7 @@ def master_remote(target: Target) -> Remote:
 def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts: int | None,
                 min_nodes: int | None, name: str | None, cwd: str | None = None,
                 max_cost: str | None = None, resume_from: str | None = None,
-                hang_timeout: float | None = None) -> list[str]:
+                hang_timeout: float | None = None, mounts: tuple[str, ...] = ()) -> list[str]:
     """``dl-run --detach --json [options] -- CMD``. ``max_cost``: ``--max-cost`` in USD,
     checked here (UsageError naming the value) so a bad one never reaches the master; the
     same for ``resume_from``."""
@@ -63,6 +64,12 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--resume-from", f"s3://{bucket}/{prefix}"]
     if hang_timeout is not None:
         argv += ["--hang-timeout", f"{hang_timeout:g}"]
+    try:  # checked here too, so a bad one never reaches the master
+        check_mounts(tuple(mounts))
+    except DataSourceError as exc:
+        raise UsageError(str(exc)) from None
+    for mount in mounts:
+        argv += ["--mount", mount]
     return [*argv, "--", *command]
 
 

@@ -57,3 +57,52 @@ def parse_data_source(text: str) -> DataSource:
     if prefix and not prefix.endswith("/"):
         prefix += "/"
     return DataSource(bucket, prefix, local)
+
+
+#: Directories a ``--mount`` may not be on, under or above: root mounts there, and a mount
+#: hides what is below it (the system's and the node software's directories; the same list
+#: as the stack's mount point check, ``constructs_lib/validation.py``, but for ``/tmp``: a
+#: directory of the user's own in it is fine, the shared directory itself is not).
+MOUNT_REFUSED_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc",
+                      "/root", "/run", "/sbin", "/snap", "/sys", "/usr", "/var/lib",
+                      "/var/log", "/var/run", "/var/cache", "/var/spool", "/opt/deeplearning",
+                      "/opt/pytorch", "/opt/aws")
+#: The most ``--mount`` options one job may give (each is a mount-s3 process on every node).
+MAX_MOUNTS = 8
+
+
+def parse_mount_source(text: str) -> DataSource:
+    """``dl-run --mount s3://bucket/prefix:/dir`` -> DataSource; DataSourceError naming the
+    value. Unlike ``--data`` the directory is required (the mount goes exactly there) and
+    may not be a system directory, nor on, under or above one: root mounts it."""
+    usage = f"--mount expects s3://bucket/prefix:/dir (an absolute directory), got {text!r}"
+    try:
+        source = parse_data_source(text)
+    except DataSourceError as exc:
+        raise DataSourceError(str(exc).replace("--data", "--mount")) from None
+    if not source.local_dir:
+        raise DataSourceError(usage)
+    path = re.sub("/+", "/", source.local_dir)
+    if path in ("/", "/tmp", "/var/tmp", "/home") or "." in path.split("/"):
+        raise DataSourceError(usage)
+    for system in MOUNT_REFUSED_DIRS:
+        if path == system or path.startswith(system + "/") or system.startswith(path + "/"):
+            raise DataSourceError(f"--mount: {path} is on, under or above the system directory "
+                                  f"{system}; mount into a directory of yours (e.g. "
+                                  f"/home/<you>/data), got {text!r}")
+    return DataSource(source.bucket, source.prefix, path)
+
+
+def check_mounts(mounts: tuple[str, ...]) -> tuple[DataSource, ...]:
+    """Every ``--mount`` of a job, parsed; DataSourceError for a bad one, too many, or two
+    mounts on the same or nested directories (one would hide the other)."""
+    if len(mounts) > MAX_MOUNTS:
+        raise DataSourceError(f"--mount: at most {MAX_MOUNTS} per job, got {len(mounts)}")
+    sources = tuple(parse_mount_source(m) for m in mounts)
+    dirs = [s.local_dir for s in sources]
+    for i, a in enumerate(dirs):
+        for b in dirs[i + 1:]:
+            if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                raise DataSourceError(f"--mount: {a} and {b} overlap (one mount would hide "
+                                      f"the other)")
+    return sources

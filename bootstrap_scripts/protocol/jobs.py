@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.protocol.bounds import whole
-from bootstrap_scripts.protocol.data_source import parse_data_source
+from bootstrap_scripts.protocol.data_source import DataSourceError, check_mounts, parse_data_source
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import validate_job_id
 from bootstrap_scripts.protocol.records import Record, record
@@ -116,6 +116,10 @@ class JobSpec:
     #: elastic jobs of the job controller: a joining node also waits for
     #: ``admitted/<address>`` (the controller's health gate passed) before it joins
     join_admission: bool = False
+    #: ``s3://bucket/prefix:/dir`` each: the node's root executor mounts them read-only for
+    #: the job's user before it starts the share, and unmounts them when it ends
+    #: (``jobs/executor/s3_mounts.py``)
+    mounts: tuple[str, ...] = ()
     schema: int = SPEC_SCHEMA
 
     def share_for(self, address: str) -> Share | None:
@@ -153,7 +157,11 @@ class JobSpec:
                 generation=int(data.get("generation", 0)),
                 join_template=_proc(template) if template else None,
                 join_admission=bool(data.get("join_admission", False)),
+                mounts=tuple(str(m) for m in data.get("mounts", ())),
             )
+            check_mounts(spec.mounts)
+        except DataSourceError as exc:
+            raise JobSpecError(str(exc), field="mounts") from None
         except JobSpecError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -314,6 +322,9 @@ class RunRequest(Record):
     data: str = ""
     #: each node stages only its share of the objects (rank modulo the node count)
     data_shard: bool = False
+    #: ``s3://bucket/prefix:/dir`` each (``dl-run --mount``): mounted read-only with
+    #: Mountpoint for Amazon S3 on every node before the job starts, unmounted after
+    mounts: tuple[str, ...] = ()
     # checkpoints in S3 (``jobs/engine/checkpoints.py``), for a job with ``DL_CHECKPOINT_DIR``
     #: ``s3://bucket/prefix/`` the checkpoint directory is mirrored to ("" for none; a
     #: managed job's is set by the job controller)
@@ -328,6 +339,7 @@ class RunRequest(Record):
                                f"{self.hang_timeout}", field="hang_timeout")
         if self.data:
             parse_data_source(self.data)
+        check_mounts(tuple(self.mounts))
         for name, url in (("checkpoint_url", self.checkpoint_url),
                           ("resume_from", self.resume_from)):
             if url:

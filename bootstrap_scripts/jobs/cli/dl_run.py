@@ -140,6 +140,12 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     g.add("--data-shard", action="store_true",
           help="with --data: each node copies only its share of the objects (every Nth "
           "object in key order, N the node count)")
+    g.add("--mount", action="append", default=[], metavar="s3://BUCKET/PREFIX:/DIR",
+          help="before the job starts, mount this S3 prefix read-only at /DIR (a "
+          "directory you own) on every node with Mountpoint for Amazon S3, as your user, "
+          "with the job's own credentials; unmounted when the job ends. Reads stream from "
+          "S3 (no copy first): see README \"Data in S3\" for when --data is better "
+          "(repeatable, at most 8)")
     g.add("--resume-from", default="", metavar="s3://BUCKET/PREFIX",
           help="a managed job: before its first attempt, resume from the newest complete "
           "checkpoint under this S3 prefix (an old cluster's mirror, e.g. "

@@ -72,6 +72,7 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         reach_timeout=args.reach_timeout, start_timeout=args.start_timeout,
         orphan_timeout=args.orphan_timeout, prefix=not args.no_prefix, data=args.data,
         data_shard=args.data_shard, resume_from=args.resume_from,
+        mounts=tuple(getattr(args, "mount", ())),
         hang_timeout=getattr(args, "hang_timeout", 0.0))
 
 

@@ -219,7 +219,7 @@ def run_job(request: RunRequest, m: Membership, efs: Path) -> Verdict:
         grace_seconds=request.grace, orphan_timeout=request.orphan_timeout,
         master_only=plan.master_only, elastic=request.elastic, generation=m.generation,
         join_template=plan.join_template,
-        join_admission=request.elastic and request.join_admission,
+        join_admission=request.elastic and request.join_admission, mounts=request.mounts,
     )
     w = Watch(spec, paths, efs, request)
     old = install_signal_handlers(w)

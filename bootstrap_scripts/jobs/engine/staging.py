@@ -60,7 +60,7 @@ def stage_request(request: RunRequest, m: Membership) -> RunRequest:
     # No checkpoint restore or mirror of its own: the job's are around the job, not this.
     return replace(request, job_id=job_id, command=tuple(command), launcher="each", env=env,
                    cwd="/", python=sys.executable, data="", data_shard=False, elastic=False,
-                   checkpoint_url="", resume_from="")
+                   checkpoint_url="", resume_from="", mounts=())
 
 
 def stage_results(paths: JobPaths, m: Membership) -> dict[int, dict]:

@@ -133,6 +133,7 @@ class Executor:
         self.gpu_sampler = GpuSampler(self.node.paths.root, self.identity)
         if job_role_arn:
             self.shares.credentials = job_credential_store(root, job_role_arn)
+            self.shares.mounts.region = self.shares.credentials.region
         self.drain = Drain(self.node, self.shares)
         self.joins = ElasticJoins(self.node, self.shares)
         self.scanner = JobScanner(self.node, self.shares, self.joins, self.drain)

@@ -77,6 +77,16 @@ class JobCredentials:
     def credentials_file(self) -> Path:
         return self.directory / "credentials.json"
 
+    @property
+    def mount_config_file(self) -> Path:
+        """Root's own copy of the config, for the job's S3 mounts (``s3_mounts.py``):
+        mount-s3 runs as root and must not read a file the job's user can rewrite."""
+        return self.directory / "mount-config"
+
+    @property
+    def mount_credentials_file(self) -> Path:
+        return self.directory / "mount-credentials.json"
+
 
 def session_name(user: str, job_id: str) -> str:
     """``dl-<user>-<job>`` in the characters and length STS accepts (CloudTrail shows it)."""
@@ -152,6 +162,12 @@ class JobCredentialStore:
         _write_private(creds.credentials_file, json.dumps(output), uid, gid)
         _write_private(creds.config_file, render_config(creds.credentials_file, self.region),
                        uid, gid)
+        # The same session for the job's S3 mounts, in files only root may read or change.
+        _write_private(creds.mount_credentials_file, json.dumps(output), os.geteuid(),
+                       os.getegid())
+        _write_private(creds.mount_config_file,
+                       render_config(creds.mount_credentials_file, self.region),
+                       os.geteuid(), os.getegid())
         self.jobs[job_id] = creds
         return creds
 

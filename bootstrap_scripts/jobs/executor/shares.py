@@ -40,6 +40,7 @@ from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import runner_beat
 from bootstrap_scripts.jobs.executor.reattach import LOST_RETURNCODE, AdoptedProcess, live_group
 from bootstrap_scripts.jobs.executor.running import RunningProc, RunningShare
+from bootstrap_scripts.jobs.executor.s3_mounts import MountError, S3Mounts
 from bootstrap_scripts.jobs.executor.share_command import (
     job_owner,
     job_writer,
@@ -76,6 +77,8 @@ class Shares:
         self.unrecorded = 0
         #: the job role credentials of the running jobs (None: the cluster has no job role)
         self.credentials: JobCredentialStore | None = None
+        #: the jobs' ``--mount`` S3 mounts on this node (``s3_mounts.py``)
+        self.mounts = S3Mounts()
 
     def issue_credentials(self, job_id: str, uid: int, gid: int
                           ) -> tuple[JobCredentials | None, tuple[str, int, int]]:
@@ -91,6 +94,8 @@ class Shares:
         return self.credentials.issue(job_id, user, uid, gid), owner
 
     def forget_credentials(self, job_id: str) -> None:
+        """The job's share ended (or never started): its mounts and credentials go."""
+        self.mounts.release(job_id)
         if self.credentials is not None:
             self.credentials.forget(job_id)
 
@@ -137,6 +142,12 @@ class Shares:
             listening, refused = listeners.bind_for(share, self.node.address), ""
         except listeners.ListenerRefused as exc:
             listening, refused = {}, str(exc)
+        try:  # the job's S3 mounts, made by root for its user, before any process starts
+            if not refused:
+                self.mounts.mount(spec.job_id, spec.mounts, share.rank, paths, uid, gid, creds,
+                                  dict(os.environ))
+        except MountError as exc:
+            refused = str(exc)
         for index, proc in enumerate(share.procs):
             env = job_env(self.child_env(spec, proc, paths, share.rank), creds)
             held = listening.get(index)

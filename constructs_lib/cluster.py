@@ -33,6 +33,7 @@ from constructs_lib.images import DEFAULT_IMAGE_TYPE, check_image, deep_learning
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
 from constructs_lib.job_role import JobRole
 from constructs_lib.late import late_string
+from constructs_lib.lustre_storage import LustreStorage, check_shared_storage, first_subnet
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
@@ -122,6 +123,7 @@ class DeepLearningCluster(Construct):
         log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS,
         alarm_email: str | None = None,
         cluster_users: Sequence[str] = (),
+        shared_storage: str = "efs",
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -242,6 +244,9 @@ class DeepLearningCluster(Construct):
         :param cluster_users: the Linux users jobs run as: one per-user Command document
             each, the only documents the operator policy runs (``OperatorAccess``).
             :default: ``()``, none (only the admin policy's any-user document runs)
+        :param shared_storage: ``efs``, or ``fsx-lustre``: an FSx for Lustre file system
+            too, mounted at ``/fsx`` on every node, ``/fsx/data`` linked to ``data_bucket``
+            (``LustreStorage``). :default: ``efs``
         """
         super().__init__(scope, construct_id)
         worker_count = validation.positive_int("worker_count", worker_count)
@@ -338,6 +343,15 @@ class DeepLearningCluster(Construct):
             self, "TrainingData", cluster_id=self.cluster_id, data_bucket=data_bucket,
             data_prefix=data_prefix, checkpoint_bucket=checkpoint_bucket)
 
+        #: FSx for Lustre next to EFS (``sharedStorage=fsx-lustre``), in the nodes' first subnet
+        self.lustre = LustreStorage(
+            self, "Lustre", vpc=self.vpc, data_bucket=data_bucket, data_prefix=data_prefix,
+            subnet=first_subnet(self.vpc, self.zones.node_subnets),
+        ) if check_shared_storage("shared_storage", shared_storage) == "fsx-lustre" else None
+        if self.lustre is not None and self.lustre.mount_point == self.efs_mount_point:
+            raise validation.ConfigError(f"efs_mount_point {self.efs_mount_point} is where "
+                                         f"FSx for Lustre mounts (shared_storage=fsx-lustre)")
+
         self.queues = MetadataQueues(self, "MetadataQueues")
         self.master_queue = self.queues.master_queue
 
@@ -364,6 +378,8 @@ class DeepLearningCluster(Construct):
             self.storage.allow_from(self)
         else:
             self.file_system.connections.allow_default_port_from(self, NFS_RULE_DESCRIPTION)
+        if self.lustre is not None:
+            self.lustre.allow_from(self)
 
         # -- node scripts and the setup wait condition -----------------------------------------
         self.node_scripts = s3_assets.Asset(
@@ -423,6 +439,8 @@ class DeepLearningCluster(Construct):
                 log_group=names.log_group_name(self.cluster_id),
                 cloudwatch_agent_install=family.cloudwatch_agent_install,
                 mount_s3_install=family.mount_s3_install,
+                lustre_mount=(family.lustre_client_install, self.lustre.mount_source,
+                              self.lustre.mount_point) if self.lustre else None,
             )
 
         common = dict(

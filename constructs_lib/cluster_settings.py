@@ -23,6 +23,7 @@ from constructs_lib.cluster_budget import check_usd_per_day
 from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, MAX_IDLE_STOP_MINUTES
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, IMAGE_FAMILIES, pytorch_version
 from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
+from constructs_lib.lustre_storage import check_shared_storage
 from constructs_lib.network import DEFAULT_VPC_CIDR
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
 from constructs_lib.observability import (
@@ -213,6 +214,12 @@ class ClusterSettings:
         "dataPrefix", "", "with `dataBucket`: the key prefix the nodes may read (a trailing "
         "`/` is added)", validation.key_prefix, default_doc="the whole bucket",
         accepts="a key prefix such as `datasets/imagenet/`")
+    shared_storage: str = setting(
+        "sharedStorage", "efs", "`fsx-lustre`: an FSx for Lustre file system too (PERSISTENT_2, "
+        "1,200 GiB at 250 MB/s/TiB, KMS-encrypted), mounted at `/fsx` on every node, "
+        "`/fsx/data` linked to `dataBucket`/`dataPrefix` (import only); EFS still holds the "
+        "cluster's own files (\"FSx for Lustre\" under \"Data in S3\")", check_shared_storage,
+        accepts="`efs` or `fsx-lustre`")
     budget_per_day: float | None = setting(
         "budgetPerDay", None, "an AWS Budgets cost budget of this cluster per day, in USD: "
         "the costs tagged `dl-cluster:id=<cluster>` (activate that cost allocation tag in "

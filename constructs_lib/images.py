@@ -50,6 +50,9 @@ class ImageFamily:
     #: installs Mountpoint for Amazon S3 (``mount-s3``, for ``dl-run --mount``) the way AWS
     #: documents for the OS ("Installing Mountpoint", mountpoint-installation.html)
     mount_s3_install: str = ""
+    #: installs the Lustre client (``sharedStorage=fsx-lustre``) the way AWS documents for
+    #: the OS ("Installing the Lustre client", install-lustre-client.html)
+    lustre_client_install: str = ""
 
     @property
     def mounts_tls(self) -> bool:
@@ -84,6 +87,7 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # AL2023's repository has mount-s3 from release 2023.9.20251110; an older image
         # installs AWS's own RPM from its download URL instead.
         mount_s3_install=f"dnf install -y -q mount-s3 || dnf install -y -q {MOUNT_S3_URL}.rpm",
+        lustre_client_install="dnf install -y -q lustre-client",
     ),
     "ubuntu": ImageFamily(
         os_suffix="ubuntu-24.04",
@@ -104,6 +108,15 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # AWS's .deb from its download URL, installed with apt-get (which pulls libfuse2).
         mount_s3_install=(f"curl -fsSL -o /tmp/mount-s3.deb {MOUNT_S3_URL}.deb && "
                           "apt-get install -y -q /tmp/mount-s3.deb"),
+        # AWS's FSx client repository for Ubuntu 24.04 (noble), its signing key first, then
+        # the client modules of the running kernel.
+        lustre_client_install=(
+            "curl -fsSL https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/"
+            "fsx-ubuntu-public-key.asc | gpg --dearmor --yes -o "
+            "/usr/share/keyrings/fsx-ubuntu-public-key.gpg && echo 'deb [signed-by=/usr/share/"
+            "keyrings/fsx-ubuntu-public-key.gpg] https://fsx-lustre-client-repo.s3.amazonaws.com"
+            "/ubuntu noble main' > /etc/apt/sources.list.d/fsxlustreclientrepo.list && "
+            "apt-get update -q && apt-get install -y -q lustre-client-modules-$(uname -r)"),
     ),
 }
 

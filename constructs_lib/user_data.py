@@ -83,6 +83,7 @@ def render_bootstrap_commands(
     efs_utils_install: str = "",
     cloudwatch_agent_install: str = "",
     mount_s3_install: str = "",
+    lustre_mount: tuple[str, str, str] | None = None,
 ) -> list[str]:
     """Shell lines of the user data (after the shebang that CDK adds).
 
@@ -95,6 +96,9 @@ def render_bootstrap_commands(
     logs then stay on the node). ``mount_s3_install`` installs Mountpoint for Amazon S3
     (``dl-run --mount``) unless the image has it; a failed install is reported and not
     fatal (a job's ``--mount`` then fails on that node, saying mount-s3 is missing).
+    ``lustre_mount`` (install command, ``dns@tcp:/name``, mount point): the FSx for Lustre
+    client is installed and the file system mounted (``constructs_lib/lustre_storage.py``);
+    a failure is reported and not fatal (the node then has no Lustre data, and says so).
     """
     args = " ".join(f"--{key} {_quote(value)}" for key, value in agent_settings.items())
     if efs_utils_install:
@@ -116,6 +120,15 @@ def render_bootstrap_commands(
         f"command -v mount-s3 >/dev/null || retry sh -c {_quote(mount_s3_install)} || "
         "echo 'dl-bootstrap: mount-s3 install failed; dl-run --mount fails on this node' >&2",
     ] if mount_s3_install else []
+    lustre = []
+    if lustre_mount is not None:
+        install, source, point = lustre_mount
+        lustre = [
+            "# FSx for Lustre (sharedStorage=fsx-lustre): the client, then the mount.",
+            f"{{ retry sh -c {_quote(install)} && mkdir -p {_quote(point)} && retry mount -t "
+            f"lustre -o relatime,flock {_quote(source)} {_quote(point)}; }} || echo "
+            f"'dl-bootstrap: FSx for Lustre mount on {point} failed' >&2",
+        ]
     return [
         "# Deep-learning cluster node bootstrap (rendered by constructs_lib.NodeGroup).",
         "set -euo pipefail",
@@ -131,6 +144,7 @@ def render_bootstrap_commands(
         *efs_utils,
         *cloudwatch_agent,
         *mount_s3,
+        *lustre,
         '"$PY" -c \'import boto3\' 2>/dev/null || retry "$PY" -m pip install -q boto3',
         f'"$PY" -m pip show -q py-spy >/dev/null 2>&1 || retry "$PY" -m pip install -q '
         f"{PY_SPY_REQUIREMENT} || echo 'dl-bootstrap: py-spy install failed; a hung job is "
@@ -169,6 +183,7 @@ def node_user_data(
     log_group: str = "",
     cloudwatch_agent_install: str = "",
     mount_s3_install: str = "",
+    lustre_mount: tuple[str, str, str] | None = None,
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line"). The master's registration wait is
@@ -220,7 +235,7 @@ def node_user_data(
             efs_utils_install=efs_utils_install,
             cloudwatch_agent_install=cloudwatch_agent_install.replace("{region}", Aws.REGION)
             if log_group else "",
-            mount_s3_install=mount_s3_install,
+            mount_s3_install=mount_s3_install, lustre_mount=lustre_mount,
         )
     )
     return data

@@ -84,6 +84,7 @@ class DLClusterStack(Stack):
             log_retention_days=s.log_retention_days,
             alarm_email=s.alarm_email,
             cluster_users=s.cluster_users,
+            shared_storage=s.shared_storage,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster

@@ -27,7 +27,9 @@ CONTEXTS = {
     },
     "elastic-spot": {"spotWorkers": "2", "maxWorkers": "6", "dataPrepScript": "/efs/prep.sh",
                      "budgetPerDay": "250",
-                     "clusterUsers": "alice,bob"},  # the per-user Command documents
+                     "clusterUsers": "alice,bob",  # the per-user Command documents
+                     # FSx for Lustre beside EFS, linked to the data bucket
+                     "sharedStorage": "fsx-lustre", "dataBucket": "my-datasets"},
 }
 
 

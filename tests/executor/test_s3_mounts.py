@@ -5,6 +5,7 @@ run (docs/emulator.md); a stand-in records what the executor handed it."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -193,7 +194,6 @@ def test_the_unmount_names_the_mount_through_the_pinned_parent_without_links(tmp
     target = tmp_path / "d"
     target.mkdir()
     pinned = pin_directory(str(target), os.getuid(), os.getgid())
-    mounts.is_mounted = lambda p: True  # type: ignore[method-assign]
 
     class Done:
         returncode = 0
@@ -226,3 +226,21 @@ def test_the_mount_credentials_are_roots_alone(tmp_path):
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o600)
     assert str(creds.mount_credentials_file) in creds.mount_config_file.read_text()
     assert json.loads(creds.mount_credentials_file.read_text())["AccessKeyId"] == "AKIA"
+
+
+def test_umount2_is_called_for_real_and_refuses_a_plain_directory(tmp_path):
+    from bootstrap_scripts.jobs.executor.s3_mounts import _umount2
+
+    # root: not a mount point (EINVAL); a user: not allowed (EPERM). Never 0, never a crash.
+    assert _umount2(str(tmp_path), MNT_DETACH | UMOUNT_NOFOLLOW) in (errno.EINVAL, errno.EPERM)
+
+
+def test_a_job_never_gets_a_second_set_of_mounts_on_a_node(tmp_path, job):
+    paths, target, creds = job
+    fake_mount_s3(tmp_path / "bin", tmp_path / "record", code=0)
+    mounts = S3Mounts()
+    mounts.jobs["j1"] = []
+    with pytest.raises(MountError, match="has its mounts on this node already"):
+        mounts.mount("j1", [f"s3://b-1/x:{target}"], 0, paths, os.getuid(), os.getgid(), creds,
+                     {"PATH": str(tmp_path / "bin")})
+    assert mounts.jobs == {"j1": []} and not (tmp_path / "record").exists()

@@ -191,6 +191,8 @@ class S3Mounts:
         if creds is None:
             raise MountError("--mount needs the job's own AWS credentials (the cluster's job "
                              "role), and this job has none; the node's are never used")
+        if job_id in self.jobs:  # one share per job and node: never a second set on top
+            raise MountError(f"job {job_id} has its mounts on this node already")
         made = self.jobs.setdefault(job_id, [])
         try:
             for index, source in enumerate(sources):
@@ -241,12 +243,14 @@ class S3Mounts:
         return stat.S_ISDIR(st.st_mode) and st.st_dev != pinned.dev
 
     def unmount(self, m: Mounted) -> None:
-        """Unmount through the pinned parent (no link followed), then end mount-s3."""
-        if self.is_mounted(m.pinned):
-            err = self.umount2(unmount_path(m.pinned.parent_fd, m.pinned.name),
-                               MNT_DETACH | UMOUNT_NOFOLLOW)
-            if err:
-                LOG.error("unmount of %s failed: %s", m.pinned.path, os.strerror(err))
+        """Unmount through the pinned parent (no link followed), then end mount-s3. Tried
+        whatever ``is_mounted`` says: a mount whose mount-s3 died cannot be stat'ed
+        (``ENOTCONN``) and must go all the same; where nothing is mounted the kernel
+        answers ``EINVAL`` (a mount point cannot be renamed, and only root makes one)."""
+        err = self.umount2(unmount_path(m.pinned.parent_fd, m.pinned.name),
+                           MNT_DETACH | UMOUNT_NOFOLLOW)
+        if err and err != errno.EINVAL:
+            LOG.error("unmount of %s failed: %s", m.pinned.path, os.strerror(err))
         try:
             m.process.wait(timeout=STOP_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:

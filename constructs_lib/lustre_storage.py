@@ -7,7 +7,7 @@ reads at high throughput:
 
 - PERSISTENT_2 (SSD, its data replicated within its zone), ``storage_capacity_gib`` of
   storage (1,200 GiB, or a multiple of 2,400 GiB) at ``throughput_per_tib`` MB/s per TiB
-  (125, 250, 500 or 1,000): the file system's throughput is the product, e.g. 1.2 TiB at
+  (125, 250, 500 or 1,000): the file system's throughput is the product, e.g. 1.17 TiB at
   250 MB/s/TiB = 293 MB/s (https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-throughput-capacity.html,
   https://docs.aws.amazon.com/fsx/latest/LustreGuide/performance.html);
 - encrypted at rest with a customer-managed KMS key of its own (rotating);

@@ -244,3 +244,47 @@ def test_a_job_never_gets_a_second_set_of_mounts_on_a_node(tmp_path, job):
         mounts.mount("j1", [f"s3://b-1/x:{target}"], 0, paths, os.getuid(), os.getgid(), creds,
                      {"PATH": str(tmp_path / "bin")})
     assert mounts.jobs == {"j1": []} and not (tmp_path / "record").exists()
+
+
+# -- the executor: a share with --mount on a node that cannot mount ---------------------------
+
+SHARE_ADDRESS = "127.20.250.7"
+
+
+def test_the_executor_fails_the_share_before_the_job_runs_naming_the_cause(
+        tmp_path, monkeypatch):
+    """The executor (in this process, one pass at a time, as tests/executor/test_enospc.py
+    runs it) on a node without mount-s3: the job's command never runs, its exit record and
+    its log say why."""
+    import time
+
+    from bootstrap_scripts.jobs.executor.daemon import Executor
+    from bootstrap_scripts.protocol import store
+    from bootstrap_scripts.protocol.records import RunnerHeartbeat, ShareExit
+
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", f"{empty}{os.pathsep}{os.path.dirname(sys.executable)}")
+    (tmp_path / "efs").mkdir()
+    ex = Executor(tmp_path / "node", tmp_path / "efs", SHARE_ADDRESS)
+    try:
+        ex.step()
+        paths = ex.node.cluster.job("mounted")
+        ran = tmp_path / "ran"
+        store.write_record(paths.runner_heartbeat, RunnerHeartbeat(seq=1, time=time.time()))
+        spec = JobSpec(job_id="mounted", launcher="each", mounts=(
+            f"s3://b-1/x:{tmp_path / 'data'}",), shares=(Share(0, SHARE_ADDRESS, (
+                Proc(argv=(sys.executable, "-c", f"open({str(ran)!r}, 'w')")),)),))
+        store.atomic_write(paths.spec, spec.to_json())
+        deadline = time.monotonic() + 20
+        while not store.exists(paths.exit(0)):
+            assert time.monotonic() < deadline, "the share's exit was never recorded"
+            ex.step()
+            time.sleep(0.05)
+        record = store.read_record(paths.exit(0), ShareExit)
+        assert record is not None and record.returncode == 127
+        assert "mount-s3 is not available on this node" in record.reason
+        assert "dl-executor: mount-s3 is not available" in paths.log(0).read_text()
+        assert not ran.exists() and ex.shares.mounts.jobs == {}
+    finally:
+        ex.shares.stop_all("test over")

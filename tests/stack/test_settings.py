@@ -60,6 +60,7 @@ def test_every_documented_key_is_parsed() -> None:
         "alarmEmail": "ops@example.com",
         "clusterUsers": "alice, bob_2",
         "sharedStorage": "fsx-lustre",
+        "resumeFrom": "s3://old-ckpts/checkpoints/old-cluster",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -96,6 +97,7 @@ def test_every_documented_key_is_parsed() -> None:
         alarm_email="ops@example.com",
         cluster_users=("alice", "bob_2"),
         shared_storage="fsx-lustre",
+        resume_from=("s3://old-ckpts/checkpoints/old-cluster/",),
     )
 
 

@@ -49,6 +49,23 @@ METRIC_GPU_RETIRED_PAGES_PENDING = "GPURetiredPagesPending"
 #: ``/dev/kmsg``).
 METRIC_GPU_XID_ERRORS = "GPUXidErrors"
 
+# Per node (ClusterId, InstanceId), from the job executor's reads of the EFA driver's
+# counters (``bootstrap_scripts.efa_counters``): growth since the previous sample, summed
+# over the node's EFA devices; only on nodes with EFA.
+#: Bytes the node's EFAs sent / received (every kind of traffic).
+METRIC_EFA_TX_BYTES = "EFATxBytes"
+METRIC_EFA_RX_BYTES = "EFARxBytes"
+#: Bytes moved by RDMA reads / writes (NCCL's collectives over EFA use these).
+METRIC_EFA_RDMA_READ_BYTES = "EFARdmaReadBytes"
+METRIC_EFA_RDMA_WRITE_BYTES = "EFARdmaWriteBytes"
+#: Packets received and dropped.
+METRIC_EFA_RX_DROPS = "EFARxDrops"
+#: SRD packets sent again (a lossy or congested path).
+METRIC_EFA_RETRANSMITTED_PACKETS = "EFARetransmittedPackets"
+#: Times a remote peer did not answer / a connection was impaired (a sick peer node).
+METRIC_EFA_UNRESPONSIVE_REMOTES = "EFAUnresponsiveRemoteEvents"
+METRIC_EFA_IMPAIRED_CONNECTIONS = "EFAImpairedConnectionEvents"
+
 # Per job (ClusterId, JobId), from the ranks' progress files (``bootstrap_scripts.progress``)
 # as the job controller reads them: written only while some rank's step moves.
 #: The ranks' mean time per step, in seconds.

@@ -35,7 +35,7 @@ METRICS_LOG = "var/log/dl-cluster/metrics.log"
 MAX_DIMENSIONS = 30
 MAX_METRICS = 100
 #: The units this module accepts (CloudWatch's ``StandardUnit`` names it uses).
-UNITS = frozenset({"None", "Percent", "Count", "Seconds", "Megabytes", "Count/Second"})
+UNITS = frozenset({"None", "Percent", "Count", "Seconds", "Bytes", "Megabytes", "Count/Second"})
 #: A line's most bytes (a CloudWatch Logs event, less the agent's per-event overhead).
 MAX_LINE_BYTES = 1_048_576 - 26
 

@@ -284,6 +284,7 @@ class ClusterObservability(Construct):
                                      label="cluster mean")],
                            left_y_axis=cw.YAxisProps(min=0, max=100)))
         board.add_widgets(*self._gpu_health_widgets())
+        board.add_widgets(*self._efa_widgets())
         board.add_widgets(
             cw.GraphWidget(title="Jobs running", width=12,
                            left=[self.metric(names.METRIC_JOBS_RUNNING, "Maximum")]),
@@ -312,6 +313,28 @@ class ClusterObservability(Construct):
                                  self.per_node(names.METRIC_GPU_XID_ERRORS, "XID", "Sum"),
                                  self.metric(names.METRIC_GPU_XID_ERRORS, "Sum").with_(
                                      label="XIDs, whole cluster")]),
+        ]
+
+    def _efa_widgets(self) -> list[cw.IWidget]:
+        """Per node, on nodes with EFA: the fabric's traffic, and what a sick path or peer
+        shows (drops, retransmissions, unresponsive or impaired peers)."""
+        return [
+            cw.GraphWidget(title="EFA traffic per node (bytes per sample)", width=12,
+                           left=[self.per_node(names.METRIC_EFA_TX_BYTES, "tx", "Sum"),
+                                 self.per_node(names.METRIC_EFA_RX_BYTES, "rx", "Sum"),
+                                 self.per_node(names.METRIC_EFA_RDMA_READ_BYTES,
+                                               "RDMA read", "Sum"),
+                                 self.per_node(names.METRIC_EFA_RDMA_WRITE_BYTES,
+                                               "RDMA write", "Sum")]),
+            cw.GraphWidget(title="EFA drops, retransmissions, peers in trouble", width=12,
+                           left_y_axis=cw.YAxisProps(min=0),
+                           left=[self.per_node(names.METRIC_EFA_RX_DROPS, "drops", "Sum"),
+                                 self.per_node(names.METRIC_EFA_RETRANSMITTED_PACKETS,
+                                               "retransmitted", "Sum"),
+                                 self.per_node(names.METRIC_EFA_UNRESPONSIVE_REMOTES,
+                                               "unresponsive peer", "Sum"),
+                                 self.per_node(names.METRIC_EFA_IMPAIRED_CONNECTIONS,
+                                               "impaired connection", "Sum")]),
         ]
 
     def _training_widgets(self) -> list[cw.IWidget]:

@@ -237,10 +237,12 @@ def cancel(ctx, job) -> None:
 @click.option("--workers", type=int, default=None, metavar="N", help="set the worker count")
 @click.option("--remove", default=None, metavar="ADDRESS",
               help="remove one elastic worker (drained first)")
+@click.option("--replace", default=None, metavar="ADDRESS",
+              help="replace one worker (a straggler) by a new instance (drained first)")
 @click.pass_context
-def scale(ctx, workers, remove) -> int:
-    """Grow or shrink the worker group (dl-scale on the master)."""
-    argv = jobs_mod.scale_argv(workers, remove)
+def scale(ctx, workers, remove, replace) -> int:
+    """Grow or shrink the worker group, or replace a worker (dl-scale on the master)."""
+    argv = jobs_mod.scale_argv(workers, remove, replace)
     code, stdout, stderr = jobs_mod.run_passthrough(remote_of(ctx), argv, timeout=120)
     click.echo(stdout, nl=False)
     click.echo(stderr, nl=False, err=True)

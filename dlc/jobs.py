@@ -199,13 +199,17 @@ def cancel(remote: Remote, jid: str) -> str:
     return res.stdout.strip() or f"cancelled {jid}"
 
 
-def scale_argv(workers: int | None, remove: str | None) -> list[str]:
-    if (workers is None) == (remove is None):
-        raise UsageError("give exactly one of --workers N or --remove ADDRESS")
+def scale_argv(workers: int | None, remove: str | None, replace: str | None = None
+               ) -> list[str]:
+    if sum(x is not None for x in (workers, remove, replace)) != 1:
+        raise UsageError("give exactly one of --workers N, --remove ADDRESS or "
+                         "--replace ADDRESS")
     if workers is not None:
         if workers < 0:
             raise UsageError(f"--workers must be >= 0, got {workers}")
         return ["dl-scale", "--workers", str(workers)]
+    if replace is not None:
+        return ["dl-scale", "--replace", str(replace)]
     return ["dl-scale", "--remove", str(remove)]
 
 

@@ -2,6 +2,7 @@
 
     dl-scale --workers N              set the worker group's desired capacity to N
     dl-scale --remove ADDRESS|ID      remove one elastic worker (it is drained first)
+    dl-scale --replace ADDRESS|ID     replace one worker by a new instance (drained first)
     dl-scale --status                 nodes, base/elastic, generation, joins and drains
 
 Scale-out brings up nodes that prepare, register and join the running job; scale-in and
@@ -12,6 +13,14 @@ The master and the base workers are protected from scale-in and refused here, wi
 reason: removing the master stops every job (it hosts the rendezvous), and the base workers
 are the capacity the cluster was deployed with. ``--workers`` below the base count or above
 the group's maximum is refused naming both values.
+
+``--replace`` is for a worker that is slow or suspect but passes every check (a straggler
+``dl-jobs`` names, a GPU throwing XID errors): its instance is marked Unhealthy, the way the
+job controller marks a failed node, so Auto Scaling terminates it (through the same drain
+hook) and launches a new one into the group, base workers included (health replacement is
+not scale-in: the group keeps its size). The master is refused: it hosts every job's
+rendezvous and the cluster's control. An operator's deliberate act, it does not count against
+the job controller's ``maxReplacementsPerHour``.
 
 Reads the cluster from the membership this node applied (``NodePaths.membership``; ``--root``
 prefixes it, for the emulator) and the shared file system; talks to Auto Scaling with the node's
@@ -71,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="set the number of workers (base count .. group maximum)")
     action.add_argument("--remove", metavar="ADDRESS|INSTANCE_ID",
                         help="remove one elastic worker (drained first)")
+    action.add_argument("--replace", metavar="ADDRESS|INSTANCE_ID",
+                        help="replace one worker by a new instance (drained first)")
     action.add_argument("--status", action="store_true", help="print the cluster's nodes")
     p.add_argument("--root", default=os.environ.get("DL_ROOT", "/"),
                    help="node root prefix (default: $DL_ROOT or /; emulator/tests)")
@@ -223,6 +234,25 @@ def remove(cluster: Cluster, target: str, autoscaling, ec2=None) -> str:
             "continue without it, then it terminates")
 
 
+def replace(cluster: Cluster, target: str, autoscaling, ec2=None) -> str:
+    """Mark a worker's instance Unhealthy: Auto Scaling drains it, terminates it and launches
+    a replacement (module doc); the master and instances outside the group are refused."""
+    iid, node = resolve(cluster, target, ec2)
+    name = f"{target}" if target == iid else f"{target} ({iid})"
+    if iid == cluster.membership.master.instance_id or (node is not None
+                                                        and node.role == "master"):
+        raise Refused(f"{name} is the master of cluster {cluster.cluster_id}: it hosts every "
+                      "job's rendezvous and the cluster's control; dl-scale never replaces it")
+    if iid not in _group_instances(cluster):
+        raise Refused(f"{name} is not in the worker group {cluster.group_name}: dl-scale "
+                      "only replaces group members")
+    autoscaling.set_instance_health(InstanceId=iid, HealthStatus="Unhealthy",
+                                    ShouldRespectGracePeriod=False)
+    return (f"replacing {name}: marked Unhealthy; the group's drain hook stops its job "
+            "shares, Auto Scaling terminates it and launches a new worker, which joins once "
+            "it passed the health gate")
+
+
 def status(cluster: Cluster) -> str:
     m = cluster.membership
     registrations = state.read_registrations(cluster.efs)
@@ -292,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             print(status(cluster))
         elif ns.workers is not None:
             print(f"dl-scale: {set_workers(cluster, ns.workers, autoscaling)}")
+        elif ns.replace is not None:
+            print(f"dl-scale: {replace(cluster, ns.replace, autoscaling, session.client('ec2'))}")
         else:
             print(f"dl-scale: {remove(cluster, ns.remove, autoscaling, session.client('ec2'))}")
     except Refused as exc:

@@ -121,3 +121,31 @@ def test_no_membership_is_a_clear_refusal(moto_reset, monkeypatch, tmp_path, cap
     assert run(tmp_path, "--status") == scale.EXIT_REFUSED
     assert "membership.json does not exist" in capsys.readouterr().err
     assert scale.main(["--workers"]) == scale.EXIT_USAGE
+
+
+def health_of(cluster: ClusterResources, instance_id: str) -> str:
+    found = cluster.client("autoscaling").describe_auto_scaling_instances(
+        InstanceIds=[instance_id])["AutoScalingInstances"]
+    return found[0]["HealthStatus"] if found else "gone"
+
+
+def test_replace_marks_a_worker_unhealthy_base_ones_included(cloud, capsys):
+    """A straggler (or a suspect GPU) that passes every check: Auto Scaling replaces it
+    (health replacement keeps the group's size and is not stopped by scale-in protection)."""
+    cluster, root, m = cloud
+    base = m.nodes[1]
+    assert base.base
+    assert run(root, "--replace", base.address) == 0
+    out = capsys.readouterr().out
+    assert f"replacing {base.address} ({base.instance_id}): marked Unhealthy" in out
+    assert health_of(cluster, base.instance_id).upper() in ("UNHEALTHY", "GONE")
+    assert desired(cluster) == 3  # a replacement, not a scale-in
+
+
+def test_replace_refuses_the_master_and_strangers(cloud, capsys):
+    cluster, root, m = cloud
+    assert run(root, "--replace", m.master.instance_id) == scale.EXIT_REFUSED
+    assert "is the master" in capsys.readouterr().err
+    assert health_of(cluster, m.master.instance_id).upper() == "HEALTHY"
+    assert run(root, "--replace", "127.20.99.99") == scale.EXIT_REFUSED
+    assert "no node of cluster dlc-test has address 127.20.99.99" in capsys.readouterr().err

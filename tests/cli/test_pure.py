@@ -53,7 +53,7 @@ def test_bad_context_names_the_value(capsys) -> None:
 
 def test_scale_usage_names_both_options(capsys) -> None:
     assert main(["scale"]) == 2
-    assert "--workers N or --remove ADDRESS" in capsys.readouterr().err
+    assert "--workers N, --remove ADDRESS or --replace ADDRESS" in capsys.readouterr().err
 
 
 def test_missing_emulator_state_is_not_found(tmp_path: Path, capsys) -> None:
@@ -145,6 +145,11 @@ def test_submit_argv_passes_the_hang_timeout_through_the_document() -> None:
 def test_scale_and_logs_argv() -> None:
     assert jobs.scale_argv(3, None) == ["dl-scale", "--workers", "3"]
     assert jobs.scale_argv(None, "10.0.1.9") == ["dl-scale", "--remove", "10.0.1.9"]
+    replace = jobs.scale_argv(None, None, "10.0.1.7")
+    assert replace == ["dl-scale", "--replace", "10.0.1.7"]
+    remote.document_parameters(replace, timeout=9)  # within the operator document's pattern
+    with pytest.raises(UsageError, match="exactly one"):
+        jobs.scale_argv(None, "10.0.1.9", "10.0.1.7")
     assert jobs.page_argv("j1", "2:0=14", 2) == ["dl-jobs", "logs", "j1", "--cursor", "2:0=14",
                                                  "--node", "2"]
     remote.document_parameters(jobs.page_argv("j1", "2:0=14,1-ps=3,r=9", None), timeout=9)

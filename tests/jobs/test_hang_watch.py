@@ -226,6 +226,7 @@ def test_dl_jobs_shows_the_running_attempts_stragglers_only(capsys, tmp_path: Pa
     dl_jobs.print_show(running, as_json=False, efs=tmp_path)
     out = capsys.readouterr().out
     assert "stragglers:   rank 2 on node2: 3 s/step" in out
+    assert "dlc scale --replace ADDRESS" in out  # what to do about it
     assert "stacks: <EFS>/managed/j/attempts/1.hang.json" in out
     finished = ManagedJob(job_id="j", state="succeeded", stragglers=lagging)
     assert dl_jobs.stragglers_cell(finished) == "-"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import gpu_metrics, metrics_emf
+from bootstrap_scripts import efa_counters, gpu_metrics, metrics_emf
 from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics
 from bootstrap_scripts.jobs.executor.gpu_sampler import sample_line
@@ -44,7 +44,8 @@ def emitted(tmp_path: Path) -> set[tuple[str, Series]]:
     """What the nodes' emitters write: a GPU reporting every field, the controller's
     cluster line, and a job's progress with every figure."""
     readings = gpu_metrics.parse("0, 57, 1200, 61, 120.50, 0, No\n1, 43, 800, 58, 99.00, 1, Yes\n")
-    lines = [sample_line(readings, "c1", "i-0abc", 1_700_000_000_000, xids=1) or ""]
+    efa = {metric: (1.0, unit) for metric, unit in efa_counters.COUNTERS.values()}
+    lines = [sample_line(readings, "c1", "i-0abc", 1_700_000_000_000, xids=1, efa=efa) or ""]
     (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
     ctl = ControllerMetrics(tmp_path, lambda: "c1")
     assert ctl.observe(job_id="j1", restarts=0, unhealthy=1, now=0.0)

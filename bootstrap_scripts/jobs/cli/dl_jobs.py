@@ -139,6 +139,11 @@ def print_list(efs: Path, as_json: bool) -> int:
     return 0
 
 
+#: What to do about a straggler's node (``dl-scale --replace`` on the master).
+STRAGGLER_HINT = " (to replace a node: dlc scale --replace ADDRESS, or dl-scale --replace " \
+    "ADDRESS on the master)"
+
+
 def stragglers_cell(job: ManagedJob) -> str:
     """``rank 3, rank 5`` of the running attempt's stragglers, ``-`` for none."""
     if JobState(job.state).terminal or not job.stragglers:
@@ -195,7 +200,8 @@ def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
             ("excluded", ", ".join(job.excluded) or "-"),
             ("last failure", job.last_failure or "-"),
             ("health gate", "; ".join(job.gate_failures) or "-"),
-            ("stragglers", "; ".join(job.stragglers) if stragglers_cell(job) != "-" else "-"),
+            ("stragglers", "; ".join(job.stragglers) + STRAGGLER_HINT
+             if stragglers_cell(job) != "-" else "-"),
             ("message", job.message or "-"),
             ("checkpoint", where["efs"] or "-"), ("mirrored", where["s3"] or "-")):
         print(f"{label + ':':14}{value}")

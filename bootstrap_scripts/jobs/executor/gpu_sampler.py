@@ -14,6 +14,8 @@ XID alarm sums every node's.
 
 ``GPUXidErrors``: the XID records the driver wrote to the kernel log since the last sample
 (``bootstrap_scripts.xid_errors``), per node; left out where ``/dev/kmsg`` cannot be read.
+``EFA*``: what the node's EFA counters grew since the last sample
+(``bootstrap_scripts.efa_counters``), per node; only on a node with EFA.
 
 Failure-tolerant: no nvidia-smi, a failing driver, an unknown identity or an unwritable
 file cost one log line (again only once the cause changes) and no metric; the next
@@ -28,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts import gpu_metrics, metrics_emf, xid_errors
+from bootstrap_scripts import efa_counters, gpu_metrics, metrics_emf, xid_errors
 from bootstrap_scripts import metric_names as names
 
 LOG = logging.getLogger("dl-executor.gpu-metrics")
@@ -41,15 +43,18 @@ Identity = Callable[[], "tuple[str, str] | None"]
 
 
 def sample_line(readings: list[gpu_metrics.GpuReading], cluster_id: str, instance_id: str,
-                timestamp_ms: int, *, xids: int | None = None) -> str | None:
+                timestamp_ms: int, *, xids: int | None = None,
+                efa: dict[str, tuple[float, str]] | None = None) -> str | None:
     """The EMF line of one sample (None when no GPU reported anything): every metric per
     node, and ``GPUUtilization`` per cluster too (a second directive of the same event).
-    ``xids``: the XID records since the last sample (None: the kernel log is not read)."""
+    ``xids``: the XID records since the last sample (None: the kernel log is not read);
+    ``efa``: the EFA counters' growth (None: no EFA on this node)."""
     metrics = gpu_metrics.node_metrics(readings)
     if not metrics:
         return None
     if xids is not None:
         metrics[names.METRIC_GPU_XID_ERRORS] = (float(xids), "Count")
+    metrics.update(efa or {})
     directives: list[metrics_emf.Directive] = [
         ([[names.DIM_CLUSTER, names.DIM_INSTANCE]], list(metrics))]
     # per cluster too: the mean utilisation (dashboard, idle alarm), the XIDs (their alarm)
@@ -70,6 +75,7 @@ class GpuSampler:
                  interval: float = SAMPLE_SECONDS) -> None:
         self.path = metrics_emf.metrics_log(root)
         self.kernel_log = xid_errors.KernelLog(root)
+        self.efa = efa_counters.EfaCounters(root)
         self.kernel_log_said = ""  # the kernel log's problem last logged
         self.identity = identity
         self.interval = interval
@@ -94,7 +100,7 @@ class GpuSampler:
             self._problem(str(exc))
             return False
         line = sample_line(readings, ident[0], ident[1], int(time.time() * 1000),
-                           xids=self._xids())
+                           xids=self._xids(), efa=self.efa.sample())
         if line is None:
             self._problem("no GPU reported a reading")
             return False

@@ -58,7 +58,7 @@ def web() -> Iterator[int]:
     """A web server on the instance's loopback (this machine's, on the emulator)."""
 
     class Hello(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:
             body = f"hello {self.path}".encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))

@@ -13,12 +13,14 @@ from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.nag_suppressions import acknowledge_cluster_findings
 from constructs_lib.network import ClusterNetwork
 from constructs_lib.node_group import NodeGroup
+from constructs_lib.resume_sources import CheckpointSource
 from constructs_lib.shared_storage import SharedFileSystem
 from constructs_lib.validation import ConfigError
 
 __all__ = [
     "IMAGE_FAMILIES",
     "CapacityAdjuster",
+    "CheckpointSource",
     "ClusterNetwork",
     "ConfigError",
     "DeepLearningCluster",

@@ -39,6 +39,7 @@ from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
 from constructs_lib.observability import DEFAULT_LOG_RETENTION_DAYS, ClusterObservability
 from constructs_lib.operator_access import OperatorAccess
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
+from constructs_lib.resume_sources import CheckpointSource, grant_resume_read
 from constructs_lib.shared_storage import (
     DEFAULT_MOUNT_POINT,
     NFS_RULE_DESCRIPTION,
@@ -118,6 +119,7 @@ class DeepLearningCluster(Construct):
         data_bucket: s3.IBucket | None = None,
         data_prefix: str = "",
         checkpoint_bucket: s3.IBucket | None = None,
+        resume_from: Sequence[CheckpointSource] = (),
         budget_per_day: float | None = None,
         log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS,
         alarm_email: str | None = None,
@@ -233,6 +235,9 @@ class DeepLearningCluster(Construct):
             write ``checkpoints/<cluster_id>/`` of it.
             :default: a new versioned, KMS-encrypted, TLS-only, private bucket, RETAINed on
                 stack deletion (``TrainingData``)
+        :param resume_from: old clusters' checkpoints (their RETAINed buckets) the jobs may
+            read, each user only their own part, for ``--resume-from`` (``resume_sources.py``).
+            :default: () (no other cluster's checkpoints)
         :param budget_per_day: a daily AWS Budgets cost budget (USD) of the cluster's tagged
             costs, notifying an encrypted alarm topic (``ClusterBudget``).
             :default: none (no budget)
@@ -483,6 +488,9 @@ class DeepLearningCluster(Construct):
         self.training_data.grant_data_read(self.job_role.role)
         self.training_data.grant_checkpoint_read_write(self.job_role.role,
                                                        per_user_tag=JOB_USER_TAG)
+        #: Old clusters' checkpoints the jobs may read (``resume_sources.py``).
+        self.resume_from = tuple(resume_from)
+        grant_resume_read(self.job_role.role, self.resume_from, user_tag=JOB_USER_TAG)
         grant_elastic_control(self, self.master_group.role, self.cluster_id)
         if idle_stop:
             grant_idle_stop(self, self.master_group.role, cluster_id=self.cluster_id,

@@ -32,6 +32,7 @@ from constructs_lib.observability import (
     retention_setting,
 )
 from constructs_lib.operator_document import check_cluster_users
+from constructs_lib.resume_sources import parse_source_urls
 from constructs_lib.setting import default_of, setting
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
 from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, MIN_NODE_BOOT_SECONDS
@@ -213,6 +214,13 @@ class ClusterSettings:
         "dataPrefix", "", "with `dataBucket`: the key prefix the nodes may read (a trailing "
         "`/` is added)", validation.key_prefix, default_doc="the whole bucket",
         accepts="a key prefix such as `datasets/imagenet/`")
+    resume_from: tuple[str, ...] = setting(
+        "resumeFrom", (), "old clusters' checkpoints this cluster's jobs may read, for "
+        "`dlc submit --resume-from` after `dlc down` (the old stack's `CheckpointUrl` output, "
+        "`s3://<bucket>/checkpoints/<old cluster id>/`): each user's jobs read only that "
+        "user's part, and decrypt with the bucket's key only through S3 (\"Data in S3\")",
+        parse_source_urls, raw=True, default_doc="none",
+        accepts="checkpoint URLs, comma-separated, at most 10")
     budget_per_day: float | None = setting(
         "budgetPerDay", None, "an AWS Budgets cost budget of this cluster per day, in USD: "
         "the costs tagged `dl-cluster:id=<cluster>` (activate that cost allocation tag in "

@@ -149,6 +149,19 @@ def acknowledge_training_data(cluster: DeepLearningCluster) -> None:
              f"{_bucket_arn(data.data_bucket)}/{data.data_prefix}*]",
              "A dataset is many objects whose names the user chooses; s3:GetObject only, "
              "limited to the dataBucket's dataPrefix (dl-run --data stages it).")
+    for source in cluster.resume_from:
+        _ack(jobs, f"AwsSolutions-IAM5[Resource::{_bucket_arn(source.bucket)}/"
+             f"{source.prefix}<aws:PrincipalTag/{JOB_USER_TAG}>/*]",
+             "An old cluster's checkpoints (resumeFrom) have names its jobs chose; "
+             "s3:GetObject only, limited to the job's own user's part of that cluster's "
+             "checkpoints/<cluster-id>/ (the session tag the executor sets).")
+    if cluster.resume_from:
+        _ack(jobs, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:kms:<AWS::Region>:"
+             "<AWS::AccountId>:key/*]",
+             "The old clusters' checkpoint keys (resumeFrom) belong to stacks this one does "
+             "not know; kms:Decrypt only, only through S3 in this region (kms:ViaService) and "
+             "only for those buckets' objects (the kms:EncryptionContext:aws:s3:arn "
+             "condition).")
 
 
 def acknowledge_custom_resource_provider(scope: IConstruct) -> None:

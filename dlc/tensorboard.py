@@ -5,7 +5,8 @@ Two steps, both through what ``dlc`` already uses (no new permission, no open po
 1. ``dl-jobs tensorboard JOB`` on the master through the operator channel (SSM Run Command,
    :mod:`dlc.remote`): it starts TensorBoard as the job's user, bound to 127.0.0.1 on the
    master, reading only ``managed/<job-id>/tensorboard/`` (or answers with the one already
-   running), and prints its port (bootstrap_scripts/ops/tensorboard_server.py);
+   running), and prints its port and the secret path it serves under (anything else on the
+   master's loopback gets 404: bootstrap_scripts/ops/tensorboard_server.py);
 2. a Session Manager port forwarding session (``AWS-StartPortForwardingSession``, as ``dlc
    tunnel``) from ``localhost:LOCAL`` to that port on the master: the SSM Agent on the master
    connects to its own 127.0.0.1, so TensorBoard never listens on the network.
@@ -16,6 +17,7 @@ Two steps, both through what ``dlc`` already uses (no new permission, no open po
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from dlc import session
@@ -27,6 +29,8 @@ from dlc.target import Target
 REMOTE_PORT = 6006
 #: The remote command's time bound: TensorBoard starts in a few seconds.
 START_TIMEOUT = 120
+#: the secret path TensorBoard serves under (bootstrap_scripts/ops/tensorboard_run.py)
+SERVED_PATH_RE = re.compile(r"/[A-Za-z0-9_-]{32,128}/")
 
 
 def start_argv(job: str, minutes: int) -> list[str]:
@@ -40,13 +44,17 @@ def open_board(target: Target, remote: Remote, job: str, *, minutes: int,
     served = remote.json(start_argv(job, minutes), timeout=START_TIMEOUT)
     if not isinstance(served, dict) or not isinstance(served.get("port"), int):
         raise DlcError(f"dl-jobs tensorboard {job} answered without a port: {served!r}")
-    port = served["port"]
+    port, path = served["port"], served.get("path")
+    if not isinstance(path, str) or not SERVED_PATH_RE.fullmatch(path):
+        raise DlcError(f"dl-jobs tensorboard {job} answered without its secret path: the "
+                       f"master runs an older dl-jobs (update the cluster): {served!r}")
     local = local_port or port
     session.check_ports(port, local)
     state = "already running" if served.get("already_running") else "started"
     echo(f"TensorBoard of job {job} {state} on the master (port {port}, as uid "
          f"{served.get('uid')}, stops after {minutes} min or with dlc tensorboard {job} "
-         f"--stop): open http://localhost:{local}/ while the tunnel runs")
+         f"--stop): open http://localhost:{local}{path} while the tunnel runs (the path is "
+         f"the page's key: keep it to yourself)")
     session.start(target, session.tunnel_argv(target, remote.instance_id, port, local),
                   dry_run=dry_run, echo=echo)
 

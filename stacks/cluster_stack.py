@@ -9,6 +9,7 @@ from constructs import Construct
 
 from constructs_lib import DeepLearningCluster, FixedAmi, acknowledge_cluster_findings
 from constructs_lib.cluster_settings import ClusterSettings
+from constructs_lib.resume_sources import CheckpointSource, split_url
 from stacks.existing import existing_file_system
 
 CLUSTER_ID = "Cluster"
@@ -79,6 +80,9 @@ class DLClusterStack(Stack):
             data_bucket=(s3.Bucket.from_bucket_name(self, "DataBucket", s.data_bucket)
                          if s.data_bucket else None),
             data_prefix=s.data_prefix,
+            resume_from=[CheckpointSource(s3.Bucket.from_bucket_name(self, f"ResumeBucket{n}",
+                                                                     bucket), prefix)
+                         for n, (bucket, prefix) in enumerate(map(split_url, s.resume_from))],
             budget_per_day=s.budget_per_day,
             node_boot_seconds=s.node_boot_seconds,
             log_retention_days=s.log_retention_days,
@@ -131,6 +135,9 @@ class DLClusterStack(Stack):
             description=f"Checkpoints in S3 (nodes write under {data.checkpoint_prefix}); "
             "RETAINed: dlc down keeps it unless --delete-data",
         )
+        CfnOutput(self, "CheckpointUrl", value=data.checkpoint_url,
+                  description="This cluster's checkpoints: give it to a later cluster's "
+                  "resumeFrom setting to resume its jobs there (dlc submit --resume-from)")
         if data.data_bucket is not None:
             CfnOutput(
                 self,

@@ -8,6 +8,12 @@ It serves the job's own directory, ``managed/<job-id>/tensorboard/`` (the ranks 
 reaches it; ``dlc tensorboard JOB`` forwards a laptop port to it through Session Manager
 (``AWS-StartPortForwardingSession``), which the SSM Agent serves from this node's loopback.
 
+Loopback is shared by every process on the master, other cluster users' included, and
+TensorBoard has no authentication: it serves under a random secret path (192 bits, a new
+one per start), answers 404 everywhere else, and gets the secret on a pipe, never on its
+command line (``bootstrap_scripts.ops.tensorboard_run``). The URL with the secret is kept
+only in the state directory below and printed to whoever started it.
+
 Who it runs as (:func:`run_as`, a pure decision): the job's user, the owner of the job's
 ``request.json`` (read without following links, owned by the owner of its directory:
 ``userfiles.read_owned``), never root nor a system user (uid < 1000). Root (the operator
@@ -27,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -67,6 +74,8 @@ class Served:
     started: float
     url: str = ""
     already_running: bool = False
+    #: the secret path TensorBoard serves under (``/<secret>/``): the URL's path
+    path: str = ""
 
 
 def run_as(owner_uid: int, euid: int) -> int:
@@ -90,12 +99,22 @@ def job_owner(paths: ManagedPaths) -> tuple[int, int]:
     return owned.uid, owned.gid
 
 
+#: the module that runs TensorBoard behind its secret path (read from stdin)
+RUNNER = "bootstrap_scripts.ops.tensorboard_run"
+
+
 def server_argv(logdir: Path, port: int, minutes: int) -> list[str]:
     """TensorBoard on ``logdir`` at 127.0.0.1:``port``, ended by ``timeout`` after
-    ``minutes`` (this interpreter's ``tensorboard`` package)."""
+    ``minutes`` (this interpreter's ``tensorboard`` package). No secret in it: a command
+    line is public on the node."""
     return ["timeout", "--kill-after=10", f"{int(minutes)}m", sys.executable, "-m",
-            "tensorboard.main", "--logdir", str(logdir), "--host", HOST, "--port", str(port),
+            RUNNER, "--logdir", str(logdir), "--host", HOST, "--port", str(port),
             "--reload_interval", "5"]
+
+
+def new_prefix() -> str:
+    """A fresh secret path prefix: 192 random bits, URL-safe."""
+    return "/" + secrets.token_urlsafe(24)
 
 
 def port_free(port: int) -> bool:
@@ -148,7 +167,7 @@ def _is_ours(served: Served) -> bool:
     command line names its log directory), not a process that reused the number."""
     try:
         cmdline = Path(f"/proc/{served.pid}/cmdline").read_bytes().split(b"\0")
-        return os.getpgid(served.pid) == served.pid and b"tensorboard.main" in cmdline \
+        return os.getpgid(served.pid) == served.pid and RUNNER.encode() in cmdline \
             and served.logdir.encode() in cmdline
     except OSError:
         return False
@@ -168,14 +187,23 @@ def start(paths: ManagedPaths, *, port: int = DEFAULT_PORT,
     as_user: dict = {}
     if os.geteuid() != uid:  # root: the job's user, their groups, nothing of root's
         as_user = {"user": uid, "group": gid, "extra_groups": userfiles.groups_of(uid, gid)}
+    # this package first on its path (the runner is in it), in "/": nothing the user
+    # controls shadows it
+    package_parent = str(Path(__file__).resolve().parents[2])
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp",
-           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": os.pathsep.join(p for p in (package_parent,
+                                                     os.environ.get("PYTHONPATH", "")) if p)}
+    prefix = new_prefix()
     with open(states / f"{paths.job_id}.log", "ab") as log:
         proc = subprocess.Popen(server_argv(logdir, port, minutes), cwd="/", env=env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                stdin=subprocess.PIPE, stdout=log, stderr=log,
                                 start_new_session=True, **as_user)
+    with contextlib.suppress(BrokenPipeError):  # it died at once: reported below
+        proc.stdin.write(f"{prefix}\n".encode())
+        proc.stdin.close()
     served = Served(job_id=paths.job_id, logdir=str(logdir), port=port, pid=proc.pid, uid=uid,
-                    started=time.time(), url=f"http://{HOST}:{port}/")
+                    started=time.time(), url=f"http://{HOST}:{port}{prefix}/",
+                    path=f"{prefix}/")
     deadline = time.monotonic() + READY_SECONDS
     while not _accepts(port):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -184,7 +212,10 @@ def start(paths: ManagedPaths, *, port: int = DEFAULT_PORT,
             raise TensorBoardError(f"TensorBoard for job {paths.job_id} did not start "
                                    f"(exit {proc.poll()}):\n{tail}")
         time.sleep(0.2)
-    (states / f"{paths.job_id}.json").write_text(json.dumps(asdict(served)))
+    record = os.open(states / f"{paths.job_id}.json",  # holds the secret: root's (or ours) only
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(record, "w") as out:
+        out.write(json.dumps(asdict(served)))
     return served
 
 

@@ -176,7 +176,9 @@ def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys, job_use
 def test_tensorboard_of_a_job_runs_on_the_master_as_its_user(kept: dict, capsys,
                                                              job_user) -> None:
     """dlc tensorboard: the example's scalars served on the master's loopback, as the job's
-    user, reached through the operator channel (the tunnel itself is printed: --dry-run)."""
+    user, under the secret path dlc printed, reached through the operator channel (the
+    tunnel itself is printed: --dry-run)."""
+    import urllib.error
     import urllib.request
 
     if not has_controller(kept):
@@ -190,10 +192,14 @@ def test_tensorboard_of_a_job_runs_on_the_master_as_its_user(kept: dict, capsys,
     code, out, err = dlc(kept, capsys, "tensorboard", job, "--minutes", "5", "--dry-run")
     try:
         assert code == 0, err
-        port = int(re.search(r"http://localhost:(\d+)/", out).group(1))
+        found = re.search(r"http://localhost:(\d+)(/[A-Za-z0-9_-]{32,}/) ", out)
+        port, secret = int(found.group(1)), found.group(2)
         assert "--document-name AWS-StartPortForwardingSession" in out
         assert f'"portNumber":["{port}"]' in out
-        url = f"http://127.0.0.1:{port}/data/plugin/scalars/tags"
+        with pytest.raises(urllib.error.HTTPError, match="404"):  # only under its secret path
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags",
+                                   timeout=10)
+        url = f"http://127.0.0.1:{port}{secret}data/plugin/scalars/tags"
         deadline, tags = time.monotonic() + 30, {}
         while "loss" not in tags and time.monotonic() < deadline:
             with urllib.request.urlopen(url, timeout=10) as page:

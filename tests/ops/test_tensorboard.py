@@ -37,6 +37,25 @@ def test_the_server_listens_on_loopback_only_and_reads_only_the_jobs_directory()
     assert argv[argv.index("--logdir") + 1] == "/efs/managed/j1/tensorboard"
     assert argv[argv.index("--port") + 1] == "6007"
     assert argv[:3] == ["timeout", "--kill-after=10", "30m"]  # it ends by itself
+    assert not any("prefix" in a for a in argv)  # the secret never on a public command line
+
+
+def test_every_start_gets_a_new_secret_path_the_runner_accepts():
+    from bootstrap_scripts.ops import tensorboard_run
+
+    first, second = tb.new_prefix(), tb.new_prefix()
+    assert first != second and len(first) == 33
+    assert tensorboard_run.read_prefix(first + "\n") == first
+
+
+@pytest.mark.parametrize("line", ["", "\n", "/", "/short", "/" + "a" * 32 + "/",
+                                  "/" + "a" * 31, "/../" + "a" * 32, "a" * 33])
+def test_the_runner_refuses_to_serve_without_a_secret(line):
+    """TensorBoard with no (or a guessable) prefix would serve every path to every user."""
+    from bootstrap_scripts.ops import tensorboard_run
+
+    with pytest.raises(ValueError, match="no valid secret"):
+        tensorboard_run.read_prefix(line)
 
 
 def test_a_taken_port_is_skipped():

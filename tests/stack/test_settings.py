@@ -59,6 +59,7 @@ def test_every_documented_key_is_parsed() -> None:
         "logRetentionDays": "90",
         "alarmEmail": "ops@example.com",
         "clusterUsers": "alice, bob_2",
+        "resumeFrom": "s3://old-ckpts/checkpoints/old-cluster",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -94,6 +95,7 @@ def test_every_documented_key_is_parsed() -> None:
         log_retention_days=90,
         alarm_email="ops@example.com",
         cluster_users=("alice", "bob_2"),
+        resume_from=("s3://old-ckpts/checkpoints/old-cluster/",),
     )
 
 

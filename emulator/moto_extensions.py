@@ -80,6 +80,7 @@ from emulator import (
     pricing,
     service_quotas,
     ssm_agent,
+    ssm_sessions,
     vcpu_quotas,
     warm_pool,
 )
@@ -114,6 +115,7 @@ def reset() -> None:
         _ACTIONS.clear()
         _RECLAIMS.clear()
     ssm_agent.reset()
+    ssm_sessions.reset()
     warm_pool.reset()
     moto_publishing.reset()
     capacity.reset()
@@ -462,4 +464,5 @@ def install() -> None:
     moto_emr.install()  # v2 EMR policies need tagged subnets and groups (emulator/moto_emr.py)
     service_quotas.install()  # EC2's vCPU quotas of a new account (emulator/service_quotas.py)
     moto_sqs_sender.install()  # SQS SenderId names the signer (emulator/moto_sqs_sender.py)
+    ssm_sessions.install()  # Session Manager port forwarding (emulator/ssm_sessions.py)
     _INSTALLED = True

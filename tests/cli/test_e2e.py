@@ -21,7 +21,7 @@ import boto3
 import pytest
 
 from bootstrap_scripts import metric_names as names
-from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.procgroup import alive, pids_in_groups, stop_popen_group
 from dlc.cli import main
 from dlc.cost import usd as cost_usd
 from emulator.demo.context import BIN_DIR
@@ -176,10 +176,17 @@ def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys, job_use
 def test_tensorboard_of_a_job_runs_on_the_master_as_its_user(kept: dict, capsys,
                                                              job_user) -> None:
     """dlc tensorboard: the example's scalars served on the master's loopback, as the job's
-    user, under the secret path dlc printed, reached through the operator channel (the
-    tunnel itself is printed: --dry-run)."""
+    user, under the secret path dlc printed, started through the operator channel, then
+    reached through the tunnel ``dlc tensorboard`` opens (the real AWS CLI's ``aws ssm
+    start-session``, the emulator's Session Manager, its plugin stand-in on PATH): the
+    page, rendered by a real headless Chromium through the forwarded port, shows the
+    example's scalars."""
+    import shutil
     import urllib.error
     import urllib.request
+
+    from emulator import session_plugin
+    from tests.conftest import free_port
 
     if not has_controller(kept):
         pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
@@ -199,14 +206,50 @@ def test_tensorboard_of_a_job_runs_on_the_master_as_its_user(kept: dict, capsys,
         with pytest.raises(urllib.error.HTTPError, match="404"):  # only under its secret path
             urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags",
                                    timeout=10)
-        url = f"http://127.0.0.1:{port}{secret}data/plugin/scalars/tags"
-        deadline, tags = time.monotonic() + 30, {}
-        while "loss" not in tags and time.monotonic() < deadline:
-            with urllib.request.urlopen(url, timeout=10) as page:
-                tags = next(iter(json.loads(page.read()).values()), {})
-            time.sleep(0.5)
-        assert {"loss", "accuracy", "step_time_s"} <= set(tags), tags
         assert f"as uid {pwd.getpwnam(job_user).pw_uid}," in out  # the job's user, not root
+
+        # the tunnel: dlc (a process of its own: it becomes `aws ssm start-session`)
+        local = free_port()
+        bin_dir = Path(kept["state_path"]).parent / "session-plugin-bin"
+        session_plugin.install(bin_dir)
+        path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent),
+                                os.environ.get("PATH", "")])
+        tunnel = subprocess.Popen(
+            [sys.executable, "-m", "dlc", "--emulator", str(kept["state_path"]), "tensorboard",
+             job, "--minutes", "5", "--local-port", str(local)],
+            cwd=REPO_ROOT, env={**os.environ, "PATH": path}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            lines: list[str] = []
+            deadline = time.monotonic() + 120
+            while not any("Waiting for connections" in line for line in lines):
+                assert tunnel.poll() is None and time.monotonic() < deadline, "".join(lines)
+                lines.append(tunnel.stdout.readline())
+            assert any(f"http://localhost:{local}{secret} " in line for line in lines), lines
+            url = f"http://127.0.0.1:{local}{secret}data/plugin/scalars/tags"
+            deadline, tags = time.monotonic() + 30, {}
+            while "loss" not in tags and time.monotonic() < deadline:
+                with urllib.request.urlopen(url, timeout=10) as page:
+                    tags = next(iter(json.loads(page.read()).values()), {})
+                time.sleep(0.5)
+            assert {"loss", "accuracy", "step_time_s"} <= set(tags), tags
+            chromium = shutil.which("chromium") or "/usr/bin/chromium"
+            if os.path.exists(chromium):  # make system-deps installs it (CI has it)
+                from playwright.sync_api import sync_playwright
+
+                with sync_playwright() as pw:
+                    browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                                 args=["--no-sandbox"])
+                    try:
+                        tab = browser.new_page()
+                        tab.goto(f"http://localhost:{local}{secret}#timeseries")
+                        tab.wait_for_function(
+                            "t => t.every(x => document.body.innerText.split(/\\s+/)"
+                            ".includes(x))", arg=["loss", "accuracy"], timeout=25_000)
+                    finally:
+                        browser.close()
+        finally:
+            stop_popen_group(tunnel)
     finally:
         code, out, err = dlc(kept, capsys, "tensorboard", job, "--stop")
     assert code == 0 and "stopped TensorBoard" in out, out + err

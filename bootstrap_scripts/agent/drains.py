@@ -3,7 +3,12 @@
 A ``drain-request`` (the worker group's termination lifecycle hook, via the capacity
 adjuster) becomes a :class:`~bootstrap_scripts.protocol.records.DrainRecord` at
 ``cluster/drain/<id>.json``: the node's job executor sees it and stops its shares, the
-master publishes a generation without the node. The drain completes when the executor
+master publishes a generation without the node. The record is signed with the master's
+membership key (``kms:Sign``, the master's role alone): the worker's agent accepts only a
+request the master signed and hands its executor a node-local copy
+(``bootstrap_scripts.agent.worker``), so a worker that writes a drain record on EFS drains
+nobody. When KMS cannot be asked, the record is written unsigned (the master's own
+bookkeeping) and signed again at every check until it is. The drain completes when the executor
 writes ``cluster/drain/<id>.done`` or at the record's deadline (``--drain-timeout``):
 CompleteLifecycleAction CONTINUE, retried with backoff for transient errors, then the
 record is rewritten with ``completed_at``, ``reason``, ``outcome`` and ``seconds``. The
@@ -18,8 +23,10 @@ import time
 
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import OUTCOME_LIMIT, MasterAws
+from bootstrap_scripts.agent.membership_key import MembershipKeyError
 from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.membership import Node
+from bootstrap_scripts.protocol.membership_signature import Signer
 from bootstrap_scripts.protocol.messages import DrainRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import DrainRecord
@@ -32,12 +39,28 @@ class Drains:
     """The drains in progress (instance id -> record), and the calls that move them on."""
 
     def __init__(self, cluster: ClusterPaths, aws: MasterAws, *, drain_timeout: float,
-                 log: logging.Logger) -> None:
+                 log: logging.Logger, sign: Signer | None = None) -> None:
         self.cluster = cluster
         self.aws = aws
         self.drain_timeout = drain_timeout
         self.log = log
+        self.sign = sign
         self.active: dict[str, DrainRecord] = {}
+        #: instance ids whose drain record could not be signed yet (KMS unreachable)
+        self.unsigned: set[str] = set()
+
+    def _write(self, record: DrainRecord) -> None:
+        """The record on EFS, signed when there is a key; unsigned (and remembered, to be
+        signed at the next check) when KMS cannot be asked."""
+        try:
+            state.write_drain(self.cluster.efs, record, self.sign)
+            self.unsigned.discard(record.instance_id)
+        except MembershipKeyError as exc:
+            state.write_drain(self.cluster.efs, record)
+            self.unsigned.add(record.instance_id)
+            self.log.warning("event=drain-unsigned instance_id=%s error=%s (the worker does "
+                             "not act on it until it is signed; retrying)",
+                             record.instance_id, exc)
 
     def __bool__(self) -> bool:
         return bool(self.active)
@@ -74,7 +97,7 @@ class Drains:
             lifecycle_hook=msg.lifecycle_hook,
             lifecycle_action_token=msg.lifecycle_action_token, member=member is not None,
             base=bool(member and member.base))
-        state.write_drain(self.cluster.efs, record)
+        self._write(record)
         self.active[iid] = record
         self.log.info("event=drain-start instance_id=%s address=%s member=%s deadline=%.0fs",
                       iid, address or "-", member is not None, self.drain_timeout)
@@ -92,6 +115,12 @@ class Drains:
 
     def check(self) -> None:
         """Complete every drain whose node is done or whose deadline passed."""
+        for iid in list(self.unsigned):
+            record = self.active.get(iid)
+            if record is None:
+                self.unsigned.discard(iid)
+            else:
+                self._write(record)
         now = time.time()
         for iid, record in list(self.active.items()):
             reason = policy.drain_due(now=now, deadline=record.deadline,
@@ -127,7 +156,7 @@ class Drains:
         record = dataclasses.replace(
             record, retry_at=0.0, completed_at=finished, reason=reason, result="CONTINUE",
             outcome=outcome, seconds=round(finished - record.requested_at, 3))
-        state.write_drain(self.cluster.efs, record)
+        self._write(record)
         self.active.pop(iid, None)
         state.forget_registration(self.cluster.efs, iid)
         self.log.info("event=drain-complete instance_id=%s reason=%s seconds=%.1f outcome=%r",

@@ -14,7 +14,10 @@ the next tick.
 
 Every fourth tick the worker also looks for its own drain request: once the master drains
 it, it stops heartbeating (it is leaving; a heartbeat now would only leave a ghost
-registration behind). Its job executor stops its job shares.
+registration behind) and copies the request to this node's own disk
+(``var/lib/dl-agent/drain.json``), where its job executor finds it and stops its job shares.
+With the key, only a request the master signed, for this instance, is taken: a worker can
+write one on EFS for another worker, but drains nobody with it (:func:`accept_drain`).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from typing import TYPE_CHECKING
 from bootstrap_scripts.agent import data_prep
 from bootstrap_scripts.agent.membership_key import MembershipKeyError, membership_verifier
 from bootstrap_scripts.protocol import membership_signature, store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.membership_signature import Verifier
 from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.records import DrainRecord
 
 if TYPE_CHECKING:
     from bootstrap_scripts.agent.context import AgentContext
@@ -50,6 +55,7 @@ def run_worker(agent: AgentContext) -> int:
     verify = membership_verifier(config)
     drain_file = cluster.drain_request(iid)
     last: store.FileStamp | None = None
+    refused: store.FileStamp | None = None  # the drain request not taken (until it changes)
     ticks = 0
     log.info("event=watch path=%s interval=%.2fs", path, config.watch_interval)
     while not agent.stop.is_set():
@@ -59,12 +65,47 @@ def run_worker(agent: AgentContext) -> int:
         elif current != last:
             last = current if apply_from_efs(agent, cluster, verify) else None
         ticks += 1
-        if not agent.draining and ticks % DRAIN_CHECK_TICKS == 0 and store.exists(drain_file):
-            agent.draining = True
-            log.info("event=draining path=%s (heartbeat stopped; the job executor stops this "
-                     "node's shares)", drain_file)
+        if not agent.draining and ticks % DRAIN_CHECK_TICKS == 0:
+            stamp = store.stamp(drain_file)
+            if stamp is not None and stamp != refused:
+                taken = accept_drain(agent, verify)
+                agent.draining = bool(taken)
+                refused = stamp if taken is False else None
         agent.stop.wait(config.watch_interval)
     return 0
+
+
+def accept_drain(agent: AgentContext, verify: Verifier | None) -> bool | None:
+    """Take this node's drain request from EFS when the master signed it (with ``verify``)
+    and it names this instance: copy it to the node's own ``applied_drain`` for the job
+    executor; True. False (logged): not taken, looked at again only once the file changes;
+    None: look again at the next check (gone meanwhile, or KMS could not be asked)."""
+    path = agent.cluster.drain_request(agent.identity.instance_id)
+    try:
+        text = path.read_text()
+        if verify is not None:
+            refused = membership_signature.check(text, verify, "drain request")
+            if refused:
+                agent.log.error("event=drain-refused path=%s reason=%s (not acted on: only "
+                                "the master's signed request drains this node)", path, refused)
+                return False
+        record = DrainRecord.from_json(text, source=str(path))
+    except FileNotFoundError:
+        return None
+    except MembershipKeyError as exc:
+        agent.log.warning("event=drain-unverified path=%s error=%s (retrying)", path, exc)
+        return None
+    except (OSError, UnicodeDecodeError, ProtocolError) as exc:
+        agent.log.warning("event=bad-drain-request path=%s error=%s", path, exc)
+        return False
+    if record.instance_id != agent.identity.instance_id:
+        agent.log.error("event=drain-refused path=%s reason=it names instance %s, not this "
+                        "one", path, record.instance_id)
+        return False
+    store.write_record(agent.paths.applied_drain, record)
+    agent.log.info("event=draining path=%s (heartbeat stopped; the job executor stops this "
+                   "node's shares)", path)
+    return True
 
 
 def apply_from_efs(agent: AgentContext, cluster: ClusterPaths,

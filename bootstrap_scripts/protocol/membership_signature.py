@@ -58,7 +58,8 @@ def digest(doc: Mapping) -> bytes:
 
 
 def signed_text(text: str, sign: Signer) -> str:
-    """``text`` (a membership document) with the master's signature added."""
+    """``text`` (a membership document, or another record the master alone may write: a
+    drain request) with the master's signature added."""
     doc = json.loads(text)
     sig = sign(digest(doc))
     doc[FIELD] = {"key": sig.key, "algorithm": sig.algorithm,
@@ -66,28 +67,29 @@ def signed_text(text: str, sign: Signer) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def signature_of(doc: Mapping) -> Signature:
+def signature_of(doc: Mapping, what: str = "membership") -> Signature:
     raw = doc.get(FIELD)
     if not isinstance(raw, Mapping):
-        raise SignatureError("the membership is not signed")
+        raise SignatureError(f"the {what} is not signed")
     try:
         return Signature(key=str(raw["key"]), algorithm=str(raw["algorithm"]),
                          value=base64.b64decode(str(raw["value"]), validate=True))
     except (KeyError, binascii.Error) as exc:
-        raise SignatureError(f"malformed membership signature: {exc}") from None
+        raise SignatureError(f"malformed {what} signature: {exc}") from None
 
 
-def check(text: str, verify: Verifier) -> str:
-    """Why ``text`` must not be applied ("" when the master's signature holds)."""
+def check(text: str, verify: Verifier, what: str = "membership") -> str:
+    """Why ``text`` (a ``what``) must not be applied ("" when the master's signature
+    holds)."""
     try:
         doc = json.loads(text)
         if not isinstance(doc, Mapping):
-            return "the membership is not a JSON object"
-        sig = signature_of(doc)
+            return f"the {what} is not a JSON object"
+        sig = signature_of(doc, what)
     except (ValueError, SignatureError) as exc:
         return str(exc)
     if sig.algorithm != ALGORITHM:
-        return f"membership signed with {sig.algorithm!r}, expected {ALGORITHM}"
+        return f"{what} signed with {sig.algorithm!r}, expected {ALGORITHM}"
     if not verify(digest(doc), sig):
-        return "the membership's signature is not the master's"
+        return f"the {what}'s signature is not the master's"
     return ""

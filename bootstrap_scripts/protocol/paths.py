@@ -79,6 +79,9 @@ PROFILE_FILE = "etc/profile.d/deeplearning.sh"
 HOSTS_FILE = "etc/hosts"
 AGENT_STATE_DIR = "var/lib/dl-agent"
 AGENT_STATE_FILE = f"{AGENT_STATE_DIR}/state.json"
+#: A worker: the drain request for this node that its agent checked was the master's
+#: (signed); the node's job executor acts on this copy, never on EFS's.
+APPLIED_DRAIN_FILE = f"{AGENT_STATE_DIR}/drain.json"
 EXECUTOR_STATE_DIR = "var/lib/dl-executor"
 SHARE_STATUS_DIR = f"{EXECUTOR_STATE_DIR}/shares"
 
@@ -116,7 +119,7 @@ PER_USER_DIRS = (CHECKPOINTS_DIR,)
 #: Every path above, in the form docs/protocol.md spells it (a test holds the two together).
 LAYOUT = (
     WORKERS_FILE, MPI_HOSTFILE, HOROVOD_HOSTS_FILE, MEMBERSHIP_FILE, ENV_FILE, PROFILE_FILE,
-    HOSTS_FILE, AGENT_STATE_FILE, f"{AGENT_STATE_DIR}/<name>.lock",
+    HOSTS_FILE, AGENT_STATE_FILE, APPLIED_DRAIN_FILE, f"{AGENT_STATE_DIR}/<name>.lock",
     f"{SHARE_STATUS_DIR}/<job-id>.<rank>.<n>.status", MEMBERSHIP, f"{GENERATIONS_DIR}/<N>.json",
     MEMBERSHIP_LOG,
     f"{NODES_DIR}/<instance-id>.json", f"{LOGS_DIR}/<instance-id>.log",
@@ -191,6 +194,11 @@ class NodePaths:
     @property
     def agent_state(self) -> Path:
         return self.root / AGENT_STATE_FILE
+
+    @property
+    def applied_drain(self) -> Path:
+        """This node's drain request as its agent accepted it (the executor drains on it)."""
+        return self.root / APPLIED_DRAIN_FILE
 
     def lock(self, name: str) -> Path:
         """The lock file the one running ``name`` daemon holds (:mod:`bootstrap_scripts.

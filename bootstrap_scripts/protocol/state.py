@@ -211,8 +211,16 @@ def read_drain(efs: str | os.PathLike, instance_id: str) -> DrainRecord | None:
     return read_checked(ClusterPaths(efs).drain_request(instance_id), DrainRecord)
 
 
-def write_drain(efs: str | os.PathLike, record: DrainRecord) -> None:
-    store.write_record(ClusterPaths(efs).drain_request(record.instance_id), record)
+def write_drain(efs: str | os.PathLike, record: DrainRecord,
+                sign: Signer | None = None) -> None:
+    """The drain record, signed with the master's key when ``sign`` is given (the draining
+XX
+    propagate and nothing is written."""
+    path = ClusterPaths(efs).drain_request(record.instance_id)
+    if sign is None:
+        store.write_record(path, record)
+    else:
+        store.atomic_write(path, signed_text(record.to_json(), sign))
 
 
 def drains(efs: str | os.PathLike) -> dict[str, DrainRecord]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.procgroup import alive, pids_with_token, share_token
-from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths, NodePaths
 from bootstrap_scripts.protocol.records import (
@@ -113,7 +113,7 @@ def test_node_joins_and_drains_while_an_elastic_job_trains(emu):
 
     # scale-in: the master agent's drain request names the new node
     now = time.time()
-    state.write_drain(c.efs, DrainRecord(
+    c.drain(DrainRecord(
         instance_id="i-extra", address=extra, requested_at=now, deadline=now + 120,
         asg="workers", role="worker", lifecycle_hook="drain", lifecycle_action_token="t-1",
         member=True))

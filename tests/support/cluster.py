@@ -29,12 +29,17 @@ from bootstrap_scripts.procgroup import (
     stop_popen_group,
     sweep_share,
 )
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.membership import Membership, build_membership
-from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths
-from bootstrap_scripts.protocol.records import RunnerHeartbeat, ShareStarted
+from bootstrap_scripts.protocol.paths import (
+    SHARE_STARTED_SUFFIX,
+    ClusterPaths,
+    JobPaths,
+    NodePaths,
+)
+from bootstrap_scripts.protocol.records import DrainRecord, RunnerHeartbeat, ShareStarted
 from emulator.deploy import Instance
 from emulator.nodes import CONTROLLER_UNIT, Node, base_env, stop_nodes
 from emulator.resources import agent_settings, install_args, loopback_instances
@@ -82,6 +87,13 @@ class LocalCluster:
         for node in self.nodes:
             node.apply(m)
         return m
+
+    def drain(self, record: DrainRecord) -> None:
+        """What the agents do for a drain: the master's record on EFS, and the drained
+        node's agent's copy on its own disk, which its executor acts on (unsigned: these
+        nodes have no key; the signature check is ``worker.accept_drain``'s, tested there)."""
+        state.write_drain(self.efs, record)
+        store.write_record(NodePaths(self.node(record.address).root).applied_drain, record)
 
     def start_executors(self, addresses: list[str] | None = None, *, wait: bool = True) -> None:
         """Start (or restart) the executors of ``addresses`` (default: every node) and wait

@@ -1,9 +1,12 @@
 """Draining this node: the master agent asks it to leave the cluster.
 
-A drain request (``cluster/drain/<instance-id>.json``) naming this node's address makes its
-executor stop every share (SIGTERM to torchrun only, which stops its workers WITHOUT closing
-the rendezvous for the others; SIGKILL after the grace), start nothing new, and write
-``<instance-id>.done`` once nothing runs: the master then completes the lifecycle action.
+A drain request naming this node's address makes its executor stop every share (SIGTERM
+to torchrun only, which stops its workers WITHOUT closing the rendezvous for the others;
+SIGKILL after the grace), start nothing new, and write ``cluster/drain/<instance-id>.done``
+once nothing runs: the master then completes the lifecycle action. The request it acts on
+is the node-local copy its agent made (``var/lib/dl-agent/drain.json``) after checking the
+master signed the one on EFS (``bootstrap_scripts.agent.worker.accept_drain``), never a
+file on EFS, which root on any worker can write.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ class Drain:
         return self.request is not None
 
     def find_request(self) -> tuple[str, DrainRecord] | None:
-        for instance_id, req in store.scan_records(self.node.cluster.drain_dir, DrainRecord):
-            if req.address == self.node.address:
-                return instance_id, req
-        return None
+        req = store.read_record_or_none(self.node.paths.applied_drain, DrainRecord)
+        if req is None or req.address != self.node.address:
+            return None
+        return req.instance_id, req
 
     def check(self) -> None:
         if self.request is None:

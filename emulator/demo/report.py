@@ -239,6 +239,11 @@ def keep_instructions(ctx: DemoContext) -> None:
     shell_path, env_file = shell.write_node_shell(ctx.work, "master", master.root,
                                                   master.address, env)
     state_file = record_aws(ctx)
+    # dlc tunnel / dlc tensorboard run `aws ssm start-session`, which needs a Session Manager
+    # plugin: the emulator's stand-in (emulator/session_plugin.py), in the kept work dir
+    from emulator import session_plugin
+
+    plugin_dir = session_plugin.install(ctx.work / "session-plugin-bin").parent
     ctx.console.print("\n[bold]The emulated cluster is still running (--keep).[/]")
     ctx.console.print(
         f"  from here, as from a laptop against AWS (dlc talks to the emulator's AWS APIs;\n"
@@ -249,6 +254,8 @@ def keep_instructions(ctx: DemoContext) -> None:
         f"    dlc submit --as {job_user()} -- python -m bootstrap_scripts.examples.train_digits\n"
         f"      (jobs never run as root: --as names a user of this machine with uid >= 1000)\n"
         f"    dlc logs -f <job id>\n"
+        f"    PATH={plugin_dir}:$PATH dlc tensorboard <job id>   (through the emulated\n"
+        f"      Session Manager; that directory holds its stand-in of AWS's plugin)\n"
         f"  (every command: docs/dlc.md)\n"
         f"  a shell on the master, where the README's commands work as written:\n"
         f"    {shell_path}\n"

@@ -117,7 +117,7 @@ def _variables(access_key: Any, account: str) -> dict[str, str]:
             return out
         out["aws:username"] = user.name
         out["aws:userid"] = user.id
-        for tag in (user.tags or {}).values():
+        for tag in access_key.backend.list_user_tags(user.name):
             out[f"aws:PrincipalTag/{tag['Key']}"] = tag["Value"]
     return out
 

@@ -22,8 +22,8 @@ EC2_TRUST = {"Version": "2012-10-17", "Statement": [{
 
 def test_resources_match_as_iam_globs_with_policy_variables() -> None:
     tag = {"aws:PrincipalTag/dl-user": "alice"}
-    assert ie.glob_match("arn:aws:s3:::b/u/${aws:PrincipalTag/dl-user}/*", "arn:aws:s3:::b/u/alice/x",
-                         tag)
+    assert ie.glob_match("arn:aws:s3:::b/u/${aws:PrincipalTag/dl-user}/*",
+                         "arn:aws:s3:::b/u/alice/x", tag)
     assert not ie.glob_match("arn:aws:s3:::b/u/${aws:PrincipalTag/dl-user}/*",
                              "arn:aws:s3:::b/u/bob/x", tag)
     # no value for the variable: the statement matches nothing (not the literal text)
@@ -123,17 +123,18 @@ def test_roles_are_held_to_their_policies_as_aws_holds_them(enforced: str) -> No
     j_s3.get_object(Bucket="data", Key="u/alice/a")
     denied(lambda: j_s3.get_object(Bucket="data", Key="u/bob/a"))
     # keys moto never issued are refused
-    with pytest.raises(ClientError, match="InvalidClientTokenId|security token"):
+    with pytest.raises(ClientError, match=r"InvalidClientTokenId|security token"):
         client(ep, "sqs", {"AccessKeyId": "ASIAXXXX", "SecretAccessKey": "x",
                            "SessionToken": "y"}).list_queues()
 
 
-def test_moto_does_not_evaluate_conditions(enforced: str) -> None:
+def test_moto_does_not_evaluate_conditions_and_a_users_tags_are_its_variables(
+        enforced: str) -> None:
     """A statement's ``Condition`` is taken as met (moto evaluates none but a trust policy's
     ``sts:ExternalId``): the Auto Scaling tag condition of the stack's grants does not
     narrow them here. docs/emulator.md says so; this pins it."""
     iam = client(enforced, "iam")
-    iam.create_user(UserName="u")
+    iam.create_user(UserName="u", Tags=[{"Key": "dl-user", "Value": "u"}])
     iam.put_user_policy(UserName="u", PolicyName="p", PolicyDocument=json.dumps({
         "Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Action": "autoscaling:DescribeAutoScalingGroups",
@@ -142,5 +143,15 @@ def test_moto_does_not_evaluate_conditions(enforced: str) -> None:
     ie.enable(ACCOUNT)
     asg = client(enforced, "autoscaling", {**key, "SessionToken": ""})
     asg.describe_auto_scaling_groups()  # on AWS: AccessDenied (the user has no tag "team")
+    # a user's own tags are its ${aws:PrincipalTag/...} (allowed under u/, refused elsewhere)
+    iam_as_admin = client(enforced, "iam")
+    iam_as_admin.put_user_policy(UserName="u", PolicyName="s3", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Action": "s3:PutObject",
+            "Resource": "arn:aws:s3:::work/${aws:PrincipalTag/dl-user}/*"}]}))
+    client(enforced, "s3").create_bucket(Bucket="work")
+    s3 = client(enforced, "s3", {**key, "SessionToken": ""})
+    s3.put_object(Bucket="work", Key="u/x", Body=b"1")
+    denied(lambda: s3.put_object(Bucket="work", Key="v/x", Body=b"1"))
     ie.disable()
     assert not ie.enabled()

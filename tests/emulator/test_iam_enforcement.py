@@ -155,3 +155,21 @@ def test_moto_does_not_evaluate_conditions_and_a_users_tags_are_its_variables(
     denied(lambda: s3.put_object(Bucket="work", Key="v/x", Body=b"1"))
     ie.disable()
     assert not ie.enabled()
+
+
+def test_a_log_groups_arn_from_cloudformation_ends_in_a_wildcard_as_on_aws() -> None:
+    """``Fn::GetAtt [LogGroup, Arn]`` is ``…:log-group:NAME:*`` (CloudFormation's return
+    value), so the nodes' grant on it covers their streams once IAM is enforced."""
+    from moto import mock_aws
+
+    from emulator import moto_cloudformation
+
+    moto_cloudformation.install()
+    template = {"Resources": {"Logs": {"Type": "AWS::Logs::LogGroup",
+                                       "Properties": {"LogGroupName": "/dl/x"}}},
+                "Outputs": {"Arn": {"Value": {"Fn::GetAtt": ["Logs", "Arn"]}}}}
+    with mock_aws():
+        cfn = boto3.client("cloudformation", region_name="us-east-1")
+        cfn.create_stack(StackName="S", TemplateBody=json.dumps(template))
+        (out,) = cfn.describe_stacks(StackName="S")["Stacks"][0]["Outputs"]
+    assert out["OutputValue"] == f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/dl/x:*"

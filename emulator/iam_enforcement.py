@@ -5,7 +5,8 @@ moto can check every request against the caller's IAM policies (``INITIAL_NO_AUT
 
 - every request must be signed by keys moto issued, so the harness's ``testing`` keys (the
   deployer's, the emulated AWS services') would be refused with ``InvalidClientTokenId``;
-- it evaluates a ``Resource`` only for S3 (bucket / key), SQS (the queue), STS ``AssumeRole``
+- it evaluates a ``Resource`` only for S3 (bucket / key), SQS (the queue a ``QueueUrl``
+  names; GetQueueUrl's ``QueueName`` is not read), STS ``AssumeRole``
   (the role) and a few IAM calls; every other call is checked against the resource ``*``, so
   a grant scoped to a KMS key, an Auto Scaling group, a log group, a stack or a Command
   document never matches (here: the key, the group, the log group / stream, the stack and
@@ -122,6 +123,14 @@ def _variables(access_key: Any, account: str) -> dict[str, str]:
     return out
 
 
+def _only_enforced(determine: Any) -> Any:
+    """moto asks every call for its resource; with the checks off the answer is unused, so
+    the emulator's lookups run only while they are on."""
+    def wrapper(self: Any) -> str:
+        return determine(self) if enabled() else "*"
+    return wrapper
+
+
 def _kms_resource(self: Any) -> str:
     key_id = self._get_param("KeyId")
     try:
@@ -143,6 +152,19 @@ def _logs_resource(self: Any) -> str:
     base = f"arn:aws:logs:{self.region}:{self.current_account}:log-group:{group}"
     stream = self._get_param("logStreamName")
     return f"{base}:log-stream:{stream}" if stream else f"{base}:*"
+
+
+def _sqs_resource(original: Any) -> Any:
+    """GetQueueUrl names its queue by ``QueueName`` (moto reads only ``QueueUrl``)."""
+    def determine(self: Any) -> str:
+        name = self._get_param("QueueName")
+        if name and not self._get_param("QueueUrl"):
+            try:
+                return self.sqs_backend.get_queue(name).queue_arn
+            except Exception:  # no such queue: moto answers that itself after the check
+                return "*"
+        return original(self)
+    return determine
 
 
 def _cloudformation_resource(self: Any) -> str:
@@ -177,14 +199,16 @@ def install() -> None:
     from moto.iam import access_control as ac
     from moto.kms.responses import KmsResponse
     from moto.logs.responses import LogsResponse
+    from moto.sqs.responses import SQSResponse
     from moto.ssm.responses import SimpleSystemManagerResponse
     from moto.sts.responses import TokenResponse as STSResponse
 
-    KmsResponse._determine_resource = _kms_resource
-    AutoScalingResponse._determine_resource = _autoscaling_resource
-    LogsResponse._determine_resource = _logs_resource
-    CloudFormationResponse._determine_resource = _cloudformation_resource
-    SimpleSystemManagerResponse._determine_resource = _ssm_resource
+    KmsResponse._determine_resource = _only_enforced(_kms_resource)
+    AutoScalingResponse._determine_resource = _only_enforced(_autoscaling_resource)
+    LogsResponse._determine_resource = _only_enforced(_logs_resource)
+    CloudFormationResponse._determine_resource = _only_enforced(_cloudformation_resource)
+    SimpleSystemManagerResponse._determine_resource = _only_enforced(_ssm_resource)
+    SQSResponse._determine_resource = _sqs_resource(SQSResponse._determine_resource)
 
     original_check = ac.IAMRequestBase.check_action_permitted
 

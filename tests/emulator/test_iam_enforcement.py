@@ -88,7 +88,8 @@ def test_roles_are_held_to_their_policies_as_aws_holds_them(enforced: str) -> No
     iam.create_role(RoleName="other", AssumeRolePolicyDocument=json.dumps(EC2_TRUST))
     iam.put_role_policy(RoleName="node", PolicyName="p", PolicyDocument=json.dumps({
         "Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": ["sqs:ReceiveMessage"], "Resource": mine_arn},
+            {"Effect": "Allow", "Action": ["sqs:ReceiveMessage", "sqs:GetQueueUrl"],
+             "Resource": mine_arn},
             {"Effect": "Allow", "Action": "kms:Sign", "Resource": key},
             {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::data/ok/*"},
             {"Effect": "Allow", "Action": ["sts:AssumeRole", "sts:TagSession"],
@@ -108,6 +109,8 @@ def test_roles_are_held_to_their_policies_as_aws_holds_them(enforced: str) -> No
     n_sqs, n_kms, n_s3 = (client(ep, s, creds) for s in ("sqs", "kms", "s3"))
     n_sqs.receive_message(QueueUrl=mine)
     denied(lambda: n_sqs.receive_message(QueueUrl=other))
+    n_sqs.get_queue_url(QueueName="master")  # by name: the queue it names, as on AWS
+    denied(lambda: n_sqs.get_queue_url(QueueName="other"))
     n_kms.sign(KeyId=key, Message=b"x", SigningAlgorithm="ECDSA_SHA_256")
     denied(lambda: n_kms.encrypt(KeyId=other_key, Plaintext=b"x"))
     n_s3.get_object(Bucket="data", Key="ok/a")

@@ -22,6 +22,9 @@ endpoint reach moto's backend for the one state its API cannot produce:
   ``GET /flaky-launches``: how many are left and how many failed.
 - ``POST /spot-interruption {"instance_id": ID}``: EC2 interrupts a group's Spot instance
   (``emulator.moto_extensions.spot_interruption``).
+- ``POST /iam-enforcement {"enabled": true|false}``: moto's IAM authorization on from now on
+  (the harness's ``testing`` keys then act as the account's administrator) or off again
+  (``emulator.iam_enforcement``; the demo's ``--enforce-iam`` turns it on after the deploy).
 
 Attributes and APIs moto lacks are added to moto's models in this process by
 ``emulator.moto_extensions`` (the one place where the emulator extends moto).
@@ -42,7 +45,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from emulator import capacity, moto_extensions, moto_publishing
+from emulator import capacity, iam_enforcement, moto_extensions, moto_publishing
 from emulator.wait_handle import parse_signal
 
 ACCOUNT = "123456789012"
@@ -129,7 +132,7 @@ class _Control(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         if self.path not in ("/fail-launches", "/spot-interruption", "/capacity-out",
-                             "/flaky-launches"):
+                             "/flaky-launches", "/iam-enforcement"):
             self._reply(404, {"error": f"no such path {self.path}"})
             return
         try:
@@ -140,6 +143,13 @@ class _Control(BaseHTTPRequestHandler):
                 return
             if self.path == "/flaky-launches":  # emulator.capacity: fail N, then succeed
                 self._reply(200, capacity.set_flaky(int(req["count"]), str(req["tag"])))
+                return
+            if self.path == "/iam-enforcement":  # emulator.iam_enforcement
+                if req.get("enabled", True):
+                    admin = iam_enforcement.enable(ACCOUNT)
+                else:
+                    admin, _ = "", iam_enforcement.disable()
+                self._reply(200, {"enabled": iam_enforcement.enabled(), "admin_role": admin})
                 return
             if self.path == "/spot-interruption":
                 self._reply(200, moto_extensions.spot_interruption(

@@ -15,9 +15,12 @@ file and does the same with boto3 against moto's server, with the node's own cre
 (the instance role, from the node's metadata endpoint) and region. Differences from the
 real agent (docs/emulator.md): the lines it uploaded that are CloudWatch embedded metric
 format documents are also published as metrics (:mod:`emulator.emf_extract`: CloudWatch
-Logs' own work, which moto does not do); every line is one event stamped with the time it was read
-(no ``timestamp_format``, no ``multi_line_start_pattern``), ``file_path`` is one file (no
-wildcards), and the state is one offset per file under the node's root.
+Logs' own work, which moto does not do, so it is signed as the emulated service (the
+emulator's keys, :data:`emulator.iam_enforcement.HARNESS_KEY`), never with the node's role,
+which AWS never asks for ``cloudwatch:PutMetricData``); every line is one event stamped
+with the time it was read (no ``timestamp_format``, no ``multi_line_start_pattern``),
+``file_path`` is one file (no wildcards), and the state is one offset per file under the
+node's root.
 
 Run as ``python -m emulator.cloudwatch_agent --config PATH --state-dir DIR``.
 """
@@ -163,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     state = Path(args.state_dir)
     region_name = os.environ.get("AWS_REGION") or region()
     client = boto3.client("logs", region_name=region_name)
-    shipper = Shipper(client, entries, state,
-                      metrics=boto3.client("cloudwatch", region_name=region_name))
+    from emulator.iam_enforcement import HARNESS_KEY
+
+    service = boto3.client("cloudwatch", region_name=region_name,  # CloudWatch Logs' side
+                           aws_access_key_id=HARNESS_KEY, aws_secret_access_key=HARNESS_KEY,
+                           aws_session_token=HARNESS_KEY)
+    shipper = Shipper(client, entries, state, metrics=service)
     stopping = False
 
     def stop(_sig, _frame) -> None:

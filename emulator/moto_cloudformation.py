@@ -10,6 +10,12 @@ Each gap is filled inside the emulator's moto server process, never by changing 
   the file system's ARN (CDK's ``grant_root_access``) fails to deploy. The emulator answers
   with the ARN moto already computes for the file system (``FileSystemArn`` in
   DescribeFileSystems).
+- ``Fn::GetAtt [<AWS::Logs::LogGroup>, Arn]``: CloudFormation returns the group's ARN with
+  ``:*`` at the end (``arn:aws:logs:REGION:ACCOUNT:log-group:NAME:*``,
+  https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/aws-resource-logs-loggroup.html#aws-resource-logs-loggroup-return-values),
+  which is what makes a grant on it cover the group's streams; moto returns it without, so
+  with IAM enforced (``emulator.iam_enforcement``) a node's CreateLogStream would be refused
+  where AWS allows it. The emulator answers as CloudFormation does.
 - ``AWS::Lambda::EventInvokeConfig`` (the capacity adjuster's retries, maximum event age
   and on-failure destination,
   https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-lambda-eventinvokeconfig.html):
@@ -57,6 +63,14 @@ def _efs_get_cfn_attribute(self: Any, attribute_name: str) -> Any:
         return self.file_system_arn
     if attribute_name == "FileSystemId":
         return self.file_system_id
+    from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
+
+    raise UnformattedGetAttTemplateException()
+
+
+def _log_group_get_cfn_attribute(self: Any, attribute_name: str) -> Any:
+    if attribute_name == "Arn":
+        return f"{self.arn}:*"
     from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
 
     raise UnformattedGetAttTemplateException()
@@ -237,11 +251,13 @@ def install() -> None:
     from moto.cloudformation.parsing import ResourceMap
     from moto.ec2.models.vpcs import VPC
     from moto.efs.models import FileSystem
+    from moto.logs.models import LogGroup
     from moto.s3.models import FakeBucket
 
     FileSystem.get_cfn_attribute = _efs_get_cfn_attribute  # type: ignore[method-assign]
     FileSystem.has_cfn_attr = classmethod(  # type: ignore[method-assign,assignment]
         lambda cls, attr: attr in ("Arn", "FileSystemId"))
+    LogGroup.get_cfn_attribute = _log_group_get_cfn_attribute  # type: ignore[method-assign]
     ResourceMap.build_resource_diff = _wrap_resource_diff(  # type: ignore[method-assign]
         ResourceMap.build_resource_diff)
     CloudFormationBackend.execute_change_set = _wrap_execute_change_set(  # type: ignore[method-assign]

@@ -59,6 +59,9 @@ Filled gaps (each with the AWS behaviour it reproduces):
 - Insufficient capacity (``make demo --capacity-out TYPE[@ZONE]``), Auto Scaling's
   prioritized instance-type fallback and UpdateAutoScalingGroup keeping the mixed instances
   policy and refilling the group: ``emulator.capacity``, installed by :func:`install`.
+- IAM authorization as AWS evaluates it for the stack's calls (resources of KMS, Auto Scaling
+  and CloudWatch Logs calls, role-session principals, policy variables, session tags), off
+  until the control endpoint's ``POST /iam-enforcement``: ``emulator.iam_enforcement``.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from typing import Any
 
 from emulator import (
     capacity,
+    iam_enforcement,
     moto_cloudformation,
     moto_custom_resources,
     moto_emr,
@@ -119,6 +123,7 @@ def reset() -> None:
     warm_pool.reset()
     moto_publishing.reset()
     capacity.reset()
+    iam_enforcement.disable()
 
 
 # -- lifecycle hooks ------------------------------------------------------------------------
@@ -465,4 +470,5 @@ def install() -> None:
     service_quotas.install()  # EC2's vCPU quotas of a new account (emulator/service_quotas.py)
     moto_sqs_sender.install()  # SQS SenderId names the signer (emulator/moto_sqs_sender.py)
     ssm_sessions.install()  # Session Manager port forwarding (emulator/ssm_sessions.py)
+    iam_enforcement.install()  # IAM checks as AWS makes them, once on (emulator/iam_enforcement.py)
     _INSTALLED = True

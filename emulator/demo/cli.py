@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each node's OS boot before its user data runs, as a Deep Learning "
                         "AMI takes minutes (e.g. 180); the first nodes boot in parallel "
                         "(default: 0; emulator/nodes.py)")
+    p.add_argument("--enforce-iam", action="store_true",
+                   help="after the deploy, moto checks every call against the caller's IAM "
+                        "policies: nodes, jobs and Lambda calls are held to the stack's roles "
+                        "(emulator/iam_enforcement.py; what moto evaluates: docs/emulator.md)")
     p.add_argument("--context", action="append", default=[], metavar="KEY=VALUE",
                    help="a stack setting for cdk deploy (-c KEY=VALUE); repeatable")
     return p

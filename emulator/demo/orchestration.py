@@ -221,6 +221,7 @@ class Demo(DemoContext):
         cluster.deploy(self, {**scenarios.deploy_context(ns), **capacity.deploy_context(self),
                               **demo_data.deploy_context(ns)})
         scenarios.fail_launches(self)
+        scenarios.enforce_iam(self)  # --enforce-iam: from here on IAM decides every call
         cluster.boot_nodes(self)
         cluster.notify_launches(self)
         capacity.settle(self)  # launch errors reach the Lambda; moved groups refill and boot

@@ -124,6 +124,19 @@ def fail_launches(ctx: DemoContext) -> None:
            f"group; desired stays {c.worker.desired}, {len(c.worker.instances)} launched")
 
 
+def enforce_iam(ctx: DemoContext) -> None:
+    """``--enforce-iam``: moto's IAM authorization on (``emulator.iam_enforcement``) once the
+    stack exists, so every node, job and function call from here on is held to its role."""
+    if not ctx.ns.enforce_iam:
+        return
+    ctx.step("turning on IAM enforcement (every call from now on is checked against the "
+             "caller's policies; the demo's own calls act as the account's administrator)")
+    res = http_json(f"{ctx.control}/iam-enforcement", "POST", {"enabled": True})
+    if not res.get("enabled"):
+        raise DemoError(f"the emulator did not turn IAM enforcement on: {res}")
+    ctx.ok(f"IAM enforced; the administrator is {res['admin_role']}")
+
+
 class ElasticScenario:
     """``--elastic``: follow the job's world sizes; add a worker with ``dl-scale --workers``,
     later remove it with ``dl-scale --remove``; both must happen while the job trains."""

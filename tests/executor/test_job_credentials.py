@@ -134,3 +134,22 @@ def test_no_job_role_means_no_credentials_and_still_none_of_the_nodes(tmp_path):
 def test_session_names_fit_sts():
     assert session_name("a b", "x" * 100) == ("dl-a-b-" + "x" * 100)[:64]
     assert len(session_name("u", "j")) <= 64
+
+
+def test_a_job_that_stays_the_executors_user_is_tagged_with_that_users_name(tmp_path,
+                                                                            role_arn):
+    """uid -1 (root's own job: the share stays who the executor is) tags the session with
+    the executor's user name, the one dl-run writes into the job's checkpoint URL, not "-1"
+    (with IAM enforced, a "-1" tag made the job's own checkpoint prefix AccessDenied)."""
+    import pwd
+
+    from bootstrap_scripts.jobs.executor.shares import Shares
+
+    sts = RecordingSts()
+    shares = Shares.__new__(Shares)  # only its credentials are used here
+    shares.credentials = JobCredentialStore(tmp_path / "job-credentials", role_arn, REGION,
+                                            lambda: sts)
+    _creds, owner = shares.issue_credentials("train-1", -1, -1)
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert sts.calls[0]["Tags"] == [{"Key": USER_TAG, "Value": me}]
+    assert owner == (me, -1, -1)

@@ -84,10 +84,14 @@ class Shares:
                           ) -> tuple[JobCredentials | None, tuple[str, int, int]]:
         """The job role credentials for a share of ``job_id`` run by ``uid`` (None without
         a job role), and its owner. CredentialsError when STS or the disk refuses."""
+        # (-1: the share stays who the executor is, root for root's own jobs) the session's
+        # dl-user tag must be that user's name, the one dl-run put in the job's checkpoint
+        # URL, else IAM refuses the job its own checkpoints
+        effective = os.geteuid() if uid < 0 else uid
         try:
-            user = pwd.getpwuid(uid).pw_name
+            user = pwd.getpwuid(effective).pw_name
         except KeyError:
-            user = str(uid)
+            user = str(effective)
         owner = (user, uid, gid)
         if self.credentials is None or not self.credentials.enabled:
             return None, owner

@@ -304,3 +304,20 @@ def test_a_lost_master_or_live_executors_mark_nothing_inside_an_elastic_attempt(
     (loss,) = sup.job.node_losses
     assert sup.health.marked == [] and not loss.marked_unhealthy
     assert "never marked" in loss.health_error
+
+
+def test_a_node_drained_on_purpose_is_no_loss(tmp_path):
+    """A scale-in (the master agent's drain request names the instance) stops the node's
+    executor too: it left on purpose, nothing is marked."""
+    from bootstrap_scripts.protocol import state
+    from bootstrap_scripts.protocol.state import DrainRecord
+
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [])
+    now = time.time()
+    state.write_drain(tmp_path, DrainRecord(
+        instance_id="i-w2", address="10.0.1.2", requested_at=now, deadline=now + 120,
+        asg="workers", role="worker", lifecycle_hook="drain", lifecycle_action_token="t",
+        member=True))
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})
+    sup.mark_lost(grow)
+    assert sup.health.marked == [] and sup.job.node_losses == ()

@@ -81,16 +81,22 @@ def executor_gone(efs: Path, address: str, *, tick: Callable[[], None],
 
 
 def losses(gone: dict[str, str], *, attempt: int, nodes: Iterable[Node], master_instance: str,
-           mark: Callable[[str], str], now: Callable[[], float] = time.time) -> list[NodeLoss]:
+           mark: Callable[[str], str], leaving: Iterable[str] = (),
+           now: Callable[[], float] = time.time) -> list[NodeLoss]:
     """Nodes of a running elastic attempt whose executor the controller saw lost (``gone``:
     address -> why, root's evidence): each marked Unhealthy through ``mark`` (instance id ->
-    the API's error, "" when done) as :func:`verdict` allows, and recorded."""
+    the API's error, "" when done) as :func:`verdict` allows, and recorded. A node
+    ``leaving`` (instance ids the master agent is draining: a scale-in) left on purpose: no
+    loss."""
+    leaving = set(leaving)
     by_address = {}
     for node in nodes:
         by_address.setdefault(node.address, node.instance_id)
     out = []
     for address, why in sorted(gone.items()):
         instance = by_address.get(address, "")
+        if instance and instance in leaving:
+            continue
         failure = Failure(FailureKind.NODE_LOST, f"executor heartbeat lost ({why}) while the "
                           f"elastic attempt ran: it trains on without the node", address)
         decided, err = verdict(failure, instance=instance, master_instance=master_instance,

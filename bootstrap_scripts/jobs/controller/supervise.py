@@ -61,6 +61,7 @@ from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
 from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
+from bootstrap_scripts.protocol.state import drains
 
 LOG = logging.getLogger("dl-controller")
 
@@ -361,7 +362,10 @@ class JobSupervisor:
         nodes = [*(m.nodes if m else ()), *(live.nodes if live else ())]
         losses = node_evidence.losses(gone, attempt=self.job.attempt, nodes=nodes,
                                       master_instance=m.master.instance_id if m else "",
-                                      mark=self.health.mark_unhealthy)
+                                      mark=self.health.mark_unhealthy,
+                                      leaving=drains(self.efs))
+        if not losses:
+            return
         for loss in losses:
             LOG.warning("job %s: node %s (%s) lost during attempt %d: %s%s", self.job.job_id,
                         loss.address, loss.instance_id, loss.attempt, loss.detail,

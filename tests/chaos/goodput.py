@@ -22,6 +22,9 @@ Definitions (the bench prints them as its legend; docs/runner.md repeats them):
   its end (``job.json``: ``started_at`` -> ``finished_at``): the launch, every fault, the
   end; the training span (the start of the first step -> the last step, from the progress
   records) is printed too;
+- the **fault-free ratio**: N x the job's step time before any fault (its first
+  generation's median) / wall time, the same ratio without crediting a shrunken job's
+  steps being faster here (fewer processes on 2 shared cores; on GPUs they are slower);
 - **ETTR** (Effective Training Time Ratio) = productive step time / wall time: 1.0 when no
   second was lost to detection, waiting, restarts, redone steps or hangs;
 - per fault, from its injection (the harness's clock: nothing in the product records a
@@ -145,6 +148,8 @@ class RunFigures:
     training_s: float  # the start of the first step -> the last step (progress records)
     steps: int
     job_wall_s: float | None  # the job record's started_at -> finished_at
+    #: the job's step time before any fault (its first generation's median, full size)
+    reference_s: float = 0.0
 
     @property
     def wall_s(self) -> float:
@@ -153,6 +158,11 @@ class RunFigures:
     @property
     def ettr(self) -> float:
         return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def fault_free_ratio(self) -> float:
+        """N steps at the fault-free step time / wall time."""
+        return self.steps * self.reference_s / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def training_ettr(self) -> float:
@@ -172,7 +182,8 @@ def run_figures(policy: str, samples: Iterable[Sample], faults: list[tuple[str, 
     return RunFigures(policy, [fault_figures(w, at, gens, full_size=full_size, detected_at=d,
                                              note=n) for w, at, d, n in faults],
                       productive, wall, steps,
-                      (end - start) if start is not None and end is not None else None)
+                      (end - start) if start is not None and end is not None else None,
+                      gens[0].median if gens else 0.0)
 
 
 LEGEND = """\
@@ -183,7 +194,9 @@ ETTR (Effective Training Time Ratio) = productive step time / wall time.
     generation's median step.
   wall time: the job's record, its first attempt's start -> its end (launch and end
     included); the training span (start of the first step -> last step, progress records)
-    and the ETTR over it are printed too.
+    and the ETTR over it are printed too, and N x the fault-free step time (the first
+    generation's median) / wall time, which does not count the faster steps of fewer
+    processes sharing this machine's 2 cores as work.
 per fault, from its injection: detected = the controller's record (restart 'at', node loss
   'at', hang report 'detected_at'); training again = first step of the first new generation
   of ranks (and its size); full size = the first new generation at the job's full size;
@@ -196,7 +209,9 @@ def report(runs: list[RunFigures], *, full_size: int) -> str:
     for r in runs:
         out.append(f"{r.policy}: {r.steps} steps, productive {r.productive_s:.1f} s of "
                    f"{r.wall_s:.1f} s wall -> ETTR {r.ettr:.3f} (training span "
-                   f"{r.training_s:.1f} s -> {r.training_ettr:.3f})")
+                   f"{r.training_s:.1f} s -> {r.training_ettr:.3f}); {r.steps} x the "
+                   f"fault-free {r.reference_s:.3f} s/step = {r.steps * r.reference_s:.1f} s "
+                   f"-> {r.fault_free_ratio:.3f}")
         out.append(f"  {'fault':34} {'detected':>9} {'training again':>18} "
                    f"{'full size':>10} {'work lost':>10}")
         for f in r.faults:

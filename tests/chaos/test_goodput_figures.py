@@ -60,6 +60,7 @@ def test_ettr_and_the_report():
     assert r.training_s == pytest.approx(134.5 - 99.5)
     assert r.training_ettr == pytest.approx(20.0 / 35.0)
     assert r.wall_s == 50.0 and r.ettr == pytest.approx(20.0 / 50.0)  # the job's record
+    assert r.reference_s == 0.5 and r.fault_free_ratio == pytest.approx(40 * 0.5 / 50.0)
     waiting = run_figures("wait", run(1, 1, 0.0, 1, 40, ranks=4, step_s=1.0), [],
                           full_size=4)
     assert waiting.ettr == pytest.approx(1.0)  # no fault: every second trained

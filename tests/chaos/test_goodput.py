@@ -192,11 +192,11 @@ def goodput_run(emu, moto: str, tmp: Path, *, elastic: bool) -> goodput.RunFigur
             detected, note = None, ""
             if what == "worker killed":
                 losses = [x.at for x in rec.node_losses if x.at >= at]
-                restarts = [x.at for x in rec.restart_log if x.at >= at
-                            and x.kind == "node-lost"]
-                detected = min(losses + restarts, default=None)
-                note = "node loss recorded" if losses and detected == min(losses) else \
-                    "restart record"
+                restarts = [(x.at, x.kind) for x in rec.restart_log if x.at >= at]
+                detected = min([*losses, *(t for t, _k in restarts[:1])], default=None)
+                note = ("node loss recorded" if losses and detected == min(losses) else
+                        f"restart record: {restarts[0][1]}" if restarts else
+                        "nothing recorded")
             elif what == "rank hung":
                 reports = [store.read_record_or_none(ClusterPaths(c.efs).managed(job_id)
                                                      .attempt_hang(n), HangReport)

@@ -188,11 +188,13 @@ def goodput_run(emu, moto: str, tmp: Path, *, elastic: bool) -> goodput.RunFigur
         assert rec.state == "succeeded", f"{rec.state}: {rec.message}\n" \
             f"{c.controller_log()[-3000:]}"
         faults = []
-        for what, at in injected:
+        for k, (what, at) in enumerate(injected):
             detected, note = None, ""
+            until = injected[k + 1][1] if k + 1 < len(injected) else float("inf")
             if what == "worker killed":
-                losses = [x.at for x in rec.node_losses if x.at >= at]
-                restarts = [(x.at, x.kind) for x in rec.restart_log if x.at >= at]
+                # the controller's first record of it, before the next fault
+                losses = [x.at for x in rec.node_losses if at <= x.at < until]
+                restarts = [(x.at, x.kind) for x in rec.restart_log if at <= x.at < until]
                 detected = min([*losses, *(t for t, _k in restarts[:1])], default=None)
                 note = ("node loss recorded" if losses and detected == min(losses) else
                         f"restart record: {restarts[0][1]}" if restarts else

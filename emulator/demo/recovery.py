@@ -245,19 +245,21 @@ class Recovery:
         loss = next((x for x in record.get("node_losses") or ()
                      if x.get("instance_id") == iid or x.get("address") == drill["address"]),
                     None)
-        if loss is None:
-            raise DemoError(f"job {job.managed_id}: the controller recorded no loss of the "
-                            f"killed worker {iid}: {record.get('node_losses')}")
+        # EC2's status check (8 s here) may fail the machine first: Auto Scaling then
+        # terminates it through the drain hook, a departure the controller does not record
         drill["node_loss"] = loss
-        drill["detected_s"] = round(loss["at"] - drill["wall"], 2)
+        if loss is not None:
+            drill["detected_s"] = round(loss["at"] - drill["wall"], 2)
         drill["replaced"] = bool(ctx.autoscaling and ctx.autoscaling.events_of(
             "unhealthy-terminated", iid))
         if not drill["replaced"]:
             raise DemoError(f"Auto Scaling never replaced the lost worker {iid}")
         drill["summary"] = line
-        ctx.ok(f"{line} (the controller saw {drill['address']} lost "
-               f"{drill['detected_s']:.1f} s after the kill"
-               + (" and marked it Unhealthy)" if loss.get("marked_unhealthy") else ")"))
+        ctx.ok(line + (f" (the controller saw {drill['address']} lost "
+                       f"{drill['detected_s']:.1f} s after the kill"
+                       + (" and marked it Unhealthy)" if loss.get("marked_unhealthy") else ")")
+                       if loss is not None else " (EC2's status check failed the machine and "
+                       "Auto Scaling replaced it)"))
 
     def show(self, job_id: str) -> dict:
         """``dl-jobs show ID --json`` on the live master: the controller's record."""

@@ -67,6 +67,22 @@ class RestartRecord(Record):
 
 
 @record
+class NodeLoss(Record):
+    """A node lost while an elastic attempt ran on (in ``job.json``): the attempt did not
+    end (torchrun carried on without it), so no restart record says so; root's own
+    evidence (its executor heartbeat lost) did, and the controller marked it Unhealthy."""
+
+    KIND: ClassVar[str] = "node loss"
+    attempt: int  # the attempt that trained on without it
+    at: float  # when the controller saw its executor heartbeat lost
+    address: str = ""
+    instance_id: str = ""
+    detail: str = ""
+    marked_unhealthy: bool = False
+    health_error: str = ""  # why it was not marked (the master, the API's error)
+
+
+@record
 class NodeUsage(Record):
     """One node of an attempt and the price its instance was bought at (``ops/prices``)."""
 
@@ -122,6 +138,8 @@ class ManagedJob(Record):
     #: ranks of the running attempt whose step time stays well above the others',
     #: "rank <r> on <address>: <x> s/step, <k>x the median" (``hang_rules.stragglers``)
     stragglers: tuple[str, ...] = ()
+    #: nodes lost while an elastic attempt trained on without them (each a NodeLoss)
+    node_losses: tuple[NodeLoss, ...] = ()
 
 
 @record

@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-node-after", type=float, default=None, metavar="SECONDS",
                    help="kill one worker's machine this many seconds after the job's first "
                         "epoch (0: at once); the job controller has it replaced and resumes "
-                        "the job from its checkpoint at full size, under the same dl-run")
+                        "the job from its checkpoint at full size, under the same dl-run; "
+                        "with --elastic the job trains on the survivors at once and the "
+                        "replacement joins it")
     p.add_argument("--kill-master-after", type=float, default=None, metavar="SECONDS",
                    help="kill the master's machine (and the dl-run following the job there) "
                         "this many seconds after the first epoch; Auto Scaling replaces it, "
@@ -157,10 +159,12 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for name in ("add_worker_after", "remove_worker_after"):
         if getattr(ns, name) is not None and getattr(ns, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(ns, name)}")
-    if ns.elastic and (ns.kill_node_after is not None or ns.kill_master_after is not None
-                       or ns.unhealthy_node):
-        parser.error("--kill-node-after / --kill-master-after / --unhealthy-node and "
-                     "--elastic are separate scenarios; pick one")
+    if ns.elastic and (ns.kill_master_after is not None or ns.unhealthy_node):
+        parser.error("--kill-master-after / --unhealthy-node and --elastic are separate "
+                     "scenarios; pick one (--elastic --kill-node-after trains on the survivors)")
+    if ns.kill_node_after is not None and ns.add_worker_after is not None:
+        parser.error("--kill-node-after and --add-worker-after are separate scenarios; "
+                     "pick one")
     if ns.framework == "tf" and (ns.elastic or ns.unhealthy_node or ns.kill_node_after
                                  is not None or ns.kill_master_after is not None):
         parser.error("--framework tf runs the plain job only: --elastic, --kill-node-after, "

@@ -6,6 +6,11 @@
   Auto Scaling of ``emulator.autoscaling``: the drain hook, the replacement's boot and its
   notifications), the replacement joins, and the controller restarts the job from its
   checkpoint at the full world size, under the same job id and the same ``dl-run``.
+  With ``--elastic`` the job (``dl-run --elastic``) does not wait for it: torchrun carries
+  on with the survivors at once, the controller sees the node's executor heartbeat lost and
+  marks it Unhealthy itself (its ``node_losses`` record), and the replacement, gated and
+  admitted, joins the running attempt; the demo prints "training again on N survivors
+  after X s; replacement joined after Y s" (:func:`survivors_line`).
 - ``--kill-master-after S``: the master's machine dies instead (its agent, executor, job
   controller, job share, and the ``dl-run`` following the job there). Nobody is left to
   report it: EC2's status check marks the instance Unhealthy, Auto Scaling replaces it, the
@@ -69,6 +74,37 @@ def gate_failure(record: dict, address: str) -> str:
                     f"{list(record.get('gate_failures') or ())}")
 
 
+def note_start(kill: dict | None, world_size: int, full_size: int, now: float) -> str:
+    """``--elastic --kill-node-after``: after the kill, the first (re)start of the workers
+    below the full size is the job training again on the survivors, and the next one at the
+    full size is the replacement joining; both noted in ``kill`` (seconds after it). What to
+    say, "" when nothing new."""
+    if kill is None or now <= kill["t"]:
+        return ""
+    if "survivors" not in kill and world_size < full_size:
+        kill["survivors"], kill["survivors_s"] = world_size, round(now - kill["t"], 2)
+        return (f"training again on {world_size} survivors, {kill['survivors_s']:.1f} s after "
+                f"the {kill['what']} was killed: the replacement is not there yet")
+    if "survivors" in kill and "joined_s" not in kill and world_size >= full_size:
+        kill["joined_s"] = round(now - kill["t"], 2)
+        return (f"the replacement joined: training at world size {world_size}, "
+                f"{kill['joined_s']:.1f} s after the kill")
+    return ""
+
+
+def survivors_line(kill: dict) -> str:
+    """The elastic drill's outcome in one line; DemoError when a part did not happen."""
+    if "survivors" not in kill:
+        raise DemoError("the elastic job never trained on the survivors after the worker was "
+                        "killed")
+    if "joined_s" not in kill:
+        raise DemoError(f"the replacement never joined the elastic job (it trained on "
+                        f"{kill['survivors']} survivors from {kill['survivors_s']:.1f} s after "
+                        f"the kill): use more --epochs")
+    return (f"training again on {kill['survivors']} survivors after "
+            f"{kill['survivors_s']:.1f} s; replacement joined after {kill['joined_s']:.1f} s")
+
+
 class Recovery:
     """The drills asked for (see the module docstring), as a demo scenario."""
 
@@ -82,6 +118,13 @@ class Recovery:
 
     # -- while the job runs --------------------------------------------------------------------
     def on_line(self, line: str, job: JobRun) -> None:
+        if self.ns.elastic and (start := joblog.worker_start(line)) is not None:
+            self.ctx.elastic["starts"].append({"world_size": start.world_size,
+                                               "step": start.step,
+                                               "at_s": round(time.monotonic() - self.ctx.t0, 2)})
+            said = note_start(self.kill, start.world_size, self.full_size, time.monotonic())
+            if said:
+                self.ctx.ok(said)
         rec = joblog.epoch(line)
         if rec is None or not job.restart_lines:
             return
@@ -194,6 +237,30 @@ class Recovery:
         ctx.ok(f"{new.instance_id} ({new.address}) took the cluster over: generation "
                f"{m.generation}, {kill['took_over_s']:.1f} s after the kill")
 
+    def check_elastic(self, job: JobRun, drill: dict, record: dict) -> None:
+        """``--elastic``: the job trained on the survivors before the replacement joined;
+        the controller recorded the node's loss itself and Auto Scaling replaced it."""
+        ctx, iid = self.ctx, drill["instance_id"]
+        line = survivors_line(drill)
+        loss = next((x for x in record.get("node_losses") or ()
+                     if x.get("instance_id") == iid or x.get("address") == drill["address"]),
+                    None)
+        # EC2's status check (8 s here) may fail the machine first: Auto Scaling then
+        # terminates it through the drain hook, a departure the controller does not record
+        drill["node_loss"] = loss
+        if loss is not None:
+            drill["detected_s"] = round(loss["at"] - drill["wall"], 2)
+        drill["replaced"] = bool(ctx.autoscaling and ctx.autoscaling.events_of(
+            "unhealthy-terminated", iid))
+        if not drill["replaced"]:
+            raise DemoError(f"Auto Scaling never replaced the lost worker {iid}")
+        drill["summary"] = line
+        ctx.ok(line + (f" (the controller saw {drill['address']} lost "
+                       f"{drill['detected_s']:.1f} s after the kill"
+                       + (" and marked it Unhealthy)" if loss.get("marked_unhealthy") else ")")
+                       if loss is not None else " (EC2's status check failed the machine and "
+                       "Auto Scaling replaced it)"))
+
     def show(self, job_id: str) -> dict:
         """``dl-jobs show ID --json`` on the live master: the controller's record."""
         master = self.ctx.master()
@@ -221,6 +288,9 @@ class Recovery:
                                     "use a smaller --kill-node-after or more --epochs")
                 continue
             iid = drill["instance_id"]
+            if kind == "worker" and self.ns.elastic:
+                self.check_elastic(job, drill, record)
+                continue
             rec = next((r for r in restarts if (kind == "worker" and (
                 r.get("instance_id") == iid or r.get("address") == drill["address"]))
                 or (kind == "master" and r.get("kind") == "master-lost")), None)

@@ -273,3 +273,51 @@ def test_an_admission_planted_as_a_link_admits_nothing(tmp_path):
     assert rejoin.Rejoin(paths, os.geteuid(), os.getegid()).admitted == {}
     store.atomic_write(paths.admitted("10.0.1.8"), "i-r passed the health gate\n")
     assert admitted(paths, "10.0.1.8")
+
+
+def test_a_worker_lost_inside_an_elastic_attempt_is_marked_unhealthy_at_once(tmp_path, capsys):
+    """The attempt trains on without the worker (torchrun re-rendezvouses) and never ends to
+    report it: the controller's own look at the attempt's executors marks the instance."""
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [])
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2's executor is gone
+    sup.mark_lost(grow)
+    assert sup.health.marked == ["i-w2"]
+    (loss,) = sup.job.node_losses
+    assert (loss.attempt, loss.address, loss.instance_id, loss.marked_unhealthy) == (
+        2, "10.0.1.2", "i-w2", True)
+    assert "i-w2" in sup.job.excluded and "executor heartbeat lost" in loss.detail
+    assert managed.load_job(sup.paths).node_losses == (loss,)
+    sup.mark_lost(grow)  # seen once: never marked twice
+    assert sup.health.marked == ["i-w2"] and len(sup.job.node_losses) == 1
+    from bootstrap_scripts.jobs.cli import dl_jobs
+    dl_jobs.print_show(sup.job, as_json=False, efs=tmp_path)
+    assert "during attempt 2: 10.0.1.2 (i-w2), marked Unhealthy: executor heartbeat lost" in \
+        capsys.readouterr().out
+
+
+def test_a_lost_master_or_live_executors_mark_nothing_inside_an_elastic_attempt(tmp_path):
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [])
+    sup.mark_lost(grow)  # every executor alive
+    assert sup.health.marked == [] and sup.job.node_losses == ()
+    sup.executors = FakeExecutors({"10.0.1.1", "10.0.1.2"})  # the master's own: never marked
+    sup.mark_lost(grow)
+    (loss,) = sup.job.node_losses
+    assert sup.health.marked == [] and not loss.marked_unhealthy
+    assert "never marked" in loss.health_error
+
+
+def test_a_node_drained_on_purpose_is_no_loss(tmp_path):
+    """A scale-in (the master agent's drain request names the instance) stops the node's
+    executor too: it left on purpose, nothing is marked."""
+    from bootstrap_scripts.protocol import state
+    from bootstrap_scripts.protocol.state import DrainRecord
+
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [])
+    now = time.time()
+    state.write_drain(tmp_path, DrainRecord(
+        instance_id="i-w2", address="10.0.1.2", requested_at=now, deadline=now + 120,
+        asg="workers", role="worker", lifecycle_hook="drain", lifecycle_action_token="t",
+        member=True))
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})
+    sup.mark_lost(grow)
+    assert sup.health.marked == [] and sup.job.node_losses == ()

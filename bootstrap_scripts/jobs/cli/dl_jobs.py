@@ -226,6 +226,11 @@ def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
                                     "the replacement joins when ready"))
         if r.kind == "hang":  # every rank's stack, as the controller recorded it
             print(f"  stacks: <EFS>/managed/{job.job_id}/attempts/{r.attempt}.hang.json")
+    for x in job.node_losses:  # elastic: lost while the attempt trained on without it
+        print(f"node lost {when(x.at)} during attempt {x.attempt}: {x.address} "
+              f"({x.instance_id or '-'})"
+              + (", marked Unhealthy" if x.marked_unhealthy else "")
+              + (f", {x.health_error}" if x.health_error else "") + f": {x.detail}")
     return 0
 
 

@@ -14,18 +14,23 @@ lost master is seen by the capacity adjuster and EC2's checks, not by a job). Th
 root-side evidence, the health gate run by root, marks through ``supervise.run_gate``.
 
 :func:`verdict` is the decision table (pure); :func:`executor_gone` the one observation.
+:func:`losses` applies the same table to nodes lost while an elastic attempt runs on: the
+attempt does not end (torchrun carries on without them), so the controller's own look at
+the attempt's executors is the evidence, and the node is marked then.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine.classify import Failure
+from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.jobs.engine.reachability import read_heartbeat
 from bootstrap_scripts.protocol import liveness
+from bootstrap_scripts.protocol.managed_records import NodeLoss
+from bootstrap_scripts.protocol.membership import Node
 
 POLL_SECONDS = 0.5
 
@@ -73,3 +78,33 @@ def executor_gone(efs: Path, address: str, *, tick: Callable[[], None],
             return False
         tick()
         time.sleep(POLL_SECONDS)
+
+
+def losses(gone: dict[str, str], *, attempt: int, nodes: Iterable[Node], master_instance: str,
+           mark: Callable[[str], str], leaving: Iterable[str] = (),
+           now: Callable[[], float] = time.time) -> list[NodeLoss]:
+    """Nodes of a running elastic attempt whose executor the controller saw lost (``gone``:
+    address -> why, root's evidence): each marked Unhealthy through ``mark`` (instance id ->
+    the API's error, "" when done) as :func:`verdict` allows, and recorded. A node
+    ``leaving`` (instance ids the master agent is draining: a scale-in) left on purpose: no
+    loss."""
+    leaving = set(leaving)
+    by_address = {}
+    for node in nodes:
+        by_address.setdefault(node.address, node.instance_id)
+    out = []
+    for address, why in sorted(gone.items()):
+        instance = by_address.get(address, "")
+        if instance and instance in leaving:
+            continue
+        failure = Failure(FailureKind.NODE_LOST, f"executor heartbeat lost ({why}) while the "
+                          f"elastic attempt ran: it trains on without the node", address)
+        decided, err = verdict(failure, instance=instance, master_instance=master_instance,
+                               executor_gone=True)
+        if decided is Mark.MARK:
+            err = mark(instance)
+        out.append(NodeLoss(attempt=attempt, at=now(), address=address, instance_id=instance,
+                            detail=failure.detail,
+                            marked_unhealthy=decided is Mark.MARK and not err,
+                            health_error=err))
+    return out

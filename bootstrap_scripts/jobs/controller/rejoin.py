@@ -63,6 +63,7 @@ class Rejoin:
     gid: int
     admitted: dict[str, str] = field(default_factory=dict)  # address -> instance id
     joined: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)  # the attempt's nodes whose executor was lost
     next_look: float = 0.0
 
     def __post_init__(self) -> None:

@@ -61,6 +61,7 @@ from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
 from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
+from bootstrap_scripts.protocol.state import drains
 
 LOG = logging.getLogger("dl-controller")
 
@@ -326,6 +327,7 @@ class JobSupervisor:
             if pending_resume:
                 pending_resume = not self.note_resumed(jpaths)
             if not cancel_sent and self.rejoin is not None and self.rejoin.due():
+                self.mark_lost(self.rejoin)
                 self.grow(self.rejoin)
             if not cancel_sent and self.uid >= 0 and time.monotonic() >= next_look:
                 next_look = time.monotonic() + WATCH_SECONDS
@@ -346,6 +348,33 @@ class JobSupervisor:
         if self.job.restart_log and (admitted or joined):
             self.update_last_restart(admitted_instance_ids=",".join(grow.admitted.values()),
                                      **({"joined_at": time.time()} if joined else {}))
+
+    def mark_lost(self, grow: rejoin.Rejoin) -> None:
+        """Elastic: a node of the running attempt whose executor heartbeat is lost is marked
+        Unhealthy and excluded now (``node_evidence.losses``): the attempt trains on without
+        it and never ends to say so; its replacement must not wait for EC2's checks alone."""
+        watched = (self.last_nodes_addresses | grow.joined) - grow.lost
+        gone = self.executors.gone(watched)
+        if not gone:
+            return
+        grow.lost.update(gone)
+        m, live = self.membership(), self.ready_nodes()[0]
+        nodes = [*(m.nodes if m else ()), *(live.nodes if live else ())]
+        losses = node_evidence.losses(gone, attempt=self.job.attempt, nodes=nodes,
+                                      master_instance=m.master.instance_id if m else "",
+                                      mark=self.health.mark_unhealthy,
+                                      leaving=drains(self.efs))
+        if not losses:
+            return
+        for loss in losses:
+            LOG.warning("job %s: node %s (%s) lost during attempt %d: %s%s", self.job.job_id,
+                        loss.address, loss.instance_id, loss.attempt, loss.detail,
+                        f" [{loss.health_error}]" if loss.health_error else "")
+        marked = {x.instance_id for x in losses if x.marked_unhealthy}
+        self.update(node_losses=(*self.job.node_losses, *losses),
+                    excluded=tuple(sorted({*self.job.excluded, *marked})),
+                    last_failure=f"node-lost: {losses[-1].address} ({losses[-1].instance_id})"
+                    f": {losses[-1].detail}")
 
     def look_at_progress(self, watch: hangs.HangWatch) -> bool:
         """One look at the ranks' progress: stragglers into the record; a hang handled
@@ -439,7 +468,8 @@ class JobSupervisor:
                                           master_instance=m.master.instance_id if m else "",
                                           executor_gone=gone)
         excluded = self.job.excluded
-        if mark is node_evidence.Mark.MARK:
+        # an instance excluded already was marked while the (elastic) attempt ran: not twice
+        if mark is node_evidence.Mark.MARK and instance not in excluded:
             err = self.health.mark_unhealthy(instance)
             excluded = tuple(sorted({*excluded, instance}))
         rec = RestartRecord(attempt=self.job.attempt, at=detected, kind=failure.kind.value,

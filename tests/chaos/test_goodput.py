@@ -1,0 +1,233 @@
+"""Goodput under a fault schedule: an elastic managed job (survivors now, the replacement
+joins) against today's wait-for-the-replacement policy, the same schedule for both.
+
+Real processes on the emulator's loopback nodes (``tests.support.cluster``): 6 nodes, the job
+on 4 (master and three workers), two spares whose executors run but which are not members
+yet (the replacements). The job: the example (``train_digits``, torchrun, CPU/gloo, its own
+flags) run through ``jobs/digits_hooks.py``, which adds the hang drill's hook and a straggler
+hook without changing it; ``EPOCHS`` x 23 steps, managed by the master's job controller (Auto
+Scaling calls against moto's server). The schedule, each fault injected at a fixed step of
+rank 0, once the job trains again after the previous one (so both policies meet the same
+faults at the same work):
+
+1. a worker's machine lost (``Node.kill``: its executor and its share, SIGKILL);
+2. another worker's machine lost;
+3. a rank hangs (sleeps forever after declaring a step; ``--hang-timeout``);
+4. a straggler: one rank sleeps ``STRAGGLE_S`` more per step for ``STRAGGLE_STEPS`` steps.
+
+Each lost worker's replacement enters the membership ``BOOT_DELAY`` s after the loss: a
+realistic 240 s (terminate, launch, boot a GPU AMI, agent, data preparation, gate) scaled by
+``SCALE`` = 1/12, as the master agent publishes a node that booted and registered. The
+master is not killed: in this executor-only cluster a lost master takes the rendezvous
+store, the controller and every attempt with it, and surviving it needs a new master taking
+the cluster over from EFS (agent formation, Auto Scaling replacing the master), which only
+the full demo emulates (``make demo ARGS="--kill-master-after 1"``, docs/demo.md); under
+either policy it is the same ``master-lost`` restart.
+
+Every figure comes from the product's records (``goodput.py``: progress files, the job's
+record, hang reports); the harness's clock gives only the injection times. Printed, never
+asserted beyond the job succeeding (``make bench``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.managed_records import HangReport, ManagedJob
+from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.records import RankProgress, ShareStarted
+from emulator.resources import create_cluster
+from tests.chaos import goodput
+from tests.chaos.drills import wait_for
+from tests.conftest import REGION
+from tests.support.cluster import free_rdzv_port
+
+JOB = str(Path(__file__).parent / "jobs" / "digits_hooks.py")
+#: the replacement's boot: 240 s on AWS, scaled by SCALE for this run
+REALISTIC_BOOT = 240.0
+SCALE = 1 / 12
+BOOT_DELAY = REALISTIC_BOOT * SCALE
+HANG_TIMEOUT = 10.0
+EPOCHS = 20  # x 23 steps (1,437 training samples, global batch 64)
+#: rank 0's step at (or after) which each fault is injected, the same for both policies
+KILL_1, KILL_2, HANG_AT, STRAGGLE_AT = 40, 120, 200, 280
+#: the example's pause per step, standing in for a GPU step's compute
+STEP_DELAY = 0.25
+STRAGGLE_STEPS, STRAGGLE_S = 40, 0.3
+FULL = 4
+SAMPLE_S = 0.25
+
+
+class Sampler(threading.Thread):
+    """Reads the job's records every ``SAMPLE_S``: the current attempt's progress files
+    (every distinct record kept) and the job record."""
+
+    def __init__(self, efs: Path, job_id: str) -> None:
+        super().__init__(daemon=True)
+        self.paths = ClusterPaths(efs)
+        self.job_id = job_id
+        self.seen: dict[tuple, goodput.Sample] = {}
+        self.job: ManagedJob | None = None
+        self.stragglers: set[str] = set()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.look()
+            time.sleep(SAMPLE_S)
+
+    def look(self) -> None:
+        job = store.read_record_or_none(self.paths.managed(self.job_id).record, ManagedJob)
+        if job is None or not job.attempt:
+            return
+        self.job = job
+        self.stragglers.update(job.stragglers)
+        pdir = self.paths.job(f"{self.job_id}.{job.attempt}").progress_dir
+        for path in sorted(pdir.glob("*.json")) if pdir.is_dir() else ():
+            rec = store.read_record_or_none(path, RankProgress)
+            if rec is not None:
+                s = goodput.Sample(job.attempt, rec.rank, rec.pid, rec.started_at, rec.step,
+                                   rec.time, tuple(rec.recent_step_seconds))
+                self.seen[(s.attempt, s.rank, s.pid, s.step)] = s
+
+    def rank0_step(self) -> int:
+        mine = [s for s in self.seen.values() if s.rank == 0 and self.job
+                and s.attempt == self.job.attempt]
+        return max((s.step for s in mine), default=0)
+
+    def training_since(self, since: float) -> bool:
+        """A generation of ranks started after ``since``."""
+        return any(g.started_at > since for g in goodput.generations(self.seen.values()))
+
+
+def share_groups(efs: Path, attempt_id: str, address: str) -> list[int]:
+    nodes = ClusterPaths(efs).job(attempt_id).nodes
+    return [rec.pgid for _s, rec in store.scan_records(nodes, ShareStarted,
+                                                       suffix=SHARE_STARTED_SUFFIX)
+            if rec.address == address]
+
+
+def goodput_run(emu, moto: str, tmp: Path, *, elastic: bool) -> goodput.RunFigures:
+    policy = "elastic" if elastic else "waiting"
+    res = create_cluster(moto, cluster_id=f"goodput-{policy}", workers=5)
+    c = emu(6, instances=res.node_instances("master") + res.node_instances("worker"))
+    master, w1, w2, w3, spare1, spare2 = c.addresses
+    members = [master, w1, w2, w3]
+    c.publish(1, members)
+    for spare in (spare1, spare2):
+        NodePaths(c.roots[spare]).membership.unlink()  # booting: not members yet
+    c.start_executors()
+    c.start_controller({"AWS_ENDPOINT_URL": moto, "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": REGION,
+                        "AWS_DEFAULT_REGION": REGION})
+    hooks = tmp / f"hooks-{policy}"
+    hooks.mkdir()
+    hang, straggle = hooks / "hang", hooks / "straggle"
+    res_run = c.run("--detach", "--json", *(("--elastic",) if elastic else ()),
+                    "--rdzv-port", free_rdzv_port(c), "--fail-grace", "1", "--min-nodes", "2",
+                    "--replace-timeout", "600", "--max-restarts", "6", "--hang-timeout",
+                    f"{HANG_TIMEOUT:g}", "--env", "GOODPUT_RANK=1", "--env",
+                    f"GOODPUT_HANG={hang}", "--env", f"GOODPUT_STRAGGLE={straggle}", "--env",
+                    f"GOODPUT_STRAGGLE_S={STRAGGLE_S}", "--", "python", JOB, "--epochs",
+                    str(EPOCHS), "--checkpoint-every", "4", "--step-delay", str(STEP_DELAY),
+                    "--require-acc", "0.9", managed=True, timeout=120)
+    assert res_run.returncode == 0, res_run.stdout
+    job_id = json.loads(res_run.stdout.strip().splitlines()[-1])["job_id"]
+    sampler = Sampler(c.efs, job_id)
+    sampler.start()
+    injected: list[tuple[str, float]] = []
+    generation, pending = 1, []  # (due, members) of a replacement's registration
+    schedule = [("worker killed", KILL_1, w3, spare1), ("worker killed", KILL_2, w2, spare2),
+                ("rank hung", HANG_AT, "", ""), ("straggler", STRAGGLE_AT, "", "")]
+    straggle_until = None
+    try:
+        deadline = time.monotonic() + 1200
+        while time.monotonic() < deadline:
+            job = sampler.job
+            if job is not None and job.state in ("succeeded", "failed", "cancelled"):
+                break
+            now = time.time()
+            for due, new in [p for p in pending if p[0] <= now]:
+                generation += 1
+                c.publish(generation, new, "a worker lost; its replacement registered")
+                pending.remove((due, new))
+            step = sampler.rank0_step()
+            if straggle_until is not None and step >= straggle_until:
+                straggle.unlink(missing_ok=True)
+                straggle_until = None
+            # each fault once training resumed after the previous one (and its replacement
+            # registered): at a fixed step, whatever the policy
+            ready = not injected or sampler.training_since(injected[-1][1])
+            if schedule and ready and step >= schedule[0][1] and not pending:
+                what, _at, victim, spare = schedule.pop(0)
+                if victim:
+                    attempt_id = f"{job_id}.{job.attempt}"
+                    c.node(victim).kill(share_groups(c.efs, attempt_id, victim))
+                    members = [m for m in members if m != victim] + [spare]
+                    pending.append((time.time() + BOOT_DELAY, list(members)))
+                elif what == "rank hung":
+                    hang.write_text("")
+                else:
+                    straggle.write_text("")
+                    straggle_until = step + STRAGGLE_STEPS
+                injected.append((what, time.time()))
+            time.sleep(0.1)
+        sampler.done.set()
+        sampler.join(timeout=5)
+        sampler.look()
+        rec = wait_for("the job's end", lambda: (r := store.read_record_or_none(
+            ClusterPaths(c.efs).managed(job_id).record, ManagedJob)) and r.finished_at and r,
+            timeout=60)
+        assert rec.state == "succeeded", f"{rec.state}: {rec.message}\n" \
+            f"{c.controller_log()[-3000:]}"
+        faults = []
+        for k, (what, at) in enumerate(injected):
+            detected, note = None, ""
+            until = injected[k + 1][1] if k + 1 < len(injected) else float("inf")
+            if what == "worker killed":
+                # the controller's first record of it, before the next fault
+                losses = [x.at for x in rec.node_losses if at <= x.at < until]
+                restarts = [(x.at, x.kind) for x in rec.restart_log if at <= x.at < until]
+                detected = min([*losses, *(t for t, _k in restarts[:1])], default=None)
+                note = ("node loss recorded" if losses and detected == min(losses) else
+                        f"restart record: {restarts[0][1]}" if restarts else
+                        "nothing recorded")
+            elif what == "rank hung":
+                reports = [store.read_record_or_none(ClusterPaths(c.efs).managed(job_id)
+                                                     .attempt_hang(n), HangReport)
+                           for n in range(1, rec.attempt + 1)]
+                rep = next((r for r in reports if r is not None and r.detected_at >= at), None)
+                if rep is not None:
+                    detected = rep.detected_at
+                    note = f"named rank(s) {list(rep.odd_ranks)}"
+            else:
+                named = sorted(sampler.stragglers)
+                note = ("named: " + "; ".join(named)) if named else (
+                    "not named: the example reports wall-clock step times, which the "
+                    "all-reduce makes equal on every rank")
+            faults.append((what, at, detected, note))
+        return goodput.run_figures(policy, sampler.seen.values(), faults, full_size=FULL,
+                                   job_span=(rec.started_at, rec.finished_at))
+    finally:
+        sampler.done.set()
+        c.stop()  # before the next cluster: two clusters never load this machine together
+
+
+@pytest.mark.bench
+def test_bench_goodput_elastic_vs_waiting_for_the_replacement(emu, moto_reset, tmp_path):
+    waiting = goodput_run(emu, moto_reset, tmp_path, elastic=False)
+    elastic = goodput_run(emu, moto_reset, tmp_path, elastic=True)
+    print(f"\ngoodput: {EPOCHS * 23} steps of train_digits on {FULL} nodes (real processes: "
+          f"executors, job controller, torchrun, CPU/gloo; this 2-core machine); two workers "
+          f"lost, a rank hung (--hang-timeout {HANG_TIMEOUT:g}), a straggler; each replacement "
+          f"registers {BOOT_DELAY:.0f} s after the loss ({REALISTIC_BOOT:.0f} s x "
+          f"{SCALE:.4g})")
+    print(goodput.report([waiting, elastic], full_size=FULL))
+    assert re.search(r"ETTR", goodput.LEGEND)

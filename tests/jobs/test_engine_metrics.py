@@ -58,13 +58,14 @@ def test_tally_counts_queued_jobs_and_takes_the_running_jobs_fresh_ledger() -> N
 
 
 @pytest.mark.parametrize("changes,now,due", [
-    ((3, 2, 0), 1.0, False),           # nothing changed: the minute's repeat
-    ((4, 3, 0), 1.0, True),            # a node joined (a new generation): at once
-    ((3, 2, 1), 1.0, True),            # a job queued: at once
-    ((3, 2, 0), 50.0, True),
+    ((3, 2, 0, 1), 1.0, False),           # nothing changed: the minute's repeat
+    ((4, 3, 0, 1), 1.0, True),            # a node joined (a new generation): at once
+    ((3, 2, 1, 1), 1.0, True),            # a job queued: at once
+    ((3, 2, 0, 2), 1.0, True),            # the running job's next attempt: at once
+    ((3, 2, 0, 1), 50.0, True),
 ])
-def test_a_membership_or_queue_change_is_written_at_once(changes, now, due) -> None:
-    seen = Seen("", 0, 0.0, True, 0, (3, 2, 0))
+def test_a_membership_queue_or_attempt_change_is_written_at_once(changes, now, due) -> None:
+    seen = Seen("", 0, 0.0, True, 0, (3, 2, 0, 1))
     assert (decide(seen, job_id="", restarts=0, now=now, changes=changes) is not None) == due
 
 
@@ -178,7 +179,36 @@ def test_restarts_and_attempts_per_job_across_a_jobs_life(tmp_path) -> None:
     assert m.observe(job_id="j1", restarts=0, facts=one, now=0.0)
     two = Facts(nodes=2, generation=1, queued=0, cluster_usd=0.1, job_attempts=2, job_usd=0.1)
     assert m.observe(job_id="j1", restarts=1, facts=two, now=5.0)
-    assert m.observe(job_id="", restarts=0, facts=Facts(2, 1, 0, 0.2), now=6.0)
+    later = Facts(nodes=2, generation=1, queued=0, cluster_usd=0.3, job_attempts=2, job_usd=0.3)
+    assert not m.observe(job_id="j1", restarts=1, facts=later, now=6.0)  # only its cost moved
+    assert m.observe(job_id="j1", restarts=1, facts=later, now=7.0, final=True)  # it ended
+    assert m.observe(job_id="", restarts=0, facts=Facts(2, 1, 0, 0.3), now=8.0)
     got = [(d.get(names.DIM_JOB), d[names.METRIC_JOB_RESTARTS], d.get(names.METRIC_JOB_ATTEMPTS),
             d.get(names.METRIC_JOB_COST)) for d in lines(tmp_path)]
-    assert got == [("j1", 0, 1, 0.0), ("j1", 1, 2, 0.1), (None, 0, None, None)]
+    assert got == [("j1", 0, 1, 0.0), ("j1", 1, 2, 0.1), ("j1", 0, 2, 0.3),
+                   (None, 0, None, None)]
+
+
+def test_a_job_that_ends_gets_a_last_line_with_its_ledger(tmp_path) -> None:
+    """``Controller.run_job``: however short the job, its last attempts and cost go out
+    when it ends (the supervisor faked: one attempt of one priced node, 36 s)."""
+    from types import SimpleNamespace
+
+    from bootstrap_scripts.jobs.controller import daemon
+
+    root, efs = tmp_path / "node", tmp_path / "efs"
+    write_membership(root, workers=1, generation=2)
+    (root / "var/log/dl-cluster").mkdir(parents=True)
+    ctl = daemon.Controller(root, efs)
+    ran = job("j1", "succeeded", AttemptUsage(attempt=1, started_at=0.0, ended_at=36.0,
+                                              nodes=(node(1),)), attempt=1)
+    sup = SimpleNamespace(job=job("j1", "queued"), watch=None)
+
+    def run(reattach: bool = False) -> None:
+        sup.job = ran
+
+    sup.run = run
+    ctl.run_job(sup)  # type: ignore[arg-type]
+    per_job = [d for d in lines(root) if names.DIM_JOB in d]
+    assert [(d[names.METRIC_JOB_ATTEMPTS], d[names.METRIC_JOB_COST])
+            for d in per_job if names.METRIC_JOB_ATTEMPTS in d] == [(1, 0.012)]

@@ -150,15 +150,19 @@ class Controller:
                 replacements=self.health.recent_marks()))
         except OSError as exc:
             LOG.error("cannot write the controller heartbeat: %s", exc)
-        self.metrics.observe(job_id=self.job_id,  # JobsRunning, JobRestarts, UnhealthyNodes
-                             restarts=self.sup.job.restarts if self.sup else 0,
-                             unhealthy=self.unhealthy_nodes(),
-                             facts=self.facts.now(self.sup.job if self.sup else None))
+        self.observe()
         if self.sup is not None and self.sup.watch is not None:  # StepTime, Loss, ...
             if self.watched is not None and self.watched is not self.sup.watch:
                 self.last_progress(self.job_id, self.watched)  # the previous attempt's
             self.watched = self.sup.watch
             self.metrics.observe_progress(self.job_id, self.sup.watch.records)
+
+    def observe(self, *, final: bool = False) -> None:
+        """The cluster line (``metrics.ControllerMetrics.observe``): JobsRunning,
+        JobRestarts, UnhealthyNodes and the engine's facts; ``final``: the job ended."""
+        self.metrics.observe(job_id=self.job_id, restarts=self.sup.job.restarts if self.sup
+                             else 0, unhealthy=self.unhealthy_nodes(), final=final,
+                             facts=self.facts.now(self.sup.job if self.sup else None))
 
     def last_progress(self, job_id: str, watch: HangWatch) -> None:
         """An ended attempt's last figures (``metrics.ControllerMetrics.observe_progress``,
@@ -208,6 +212,7 @@ class Controller:
         finally:
             if sup.watch is not None:
                 self.last_progress(sup.job.job_id, sup.watch)
+            self.observe(final=True)  # the job's last attempts and cost
             self.job_id, self.sup, self.watched = "", None, None
 
     def fail(self, sup: JobSupervisor, exc: Exception) -> None:

@@ -61,9 +61,10 @@ class Facts:
     job_usd: float | None = None
 
     @property
-    def changes(self) -> tuple[int, int, int | None]:
-        """What makes a line due at once when it changes (the costs move all the time)."""
-        return self.nodes, self.generation, self.queued
+    def changes(self) -> tuple[int | None, ...]:
+        """What makes a line due at once when it changes (the costs move all the time): a
+        node joined or left, a job queued or started, the running job's next attempt."""
+        return self.nodes, self.generation, self.queued, self.job_attempts
 
 
 def priced_usd(usage: Iterable[AttemptUsage], now: float) -> Decimal:

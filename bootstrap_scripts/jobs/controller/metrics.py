@@ -14,8 +14,10 @@ a Sum: a repeated 0 adds nothing). The controller runs one job at a time, so
 this controller first saw it (a job a previous controller restarted starts from its count
 then: a restart is counted once, by the controller that made it); while a job runs the same
 line records it under (``ClusterId``, ``JobId``) too, beside the job's ``JobAttempts`` (a
-gauge: 1 + its restarts, read as a Maximum) and ``JobCostUSD``. A fact not known yet (no
-membership, no price) is left out of the line.
+gauge: 1 + its restarts, read as a Maximum) and ``JobCostUSD``, written at once when a new
+attempt starts and once more when the job ends (``final``: its ledger's last figure, or a
+job shorter than the repeat would show none). A fact not known yet (no membership, no
+price) is left out of the line.
 
 ``UnhealthyNodes`` (:func:`unhealthy_nodes`, read as a Maximum by the ``NodeUnhealthy``
 alarm) counts root's own evidence, never a user's: the members of the cluster's membership
@@ -72,11 +74,11 @@ class Seen:
     at: float = float("-inf")
     written: bool = False
     unhealthy: int = 0
-    changes: tuple[int, int, int | None] = (0, 0, None)
+    changes: tuple[int | None, ...] = ()
 
 
 def decide(seen: Seen, *, job_id: str, restarts: int, now: float, unhealthy: int = 0,
-           changes: tuple[int, int, int | None] = (0, 0, None),
+           changes: tuple[int | None, ...] = (),
            repeat: float = REPEAT_SECONDS) -> tuple[int, int, int] | None:
     """(jobs running, new restarts, unhealthy nodes) to write now, None when nothing is
     due: at once when one of them or the engine's ``changes`` (``Facts.changes``) changed,
@@ -161,10 +163,12 @@ class ControllerMetrics:
         self.progress_job = ""  # whose steps those are: a new job starts afresh
 
     def observe(self, *, job_id: str, restarts: int, unhealthy: int = 0,
-                facts: Facts | None = None, now: float | None = None) -> bool:
-        """Write a line if one is due; True when written. ``unhealthy``: the
-        :func:`unhealthy_nodes` count now; ``facts``: ``EngineFacts.now()``. Never raises
-        for a file or an unknown cluster: logged once, tried again next time."""
+                facts: Facts | None = None, now: float | None = None,
+                final: bool = False) -> bool:
+        """Write a line if one is due (``final``: the job ended, a line now); True when
+        written. ``unhealthy``: the :func:`unhealthy_nodes` count now; ``facts``:
+        ``EngineFacts.now()``. Never raises for a file or an unknown cluster: logged once,
+        tried again next time."""
         now = time.monotonic() if now is None else now
         facts = facts or Facts()
         if job_id != self.seen.job_id:  # a new job: its restarts so far are not ours
@@ -172,7 +176,8 @@ class ControllerMetrics:
                              and bool(job_id) == bool(self.seen.job_id), self.seen.unhealthy,
                              self.seen.changes)
         due = decide(self.seen, job_id=job_id, restarts=restarts, now=now,
-                     unhealthy=unhealthy, changes=facts.changes)
+                     unhealthy=unhealthy, changes=facts.changes,
+                     repeat=0.0 if final else REPEAT_SECONDS)
         if due is None:
             return False
         cluster = self.cluster_id()

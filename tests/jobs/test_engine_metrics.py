@@ -74,9 +74,9 @@ def test_the_cluster_line_records_each_fact_under_the_dashboards_dimensions() ->
                   job_usd=1.5)
     doc = json.loads(cluster_line(cluster="c1", job_id="j1", running=1, new=1, unhealthy=0,
                                   facts=facts, timestamp_ms=1))
-    sets = {(m["Name"], tuple(map(tuple, d["Dimensions"])))
-            for d in doc["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]}
-    cluster, per_job = ((names.DIM_CLUSTER,),), ((names.DIM_CLUSTER, names.DIM_JOB),)
+    sets = {(m["Name"], tuple(dims)) for d in doc["_aws"]["CloudWatchMetrics"]
+            for dims in d["Dimensions"] for m in d["Metrics"]}
+    cluster, per_job = (names.DIM_CLUSTER,), (names.DIM_CLUSTER, names.DIM_JOB)
     assert sets == {
         (names.METRIC_JOBS_RUNNING, cluster), (names.METRIC_JOB_RESTARTS, cluster),
         (names.METRIC_UNHEALTHY_NODES, cluster), (names.METRIC_NODES_JOINED, cluster),

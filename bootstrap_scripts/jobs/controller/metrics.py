@@ -103,8 +103,9 @@ def unhealthy_nodes(members: Iterable[str], marked: Iterable[str],
 
 def cluster_line(*, cluster: str, job_id: str, running: int, new: int, unhealthy: int,
                  facts: Facts, timestamp_ms: int) -> str:
-    """The cluster's line: one directive per cluster (``ClusterId``) and, while a job runs,
-    one per job (``ClusterId`` + ``JobId``) for its restarts, attempts and cost."""
+    """The cluster's line: its metrics under ``ClusterId``; while a job runs, its restarts
+    under ``ClusterId`` and ``ClusterId`` + ``JobId`` (one directive, two dimension sets)
+    and its attempts and cost under ``ClusterId`` + ``JobId``."""
     metrics: dict[str, tuple[float, str]] = {
         names.METRIC_JOBS_RUNNING: (running, "Count"),
         names.METRIC_JOB_RESTARTS: (new, "Count"),
@@ -118,16 +119,21 @@ def cluster_line(*, cluster: str, job_id: str, running: int, new: int, unhealthy
         metrics[names.METRIC_CLUSTER_COST] = (facts.cluster_usd, "None")
     directives: list[metrics_emf.Directive] = [([[names.DIM_CLUSTER]], list(metrics))]
     dimensions = {names.DIM_CLUSTER: cluster}
-    if job_id:
+    if job_id:  # JobRestarts under both sets (one directive), the job's own under its set
         dimensions[names.DIM_JOB] = job_id
-        per_job = [names.METRIC_JOB_RESTARTS]
+        both = [[names.DIM_CLUSTER], [names.DIM_CLUSTER, names.DIM_JOB]]
+        directives = [([[names.DIM_CLUSTER]],
+                       [n for n in metrics if n != names.METRIC_JOB_RESTARTS]),
+                      (both, [names.METRIC_JOB_RESTARTS])]
+        per_job = []
         if facts.job_attempts:
             metrics[names.METRIC_JOB_ATTEMPTS] = (facts.job_attempts, "Count")
             per_job.append(names.METRIC_JOB_ATTEMPTS)
         if facts.job_usd is not None:
             metrics[names.METRIC_JOB_COST] = (facts.job_usd, "None")
             per_job.append(names.METRIC_JOB_COST)
-        directives.append(([[names.DIM_CLUSTER, names.DIM_JOB]], per_job))
+        if per_job:
+            directives.append((both[1:], per_job))
     return metrics_emf.render(namespace=names.NAMESPACE, dimensions=dimensions,
                               metrics=metrics, directives=directives,
                               timestamp_ms=timestamp_ms, properties={"job": job_id})

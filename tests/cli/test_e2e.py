@@ -16,6 +16,7 @@ import sys
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -337,6 +338,17 @@ def test_a_job_resumes_from_the_s3_mirror_after_its_efs_copy_was_deleted(
     assert fetched.stat().st_uid == pwd.getpwnam(job_user).pw_uid  # fetched as the user
 
 
+def cloudwatch_of(kept: dict, capsys) -> tuple[Any, dict, str]:
+    """The emulator's CloudWatch, ``dlc status --json`` and the cluster id the dashboard's
+    name carries (the metrics' ``ClusterId``); skipped without a job controller."""
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    aws = kept["state"]["aws"]
+    cw = boto3.client("cloudwatch", endpoint_url=aws["endpoint"], region_name=aws["region"])
+    st = status_json(kept, capsys)
+    return cw, st, st["dashboard"].rsplit("/", 1)[1].removesuffix("-cluster")
+
+
 def test_gpu_and_job_metrics_reach_cloudwatch_with_the_dashboards_dimensions(
         kept: dict, capsys) -> None:
     """The metrics path end to end, on the jobs earlier tests ran: the executors' GPU
@@ -349,12 +361,7 @@ def test_gpu_and_job_metrics_reach_cloudwatch_with_the_dashboards_dimensions(
     from emulator.gpus import NODE_BIN_DIR
     from tests.support import cloudwatch_metrics as cwm
 
-    if not has_controller(kept):
-        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
-    aws = kept["state"]["aws"]
-    cw = boto3.client("cloudwatch", endpoint_url=aws["endpoint"], region_name=aws["region"])
-    st = status_json(kept, capsys)
-    cluster = st["dashboard"].rsplit("/", 1)[1].removesuffix("-cluster")
+    cw, st, cluster = cloudwatch_of(kept, capsys)
     members = {n["instance_id"] for n in st["nodes"] if n["rank"] is not None}
     gpu_nodes = {n["instance_id"] for n in kept["state"]["nodes"]
                  if (Path(n["root"]) / NODE_BIN_DIR / "nvidia-smi").exists()} & members
@@ -451,12 +458,7 @@ def test_engine_metrics_reach_cloudwatch_with_the_dashboards_dimensions(kept: di
     back from CloudWatch under the dimension sets the dashboard graphs."""
     from tests.support import cloudwatch_metrics as cwm
 
-    if not has_controller(kept):
-        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
-    aws = kept["state"]["aws"]
-    cw = boto3.client("cloudwatch", endpoint_url=aws["endpoint"], region_name=aws["region"])
-    st = status_json(kept, capsys)
-    cluster = st["dashboard"].rsplit("/", 1)[1].removesuffix("-cluster")
+    cw, st, cluster = cloudwatch_of(kept, capsys)
     members = [n for n in st["nodes"] if n["rank"] is not None]
     code, out, err = dlc(kept, capsys, "jobs", "--json")
     assert code == 0, err

@@ -142,9 +142,10 @@ def test_engine_facts_read_membership_queue_and_ledgers(tmp_path) -> None:
     got = facts.now(running, at=14400.0, clock=120.0)
     assert (got.nodes, got.generation, got.queued) == (4, 5, 2)
     assert (got.job_usd, got.cluster_usd) == (4.8, 9.6)
-    # a finished job's ledger is read once: a later change of its record is not seen
+    # a finished job's ledger is read once: a later change of its record is not seen; the
+    # running job's end is (a scan at once, within the interval)
     managed.save_job(done, job("done-1", "succeeded", hour, hour, attempt=2))
-    got = facts.now(None, at=14400.0, clock=200.0)
+    got = facts.now(None, at=14400.0, clock=130.0)
     assert (got.queued, got.cluster_usd) == (3, 9.6)  # run-1's scanned 4.8 in place
     assert (got.job_attempts, got.job_usd) == (0, None)
 

@@ -19,9 +19,10 @@ Where each comes from, all of it root's own records (never a user's file):
   a figure with such a node is a lower bound. Idle nodes between jobs are in no ledger.
 
 The records of the jobs are read at most every :data:`SCAN_SECONDS` (the metrics' period is
-one minute), and a finished job's ledger, which no longer changes, is read once per
-controller and remembered (by its directory: an archived job is read once more where it
-moved to).
+one minute) and when the running job changes (one started or ended: the line written then
+counts the ended job's final ledger and the queue without it), and a finished job's
+ledger, which no longer changes, is read once per controller and remembered (by its
+directory: an archived job is read once more where it moved to).
 
 :func:`priced_usd` and :func:`tally` are the pure part; :class:`EngineFacts` reads.
 """
@@ -100,6 +101,7 @@ class EngineFacts:
                      ClusterPaths(efs).archive_dir / MANAGED_DIR)
         self.scan_seconds = scan_seconds
         self.scanned_at = float("-inf")
+        self.running_id = ""  # the running job at the last scan ("" none)
         #: every job seen by the last scan: ``key -> (state, ledger at the scan)``; the key
         #: is the job id in ``managed/``, ``archive/<name>`` for an archived record
         self.jobs: dict[str, tuple[str, Decimal]] = {}
@@ -117,9 +119,10 @@ class EngineFacts:
             nodes, generation = len(m.nodes), m.generation
         except (OSError, ValueError):
             nodes, generation = 0, 0
-        if clock - self.scanned_at >= self.scan_seconds:
+        running_id = running.job_id if running is not None else ""
+        if clock - self.scanned_at >= self.scan_seconds or running_id != self.running_id:
             self.scan(at)
-            self.scanned_at = clock
+            self.scanned_at, self.running_id = clock, running_id
         queued, usd = tally(self.jobs, running, at)
         return Facts(nodes=nodes, generation=generation, queued=queued,
                      cluster_usd=round(float(usd), 4),

@@ -484,7 +484,7 @@ def test_engine_metrics_reach_cloudwatch_with_the_dashboards_dimensions(kept: di
 
     wanted = {"nodes": len(members), "generation": st["membership"]["generation"],
               "queued": 0, "attempts": 1, "restarts": 0}
-    deadline = time.monotonic() + 120  # a line every 50 s, the ledgers re-read every 50 s
+    deadline = time.monotonic() + 120  # a line every 50 s (at once when a job ends)
     while True:
         seen = now_seen()
         costs_right = seen["cluster_usd"] is not None and seen["job_usd"] is not None and \

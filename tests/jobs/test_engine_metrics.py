@@ -55,6 +55,9 @@ def test_tally_counts_queued_jobs_and_takes_the_running_jobs_fresh_ledger() -> N
     fresh = job("r", "running", AttemptUsage(attempt=1, started_at=0.0, nodes=(node(1),)))
     assert tally(scanned, None, now=3600.0) == (2, Decimal("2.1"))
     assert tally(scanned, fresh, now=3600.0) == (2, Decimal("3.2"))  # 2 + 1.2, not 0.1
+    # the job just started: scanned while its record still said queued, it is not queued
+    started = job("c", "running", AttemptUsage(attempt=1, started_at=0.0, nodes=(node(1),)))
+    assert tally(scanned, started, now=3600.0) == (1, Decimal("3.3"))
 
 
 @pytest.mark.parametrize("changes,now,due", [

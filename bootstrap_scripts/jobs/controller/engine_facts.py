@@ -83,8 +83,10 @@ def priced_usd(usage: Iterable[AttemptUsage], now: float) -> Decimal:
 def tally(jobs: Mapping[str, tuple[str, Decimal]], running: ManagedJob | None,
           now: float) -> tuple[int, Decimal]:
     """(jobs queued, USD so far) of the scanned ``jobs`` (``key -> (state, ledger)``), the
-    running job's entry replaced by its fresh record."""
-    queued = sum(1 for state, _usd in jobs.values() if state == JobState.QUEUED.value)
+    running job's entry replaced by its fresh record (scanned as it started, its record may
+    still say queued: it is not)."""
+    queued = sum(1 for key, (state, _usd) in jobs.items() if state == JobState.QUEUED.value
+                 and (running is None or key != running.job_id))
     total = sum((usd for key, (_s, usd) in jobs.items()
                  if running is None or key != running.job_id), Decimal(0))
     if running is not None:

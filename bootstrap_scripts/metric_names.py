@@ -26,10 +26,25 @@ DIM_JOB = "JobId"
 METRIC_GPU_UTILIZATION = "GPUUtilization"
 #: Per cluster (ClusterId): managed jobs running now.
 METRIC_JOBS_RUNNING = "JobsRunning"
-#: Per cluster (ClusterId): attempts the job controller restarted (a count per period).
+#: Per cluster (ClusterId), and per job (ClusterId, JobId) while it runs: attempts the job
+#: controller restarted (a count per period).
 METRIC_JOB_RESTARTS = "JobRestarts"
 #: Per cluster (ClusterId): nodes failing their health checks now (0 when all pass).
 METRIC_UNHEALTHY_NODES = "UnhealthyNodes"
+
+# The job engine's own facts, from the job controller (``jobs/controller/engine_facts.py``).
+#: Per cluster (ClusterId): the nodes in the membership the master's agent applied.
+METRIC_NODES_JOINED = "NodesJoined"
+#: Per cluster (ClusterId): that membership's generation (it rises with every change).
+METRIC_MEMBERSHIP_GENERATION = "MembershipGeneration"
+#: Per cluster (ClusterId): managed jobs submitted and waiting for the controller.
+METRIC_JOBS_QUEUED = "JobsQueued"
+#: Per cluster (ClusterId): USD the managed jobs' cost ledgers hold so far (unit None).
+METRIC_CLUSTER_COST = "ClusterCostUSD"
+#: Per job (ClusterId, JobId): the running job's attempts so far (1 + its restarts).
+METRIC_JOB_ATTEMPTS = "JobAttempts"
+#: Per job (ClusterId, JobId): USD the running job's cost ledger holds so far (unit None).
+METRIC_JOB_COST = "JobCostUSD"
 
 # Per node (ClusterId, InstanceId), from the job executor's nvidia-smi samples
 # (``bootstrap_scripts.gpu_metrics``): what a failing or overheating GPU shows first.

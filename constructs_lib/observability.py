@@ -8,9 +8,11 @@
   cluster. :meth:`grant_write` lets a node role create streams and put events in this group
   and nowhere else.
 - **Dashboard** (``<cluster id>-cluster``): the node groups' size (Auto Scaling group
-  metrics, collected by ``NodeGroup``), unhealthy nodes, GPU utilisation (per node and the
-  cluster's mean), each node's GPU memory, temperature, power draw, uncorrected ECC errors
-  and retired pages pending, jobs running and restarts, each job's step time, samples per
+  metrics, collected by ``NodeGroup``) beside the nodes joined, unhealthy nodes and the
+  membership's generation, GPU utilisation (per node and the cluster's mean), each node's
+  GPU memory, temperature, power draw, uncorrected ECC errors and retired pages pending,
+  jobs running and queued, restarts (the cluster's and each job's) and each job's attempts,
+  the cost so far of the cluster's jobs and of each job, each job's step time, samples per
   second and loss: every metric the nodes' EMF lines carry, under the dimension sets they
   carry it (``tests/stack/test_dashboard_metrics.py`` checks both ways), in the namespace
   and dimensions of ``bootstrap_scripts.metric_names``.
@@ -25,8 +27,10 @@ https://docs.aws.amazon.com/sns/latest/dg/sns-key-management.html).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from aws_cdk import Aws, Duration, RemovalPolicy
 from aws_cdk import aws_autoscaling as autoscaling
@@ -71,6 +75,14 @@ IDLE_GPU_MINUTES = 15
 MISSING_NODES_MINUTES = 20
 #: The metrics' period on the dashboard and in the alarms.
 PERIOD = Duration.minutes(1)
+
+
+class Panel(NamedTuple):
+    """One graph of the dashboard: its title, its left axis' series and its right one's."""
+
+    title: str
+    left: Sequence[cw.IMetric]
+    right: Sequence[cw.IMetric] = ()
 
 
 def check_retention(construct: str, days: object) -> int:
@@ -273,77 +285,76 @@ class ClusterObservability(Construct):
         size = [self.group_metric(g, m) for g in groups
                 for m in ("GroupDesiredCapacity", "GroupInServiceInstances",
                           "GroupPendingInstances", "GroupTerminatingInstances")]
-        board.add_widgets(
-            cw.GraphWidget(title="Cluster size (Auto Scaling groups)", left=size, width=12),
-            cw.GraphWidget(title="Unhealthy nodes", width=12,
-                           left=[self.metric(names.METRIC_UNHEALTHY_NODES, "Maximum")]))
+        most = functools.partial(self.metric, statistic="Maximum")
+        board.add_widgets(*self.graphs(12, [
+            Panel("Cluster size (Auto Scaling groups) and nodes joined",
+                  [*size, most(names.METRIC_NODES_JOINED).with_(label="nodes joined")]),
+            Panel("Unhealthy nodes; membership generation (right)",
+                  [most(names.METRIC_UNHEALTHY_NODES)],
+                  [most(names.METRIC_MEMBERSHIP_GENERATION).with_(label="generation")])]))
         board.add_widgets(
             cw.GraphWidget(title="GPU utilisation per node and cluster mean (%)", width=24,
                            left=[self.per_node(names.METRIC_GPU_UTILIZATION, ""),
                                  self.metric(names.METRIC_GPU_UTILIZATION).with_(
                                      label="cluster mean")],
                            left_y_axis=cw.YAxisProps(min=0, max=100)))
-        board.add_widgets(*self._gpu_health_widgets())
-        board.add_widgets(*self._efa_widgets())
-        board.add_widgets(
-            cw.GraphWidget(title="Jobs running", width=12,
-                           left=[self.metric(names.METRIC_JOBS_RUNNING, "Maximum")]),
-            cw.GraphWidget(title="Job restarts", width=12,
-                           left=[self.metric(names.METRIC_JOB_RESTARTS, "Sum")]))
-        board.add_widgets(*self._training_widgets())
+        # per node: what a GPU in trouble shows before its job fails (memory, heat, power;
+        # ECC errors and retired pages, read as a Maximum: any error is one too many)
+        board.add_widgets(*self.graphs(6, [
+            Panel("GPU memory used per node (MiB)",
+                  [self.per_node(names.METRIC_GPU_MEMORY_USED, "")]),
+            Panel("Hottest GPU per node (Celsius)",
+                  [self.per_node(names.METRIC_GPU_TEMPERATURE, "")]),
+            Panel("GPU power draw per node (W)", [self.per_node(names.METRIC_GPU_POWER, "")]),
+            Panel("GPU ECC errors (uncorrected), retired pages pending, XIDs",
+                  [self.per_node(names.METRIC_GPU_ECC_UNCORRECTED, "ECC", "Maximum"),
+                   self.per_node(names.METRIC_GPU_RETIRED_PAGES_PENDING, "retired pages",
+                                 "Maximum"),
+                   self.per_node(names.METRIC_GPU_XID_ERRORS, "XID", "Sum"),
+                   self.metric(names.METRIC_GPU_XID_ERRORS, "Sum").with_(
+                       label="XIDs, whole cluster")])], y_min=0))
+        # per node, on nodes with EFA: the fabric's traffic, and what a sick path or peer
+        # shows (drops, retransmissions, unresponsive or impaired peers)
+        board.add_widgets(*self.graphs(12, [
+            Panel("EFA traffic per node (bytes per sample)",
+                  [self.per_node(names.METRIC_EFA_TX_BYTES, "tx", "Sum"),
+                   self.per_node(names.METRIC_EFA_RX_BYTES, "rx", "Sum"),
+                   self.per_node(names.METRIC_EFA_RDMA_READ_BYTES, "RDMA read", "Sum"),
+                   self.per_node(names.METRIC_EFA_RDMA_WRITE_BYTES, "RDMA write", "Sum")]),
+            Panel("EFA drops, retransmissions, peers in trouble",
+                  [self.per_node(names.METRIC_EFA_RX_DROPS, "drops", "Sum"),
+                   self.per_node(names.METRIC_EFA_RETRANSMITTED_PACKETS, "retransmitted",
+                                 "Sum"),
+                   self.per_node(names.METRIC_EFA_UNRESPONSIVE_REMOTES, "unresponsive peer",
+                                 "Sum"),
+                   self.per_node(names.METRIC_EFA_IMPAIRED_CONNECTIONS, "impaired connection",
+                                 "Sum")])], y_min=0))
+        # the job engine: its queue, its restarts (the cluster's and each job's) and what
+        # the jobs' cost ledgers hold so far
+        board.add_widgets(*self.graphs(8, [
+            Panel("Jobs running and queued",
+                  [most(names.METRIC_JOBS_RUNNING), most(names.METRIC_JOBS_QUEUED)]),
+            Panel("Job restarts (cluster, per job); attempts per job (right)",
+                  [self.metric(names.METRIC_JOB_RESTARTS, "Sum").with_(label="cluster"),
+                   self.per_job(names.METRIC_JOB_RESTARTS, "restarts", "Sum")],
+                  [self.per_job(names.METRIC_JOB_ATTEMPTS, "attempts", "Maximum")]),
+            Panel("Cost so far, cluster and per job (USD)",
+                  [most(names.METRIC_CLUSTER_COST).with_(label="cluster"),
+                   self.per_job(names.METRIC_JOB_COST, "", "Maximum")])], y_min=0))
+        # per job, from its ranks' progress reports (the controller's lines)
+        board.add_widgets(*self.graphs(8, [
+            Panel("Step time per job (s)", [self.per_job(names.METRIC_STEP_TIME, "")]),
+            Panel("Samples per second per job",
+                  [self.per_job(names.METRIC_SAMPLES_PER_SECOND, "")]),
+            Panel("Loss per job", [self.per_job(names.METRIC_LOSS, "")])]))
         board.add_widgets(cw.AlarmStatusWidget(title="Alarms", alarms=self.alarms, width=24))
         return board
 
-    def _gpu_health_widgets(self) -> list[cw.IWidget]:
-        """Per node: what a GPU in trouble shows before its job fails (memory, heat, power;
-        ECC errors and retired pages, read as a Maximum: any error is one too many)."""
-        return [
-            cw.GraphWidget(title="GPU memory used per node (MiB)", width=6,
-                           left=[self.per_node(names.METRIC_GPU_MEMORY_USED, "")]),
-            cw.GraphWidget(title="Hottest GPU per node (Celsius)", width=6,
-                           left=[self.per_node(names.METRIC_GPU_TEMPERATURE, "")]),
-            cw.GraphWidget(title="GPU power draw per node (W)", width=6,
-                           left=[self.per_node(names.METRIC_GPU_POWER, "")]),
-            cw.GraphWidget(title="GPU ECC errors (uncorrected), retired pages pending, XIDs",
-                           width=6, left_y_axis=cw.YAxisProps(min=0),
-                           left=[self.per_node(names.METRIC_GPU_ECC_UNCORRECTED, "ECC",
-                                               "Maximum"),
-                                 self.per_node(names.METRIC_GPU_RETIRED_PAGES_PENDING,
-                                               "retired pages", "Maximum"),
-                                 self.per_node(names.METRIC_GPU_XID_ERRORS, "XID", "Sum"),
-                                 self.metric(names.METRIC_GPU_XID_ERRORS, "Sum").with_(
-                                     label="XIDs, whole cluster")]),
-        ]
-
-    def _efa_widgets(self) -> list[cw.IWidget]:
-        """Per node, on nodes with EFA: the fabric's traffic, and what a sick path or peer
-        shows (drops, retransmissions, unresponsive or impaired peers)."""
-        return [
-            cw.GraphWidget(title="EFA traffic per node (bytes per sample)", width=12,
-                           left=[self.per_node(names.METRIC_EFA_TX_BYTES, "tx", "Sum"),
-                                 self.per_node(names.METRIC_EFA_RX_BYTES, "rx", "Sum"),
-                                 self.per_node(names.METRIC_EFA_RDMA_READ_BYTES,
-                                               "RDMA read", "Sum"),
-                                 self.per_node(names.METRIC_EFA_RDMA_WRITE_BYTES,
-                                               "RDMA write", "Sum")]),
-            cw.GraphWidget(title="EFA drops, retransmissions, peers in trouble", width=12,
-                           left_y_axis=cw.YAxisProps(min=0),
-                           left=[self.per_node(names.METRIC_EFA_RX_DROPS, "drops", "Sum"),
-                                 self.per_node(names.METRIC_EFA_RETRANSMITTED_PACKETS,
-                                               "retransmitted", "Sum"),
-                                 self.per_node(names.METRIC_EFA_UNRESPONSIVE_REMOTES,
-                                               "unresponsive peer", "Sum"),
-                                 self.per_node(names.METRIC_EFA_IMPAIRED_CONNECTIONS,
-                                               "impaired connection", "Sum")]),
-        ]
-
-    def _training_widgets(self) -> list[cw.IWidget]:
-        """Per job, from its ranks' progress reports (the controller's lines)."""
-        return [
-            cw.GraphWidget(title="Step time per job (s)", width=8,
-                           left=[self.per_job(names.METRIC_STEP_TIME, "")]),
-            cw.GraphWidget(title="Samples per second per job", width=8,
-                           left=[self.per_job(names.METRIC_SAMPLES_PER_SECOND, "")]),
-            cw.GraphWidget(title="Loss per job", width=8,
-                           left=[self.per_job(names.METRIC_LOSS, "")]),
-        ]
+    @staticmethod
+    def graphs(width: int, panels: Sequence[Panel], *,
+               y_min: float | None = None) -> list[cw.IWidget]:
+        """One row of graphs, ``width`` columns each; ``y_min``: every left axis starts
+        there (counts and readings that are never negative)."""
+        axis = cw.YAxisProps(min=y_min) if y_min is not None else None
+        return [cw.GraphWidget(title=p.title, width=width, left=list(p.left),
+                               right=list(p.right), left_y_axis=axis) for p in panels]

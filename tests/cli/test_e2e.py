@@ -16,6 +16,7 @@ import sys
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -386,6 +387,17 @@ def test_a_job_resumes_from_the_s3_mirror_after_its_efs_copy_was_deleted(
     assert fetched.stat().st_uid == pwd.getpwnam(job_user).pw_uid  # fetched as the user
 
 
+def cloudwatch_of(kept: dict, capsys) -> tuple[Any, dict, str]:
+    """The emulator's CloudWatch, ``dlc status --json`` and the cluster id the dashboard's
+    name carries (the metrics' ``ClusterId``); skipped without a job controller."""
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    aws = kept["state"]["aws"]
+    cw = boto3.client("cloudwatch", endpoint_url=aws["endpoint"], region_name=aws["region"])
+    st = status_json(kept, capsys)
+    return cw, st, st["dashboard"].rsplit("/", 1)[1].removesuffix("-cluster")
+
+
 def test_gpu_and_job_metrics_reach_cloudwatch_with_the_dashboards_dimensions(
         kept: dict, capsys) -> None:
     """The metrics path end to end, on the jobs earlier tests ran: the executors' GPU
@@ -398,12 +410,7 @@ def test_gpu_and_job_metrics_reach_cloudwatch_with_the_dashboards_dimensions(
     from emulator.gpus import NODE_BIN_DIR
     from tests.support import cloudwatch_metrics as cwm
 
-    if not has_controller(kept):
-        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
-    aws = kept["state"]["aws"]
-    cw = boto3.client("cloudwatch", endpoint_url=aws["endpoint"], region_name=aws["region"])
-    st = status_json(kept, capsys)
-    cluster = st["dashboard"].rsplit("/", 1)[1].removesuffix("-cluster")
+    cw, st, cluster = cloudwatch_of(kept, capsys)
     members = {n["instance_id"] for n in st["nodes"] if n["rank"] is not None}
     gpu_nodes = {n["instance_id"] for n in kept["state"]["nodes"]
                  if (Path(n["root"]) / NODE_BIN_DIR / "nvidia-smi").exists()} & members
@@ -489,6 +496,61 @@ def test_submit_with_max_cost_stops_the_job_at_its_cap(kept: dict, capsys, job_u
     # the demo's own job got its ledger into demo-report.json the same way
     (demo_job,) = [j for j in kept["report"]["jobs"] if j.get("managed_id")][:1]
     assert Decimal(demo_job["cost"]["usd"]) > 0 and not demo_job["cost"]["unknown"]
+
+
+def test_engine_metrics_reach_cloudwatch_with_the_dashboards_dimensions(kept: dict,
+                                                                       capsys) -> None:
+    """The controller's engine facts end to end, after the jobs above (the capped one last):
+    NodesJoined and MembershipGeneration as ``dlc status`` has them, JobsQueued 0, the
+    cluster's ClusterCostUSD the sum of the jobs' ledgers as ``dlc jobs`` prices them, and
+    per job (the capped one) JobCostUSD its ledger, JobAttempts 1 and JobRestarts 0, read
+    back from CloudWatch under the dimension sets the dashboard graphs."""
+    from tests.support import cloudwatch_metrics as cwm
+
+    cw, st, cluster = cloudwatch_of(kept, capsys)
+    members = [n for n in st["nodes"] if n["rank"] is not None]
+    code, out, err = dlc(kept, capsys, "jobs", "--json")
+    assert code == 0, err
+    jobs = json.loads(out)
+    assert all(j["state"] not in ("queued", "running") for j in jobs), jobs
+    spent = sum(Decimal(j["cost"]["usd"]) for j in jobs if j["cost"]["usd"] != "unknown")
+    capped = next(j for j in jobs if j["max_cost_usd"] == "0.01")
+    c = {names.DIM_CLUSTER: cluster}
+    j = {**c, names.DIM_JOB: capped["job_id"]}
+
+    def newest(name: str, dims: dict[str, str], stat: str = "Maximum") -> float | None:
+        got = cwm.values(cw, name, dims, stat)
+        return got[0] if got else None
+
+    def now_seen() -> dict[str, float | None]:
+        return {"nodes": newest(names.METRIC_NODES_JOINED, c),
+                "generation": newest(names.METRIC_MEMBERSHIP_GENERATION, c),
+                "queued": newest(names.METRIC_JOBS_QUEUED, c),
+                "cluster_usd": newest(names.METRIC_CLUSTER_COST, c),
+                "job_usd": newest(names.METRIC_JOB_COST, j),
+                "attempts": newest(names.METRIC_JOB_ATTEMPTS, j),
+                "restarts": newest(names.METRIC_JOB_RESTARTS, j, "Sum")}
+
+    wanted = {"nodes": len(members), "generation": st["membership"]["generation"],
+              "queued": 0, "attempts": 1, "restarts": 0}
+    deadline = time.monotonic() + 120  # a line every 50 s (at once when a job ends)
+    while True:
+        seen = now_seen()
+        costs_right = seen["cluster_usd"] is not None and seen["job_usd"] is not None and \
+            abs(Decimal(str(seen["cluster_usd"])) - spent) < Decimal("0.001") and \
+            abs(Decimal(str(seen["job_usd"])) - Decimal(capped["cost"]["usd"])) < \
+            Decimal("0.001")
+        if (costs_right and {k: seen[k] for k in wanted} == wanted) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    assert costs_right and {k: seen[k] for k in wanted} == wanted, (
+        seen, wanted, str(spent), capped["cost"],
+        cwm.written([n["root"] for n in kept["state"]["nodes"]]))
+    assert Decimal("0.01") <= Decimal(str(seen["job_usd"])) < Decimal("0.02")
+    for name in (names.METRIC_JOB_COST, names.METRIC_JOB_ATTEMPTS):
+        assert all(sorted(d) == [names.DIM_CLUSTER, names.DIM_JOB]
+                   for d in cwm.dimension_sets(cw, name)), name
 
 
 def test_scale_out_and_in(kept: dict, capsys) -> None:

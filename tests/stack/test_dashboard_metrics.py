@@ -20,6 +20,7 @@ import pytest
 
 from bootstrap_scripts import efa_counters, gpu_metrics, metrics_emf
 from bootstrap_scripts import metric_names as names
+from bootstrap_scripts.jobs.controller.engine_facts import Facts
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics
 from bootstrap_scripts.jobs.executor.gpu_sampler import sample_line
 from bootstrap_scripts.protocol.records import RankProgress
@@ -42,13 +43,15 @@ def series_of_line(line: str) -> set[tuple[str, Series]]:
 
 def emitted(tmp_path: Path) -> set[tuple[str, Series]]:
     """What the nodes' emitters write: a GPU reporting every field, the controller's
-    cluster line, and a job's progress with every figure."""
+    cluster line with every engine fact and a running job, and a job's progress with every
+    figure."""
     readings = gpu_metrics.parse("0, 57, 1200, 61, 120.50, 0, No\n1, 43, 800, 58, 99.00, 1, Yes\n")
     efa = {metric: (1.0, unit) for metric, unit in efa_counters.COUNTERS.values()}
     lines = [sample_line(readings, "c1", "i-0abc", 1_700_000_000_000, xids=1, efa=efa) or ""]
     (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
     ctl = ControllerMetrics(tmp_path, lambda: "c1")
-    assert ctl.observe(job_id="j1", restarts=0, unhealthy=1, now=0.0)
+    facts = Facts(nodes=3, generation=2, queued=1, cluster_usd=1.5, job_attempts=2, job_usd=0.5)
+    assert ctl.observe(job_id="j1", restarts=0, unhealthy=1, facts=facts, now=0.0)
     progress = {r: RankProgress(rank=r, step=5, time=1.0, loss=0.7, samples_per_s=80.0,
                                 step_seconds=0.4) for r in (0, 1)}
     assert ctl.observe_progress("j1", progress, now=0.0)

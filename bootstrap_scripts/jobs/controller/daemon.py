@@ -38,6 +38,7 @@ from pathlib import Path
 from bootstrap_scripts import single_instance
 from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
+from bootstrap_scripts.jobs.controller.engine_facts import EngineFacts
 from bootstrap_scripts.jobs.controller.hangs import HangWatch
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics, unhealthy_nodes
@@ -98,6 +99,7 @@ class Controller:
         self.sup: JobSupervisor | None = None  # the job running now (its restart count)
         self.watched: HangWatch | None = None  # the attempt whose progress metrics go out
         self.metrics = ControllerMetrics(root, self.cluster_id)
+        self.facts = EngineFacts(root, efs)  # nodes joined, queue, cost: the cluster line's
         env = read_node_env(NodePaths(root))
         self.address = env.get("DEEPLEARNING_NODE_ADDR", "")
         self.instance_id = env.get("DEEPLEARNING_INSTANCE_ID", "")
@@ -148,14 +150,19 @@ class Controller:
                 replacements=self.health.recent_marks()))
         except OSError as exc:
             LOG.error("cannot write the controller heartbeat: %s", exc)
-        self.metrics.observe(job_id=self.job_id,  # JobsRunning, JobRestarts, UnhealthyNodes
-                             restarts=self.sup.job.restarts if self.sup else 0,
-                             unhealthy=self.unhealthy_nodes())
+        self.observe()
         if self.sup is not None and self.sup.watch is not None:  # StepTime, Loss, ...
             if self.watched is not None and self.watched is not self.sup.watch:
                 self.last_progress(self.job_id, self.watched)  # the previous attempt's
             self.watched = self.sup.watch
             self.metrics.observe_progress(self.job_id, self.sup.watch.records)
+
+    def observe(self, *, final: bool = False) -> None:
+        """The cluster line (``metrics.ControllerMetrics.observe``): JobsRunning,
+        JobRestarts, UnhealthyNodes and the engine's facts; ``final``: the job ended."""
+        self.metrics.observe(job_id=self.job_id, restarts=self.sup.job.restarts if self.sup
+                             else 0, unhealthy=self.unhealthy_nodes(), final=final,
+                             facts=self.facts.now(self.sup.job if self.sup else None))
 
     def last_progress(self, job_id: str, watch: HangWatch) -> None:
         """An ended attempt's last figures (``metrics.ControllerMetrics.observe_progress``,
@@ -205,6 +212,7 @@ class Controller:
         finally:
             if sup.watch is not None:
                 self.last_progress(sup.job.job_id, sup.watch)
+            self.observe(final=True)  # the job's last attempts and cost
             self.job_id, self.sup, self.watched = "", None, None
 
     def fail(self, sup: JobSupervisor, exc: Exception) -> None:

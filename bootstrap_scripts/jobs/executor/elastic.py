@@ -15,6 +15,7 @@ import logging
 import os
 import time
 
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.userfiles import as_user
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import STARTUP_LIVENESS_SECONDS, RunnerProbation
@@ -52,7 +53,7 @@ class ElasticJoins:
         """The share this node claimed in an elastic job earlier (an executor restart)."""
         if not spec.elastic or spec.join_template is None:
             return None
-        for _, claim in store.scan_records(paths.nodes, ShareClaim, suffix=SHARE_CLAIM_SUFFIX):
+        for _, claim in userfiles.scan(paths.nodes, ShareClaim, suffix=SHARE_CLAIM_SUFFIX):
             if claim.address == self.node.address:
                 return join_share(spec.join_template, claim.rank, self.node.address)
         return None
@@ -70,7 +71,7 @@ class ElasticJoins:
         generation = m.generation if m else 0
         addresses = [n.address for n in m.nodes] if m else []
         for job_id, (spec, paths) in list(self.waiting.items()):
-            if store.exists(paths.done) or store.exists(paths.cancel):
+            if userfiles.exists(paths.done) or userfiles.exists(paths.cancel):
                 del self.waiting[job_id]
                 continue
             if generation <= spec.generation or self.node.address not in addresses:

@@ -194,6 +194,31 @@ def scan(directory: Path, cls: type[R], *, suffix: str = ".json") -> Iterator[tu
             yield name[: -len(suffix)], record
 
 
+def read_from(path: Path, offset: int, limit: int = MAX_READ_BYTES) -> bytes | None:
+    """Up to ``limit`` bytes of a user's file (a job's log) from ``offset``, read as
+    :func:`read_owned` reads (no link, a regular file of its directory's owner); None when
+    it is not there or not that. How root prints a user's logs (``dl-jobs logs``, which an
+    operator's document runs as root): a log replaced by a link to ``/etc/shadow`` prints
+    nothing."""
+    try:
+        dfd = open_dir(path.parent)
+    except OSError:
+        return None
+    try:
+        fd = os.open(path.name, os.O_RDONLY | NOFOLLOW, dir_fd=dfd)
+    except OSError:
+        os.close(dfd)
+        return None
+    try:
+        st, dst = os.fstat(fd), os.fstat(dfd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != dst.st_uid:
+            return None
+        return os.pread(fd, limit, offset)
+    finally:
+        os.close(fd)
+        os.close(dfd)
+
+
 def groups_of(uid: int, gid: int) -> list[int]:
     """The user's supplementary groups (as a login gives them), ``[gid]`` if unknown."""
     try:

@@ -187,3 +187,17 @@ def test_atomic_write_replaces_a_link_without_reading_through_it(job_dir, tmp_pa
     assert (job_dir / "job.json").read_text() == "same" and target.read_text() == "same"
     assert store.atomic_write(job_dir / "fifo", "")  # a FIFO never blocks nor holds ""
     assert not store.atomic_write(job_dir / "job.json", "same")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to users needs root")
+def test_a_marker_or_job_record_root_wrote_before_an_upgrade_still_counts(job_dir):
+    from bootstrap_scripts.jobs.engine import managed
+    from bootstrap_scripts.protocol.managed_records import ManagedJob
+    from bootstrap_scripts.protocol.paths import ManagedPaths
+    os.chown(job_dir, NOBODY, NOBODY)  # the user's job directory; root's files in it
+    (job_dir / "cancel").write_text("")
+    (job_dir / "job.json").write_text(ManagedJob(job_id="j-1", state="failed").to_json())
+    assert userfiles.exists(job_dir / "cancel")
+    assert managed.load_job(ManagedPaths(job_dir)).state == "failed"
+    with pytest.raises(userfiles.UnsafeUserFile, match="belongs to uid 0"):
+        userfiles.read_owned(job_dir, "job.json")  # a spec or request: only the user's

@@ -99,8 +99,9 @@ def unusable(paths: ManagedPaths, problem: str) -> ManagedJob:
 
 def load_job(paths: ManagedPaths) -> ManagedJob | None:
     """The controller's record, which it writes as the job's user: read like every file of
-    theirs (a link, or another owner's file, is no record)."""
-    return userfiles.read_record_or_none(paths.record, ManagedJob)
+    theirs (a link, or another user's file, is no record; one of root's, as an older
+    controller wrote it, still is)."""
+    return userfiles.read_record_or_none(paths.record, ManagedJob, root_too=True)
 
 
 def save_job(paths: ManagedPaths, job: ManagedJob) -> ManagedJob:

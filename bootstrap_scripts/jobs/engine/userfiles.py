@@ -112,7 +112,8 @@ def owner_of_dir(path: Path) -> tuple[int, int]:
     return st.st_uid, st.st_gid
 
 
-def read_owned(directory: Path, name: str, *, limit: int = MAX_READ_BYTES) -> Owned:
+def read_owned(directory: Path, name: str, *, limit: int = MAX_READ_BYTES,
+               root_too: bool = False) -> Owned:
     """``directory/name`` as its directory's owner published it: a regular file (no link)
     owned by the owner of ``directory`` (no link either). UnsafeUserFile otherwise;
     FileNotFoundError when there is no such entry yet."""
@@ -132,7 +133,7 @@ def read_owned(directory: Path, name: str, *, limit: int = MAX_READ_BYTES) -> Ow
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise UnsafeUserFile(0, f"{directory / name} is not a regular file")
-            if st.st_uid != dst.st_uid:
+            if st.st_uid != dst.st_uid and not (root_too and st.st_uid == 0):
                 raise UnsafeUserFile(0, f"{directory / name} belongs to uid {st.st_uid} but "
                                         f"its directory to uid {dst.st_uid}: refusing it")
             data = fh.read(limit + 1) if limit else b""
@@ -143,22 +144,24 @@ def read_owned(directory: Path, name: str, *, limit: int = MAX_READ_BYTES) -> Ow
     return Owned(data.decode(), st.st_uid, st.st_gid)
 
 
-def read_record(path: Path, cls: type[R]) -> R | None:
+def read_record(path: Path, cls: type[R], *, root_too: bool = False) -> R | None:
     """The record at ``path`` in a user's directory, read as :func:`read_owned` reads
     (None when there is no such file): UnsafeUserFile for a link or another owner's file,
-    ProtocolError naming the file and field for one that is not a ``cls``."""
+    ProtocolError naming the file and field for one that is not a ``cls``. ``root_too``:
+    a file of root's counts as well (a record of root's own that an older version wrote
+    there as root; only root can give a file to root)."""
     try:
-        owned = read_owned(path.parent, path.name)
+        owned = read_owned(path.parent, path.name, root_too=root_too)
     except FileNotFoundError:
         return None
     return cls.from_json(owned.text, source=str(path))
 
 
-def read_record_or_none(path: Path, cls: type[R]) -> R | None:
+def read_record_or_none(path: Path, cls: type[R], *, root_too: bool = False) -> R | None:
     """:func:`read_record`, None also for what is unsafe, unreadable or malformed: for
     watchers that poll (root acts on none of it)."""
     try:
-        return read_record(path, cls)
+        return read_record(path, cls, root_too=root_too)
     except (OSError, ProtocolError, UnicodeDecodeError):
         return None
 
@@ -166,10 +169,11 @@ def read_record_or_none(path: Path, cls: type[R]) -> R | None:
 def exists(path: Path) -> bool:
     """Whether the marker ``path`` (``done``, ``cancel``) is there as its directory's owner
     left it: a regular file of theirs, opened (never followed: see ``store.exists`` on why
-    an open, not a stat) and closed without reading. A link or another owner's file is no
-    marker of theirs."""
+    an open, not a stat) and closed without reading. A link or another user's file is no
+    marker of theirs; one of root's counts (an older version wrote ``cancel`` as root, and
+    only root can give a file to root)."""
     try:
-        read_owned(path.parent, path.name, limit=0)
+        read_owned(path.parent, path.name, limit=0, root_too=True)
     except (FileNotFoundError, NotADirectoryError):
         return False
     except UnsafeUserFile:

@@ -12,7 +12,6 @@ wrote ``admitted/<address>``: its health gate passed on this node.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from bootstrap_scripts.jobs.engine import userfiles
@@ -31,13 +30,12 @@ LOG = logging.getLogger("dl-executor")
 
 def admitted(paths: JobPaths, address: str) -> bool:
     """The job controller admitted ``address`` into the attempt: its file is there, opened
-    (EFS: open, not stat) without following a link (the directory is the job user's: root
-    answers nothing about where a planted link points)."""
+    (EFS: open, not stat) without following a link anywhere a user could plant one, and the
+    job user's (the controller writes it as them; ``userfiles.exists``)."""
     try:
-        os.close(os.open(paths.admitted(address), store.READ_FLAGS | os.O_NOFOLLOW))
-    except OSError:  # missing, or a link (ELOOP)
+        return userfiles.exists(paths.admitted(address))
+    except OSError:
         return False
-    return True
 
 
 class ElasticJoins:

@@ -1,4 +1,4 @@
-"""Drills: a user plants links and climbing labels in their own job files (F1).
+"""Drills: a user plants links and climbing labels in their own job files (F1, F13).
 
 A job directory on EFS is its creator's: they can put anything in it, including a symbolic
 link to someone else's file or a label that climbs out of it. The root services (the job

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,9 +38,8 @@ def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644,
     ``mode`` defaults to world-readable because the runner, the executors and the agents may
     run as different users. ``fsync=False`` skips the flush for files re-verified anyway."""
     p = Path(path)
-    with contextlib.suppress(FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
-        if p.read_text() == content:
-            return False
+    if _holds(p, content):
+        return False
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
@@ -55,6 +55,22 @@ def atomic_write(path: str | os.PathLike, content: str, *, mode: int = 0o644,
             os.unlink(tmp)
         raise
     return True
+
+
+def _holds(p: Path, content: str) -> bool:
+    """Whether the file at ``p`` already holds ``content``: read without following a link
+    and without blocking (the name may be a user's link or FIFO); anything unreadable is
+    simply written over."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            return stat.S_ISREG(os.fstat(fd).st_mode) and \
+                fh.read(len(content.encode()) + 1) == content.encode()
+        except OSError:
+            return False
 
 
 def write_record(path: str | os.PathLike, record: Record, *, mode: int = 0o644) -> bool:

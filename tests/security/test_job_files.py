@@ -1,4 +1,4 @@
-"""Drills: a user plants links and climbing labels in their own job files (F1).
+"""Drills: a user plants links and climbing labels in their own job files (F1, F13).
 
 A job directory on EFS is its creator's: they can put anything in it, including a symbolic
 link to someone else's file or a label that climbs out of it. The root services (the job
@@ -22,8 +22,10 @@ from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.records import ShareExit
 from emulator.nodes import PYTHON
 from tests.security.conftest import as_user, wait_until
+from tests.security.opens import OpenWatch
 
 pytestmark = [pytest.mark.slow]
 
@@ -171,3 +173,61 @@ def test_a_share_log_linked_to_another_users_file_is_not_written(cluster, victim
     assert notes.read_text() == "the victim's notes\n", c.executor_log(address)
     assert stat.S_IMODE(notes.stat().st_mode) == 0o600
     assert "cannot open the share's log" in job.exit(0).read_text()
+
+
+#: the attacker's side: a job of their own whose markers and records are links to a file
+#: of root's, its spec (their own) written last; and a managed job whose request, record
+#: and cancel marker are such links
+PLANT_MARKERS = """
+import os, sys
+job_dir, managed_dir, target, spec = sys.argv[1:5]
+os.makedirs(os.path.join(job_dir, "nodes"))
+for name in ("done", "cancel", "runner.json", "result.json", "nodes/0.started",
+             "nodes/0.exit"):
+    os.symlink(target, os.path.join(job_dir, name))
+os.makedirs(managed_dir)
+for name in ("job.json", "cancel", "request.json"):
+    os.symlink(target, os.path.join(managed_dir, name))
+fd = os.open(os.path.join(job_dir, "spec.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd, spec.encode())
+os.close(fd)
+"""
+
+
+def test_root_opens_no_link_planted_as_a_marker_or_record_and_writes_records_as_the_user(
+        cluster, attacker, shared_tmp):
+    c = cluster
+    address = c.membership.master_addr
+    target = shared_tmp / "root-only"
+    target.write_text(ShareExit(rank=0, address=address, returncode=0).to_json())
+    os.chmod(target, 0o600)  # root's, and a valid record: read through a link, it would count
+    job = ClusterPaths(c.efs).job("evil-marks")
+    managed_job = ClusterPaths(c.efs).managed("evil-record")
+    spec = one_share_spec(job.job_id, address, [PYTHON, "-c", MARKER, str(shared_tmp)])
+    watch = OpenWatch(target)
+    try:
+        planted = as_user(attacker, PLANT_MARKERS, str(job.dir), str(managed_job.dir),
+                          str(target), spec)
+        assert planted.returncode == 0, planted.stderr
+
+        # links are no markers: the executor runs the job (as its user) and records its end
+        ran = shared_tmp / f"ran-as-{attacker.pw_uid}"
+        wait_until("the job to run as its user", ran.exists)
+        wait_until("the share's exit record", lambda: not job.exit(0).is_symlink()
+                   and job.exit(0).exists())
+
+        # a request that is a link is refused, and its record is the user's file
+        def recorded() -> bool:
+            return not managed_job.record.is_symlink() and managed_job.record.exists()
+
+        wait_until("the controller to record the refused request", recorded)
+        time.sleep(1.0)  # a few more scans of both services
+        opens = watch.opens()
+    finally:
+        watch.close()
+    assert opens == 0, (f"a root service opened a file linked into a job directory {opens} "
+                        f"time(s)\n{c.executor_log(address)}\n{c.controller_log()}")
+    st = managed_job.record.lstat()
+    assert st.st_uid == attacker.pw_uid, f"the record was written by uid {st.st_uid}"
+    rec = ManagedJob.from_json(managed_job.record.read_text())
+    assert rec.state == "failed" and "symbolic link" in rec.message, rec

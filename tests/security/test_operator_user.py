@@ -18,7 +18,7 @@ from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
-from tests.support.users import CAN_CREATE_USERS, cluster_user
+from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
 
 pytestmark = pytest.mark.skipif(not CAN_CREATE_USERS, reason="creating users needs root")
 
@@ -47,7 +47,8 @@ def test_a_users_document_cannot_cancel_another_users_job(tmp_path, monkeypatch,
                                                           capsys) -> None:
     efs = tmp_path / "efs"
     efs.mkdir()
-    with cluster_user() as alice, cluster_user() as bob:
+    # root writes the marker as the job's user, who must reach it (as on EFS)
+    with cluster_user() as alice, cluster_user() as bob, reachable(efs / "managed"):
         bobs = submitted_by(efs, "j-bob", bob, claims=alice.pw_name)  # a request that lies
         alices = submitted_by(efs, "j-alice", alice, claims=alice.pw_name)
         capsys.readouterr()
@@ -57,6 +58,7 @@ def test_a_users_document_cannot_cancel_another_users_job(tmp_path, monkeypatch,
         assert not store.exists(bobs)  # nothing was cancelled
         assert cancel(efs, "j-alice", monkeypatch, alice.pw_name) == 0
         assert store.exists(alices)
+        assert alices.stat().st_uid == alice.pw_uid  # the user's marker, not root's
         # the any-user document (the admin policy's) sets nothing: root cancels any job
         assert cancel(efs, "j-bob", monkeypatch, None) == 0
         assert store.exists(bobs)

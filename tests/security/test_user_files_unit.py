@@ -105,3 +105,99 @@ def test_a_fifo_planted_as_a_record_does_not_block_a_reader(tmp_path):
     assert store.exists(tmp_path / "cancel")
     assert store.read_text(tmp_path / "cancel") == ""
     assert store.stamp(tmp_path / "cancel") is not None
+
+
+@pytest.fixture()
+def job_dir(tmp_path):
+    """``jobs/`` as on EFS (everyone may create in it, sticky) and one job directory."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    os.chmod(jobs, 0o1777)
+    (jobs / "j-1" / "nodes").mkdir(parents=True)
+    return jobs / "j-1"
+
+
+def exit_record(rank: int = 0) -> str:
+    from bootstrap_scripts.protocol.records import ShareExit
+    return ShareExit(rank=rank, address="10.0.0.1", returncode=0).to_json()
+
+
+def test_a_marker_or_record_that_is_a_link_is_not_there_for_root(job_dir, tmp_path):
+    from bootstrap_scripts.protocol.records import ShareExit
+    target = tmp_path / "elsewhere.json"
+    target.write_text(exit_record())
+    (job_dir / "done").symlink_to(target)
+    (job_dir / "nodes" / "0.exit").symlink_to(target)
+    (job_dir / "nodes" / "1.exit").write_text(exit_record(1))
+    os.mkfifo(job_dir / "nodes" / "2.exit")
+
+    assert not userfiles.exists(job_dir / "done")
+    assert not userfiles.exists(job_dir / "cancel")
+    assert userfiles.exists(job_dir / "nodes" / "1.exit")
+    assert userfiles.read_record_or_none(job_dir / "nodes" / "0.exit", ShareExit) is None
+    with pytest.raises(userfiles.UnsafeUserFile, match="symbolic link"):
+        userfiles.read_record(job_dir / "nodes" / "0.exit", ShareExit)
+    assert userfiles.read_record(job_dir / "nodes" / "9.exit", ShareExit) is None
+    assert [stem for stem, _ in userfiles.scan(job_dir / "nodes", ShareExit,
+                                               suffix=".exit")] == ["1"]
+    assert userfiles.read_from(job_dir / "nodes" / "0.exit", 0) is None
+    assert userfiles.read_from(job_dir / "nodes" / "1.exit", 2) == exit_record(1).encode()[2:]
+
+
+def test_a_job_directory_that_is_a_link_leads_nowhere(job_dir, tmp_path):
+    from bootstrap_scripts.protocol.records import ShareExit
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "nodes").mkdir(parents=True)
+    (elsewhere / "nodes" / "0.exit").write_text(exit_record())
+    (elsewhere / "done").write_text("")
+    linked = job_dir.parent / "j-linked"
+    linked.symlink_to(elsewhere)  # in the world-writable jobs/: anyone could have made it
+
+    assert not userfiles.exists(linked / "done")
+    assert list(userfiles.scan(linked / "nodes", ShareExit, suffix=".exit")) == []
+    with pytest.raises(userfiles.UnsafeUserFile, match="symbolic link"):
+        userfiles.open_dir(linked / "nodes")
+    # a link above the last component, in a directory only root (this user) may write in,
+    # is the administrator's (a mount point, say): followed
+    trusted = tmp_path / "trusted-link"
+    trusted.symlink_to(elsewhere)
+    assert [s for s, _ in userfiles.scan(trusted / "nodes", ShareExit, suffix=".exit")] == ["0"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner needs root")
+def test_a_file_not_its_directory_owners_is_no_marker_or_record(job_dir):
+    from bootstrap_scripts.protocol.records import ShareExit
+    (job_dir / "cancel").write_text("")
+    (job_dir / "nodes" / "0.exit").write_text(exit_record())
+    os.chown(job_dir / "cancel", NOBODY, NOBODY)
+    os.chown(job_dir / "nodes" / "0.exit", NOBODY, NOBODY)
+    assert not userfiles.exists(job_dir / "cancel")
+    assert userfiles.read_record_or_none(job_dir / "nodes" / "0.exit", ShareExit) is None
+
+
+def test_atomic_write_replaces_a_link_without_reading_through_it(job_dir, tmp_path):
+    from bootstrap_scripts.protocol import store
+    target = tmp_path / "target"
+    target.write_text("same")
+    os.chmod(target, 0o000)
+    (job_dir / "job.json").symlink_to(target)
+    os.mkfifo(job_dir / "fifo")
+    assert store.atomic_write(job_dir / "job.json", "same")  # written, not "already so"
+    assert not (job_dir / "job.json").is_symlink()
+    assert (job_dir / "job.json").read_text() == "same" and target.read_text() == "same"
+    assert store.atomic_write(job_dir / "fifo", "")  # a FIFO never blocks nor holds ""
+    assert not store.atomic_write(job_dir / "job.json", "same")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to users needs root")
+def test_a_marker_or_job_record_root_wrote_before_an_upgrade_still_counts(job_dir):
+    from bootstrap_scripts.jobs.engine import managed
+    from bootstrap_scripts.protocol.managed_records import ManagedJob
+    from bootstrap_scripts.protocol.paths import ManagedPaths
+    os.chown(job_dir, NOBODY, NOBODY)  # the user's job directory; root's files in it
+    (job_dir / "cancel").write_text("")
+    (job_dir / "job.json").write_text(ManagedJob(job_id="j-1", state="failed").to_json())
+    assert userfiles.exists(job_dir / "cancel")
+    assert managed.load_job(ManagedPaths(job_dir)).state == "failed"
+    with pytest.raises(userfiles.UnsafeUserFile, match="belongs to uid 0"):
+        userfiles.read_owned(job_dir, "job.json")  # a spec or request: only the user's

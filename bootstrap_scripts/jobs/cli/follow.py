@@ -13,11 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.outcomes import say
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.jobs.engine.watch import LogTailer
-from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths
@@ -40,9 +39,9 @@ class AttemptPrinter:
 
     def poll(self, *, final: bool = False) -> None:
         if self.tailer is None:
-            try:
-                text = store.read_text(self.job.spec) if store.exists(self.job.spec) else None
-            except PermissionError:  # another user's job: its spec (its --env) is theirs
+            try:  # never through a link: root runs this too (an operator's dl-jobs logs)
+                text = userfiles.read_owned(self.job.dir, self.job.spec.name).text
+            except OSError:  # not there yet, another user's (its --env is theirs), or unsafe
                 text = None
             if text:
                 self.tailer = LogTailer(self.job.nodes, JobSpec.from_json(text),
@@ -52,11 +51,8 @@ class AttemptPrinter:
         self.poll_runner(final=final)
 
     def poll_runner(self, *, final: bool) -> None:
-        try:
-            with open(self.paths.attempt_log(self.n), "rb") as fh:
-                fh.seek(self.runner_offset)
-                data = fh.read()
-        except OSError:
+        data = userfiles.read_from(self.paths.attempt_log(self.n), self.runner_offset)
+        if data is None:
             return
         self.runner_offset += len(data)
         *lines, self.runner_partial = (self.runner_partial + data).split(b"\n")

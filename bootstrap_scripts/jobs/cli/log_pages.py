@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootstrap_scripts.jobs.cli.follow import restart_line
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.jobs.engine.watch import LogTailer
-from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import (
@@ -159,8 +158,11 @@ class AttemptFiles:
     def prefix(self, name: str) -> str:
         """``[rank address label] `` (the address from the job's spec or the share's start
         record: :class:`LogTailer`'s prefix, so ``dl-jobs logs`` and ``dlc logs`` agree)."""
-        if self.tailer is None and store.exists(self.job.spec):
-            text = store.read_text(self.job.spec)
+        if self.tailer is None:
+            try:  # never through a link: an operator's dl-jobs runs as root
+                text = userfiles.read_owned(self.job.dir, self.job.spec.name).text
+            except OSError:
+                text = ""
             if text:
                 self.tailer = LogTailer(self.job.nodes, JobSpec.from_json(text))
         if self.tailer is None:

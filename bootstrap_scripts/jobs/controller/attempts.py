@@ -170,21 +170,21 @@ def runner_alive(paths: JobPaths, silent: float = RUNNER_SILENT_SECONDS) -> bool
     process there)? How a restarted controller finds an attempt its predecessor started:
     the runner is not its child, but it beats on EFS, and it runs on this machine (the
     master: same clock, same processes; a new master sees a silent heartbeat)."""
-    if store.exists(paths.done):
+    if userfiles.exists(paths.done):  # the user's files: never through a link
         return False
-    hb = store.read_record_or_none(paths.runner_heartbeat, RunnerHeartbeat)
+    hb = userfiles.read_record_or_none(paths.runner_heartbeat, RunnerHeartbeat)
     return hb is not None and time.time() - hb.time < silent and alive(hb.pid)
 
 
 def exits(paths: JobPaths) -> dict[int, ShareExit]:
-    return {rec.rank: rec for _stem, rec in store.scan_records(paths.nodes, ShareExit,
-                                                               suffix=".exit")}
+    return {rec.rank: rec for _stem, rec in userfiles.scan(paths.nodes, ShareExit,
+                                                           suffix=".exit")}
 
 
 def outcome(paths: JobPaths, runner_code: int | None) -> Failure | None:
     """How the attempt ended: the one classifier (:func:`classify.classify`) on the
     attempt's result and exits, as its runner's summary saw them."""
-    result = store.read_record_or_none(paths.result, JobResult)
+    result = userfiles.read_record_or_none(paths.result, JobResult)
     return classify(result, exits(paths), runner_code=runner_code)
 
 
@@ -196,7 +196,7 @@ def shares_started_at(paths: JobPaths) -> float | None:
     except FileNotFoundError:
         return None
     spec = JobSpec.from_json(spec_text)
-    started = {rec.rank: rec for _s, rec in store.scan_records(
+    started = {rec.rank: rec for _s, rec in userfiles.scan(
         paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
     if any(s.rank not in started for s in spec.shares):
         return None
@@ -215,11 +215,12 @@ def stop_abandoned(paths: JobPaths, efs: Path, *, tick: object = None,
     attempt's cancel file, as the runner would have, and wait, so that the next attempt
     never runs beside them (two attempts of one job writing one checkpoint). True when
     nothing of the attempt runs any more."""
-    if store.exists(paths.result) or not paths.dir.is_dir():
+    if userfiles.exists(paths.result) or not paths.dir.is_dir():
         return True  # summarized by its runner (its shares settled), or never published
     try:
-        store.atomic_write(paths.cancel, "abandoned: the attempt's runner ended without a "
-                           "result\n")
+        with userfiles.as_owner_of(paths.dir):  # the user's directory: as the user
+            store.atomic_write(paths.cancel, "abandoned: the attempt's runner ended "
+                               "without a result\n")
     except OSError as exc:
         LOG.error("cannot cancel %s: %s", paths.dir, exc)
     stopped = wait_stopped(paths, efs, timeout=timeout, tick=tick)
@@ -237,7 +238,7 @@ def wait_stopped(paths: JobPaths, efs: Path, *, timeout: float, heartbeat_timeou
     deadline = time.monotonic() + timeout
     executors = Executors(efs, heartbeat_timeout)
     while True:
-        started = {rec.rank: rec for _s, rec in store.scan_records(
+        started = {rec.rank: rec for _s, rec in userfiles.scan(
             paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
         done = exits(paths)
         gone = executors.gone(r.address for r in started.values() if r.rank not in done)

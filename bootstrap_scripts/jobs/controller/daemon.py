@@ -43,7 +43,7 @@ from bootstrap_scripts.jobs.controller.hangs import HangWatch
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics, unhealthy_nodes
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
@@ -248,7 +248,7 @@ class Controller:
         sup.update(controller=self.me)
         if job.state == JobState.RUNNING.value and job.attempt:
             attempt = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
-            if attempts.runner_alive(attempt) or store.exists(attempt.result):
+            if attempts.runner_alive(attempt) or userfiles.exists(attempt.result):
                 LOG.info("job %s: re-attaching to attempt %d (its runner outlived the "
                          "previous controller %s)", job.job_id, job.attempt, previous)
                 self.run_job(sup, reattach=True)
@@ -313,8 +313,10 @@ class Controller:
             job = dataclasses.replace(managed.unusable(paths, problem), controller=self.me,
                                       finished_at=time.time())
             LOG.error("job %s: %s", job.job_id, job.message)
-            try:
+            try:  # written as the job directory's owner, like every record of the job
                 managed.save_job(paths, job)
+            except UnsafeUserFile as exc:  # the directory was replaced by a link meanwhile
+                LOG.error("job %s: no record written: %s", job.job_id, exc)
             except OSError as exc:
                 self.pending_records.fail(paths, job, exc)
         for paths, request in managed.queue(self.efs):

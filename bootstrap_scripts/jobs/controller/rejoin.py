@@ -100,7 +100,7 @@ class Rejoin:
 
     def newly_joined(self) -> list[str]:
         """Admitted addresses whose share of the attempt has started since the last call."""
-        started = {rec.address for _s, rec in store.scan_records(
+        started = {rec.address for _s, rec in userfiles.scan(
             self.jpaths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
         new = sorted(a for a in self.admitted if a in started and a not in self.joined)
         self.joined.update(new)

@@ -64,7 +64,8 @@ def archive_finished(efs: Path, *, days: float, now: float | None = None) -> lis
             continue
         kept.add(paths.dir.name)
     try:
-        names = sorted(e.name for e in os.scandir(cluster.jobs_dir) if e.is_dir()
+        names = sorted(e.name for e in os.scandir(cluster.jobs_dir)
+                       if e.is_dir(follow_symlinks=False)
                        and not e.name.startswith("."))
     except FileNotFoundError:
         names = []
@@ -73,7 +74,7 @@ def archive_finished(efs: Path, *, days: float, now: float | None = None) -> lis
             continue  # an attempt of a managed job still listed: its logs stay with it
         jpaths = cluster.job(name)
         try:
-            finished = jpaths.done.stat().st_mtime
+            finished = jpaths.done.lstat().st_mtime  # the user's marker: no link followed
         except OSError:
             continue  # not finished (or not a job)
         if expired(finished, now=now, days=days) and _move(jpaths.dir,

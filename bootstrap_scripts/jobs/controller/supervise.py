@@ -299,7 +299,7 @@ class JobSupervisor:
             attempts.stop_abandoned(jpaths, self.efs, tick=self.tick)
             self.update(usage=JobBudget.end(self.job, self.job.attempt))
         return self.hang_or(attempts.outcome(
-            jpaths, 0 if store.exists(jpaths.result) else None)), detected
+            jpaths, 0 if userfiles.exists(jpaths.result) else None)), detected
 
     def follow(self, jpaths, running: Callable[[], bool]) -> None:
         """While the attempt runs: pass a cancel on, stop it at the job's cost cap, note

@@ -70,14 +70,16 @@ def submit(efs: Path, request: ManagedRequest,
 
 
 def load_request(paths: ManagedPaths) -> ManagedRequest | None:
-    return store.read_record_or_none(paths.request, ManagedRequest)
+    """The user's request, never read through a link nor from another owner's file
+    (``userfiles``): root reads it too (the controller, an operator's ``dl-jobs``)."""
+    return userfiles.read_record_or_none(paths.request, ManagedRequest)
 
 
 def request_problem(paths: ManagedPaths) -> str:
     """Why the job's ``request.json`` cannot be used ("" when it can, or is not there)."""
     try:
-        store.read_record(paths.request, ManagedRequest)
-    except ProtocolError as exc:
+        userfiles.read_record(paths.request, ManagedRequest)
+    except (ProtocolError, UnicodeDecodeError) as exc:
         return str(exc)
     except OSError as exc:
         return f"cannot read {paths.request}: {exc.strerror or exc}"
@@ -88,7 +90,7 @@ def unusable(paths: ManagedPaths, problem: str) -> ManagedJob:
     """The record of a job whose request cannot be read: failed, saying why. (A queued
     job must not vanish from ``dl-jobs`` because its request is garbled.)"""
     try:
-        at = paths.request.stat().st_mtime
+        at = paths.request.lstat().st_mtime  # the name's own time: a link is not followed
     except OSError:
         at = 0.0
     return ManagedJob(job_id=paths.dir.name, state=JobState.FAILED.value, submitted_at=at,
@@ -96,12 +98,19 @@ def unusable(paths: ManagedPaths, problem: str) -> ManagedJob:
 
 
 def load_job(paths: ManagedPaths) -> ManagedJob | None:
-    return store.read_record_or_none(paths.record, ManagedJob)
+    """The controller's record, which it writes as the job's user: read like every file of
+    theirs (a link, or another user's file, is no record; one of root's, as an older
+    controller wrote it, still is)."""
+    return userfiles.read_record_or_none(paths.record, ManagedJob, root_too=True)
 
 
 def save_job(paths: ManagedPaths, job: ManagedJob) -> ManagedJob:
+    """Write the controller's record in the job's directory as the directory's owner (the
+    job's user; ``userfiles.as_owner_of``), also for a job whose request cannot be used:
+    root never writes through whatever the user left at that name."""
     job = ManagedJob.from_dict({**job.to_dict(), "updated_at": time.time()})
-    store.write_record(paths.record, job)
+    with userfiles.as_owner_of(paths.dir):
+        store.write_record(paths.record, job)
     return job
 
 
@@ -123,7 +132,7 @@ def view(paths: ManagedPaths) -> ManagedJob | None:
 def all_paths(efs: Path) -> list[ManagedPaths]:
     root = ClusterPaths(efs).managed_dir
     try:
-        names = sorted(e.name for e in os.scandir(root) if e.is_dir()
+        names = sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
                        and not e.name.startswith("."))
     except FileNotFoundError:
         return []
@@ -141,7 +150,7 @@ def unusable_queued(efs: Path) -> list[tuple[ManagedPaths, str]]:
     read, with why."""
     out = []
     for paths in all_paths(efs):
-        if load_job(paths) is None and store.exists(paths.request):
+        if load_job(paths) is None and os.path.lexists(paths.request):
             problem = request_problem(paths)
             if problem:
                 out.append((paths, problem))
@@ -165,7 +174,7 @@ def find(efs: Path, job_id: str) -> ManagedPaths:
         paths = ClusterPaths(efs).managed(job_id)
     except ValueError as exc:
         raise ManagedError(str(exc)) from None
-    if not store.exists(paths.request):
+    if not os.path.lexists(paths.request):
         known = [j.job_id for j in list_jobs(efs)]
         raise ManagedError(f"no job {job_id!r} under {ClusterPaths(efs).managed_dir}; jobs: "
                            + (", ".join(known[-20:]) if known else "none"))
@@ -183,13 +192,15 @@ def cancel(efs: Path, job_id: str, *, for_user: str | None = None) -> str:
     job = view(paths)
     if job is not None and JobState(job.state).terminal:
         raise ManagedError(f"job {job_id} has already {job.state}: nothing to cancel")
-    try:
-        store.atomic_write(paths.cancel, f"cancelled by {os.getuid()} at {time.time():.0f}\n")
+    try:  # as the job's user when root runs this: a marker root wrote would not count
+        with userfiles.as_owner_of(paths.dir):
+            store.atomic_write(paths.cancel, f"cancelled by {os.getuid()} at "
+                                             f"{time.time():.0f}\n")
     except PermissionError:
         raise ManagedError(f"job {job_id} is not yours (cannot write {paths.cancel})") from None
     if job is not None and job.attempt and job.state == JobState.RUNNING.value:
         attempt = ClusterPaths(efs).job(paths.attempt_id(job.attempt))
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), userfiles.as_owner_of(attempt.dir):
             store.atomic_write(attempt.cancel, "cancelled by the user (dl-jobs cancel)\n")
         return f"cancelling job {job_id}: stopping attempt {job.attempt} on every node"
     return f"cancelled job {job_id} ({job.state if job else 'queued'}): it will not run"
@@ -216,7 +227,7 @@ def check_owner(paths: ManagedPaths, user: str) -> None:
 
 
 def cancel_requested(paths: ManagedPaths) -> bool:
-    return store.exists(paths.cancel)
+    return userfiles.exists(paths.cancel)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,15 @@ Three rules, applied here once:
 * **What root creates for a user** (their checkpoint directory) is made in a root-owned
   parent, re-opened ``O_NOFOLLOW`` and handed over with ``fchown`` (:func:`user_dir`).
 
+The same holds for every record and marker root merely looks at there (a runner's
+heartbeat, a share's exit, ``done``, ``cancel``, the controller's own ``job.json``):
+:func:`read_record`, :func:`scan` and :func:`exists` read them through :func:`read_owned`,
+so a link planted in their place is never opened (a link to a device or to another user's
+file would otherwise be opened, and parsed, by root) and a file that is not the directory
+owner's does not speak for them. Every directory on the way is opened without following a
+link where its parent is writable by someone other than root (``jobs/`` is, like ``/tmp``):
+a job directory that is a link leads nowhere.
+
 :func:`as_user` switches the *effective* ids of this process and back (the real and saved
 ids stay root, so the user's processes can neither signal nor trace it meanwhile): the
 executor and the controller are single-threaded, so nothing else runs with those ids, and
@@ -33,6 +42,14 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from bootstrap_scripts.protocol.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from bootstrap_scripts.protocol.records import Record
+
+R = TypeVar("R", bound="Record")
 
 #: the flags every open of a user's entry carries: never follow a link, never block on a FIFO
 NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -54,13 +71,35 @@ class Owned:
 
 
 def open_dir(path: Path) -> int:
-    """A descriptor of directory ``path``, refusing a symlink in its last component."""
+    """A descriptor of directory ``path``, walked from ``/`` one component at a time: the
+    last component is never a link, one above it only where its parent is writable by
+    nobody but root (or this process's user), so no user can steer the walk through a link
+    of theirs (a job directory that is a link to elsewhere, above ``nodes/``)."""
+    path = Path(os.path.abspath(path))
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    last = len(path.parts) - 1
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
-    except OSError as exc:
-        if os.path.islink(path):
-            raise UnsafeUserFile(exc.errno, f"{path} is a symbolic link: refusing it") from None
+        for k, part in enumerate(path.parts[1:], start=1):
+            st = os.fstat(fd)
+            trusted = k < last and st.st_uid in (0, os.geteuid()) and not st.st_mode & (
+                stat.S_IWGRP | stat.S_IWOTH)
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if trusted else NOFOLLOW)
+            try:
+                nfd = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):
+                    raise UnsafeUserFile(exc.errno, f"{path} is a symbolic link: refusing "
+                                                    "it") from None
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and not trusted:
+                    raise UnsafeUserFile(exc.errno, f"{path}: a component is a symbolic "
+                                                    f"link ({part}): refusing it") from None
+                raise
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
         raise
+    return fd
 
 
 def owner_of_dir(path: Path) -> tuple[int, int]:
@@ -73,7 +112,8 @@ def owner_of_dir(path: Path) -> tuple[int, int]:
     return st.st_uid, st.st_gid
 
 
-def read_owned(directory: Path, name: str) -> Owned:
+def read_owned(directory: Path, name: str, *, limit: int = MAX_READ_BYTES,
+               root_too: bool = False) -> Owned:
     """``directory/name`` as its directory's owner published it: a regular file (no link)
     owned by the owner of ``directory`` (no link either). UnsafeUserFile otherwise;
     FileNotFoundError when there is no such entry yet."""
@@ -93,15 +133,94 @@ def read_owned(directory: Path, name: str) -> Owned:
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise UnsafeUserFile(0, f"{directory / name} is not a regular file")
-            if st.st_uid != dst.st_uid:
+            if st.st_uid != dst.st_uid and not (root_too and st.st_uid == 0):
                 raise UnsafeUserFile(0, f"{directory / name} belongs to uid {st.st_uid} but "
                                         f"its directory to uid {dst.st_uid}: refusing it")
-            data = fh.read(MAX_READ_BYTES + 1)
+            data = fh.read(limit + 1) if limit else b""
     finally:
         os.close(dfd)
-    if len(data) > MAX_READ_BYTES:
-        raise UnsafeUserFile(0, f"{directory / name} is larger than {MAX_READ_BYTES} bytes")
+    if len(data) > limit:
+        raise UnsafeUserFile(0, f"{directory / name} is larger than {limit} bytes")
     return Owned(data.decode(), st.st_uid, st.st_gid)
+
+
+def read_record(path: Path, cls: type[R], *, root_too: bool = False) -> R | None:
+    """The record at ``path`` in a user's directory, read as :func:`read_owned` reads
+    (None when there is no such file): UnsafeUserFile for a link or another owner's file,
+    ProtocolError naming the file and field for one that is not a ``cls``. ``root_too``:
+    a file of root's counts as well (a record of root's own that an older version wrote
+    there as root; only root can give a file to root)."""
+    try:
+        owned = read_owned(path.parent, path.name, root_too=root_too)
+    except FileNotFoundError:
+        return None
+    return cls.from_json(owned.text, source=str(path))
+
+
+def read_record_or_none(path: Path, cls: type[R], *, root_too: bool = False) -> R | None:
+    """:func:`read_record`, None also for what is unsafe, unreadable or malformed: for
+    watchers that poll (root acts on none of it)."""
+    try:
+        return read_record(path, cls, root_too=root_too)
+    except (OSError, ProtocolError, UnicodeDecodeError):
+        return None
+
+
+def exists(path: Path) -> bool:
+    """Whether the marker ``path`` (``done``, ``cancel``) is there as its directory's owner
+    left it: a regular file of theirs, opened (never followed: see ``store.exists`` on why
+    an open, not a stat) and closed without reading. A link or another user's file is no
+    marker of theirs; one of root's counts (an older version wrote ``cancel`` as root, and
+    only root can give a file to root)."""
+    try:
+        read_owned(path.parent, path.name, limit=0, root_too=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except UnsafeUserFile:
+        return False
+    return True
+
+
+def scan(directory: Path, cls: type[R], *, suffix: str = ".json") -> Iterator[tuple[str, R]]:
+    """(stem, record) for every ``*<suffix>`` record in a user's ``directory`` that reads
+    safely (:func:`read_record_or_none`); hidden (temporary) names skipped. What is no
+    record (a link, another owner's file, garbage) is passed over: one bad file must not
+    blind the reader to the others."""
+    try:
+        names = sorted(e.name for e in os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in names:
+        if name.startswith(".") or not name.endswith(suffix):
+            continue
+        record = read_record_or_none(directory / name, cls)
+        if record is not None:
+            yield name[: -len(suffix)], record
+
+
+def read_from(path: Path, offset: int, limit: int = MAX_READ_BYTES) -> bytes | None:
+    """Up to ``limit`` bytes of a user's file (a job's log) from ``offset``, read as
+    :func:`read_owned` reads (no link, a regular file of its directory's owner); None when
+    it is not there or not that. How root prints a user's logs (``dl-jobs logs``, which an
+    operator's document runs as root): a log replaced by a link to ``/etc/shadow`` prints
+    nothing."""
+    try:
+        dfd = open_dir(path.parent)
+    except OSError:
+        return None
+    try:
+        fd = os.open(path.name, os.O_RDONLY | NOFOLLOW, dir_fd=dfd)
+    except OSError:
+        os.close(dfd)
+        return None
+    try:
+        st, dst = os.fstat(fd), os.fstat(dfd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != dst.st_uid:
+            return None
+        return os.pread(fd, limit, offset)
+    finally:
+        os.close(fd)
+        os.close(dfd)
 
 
 def groups_of(uid: int, gid: int) -> list[int]:

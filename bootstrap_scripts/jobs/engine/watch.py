@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.outcomes import say
 from bootstrap_scripts.protocol import liveness, store
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest, Share
@@ -59,8 +60,8 @@ class LogTailer:
         if rank not in self.addresses:
             # An elastic joiner: its rank is not in the spec; its share's start record
             # (``nodes/<rank>.started``, written before its log) names its node.
-            rec = store.read_record_or_none(self.nodes / f"{rank}{SHARE_STARTED_SUFFIX}",
-                                            ShareStarted)
+            rec = userfiles.read_record_or_none(self.nodes / f"{rank}{SHARE_STARTED_SUFFIX}",
+                                                ShareStarted)
             if rec is not None and rec.address:
                 self.addresses[rank] = rec.address
         addr = self.addresses.get(rank, "?")
@@ -77,11 +78,9 @@ class LogTailer:
                      in self.ranks]
         out = []
         for name in names:
-            try:
-                with open(self.nodes / name, "rb") as fh:
-                    fh.seek(self.offsets.get(name, 0))
-                    data = fh.read()
-            except OSError:
+            # never through a link: root prints these too (``dl-jobs logs`` for operators)
+            data = userfiles.read_from(self.nodes / name, self.offsets.get(name, 0))
+            if data is None:
                 continue
             if not data and not (final and self.partial.get(name)):
                 continue

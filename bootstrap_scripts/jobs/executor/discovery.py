@@ -30,7 +30,6 @@ from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import STARTUP_LIVENESS_SECONDS, RunnerProbation
 from bootstrap_scripts.jobs.executor.shares import Shares
-from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec, Share
 from bootstrap_scripts.protocol.paths import JobPaths
@@ -143,7 +142,7 @@ class JobScanner:
         except ProtocolError:  # not a job id: nobody published it as a job
             self.seen.add(job_id)
             return
-        if store.exists(paths.done) or store.exists(paths.cancel):
+        if userfiles.exists(paths.done) or userfiles.exists(paths.cancel):
             self.seen.add(job_id)
             return
         spec = self.read_spec(job_id, paths, now)
@@ -159,12 +158,12 @@ class JobScanner:
             self.joins.wait(spec, paths)
             self.seen.add(job_id)
             return
-        if share is not None and self.first_scan and store.exists(paths.started(share.rank)) \
-                and not store.exists(paths.exit(share.rank)):
+        if share is not None and self.first_scan and userfiles.exists(paths.started(share.rank)) \
+                and not userfiles.exists(paths.exit(share.rank)):
             self.shares.reattach(spec, share, paths)
             return
-        if share is None or store.exists(paths.exit(share.rank)) or \
-                store.exists(paths.started(share.rank)):
+        if share is None or userfiles.exists(paths.exit(share.rank)) or \
+                userfiles.exists(paths.started(share.rank)):
             self.seen.add(job_id)
             return
         if self.drain.requested:
@@ -192,7 +191,7 @@ class JobScanner:
         if holder is None:
             return True
         job_id = paths.job_id
-        rec = store.read_record_or_none(paths.started(holder.rank), ShareStarted)
+        rec = userfiles.read_record_or_none(paths.started(holder.rank), ShareStarted)
         if rec is not None and not rec.error:
             self.listener_waits.pop(job_id, None)
             return True

@@ -12,9 +12,9 @@ wrote ``admitted/<address>``: its health gate passed on this node.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.userfiles import as_user
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import STARTUP_LIVENESS_SECONDS, RunnerProbation
@@ -30,13 +30,12 @@ LOG = logging.getLogger("dl-executor")
 
 def admitted(paths: JobPaths, address: str) -> bool:
     """The job controller admitted ``address`` into the attempt: its file is there, opened
-    (EFS: open, not stat) without following a link (the directory is the job user's: root
-    answers nothing about where a planted link points)."""
+    (EFS: open, not stat) without following a link anywhere a user could plant one, and the
+    job user's (the controller writes it as them; ``userfiles.exists``)."""
     try:
-        os.close(os.open(paths.admitted(address), store.READ_FLAGS | os.O_NOFOLLOW))
-    except OSError:  # missing, or a link (ELOOP)
+        return userfiles.exists(paths.admitted(address))
+    except OSError:
         return False
-    return True
 
 
 class ElasticJoins:
@@ -52,7 +51,7 @@ class ElasticJoins:
         """The share this node claimed in an elastic job earlier (an executor restart)."""
         if not spec.elastic or spec.join_template is None:
             return None
-        for _, claim in store.scan_records(paths.nodes, ShareClaim, suffix=SHARE_CLAIM_SUFFIX):
+        for _, claim in userfiles.scan(paths.nodes, ShareClaim, suffix=SHARE_CLAIM_SUFFIX):
             if claim.address == self.node.address:
                 return join_share(spec.join_template, claim.rank, self.node.address)
         return None
@@ -70,7 +69,7 @@ class ElasticJoins:
         generation = m.generation if m else 0
         addresses = [n.address for n in m.nodes] if m else []
         for job_id, (spec, paths) in list(self.waiting.items()):
-            if store.exists(paths.done) or store.exists(paths.cancel):
+            if userfiles.exists(paths.done) or userfiles.exists(paths.cancel):
                 del self.waiting[job_id]
                 continue
             if generation <= spec.generation or self.node.address not in addresses:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 
-from bootstrap_scripts.protocol import liveness, store
+from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.protocol import liveness
 from bootstrap_scripts.protocol.liveness import Liveness, Sighting
 from bootstrap_scripts.protocol.paths import JobPaths
 from bootstrap_scripts.protocol.records import RunnerHeartbeat
@@ -22,7 +23,7 @@ STARTUP_LIVENESS_SECONDS = 3.0
 
 def runner_beat(paths: JobPaths) -> RunnerHeartbeat | None:
     """The runner's latest heartbeat (None while missing or unreadable)."""
-    return store.read_record_or_none(paths.runner_heartbeat, RunnerHeartbeat)
+    return userfiles.read_record_or_none(paths.runner_heartbeat, RunnerHeartbeat)
 
 
 class RunnerProbation:

@@ -267,7 +267,7 @@ class Shares:
         self.unrecorded = 0
         for job_id, r in list(self.running.items()):
             if not r.cancel_reason:
-                if store.exists(r.paths.cancel):
+                if userfiles.exists(r.paths.cancel):
                     self.cancel(r, "cancelled by the runner")
                 else:
                     verdict, r.runner_seen = liveness.runner(
@@ -342,12 +342,12 @@ class Shares:
         """Ranks of the job's other shares (the spec's and, elastic, those that joined)
         with no exit record whose node's executor is still alive."""
         peers = {s.rank: s.address for s in r.spec.shares}
-        for _stem, rec in store.scan_records(r.paths.nodes, ShareStarted,
-                                             suffix=SHARE_STARTED_SUFFIX):
+        for _stem, rec in userfiles.scan(r.paths.nodes, ShareStarted,
+                                         suffix=SHARE_STARTED_SUFFIX):
             peers.setdefault(rec.rank, rec.address)
         peers.pop(r.share.rank, None)
         return [rank for rank, address in sorted(peers.items())
-                if not store.exists(r.paths.exit(rank)) and self.peer_alive(r, address, now)]
+                if not userfiles.exists(r.paths.exit(rank)) and self.peer_alive(r, address, now)]
 
     def peer_alive(self, r: RunningShare, address: str, now: float) -> bool:
         """A peer's executor is alive by the cluster's one rule (``protocol.liveness``)."""
@@ -375,7 +375,7 @@ class Shares:
         collected from their wrappers' status files (:mod:`reattach`)."""
         token = procgroup.share_token(spec.job_id, share.rank, self.node.address)
         uid, gid = job_writer(paths)
-        rec = store.read_record_or_none(paths.started(share.rank), ShareStarted)
+        rec = userfiles.read_record_or_none(paths.started(share.rank), ShareStarted)
         pids = rec.pids if rec else ()
         procs = [RunningProc(proc, AdoptedProcess(
                      pid, token, self.node.paths.share_status(spec.job_id, share.rank, index)))

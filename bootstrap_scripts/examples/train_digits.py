@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"world_size={world} lr={lr:.2e} global_batch={gb}", flush=True)
             epoch, step = epoch + 1, 0
             if distributed:
-                dist.barrier()  # nobody races ahead of the checkpoint of this epoch
+                dist.barrier()  # nobody races ahead of this epoch's checkpoint (its copy)
             if args.stop_file and epoch <= args.epochs and \
                     stop_file_seen(args.stop_file, distributed, device):
                 if rank == 0:

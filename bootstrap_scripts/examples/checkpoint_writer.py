@@ -1,11 +1,12 @@
 """The example job's checkpoints off the training loop's critical path.
 
 A save costs the loop only an in-memory copy of the state: :meth:`CheckpointWriter.save`
-copies every tensor of the state to fresh CPU memory (``snapshot``), hands that copy to ONE
-background writer thread and returns; the thread writes it with
-``checkpoints.save_checkpoint``, unchanged (data file by temp + rename, then the manifest
-last, then ``latest.json``, then the ``keep`` rotation). So a checkpoint is still complete
-exactly when its manifest lists it, and a resume still takes the newest complete one.
+copies every tensor of the state to CPU memory (``snapshot``: into the previous copy once
+that is written), hands that copy to ONE background writer thread and returns; the thread
+writes it with ``checkpoints.save_checkpoint``, unchanged (data file by temp + rename, then
+the manifest last, then ``latest.json``, then the ``keep`` rotation). So a checkpoint is
+still complete exactly when its manifest lists it, and a resume still takes the newest
+complete one.
 
 Why not ``torch.distributed.checkpoint.async_save``: it writes a directory of shards plus a
 ``.metadata`` file that ``FileSystemReader`` loads with ``pickle.load``, so resuming would run

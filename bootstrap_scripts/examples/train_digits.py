@@ -28,13 +28,18 @@ DistributedSampler, whose padding and interleaving depend on the world size, so 
 inside an epoch would not carry over to another world size.
 
 Checkpoints (rank 0, ``checkpoints.py`` next to this file: temp file + rename, then a
-manifest written last, ``latest.json`` points at the newest), on EFS under
+manifest written last, ``latest.json`` points at the newest; written in the background by
+``checkpoint_writer.py``, the loop waits only for a copy of the state), on EFS under
 ``<EFS>/checkpoints/<user>/<name>/`` (the user's own directory, which the job executors make
 0700 for them): ``epoch-NNNN.pt`` at the end of every epoch and
 ``step-NNNNNN.pt`` every ``--checkpoint-every`` steps (and when the job is stopped with
 SIGTERM). A (re)start resumes from the latest checkpoint automatically when it was written
 by the SAME run (torchrun's run id = the job id: an elastic restart after a join or a leave),
 or of any run with ``--resume``. A restart thus loses at most ``--checkpoint-every`` steps.
+The job exits only after its last save is on disk, and a failed background save fails the
+job. Rank 0's last line says what checkpointing cost (``checkpoints mode=async saves=N
+blocked_ms_per_save=... write_ms_per_save=...``): the figures for choosing the interval
+(docs/runner.md, "Checkpoint interval").
 
 A checkpoint is a file another program could have written, so loading one must not run its
 code: it is loaded with ``torch.load(weights_only=True)`` (tensors and plain data only, never
@@ -66,6 +71,7 @@ from pathlib import Path
 
 from bootstrap_scripts import tensorboard_log
 from bootstrap_scripts.examples import train_progress
+from bootstrap_scripts.examples.checkpoint_writer import CheckpointWriter
 
 # the checkpoint part, re-exported: tests and tools use train_digits.latest_info & co.
 from bootstrap_scripts.examples.checkpoints import (  # noqa: F401
@@ -97,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=10,
                    help="step checkpoint every N optimizer steps; 0: epoch ends only "
                    "(default: 10)")
+    p.add_argument("--sync-checkpoints", action="store_true",
+                   help="write each checkpoint inside the step loop instead of in the "
+                   "background (to measure what the background writer saves)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints of each kind to keep "
                    "(default: 3)")
     p.add_argument("--resume", action="store_true",
@@ -292,78 +301,87 @@ def main(argv: list[str] | None = None) -> int:
                 "world_size": world, "acc": acc, "run_id": run_id,
                 "global_batch_size": gb, "lr": args.lr}
 
+    def save(ep: int, st: int) -> None:  # rank 0: step-NNNNNN.pt, or epoch-NNNN.pt at its end
+        name = f"epoch-{ep:04d}.pt" if st == spe else f"step-{(ep - 1) * spe + st:06d}.pt"
+        saver.save(state_dict(ep, st), name)
+
     first, tracker = True, train_progress.Tracker()  # progress: hangs, stragglers
     board = tensorboard_log.open_writer(args.tensorboard_dir) if rank == 0 else None
-    while epoch <= args.epochs and not stop["signal"]:
-        lr = epoch_lr(args.lr, epoch, args.epochs)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        net.train()
-        t0 = time.perf_counter()
-        total_loss, samples = 0.0, 0
-        for idx, count in epoch_batches(n, args.seed, epoch, gb, rank, world, step):
-            t_step = time.perf_counter()
-            xb, yb = xtr[idx].to(device), ytr[idx].to(device)
-            optimizer.zero_grad(set_to_none=True)
-            try:
-                loss = loss_fn(net(xb), yb)
-                (loss * (world / count)).backward()  # DDP averages: the global-batch mean
-            except Exception:
-                # A peer left (drain, lost node): the gradient all-reduce failed before this
-                # step changed anything, so the weights are those after the last completed
-                # step. Rank 0 saves them: the restarted workers lose no step at all.
-                if rank == 0 and step:
-                    save_checkpoint(ckdir, state_dict(epoch, step),
-                                    f"step-{(epoch - 1) * spe + step:06d}.pt", args.keep)
-                    print(f"peer lost at step {(epoch - 1) * spe + step}: saved it "
-                          f"world_size={world}", flush=True)
+    saver = CheckpointWriter(ckdir, args.keep, asynchronous=not args.sync_checkpoints)
+    loop_s = 0.0
+    with saver:  # every way out waits for the save in flight and fails on its error
+        while epoch <= args.epochs and not stop["signal"]:
+            lr = epoch_lr(args.lr, epoch, args.epochs)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            net.train()
+            t0 = time.perf_counter()
+            total_loss, samples = 0.0, 0
+            for idx, count in epoch_batches(n, args.seed, epoch, gb, rank, world, step):
+                t_step = time.perf_counter()
+                xb, yb = xtr[idx].to(device), ytr[idx].to(device)
+                optimizer.zero_grad(set_to_none=True)
+                try:
+                    loss = loss_fn(net(xb), yb)
+                    (loss * (world / count)).backward()  # DDP averages: the global-batch mean
+                except Exception:
+                    # A peer left (drain, lost node): the gradient all-reduce failed before this
+                    # step changed anything, so the weights are those after the last completed
+                    # step. Rank 0 saves them: the restarted workers lose no step at all.
+                    if rank == 0 and step:
+                        save(epoch, step)
+                        print(f"peer lost at step {(epoch - 1) * spe + step}: saved it "
+                              f"world_size={world}", flush=True)
+                    if stop["signal"]:
+                        break
+                    raise
+                optimizer.step()
+                total_loss, samples = total_loss + loss.item(), samples + len(idx)
+                step += 1
+                tracker.step((epoch - 1) * spe + step, loss.item() / len(idx), len(idx) * world)
+                tensorboard_log.scalars(board, (epoch - 1) * spe + step,
+                                        loss=loss.item() / len(idx),
+                                        step_time_s=time.perf_counter() - t_step)
+                if first:
+                    print(f"first_step rank={rank} world_size={world} "
+                          f"step={(epoch - 1) * spe + step}", flush=True)
+                    first = False
+                if rank == 0 and args.checkpoint_every and step < spe and \
+                        step % args.checkpoint_every == 0:
+                    save(epoch, step)
+                if args.step_delay:
+                    time.sleep(args.step_delay)
                 if stop["signal"]:
                     break
-                raise
-            optimizer.step()
-            total_loss, samples = total_loss + loss.item(), samples + len(idx)
-            step += 1
-            tracker.step((epoch - 1) * spe + step, loss.item() / len(idx), len(idx) * world)
-            tensorboard_log.scalars(board, (epoch - 1) * spe + step, loss=loss.item() / len(idx),
-                                    step_time_s=time.perf_counter() - t_step)
-            if first:
-                print(f"first_step rank={rank} world_size={world} "
-                      f"step={(epoch - 1) * spe + step}", flush=True)
-                first = False
-            if rank == 0 and args.checkpoint_every and step < spe and \
-                    step % args.checkpoint_every == 0:
-                save_checkpoint(ckdir, state_dict(epoch, step),
-                                f"step-{(epoch - 1) * spe + step:06d}.pt", args.keep)
-            if args.step_delay:
-                time.sleep(args.step_delay)
-            if stop["signal"]:
+            if stop["signal"] and step < spe:
+                if rank == 0:  # stopped mid-epoch (drain, cancel): keep the progress
+                    save(epoch, step)
+                    print(f"stopped by signal {stop['signal']} at step "
+                          f"{(epoch - 1) * spe + step} world_size={world}", flush=True)
                 break
-        if stop["signal"] and step < spe:
-            if rank == 0:  # stopped mid-epoch (drain, cancel): keep the progress
-                save_checkpoint(ckdir, state_dict(epoch, step),
-                                f"step-{(epoch - 1) * spe + step:06d}.pt", args.keep)
-                print(f"stopped by signal {stop['signal']} at step "
-                      f"{(epoch - 1) * spe + step} world_size={world}", flush=True)
-            break
-        elapsed = time.perf_counter() - t0
-        if rank == 0:
-            acc = evaluate(model, xt, yt)
-            save_checkpoint(ckdir, state_dict(epoch, spe), f"epoch-{epoch:04d}.pt", args.keep)
-            tensorboard_log.scalars(board, epoch * spe, accuracy=acc, lr=lr,
-                                    samples_per_s=samples * world / max(elapsed, 1e-9))
-            print(f"epoch={epoch} acc={acc:.4f} loss={total_loss / max(1, samples):.4f} "
-                  f"samples_per_s={samples * world / max(elapsed, 1e-9):.0f} world_size={world} "
-                  f"lr={lr:.2e} global_batch={gb}", flush=True)
-        epoch, step = epoch + 1, 0
-        if distributed:
-            dist.barrier()  # nobody races ahead of the checkpoint of this epoch
-        if args.stop_file and epoch <= args.epochs and \
-                stop_file_seen(args.stop_file, distributed, device):
+            elapsed = time.perf_counter() - t0
+            loop_s += elapsed  # the step loop's own time: checkpoint stalls included
             if rank == 0:
-                print(f"stop file {args.stop_file} exists: ending after epoch {epoch - 1}",
-                      flush=True)
-            break
+                acc = evaluate(model, xt, yt)
+                save(epoch, spe)
+                tensorboard_log.scalars(board, epoch * spe, accuracy=acc, lr=lr,
+                                        samples_per_s=samples * world / max(elapsed, 1e-9))
+                print(f"epoch={epoch} acc={acc:.4f} loss={total_loss / max(1, samples):.4f} "
+                      f"samples_per_s={samples * world / max(elapsed, 1e-9):.0f} "
+                      f"world_size={world} lr={lr:.2e} global_batch={gb}", flush=True)
+            epoch, step = epoch + 1, 0
+            if distributed:
+                dist.barrier()  # nobody races ahead of this epoch's checkpoint (its copy)
+            if args.stop_file and epoch <= args.epochs and \
+                    stop_file_seen(args.stop_file, distributed, device):
+                if rank == 0:
+                    print(f"stop file {args.stop_file} exists: ending after epoch {epoch - 1}",
+                          flush=True)
+                break
+        saver.close()  # the last save is on disk (or its error raised) before anything else
     tensorboard_log.close(board)
+    if saver.stats.saves:
+        print(saver.summary(loop_s), flush=True)
     if stop["signal"]:
         if distributed:
             with contextlib.suppress(Exception):

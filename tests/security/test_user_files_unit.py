@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +204,36 @@ def test_a_marker_or_job_record_root_wrote_before_an_upgrade_still_counts(job_di
     assert managed.load_job(ManagedPaths(job_dir)).state == "failed"
     with pytest.raises(userfiles.UnsafeUserFile, match="belongs to uid 0"):
         userfiles.read_owned(job_dir, "job.json")  # a spec or request: only the user's
+
+
+def test_a_user_walks_to_their_job_directory_through_directories_they_may_only_search(
+        tmp_path: Path) -> None:
+    """Root writes a job's records as its user (``as_owner_of``): the walk from ``/`` must
+    need no more than a path would, search permission (``--x``) on the directories above."""
+    import pwd
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("switching to another user needs root")
+    name = "dlwalk" + os.urandom(3).hex()
+    subprocess.run(["useradd", "--no-create-home", "--user-group", name], check=True,
+                   capture_output=True)
+    try:
+        user = pwd.getpwnam(name)
+        top = Path(tempfile.mkdtemp(prefix="dl-walk-", dir="/tmp"))
+        os.chmod(top, 0o711)  # searchable, not readable, by others (like a kept demo's)
+        job = top / "efs" / "jobs" / "j1"
+        job.mkdir(parents=True)
+        os.chmod(top / "efs", 0o755)
+        os.chmod(top / "efs" / "jobs", 0o1777)
+        os.chown(job, user.pw_uid, user.pw_gid)
+        try:
+            with userfiles.as_owner_of(job):
+                fd = userfiles.open_dir(job)
+                os.close(fd)
+                (job / "marker").write_text("x")
+            assert (job / "marker").stat().st_uid == user.pw_uid
+        finally:
+            shutil.rmtree(top, ignore_errors=True)
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)

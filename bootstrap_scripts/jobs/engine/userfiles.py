@@ -83,7 +83,10 @@ def open_dir(path: Path) -> int:
             st = os.fstat(fd)
             trusted = k < last and st.st_uid in (0, os.geteuid()) and not st.st_mode & (
                 stat.S_IWGRP | stat.S_IWOTH)
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if trusted else NOFOLLOW)
+            # the directories on the way are only walked through (O_PATH: search permission
+            # is enough, as for a path, where O_RDONLY would also need read permission)
+            access = os.O_RDONLY if k == last else os.O_PATH
+            flags = access | os.O_DIRECTORY | os.O_CLOEXEC | (0 if trusted else NOFOLLOW)
             try:
                 nfd = os.open(part, flags, dir_fd=fd)
             except OSError as exc:

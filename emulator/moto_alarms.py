@@ -33,7 +33,7 @@ def _queries(metrics: list[dict[str, Any]] | None) -> list[Any] | None:
                                       for d in m.get("Dimensions", [])]),
                               s.get("Period"), s.get("Stat", ""), s.get("Unit"))
         out.append(MetricDataQuery(q["Id"], q.get("Label", ""), q.get("Period"),
-                                   str(q.get("ReturnData", True)).lower(),
+                                   str(q.get("ReturnData", True)).lower() == "true",
                                    expression=q.get("Expression"), metric_stat=stat))
     return out
 

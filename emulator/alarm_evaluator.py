@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -207,16 +208,31 @@ class CloudWatchActs:
         #: (alarm name, old state, new state, reason) of every change, in order
         self.changes: list[tuple[str, str, str, str]] = []
         self.problems: list[str] = []  # alarms the evaluator could not play, said once
+        self._running: threading.Thread | None = None
 
-    def tick(self, now: datetime | None = None, *, force: bool = False) -> None:
+    def tick(self, now: datetime | None = None, *, force: bool = False,
+             background: bool = False) -> None:
+        """One round when one is due (``force``: now). ``background``: in a thread of its
+        own, so a slow GetMetricData never delays the caller (CloudWatch does not wait for
+        Auto Scaling, nor it for CloudWatch); a round still running skips this one."""
         when = now or datetime.now(UTC)
         if not force and when.timestamp() - self.last < self.every:
             return
+        if self._running is not None and self._running.is_alive():
+            return
         self.last = when.timestamp()
+        if background:
+            self._running = threading.Thread(target=self._round, args=(when,), daemon=True,
+                                             name="cloudwatch-round")
+            self._running.start()
+        else:
+            self._round(when)
+
+    def _round(self, when: datetime) -> None:
         try:
             self.publish_group_metrics(when)
             self.evaluate(when)
-        except ClientError as exc:  # AWS acting on its own never fails the caller's round
+        except (ClientError, OSError) as exc:  # AWS acting on its own never fails a caller
             self.say(f"CloudWatch's own round failed: {exc}")
 
     def publish_group_metrics(self, now: datetime) -> int:

@@ -140,7 +140,7 @@ class AutoScaling:
         self.boot_warming()
         self.deliver()
         self.systemd(now)
-        self.cloudwatch.tick()
+        self.cloudwatch.tick(background=True)
 
     def events_of(self, what: str, instance_id: str = "") -> list[Event]:
         return [e for e in self.events if e.what == what

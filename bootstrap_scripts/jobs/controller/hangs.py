@@ -109,8 +109,9 @@ class HangWatch:
 
     def stragglers(self) -> tuple[str, ...]:
         """``dl-jobs``' lines for the ranks that lag the others (from the last read)."""
-        found = hang_rules.stragglers({r: rec.recent_step_seconds
-                                       for r, rec in self.records.items()})
+        found = hang_rules.stragglers(hang_rules.comparable_step_times(
+            {r: (rec.recent_step_seconds, rec.recent_compute_seconds)
+             for r, rec in self.records.items()}))
         return tuple(f"rank {s.rank} on {self.records[s.rank].host or '?'}: "
                      f"{s.step_seconds:.3g} s/step, {s.ratio:.1f}x the others' "
                      f"{s.reference:.3g} s" for s in found)

@@ -77,6 +77,14 @@ class HangWatch:
         except OSError as exc:
             LOG.debug("progress of %s unreadable: %s", self.jpaths.job_id, exc)
 
+    def restart_clock(self) -> None:
+        """Every rank's process is being replaced: an elastic attempt's membership changed
+        (torchrun restarts the workers after a node is lost and after one joins), so no step
+        is due before the new processes started; the hang timeout counts from now, not from
+        the old processes' last step (their start-up is not a hang)."""
+        now = self.clock()
+        self.moved_at = {r: now for r in self.moved_at}
+
     def read_stacks(self, found: dict[int, dict]) -> dict[int, dict]:
         """The stacks the nodes wrote (as the user, ``jobs/<id>/stacks/<rank>.json``) for
         the ranks they said they found; where the rank ran and its pid from what the nodes

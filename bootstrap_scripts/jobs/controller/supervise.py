@@ -69,6 +69,9 @@ LOG = logging.getLogger("dl-controller")
 #: nodes (see :func:`controller.entry.health_gate`).
 Gate = Callable[[Path, Path, Membership, list[str]], list[tuple[str, str, str]]]
 POLL_SECONDS = 0.5
+#: elastic: an executor whose heartbeat stood still this long may be lost, and its loss
+#: restarts the survivors' workers: no hang is judged until the liveness rule decided
+QUIET_SECONDS = 3.0
 #: how often a running attempt's progress files are read (hangs, stragglers)
 WATCH_SECONDS = 1.0
 
@@ -343,6 +346,8 @@ class JobSupervisor:
         admitted, joined = grow.step(self.ready_nodes()[0], running=self.last_nodes_addresses,
                                      excluded=self.job.excluded, alive=self.executors.alive,
                                      gate=self.run_gate)
+        if joined and self.watch is not None:
+            self.watch.restart_clock()  # torchrun restarts every worker to take it in
         if joined and self.job.world_size < self.job.full_size:  # grew back
             self.update(world_size=min(self.job.full_size, self.job.world_size + len(joined)))
         if self.job.restart_log and (admitted or joined):
@@ -370,6 +375,8 @@ class JobSupervisor:
             LOG.warning("job %s: node %s (%s) lost during attempt %d: %s%s", self.job.job_id,
                         loss.address, loss.instance_id, loss.attempt, loss.detail,
                         f" [{loss.health_error}]" if loss.health_error else "")
+        if self.watch is not None:
+            self.watch.restart_clock()  # the survivors' workers restart without it
         marked = {x.instance_id for x in losses if x.marked_unhealthy}
         self.update(node_losses=(*self.job.node_losses, *losses),
                     excluded=tuple(sorted({*self.job.excluded, *marked})),
@@ -381,7 +388,13 @@ class JobSupervisor:
         (stacks, report, the attempt cancelled: True)."""
         # Once a share ended, the ranks stop reporting by design: its end is the runner's
         # business (exits, --fail-grace), never a hang.
+        if self.rejoin is not None:  # elastic: a lost node's verdict before any hang's
+            self.mark_lost(self.rejoin)
         hang = watch.check() if not attempts.exits(watch.jpaths) else None
+        if hang is not None and self.rejoin is not None and self.executors.quiet(
+                (self.last_nodes_addresses | self.rejoin.joined) - self.rejoin.lost,
+                QUIET_SECONDS):
+            hang = None  # a node may be lost (its survivors restart): judged once it is
         lagging = watch.stragglers()
         if lagging != self.job.stragglers:
             self.update(stragglers=lagging)

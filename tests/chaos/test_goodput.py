@@ -83,6 +83,7 @@ class Sampler(threading.Thread):
         self.stragglers: set[str] = set()
         #: "rank <r>" -> when the job's record first named it a straggler (this clock)
         self.named_at: dict[str, float] = {}
+        self.first_said = ""  # the record's first straggler line
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -98,6 +99,7 @@ class Sampler(threading.Thread):
         self.stragglers.update(job.stragglers)
         for line in job.stragglers:
             self.named_at.setdefault(line.split(" on ")[0], time.time())
+            self.first_said = self.first_said or line
         pdir = self.paths.job(f"{self.job_id}.{job.attempt}").progress_dir
         for path in sorted(pdir.glob("*.json")) if pdir.is_dir() else ():
             rec = store.read_record_or_none(path, RankProgress)
@@ -217,11 +219,12 @@ def goodput_run(emu, moto: str, tmp: Path, *, elastic: bool) -> goodput.RunFigur
                     detected = rep.detected_at
                     note = f"named rank(s) {list(rep.odd_ranks)}"
             else:
-                named = sorted(sampler.stragglers)
                 first = [t for r, t in sampler.named_at.items() if r == f"rank {RANK}"
                          and t >= at]
                 detected = min(first, default=None)
-                note = ("named: " + "; ".join(named)) if named else "not named"
+                named = sorted({s.split(":")[0] for s in sampler.stragglers})
+                note = (f"named: {', '.join(named)}; first said: {sampler.first_said}"
+                        if named else "not named")
             faults.append((what, at, detected, note))
         return goodput.run_figures(policy, sampler.seen.values(), faults, full_size=FULL,
                                    job_span=(rec.started_at, rec.finished_at))

@@ -402,8 +402,12 @@ class JobSupervisor:
             return False
         LOG.warning("job %s: attempt %d made no progress for %.0f s: dumping stacks",
                     self.job.job_id, self.job.attempt, hang.seconds)
+        m = self.membership()
+        if m is not None and self.rejoin is not None and self.rejoin.lost:  # none to ask
+            m = dataclasses.replace(m, nodes=tuple(n for n in m.nodes
+                                                   if n.address not in self.rejoin.lost))
         self.hang, rep = hangs.handle(watch, hang, attempt=self.job.attempt,
-                                      m=self.membership(), dump=self.dump_stacks,
+                                      m=m, dump=self.dump_stacks,
                                       report_path=self.paths.attempt_hang(self.job.attempt))
         LOG.warning("job %s: hang: %s", self.job.job_id, rep.reason)
         return True

@@ -390,3 +390,21 @@ def test_no_hang_is_judged_while_an_executor_may_be_lost(tmp_path):
     assert not sup.look_at_progress(sup.watch) and not dumped
     sup.executors = QuietExecutors({"10.0.0.4", "10.0.1.1", "10.0.1.2"}, set())
     assert sup.look_at_progress(sup.watch) and dumped  # every executor alive: a hang
+
+
+def test_a_node_drained_from_an_elastic_attempt_restarts_the_hang_clock_too(tmp_path):
+    """A scale-in is no loss, but the others' workers restart without the node all the
+    same: their start-up is no hang either."""
+    from bootstrap_scripts.protocol import state
+    from bootstrap_scripts.protocol.state import DrainRecord
+
+    sup, clock, dumped = watched(tmp_path)
+    now = time.time()
+    state.write_drain(tmp_path, DrainRecord(
+        instance_id="i-w2", address="10.0.1.2", requested_at=now, deadline=now + 120,
+        asg="workers", role="worker", lifecycle_hook="drain", lifecycle_action_token="t",
+        member=True))
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})
+    clock.now += 11
+    assert not sup.look_at_progress(sup.watch) and not dumped
+    assert sup.job.node_losses == ()

@@ -363,6 +363,8 @@ class JobSupervisor:
         if not gone:
             return
         grow.lost.update(gone)
+        if self.watch is not None:  # lost or drained: the others' workers restart without it
+            self.watch.restart_clock()
         m, live = self.membership(), self.ready_nodes()[0]
         nodes = [*(m.nodes if m else ()), *(live.nodes if live else ())]
         losses = node_evidence.losses(gone, attempt=self.job.attempt, nodes=nodes,
@@ -375,8 +377,6 @@ class JobSupervisor:
             LOG.warning("job %s: node %s (%s) lost during attempt %d: %s%s", self.job.job_id,
                         loss.address, loss.instance_id, loss.attempt, loss.detail,
                         f" [{loss.health_error}]" if loss.health_error else "")
-        if self.watch is not None:
-            self.watch.restart_clock()  # the survivors' workers restart without it
         marked = {x.instance_id for x in losses if x.marked_unhealthy}
         self.update(node_losses=(*self.job.node_losses, *losses),
                     excluded=tuple(sorted({*self.job.excluded, *marked})),

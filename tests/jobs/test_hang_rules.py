@@ -118,3 +118,12 @@ def test_ranks_are_compared_on_their_compute_times_only_when_every_rank_gives_th
     one_without = {0: ((1.0,), (0.4,)), 1: ((1.0,), ())}
     assert hr.comparable_step_times(one_without) == {0: (1.0,), 1: (1.0,)}
     assert hr.comparable_step_times({}) == {}
+
+
+def test_after_a_restart_start_up_is_a_hang_only_past_the_grace() -> None:
+    grace = hr.RESTART_GRACE_FACTOR * T
+    assert hr.judge_hang({}, {}, now=100 + grace - 1, timeout=T, ranks=2,
+                         restarted_at=100) is None
+    hang = hr.judge_hang({}, {}, now=100 + grace, timeout=T, ranks=2, restarted_at=100)
+    assert hang is not None and hang.behind == (0, 1) and hang.last_progress_at == 100
+    assert hr.judge_hang({}, {}, now=1e9, timeout=T, ranks=2) is None  # never restarted

@@ -357,15 +357,18 @@ def watched(tmp_path: Path, gate=None):
 def test_survivors_restarting_after_a_loss_are_not_a_hang(tmp_path):
     """A worker lost: torchrun restarts the survivors' workers, whose start-up reports no
     step for longer than a short --hang-timeout. The loss (recorded first) restarts the
-    hang clock; a real hang afterwards is still judged after the timeout."""
+    hang clock: the old processes' reports are forgotten, the new ones' start-up is not a
+    hang until it lasts 3 timeouts (a start-up that never reports is one)."""
+    from bootstrap_scripts.jobs.engine.hang_rules import RESTART_GRACE_FACTOR
+
     sup, clock, dumped = watched(tmp_path)
     sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
     clock.now += 11
     assert not sup.look_at_progress(sup.watch) and not dumped  # a loss, not a hang
     assert [x.address for x in sup.job.node_losses] == ["10.0.1.2"]
-    clock.now += 9
+    clock.now += 11  # the old files (step 40, written before the loss) do not count
     assert sup.watch.check() is None
-    clock.now += 2  # 11 s since the loss and still no step: that is a hang
+    clock.now += RESTART_GRACE_FACTOR * 10 - 11  # no new process ever reported: a hang
     assert sup.look_at_progress(sup.watch)
     (m, *_rest), = dumped  # the stacks asked of the nodes still there, not the lost one
     assert "10.0.1.2" not in {n.address for n in m.nodes} and "10.0.1.1" in \
@@ -408,3 +411,25 @@ def test_a_node_drained_from_an_elastic_attempt_restarts_the_hang_clock_too(tmp_
     clock.now += 11
     assert not sup.look_at_progress(sup.watch) and not dumped
     assert sup.job.node_losses == ()
+
+
+def test_the_hang_clock_starts_at_the_new_processes_first_report(tmp_path):
+    """After an elastic restart the timeout counts from the new processes' first report:
+    their start-up took 25 s (more than the 10 s timeout), then they train; a rank that
+    stops moving after that is a hang 10 s later, as before any restart."""
+    from bootstrap_scripts.protocol.records import RankProgress
+
+    sup, clock, dumped = watched(tmp_path)
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
+    clock.now += 11
+    assert not sup.look_at_progress(sup.watch)
+    clock.now += 25  # start-up: no report yet, within the grace
+    assert sup.watch.check() is None
+    for r in range(3):  # the three survivors' new processes report step 38 (resumed)
+        (sup.watch.jpaths.progress_dir / f"{r}.json").write_text(
+            RankProgress(rank=r, step=38, time=clock.now).to_json())
+    assert not sup.look_at_progress(sup.watch) and not dumped
+    clock.now += 9
+    assert sup.watch.check() is None
+    clock.now += 2  # 11 s with no step after they started: a hang
+    assert sup.look_at_progress(sup.watch)

@@ -49,6 +49,8 @@ class HangWatch:
         self.hang_timeout, self.clock = hang_timeout, clock
         self.records: dict[int, RankProgress] = {}
         self.moved_at: dict[int, float] = {}
+        #: when the attempt's processes were last replaced (None: never; see restart_clock)
+        self.restarted_at: float | None = None
 
     def read(self) -> None:
         """Read every rank's progress file; note when a rank's step changed."""
@@ -68,6 +70,8 @@ class HangWatch:
                         continue
                     if rec.rank != int(stem):
                         continue  # a file must speak for its own rank
+                    if self.restarted_at is not None and rec.time < self.restarted_at:
+                        continue  # the replaced processes' last report, not the new ones'
                     old = self.records.get(rec.rank)
                     if old is None or old.step != rec.step:
                         self.moved_at[rec.rank] = now
@@ -80,10 +84,14 @@ class HangWatch:
     def restart_clock(self) -> None:
         """Every rank's process is being replaced: an elastic attempt's membership changed
         (torchrun restarts the workers after a node is lost and after one joins), so no step
-        is due before the new processes started; the hang timeout counts from now, not from
-        the old processes' last step (their start-up is not a hang)."""
-        now = self.clock()
-        self.moved_at = {r: now for r in self.moved_at}
+        is due before the new processes started. The old processes' reports are forgotten
+        (and files written before now are not read again); the hang timeout counts from
+        the new processes' first report, their start-up being bounded apart
+        (``hang_rules.RESTART_GRACE_FACTOR`` timeouts): on two cores torchrun's restart
+        alone took longer than a 10 s timeout, and every join was judged a hang."""
+        self.restarted_at = self.clock()
+        self.records.clear()
+        self.moved_at.clear()
 
     def read_stacks(self, found: dict[int, dict]) -> dict[int, dict]:
         """The stacks the nodes wrote (as the user, ``jobs/<id>/stacks/<rank>.json``) for
@@ -113,7 +121,8 @@ class HangWatch:
         """A hang, judged now (None: progress is recent, or none ever reported)."""
         self.read()
         return hang_rules.judge_hang(self.steps(), self.moved_at, now=self.clock(),
-                                     timeout=self.hang_timeout, ranks=ranks)
+                                     timeout=self.hang_timeout, ranks=ranks,
+                                     restarted_at=self.restarted_at)
 
     def stragglers(self) -> tuple[str, ...]:
         """``dl-jobs``' lines for the ranks that lag the others (from the last read)."""

@@ -6,7 +6,9 @@ attempt runs, notes on its own clock when each rank's step last moved, and asks:
 
 - :func:`judge_hang`: has no rank made progress for ``--hang-timeout`` seconds? Only once
   some rank has reported at all: a script that never reports (or is still loading its
-  data) is never called hung.
+  data) is never called hung. After an elastic restart the clock starts at the new
+  processes' first report (their start-up is not a hang), within a bound of
+  ``RESTART_GRACE_FACTOR`` timeouts.
 - :func:`odd_ranks`: once the stacks are dumped, which ranks are not where the others are
   (a lower step, or another stack than the majority's; with no majority, the ranks that
   are not waiting in a collective while others are).
@@ -35,6 +37,9 @@ COLLECTIVE_FUNCTIONS = frozenset({
     "all_to_all", "all_to_all_single", "gather", "scatter", "reduce", "send", "recv", "wait",
     "_engine_run_backward", "synchronize"})
 COLLECTIVE_FILES = ("distributed_c10d.py",)
+#: After an elastic restart, the new processes have this many hang timeouts to report
+#: their first step before their start-up itself is called a hang.
+RESTART_GRACE_FACTOR = 3
 #: torch's flight recorder: events kept per process group.
 FLIGHT_RECORDER_EVENTS = 2000
 
@@ -51,12 +56,23 @@ class Hang:
 
 
 def judge_hang(steps: Mapping[int, int | None], moved_at: Mapping[int, float], *,
-               now: float, timeout: float, ranks: int = 0) -> Hang | None:
+               now: float, timeout: float, ranks: int = 0,
+               restarted_at: float | None = None) -> Hang | None:
     """``steps``: each rank's last step (None: not reported); ``moved_at``: when (on the
     caller's clock) each reporting rank's step last changed; ``ranks``: how many ranks the
-    attempt has (0: those in ``steps``). A hang once the newest move is ``timeout`` old."""
-    if timeout <= 0 or not moved_at:
+    attempt has (0: those in ``steps``). A hang once the newest move is ``timeout`` old.
+    ``restarted_at``: when the attempt's processes were replaced (an elastic membership
+    change): until the new processes report, their start-up (imports, rendezvous, the
+    checkpoint's load) is not a hang, but start-up longer than :data:`RESTART_GRACE_FACTOR`
+    times the timeout is one (the processes reported before, so they can)."""
+    if timeout <= 0:
         return None
+    if not moved_at:
+        if restarted_at is None or now - restarted_at < RESTART_GRACE_FACTOR * timeout:
+            return None
+        everyone = range(max(ranks, max(steps, default=-1) + 1))
+        return Hang(seconds=now - restarted_at, last_progress_at=restarted_at, top_step=0,
+                    behind=tuple(everyone))
     last = max(moved_at.values())
     if now - last < timeout:
         return None

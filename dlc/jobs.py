@@ -17,7 +17,7 @@ from dlc import aws
 from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
 from dlc.remote import Remote, caller_user, check_user
-from dlc.status import job_id, jobs_list
+from dlc.status import job_id, jobs_list, jobs_listing
 from dlc.target import Target
 
 #: How long one poll of ``dlc logs -f`` waits before asking again (seconds).
@@ -114,7 +114,8 @@ def submitted(data: object) -> tuple[str, str]:
 
 
 def list_jobs(remote: Remote) -> list[dict]:
-    return jobs_list(remote.json(["dl-jobs", "--json"]))
+    """Every job, read in pages below Run Command's output limit (:func:`jobs_listing`)."""
+    return jobs_list(jobs_listing(remote))
 
 
 def _known(remote: Remote, jid: str) -> None:

@@ -81,14 +81,14 @@ def test_dlc_jobs_lists_more_jobs_than_one_run_command_answer_holds(tmp_path: Pa
     assert all(j["state"] == "failed" and j["cost"] for j in listed)
 
 
-def test_a_page_holds_at_least_one_job_and_says_where_the_next_starts() -> None:
+def test_a_page_holds_at_least_one_job_and_says_whether_more_are_left() -> None:
     entries = [{"job_id": str(k), "pad": "y" * 50} for k in range(10)]
-    page, after = dl_jobs.list_page(entries, 0, budget=200)
-    assert [e["job_id"] for e in page] == ["0", "1"] and after == 2
-    page, after = dl_jobs.list_page(entries, 9, budget=200)
-    assert [e["job_id"] for e in page] == ["9"] and after is None
-    page, after = dl_jobs.list_page(entries, 0, budget=1)  # too big: alone, still moving on
-    assert len(page) == 1 and after == 1
+    page, more = dl_jobs.list_page(entries, budget=200)
+    assert [e["job_id"] for e in page] == ["0", "1"] and more
+    page, more = dl_jobs.list_page(entries[9:], budget=200)
+    assert [e["job_id"] for e in page] == ["9"] and not more
+    page, more = dl_jobs.list_page(entries, budget=1)  # too big: alone, still moving on
+    assert len(page) == 1 and more
 
 
 def test_an_older_dl_jobs_without_pages_is_read_whole(tmp_path: Path,

@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
 
@@ -125,20 +126,20 @@ def cost_cell(job: ManagedJob, now: float) -> str:
     return spent + (f"/{job.max_cost_usd}" if job.max_cost_usd else "")
 
 
-def list_page(entries: list[dict], start: int, budget: int = LIST_PAGE_BYTES
-              ) -> tuple[list[dict], int | None]:
-    """The entries from ``start`` whose compact JSON fits ``budget`` bytes (at least one,
-    so a page always moves on), and the index to ask from next (None: that was the last)."""
+def list_page(entries: Iterable[dict], budget: int = LIST_PAGE_BYTES
+              ) -> tuple[list[dict], bool]:
+    """The first entries whose compact JSON fits ``budget`` bytes (at least one, so a page
+    always moves on), and whether any are left. Lazy: the entries after the page are not
+    made (each reads the job's checkpoint manifests)."""
     taken: list[dict] = []
     used = 0
-    for entry in entries[max(0, start):]:
+    for entry in entries:
         size = len(json.dumps(entry, sort_keys=True, separators=(",", ":"))) + 1
         if taken and used + size > budget:
-            break
+            return taken, True
         taken.append(entry)
         used += size
-    end = max(0, start) + len(taken)
-    return taken, (end if end < len(entries) else None)
+    return taken, False
 
 
 def print_list(efs: Path, as_json: bool, start: int | None = None) -> int:
@@ -153,11 +154,11 @@ def print_list(efs: Path, as_json: bool, start: int | None = None) -> int:
             if start < 0:
                 print(f"dl-jobs: error: --from must be >= 0, got {start}", file=sys.stderr)
                 return EXIT_USAGE
-            entries = [{**with_cost(j, now), "checkpoint": managed.last_checkpoint(efs, j)}
-                       for j in jobs[start:]]
-            page, after = list_page(entries, 0)
+            page, more = list_page({**with_cost(j, now),
+                                    "checkpoint": managed.last_checkpoint(efs, j)}
+                                   for j in jobs[start:])
             print(json.dumps({**head, "jobs": page, "total": len(jobs),
-                              "next": None if after is None else start + after},
+                              "next": start + len(page) if more else None},
                              sort_keys=True, separators=(",", ":")))
             return 0
         print(json.dumps({**head,

@@ -148,3 +148,11 @@ def dl_jobs_out(efs: Path, *argv: str) -> str:
     with contextlib.redirect_stdout(out):
         assert dl_jobs.main(["--mount-point", str(efs), *argv]) == 0
     return out.getvalue()
+
+
+def test_a_page_past_the_end_is_empty_and_a_negative_start_is_refused(tmp_path: Path) -> None:
+    submitted(tmp_path, "only-1", state="succeeded", attempt=1)
+    page = json.loads(dl_jobs_out(tmp_path, "--json", "--from", "5"))
+    assert page["jobs"] == [] and page["next"] is None and page["total"] == 1
+    res = Master(tmp_path).run(["dl-jobs", "--json", "--from", "-1"])
+    assert res.code == 2 and "--from must be >= 0" in res.stderr

@@ -10,7 +10,6 @@ import json
 import os
 import pwd
 import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -249,12 +248,9 @@ def test_tensorboard_of_a_job_runs_on_the_master_as_its_user(kept: dict, capsys,
         try:
             lines: list[str] = []
             deadline = time.monotonic() + 120
-            ready = selectors.DefaultSelector()  # a silent tunnel must not block the read
-            ready.register(tunnel.stdout, selectors.EVENT_READ)
             while not any("Waiting for connections" in line for line in lines):
                 assert tunnel.poll() is None and time.monotonic() < deadline, "".join(lines)
-                if ready.select(timeout=1.0):
-                    lines.append(tunnel.stdout.readline())
+                lines.append(tunnel.stdout.readline())
             assert any(f"http://localhost:{local}{secret} " in line for line in lines), lines
             url = f"http://127.0.0.1:{local}{secret}data/plugin/scalars/tags"
             deadline, tags = time.monotonic() + 30, {}

@@ -17,7 +17,7 @@ from dlc import aws
 from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
 from dlc.remote import Remote, caller_user, check_user
-from dlc.status import job_id, jobs_list
+from dlc.status import job_id, jobs_list, jobs_listing
 from dlc.target import Target
 
 #: How long one poll of ``dlc logs -f`` waits before asking again (seconds).
@@ -114,7 +114,8 @@ def submitted(data: object) -> tuple[str, str]:
 
 
 def list_jobs(remote: Remote) -> list[dict]:
-    return jobs_list(remote.json(["dl-jobs", "--json"]))
+    """Every job, read in pages below Run Command's output limit (:func:`jobs_listing`)."""
+    return jobs_list(jobs_listing(remote))
 
 
 def _known(remote: Remote, jid: str) -> None:
@@ -155,15 +156,27 @@ class Unreachable(DlcError):
         self.exit_code = cause.exit_code
 
 
+def waiting_line(jid: str, state: str) -> str:
+    """What ``dlc logs`` says once when the job has not started: a user following it sees
+    why nothing comes, and how to give up."""
+    return (f"dlc: job {jid} is {state}: waiting for the controller to start it on its nodes "
+            f"(dlc status shows the cluster; dlc cancel {jid} gives up)\n")
+
+
 def stream_logs(remote: Remote, jid: str, node: int | None, write: Callable[[str], None],
                 write_err: Callable[[str], None], *, follow: bool,
-                poll: float = FOLLOW_POLL, timeout: float | None = None) -> dict:
+                poll: float | None = None, timeout: float | None = None) -> dict:
     """Print the job's output page after page, each node's lines whole and prefixed with
     the node, nothing lost or repeated: the master hands out pages from a cursor that holds
     one offset per node log (it stays with ``dlc``, the master keeps nothing); with
-    ``follow``, until the job is over. Returns the last page (its ``state``)."""
+    ``follow``, until the job is over, whichever way it ends (succeeded, failed, cancelled,
+    stopped at its budget, cancelled before it ever started). A job still queued is said
+    once on stderr (:func:`waiting_line`). Returns the last page (its ``state``).
+    ``poll``: seconds between pages once drained (default :data:`FOLLOW_POLL`)."""
+    poll = FOLLOW_POLL if poll is None else poll
     cursor = "1"
     deadline = None if timeout is None else time.monotonic() + timeout
+    said_waiting = False
     while True:
         try:
             page = read_page(remote, jid, cursor, node)
@@ -174,6 +187,9 @@ def stream_logs(remote: Remote, jid: str, node: int | None, write: Callable[[str
                 raise Unreachable(exc) from None
             raise
         cursor = page["cursor"]
+        if page.get("state") == "queued" and not said_waiting:
+            write_err(waiting_line(jid, "queued"))
+            said_waiting = True
         if page.get("out"):
             write("".join(line + "\n" for line in page["out"]))
         if page.get("err"):

@@ -289,6 +289,12 @@ class Remote:
         """Run a command that prints JSON and parse it (``allow_codes``: exit statuses that
         still carry a JSON answer, e.g. dl-health's 1 = unhealthy)."""
         res = self.run(argv, timeout=timeout, run_as=run_as, workdir=workdir)
+        return self.parse(argv, res, allow_codes)
+
+    def parse(self, argv: list[str], res: Result, allow_codes: tuple[int, ...] = (0,)
+              ) -> object:
+        """The JSON ``argv`` printed (:meth:`json`), or DlcError saying why there is none:
+        not installed, a failing exit status, or output Run Command cut at its limit."""
         if res.code == NOT_INSTALLED:
             raise DlcError(f"{argv[0]} is not installed on the master {self.instance_id} "
                            f"(exit 127): {res.message()}")
@@ -298,5 +304,10 @@ class Remote:
         try:
             return json.loads(res.stdout)
         except ValueError:
+            if len(res.stdout) >= STDOUT_LIMIT:
+                raise DlcError(f"{shlex.join(argv)} printed more than Run Command returns "
+                               f"({STDOUT_LIMIT:,} characters of stdout): its JSON was cut "
+                               "short on the way back from the master "
+                               f"{self.instance_id}") from None
             raise DlcError(f"{shlex.join(argv)} printed no JSON on the master (exit "
                            f"{res.code}): {res.stdout[:300]!r} {res.message()[:300]}") from None

@@ -88,6 +88,43 @@ def jobs_list(data: object) -> list[dict]:
     return [j for j in data if isinstance(j, dict)] if isinstance(data, list) else []
 
 
+#: ``dl-jobs --json --from K`` pages read at most (a guard against a master that never
+#: says the last page came).
+MAX_LIST_PAGES = 500
+
+
+def jobs_listing(remote: Remote) -> dict:
+    """``dl-jobs --json`` whole (``controller``, ``idle_stop``, ``jobs``), read page after
+    page (``--from K``) because Run Command returns only the first 24,000 characters of a
+    command's output and the list grows with every job; a job seen twice (the list moved
+    between pages) is kept once. A master whose dl-jobs has no ``--from`` is asked for the
+    whole list at once."""
+    jobs: dict[str, dict] = {}
+    head: dict = {}
+    start: int | None = 0
+    for _ in range(MAX_LIST_PAGES):
+        argv = ["dl-jobs", "--json", "--from", str(start)]
+        res = remote.run(argv)
+        if res.code == 2 and "unrecognized arguments: --from" in res.stderr:
+            whole = remote.json(["dl-jobs", "--json"])
+            return whole if isinstance(whole, dict) else {"jobs": jobs_list(whole)}
+        page = remote.parse(argv, res)
+        if not isinstance(page, dict) or not isinstance(page.get("jobs"), list):
+            raise DlcError(f"dl-jobs --json --from {start} answered no page: "
+                           f"{str(page)[:300]!r}")
+        head = {k: v for k, v in page.items() if k not in ("jobs", "next", "total")}
+        for job in jobs_list(page):
+            jobs[job_id(job)] = job
+        after = page.get("next")
+        if after is None:
+            return {**head, "jobs": list(jobs.values())}
+        if not isinstance(after, int) or after <= start:
+            raise DlcError(f"dl-jobs --json --from {start} answered next={after!r}: not a "
+                           "later page")
+        start = after
+    raise DlcError(f"dl-jobs --json: more than {MAX_LIST_PAGES} pages of jobs")
+
+
 def job_id(job: dict) -> str:
     return str(job.get("job_id") or job.get("id") or "")
 
@@ -133,7 +170,7 @@ def gather(target: Target, *, with_cost: bool = True) -> dict:
         except DlcError as exc:
             out["errors"]["health"] = str(exc)
         try:
-            listed = remote.json(["dl-jobs", "--json"])
+            listed = jobs_listing(remote)
             jobs = jobs_list(listed)
             out["idle_stop"] = listed.get("idle_stop") if isinstance(listed, dict) else None
         except DlcError as exc:

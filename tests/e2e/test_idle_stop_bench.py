@@ -29,6 +29,7 @@ from dlc.cli import main
 from emulator.demo.context import STATE_FILE
 from emulator.nodes import PYTHON
 from tests.conftest import REPO_ROOT
+from tests.support.bounded import dlc_follow
 from tests.support.demo import DEMO_TIMEOUT, demo_env
 from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
 
@@ -141,10 +142,11 @@ def test_bench_idle_stop_to_zero_workers_and_back_for_the_next_job(tmp_path, cap
             assert code == 0, err
             assert "workers STOPPED" in err and "waits for its 2 node(s)" in err, err
             job = json.loads(out)["job_id"]
-            code, out, err = dlc(state_path, capsys, "logs", "-f", job)
+            code, out, err = dlc_follow(state_path, job, timeout=PHASE_TIMEOUT)
             back = time.monotonic() - submitted
             assert code == 0 and f"job {job} succeeded" in err, out[-2000:] + err
-        code, out, _ = dlc(state_path, capsys, "jobs", "--json")
+        code, out, err = dlc(state_path, capsys, "jobs", "--json")
+        assert code == 0, err
         (record,) = [j for j in json.loads(out) if j["job_id"] == job]
         assert record["world_size"] == 2, record
         st = status(state_path, capsys)

@@ -1,6 +1,7 @@
 """``dl-jobs``: the managed jobs of the cluster, their restarts, logs, and cancelling them.
 
     dl-jobs [--json]                   every job, oldest first, and whether a controller runs
+    dl-jobs --json --from K            the same as one page from the K-th job (``dlc jobs``)
     dl-jobs show ID [--json]           one job: state, attempts, restarts (each with its cause)
     dl-jobs logs ID [-f] [--node RANK] its output, attempt after attempt
     dl-jobs logs ID --cursor C         one page of it as JSON, from a cursor (``dlc logs``)
@@ -11,8 +12,16 @@ Each job's cost is its ledger (``ops/cost``): its attempts' node-seconds x each 
 price, as the controller recorded them; a running attempt counts up to now.
 
 Reads EFS only (``managed/``, ``jobs/``, ``cluster/controller.json``,
-``cluster/idle-stop.json``), so it works on any node. Exit status: 0, 1 (the job of
-``logs -f`` did not succeed), 2 (usage, unknown job, another user's job).
+``cluster/idle-stop.json``), so it works on any node.
+
+Why ``--from``: the list grows with every job (each with its ledger, per attempt and node),
+and Run Command returns only the first 24,000 characters of a command's output, so a whole
+list read through it is cut after a dozen jobs. ``--json --from K`` prints the jobs from the
+K-th on, compact, as many as fit :data:`LIST_PAGE_BYTES` (at least one), and ``next``: the
+index to ask from next, null after the last; ``dlc`` reads page after page.
+
+Exit status: 0, 1 (the job of ``logs -f`` did not succeed), 2 (usage, unknown job, another
+user's job).
 
 ``DL_OPERATOR_USER=<user>`` in the environment (set by an operator's per-user Command
 document, ``constructs_lib/operator_document.py``, which runs dl-jobs as root): ``cancel``
@@ -29,6 +38,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
 
@@ -45,6 +55,10 @@ from bootstrap_scripts.protocol.paths import ManagedPaths, NodePaths
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: A ``--json --from K`` page's jobs take at most this many bytes of JSON (one job more
+#: than that goes alone); the rest of the answer is small (Run Command returns 24,000
+#: characters of stdout).
+LIST_PAGE_BYTES = 16_000
 #: The cluster user an operator's per-user Command document acts for (its cancels only).
 OPERATOR_USER_ENV = "DL_OPERATOR_USER"
 
@@ -56,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mount-point", default="", help="EFS mount point (default: the "
                    "membership's)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--from", type=int, default=None, dest="start", metavar="K",
+                   help="with --json: one page of the list, from the K-th job (0: the "
+                        "first), with the index to ask from next")
     sub = p.add_subparsers(dest="command")
     sub.add_parser("list", help="every job (the default)")
     show = sub.add_parser("show", help="one job and its restarts")
@@ -109,14 +126,42 @@ def cost_cell(job: ManagedJob, now: float) -> str:
     return spent + (f"/{job.max_cost_usd}" if job.max_cost_usd else "")
 
 
-def print_list(efs: Path, as_json: bool) -> int:
+def list_page(entries: Iterable[dict], budget: int = LIST_PAGE_BYTES
+              ) -> tuple[list[dict], bool]:
+    """The first entries whose compact JSON fits ``budget`` bytes (at least one, so a page
+    always moves on), and whether any are left. Lazy: the entries after the page are not
+    made (each reads the job's checkpoint manifests)."""
+    taken: list[dict] = []
+    used = 0
+    for entry in entries:
+        size = len(json.dumps(entry, sort_keys=True, separators=(",", ":"))) + 1
+        if taken and used + size > budget:
+            return taken, True
+        taken.append(entry)
+        used += size
+    return taken, False
+
+
+def print_list(efs: Path, as_json: bool, start: int | None = None) -> int:
     jobs = managed.list_jobs(efs)
     status = managed.controller_status(efs)
     idle = managed.idle_stop(efs)
     now = time.time()
     if as_json:
-        print(json.dumps({"controller": {"alive": status.alive, "status": status.text},
-                          "idle_stop": idle.to_dict() if idle else None,
+        head = {"controller": {"alive": status.alive, "status": status.text},
+                "idle_stop": idle.to_dict() if idle else None}
+        if start is not None:
+            if start < 0:
+                print(f"dl-jobs: error: --from must be >= 0, got {start}", file=sys.stderr)
+                return EXIT_USAGE
+            page, more = list_page({**with_cost(j, now),
+                                    "checkpoint": managed.last_checkpoint(efs, j)}
+                                   for j in jobs[start:])
+            print(json.dumps({**head, "jobs": page, "total": len(jobs),
+                              "next": start + len(page) if more else None},
+                             sort_keys=True, separators=(",", ":")))
+            return 0
+        print(json.dumps({**head,
                           "jobs": [{**with_cost(j, now),
                                     "checkpoint": managed.last_checkpoint(efs, j)}
                                    for j in jobs]}, indent=2, sort_keys=True))
@@ -273,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     efs = efs_of(args)
     try:
         if args.command in (None, "list"):
-            return print_list(efs, args.json)
+            return print_list(efs, args.json, args.start if args.json else None)
         paths = managed.find(efs, args.job_id)
         if args.command == "show":
             job = managed.view(paths)

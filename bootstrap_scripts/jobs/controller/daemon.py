@@ -330,7 +330,7 @@ class Controller:
             try:
                 sup.update(controller=self.me)
                 if managed.cancel_requested(paths):
-                    sup.finish(JobState.CANCELLED, "cancelled by the user before it started")
+                    sup.finish(JobState.CANCELLED, managed.CANCELLED_BEFORE_START)
                     continue
                 problem = self.refuse(paths)
                 if problem:

@@ -114,8 +114,15 @@ def save_job(paths: ManagedPaths, job: ManagedJob) -> ManagedJob:
     return job
 
 
+#: The message of a job cancelled before the controller picked it up.
+CANCELLED_BEFORE_START = "cancelled by the user before it started"
+
+
 def view(paths: ManagedPaths) -> ManagedJob | None:
-    """The controller's record, or (not picked up yet) a queued view of the request."""
+    """The controller's record, or (not picked up yet) a queued view of the request:
+    cancelled if the user cancelled it. The controller closes such a job only when it
+    next takes one from the queue, which may be after a long job ends; until then the
+    job is over for everyone reading it (``dl-jobs``, ``dlc logs -f``)."""
     job = load_job(paths)
     if job is not None:
         return job
@@ -123,10 +130,13 @@ def view(paths: ManagedPaths) -> ManagedJob | None:
     if req is None:
         problem = request_problem(paths)
         return unusable(paths, problem) if problem else None
-    return ManagedJob(job_id=req.job_id, state=JobState.QUEUED.value,
+    cancelled = cancel_requested(paths)
+    return ManagedJob(job_id=req.job_id,
+                      state=(JobState.CANCELLED if cancelled else JobState.QUEUED).value,
                       submitted_at=req.submitted_at, user=req.user,
                       world_size=req.world_size, full_size=req.world_size,
-                      max_cost_usd=req.max_cost_usd)
+                      max_cost_usd=req.max_cost_usd,
+                      message=CANCELLED_BEFORE_START if cancelled else "")
 
 
 def all_paths(efs: Path) -> list[ManagedPaths]:

@@ -14,7 +14,8 @@ import secrets
 
 import pytest
 
-from tests.security.conftest import as_user, dl
+from tests.security.conftest import as_user
+from tests.support.users import dl
 
 pytestmark = [pytest.mark.slow]
 

@@ -24,10 +24,13 @@ import pytest
 from emulator.nodes import PYTHON
 from tests.support import users
 from tests.support.cluster import LocalCluster
-from tests.support.users import cluster_for_users, cluster_user, login_env
+from tests.support.users import cluster_for_users, cluster_user
 
-#: the interpreter every user can reach: the shared fixture (tests/support/users.py), by name
+# The shared helpers (tests/support/users.py) under the drills' names: the interpreter every
+# user can reach (a fixture), a login's environment, a dl-* program run as a user.
 reachable_python = users.reachable_python
+user_env = users.login_env
+dl = users.dl
 
 
 def new_user(role: str) -> Iterator[pwd.struct_passwd]:
@@ -75,7 +78,7 @@ def cluster(victim, attacker, reachable_python) -> Iterator[LocalCluster]:
 def as_user(user: pwd.struct_passwd, code: str, *args: str, timeout: float = 60
             ) -> subprocess.CompletedProcess:
     """Run Python ``code`` (``sys.argv[1:]`` = ``args``) as ``user``: what that user can do."""
-    return subprocess.run([PYTHON, "-c", code, *args], cwd="/", env=login_env(user), text=True,
+    return subprocess.run([PYTHON, "-c", code, *args], cwd="/", env=user_env(user), text=True,
                           capture_output=True, timeout=timeout, user=user.pw_uid,
                           group=user.pw_gid, extra_groups=[])
 

@@ -20,8 +20,7 @@ import pytest
 from bootstrap_scripts.examples import train_digits
 from emulator.nodes import PYTHON, base_env
 from tests.conftest import REPO_ROOT
-from tests.security.conftest import as_user
-from tests.support.users import dl
+from tests.security.conftest import as_user, dl
 
 pytestmark = [pytest.mark.slow]
 

@@ -14,8 +14,7 @@ import secrets
 
 import pytest
 
-from tests.security.conftest import as_user
-from tests.support.users import dl
+from tests.security.conftest import as_user, dl
 
 pytestmark = [pytest.mark.slow]
 

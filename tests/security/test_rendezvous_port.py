@@ -42,8 +42,7 @@ from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths, NodePaths
 from bootstrap_scripts.protocol.records import ShareStarted
 from emulator.nodes import PYTHON
-from tests.security.conftest import wait_until
-from tests.support.users import login_env as user_env
+from tests.security.conftest import user_env, wait_until
 
 pytestmark = [pytest.mark.slow]
 

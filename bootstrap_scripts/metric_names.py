@@ -59,6 +59,16 @@ METRIC_GPU_POWER = "GPUPowerDraw"
 METRIC_GPU_ECC_UNCORRECTED = "GPUEccErrorsUncorrected"
 #: GPUs of the node with retired memory pages waiting for a GPU reset (a count).
 METRIC_GPU_RETIRED_PAGES_PENDING = "GPURetiredPagesPending"
+# Per node (ClusterId, InstanceId), from DCGM's profiling fields where the image has DCGM
+# (``bootstrap_scripts.dcgm_metrics``): what the GPUs' hardware did, in percent of the time
+# (the GPUs' mean), where nvidia-smi's utilisation only says a kernel ran.
+#: Streaming multiprocessors with work resident (``DCGM_FI_PROF_SM_ACTIVE``).
+METRIC_GPU_SM_ACTIVE = "GPUSMActive"
+#: Tensor core pipes active (``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE``): low while GPUs look
+#: busy means a memory-bound or badly fused model.
+METRIC_GPU_TENSOR_ACTIVE = "GPUTensorActive"
+#: Device memory interface active (``DCGM_FI_PROF_DRAM_ACTIVE``).
+METRIC_GPU_DRAM_ACTIVE = "GPUDramActive"
 #: XID errors the node's NVIDIA driver reported in the kernel log since the last sample
 #: (``bootstrap_scripts.xid_errors``; a count; only where the executor can read
 #: ``/dev/kmsg``).

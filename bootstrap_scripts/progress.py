@@ -76,6 +76,7 @@ class Reporter:
         self.last_time = 0.0
         self.written_at = float("-inf")
         self.recent: deque[float] = deque(maxlen=RECENT)
+        self.compute: deque[float] = deque(maxlen=RECENT)
         self.catch_up = catch_up
         self.lock = threading.Lock()
         self.pending: RankProgress | None = None
@@ -83,11 +84,13 @@ class Reporter:
 
     def report(self, step: int, *, loss: float | None = None,
                samples_per_s: float | None = None,
-               step_seconds: float | None = None) -> bool:
+               step_seconds: float | None = None,
+               compute_seconds: float | None = None) -> bool:
         """Note ``step`` done now; write the file if the interval has passed (True then).
-        ``step_seconds``: this rank's own time for the step (e.g. its compute without the
-        wait in the gradient all-reduce); default: the time since the previous report over
-        the steps taken since."""
+        ``step_seconds``: this step's time; default: the time since the previous report
+        over the steps taken since. ``compute_seconds``: this rank's own time for the step,
+        without its wait for the others in the gradient all-reduce (the straggler rule
+        compares these when every rank gives them); default: none."""
         with self.lock:
             now = float(self.clock())  # type: ignore[operator]
             if not self.started_at:
@@ -96,6 +99,8 @@ class Reporter:
                 step_seconds = (now - self.last_time) / (step - self.last_step)
             if step_seconds is not None:
                 self.recent.append(round(float(step_seconds), 6))
+            if compute_seconds is not None:
+                self.compute.append(round(float(compute_seconds), 6))
             self.last_step, self.last_time = int(step), now
             rec = RankProgress(
                 rank=self.rank, step=int(step), time=now, pid=os.getpid(), host=self.host,
@@ -103,7 +108,8 @@ class Reporter:
                 loss=None if loss is None else float(loss),
                 samples_per_s=None if samples_per_s is None else float(samples_per_s),
                 step_seconds=self.recent[-1] if self.recent else None,
-                recent_step_seconds=tuple(self.recent))
+                recent_step_seconds=tuple(self.recent),
+                recent_compute_seconds=tuple(self.compute))
             wait = self.interval - (now - self.written_at)
             if wait <= 0:
                 self.write(rec, now)
@@ -159,7 +165,7 @@ def reporter() -> Reporter | None:
 
 
 def report(step: int, loss: float | None = None, samples_per_s: float | None = None, *,
-           step_seconds: float | None = None) -> None:
+           step_seconds: float | None = None, compute_seconds: float | None = None) -> None:
     """Declare that this rank finished optimizer step ``step`` (any increasing count).
     Never raises on a write failure (a full disk must not stop training): progress is
     advisory; the worst case is a hang judged later."""
@@ -167,4 +173,5 @@ def report(step: int, loss: float | None = None, samples_per_s: float | None = N
     if rep is None:
         return
     with contextlib.suppress(OSError):
-        rep.report(step, loss=loss, samples_per_s=samples_per_s, step_seconds=step_seconds)
+        rep.report(step, loss=loss, samples_per_s=samples_per_s, step_seconds=step_seconds,
+                   compute_seconds=compute_seconds)

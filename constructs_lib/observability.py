@@ -313,6 +313,14 @@ class ClusterObservability(Construct):
                    self.per_node(names.METRIC_GPU_XID_ERRORS, "XID", "Sum"),
                    self.metric(names.METRIC_GPU_XID_ERRORS, "Sum").with_(
                        label="XIDs, whole cluster")])], y_min=0))
+        # per node, where the image has DCGM: what the hardware did (tensor cores idle
+        # while utilisation reads 100% is a memory-bound or badly fused model)
+        board.add_widgets(cw.GraphWidget(
+            title="DCGM activity per node (%): SM, tensor cores, memory interface", width=24,
+            left=[self.per_node(names.METRIC_GPU_SM_ACTIVE, "SM"),
+                  self.per_node(names.METRIC_GPU_TENSOR_ACTIVE, "tensor"),
+                  self.per_node(names.METRIC_GPU_DRAM_ACTIVE, "DRAM")],
+            left_y_axis=cw.YAxisProps(min=0, max=100)))
         # per node, on nodes with EFA: the fabric's traffic, and what a sick path or peer
         # shows (drops, retransmissions, unresponsive or impaired peers)
         board.add_widgets(*self.graphs(12, [

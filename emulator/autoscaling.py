@@ -40,6 +40,8 @@ through moto's own APIs:
 7. **Each machine's systemd.** On a running machine a unit whose process ended is started
    again as its ``Restart=`` / ``RestartSec=`` say (``emulator.nodes.Node.restart_units``),
    e.g. a replacement master's job controller that started before the membership did.
+8. **CloudWatch's own round** (``emulator.alarm_evaluator``): once a minute, the groups'
+   metrics are published and every alarm is evaluated, its actions run.
 
 Everything it did is kept in :attr:`AutoScaling.events` (with ``time.monotonic()``
 stamps), so callers can time failure detection and replacement.
@@ -55,6 +57,7 @@ from botocore.exceptions import ClientError
 
 from bootstrap_scripts.procgroup import stop_groups
 from emulator import notifications as nt
+from emulator.alarm_evaluator import CloudWatchActs
 from emulator.deploy import Instance
 from emulator.nodes import Node
 
@@ -117,6 +120,8 @@ class AutoScaling:
         self.unhealthy_sent: set[str] = set()
         self.terminated: set[str] = set()
         self.stopped: set[str] = set()  # nodes stopped because EC2 terminated their instance
+        #: group metrics and alarm evaluation, once a minute (step 8)
+        self.cloudwatch = CloudWatchActs(session, say=say)
 
     # -- one round ---------------------------------------------------------------------------
     def tick(self, *, force: bool = False) -> None:
@@ -135,6 +140,7 @@ class AutoScaling:
         self.boot_warming()
         self.deliver()
         self.systemd(now)
+        self.cloudwatch.tick(background=True)
 
     def events_of(self, what: str, instance_id: str = "") -> list[Event]:
         return [e for e in self.events if e.what == what

@@ -21,6 +21,12 @@ uses a GPU here, so nothing else would). A field it does not know fails the quer
 nvidia-smi does (exit 2, ``Field "x" is not a valid field to query.``); another
 ``--format`` exits 2 too.
 
+DCGM: the GPU DLAMIs ship it, so a node with a stand-in nvidia-smi (and a fault file, as
+every emulated node has) also gets a stand-in ``dcgmi`` answering ``dmon`` of the three
+profiling fields the GPU sampler asks (``bootstrap_scripts.dcgm_metrics``), its values a
+fixed share of the same utilisation (:data:`DMON_FIELDS`), and ``diag -r 1 --json`` (the
+deep health gate's) with every level-1 test passed; both fail with the driver.
+
 Fault hooks (how the demo's "unhealthy node" and the gate's tests break a node):
 
 - ``Node(gpu_fault=True)``: the script fails from boot, as a broken driver does
@@ -93,10 +99,48 @@ def fake_nvidia_smi(directory: Path, gpus: int, *, fault: bool = False,
                                     / GPU_UTILIZATION_FILE)) if fault_file else "/nonexistent"
         body = f"{check}case \"$1\" in\n-L) printf '{lines}' ;;\n" \
                f"--query-gpu=*) {_query_script(gpus, util_file)} ;;\n*) exit 9 ;;\nesac\n"
-    script = directory / "nvidia-smi"
-    script.write_text("#!/bin/sh\n" + body)
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    scripts = {"nvidia-smi": body}
+    if not fault and fault_file:  # the GPU DLAMIs ship DCGM: its dcgmi beside nvidia-smi
+        scripts["dcgmi"] = f"{check}{_dcgmi_script(gpus, util_file)}"
+    for name, text in scripts.items():
+        script = directory / name
+        script.write_text("#!/bin/sh\n" + text)
+        script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return directory
+
+
+#: The DCGM profiling fields the stand-in ``dcgmi dmon`` answers, and each one's share of
+#: the utilisation (per mille per percent): SM active, tensor pipes, memory interface.
+DMON_FIELDS = {"1002": ("SMACT", 9), "1004": ("TENSO", 5), "1005": ("DRAMA", 4)}
+
+
+#: ``dcgmi diag -r 1 --json`` of healthy GPUs (level 1: the deployment checks), in the
+#: shape the health gate's parser reads (``bootstrap_scripts.ops.node_checks.parse_dcgm``).
+DIAG_PASS = json.dumps({"DCGM GPU Diagnostic": {"test_categories": [{
+    "category": "Deployment", "tests": [{"name": n, "results": [{"status": "Pass"}]} for n in (
+        "Denylist", "NVML Library", "CUDA Main Library", "Permissions and OS Blocks",
+        "Persistence Mode", "Environment Variables", "Page Retirement/Row Remap",
+        "Graphics Processes", "Inforom")]}]}}, separators=(",", ":"))
+
+
+def _dcgmi_script(gpus: int, util_file: str) -> str:
+    """The sh of ``dcgmi dmon -e <DMON_FIELDS> -c 2 ...``: a header, then two samples, the
+    first ``N/A`` as DCGM's first sample often is, the second driven by the utilisation
+    file; any other command exits as dcgmi does on a field it does not know."""
+    ids = ",".join(DMON_FIELDS)
+    header = "#Entity   " + "  ".join(f"{n:<11}" for n, _ in DMON_FIELDS.values())
+    values = " ".join(f"$(v {k})" for _, k in DMON_FIELDS.values())
+    return (
+        f'if [ "$*" = "diag -r 1 --json" ]; then echo \'{DIAG_PASS}\'; exit 0; fi\n'
+        f'[ "$1 $2 $3" = "dmon -e {ids}" ] || '
+        '{ echo "Error: emulated dcgmi answers only dmon of its fields and diag -r 1" >&2; '
+        'exit 255; }\n'
+        f"util=$(cat {util_file} 2>/dev/null); case $util in ''|*[!0-9]*) util=0 ;; esac\n"
+        '[ "$util" -le 100 ] || util=100\n'
+        "v() { x=$((util * $1)); printf '%d.%03d' $((x / 1000)) $((x % 1000)); }\n"
+        f"echo '{header}'\necho 'ID'\n"
+        f"g=0; while [ $g -lt {gpus} ]; do echo \"GPU $g     N/A N/A N/A\"; g=$((g + 1)); done\n"
+        f"g=0; while [ $g -lt {gpus} ]; do echo \"GPU $g     {values}\"; g=$((g + 1)); done\n")
 
 
 def _query_script(gpus: int, util_file: str) -> str:

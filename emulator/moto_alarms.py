@@ -6,8 +6,9 @@ then fails to deploy ("references undefined resource"). CloudFormation creates t
 with PutMetricAlarm's fields and returns its ``Arn``
 (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-resource-cloudwatch-alarm.html);
 the emulator does the same through moto's own CloudWatch backend, so DescribeAlarms lists
-the stack's alarms (metric alarms and metric-math alarms with their queries) as on AWS.
-moto evaluates no alarm (docs/emulator.md).
+the stack's alarms (metric alarms and metric-math alarms with their queries) as on AWS,
+each in ``INSUFFICIENT_DATA`` until first evaluated (moto would start it ``OK``).
+``emulator.alarm_evaluator`` evaluates them (docs/emulator.md).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _queries(metrics: list[dict[str, Any]] | None) -> list[Any] | None:
                                       for d in m.get("Dimensions", [])]),
                               s.get("Period"), s.get("Stat", ""), s.get("Unit"))
         out.append(MetricDataQuery(q["Id"], q.get("Label", ""), q.get("Period"),
-                                   str(q.get("ReturnData", True)).lower(),
+                                   str(q.get("ReturnData", True)).lower() == "true",
                                    expression=q.get("Expression"), metric_stat=stat))
     return out
 
@@ -90,6 +91,9 @@ def alarm_model() -> type:
                 insufficient_data_actions=list(p.get("InsufficientDataActions", [])),
                 actions_enabled=bool(p.get("ActionsEnabled", True)),
                 treat_missing_data=p.get("TreatMissingData"))
+            # a new alarm starts INSUFFICIENT_DATA on AWS (moto's starts OK) until evaluated
+            cloudwatch_backends[account_id][region_name].set_alarm_state(
+                name, "Unchecked: Initial alarm creation", None, "INSUFFICIENT_DATA")
             return cls(name, alarm.alarm_arn)
 
         @classmethod

@@ -44,6 +44,12 @@ Each gap is filled inside the emulator's moto server process, never by changing 
   moto's CloudFormation applies only the encryption and tags, so a bucket the template makes
   versioned keeps one version per key; the emulator applies both through moto's own S3
   backend (PutBucketVersioning, PutPublicAccessBlock) after moto created the bucket.
+- ``AWS::AutoScaling::AutoScalingGroup``'s ``MetricsCollection``
+  (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-properties-as-metricscollection.html):
+  moto's CloudFormation drops it, so DescribeAutoScalingGroups lists no ``EnabledMetrics``;
+  the emulator enables the listed metrics (all of them when none are listed, as
+  CloudFormation does) through moto's own EnableMetricsCollection, so the group metrics
+  ``emulator.alarm_evaluator`` publishes are the ones the template asked for.
 - ``AWS::CloudWatch::Alarm``: moto skips the type, so a dashboard showing an alarm cannot
   deploy; ``emulator.moto_alarms`` creates it through moto's CloudWatch backend.
 """
@@ -244,6 +250,20 @@ def _wrap_bucket_create(original: Any) -> Any:
     return classmethod(create_from_cloudformation_json)
 
 
+def _wrap_group_create(original: Any) -> Any:
+    def create_from_cloudformation_json(cls: Any, resource_name: str, cloudformation_json: Any,
+                                        account_id: str, region_name: str, **kwargs: Any) -> Any:
+        from emulator.alarm_evaluator import GROUP_METRICS
+
+        group = original.__func__(cls, resource_name, cloudformation_json, account_id,
+                                  region_name, **kwargs)
+        for entry in cloudformation_json.get("Properties", {}).get("MetricsCollection") or []:
+            group.enable_metrics_collection(list(entry.get("Metrics") or GROUP_METRICS))
+        return group
+
+    return classmethod(create_from_cloudformation_json)
+
+
 def install() -> None:
     """Patch moto's CloudFormation-side models in this process (idempotent through the
     caller, ``moto_extensions.install``)."""
@@ -270,5 +290,11 @@ def install() -> None:
         wrapped = _wrap_bucket_create(FakeBucket.create_from_cloudformation_json)
         wrapped.__func__._dl_wrapped = True  # type: ignore[attr-defined]
         FakeBucket.create_from_cloudformation_json = wrapped  # type: ignore[method-assign]
+    from moto.autoscaling.models import FakeAutoScalingGroup
+
+    if not getattr(FakeAutoScalingGroup.create_from_cloudformation_json, "_dl_wrapped", False):
+        wrapped = _wrap_group_create(FakeAutoScalingGroup.create_from_cloudformation_json)
+        wrapped.__func__._dl_wrapped = True  # type: ignore[attr-defined]
+        FakeAutoScalingGroup.create_from_cloudformation_json = wrapped  # type: ignore[method-assign]
     _event_invoke_config_model()  # a CloudFormationModel subclass: moto's model list finds it
     moto_alarms.alarm_model()  # the same for AWS::CloudWatch::Alarm

@@ -12,7 +12,12 @@ bookkeeping) and signed again at every check until it is. The drain completes wh
 writes ``cluster/drain/<id>.done`` or at the record's deadline (``--drain-timeout``):
 CompleteLifecycleAction CONTINUE, retried with backoff for transient errors, then the
 record is rewritten with ``completed_at``, ``reason``, ``outcome`` and ``seconds``. The
-records are the state: a restarted master resumes every drain not completed yet.
+records are the state: a restarted master resumes every drain not completed yet, and only
+one whose record the master signed (``verify``): a pending record a worker planted on EFS
+would otherwise hold a live node out of the membership until its deadline and then forget
+its registration. A record that cannot be verified (unsigned because KMS was down when the
+last master wrote it, or KMS down now) is not resumed: its lifecycle hook times out and
+Auto Scaling goes on with the hook's default result, as for a master that never saw it.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ import time
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import OUTCOME_LIMIT, MasterAws
 from bootstrap_scripts.agent.membership_key import MembershipKeyError
-from bootstrap_scripts.protocol import state, store
+from bootstrap_scripts.protocol import membership_signature, state, store
 from bootstrap_scripts.protocol.membership import Node
-from bootstrap_scripts.protocol.membership_signature import Signer
+from bootstrap_scripts.protocol.membership_signature import Signer, Verifier
 from bootstrap_scripts.protocol.messages import DrainRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import DrainRecord
@@ -39,12 +44,14 @@ class Drains:
     """The drains in progress (instance id -> record), and the calls that move them on."""
 
     def __init__(self, cluster: ClusterPaths, aws: MasterAws, *, drain_timeout: float,
-                 log: logging.Logger, sign: Signer | None = None) -> None:
+                 log: logging.Logger, sign: Signer | None = None,
+                 verify: Verifier | None = None) -> None:
         self.cluster = cluster
         self.aws = aws
         self.drain_timeout = drain_timeout
         self.log = log
         self.sign = sign
+        self.verify = verify
         self.active: dict[str, DrainRecord] = {}
         #: instance ids whose drain record could not be signed yet (KMS unreachable)
         self.unsigned: set[str] = set()
@@ -70,9 +77,29 @@ class Drains:
 
     def resume(self) -> None:
         """Pick up the drains an earlier master left pending (their records on EFS)."""
-        self.active = state.pending_drains(self.cluster.efs)
+        self.active = {}
+        for iid, record in state.pending_drains(self.cluster.efs).items():
+            refused = self.refusal(iid)
+            if refused:
+                self.log.error("event=drain-not-resumed instance_id=%s reason=%s (only a "
+                               "drain record the master signed is resumed)", iid, refused)
+            else:
+                self.active[iid] = record
         if self.active:
             self.log.info("event=drains-resumed instances=%s", ",".join(sorted(self.active)))
+
+    def refusal(self, instance_id: str) -> str:
+        """Why the drain record of ``instance_id`` on EFS is not the master's ("" when its
+        signature holds, or when this cluster signs nothing: no key configured)."""
+        if self.verify is None:
+            return ""
+        try:
+            text = self.cluster.drain_request(instance_id).read_text()
+            return membership_signature.check(text, self.verify, "drain request")
+        except MembershipKeyError as exc:
+            return f"KMS could not verify it: {exc}"
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"unreadable: {exc}"
 
     def is_duplicate(self, msg: DrainRequest) -> bool:
         """The same lifecycle action seen before (a redelivered message): changes nothing,

@@ -22,7 +22,8 @@ Written under ``--root`` (default ``/``):
   the CloudWatch agent's configuration (``cloudwatch_config``), which ships those files, the
   boot log and the jobs' output to the cluster's log group.
 Then ``systemctl daemon-reload`` and ``systemctl enable --now`` the units and (with
-``--log-group``) the CloudWatch agent on its configuration, unless ``--no-systemctl``
+``--log-group``) the CloudWatch agent on its configuration, and DCGM's host engine where
+the image has it (its profiling metrics), unless ``--no-systemctl``
 (tests, images being baked).
 """
 
@@ -270,7 +271,29 @@ def install(argv: list[str] | None = None) -> list[Path]:
             subprocess.run(cmd, check=True)
         if opts.log_group:
             start_cloudwatch_agent(root, agent_config)
+        start_dcgm()
     return list(files)
+
+
+#: DCGM's host engine as its packages install it (NVIDIA's DCGM install guide:
+#: ``systemctl --now enable nvidia-dcgm``); the GPU DLAMIs ship DCGM, not always running.
+DCGM_UNIT = "nvidia-dcgm.service"
+
+
+def start_dcgm() -> bool:
+    """Start DCGM's host engine where the image has it, so the executor's GPU sampler gets
+    the profiling metrics (``bootstrap_scripts.dcgm_metrics``); an image without it, or a
+    host engine that will not start, costs only those metrics (said, never fatal)."""
+    if subprocess.run(["systemctl", "cat", DCGM_UNIT], capture_output=True,
+                      check=False).returncode != 0:
+        return False
+    res = subprocess.run(["systemctl", "enable", "--now", DCGM_UNIT], capture_output=True,
+                         text=True, check=False)
+    if res.returncode != 0:
+        print(f"dl-install: {DCGM_UNIT} did not start ({res.stderr.strip()[:200]}): no DCGM "
+              "profiling metrics on this node")
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,7 +52,7 @@ from bootstrap_scripts.agent.drains import Drains
 from bootstrap_scripts.agent.lost_notifications import LOOKBACK_SECONDS, LostNotifications
 from bootstrap_scripts.agent.lost_notifications import reason as lost_reason
 from bootstrap_scripts.agent.master_state import GroupSetup, MasterState, load_state
-from bootstrap_scripts.agent.membership_key import membership_signer
+from bootstrap_scripts.agent.membership_key import membership_signer, membership_verifier
 from bootstrap_scripts.agent.roster import Roster, SetupFailed
 from bootstrap_scripts.agent.settings import EXIT_FAILED
 from bootstrap_scripts.protocol import launches, state, store
@@ -128,7 +128,8 @@ class Master:
         aws.log = agent.log
         self.roster = Roster(agent, aws)
         self.drains = Drains(agent.cluster, aws, drain_timeout=self.config.drain_timeout,
-                             log=agent.log, sign=membership_signer(self.config))
+                             log=agent.log, sign=membership_signer(self.config),
+                             verify=membership_verifier(self.config))
         self.phase = Phase.STARTING
         self.failure = ""
         self.state = MasterState(setup_started=time.time())

@@ -84,6 +84,14 @@ from bootstrap_scripts.examples.checkpoints import (  # noqa: F401
     save_checkpoint,
 )
 
+# the data part, re-exported: tests use train_digits.load_data & co.
+from bootstrap_scripts.examples.digits_data import (  # noqa: F401
+    epoch_batches,
+    load_data,
+    rank_slice,
+    steps_per_epoch,
+)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="DDP example on scikit-learn's digits")
@@ -164,53 +172,6 @@ def checkpoint_dir(args: argparse.Namespace) -> Path:
     return Path(base) / "checkpoints" / pwd.getpwuid(os.geteuid()).pw_name / args.name
 
 
-def load_data(seed: int, test_fraction: float, data_dir: str = ""):
-    """The fixed split every rank computes identically (same seed, no communication)."""
-    import numpy as np
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    if data_dir:
-        with np.load(Path(data_dir) / "digits.npz") as f:
-            x, y = f["x"], f["y"]
-        print(f"data: {Path(data_dir) / 'digits.npz'} ({len(y)} samples)", flush=True)
-    else:
-        x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)  # pixel values are 0..16
-    return train_test_split(x, y.astype(np.int64), test_size=test_fraction, random_state=seed,
-                            stratify=y)
-
-
-def steps_per_epoch(n: int, global_batch: int) -> int:
-    return math.ceil(n / global_batch)
-
-
-def rank_slice(count: int, rank: int, world: int) -> tuple[int, int]:
-    """Rank ``rank``'s part of ``count`` samples: sizes differ by at most one, earlier ranks
-    take the remainder (64 over 3 ranks: 22, 21, 21). Works for any world size."""
-    base, extra = divmod(count, world)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
-
-
-def epoch_batches(n: int, seed: int, epoch: int, global_batch: int, rank: int, world: int,
-                  start_step: int = 0):
-    """This rank's sample indices for each step of ``epoch`` from ``start_step`` on, with the
-    size of the global batch: ``[(indices, global_count), ...]``. The permutation depends on
-    the seed and epoch only, so step k means the same samples at every world size."""
-    import torch
-
-    g = torch.Generator()
-    g.manual_seed(seed + epoch)
-    perm = torch.randperm(n, generator=g)
-    out = []
-    for step in range(start_step, steps_per_epoch(n, global_batch)):
-        chunk = perm[step * global_batch:(step + 1) * global_batch]
-        lo, hi = rank_slice(len(chunk), rank, world)
-        out.append((chunk[lo:hi], len(chunk)))
-    return out
-
-
 def evaluate(model, xt, yt) -> float:
     import torch
 
@@ -287,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     elif resume and rank == 0:
         print(f"no checkpoint in {ckdir}: starting from scratch", flush=True)
     net = DDP(model) if distributed else model
+    tracker = train_progress.Tracker()  # progress (hangs, stragglers): its own step time
+    tracker.attach(net)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     global_step = (epoch - 1) * spe + step
     if rank == 0:
@@ -305,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         name = f"epoch-{ep:04d}.pt" if st == spe else f"step-{(ep - 1) * spe + st:06d}.pt"
         saver.save(state_dict(ep, st), name)
 
-    first, tracker = True, train_progress.Tracker()  # progress: hangs, stragglers
+    first = True
     board = tensorboard_log.open_writer(args.tensorboard_dir) if rank == 0 else None
     saver = CheckpointWriter(ckdir, args.keep, asynchronous=not args.sync_checkpoints)
     loop_s = 0.0

@@ -310,7 +310,11 @@ class RankProgress(Record):
     about once a second). The job controller judges hangs and stragglers from it; a
     metrics emitter can read the same file. ``time`` is the writer's wall clock at the
     report; ``step_seconds`` the mean time per step since its previous report (or what the
-    script measured itself); ``recent_step_seconds`` the last few of those, oldest first."""
+    script measured itself); ``recent_step_seconds`` the last few of those, oldest first.
+    ``recent_compute_seconds``: the last few of the rank's OWN times per step, oldest first,
+    when the script measures them (its time less its wait for the others in the gradient
+    all-reduce, which makes wall-clock step times equal on every rank): what tells a
+    straggler from the ranks waiting for it; empty when the script does not."""
 
     KIND: ClassVar[str] = "rank progress"
     rank: int
@@ -324,6 +328,7 @@ class RankProgress(Record):
     samples_per_s: float | None = None
     step_seconds: float | None = None
     recent_step_seconds: tuple[float, ...] = ()
+    recent_compute_seconds: tuple[float, ...] = ()
 
 
 @record

@@ -80,7 +80,7 @@ class Demo(DemoContext):
             # checkpoint often and stretch the steps a little: the training itself takes only
             # ~0.2 s per epoch, and it must still be running when nodes join, leave or die
             train += ["--checkpoint-every", "4", "--step-delay", str(scenarios.STEP_DELAY)]
-        if isinstance(scenario, scenarios.ElasticScenario):
+        if isinstance(scenario, scenarios.ElasticScenario | recovery.Recovery):
             train += scenario.train_args()
         if self.ns.elastic:
             train[train.index("--global-batch-size") + 1] = str(TARGET_BATCH)  # any world

@@ -33,6 +33,7 @@ import json
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from rich.markup import escape
 
@@ -40,7 +41,7 @@ from bootstrap_scripts.procgroup import signal_group
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ControllerHeartbeat
 from emulator import deploy as dp
-from emulator.demo import joblog
+from emulator.demo import joblog, scenarios
 from emulator.demo.cluster import node_membership
 from emulator.demo.context import BIN_DIR, DemoContext, DemoError
 from emulator.demo.joblog import JobRun
@@ -115,6 +116,21 @@ class Recovery:
         self.kill: dict | None = None
         self.master_kill: dict | None = None
         ctx.recovery.setdefault("unhealthy", None)
+        #: ``--elastic --kill-node-after`` with the job sized by the demo: the job ends
+        #: ``EPOCHS_AFTER_SCENARIO`` epochs after the replacement joined (``--stop-file``)
+        self.stop_file: Path | None = None
+        self.epochs_after_join = 0
+
+    def train_args(self) -> list[str]:
+        """The example's ``--stop-file`` when the demo sized the elastic job (its epochs are
+        an upper bound holding the kill and the replacement's way in; it ends once the
+        replacement trained a little)."""
+        if not getattr(self.ns, "epochs_sized", False) or self.ns.kill_node_after is None:
+            return []
+        self.stop_file = self.ctx.efs / "demo" / "scenario-done"
+        self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+        self.stop_file.unlink(missing_ok=True)
+        return ["--stop-file", str(self.stop_file)]
 
     # -- while the job runs --------------------------------------------------------------------
     def on_line(self, line: str, job: JobRun) -> None:
@@ -126,6 +142,13 @@ class Recovery:
             if said:
                 self.ctx.ok(said)
         rec = joblog.epoch(line)
+        if rec is not None and self.stop_file is not None and self.kill and \
+                "joined_s" in self.kill and rec["world_size"] >= self.full_size:
+            self.epochs_after_join += 1
+            if self.epochs_after_join == scenarios.EPOCHS_AFTER_SCENARIO:
+                self.stop_file.write_text("the demo's drill is done\n")
+                self.ctx.ok(f"the replacement trained: the job ends after this epoch "
+                            f"(--stop-file {self.stop_file})")
         if rec is None or not job.restart_lines:
             return
         now = time.monotonic()

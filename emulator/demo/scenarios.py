@@ -50,6 +50,10 @@ ELASTIC_BATCH = 64
 JOIN_BUDGET_S = 30.0
 DRAIN_BUDGET_S = 30.0
 TAIL_S = 5.0
+#: ``--elastic --kill-node-after``: from the kill until the lost worker's replacement trains
+#: (the liveness rule's 10 s, EC2's status check, Auto Scaling's replacement, its boot, the
+#: health gate, admission, the workers' restart at the full size: 47 s measured here).
+REPLACEMENT_BUDGET_S = 60.0
 #: Epoch lines after the scenario's last action before the demo ends a job it sized
 #: (``--stop-file``): the job trains a little at its final world size.
 EPOCHS_AFTER_SCENARIO = 2
@@ -71,7 +75,10 @@ def min_epoch_seconds() -> float:
 
 def elastic_seconds(ns: argparse.Namespace, *, budgets: bool) -> float:
     """Training time the elastic scenario needs after the first epoch: its timings, plus
-    (``budgets``) the time joining and draining take."""
+    (``budgets``) the time joining and draining take (``--kill-node-after``: the kill, then
+    the replacement's way into the job)."""
+    if getattr(ns, "kill_node_after", None) is not None:
+        return ns.kill_node_after + (REPLACEMENT_BUDGET_S + TAIL_S if budgets else 0.0)
     if ns.add_worker_after is None:
         return 0.0
     need = ns.add_worker_after + (JOIN_BUDGET_S + TAIL_S if budgets else 0.0)

@@ -150,6 +150,10 @@ class RunFigures:
     job_wall_s: float | None  # the job record's started_at -> finished_at
     #: the job's step time before any fault (its first generation's median, full size)
     reference_s: float = 0.0
+    #: where the wall time went (:func:`wall_breakdown`): launch, between generations, end
+    launch_s: float | None = None
+    between_s: float = 0.0
+    end_s: float | None = None
 
     @property
     def wall_s(self) -> float:
@@ -169,6 +173,19 @@ class RunFigures:
         return self.productive_s / self.training_s if self.training_s > 0 else 0.0
 
 
+def between_generations(gens: list[Generation]) -> float:
+    """Seconds no generation trained: from each generation's last step to the start of the
+    next one's first step (its first report less its median step), summed: detection,
+    restarts, a hang's timeout, waiting for a replacement, the processes' start-up."""
+    total, last = 0.0, None
+    for g in gens:
+        start = g.started_at - g.median
+        if last is not None:
+            total += max(0.0, start - last)
+        last = g.last_time if last is None else max(last, g.last_time)
+    return total
+
+
 def run_figures(policy: str, samples: Iterable[Sample], faults: list[tuple[str, float,
                 float | None, str]], *, full_size: int,
                 job_span: tuple[float | None, float | None] = (None, None)) -> RunFigures:
@@ -183,7 +200,12 @@ def run_figures(policy: str, samples: Iterable[Sample], faults: list[tuple[str, 
                                              note=n) for w, at, d, n in faults],
                       productive, wall, steps,
                       (end - start) if start is not None and end is not None else None,
-                      gens[0].median if gens else 0.0)
+                      gens[0].median if gens else 0.0,
+                      launch_s=(gens[0].started_at - gens[0].median - start)
+                      if gens and start is not None else None,
+                      between_s=between_generations(gens),
+                      end_s=(end - max(g.last_time for g in gens))
+                      if gens and end is not None else None)
 
 
 LEGEND = """\
@@ -212,6 +234,10 @@ def report(runs: list[RunFigures], *, full_size: int) -> str:
                    f"{r.training_s:.1f} s -> {r.training_ettr:.3f}); {r.steps} x the "
                    f"fault-free {r.reference_s:.3f} s/step = {r.steps * r.reference_s:.1f} s "
                    f"-> {r.fault_free_ratio:.3f}")
+        out.append(f"  where the wall time went: launch {_s(r.launch_s)} (the job's start to "
+                   f"its first step), between generations {r.between_s:.1f} s (detection, "
+                   f"restarts, hang timeout, waiting), end {_s(r.end_s)}, steps "
+                   f"{r.training_s - r.between_s:.1f} s (productive {r.productive_s:.1f} s)")
         out.append(f"  {'fault':34} {'detected':>9} {'training again':>18} "
                    f"{'full size':>10} {'work lost':>10}")
         for f in r.faults:

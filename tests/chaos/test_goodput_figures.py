@@ -67,3 +67,14 @@ def test_ettr_and_the_report():
     text = report([waiting, r], full_size=4)
     assert "ETTR elastic / wait = " in text and "10.0 s on 3" in text
     assert "productive step time" in text  # the legend defines the figure
+
+
+def test_where_the_wall_time_went():
+    """Launch 9.5 s (90 -> the first step's start 99.5), 10 + 4 s between generations (109.5
+    -> 119.5, 125.5 -> 129.5), end 5.5 s (134.5 -> 140): with the 20 s productive and the
+    two redone steps (1 s), the job's 50 s."""
+    r = run_figures("elastic", schedule(), [], full_size=4, job_span=(90.0, 140.0))
+    assert (r.launch_s, r.between_s, r.end_s) == pytest.approx((9.5, 14.0, 5.5))
+    assert r.launch_s + r.between_s + r.end_s + r.productive_s + 2 * 0.5 == \
+        pytest.approx(r.wall_s)
+    assert "between generations 14.0 s" in report([r], full_size=4)

@@ -4,6 +4,8 @@ the drill on real nodes is ``make demo``; the controller's part is tests/jobs/te
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from emulator.demo.context import DemoError
@@ -47,3 +49,22 @@ def test_a_drill_that_did_not_happen_says_which_part():
     with pytest.raises(DemoError, match="replacement never joined"):
         survivors_line(kill)
     assert note_start(None, 2, 3, 5.0) == ""
+
+
+def test_the_sized_elastic_job_outlasts_the_kill_and_the_replacements_way_in(tmp_path):
+    """Sized for 20 epochs the job ended before the replacement (47 s after the kill here)
+    joined, and the demo failed; the demo now sizes it for the kill plus the replacement's
+    budget and ends it by ``--stop-file`` once the replacement trained."""
+    from emulator.demo import recovery, scenarios
+
+    ns = parsed("--elastic", "--kill-node-after", "5", "--work-dir", str(tmp_path))
+    pace = scenarios.min_epoch_seconds()
+    assert ns.epochs * pace >= 5 + scenarios.REPLACEMENT_BUDGET_S + scenarios.TAIL_S
+    ctx = types.SimpleNamespace(ns=ns, efs=tmp_path / "efs", membership=None, recovery={})
+    drill = recovery.Recovery(ctx)
+    assert drill.train_args() == ["--stop-file", str(tmp_path / "efs" / "demo" /
+                                                     "scenario-done")]
+    given = parsed("--elastic", "--kill-node-after", "5", "--epochs", "30")
+    assert given.epochs == 30
+    assert recovery.Recovery(types.SimpleNamespace(ns=given, efs=tmp_path, membership=None,
+                                                   recovery={})).train_args() == []

@@ -43,6 +43,8 @@ def test_alarms_deploy_are_listed_and_go_with_the_stack() -> None:
         (math,) = [a for n, a in alarms.items() if "Math" in n]
         (plain,) = [a for n, a in alarms.items() if "Plain" in n]
         assert {q["Id"] for q in math["Metrics"]} == {"expr", "jobs"}
+        assert {math["StateValue"], plain["StateValue"]} == {"INSUFFICIENT_DATA"}  # as AWS
+        assert [q["ReturnData"] for q in math["Metrics"]] == [True, False]
         assert plain["MetricName"] == "JobsRunning" and plain["Dimensions"] == [
             {"Name": "ClusterId", "Value": "S"}]
         body = cw.get_dashboard(DashboardName="S-cluster")["DashboardBody"]

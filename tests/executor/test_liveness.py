@@ -118,3 +118,21 @@ def test_wait_returns_each_executors_fate(tmp_path):
                         "dead": "executor heartbeat not seen to change in 3 s",
                         "none": "executor heartbeat not seen to change in 3 s"}
     assert 3.0 <= clock.now - 1000.0 < 3.5
+
+
+def test_an_executor_quiet_for_a_while_is_named_before_it_is_gone(tmp_path):
+    """``quiet``: unchanged for ``after`` s on this observer's clock, not yet gone (the
+    controller holds a hang verdict back meanwhile: the node may be lost)."""
+    from bootstrap_scripts.jobs.engine.reachability import Executors
+    clock = FakeClock()
+    ex = Executors(tmp_path, silent_after=LIMIT, clock=clock)
+    beat_file(tmp_path, "a", 1)
+    beat_file(tmp_path, "b", 1)
+    assert ex.quiet(["a", "b"], after=3.0) == []
+    clock.now += 2.0
+    beat_file(tmp_path, "a", 2)
+    assert ex.quiet(["a", "b"], after=3.0) == []
+    clock.now += 2.0
+    assert ex.quiet(["a", "b"], after=3.0) == ["b"]  # 4 s unchanged; a moved 2 s ago
+    clock.now += LIMIT
+    assert ex.quiet(["a", "b"], after=3.0) == []  # both gone now: no longer a question

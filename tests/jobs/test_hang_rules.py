@@ -110,3 +110,11 @@ def test_a_hang_is_retried_like_a_node_fault_not_like_code() -> None:
     assert d.action is Action.RESTART
     d = decide(hang, restarts=2, code_restarts=0, policy=Policy(max_restarts=2))
     assert d.action is Action.FAIL and "hang" in d.reason
+
+
+def test_ranks_are_compared_on_their_compute_times_only_when_every_rank_gives_them() -> None:
+    both = {0: ((1.0,), (0.4,)), 1: ((1.0,), (0.9,))}
+    assert hr.comparable_step_times(both) == {0: (0.4,), 1: (0.9,)}
+    one_without = {0: ((1.0,), (0.4,)), 1: ((1.0,), ())}
+    assert hr.comparable_step_times(one_without) == {0: (1.0,), 1: (1.0,)}
+    assert hr.comparable_step_times({}) == {}

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bootstrap_scripts.examples import train_progress
 from bootstrap_scripts.jobs.controller import hangs
+from bootstrap_scripts.jobs.engine import hang_rules
 from bootstrap_scripts.jobs.engine.classify import FailureKind
 from bootstrap_scripts.progress import Reporter
 from bootstrap_scripts.protocol.managed_records import HangReport, RankStack
@@ -264,3 +267,27 @@ def test_the_supervisor_restarts_a_hung_attempt_but_never_one_whose_share_ended(
     assert sup.hang_or(None) is sup.hang  # the attempt's cancelled end is a hang
     assert store.exists(jpaths.cancel)
     assert store.exists(sup.paths.attempt_hang(1))
+
+
+def test_a_rank_slow_to_compute_is_named_though_the_all_reduce_equalises_wall_time(
+        tmp_path: Path) -> None:
+    """The example's ranks (``train_progress.Tracker``): rank 1 computes 0.55 s a step, ranks
+    0 and 2 0.25 s and then wait 0.3 s for it in the gradient all-reduce, so every rank's
+    step takes 0.56 s of wall time. Each rank's own time (wall less its all-reduce wait) is
+    what names rank 1; the wall times alone name nobody."""
+    clock = Clock()
+    w = watch(tmp_path, clock)
+    compute = {0: 0.25, 1: 0.55, 2: 0.25}
+    trackers = {r: train_progress.Tracker(clock=clock, report=Reporter(
+        w.jpaths.progress_dir, r, interval=0, clock=clock).report) for r in compute}
+    for step in range(1, 9):
+        start, clock.now = clock.now, clock.now + 0.56  # reduced once rank 1's are in
+        for r, t in trackers.items():
+            t.waited(start + compute[r], clock.now)  # handed over after its compute
+            t.step(step, 0.1, 64)
+    w.check()
+    host = socket.gethostname()
+    assert w.stragglers() == (f"rank 1 on {host}: 0.55 s/step, 2.2x the others' 0.25 s",)
+    walls = {r: rec.recent_step_seconds for r, rec in w.records.items()}
+    assert walls == {r: (0.56,) * 7 for r in compute}  # equal: nobody stands out
+    assert hang_rules.stragglers(walls) == ()

@@ -57,6 +57,9 @@ class FakeExecutors:
     def gone(self, addresses):
         return {a: "stopped" for a in addresses if a not in self.up}
 
+    def quiet(self, addresses, after):
+        return []
+
 
 def supervisor(tmp_path: Path, *, elastic: bool, gate=None, polls: int = 3,
                job: ManagedJob | None = None) -> JobSupervisor:
@@ -321,3 +324,87 @@ def test_a_node_drained_on_purpose_is_no_loss(tmp_path):
     sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})
     sup.mark_lost(grow)
     assert sup.health.marked == [] and sup.job.node_losses == ()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watched(tmp_path: Path, gate=None):
+    """An elastic attempt (j.2) on four nodes whose ranks all reported step 40, its
+    progress watched with a 10 s hang timeout on a stepped clock."""
+    from bootstrap_scripts.jobs.controller import hangs
+    from bootstrap_scripts.protocol.records import RankProgress
+
+    sup, grow = grown(tmp_path, gate or (lambda root, efs, m, addresses: []))
+    sup.rejoin, clock = grow, Clock()
+    sup.watch = hangs.HangWatch(grow.jpaths, uid=os.geteuid(), gid=os.getegid(),
+                                hang_timeout=10, clock=clock)
+    grow.jpaths.progress_dir.mkdir(parents=True)
+    for r in range(4):
+        (grow.jpaths.progress_dir / f"{r}.json").write_text(
+            RankProgress(rank=r, step=40, time=1.0).to_json())
+    dumped = []
+    sup.dump_stacks = lambda *a: dumped.append(a) or ({}, "dump")
+    assert not sup.look_at_progress(sup.watch)  # first sight of step 40
+    return sup, clock, dumped
+
+
+def test_survivors_restarting_after_a_loss_are_not_a_hang(tmp_path):
+    """A worker lost: torchrun restarts the survivors' workers, whose start-up reports no
+    step for longer than a short --hang-timeout. The loss (recorded first) restarts the
+    hang clock; a real hang afterwards is still judged after the timeout."""
+    sup, clock, dumped = watched(tmp_path)
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
+    clock.now += 11
+    assert not sup.look_at_progress(sup.watch) and not dumped  # a loss, not a hang
+    assert [x.address for x in sup.job.node_losses] == ["10.0.1.2"]
+    clock.now += 9
+    assert sup.watch.check() is None
+    clock.now += 2  # 11 s since the loss and still no step: that is a hang
+    assert sup.look_at_progress(sup.watch)
+    (m, *_rest), = dumped  # the stacks asked of the nodes still there, not the lost one
+    assert "10.0.1.2" not in {n.address for n in m.nodes} and "10.0.1.1" in \
+        {n.address for n in m.nodes}
+
+
+class QuietExecutors(FakeExecutors):
+    def __init__(self, up: set[str], quiet: set[str]) -> None:
+        super().__init__(up | quiet)
+        self.still = quiet
+
+    def quiet(self, addresses, after):
+        return [a for a in addresses if a in self.still]
+
+
+def test_no_hang_is_judged_while_an_executor_may_be_lost(tmp_path):
+    """The hang timeout ran out while a node's executor heartbeat stands still but is not
+    called gone yet: its verdict comes first (a loss restarts the survivors)."""
+    sup, clock, dumped = watched(tmp_path)
+    sup.executors = QuietExecutors({"10.0.0.4", "10.0.1.1"}, {"10.0.1.2"})
+    clock.now += 11
+    assert not sup.look_at_progress(sup.watch) and not dumped
+    sup.executors = QuietExecutors({"10.0.0.4", "10.0.1.1", "10.0.1.2"}, set())
+    assert sup.look_at_progress(sup.watch) and dumped  # every executor alive: a hang
+
+
+def test_a_node_drained_from_an_elastic_attempt_restarts_the_hang_clock_too(tmp_path):
+    """A scale-in is no loss, but the others' workers restart without the node all the
+    same: their start-up is no hang either."""
+    from bootstrap_scripts.protocol import state
+    from bootstrap_scripts.protocol.state import DrainRecord
+
+    sup, clock, dumped = watched(tmp_path)
+    now = time.time()
+    state.write_drain(tmp_path, DrainRecord(
+        instance_id="i-w2", address="10.0.1.2", requested_at=now, deadline=now + 120,
+        asg="workers", role="worker", lifecycle_hook="drain", lifecycle_action_token="t",
+        member=True))
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})
+    clock.now += 11
+    assert not sup.look_at_progress(sup.watch) and not dumped
+    assert sup.job.node_losses == ()

@@ -79,9 +79,10 @@ def test_every_node_passes_and_dl_health_deep_prints_the_table(emu, aws):
     assert len(rows) == 3
     for row in rows:
         cells = row.split()
-        assert cells[2:12] == [ITYPE, "ok", "answers", "ok", "1", "ok", "answers", "n/a", "n/a",
-                               "ok"], row
-        assert cells[13:] == ["MB/s", "ok", cells[15], "GB/s"] and float(cells[15]) >= 0, row
+        # DCGM's level-1 diagnostic passes: the GPU DLAMIs ship DCGM, as the emulated GPU
+        assert cells[2:13] == [ITYPE, "ok", "answers", "ok", "1", "ok", "answers", "ok",
+                               "pass", "n/a", "ok"], row
+        assert cells[14:] == ["MB/s", "ok", cells[16], "GB/s"] and float(cells[16]) >= 0, row
     assert "healthy: 3 node(s) passed every check" in res.stdout
     # the instance type was asked once and is cached on EFS
     facts = store.read_record(ClusterPaths(c.efs).instance_type(ITYPE), InstanceTypeFacts)
@@ -97,8 +98,10 @@ def test_a_node_whose_nvidia_smi_fails_fails_that_check_only(emu, aws):
     inject_gpu_fault(bad.root)
     report = run_gate(c.master_root, c.efs, m, settings=settings(c))
     assert not report.ok
+    # a driver that does not answer fails DCGM's diagnostic on that node too
     assert [(f.address, f.instance_id, f.check, f.value) for f in report.failures] == [
-        (bad.address, bad.instance_id, "nvidia-smi", "exit 9")]
+        (bad.address, bad.instance_id, "nvidia-smi", "exit 9"),
+        (bad.address, bad.instance_id, "dcgm", "exit 9")]
     assert "NVIDIA driver" in report.failures[0].detail
     cells = {n.node.address: n.cells for n in report.nodes}
     assert cells[bad.address]["allreduce"].status == "skip"

@@ -157,3 +157,33 @@ def test_the_master_signs_its_drain_requests_and_signs_later_when_kms_fails(tmp_
     text = ClusterPaths(efs).drain_request(VICTIM[0]).read_text()
     assert sig.check(text, verify, "drain request") == "" and not drains.unsigned
     assert state.read_drain(efs, VICTIM[0]).address == VICTIM[1]  # the master still reads it
+
+
+def test_a_new_master_resumes_only_the_drains_the_master_signed(cluster):
+    """A pending drain record a worker plants on EFS would make a new master (one that
+    took over) treat the victim as draining: held out of the membership until the record's
+    deadline, then its registration forgotten. The new master resumes only the records
+    the master signed."""
+    c = cluster
+    state.write_drain(c.efs, drain_record(*VICTIM))  # root on a worker: unsigned
+    own = MembershipKey(new_key(c.endpoint), REGION)
+    state.write_drain(c.efs, drain_record(*OTHER), own.sign)  # signed with its own key
+    master = Drains(c.paths, FakeAws(), drain_timeout=300,  # type: ignore[arg-type]
+                    log=logging.getLogger("drill-master"), sign=c.master.sign,
+                    verify=c.verify)
+    master.resume()
+    assert VICTIM[0] not in master and OTHER[0] not in master
+    # the master's own pending record is resumed
+    state.write_drain(c.efs, drain_record(*VICTIM), c.master.sign)
+    master.resume()
+    assert VICTIM[0] in master and OTHER[0] not in master
+
+
+def test_without_the_check_a_new_master_would_resume_the_forgery(cluster):
+    """The drill can fail: a master that verifies nothing resumes the planted record."""
+    c = cluster
+    state.write_drain(c.efs, drain_record(*VICTIM))
+    master = Drains(c.paths, FakeAws(), drain_timeout=300,  # type: ignore[arg-type]
+                    log=logging.getLogger("drill-master"))
+    master.resume()
+    assert VICTIM[0] in master

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import efa_counters, gpu_metrics, metrics_emf
+from bootstrap_scripts import dcgm_metrics, efa_counters, gpu_metrics, metrics_emf
 from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.jobs.controller.engine_facts import Facts
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics
@@ -47,7 +47,9 @@ def emitted(tmp_path: Path) -> set[tuple[str, Series]]:
     figure."""
     readings = gpu_metrics.parse("0, 57, 1200, 61, 120.50, 0, No\n1, 43, 800, 58, 99.00, 1, Yes\n")
     efa = {metric: (1.0, unit) for metric, unit in efa_counters.COUNTERS.values()}
-    lines = [sample_line(readings, "c1", "i-0abc", 1_700_000_000_000, xids=1, efa=efa) or ""]
+    profiling = dcgm_metrics.node_metrics({0: [0.5, 0.25, 0.75]})
+    lines = [sample_line(readings, "c1", "i-0abc", 1_700_000_000_000, xids=1, efa=efa,
+                         profiling=profiling) or ""]
     (tmp_path / "var/log/dl-cluster").mkdir(parents=True)
     ctl = ControllerMetrics(tmp_path, lambda: "c1")
     facts = Facts(nodes=3, generation=2, queued=1, cluster_usd=1.5, job_attempts=2, job_usd=0.5)

@@ -2,9 +2,10 @@
 delete there; the workers' role has no action on it at all (workers learn the membership
 from EFS and never send: nothing in bootstrap_scripts/ calls SQS on a worker).
 
-moto's IAM enforcement (``INITIAL_NO_AUTH_ACTION_COUNT``) is not used here: it evaluates an
-SQS call against the resource ``*`` only, so a grant scoped to the queue's ARN (the one the
-master needs) would be refused too and the check could not tell the two roles apart."""
+This is the template's side. The calls themselves are refused with moto's IAM authorization
+switched on (``emulator/iam_enforcement.py``, which evaluates the queue a ``QueueUrl``
+names): the chaos drill ``tests/chaos/test_iam_drill.py`` shows a worker's role refused
+ReceiveMessage on the master queue of a deployed emulated cluster."""
 
 from __future__ import annotations
 

@@ -15,7 +15,10 @@ from bootstrap_scripts.metrics_emf import METRICS_LOG
 #: The per-node GPU metrics the executors' samplers publish (``gpu_metrics.node_metrics``).
 GPU_METRICS = (names.METRIC_GPU_UTILIZATION, names.METRIC_GPU_MEMORY_USED,
                names.METRIC_GPU_TEMPERATURE, names.METRIC_GPU_POWER,
-               names.METRIC_GPU_ECC_UNCORRECTED, names.METRIC_GPU_RETIRED_PAGES_PENDING)
+               names.METRIC_GPU_ECC_UNCORRECTED, names.METRIC_GPU_RETIRED_PAGES_PENDING,
+               # DCGM's, from the emulated GPU's dcgmi (the GPU DLAMIs ship DCGM)
+               names.METRIC_GPU_SM_ACTIVE, names.METRIC_GPU_TENSOR_ACTIVE,
+               names.METRIC_GPU_DRAM_ACTIVE)
 #: The per-job metrics the controller publishes from its ranks' progress.
 JOB_METRICS = (names.METRIC_STEP_TIME, names.METRIC_SAMPLES_PER_SECOND, names.METRIC_LOSS)
 

@@ -14,7 +14,7 @@ look :meth:`supervise.JobSupervisor.follow` takes while the attempt runs:
   record says the job grew back.
 
 :class:`ElasticAttempt` is a part of :class:`supervise.JobSupervisor` (its base class): it
-works on the supervisor's record and nodes (``job``, ``efs``, ``executors``, ``health``,
+works on the supervisor's record and nodes (``job``, ``efs``, ``executors``, ``health``, ``watch``,
 ``last_nodes_addresses``, ``update``, ``update_last_restart``, ``ready_nodes``,
 ``membership``, ``run_gate``), which the supervisor defines.
 """
@@ -39,6 +39,8 @@ class ElasticAttempt:
         admitted, joined = grow.step(self.ready_nodes()[0], running=self.last_nodes_addresses,
                                      excluded=self.job.excluded, alive=self.executors.alive,
                                      gate=self.run_gate)
+        if joined and self.watch is not None:
+            self.watch.restart_clock()  # torchrun restarts every worker to take it in
         if joined and self.job.world_size < self.job.full_size:  # grew back
             self.update(world_size=min(self.job.full_size, self.job.world_size + len(joined)))
         if self.job.restart_log and (admitted or joined):
@@ -54,6 +56,8 @@ class ElasticAttempt:
         if not gone:
             return
         grow.lost.update(gone)
+        if self.watch is not None:  # lost or drained: the others' workers restart without it
+            self.watch.restart_clock()
         m, live = self.membership(), self.ready_nodes()[0]
         nodes = [*(m.nodes if m else ()), *(live.nodes if live else ())]
         losses = node_evidence.losses(gone, attempt=self.job.attempt, nodes=nodes,

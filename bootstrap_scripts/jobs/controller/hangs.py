@@ -77,6 +77,14 @@ class HangWatch:
         except OSError as exc:
             LOG.debug("progress of %s unreadable: %s", self.jpaths.job_id, exc)
 
+    def restart_clock(self) -> None:
+        """Every rank's process is being replaced: an elastic attempt's membership changed
+        (torchrun restarts the workers after a node is lost and after one joins), so no step
+        is due before the new processes started; the hang timeout counts from now, not from
+        the old processes' last step (their start-up is not a hang)."""
+        now = self.clock()
+        self.moved_at = {r: now for r in self.moved_at}
+
     def read_stacks(self, found: dict[int, dict]) -> dict[int, dict]:
         """The stacks the nodes wrote (as the user, ``jobs/<id>/stacks/<rank>.json``) for
         the ranks they said they found; where the rank ran and its pid from what the nodes
@@ -109,8 +117,9 @@ class HangWatch:
 
     def stragglers(self) -> tuple[str, ...]:
         """``dl-jobs``' lines for the ranks that lag the others (from the last read)."""
-        found = hang_rules.stragglers({r: rec.recent_step_seconds
-                                       for r, rec in self.records.items()})
+        found = hang_rules.stragglers(hang_rules.comparable_step_times(
+            {r: (rec.recent_step_seconds, rec.recent_compute_seconds)
+             for r, rec in self.records.items()}))
         return tuple(f"rank {s.rank} on {self.records[s.rank].host or '?'}: "
                      f"{s.step_seconds:.3g} s/step, {s.ratio:.1f}x the others' "
                      f"{s.reference:.3g} s" for s in found)

@@ -70,6 +70,9 @@ LOG = logging.getLogger("dl-controller")
 #: nodes (see :func:`controller.entry.health_gate`).
 Gate = Callable[[Path, Path, Membership, list[str]], list[tuple[str, str, str]]]
 POLL_SECONDS = 0.5
+#: elastic: an executor whose heartbeat stood still this long may be lost, and its loss
+#: restarts the survivors' workers: no hang is judged until the liveness rule decided
+QUIET_SECONDS = 3.0
 #: how often a running attempt's progress files are read (hangs, stragglers)
 WATCH_SECONDS = 1.0
 
@@ -343,7 +346,13 @@ class JobSupervisor(ElasticAttempt):
         (stacks, report, the attempt cancelled: True)."""
         # Once a share ended, the ranks stop reporting by design: its end is the runner's
         # business (exits, --fail-grace), never a hang.
+        if self.rejoin is not None:  # elastic: a lost node's verdict before any hang's
+            self.mark_lost(self.rejoin)
         hang = watch.check() if not attempts.exits(watch.jpaths) else None
+        if hang is not None and self.rejoin is not None and self.executors.quiet(
+                (self.last_nodes_addresses | self.rejoin.joined) - self.rejoin.lost,
+                QUIET_SECONDS):
+            hang = None  # a node may be lost (its survivors restart): judged once it is
         lagging = watch.stragglers()
         if lagging != self.job.stragglers:
             self.update(stragglers=lagging)
@@ -351,8 +360,12 @@ class JobSupervisor(ElasticAttempt):
             return False
         LOG.warning("job %s: attempt %d made no progress for %.0f s: dumping stacks",
                     self.job.job_id, self.job.attempt, hang.seconds)
+        m = self.membership()
+        if m is not None and self.rejoin is not None and self.rejoin.lost:  # none to ask
+            m = dataclasses.replace(m, nodes=tuple(n for n in m.nodes
+                                                   if n.address not in self.rejoin.lost))
         self.hang, rep = hangs.handle(watch, hang, attempt=self.job.attempt,
-                                      m=self.membership(), dump=self.dump_stacks,
+                                      m=m, dump=self.dump_stacks,
                                       report_path=self.paths.attempt_hang(self.job.attempt))
         LOG.warning("job %s: hang: %s", self.job.job_id, rep.reason)
         return True

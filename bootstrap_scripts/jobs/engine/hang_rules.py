@@ -11,7 +11,8 @@ attempt runs, notes on its own clock when each rank's step last moved, and asks:
   (a lower step, or another stack than the majority's; with no majority, the ranks that
   are not waiting in a collective while others are).
 - :func:`stragglers`: which ranks' step time stays above ``k`` times the median of the
-  others' for ``m`` steps in a row (shown by ``dl-jobs``; never a restart).
+  others' for ``m`` steps in a row (shown by ``dl-jobs``; never a restart), compared on the
+  ranks' own compute times when every rank reports them (:func:`comparable_step_times`).
 - :func:`watchdog_env`: torch's own watchdog settings for a job with a hang timeout, set
   so that torch's fires only after the controller had its chance to dump the stacks.
 """
@@ -110,6 +111,17 @@ class Straggler:
     step_seconds: float  # its median over the last ``m`` steps
     reference: float  # the median of the other ranks' latest step times
     ratio: float
+
+
+def comparable_step_times(times: Mapping[int, tuple[tuple[float, ...], tuple[float, ...]]]
+                          ) -> dict[int, tuple[float, ...]]:
+    """What the straggler rule compares, from each rank's (step times, own compute times):
+    the compute times when every rank gives them (the all-reduce makes step times equal,
+    so only a rank's own time shows it lags), else the step times (one kind for all: a
+    rank's compute time is always below the others' step times)."""
+    if times and all(compute for _step, compute in times.values()):
+        return {r: compute for r, (_step, compute) in times.items()}
+    return {r: step for r, (step, _compute) in times.items()}
 
 
 def stragglers(recent: Mapping[int, tuple[float, ...]], *, factor: float = STRAGGLER_FACTOR,

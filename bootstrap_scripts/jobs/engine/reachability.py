@@ -89,6 +89,17 @@ class Executors:
                 out[address] = why_not(verdict, self.silent_after)
         return out
 
+    def quiet(self, addresses: Iterable[str], after: float) -> list[str]:
+        """The addresses whose heartbeat this observer has not seen change for ``after`` s,
+        though not long enough to call the executor gone: a verdict on its way."""
+        out = []
+        for address in addresses:
+            verdict, _beat = self.look(address)
+            seen = self.seen[address]
+            if not verdict.gone and self.clock() - seen.since > after:
+                out.append(address)
+        return out
+
     def alive(self, addresses: Iterable[str]) -> list[str]:
         """The addresses whose executor this observer has seen moving (and not since gone
         silent): ready to be given work."""

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts import efa_counters, gpu_metrics, metrics_emf, xid_errors
+from bootstrap_scripts import dcgm_metrics, efa_counters, gpu_metrics, metrics_emf, xid_errors
 from bootstrap_scripts import metric_names as names
 
 LOG = logging.getLogger("dl-executor.gpu-metrics")
@@ -44,17 +44,20 @@ Identity = Callable[[], "tuple[str, str] | None"]
 
 def sample_line(readings: list[gpu_metrics.GpuReading], cluster_id: str, instance_id: str,
                 timestamp_ms: int, *, xids: int | None = None,
-                efa: dict[str, tuple[float, str]] | None = None) -> str | None:
+                efa: dict[str, tuple[float, str]] | None = None,
+                profiling: dict[str, tuple[float, str]] | None = None) -> str | None:
     """The EMF line of one sample (None when no GPU reported anything): every metric per
     node, and ``GPUUtilization`` per cluster too (a second directive of the same event).
     ``xids``: the XID records since the last sample (None: the kernel log is not read);
-    ``efa``: the EFA counters' growth (None: no EFA on this node)."""
+    ``efa``: the EFA counters' growth (None: no EFA on this node); ``profiling``: DCGM's
+    activity metrics (None: no DCGM)."""
     metrics = gpu_metrics.node_metrics(readings)
     if not metrics:
         return None
     if xids is not None:
         metrics[names.METRIC_GPU_XID_ERRORS] = (float(xids), "Count")
     metrics.update(efa or {})
+    metrics.update(profiling or {})
     directives: list[metrics_emf.Directive] = [
         ([[names.DIM_CLUSTER, names.DIM_INSTANCE]], list(metrics))]
     # per cluster too: the mean utilisation (dashboard, idle alarm), the XIDs (their alarm)
@@ -77,6 +80,7 @@ class GpuSampler:
         self.kernel_log = xid_errors.KernelLog(root)
         self.efa = efa_counters.EfaCounters(root)
         self.kernel_log_said = ""  # the kernel log's problem last logged
+        self.dcgm_said = ""  # why DCGM gave nothing, last logged
         self.identity = identity
         self.interval = interval
         self.last_problem = ""
@@ -100,7 +104,8 @@ class GpuSampler:
             self._problem(str(exc))
             return False
         line = sample_line(readings, ident[0], ident[1], int(time.time() * 1000),
-                           xids=self._xids(), efa=self.efa.sample())
+                           xids=self._xids(), efa=self.efa.sample(),
+                           profiling=self._profiling())
         if line is None:
             self._problem("no GPU reported a reading")
             return False
@@ -113,6 +118,19 @@ class GpuSampler:
             LOG.info("GPU metrics: sampling again (%d GPUs)", len(readings))
         self.last_problem = ""
         return True
+
+    def _profiling(self) -> dict[str, tuple[float, str]] | None:
+        """DCGM's activity metrics; None without DCGM (why said once, and again after it
+        answered in between)."""
+        try:
+            metrics = dcgm_metrics.query()
+        except dcgm_metrics.DcgmUnavailable as exc:
+            if str(exc) != self.dcgm_said:
+                LOG.info("GPU metrics: no DCGM profiling metrics: %s", exc)
+                self.dcgm_said = str(exc)
+            return None
+        self.dcgm_said = ""
+        return metrics
 
     def _xids(self) -> int | None:
         """XID records since the last sample, logged as they come; None without a kernel

@@ -22,6 +22,7 @@ from constructs_lib.capacity_adjuster import (
 )
 from constructs_lib.cluster_budget import ClusterBudget
 from constructs_lib.cluster_grants import grant_node_roles
+from constructs_lib.cluster_services import add_cluster_services
 from constructs_lib.cluster_settings import (
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
@@ -37,8 +38,7 @@ from constructs_lib.lustre_storage import LustreStorage, check_shared_storage, f
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
-from constructs_lib.observability import DEFAULT_LOG_RETENTION_DAYS, ClusterObservability
-from constructs_lib.operator_access import OperatorAccess
+from constructs_lib.observability import DEFAULT_LOG_RETENTION_DAYS
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
 from constructs_lib.resume_sources import CheckpointSource, grant_resume_read
 from constructs_lib.shared_storage import (
@@ -48,7 +48,6 @@ from constructs_lib.shared_storage import (
 )
 from constructs_lib.training_data import TrainingData
 from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, boot_budget, node_user_data
-from constructs_lib.workdir_staging import WorkdirStaging
 
 # DEFAULT_INSTANCE_TYPE, DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings'
 # defaults (constructs_lib.cluster_settings, the one description of each setting).
@@ -527,34 +526,18 @@ class DeepLearningCluster(Construct):
             timeout=str(setup_timeout_seconds),
         )
         self.wait_condition.node.add_dependency(self.master_group.auto_scaling_group)
-        # What an operator's role needs for dlc (status, jobs, scale, sessions): a managed
-        # policy scoped to this cluster's tag (``operator_access.policy``).
-        self.operator_access = OperatorAccess(self, "OperatorAccess", cluster_id=self.cluster_id,
-                                              cluster_users=cluster_users)
-        # dlc submit --workdir: operators stage a directory (under their own user's prefix;
-        # administrators under any), the master fetches it.
-        self.workdir_staging = WorkdirStaging(self, "WorkdirStaging")
-        self.workdir_staging.grant_stage(self.operator_access.policy,
-                                         per_user_tag=self.operator_access.user_tag)
-        self.workdir_staging.grant_stage(self.operator_access.admin_policy)
-        self.workdir_staging.grant_fetch(self.master_group.role)
-        # Logs in CloudWatch, the dashboard, the alarms (constructs_lib/observability.py).
-        self.observability = ClusterObservability(
-            self, "Observability", cluster_id=self.cluster_id,
-            groups=[g.auto_scaling_group for g in (self.master_group, self.worker_group)],
-            log_retention_days=log_retention_days, alarm_email=alarm_email)
-        for group in (self.master_group, self.worker_group):
-            self.observability.grant_write(group.role)
-        self.observability.grant_read(self.operator_access.policy)
+        # Operator access, workdir staging, logs and alarms, the budget (cluster_services.py).
+        services = add_cluster_services(
+            self, cluster_id=self.cluster_id, master_group=self.master_group,
+            worker_group=self.worker_group, cluster_users=cluster_users,
+            log_retention_days=log_retention_days, alarm_email=alarm_email,
+            budget_per_day=budget_per_day)
+        self.operator_access = services.operator_access
+        self.workdir_staging = services.workdir_staging
+        self.observability = services.observability
         #: the cluster's daily cost budget (``constructs_lib/cluster_budget``), notifying the
         #: one alarm topic of the cluster
-        self.budget: ClusterBudget | None = None
-        if budget_per_day is not None:
-            self.observability.allow_alarms_from("budgets.amazonaws.com")
-            self.budget = ClusterBudget(self, "Budget", cluster_id=self.cluster_id,
-                                        usd_per_day=budget_per_day,
-                                        topic=self.observability.alarm_topic)
-            self.budget.node.add_dependency(self.observability.alarm_topic)
+        self.budget: ClusterBudget | None = services.budget
 
     @property
     def connections(self) -> ec2.Connections:

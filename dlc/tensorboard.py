@@ -17,9 +17,9 @@ Two steps, both through what ``dlc`` already uses (no new permission, no open po
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
+from bootstrap_scripts.protocol.tensorboard_path import SERVED_PATH_RE
 from dlc import session
 from dlc.errors import DlcError
 from dlc.remote import Remote
@@ -29,8 +29,6 @@ from dlc.target import Target
 REMOTE_PORT = 6006
 #: The remote command's time bound: TensorBoard starts in a few seconds.
 START_TIMEOUT = 120
-#: the secret path TensorBoard serves under (bootstrap_scripts/ops/tensorboard_run.py)
-SERVED_PATH_RE = re.compile(r"/[A-Za-z0-9_-]{32,128}/")
 
 
 def start_argv(job: str, minutes: int) -> list[str]:

@@ -14,7 +14,7 @@ through moto's own APIs:
    (https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-health-checks.html,
    https://docs.aws.amazon.com/autoscaling/ec2/userguide/replace-unhealthy-instance.html).
    moto's SetInstanceHealth only stores the status; the termination call goes through the
-   emulator's extension of moto (``emulator.moto_extensions``): with a termination lifecycle
+   emulator's extension of moto (``emulator.lifecycle_hooks``): with a termination lifecycle
    hook the instance first waits in ``Terminating:Wait`` (the master drains it), and the
    group launches the replacement at once, publishing its launch notification.
 2. **The machine of a terminated instance stops.** A node whose instance EC2 no longer

@@ -21,7 +21,7 @@ endpoint reach moto's backend for the one state its API cannot produce:
   groups with that tag fail for capacity, then launches succeed (``emulator.capacity``);
   ``GET /flaky-launches``: how many are left and how many failed.
 - ``POST /spot-interruption {"instance_id": ID}``: EC2 interrupts a group's Spot instance
-  (``emulator.moto_extensions.spot_interruption``).
+  (``emulator.lifecycle_hooks.spot_interruption``).
 - ``POST /iam-enforcement {"enabled": true|false}``: moto's IAM authorization on from now on
   (the harness's ``testing`` keys then act as the account's administrator) or off again
   (``emulator.iam_enforcement``; the demo's ``--enforce-iam`` turns it on after the deploy).
@@ -45,7 +45,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from emulator import capacity, iam_enforcement, moto_extensions, moto_publishing
+from emulator import capacity, iam_enforcement, lifecycle_hooks, moto_extensions, moto_publishing
 from emulator.wait_handle import parse_signal
 
 ACCOUNT = "123456789012"
@@ -152,7 +152,7 @@ class _Control(BaseHTTPRequestHandler):
                 self._reply(200, {"enabled": iam_enforcement.enabled(), "admin_role": admin})
                 return
             if self.path == "/spot-interruption":
-                self._reply(200, moto_extensions.spot_interruption(
+                self._reply(200, lifecycle_hooks.spot_interruption(
                     str(req["instance_id"]), ACCOUNT, region))
                 return
             ids = fail_launches(str(req["group"]), int(req["count"]), region)

@@ -30,7 +30,7 @@ Each gap is filled inside the emulator's moto server process, never by changing 
   (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_DescribeStackEvents.html).
   A created stack gets ``CREATE_COMPLETE`` for each template resource, a deleted one
   ``DELETE_COMPLETE`` (``DELETE_SKIPPED`` for ``DeletionPolicy: Retain``). (A group's
-  hooks go before the group: ``emulator.moto_extensions``.)
+  hooks go before the group: ``emulator.lifecycle_hooks``.)
 - ``DependsOn`` on a stack created or updated through a change set (``cdk deploy``): moto
   creates the added resources in template order there (it honours ``DependsOn`` only in
   CreateStack), so a resource could be created before one it depends on. CloudFormation

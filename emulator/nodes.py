@@ -29,7 +29,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -54,18 +53,20 @@ from bootstrap_scripts.procgroup import (
 from emulator import ssm_agent
 from emulator.deploy import REGION, REPO_ROOT, DeployError, Instance
 from emulator.gpus import NODE_BIN_DIR, fake_nvidia_smi, instance_type_gpus
+from emulator.units import (
+    AGENT_UNIT,
+    CONTROLLER_UNIT,
+    EXECUTOR_UNIT,
+    NodeError,
+    restart_policy,
+    unit_exec,
+    unit_output,
+)
 
 PYTHON = sys.executable
-AGENT_UNIT = "etc/systemd/system/dl-agent.service"
-EXECUTOR_UNIT = "etc/systemd/system/dl-executor.service"
-CONTROLLER_UNIT = "etc/systemd/system/dl-controller.service"  # the master's only
 #: The CloudWatch agent's configuration and state folder (under the node's root).
 CLOUDWATCH_CONFIG = cloudwatch_config.CONFIG_PATH
 CLOUDWATCH_STATE = "opt/aws/amazon-cloudwatch-agent/logs/state"
-
-
-class NodeError(RuntimeError):
-    """A node could not boot; the message names the node and what failed."""
 
 
 #: What an EC2 instance's processes are never given: the AWS SDKs do not take the region
@@ -117,84 +118,6 @@ def emulator_args(args: list[str], *, root: Path, efs: Path, wait_handle: str) -
         i = out.index(flag)
         out[i + 1] = value
     return [*out, "--root", str(root), "--no-mount"]
-
-
-_UNIT_ESCAPES = re.compile(r"%%|\$\$")
-
-
-def environment_file(path: str, unit: str) -> dict[str, str]:
-    """``KEY=value`` lines of a unit's ``EnvironmentFile=`` (``-path``: may be missing), as
-    systemd reads them; a missing file fails the unit, as systemd fails it."""
-    optional = path.startswith("-")
-    try:
-        text = Path(path.removeprefix("-")).read_text()
-    except OSError as exc:
-        if optional:
-            return {}
-        raise NodeError(f"{unit}: EnvironmentFile {path} cannot be read: {exc}") from None
-    env = {}
-    for line in text.splitlines():
-        line = line.strip()
-        key, sep, value = line.partition("=")
-        if sep and not line.startswith(("#", ";")):
-            env[key.strip()] = value.strip().strip('"')
-    return env
-
-
-def unit_exec(unit_text: str, unit: str) -> tuple[list[str], dict[str, str]]:
-    """``ExecStart`` argv and environment (``Environment=``, ``EnvironmentFile=``) of a unit
-    written by the installer."""
-    argv: list[str] | None = None
-    env: dict[str, str] = {}
-    for line in unit_text.splitlines():
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
-        if key == "EnvironmentFile":  # a bare path, "%%" for "%", as systemd reads it
-            env.update(environment_file(value.strip().replace("%%", "%"), unit))
-        elif key == "ExecStart":
-            argv = [_UNIT_ESCAPES.sub(lambda m: m.group(0)[0], a) for a in shlex.split(value)]
-        elif key == "Environment":
-            for item in shlex.split(value):
-                k, _, v = item.partition("=")
-                env[k] = v
-    if not argv:
-        raise NodeError(f"{unit} has no ExecStart line")
-    return argv, env
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """A unit's ``Restart=``, ``RestartSec=`` and ``RestartPreventExitStatus=``."""
-
-    restart: str = "no"
-    seconds: float = 0.1  # systemd's default RestartSec
-    prevent: frozenset[int] = frozenset()
-
-    def wants(self, returncode: int) -> bool:
-        """Does systemd start the unit again after its process ended with ``returncode``
-        (negative: killed by that signal, a failure to systemd)?"""
-        if returncode in self.prevent:
-            return False
-        return self.restart == "always" or (self.restart == "on-failure" and returncode != 0)
-
-
-def unit_output(unit_text: str) -> str:
-    """The file of a unit's ``StandardOutput=append:<path>`` ("" when it has none), which
-    systemd opens for appending before it starts the process."""
-    for line in unit_text.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "StandardOutput" and value.startswith("append:"):
-            return value.removeprefix("append:").replace("%%", "%")
-    return ""
-
-
-def restart_policy(unit_text: str) -> RestartPolicy:
-    values = dict(line.partition("=")[::2] for line in unit_text.splitlines() if "=" in line)
-    return RestartPolicy(values.get("Restart", "no").strip(),
-                         float(values.get("RestartSec", "0.1").strip().rstrip("s") or 0.1),
-                         frozenset(int(v) for v in values.get("RestartPreventExitStatus",
-                                                              "").split() if v.isdigit()))
 
 
 @dataclass

@@ -18,12 +18,9 @@ child; stdin is read once and closed.
 
 from __future__ import annotations
 
-import re
 import sys
 
-#: what a prefix must look like: a slash and at least 32 URL-safe characters
-#: (``secrets.token_urlsafe(24)`` gives 32), no trailing slash (TensorBoard refuses one)
-PREFIX_RE = re.compile(r"/[A-Za-z0-9_-]{32,128}")
+from bootstrap_scripts.protocol.tensorboard_path import PREFIX_RE
 
 
 def read_prefix(line: str) -> str:

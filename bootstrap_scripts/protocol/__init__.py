@@ -10,6 +10,7 @@ operator commands and the emulator exchange. One home; every other module import
 - :mod:`.jobs`       the job spec
 - :mod:`.messages`   the master queue's messages
 - :mod:`.errors`     :class:`ProtocolError`, naming the file and field
+- :mod:`.tensorboard_path` the shape of a job TensorBoard's secret path (node and dlc)
 
 docs/protocol.md is the human contract; tests/protocol holds the two together.
 """

@@ -42,7 +42,8 @@ from emulator.demo import (
 from emulator.demo import data as demo_data
 from emulator.demo.context import BIN_DIR, DemoContext, DemoError, free_port
 from emulator.demo.joblog import JobRun
-from emulator.nodes import NodeError, base_env
+from emulator.nodes import base_env
+from emulator.units import NodeError
 
 #: The example job's global batch (rounded to a multiple of every world size in play).
 TARGET_BATCH = 64

@@ -12,7 +12,7 @@ from bootstrap_scripts import metric_names as names
 from bootstrap_scripts import metrics_emf
 from bootstrap_scripts.agent import cloudwatch_config, install
 from bootstrap_scripts.jobs.executor import log_mirror
-from emulator.nodes import unit_output
+from emulator.units import unit_output
 
 
 def test_render_is_the_agents_json_format_one_stream_per_node_and_source(tmp_path) -> None:

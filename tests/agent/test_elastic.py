@@ -2,7 +2,7 @@
 
 A worker leaves as on AWS: TerminateInstanceInAutoScalingGroup (what ``dl-scale --remove``
 calls) holds it in ``Terminating:Wait`` and publishes the ``drain`` hook's notification to
-the cluster's topic (the emulator's moto, ``emulator.moto_extensions``); the test plays the
+the cluster's topic (the emulator's moto, ``emulator.lifecycle_hooks``); the test plays the
 Lambda by sending the ``drain-request`` its builder makes from that notification's token,
 and the agent's CompleteLifecycleAction goes to moto, which then terminates the instance.
 """

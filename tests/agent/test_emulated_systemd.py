@@ -1,4 +1,4 @@
-"""The emulated machine's systemd (``emulator.nodes.restart_policy``): which ended units it
+"""The emulated machine's systemd (``emulator.units.restart_policy``): which ended units it
 starts again, read from the units the real installer writes."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bootstrap_scripts.agent import install
-from emulator.nodes import restart_policy
+from emulator.units import restart_policy
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import install
 from emulator.deploy import REPO_ROOT, aws_env
 from emulator.imds import MetadataServer
-from emulator.nodes import base_env, unit_exec
+from emulator.nodes import base_env
+from emulator.units import unit_exec
 
 UNITS = ("dl-agent.service", "dl-executor.service", "dl-controller.service")
 

@@ -1,4 +1,5 @@
-"""The emulator's additions to moto (``emulator.moto_extensions``), over moto's HTTP server.
+"""The emulator's additions to moto (``emulator.moto_extensions``; the lifecycle hooks and Spot
+interruptions: ``emulator.lifecycle_hooks``), over moto's HTTP server.
 
 A small template deployed through moto's CloudFormation gives a group with a termination
 lifecycle hook and notification configurations, as the stack's worker group has them; the

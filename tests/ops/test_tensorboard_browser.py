@@ -12,23 +12,17 @@ nothing. The rendered page is kept as ``build/test-artifacts/tensorboard.png``. 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import tensorboard_log
-from bootstrap_scripts.ops import tensorboard_server as tb
-from bootstrap_scripts.protocol.paths import ClusterPaths
 from tests.conftest import REPO_ROOT
+from tests.support.tensorboard_job import tensorboard_job
 from tests.support.users import CAN_CREATE_USERS, job_user, reachable_python  # noqa: F401
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -45,12 +39,6 @@ pytestmark = [
 ]
 
 
-def dl_jobs(efs: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bootstrap_scripts.jobs.cli.dl_jobs",
-                           "--mount-point", str(efs), "tensorboard", *args],
-                          capture_output=True, text=True, timeout=90, cwd=REPO_ROOT)
-
-
 def uid_of(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):
@@ -62,30 +50,18 @@ def test_the_examples_scalars_show_in_a_headless_browser(job_user, reachable_pyt
     from playwright.sync_api import sync_playwright
 
     uid, gid = job_user.pw_uid, job_user.pw_gid
-    efs = Path(tempfile.mkdtemp(prefix="dl-tb-efs-", dir="/tmp"))
-    served = None
-    try:
-        os.chmod(efs, 0o755)
-        paths = ClusterPaths(efs).managed("tb-job")
-        paths.dir.parent.mkdir(parents=True)
-        paths.dir.mkdir(mode=0o700)
-        paths.request.write_text("{}")
-        for p in (paths.dir, paths.request):
-            os.chown(p, uid, gid)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": job_user.pw_dir,
-               "PYTHONPATH": REPO_ROOT, tensorboard_log.DIR_ENV: str(paths.tensorboard_dir)}
+    with tensorboard_job(job_user, "tb-job", prefix="dl-tb-efs-") as job:
+        paths = job.paths
         run = subprocess.run(
             [sys.executable, "-m", "bootstrap_scripts.examples.train_digits", "--epochs", "2",
              "--checkpoint-dir", str(paths.dir / "ck")],
-            env=env, cwd="/", user=uid, group=gid, extra_groups=[], capture_output=True,
-            text=True, timeout=120)
+            env=job.user_env(), cwd="/", user=uid, group=gid, extra_groups=[],
+            capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr[-2000:]
         events = list(paths.tensorboard_dir.glob("events.out.tfevents.*"))
         assert events and all(e.stat().st_uid == uid for e in events)  # the user's, not root's
 
-        res = dl_jobs(efs, "tb-job", "--port", str(tb.pick_port(16006)), "--minutes", "5")
-        assert res.returncode == 0, res.stderr
-        served = json.loads(res.stdout)
+        served = job.start(16006)
         assert served["uid"] == uid and uid_of(served["pid"]) == uid  # never root
         url = served["url"]
         assert url.startswith("http://127.0.0.1:")
@@ -110,9 +86,3 @@ def test_the_examples_scalars_show_in_a_headless_browser(job_user, reachable_pyt
         assert set(TAGS) <= set(words)
         assert "no_such_scalar" not in words
         assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    finally:
-        if served is not None:
-            dl_jobs(efs, "tb-job", "--stop")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(served["pid"], signal.SIGKILL)  # whatever --stop left
-        shutil.rmtree(efs, ignore_errors=True)

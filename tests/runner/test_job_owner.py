@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from bootstrap_scripts.jobs.executor.daemon import (
 )
 from bootstrap_scripts.protocol.paths import JobPaths
 from tests.support import users
-from tests.support.cluster import LocalCluster, free_rdzv_port, start_local_cluster
+from tests.support.cluster import LocalCluster, free_rdzv_port
 from tests.support.users import run_as
 
 # the shared fixtures (tests/support/users.py), by name
@@ -43,17 +41,9 @@ WHOAMI_RE = re.compile(r"^\[(\d) \S+\] whoami node=\d uid=(\d+) euid=(\d+) gid=(
 def cluster(job_user, reachable_python) -> Iterator[LocalCluster]:
     """Two emulated nodes whose executors run as root, in a directory every user can
     reach (pytest's own temporary directory is private to root)."""
-    tmp = Path(tempfile.mkdtemp(prefix="dl-owner-"))
-    os.chmod(tmp, 0o755)
-    c = start_local_cluster(tmp / "c", 2)
-    try:
+    with users.cluster_for_users("dl-owner-", 2) as c:
         c.start_executors()
         yield c
-    finally:
-        c.stop()
-        left = c.leftovers()
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert not left, f"processes left behind: {sorted(left)}"
 
 
 def test_a_users_job_runs_as_that_user_on_every_node(cluster, job_user):

@@ -27,8 +27,13 @@ import pytest
 from bootstrap_scripts.agent.install import BIN_DIR
 from emulator.resources import agent_settings, install_args
 from tests.conftest import REGION
-from tests.support.cluster import CLUSTER_ID, LocalCluster, start_local_cluster
-from tests.support.users import job_user, reachable_python, run_as  # noqa: F401
+from tests.support.cluster import CLUSTER_ID, LocalCluster
+from tests.support.users import (  # noqa: F401
+    cluster_for_users,
+    job_user,
+    reachable_python,
+    run_as,
+)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="creating a user needs root")]
@@ -45,10 +50,7 @@ def role_cluster(job_user, reachable_python, moto_reset) -> Iterator[tuple[Local
     iam = boto3.client("iam", endpoint_url=moto_reset, region_name=REGION)
     arn = iam.create_role(RoleName=f"{CLUSTER_ID}-job", AssumeRolePolicyDocument=TRUST
                           )["Role"]["Arn"]
-    tmp = Path(tempfile.mkdtemp(prefix="dl-jobrole-"))
-    os.chmod(tmp, 0o755)
-    c = start_local_cluster(tmp / "c", 2)
-    try:
+    with cluster_for_users("dl-jobrole-", 2) as c:
         for node in c.nodes:
             settings = agent_settings(node.role, cluster_id=CLUSTER_ID, mount_point=str(c.efs))
             node.install(install_args({**settings, "job-role-arn": arn}))
@@ -57,11 +59,6 @@ def role_cluster(job_user, reachable_python, moto_reset) -> Iterator[tuple[Local
                              "AWS_SESSION_TOKEN": "node-token"})
         c.start_executors()
         yield c, arn
-    finally:
-        c.stop()
-        left = c.leftovers()
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert not left, f"processes left behind: {sorted(left)}"
 
 
 def test_a_users_job_calls_aws_as_the_job_role_tagged_with_its_user(role_cluster, job_user):  # noqa: F811

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import os
 import pwd
-import secrets
 import shutil
-import stat
 import subprocess
 import tempfile
 import time
@@ -23,22 +21,23 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.agent.install import BIN_DIR
-from bootstrap_scripts.procgroup import stop_popen_group
-from emulator.nodes import PYTHON, base_env
-from tests.conftest import REPO_ROOT
-from tests.support.cluster import LocalCluster, start_local_cluster
+from emulator.nodes import PYTHON
+from tests.support import users
+from tests.support.cluster import LocalCluster
+from tests.support.users import cluster_for_users, cluster_user
+
+# The shared helpers (tests/support/users.py) under the drills' names: the interpreter every
+# user can reach (a fixture), a login's environment, a dl-* program run as a user.
+reachable_python = users.reachable_python
+user_env = users.login_env
+dl = users.dl
 
 
 def new_user(role: str) -> Iterator[pwd.struct_passwd]:
-    """A real unprivileged user (own group, own home), removed afterwards."""
-    name = f"dl{role}{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name],
-                   check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+    """A real unprivileged user (own group, own home) named after its ``role``, removed
+    afterwards."""
+    with cluster_user(f"dl{role}") as user:
+        yield user
 
 
 @pytest.fixture()
@@ -56,24 +55,6 @@ def attacker() -> Iterator[pwd.struct_passwd]:
 
 
 @pytest.fixture()
-def reachable_python() -> Iterator[None]:
-    """The interpreter, as on a DLAMI, usable by every user: directories on its path that
-    others cannot traverse (a pyenv under /root here) get o+x for the test, then back."""
-    changed: list[tuple[Path, int]] = []
-    try:
-        for target in (Path(os.path.realpath(PYTHON)), Path(PYTHON), Path(REPO_ROOT)):
-            for d in target.parents:
-                mode = stat.S_IMODE(d.stat().st_mode)
-                if not mode & stat.S_IXOTH and d not in (c[0] for c in changed):
-                    changed.append((d, mode))
-                    os.chmod(d, mode | stat.S_IXOTH)
-        yield
-    finally:
-        for d, mode in reversed(changed):
-            os.chmod(d, mode)
-
-
-@pytest.fixture()
 def shared_tmp() -> Iterator[Path]:
     """A directory every user may write in (like /tmp), for the drills' markers."""
     tmp = Path(tempfile.mkdtemp(prefix="dl-drill-"))
@@ -88,23 +69,10 @@ def shared_tmp() -> Iterator[Path]:
 def cluster(victim, attacker, reachable_python) -> Iterator[LocalCluster]:
     """One emulated node (the master) whose executor and job controller run as root, in
     a directory every user can reach (pytest's own temporary directory is root's)."""
-    tmp = Path(tempfile.mkdtemp(prefix="dl-sec-"))
-    os.chmod(tmp, 0o755)
-    c = start_local_cluster(tmp / "c", 1)
-    try:
+    with cluster_for_users("dl-sec-", 1) as c:
         c.start_executors()
         c.start_controller()
         yield c
-    finally:
-        c.stop()
-        left = c.leftovers()
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert not left, f"processes left behind: {sorted(left)}"
-
-
-def user_env(user: pwd.struct_passwd) -> dict[str, str]:
-    """The environment a login of ``user`` would have (this repository importable)."""
-    return {**base_env(), "HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
 
 
 def as_user(user: pwd.struct_passwd, code: str, *args: str, timeout: float = 60
@@ -113,24 +81,6 @@ def as_user(user: pwd.struct_passwd, code: str, *args: str, timeout: float = 60
     return subprocess.run([PYTHON, "-c", code, *args], cwd="/", env=user_env(user), text=True,
                           capture_output=True, timeout=timeout, user=user.pw_uid,
                           group=user.pw_gid, extra_groups=[])
-
-
-def dl(c: LocalCluster, user: pwd.struct_passwd, program: str, *args: str,
-       timeout: float = 180) -> tuple[int, str]:
-    """``dl-run`` / ``dl-jobs`` on the master as ``user`` (output and errors together)."""
-    p = subprocess.Popen([str(c.master_root / BIN_DIR / program), "--root", str(c.master_root),
-                          *args], cwd=REPO_ROOT, env=user_env(user), text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         start_new_session=True, user=user.pw_uid, group=user.pw_gid,
-                         extra_groups=[])
-    c.runners.append(p)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_popen_group(p)
-        out, _ = p.communicate()
-        raise AssertionError(f"{program} timed out; output so far:\n{out}") from None
-    return p.returncode, out
 
 
 def wait_until(what: str, done: Callable[[], object], timeout: float = 30) -> None:

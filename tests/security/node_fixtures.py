@@ -8,19 +8,15 @@ The user and the interpreter's reachability are the job-owner suite's own fixtur
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import boto3
 import pytest
 
 from emulator.resources import ClusterResources, create_cluster
 from tests.conftest import REGION
-from tests.support.cluster import LocalCluster, start_local_cluster
-from tests.support.users import job_user, reachable_python, run_as
+from tests.support.cluster import LocalCluster
+from tests.support.users import cluster_for_users, job_user, reachable_python, run_as
 
 __all__ = ["aws_cluster", "group_health", "job_user", "moto_env", "reachable_python",
            "run_as"]
@@ -47,15 +43,7 @@ def aws_cluster(moto_reset, job_user, reachable_python
     user can reach (pytest's temporary directory is private to root); the controller is
     left to the test (it may want other settings)."""
     res = create_cluster(moto_reset, cluster_id="sec-nodes", workers=1)
-    tmp = Path(tempfile.mkdtemp(prefix="dl-secnodes-"))
-    os.chmod(tmp, 0o755)
-    c = start_local_cluster(tmp / "c", 2, instances=res.node_instances("master")
-                            + res.node_instances("worker"))
-    try:
+    with cluster_for_users("dl-secnodes-", 2, instances=res.node_instances("master")
+                           + res.node_instances("worker")) as c:
         c.start_executors()
         yield c, res
-    finally:
-        c.stop()
-        left = c.leftovers()
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert not left, f"processes left behind: {sorted(left)}"

@@ -11,25 +11,17 @@ would see a leak. Root only; one TensorBoard process, no cluster.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import tensorboard_log
 from bootstrap_scripts.ops import tensorboard_server as tb
-from bootstrap_scripts.protocol.paths import ClusterPaths
-from tests.conftest import REPO_ROOT
 from tests.security.conftest import as_user
+from tests.support.tensorboard_job import tensorboard_job
 
 pytestmark = [pytest.mark.slow]
 
@@ -76,32 +68,15 @@ def scalars_tags(url: str) -> dict:
 
 def test_another_user_on_the_master_cannot_read_a_jobs_tensorboard(victim, attacker,
                                                                    reachable_python):
-    uid, gid = victim.pw_uid, victim.pw_gid
-    efs = Path(tempfile.mkdtemp(prefix="dl-tb-sec-", dir="/tmp"))
-    served = None
-    try:
-        os.chmod(efs, 0o755)
-        paths = ClusterPaths(efs).managed("tb-secret")
-        paths.dir.parent.mkdir(parents=True)
-        paths.dir.mkdir(mode=0o700)
-        paths.request.write_text("{}")
-        for p in (paths.dir, paths.request):
-            os.chown(p, uid, gid)
+    with tensorboard_job(victim, "tb-secret", prefix="dl-tb-sec-") as job:
         writer = subprocess.run(  # the job's scalars, written as the victim
             [sys.executable, "-c", "from bootstrap_scripts import tensorboard_log as t;"
              " w = t.open_writer(); t.scalars(w, 1, loss=0.5); t.close(w)"],
-            env={"PATH": "/usr/bin:/bin", "HOME": victim.pw_dir, "PYTHONPATH": REPO_ROOT,
-                 tensorboard_log.DIR_ENV: str(paths.tensorboard_dir)},
-            cwd="/", user=uid, group=gid, extra_groups=[], capture_output=True, text=True,
-            timeout=60)
+            env=job.user_env(), cwd="/", user=victim.pw_uid, group=victim.pw_gid,
+            extra_groups=[], capture_output=True, text=True, timeout=60)
         assert writer.returncode == 0, writer.stderr[-2000:]
 
-        res = subprocess.run([sys.executable, "-m", "bootstrap_scripts.jobs.cli.dl_jobs",
-                              "--mount-point", str(efs), "tensorboard", "tb-secret", "--port",
-                              str(tb.pick_port(17006)), "--minutes", "5"],
-                             capture_output=True, text=True, timeout=90, cwd=REPO_ROOT)
-        assert res.returncode == 0, res.stderr
-        served = json.loads(res.stdout)
+        served = job.start(17006)
         secret = served["path"].strip("/")
         assert served["url"].endswith(served["path"]) and len(secret) >= 32
 
@@ -117,10 +92,3 @@ def test_another_user_on_the_master_cannot_read_a_jobs_tensorboard(victim, attac
             tags = next(iter(scalars_tags(served["url"]).values()), {})
             time.sleep(0.5)
         assert "loss" in tags, tags
-    finally:
-        if served is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(served["pid"], signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                (tb.ROOT_STATE_DIR / "tb-secret.json").unlink()
-        shutil.rmtree(efs, ignore_errors=True)

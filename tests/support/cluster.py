@@ -41,8 +41,9 @@ from bootstrap_scripts.protocol.paths import (
 )
 from bootstrap_scripts.protocol.records import DrainRecord, RunnerHeartbeat, ShareStarted
 from emulator.deploy import Instance
-from emulator.nodes import CONTROLLER_UNIT, Node, base_env, stop_nodes
+from emulator.nodes import Node, base_env, stop_nodes
 from emulator.resources import agent_settings, install_args, loopback_instances
+from emulator.units import CONTROLLER_UNIT
 from tests.conftest import REPO_ROOT, free_port
 
 CLUSTER_ID = "runner-test"

@@ -8,8 +8,10 @@ import contextlib
 import os
 import pwd
 import secrets
+import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from bootstrap_scripts.agent.install import BIN_DIR
 from bootstrap_scripts.procgroup import stop_popen_group
 from emulator.nodes import PYTHON, base_env
 from tests.conftest import REPO_ROOT
-from tests.support.cluster import LocalCluster
+from tests.support.cluster import LocalCluster, start_local_cluster
 
 CAN_CREATE_USERS = os.geteuid() == 0
 
@@ -69,21 +71,51 @@ def reachable_python() -> Iterator[None]:
         yield
 
 
-def run_as(c: LocalCluster, user: pwd.struct_passwd, *args: str, managed: bool = False
-           ) -> tuple[int, str]:
-    """``dl-run`` on the master as ``user``, with the environment a login would give
-    (``--unmanaged`` unless ``managed``: then the master's job controller runs it)."""
-    env = {**base_env(), "HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
-    p = subprocess.Popen([str(c.master_root / BIN_DIR / "dl-run"), "--root", str(c.master_root),
-                          *(() if managed else ("--unmanaged",)), *args], cwd=REPO_ROOT,
-                         env=env, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, start_new_session=True,
-                         user=user.pw_uid, group=user.pw_gid, extra_groups=[])
+def login_env(user: pwd.struct_passwd) -> dict[str, str]:
+    """The environment a login of ``user`` would have (this repository importable)."""
+    return {**base_env(), "HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
+
+
+def dl(c: LocalCluster, user: pwd.struct_passwd, program: str, *args: str,
+       timeout: float = 180) -> tuple[int, str]:
+    """``dl-run`` / ``dl-jobs`` on the master as ``user``, with the environment a login
+    would give (output and errors together)."""
+    p = subprocess.Popen([str(c.master_root / BIN_DIR / program), "--root", str(c.master_root),
+                          *args], cwd=REPO_ROOT, env=login_env(user), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True, user=user.pw_uid, group=user.pw_gid,
+                         extra_groups=[])
     c.runners.append(p)
     try:
-        out, _ = p.communicate(timeout=180)
+        out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         stop_popen_group(p)
         out, _ = p.communicate()
-        raise AssertionError(f"dl-run timed out; output so far:\n{out}") from None
+        raise AssertionError(f"{program} timed out; output so far:\n{out}") from None
     return p.returncode, out
+
+
+def run_as(c: LocalCluster, user: pwd.struct_passwd, *args: str, managed: bool = False
+           ) -> tuple[int, str]:
+    """``dl-run`` on the master as ``user`` (``--unmanaged`` unless ``managed``: then the
+    master's job controller runs it)."""
+    return dl(c, user, "dl-run", *(() if managed else ("--unmanaged",)), *args)
+
+
+@contextlib.contextmanager
+def cluster_for_users(prefix: str, n_nodes: int, **kwargs: object) -> Iterator[LocalCluster]:
+    """A local cluster (``start_local_cluster``) in a directory every user can reach
+    (pytest's own temporary directory is root's); the caller starts its services. On exit it
+    is stopped, checked for processes left behind and removed."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        os.chmod(tmp, 0o755)
+        c = start_local_cluster(tmp / "c", n_nodes, **kwargs)
+        try:
+            yield c
+        finally:
+            c.stop()
+            left = c.leftovers()
+            assert not left, f"processes left behind: {sorted(left)}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -7,7 +7,8 @@ The controller (``controller.py``) hands a job to :class:`JobSupervisor`, which 
    Auto Scaling's replacement up to ``--replace-timeout``, then run on the survivors if
    they are at least ``--min-nodes`` (``restart_policy.choose_world``). An ``--elastic``
    job runs on the survivors at once and lets the replacement join that attempt once it
-   passed the health gate (``rejoin.py``).
+   passed the health gate (``rejoin.py``); a node lost meanwhile is marked Unhealthy at once
+   (``elastic_attempt.py``).
 2. **Health gate** on those nodes (``ops.gate.run_gate``): a failing node is marked
    Unhealthy (Auto Scaling replaces it) and excluded, and the choice starts again.
 3. **Attempt** ``n``: ``jobs/<id>.<n>/`` run by today's engine (``attempts.py``), as the
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from bootstrap_scripts.jobs.controller import attempts, hangs, node_evidence, rejoin
 from bootstrap_scripts.jobs.controller.budget import JobBudget
+from bootstrap_scripts.jobs.controller.elastic_attempt import ElasticAttempt
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.classify import (
@@ -61,7 +63,6 @@ from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
 from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
-from bootstrap_scripts.protocol.state import drains
 
 LOG = logging.getLogger("dl-controller")
 
@@ -76,7 +77,7 @@ QUIET_SECONDS = 3.0
 WATCH_SECONDS = 1.0
 
 
-class JobSupervisor:
+class JobSupervisor(ElasticAttempt):
     def __init__(self, *, root: Path, efs: Path, paths: ManagedPaths, request: ManagedRequest,
                  job: ManagedJob, health: InstanceHealth, gate: Gate | None,
                  tick: Callable[[], None], stopping: Callable[[], bool],
@@ -339,49 +340,6 @@ class JobSupervisor:
             time.sleep(POLL_SECONDS)
         if pending_resume:
             self.note_resumed(jpaths)
-
-    def grow(self, grow: rejoin.Rejoin) -> None:
-        """Elastic: a late node (a replacement) gated and admitted into the running attempt;
-        once its share started, the record says the job grew back."""
-        admitted, joined = grow.step(self.ready_nodes()[0], running=self.last_nodes_addresses,
-                                     excluded=self.job.excluded, alive=self.executors.alive,
-                                     gate=self.run_gate)
-        if joined and self.watch is not None:
-            self.watch.restart_clock()  # torchrun restarts every worker to take it in
-        if joined and self.job.world_size < self.job.full_size:  # grew back
-            self.update(world_size=min(self.job.full_size, self.job.world_size + len(joined)))
-        if self.job.restart_log and (admitted or joined):
-            self.update_last_restart(admitted_instance_ids=",".join(grow.admitted.values()),
-                                     **({"joined_at": time.time()} if joined else {}))
-
-    def mark_lost(self, grow: rejoin.Rejoin) -> None:
-        """Elastic: a node of the running attempt whose executor heartbeat is lost is marked
-        Unhealthy and excluded now (``node_evidence.losses``): the attempt trains on without
-        it and never ends to say so; its replacement must not wait for EC2's checks alone."""
-        watched = (self.last_nodes_addresses | grow.joined) - grow.lost
-        gone = self.executors.gone(watched)
-        if not gone:
-            return
-        grow.lost.update(gone)
-        if self.watch is not None:  # lost or drained: the others' workers restart without it
-            self.watch.restart_clock()
-        m, live = self.membership(), self.ready_nodes()[0]
-        nodes = [*(m.nodes if m else ()), *(live.nodes if live else ())]
-        losses = node_evidence.losses(gone, attempt=self.job.attempt, nodes=nodes,
-                                      master_instance=m.master.instance_id if m else "",
-                                      mark=self.health.mark_unhealthy,
-                                      leaving=drains(self.efs))
-        if not losses:
-            return
-        for loss in losses:
-            LOG.warning("job %s: node %s (%s) lost during attempt %d: %s%s", self.job.job_id,
-                        loss.address, loss.instance_id, loss.attempt, loss.detail,
-                        f" [{loss.health_error}]" if loss.health_error else "")
-        marked = {x.instance_id for x in losses if x.marked_unhealthy}
-        self.update(node_losses=(*self.job.node_losses, *losses),
-                    excluded=tuple(sorted({*self.job.excluded, *marked})),
-                    last_failure=f"node-lost: {losses[-1].address} ({losses[-1].instance_id})"
-                    f": {losses[-1].detail}")
 
     def look_at_progress(self, watch: hangs.HangWatch) -> bool:
         """One look at the ranks' progress: stragglers into the record; a hang handled

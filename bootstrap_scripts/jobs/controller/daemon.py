@@ -247,7 +247,7 @@ class Controller:
         previous = job.controller
         sup.update(controller=self.me)
         if job.state == JobState.RUNNING.value and job.attempt:
-            attempt = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
+            attempt = ClusterPaths(self.efs).job(paths.attempt_key(job.attempt))
             if attempts.runner_alive(attempt) or userfiles.exists(attempt.result):
                 LOG.info("job %s: re-attaching to attempt %d (its runner outlived the "
                          "previous controller %s)", job.job_id, job.attempt, previous)
@@ -291,7 +291,7 @@ class Controller:
 
     def stop_orphan(self, paths: ManagedPaths, job: ManagedJob) -> None:
         """Cancel the orphaned attempt and wait until its shares stopped."""
-        jpaths = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
+        jpaths = ClusterPaths(self.efs).job(paths.attempt_key(job.attempt))
         LOG.warning("job %s: attempt %d is orphaned (its controller %s is gone): stopping it",
                     job.job_id, job.attempt, job.controller)
         try:

@@ -42,7 +42,7 @@ class UnwrittenRecords:
         LOG.error("job %s: EFS full (%s): failing the job", job.job_id, exc)
         if not JobState(job.state).terminal:
             if job.attempt:
-                attempt = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
+                attempt = ClusterPaths(self.efs).job(paths.attempt_key(job.attempt))
                 try:
                     with userfiles.as_owner_of(attempt.dir):  # the user's: as the user
                         store.atomic_write(attempt.cancel, "EFS full: the job controller "

@@ -161,7 +161,7 @@ def test_a_user_cannot_take_the_default_rendezvous_port_and_the_job_is_served_by
         assert client.get("drill") == b"mine"
         # the one socket listening there is root's, held by the victim's store alone
         (held,) = holders(this.address, DEFAULT_RDZV_PORT)
-        store_pid = shares.running[spec.job_id].procs[1].popen.pid
+        store_pid = shares.running[paths.key].procs[1].popen.pid
         owners = dict(held.processes)
         assert set(owners.values()) == {victim.pw_uid}, held
         assert store_pid not in owners  # the wrapper (root) kept no copy; its child has it

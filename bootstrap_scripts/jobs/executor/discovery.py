@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
 from bootstrap_scripts.jobs.engine import user_dirs, userfiles
 from bootstrap_scripts.jobs.executor import listeners
@@ -80,7 +81,10 @@ class JobScanner:
         self.first_scan = True
         #: jobs listed but not settled yet: re-checked every poll without a listing
         self.pending: set[str] = set()
-        self.stamp: DirStamp | None = None
+        self.stamp: tuple | None = None
+        #: ``jobs/``'s own stamp and its users' directories as last listed
+        self.top_stamp: DirStamp | None = None
+        self.users: list[tuple[str, Path]] = []
         self.changed_at = self.listed_at = 0.0
         #: directory listings done (the bench and the tests count them)
         self.listings = 0
@@ -109,15 +113,20 @@ class JobScanner:
             self.seen.add(job_id)
             return None
 
-    def stamps(self) -> tuple:
-        """The stamps of ``jobs/`` and of every user's directory in it."""
+    def stamps(self, now: float) -> tuple:
+        """The stamps of ``jobs/`` and of every user's directory in it; ``jobs/`` itself is
+        listed again only when its own stamp changed (a user's directory made) or at the
+        safety listing."""
         jobs = self.node.cluster.jobs_dir
-        return (dir_stamp(jobs), *((u, dir_stamp(d)) for u, d in user_dirs.user_dirs(jobs)))
+        top = dir_stamp(jobs)
+        if top != self.top_stamp or now - self.listed_at >= SAFETY_LISTING_SECONDS:
+            self.top_stamp, self.users = top, list(user_dirs.user_dirs(jobs))
+        return (top, *((u, dir_stamp(d)) for u, d in self.users))
 
     def candidates(self, now: float) -> list[str]:
         """The job keys to look at this poll: a listing of every ``jobs/<user>/`` when one
         changed (or just did, or long ago), else only the unsettled ones."""
-        stamp = self.stamps()
+        stamp = self.stamps(now)
         if stamp != self.stamp:
             self.stamp, self.changed_at = stamp, now
         if not (self.first_scan or now - self.changed_at <= FOLLOW_UP_SECONDS
@@ -126,7 +135,7 @@ class JobScanner:
         self.listed_at = now
         self.listings += 1
         keys = []
-        for user, directory in user_dirs.user_dirs(self.node.cluster.jobs_dir):
+        for user, directory in self.users:
             try:
                 with os.scandir(directory) as it:
                     keys += [f"{user}/{e.name}" for e in it if e.is_dir(follow_symlinks=False)]

@@ -24,6 +24,7 @@ import logging
 import os
 import pwd
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,29 +87,35 @@ def ensure(efs: Path, users: dict[str, tuple[int, int]]) -> list[str]:
 
 class Keeper:
     """Keeps every login user's directories there: :meth:`tick` re-reads the accounts only
-    when ``/etc/passwd`` changed (or the last pass refused or failed something)."""
+    when ``/etc/passwd`` changed, or every ``RETRY_SECONDS`` while something was refused (an
+    admin may have removed the entry in the way); each refusal is logged once."""
+
+    RETRY_SECONDS = 60.0
 
     def __init__(self, efs: Path, passwd: Path = PASSWD, login_defs: Path = LOGIN_DEFS):
         self.efs, self.passwd, self.login_defs = efs, passwd, login_defs
         self.stamp: tuple[int, int] | None = None
+        self.done_at = float("-inf")
         self.users: dict[str, tuple[int, int]] = {}
+        self.refused: set[str] = set()
 
-    def tick(self) -> bool:
+    def tick(self, now: float | None = None) -> bool:
         """One pass; True when it (re)made the directories."""
+        now = time.monotonic() if now is None else now
         try:
             st = os.stat(self.passwd)
-            stamp = (st.st_mtime_ns, st.st_ino)
+            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_ino)
         except OSError:
             stamp = None
-        if stamp is not None and stamp == self.stamp:
+        if stamp is not None and stamp == self.stamp and not (
+                self.refused and now - self.done_at >= self.RETRY_SECONDS):
             return False
         users = login_users(self.login_defs)
         users.setdefault(own_user(), (os.geteuid(), os.getegid()))
-        refused = ensure(self.efs, users)
-        for line in refused:
+        refused = set(ensure(self.efs, users))
+        for line in sorted(refused - self.refused):
             LOG.error("refusing to make a user's directory: %s", line)
-        self.users = users
-        self.stamp = None if refused else stamp
+        self.users, self.refused, self.stamp, self.done_at = users, refused, stamp, now
         return True
 
 

@@ -94,4 +94,4 @@ def test_dl_run_without_its_directory_says_what_makes_it(tmp_path: Path,
     monkeypatch.setattr(os, "lstat", lambda p, _real=os.lstat: (
         _real(p) if Path(p) != jobs else theirs))
     with pytest.raises(user_dirs.UserDirError, match=r"the job executors \(root\) make"):
-        user_dirs.own_dir(jobs)
+        user_dirs.own_dir(jobs, wait=0.0)

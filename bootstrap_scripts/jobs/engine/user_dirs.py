@@ -139,14 +139,24 @@ def user_dirs(parent: Path) -> Iterator[tuple[str, Path]]:
             yield e.name, Path(e.path)
 
 
-def own_dir(parent: Path) -> Path:
+#: How long ``dl-run`` waits for its directory (a new account's: the executors make it
+#: within about a second of /etc/passwd changing, at their next heartbeat).
+OWN_DIR_WAIT_SECONDS = 5.0
+
+
+def own_dir(parent: Path, wait: float = OWN_DIR_WAIT_SECONDS) -> Path:
     """``parent/<caller>/``, the caller's own directory, to create a job in. Made here only
     where the caller owns ``parent`` itself (a one-user setup without a root executor);
-    otherwise it must be there, made by root and the caller's (UserDirError says why not)."""
+    otherwise it must be there (waited for up to ``wait`` seconds), made by root and the
+    caller's (UserDirError says why not)."""
     path = parent / own_user()
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            st = os.lstat(path)
+            break
+        except FileNotFoundError:
+            pass
         try:
             if not os.path.lexists(parent) or os.lstat(parent).st_uid == os.geteuid():
                 parent.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -154,11 +164,13 @@ def own_dir(parent: Path) -> Path:
                 return path
         except PermissionError:
             pass
-        raise UserDirError(
-            f"{path} does not exist: the job executors (root) make a directory there for "
-            f"every login user (uid in login.defs' UID_MIN..UID_MAX) when /etc/passwd "
-            f"changes; wait a few seconds after the account is created, or ask an admin "
-            f"(a system account gets none)") from None
+        if time.monotonic() >= deadline:
+            raise UserDirError(
+                f"{path} does not exist: the job executors (root) make a directory there for "
+                f"every login user (uid in login.defs' UID_MIN..UID_MAX) when /etc/passwd "
+                f"changes; wait a few seconds after the account is created, or ask an admin "
+                f"(a system account gets none)")
+        time.sleep(0.2)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise UserDirError(f"{path} is not your directory (owner uid {st.st_uid}, mode "
                            f"{stat.filemode(st.st_mode)}): refusing to create a job in it; "

@@ -110,8 +110,8 @@ def record(efs: Path, job_id: str) -> ManagedJob | None:
 
 
 def attempts(efs: Path, job_id: str) -> list[JobPaths]:
-    """``jobs/<id>.<n>/`` of every attempt there is, in order."""
-    jobs = ClusterPaths(efs).jobs_dir
+    """``jobs/<user>/<id>.<n>/`` of every attempt there is, in order."""
+    jobs = ClusterPaths(efs).job(job_id).dir.parent
     found = [(int(d.name.rpartition(".")[2]), d) for d in jobs.glob(f"{job_id}.*")
              if d.is_dir() and d.name.rpartition(".")[2].isdigit()]
     return [JobPaths(d) for _, d in sorted(found)]

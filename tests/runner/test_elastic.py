@@ -157,9 +157,7 @@ def test_node_joins_and_drains_while_an_elastic_job_trains(emu):
 
 def _share_ready(c: LocalCluster) -> bool:
     """The sleeper job printed "ready" on node rank 0."""
-    jobs = ClusterPaths(c.efs).jobs_dir
-    return jobs.is_dir() and any("ready" in (store.read_text(JobPaths(d).log(0)) or "")
-                                 for d in jobs.iterdir())
+    return any("ready" in (store.read_text(JobPaths(d).log(0)) or "") for d in c.job_dirs())
 
 
 def _wait(cond, timeout: float, what: str) -> None:

@@ -308,7 +308,7 @@ class Controller:
         """The oldest queued job, as a supervisor (cancelled ones are closed on the way,
         and so are those whose request cannot be read: failed, saying why)."""
         for paths, problem in managed.unusable_queued(self.efs):
-            if paths.dir.name in self.pending_records:
+            if paths.key in self.pending_records:
                 continue
             job = dataclasses.replace(managed.unusable(paths, problem), controller=self.me,
                                       finished_at=time.time())
@@ -320,7 +320,7 @@ class Controller:
             except OSError as exc:
                 self.pending_records.fail(paths, job, exc)
         for paths, request in managed.queue(self.efs):
-            if request.job_id in self.pending_records:
+            if paths.key in self.pending_records:
                 continue
             job = managed.load_job(paths) or ManagedJob(
                 job_id=request.job_id, state=JobState.QUEUED.value,

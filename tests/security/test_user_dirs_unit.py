@@ -95,3 +95,26 @@ def test_dl_run_without_its_directory_says_what_makes_it(tmp_path: Path,
         _real(p) if Path(p) != jobs else theirs))
     with pytest.raises(user_dirs.UserDirError, match=r"the job executors \(root\) make"):
         user_dirs.own_dir(jobs, wait=0.0)
+
+
+@ROOT_ONLY
+def test_a_bare_id_is_the_callers_own_job_first_and_never_a_guess(tmp_path: Path) -> None:
+    """Two users' jobs of one id: a bare id is the caller's own; for anyone else it is
+    ambiguous, and the error names both keys; ``USER/ID`` names one."""
+    from bootstrap_scripts.jobs.engine import managed
+    from bootstrap_scripts.protocol.paths import ClusterPaths
+
+    cluster = ClusterPaths(tmp_path)
+    for user, uid in (("root", 0), ("daemon", 1)):
+        paths = cluster.managed("train", user)
+        paths.dir.mkdir(parents=True)
+        paths.request.write_text("{}")
+        os.chown(paths.dir.parent, uid, uid)
+    assert managed.find(tmp_path, "train") == cluster.managed("train", "root")
+    assert managed.find(tmp_path, "train", mine="daemon").key == "daemon/train"
+    with pytest.raises(managed.ManagedError, match="several users' jobs: name one of "
+                                                   "daemon/train, root/train"):
+        managed.find(tmp_path, "train", mine="bin")
+    assert managed.find(tmp_path, "daemon/train", mine="bin").key == "daemon/train"
+    with pytest.raises(managed.ManagedError, match="no job 'bin/train'"):
+        managed.find(tmp_path, "bin/train")

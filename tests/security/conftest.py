@@ -94,6 +94,10 @@ def cluster(victim, attacker, reachable_python) -> Iterator[LocalCluster]:
     try:
         c.start_executors()
         c.start_controller()
+        # the executors made both users' own jobs/<user>/ and managed/<user>/ (user_dirs)
+        wait_until("the users' job directories", lambda: all(
+            (c.efs / top / u.pw_name).is_dir() for top in ("jobs", "managed")
+            for u in (victim, attacker)))
         yield c
     finally:
         c.stop()

@@ -42,30 +42,28 @@ for d in sys.argv[1:]:
 def test_no_user_can_take_another_users_job_id_or_job_directory(cluster, victim, attacker):
     c = cluster
     jobs, managed = c.efs / "jobs", c.efs / "managed"
-    for top in (jobs, managed):  # the executor made both users' directories at start
-        wait_until(f"{top}/<user>/", lambda top=top: all(
-            (top / u.pw_name).is_dir() for u in (victim, attacker)))
-        st = top.stat()
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
-        st = (top / victim.pw_name).stat()
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (victim.pw_uid, 0o755)
-
-    # the attacker takes the victim's next job id wherever the victim's job may go
+    # the attacker takes the victim's next job id wherever the victim's job may go (and in
+    # their own directory, which is theirs to use)
     job_id = f"drill-{secrets.token_hex(3)}"
     targets = [jobs / job_id, managed / job_id, jobs / victim.pw_name / job_id,
                managed / victim.pw_name / job_id]
     took = as_user(attacker, TAKE, *map(str, targets), str(jobs / attacker.pw_name / job_id))
     assert took.returncode == 0, took.stderr
-    assert took.stdout.splitlines() == [f"refused {t} EACCES" for t in targets] + [
-        f"took {jobs / attacker.pw_name / job_id}"], took.stdout
 
     # the victim's job of that id runs, in the victim's own directory, untouched
     rc, out = dl(c, victim, "dl-run", "--unmanaged", "--job-id", job_id, "--launcher", "each",
                  "--", "python", "-c", "print('the victim ran')")
     assert rc == 0 and "the victim ran" in out, out
+    assert took.stdout.splitlines() == [f"refused {t} EACCES" for t in targets] + [
+        f"took {jobs / attacker.pw_name / job_id}"], took.stdout
     mine = jobs / victim.pw_name / job_id
     assert mine.stat().st_uid == victim.pw_uid and not (mine / "cancel").exists()
     assert (jobs / attacker.pw_name / job_id / "cancel").read_text() == "taken\n"
+    for top in (jobs, managed):  # root's; each user's own directory made by root, theirs
+        st = top.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
+        st = (top / victim.pw_name).stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (victim.pw_uid, 0o755)
 
     # a user's directory slot holding someone else's entry before root makes it (left from
     # the old 1777 layout): a link to the attacker's directory, a file of the attacker's

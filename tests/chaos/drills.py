@@ -172,7 +172,7 @@ def leftovers(efs: Path, job_id: str, node_roots: dict[str, Path],
         tokens: list[str] = []
         for _stem, rec in store.scan_records(a.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX):
             groups.add(rec.pgid)
-            tokens.append(share_token(a.job_id, rec.rank, rec.address))
+            tokens.append(share_token(a.key, rec.rank, rec.address))
         pids = pids_in_groups(g for g in groups if g) | {
             p for t in tokens for p in pids_with_token(t) if alive(p)}
         if pids:

@@ -4,7 +4,7 @@ Two steps, both through what ``dlc`` already uses (no new permission, no open po
 
 1. ``dl-jobs tensorboard JOB`` on the master through the operator channel (SSM Run Command,
    :mod:`dlc.remote`): it starts TensorBoard as the job's user, bound to 127.0.0.1 on the
-   master, reading only ``managed/<job-id>/tensorboard/`` (or answers with the one already
+   master, reading only ``managed/<user>/<job-id>/tensorboard/`` (or answers with the one already
    running), and prints its port and the secret path it serves under (anything else on the
    master's loopback gets 404: bootstrap_scripts/ops/tensorboard_server.py);
 2. a Session Manager port forwarding session (``AWS-StartPortForwardingSession``, as ``dlc

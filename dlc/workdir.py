@@ -6,7 +6,7 @@ bucket (the stack output ``WorkdirBucketName``, constructs_lib/workdir_staging.p
 ``workdirs/<user>/<random id>.tar.gz``. The submit command names only that key: Run
 Command's parameters hold a few kilobytes, S3 holds the directory. On the master the
 cluster's Command document fetches it as root and hands it to the user's ``dl-run``, which
-unpacks it into ``managed/<job id>/workdir`` and runs the job there (docs/dlc.md).
+unpacks it into ``managed/<user>/<job id>/workdir`` and runs the job there (docs/dlc.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ line per rank found: ``rank``, ``pid``, ``written``, ``error``.
 Which processes (root trusting nothing of the user's): a process is a rank of the job on
 this node only if its real uid is the job's user (``--uid``, the job's owner as the
 controller read it from ``fstat``), its environment has the share token the executor gave
-every process of the job's share on this node (``DL_SHARE_TOKEN=<job-id>/<rank>/<address>``,
+every process of the job's share on this node (``DL_SHARE_TOKEN=<user>/<job-id>/<rank>/<address>``,
 ``procgroup.share_token``; this dump's own share carries this node's address the same way)
 and a rank variable (``RANK``, ``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``). A user can set those
 variables in their own processes only, so the dump never reaches another user's or root's
@@ -92,7 +92,8 @@ def this_address() -> str:
 
 
 def of_the_job(token: str, job_id: str, address: str) -> bool:
-    """Is ``token`` the one of ``job_id``'s share on the node at ``address``?"""
+    """Is ``token`` the one of the share of ``job_id`` (its key ``<user>/<id>``) on the node
+    at ``address``?"""
     head, _sep, addr = token.rpartition("/")
     job, _sep, rank = head.rpartition("/")
     return job == job_id and addr == address and rank.isdigit()
@@ -182,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.uid < 0 or args.gid < 0 or not address or not os.path.isabs(args.efs):
         p.error("--uid and --gid must be >= 0, --efs absolute, and this node's address "
                 "known (--address)")
-    ranks = find_ranks(args.job_id, address, args.uid)
+    ranks = find_ranks(f"{userfiles.user_name(args.uid)}/{args.job_id}", address, args.uid)
     if not ranks:
         print(f"no rank of job {args.job_id} (uid {args.uid}) on {address}", flush=True)
-    jpaths = ClusterPaths(args.efs).job(args.job_id)
+    jpaths = ClusterPaths(args.efs).job(args.job_id, userfiles.user_name(args.uid))
     for rank, pid in sorted(ranks.items()):
         found = dump(pid, timeout=args.timeout)  # as root: py-spy needs ptrace
         rec = RankStack(rank=rank, address=address, pid=pid, stack=found["stack"],

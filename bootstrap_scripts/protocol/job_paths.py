@@ -1,5 +1,5 @@
-"""The paths inside one job's directory (``jobs/<job-id>/``) and one managed job's
-(``managed/<job-id>/``), and the job id every such directory is named by.
+"""The paths inside one job's directory (``jobs/<user>/<job-id>/``) and one managed job's
+(``managed/<user>/<job-id>/``), and the job id every such directory is named by.
 
 Part of :mod:`bootstrap_scripts.protocol.paths` (which re-exports all of it: ask there); kept
 apart so that module stays readable. The layout of both directories is in the class
@@ -8,6 +8,8 @@ docstrings below and in docs/protocol.md.
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +28,45 @@ def validate_job_id(job_id: str) -> str:
     return job_id
 
 
+#: A Linux user name (useradd's rule) or a bare uid: a directory name, never a path (no
+#: ``/``, no ``.``: so ``<user>.<job-id>`` names one user's job unambiguously too).
+USER_NAME_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}\$?|[0-9]{1,10}")
+
+
+def validate_user(user: str) -> str:
+    """A user's directory name, never a path."""
+    if not USER_NAME_RE.fullmatch(user):
+        raise ProtocolError(f"not a user name: {user!r}", field="user")
+    return user
+
+
+def own_user() -> str:
+    """The name of the calling process's effective user (its directories' name)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def split_key(ref: str, user: str | None = None) -> tuple[str, str]:
+    """``(user, job id)`` of a job reference: a key ``<user>/<job-id>``, or a bare id of
+    ``user`` (default: the caller's own user), both validated."""
+    if "/" in ref:
+        owner, _, job_id = ref.partition("/")
+        if user is not None and owner != user:
+            raise ProtocolError(f"job {ref!r} is not {user!r}'s", field="job_id")
+        return validate_user(owner), validate_job_id(job_id)
+    return validate_user(user if user is not None else own_user()), validate_job_id(ref)
+
+
+def job_key(user: str, job_id: str) -> str:
+    """The name of one user's job wherever jobs of several users meet: ``<user>/<job-id>``."""
+    return f"{validate_user(user)}/{validate_job_id(job_id)}"
+
+
 @dataclass(frozen=True)
 class JobPaths:
-    """One job's directory, ``jobs/<job-id>/`` on EFS::
+    """One job's directory, ``jobs/<user>/<job-id>/`` on EFS::
 
         spec.json            what to run on which node (written last, atomically: it is the go)
         commands.txt         the resolved per-node commands, for humans
@@ -52,6 +90,16 @@ class JobPaths:
     @property
     def job_id(self) -> str:
         return self.dir.name
+
+    @property
+    def user(self) -> str:
+        """The name of the user directory the job is in (its owner's)."""
+        return self.dir.parent.name
+
+    @property
+    def key(self) -> str:
+        """``<user>/<job-id>``: the job's name wherever several users' jobs meet."""
+        return f"{self.user}/{self.job_id}"
 
     @property
     def spec(self) -> Path:
@@ -134,7 +182,8 @@ class JobPaths:
 
 @dataclass(frozen=True)
 class ManagedPaths:
-    """One managed job's directory, ``managed/<job-id>/`` on EFS (made by the submitter)::
+    """One managed job's directory, ``managed/<user>/<job-id>/`` on EFS (made by the
+    submitter)::
 
         request.json                  what the user asked for (ManagedRequest), written last
         job.json                      the controller's record (ManagedJob): state, restarts
@@ -145,7 +194,8 @@ class ManagedPaths:
         tensorboard/                  TensorBoard event files (``$DL_TENSORBOARD_DIR``), every
                                       attempt's, written by the ranks as the job's user
 
-    Attempt ``n`` (from 1) is the ordinary job ``jobs/<job-id>.<n>/`` (:meth:`attempt_id`).
+    Attempt ``n`` (from 1) is the ordinary job ``jobs/<user>/<job-id>.<n>/``
+    (:meth:`attempt_id`, :meth:`attempt_key`).
     """
 
     dir: Path
@@ -153,6 +203,16 @@ class ManagedPaths:
     @property
     def job_id(self) -> str:
         return self.dir.name
+
+    @property
+    def user(self) -> str:
+        """The name of the user directory the job is in (its owner's)."""
+        return self.dir.parent.name
+
+    @property
+    def key(self) -> str:
+        """``<user>/<job-id>``: the job's name wherever several users' jobs meet."""
+        return f"{self.user}/{self.job_id}"
 
     @property
     def request(self) -> Path:
@@ -188,6 +248,10 @@ class ManagedPaths:
     def attempt_id(self, n: int) -> str:
         """The job id of attempt ``n``: ``<job-id>.<n>``."""
         return validate_job_id(f"{self.job_id}.{n}")
+
+    def attempt_key(self, n: int) -> str:
+        """The key of attempt ``n``: ``<user>/<job-id>.<n>``, the same user's job."""
+        return f"{self.user}/{self.attempt_id(n)}"
 
 
 # -- scanning a job's nodes/ directory (the runner follows logs and joins; an executor its claims)

@@ -15,9 +15,10 @@ On a node (relative to its root)::
     etc/hosts                         managed block with the deeplearning-* aliases
     var/lib/dl-agent/state.json       the master agent's memory across restarts
     var/lib/dl-agent/<name>.lock      held (flock) by the one running <name> daemon
-    var/lib/dl-executor/shares/<job-id>.<rank>.<n>.status  how process n of a share ended,
-                                      written by its wrapper (a restarted executor reads it)
-    var/lib/dl-executor/job-credentials/<job-id>/  a running job's job role credentials
+    var/lib/dl-executor/shares/<user>.<job-id>.<rank>.<n>.status  how process n of a share
+                                      ended, written by its wrapper (a restarted executor
+                                      reads it)
+    var/lib/dl-executor/job-credentials/<user>.<job-id>/  a running job's job role credentials
                                       (root's directory, files 0600 for the job's user)
 
 On EFS (relative to the mount point)::
@@ -40,13 +41,18 @@ On EFS (relative to the mount point)::
     cluster/prices/<market>.<place>.<type>.json  an instance type's hourly price (the job
                                       controller's cache of the Price List / Spot history)
     cluster/controller.json           the job controller's heartbeat (master)
-    jobs/<job-id>/                    one directory per job (see JobPaths)
-    managed/<job-id>/                 one managed job (see ManagedPaths); its attempts are
-                                      ordinary jobs ``jobs/<job-id>.<attempt>/``
+    jobs/<user>/<job-id>/             one directory per job (see JobPaths); ``jobs/`` is
+                                      root's (0755), ``jobs/<user>/`` made by root, the user's
+    managed/<user>/<job-id>/          one managed job (see ManagedPaths); its attempts are
+                                      ordinary jobs ``jobs/<user>/<job-id>.<attempt>/``
     checkpoints/<user>/<name>/        training checkpoints (the example job's default); each
                                       user's directory is theirs alone (0700, made by root)
-    archive/managed/<job-id>/         finished managed jobs past their retention (controller)
-    archive/jobs/<job-id>/            finished jobs past their retention (controller)
+    archive/managed/<user>/<job-id>/  finished managed jobs past their retention (controller)
+    archive/jobs/<user>/<job-id>/     finished jobs past their retention (controller)
+
+A job is named by its user and its id together, its *key* ``<user>/<job-id>``: two users
+may both have a job ``train``, and wherever root acts on jobs of several users (executors,
+the job controller) it names them by key.
 """
 
 from __future__ import annotations
@@ -62,10 +68,15 @@ from bootstrap_scripts.protocol.job_paths import (  # noqa: F401 (re-exported: a
     SHARE_CLAIM_SUFFIX,
     SHARE_LOG_SUFFIX,
     SHARE_STARTED_SUFFIX,
+    USER_NAME_RE,
     JobPaths,
     ManagedPaths,
+    job_key,
+    own_user,
     parse_share_file,
+    split_key,
     validate_job_id,
+    validate_user,
 )
 
 # -- on a node, relative to its root -------------------------------------------------------------
@@ -109,19 +120,19 @@ CHECKPOINTS_DIR = "checkpoints"
 #: Managed jobs (``dl-run`` without ``--unmanaged``): the request, the controller's record.
 MANAGED_DIR = "managed"
 ARCHIVE_DIR = "archive"
-#: Directories every cluster user creates entries in (mode 1777, like /tmp): job directories,
-#: each its creator's, named by a cluster-unique job id the executors scan for.
-SHARED_USER_DIRS = (JOBS_DIR, MANAGED_DIR)
-#: Root-owned (0755) parents of one directory per user (``<dir>/<user>/``, 0700, made by
-#: root and handed to the user): what no other user may plant anything in.
-PER_USER_DIRS = (CHECKPOINTS_DIR,)
+#: Root-owned (0755) parents of one directory per user (``<dir>/<user>/``, made by root and
+#: handed to the user): what no other user may plant anything in. The value is the mode of
+#: the user's directory: 0700 where nobody else has any business (checkpoints), 0755 where
+#: every user may read (not write) what ``dl-jobs`` shows of every job: its state and logs.
+PER_USER_DIRS = {CHECKPOINTS_DIR: 0o700, JOBS_DIR: 0o755, MANAGED_DIR: 0o755}
 
+_JOB, _MANAGED = f"{JOBS_DIR}/<user>/<job-id>", f"{MANAGED_DIR}/<user>/<job-id>"
 #: Every path above, in the form docs/protocol.md spells it (a test holds the two together).
 LAYOUT = (
     WORKERS_FILE, MPI_HOSTFILE, HOROVOD_HOSTS_FILE, MEMBERSHIP_FILE, ENV_FILE, PROFILE_FILE,
     HOSTS_FILE, AGENT_STATE_FILE, APPLIED_DRAIN_FILE, f"{AGENT_STATE_DIR}/<name>.lock",
-    f"{SHARE_STATUS_DIR}/<job-id>.<rank>.<n>.status", MEMBERSHIP, f"{GENERATIONS_DIR}/<N>.json",
-    MEMBERSHIP_LOG,
+    f"{SHARE_STATUS_DIR}/<user>.<job-id>.<rank>.<n>.status", MEMBERSHIP,
+    f"{GENERATIONS_DIR}/<N>.json", MEMBERSHIP_LOG,
     f"{NODES_DIR}/<instance-id>.json", f"{LOGS_DIR}/<instance-id>.log",
     f"{EXECUTORS_DIR}/<address>.json", f"{DRAIN_DIR}/<instance-id>.json",
     f"{DRAIN_DIR}/<instance-id>.done", f"{PREPARED_DIR}/<instance-id>.ok",
@@ -129,26 +140,23 @@ LAYOUT = (
     f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, WAIT_SIGNAL,
     f"{INSTANCE_TYPES_DIR}/<type>.json", f"{PRICES_DIR}/<market>.<place>.<type>.json",
     f"{CHECKPOINTS_DIR}/<user>/<name>/",
-    f"{JOBS_DIR}/<job-id>/spec.json",
-    f"{JOBS_DIR}/<job-id>/commands.txt", f"{JOBS_DIR}/<job-id>/runner.json",
-    f"{JOBS_DIR}/<job-id>/cancel", f"{JOBS_DIR}/<job-id>/done", f"{JOBS_DIR}/<job-id>/result.json",
-    f"{JOBS_DIR}/<job-id>/staging.json",
-    f"{JOBS_DIR}/<job-id>/nodes/<rank>.log", f"{JOBS_DIR}/<job-id>/nodes/<rank>.started",
-    f"{JOBS_DIR}/<job-id>/nodes/<rank>.exit", f"{JOBS_DIR}/<job-id>/nodes/<rank>.claim",
-    f"{JOBS_DIR}/<job-id>/admitted/<address>",
-    f"{JOBS_DIR}/<job-id>/progress/<rank>.json", f"{JOBS_DIR}/<job-id>/flight/",
-    f"{JOBS_DIR}/<job-id>/stacks/<rank>.json",
-    CONTROLLER_HEARTBEAT, IDLE_STOP, f"{MANAGED_DIR}/<job-id>/request.json",
-    f"{MANAGED_DIR}/<job-id>/job.json", f"{MANAGED_DIR}/<job-id>/cancel",
-    f"{MANAGED_DIR}/<job-id>/attempts/<n>.log",
-    f"{MANAGED_DIR}/<job-id>/attempts/<n>.membership.json",
-    f"{MANAGED_DIR}/<job-id>/attempts/<n>.hang.json",
-    f"{ARCHIVE_DIR}/{MANAGED_DIR}/<job-id>/", f"{ARCHIVE_DIR}/{JOBS_DIR}/<job-id>/",
+    f"{_JOB}/spec.json",
+    f"{_JOB}/commands.txt", f"{_JOB}/runner.json",
+    f"{_JOB}/cancel", f"{_JOB}/done", f"{_JOB}/result.json",
+    f"{_JOB}/staging.json",
+    f"{_JOB}/nodes/<rank>.log", f"{_JOB}/nodes/<rank>.started",
+    f"{_JOB}/nodes/<rank>.exit", f"{_JOB}/nodes/<rank>.claim",
+    f"{_JOB}/admitted/<address>",
+    f"{_JOB}/progress/<rank>.json", f"{_JOB}/flight/",
+    f"{_JOB}/stacks/<rank>.json",
+    CONTROLLER_HEARTBEAT, IDLE_STOP, f"{_MANAGED}/request.json",
+    f"{_MANAGED}/job.json", f"{_MANAGED}/cancel",
+    f"{_MANAGED}/attempts/<n>.log",
+    f"{_MANAGED}/attempts/<n>.membership.json",
+    f"{_MANAGED}/attempts/<n>.hang.json",
+    f"{ARCHIVE_DIR}/{MANAGED_DIR}/<user>/<job-id>/",
+    f"{ARCHIVE_DIR}/{JOBS_DIR}/<user>/<job-id>/",
 )
-
-#: A Linux user name (useradd's rule) or a bare uid: a directory name, never a path.
-USER_NAME_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}\$?|[0-9]{1,10}")
-
 
 @dataclass(frozen=True)
 class NodePaths:
@@ -218,9 +226,10 @@ class NodePaths:
         """Where the executor keeps running jobs' job role credentials (node-local)."""
         return self.root / EXECUTOR_STATE_DIR / "job-credentials"
 
-    def share_status(self, job_id: str, rank: int, index: int) -> Path:
-        """How process ``index`` of this node's share ``rank`` of ``job_id`` ended."""
-        return self.share_status_dir / f"{validate_job_id(job_id)}.{int(rank)}.{int(index)}.status"
+    def share_status(self, key: str, rank: int, index: int) -> Path:
+        """How process ``index`` of this node's share ``rank`` of the job ``key`` ended."""
+        user, job_id = split_key(key)
+        return self.share_status_dir / f"{user}.{job_id}.{int(rank)}.{int(index)}.status"
 
 
 @dataclass(frozen=True)
@@ -353,8 +362,14 @@ class ClusterPaths:
     def managed_dir(self) -> Path:
         return self.efs / MANAGED_DIR
 
-    def managed(self, job_id: str) -> ManagedPaths:
-        return ManagedPaths(self.managed_dir / validate_job_id(job_id))
+    def user_managed_dir(self, user: str) -> Path:
+        """``managed/<user>/``: one user's managed jobs (made by root, the user's)."""
+        return self.managed_dir / validate_user(user)
+
+    def managed(self, ref: str, user: str | None = None) -> ManagedPaths:
+        """``managed/<user>/<job-id>/`` of a key or of a bare id (see :func:`split_key`)."""
+        owner, job_id = split_key(ref, user)
+        return ManagedPaths(self.managed_dir / owner / job_id)
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -362,14 +377,18 @@ class ClusterPaths:
 
     def user_checkpoints(self, user: str) -> Path:
         """``checkpoints/<user>/``: one user's checkpoints, writable by that user alone."""
-        if not USER_NAME_RE.fullmatch(user):
-            raise ProtocolError(f"not a user name: {user!r}", field="user")
-        return self.checkpoints_dir / user
+        return self.checkpoints_dir / validate_user(user)
 
     @property
     def archive_dir(self) -> Path:
         """Finished jobs past their retention: ``archive/managed/`` and ``archive/jobs/``."""
         return self.efs / ARCHIVE_DIR
 
-    def job(self, job_id: str) -> JobPaths:
-        return JobPaths(self.jobs_dir / validate_job_id(job_id))
+    def user_jobs_dir(self, user: str) -> Path:
+        """``jobs/<user>/``: one user's jobs (made by root, the user's)."""
+        return self.jobs_dir / validate_user(user)
+
+    def job(self, ref: str, user: str | None = None) -> JobPaths:
+        """``jobs/<user>/<job-id>/`` of a key or of a bare id (see :func:`split_key`)."""
+        owner, job_id = split_key(ref, user)
+        return JobPaths(self.jobs_dir / owner / job_id)

@@ -52,7 +52,7 @@ def check(ctx: DemoContext, job_id: str) -> None:
     (the job's files named) otherwise."""
     from emulator.demo.context import DemoError
 
-    jobs = sorted(ctx.efs.joinpath("jobs").glob(f"{job_id}*/staging.json"))
+    jobs = sorted(ctx.efs.joinpath("jobs").glob(f"*/{job_id}*/staging.json"))  # <user>/<id>
     if not jobs:
         raise DemoError(f"--data: no staging.json under {ctx.efs / 'jobs'} for job {job_id}")
     report = json.loads(jobs[-1].read_text())

@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob
-from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths, ManagedPaths, validate_job_id
 from bootstrap_scripts.protocol.records import ShareStarted
 
 EPOCH_RE = re.compile(r"^\[(\d+) (\S+)\] epoch=(\d+) acc=([\d.]+) loss=([\d.]+) "
@@ -122,7 +123,7 @@ def attempt_job_id(paths: ClusterPaths, job: JobRun) -> str:
     own. "" while a managed job has not started an attempt."""
     if not job.managed_id:
         return job.job_id
-    managed = paths.managed(job.managed_id)
+    managed = ManagedPaths(locate(paths, job.managed_id, managed=True))
     rec = store.read_record_or_none(managed.record, ManagedJob)
     return managed.attempt_id(rec.attempt) if rec is not None and rec.attempt else ""
 
@@ -212,16 +213,23 @@ def shares(job: JobPaths) -> list[ShareStarted]:
 def share_groups(efs: str | os.PathLike) -> list[int]:
     """The process group of every share of every job on this EFS."""
     jobs_dir = ClusterPaths(efs).jobs_dir
-    try:
-        dirs = sorted(p for p in jobs_dir.iterdir() if p.is_dir())
-    except OSError:
-        return []
+    dirs = sorted(p for p in jobs_dir.glob("*/*") if p.is_dir() and not p.is_symlink())
     return [rec.pgid for d in dirs for rec in shares(JobPaths(d)) if rec.pgid]
+
+
+def locate(paths: ClusterPaths, job_id: str, *, managed: bool = False) -> Path:
+    """The directory of the job ``job_id`` (a bare id, as the demo's commands print it)
+    whoever's it is (``jobs/<user>/<id>/``, ``managed/<user>/<id>/``): the first user's
+    who has one, else the demo's own user's."""
+    top = paths.managed_dir if managed else paths.jobs_dir
+    found = sorted(p for p in top.glob(f"*/{validate_job_id(job_id)}") if p.is_dir())
+    return found[0] if found else (paths.managed(job_id).dir if managed
+                                   else paths.job(job_id).dir)
 
 
 def share_groups_of(efs: str | os.PathLike, job: str, address: str) -> list[int]:
     """The process groups of job ``job``'s shares on the node at ``address``."""
     if not job:
         return []
-    return [rec.pgid for rec in shares(ClusterPaths(efs).job(job))
+    return [rec.pgid for rec in shares(JobPaths(locate(ClusterPaths(efs), job)))
             if rec.address == address and rec.pgid]

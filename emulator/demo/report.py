@@ -16,7 +16,7 @@ from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.node_files import parse_env_file
-from bootstrap_scripts.protocol.paths import DEEPLEARNING_DIR, NodePaths
+from bootstrap_scripts.protocol.paths import DEEPLEARNING_DIR, JobPaths, ManagedPaths, NodePaths
 from emulator import deploy as dp
 from emulator.demo import capacity, joblog, shell
 from emulator.demo.context import STATE_FILE, DemoContext, generation_entry
@@ -118,8 +118,8 @@ def job_cost(ctx: DemoContext, managed_id: str) -> dict | None:
     if not managed_id:
         return None
     try:
-        rec = store.read_record_or_none(ctx.cluster_paths.managed(managed_id).record,
-                                        ManagedJob)
+        rec = store.read_record_or_none(ManagedPaths(joblog.locate(
+            ctx.cluster_paths, managed_id, managed=True)).record, ManagedJob)
     except (OSError, ValueError):
         return None
     if rec is None or not rec.usage:
@@ -310,7 +310,8 @@ def failure_epilogue(ctx: DemoContext, error: str, *, kept: bool) -> None:
     job = ctx.jobs[-1] if ctx.jobs else None
     attempt = joblog.attempt_job_id(ctx.cluster_paths, job) if job is not None else ""
     if attempt:
-        out.print(f"  job logs, one per node: {ctx.cluster_paths.job(attempt).nodes}/"
+        out.print(f"  job logs, one per node: "
+                  f"{JobPaths(joblog.locate(ctx.cluster_paths, attempt)).nodes}/"
                   f"<rank>.log", highlight=False, soft_wrap=True)
     out.print(f"  the demo's logs (cdk, lambda, node agents, dl-run): {ctx.logs}/",
               highlight=False, soft_wrap=True)

@@ -110,8 +110,8 @@ def record(efs: Path, job_id: str) -> ManagedJob | None:
 
 
 def attempts(efs: Path, job_id: str) -> list[JobPaths]:
-    """``jobs/<id>.<n>/`` of every attempt there is, in order."""
-    jobs = ClusterPaths(efs).jobs_dir
+    """``jobs/<user>/<id>.<n>/`` of every attempt there is, in order."""
+    jobs = ClusterPaths(efs).job(job_id).dir.parent
     found = [(int(d.name.rpartition(".")[2]), d) for d in jobs.glob(f"{job_id}.*")
              if d.is_dir() and d.name.rpartition(".")[2].isdigit()]
     return [JobPaths(d) for _, d in sorted(found)]
@@ -172,7 +172,7 @@ def leftovers(efs: Path, job_id: str, node_roots: dict[str, Path],
         tokens: list[str] = []
         for _stem, rec in store.scan_records(a.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX):
             groups.add(rec.pgid)
-            tokens.append(share_token(a.job_id, rec.rank, rec.address))
+            tokens.append(share_token(a.key, rec.rank, rec.address))
         pids = pids_in_groups(g for g in groups if g) | {
             p for t in tokens for p in pids_with_token(t) if alive(p)}
         if pids:

@@ -51,7 +51,7 @@ class Run:
 
 
 def managed_job_id(efs: Path) -> str:
-    (job_dir,) = [d for d in (efs / "managed").iterdir() if d.is_dir()]
+    (job_dir,) = [d for d in (efs / "managed").glob("*/*") if d.is_dir()]  # <user>/<id>
     return job_dir.name
 
 

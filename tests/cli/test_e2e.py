@@ -115,7 +115,7 @@ def test_failed_job_names_its_cause_and_logs_last(kept: dict) -> None:
                      last), last
     (job,) = report["jobs"]
     # a managed job: its one attempt (a code failure is not retried by default) holds the logs
-    nodes = work / "efs" / "jobs" / f"{job['job_id']}.1" / "nodes"
+    (nodes,) = (work / "efs" / "jobs").glob(f"*/{job['job_id']}.1/nodes")  # its user's
     assert f"job logs, one per node: {nodes}/<rank>.log" in last
     assert (nodes / "0.log").exists(), "the logs the message points at are gone"
     assert "final held-out accuracy" in report["error"]
@@ -360,7 +360,7 @@ def test_submit_a_laptop_directory_with_workdir(kept: dict, capsys, job_user,
     code, out, err = follow(kept, job)
     assert code == 0 and f"job {job} succeeded" in err, out[-2000:] + err
     efs = Path(kept["report"]["work_dir"]) / "efs"
-    workdir = efs / "managed" / job / "workdir"
+    workdir = efs / "managed" / job_user / job / "workdir"
     lines = out.splitlines()
     assert sum(f"ran in {workdir} as {job_user}" in ln for ln in lines) == 3, out
     assert sum(ln.endswith("] only-on-the-laptop") for ln in lines) == 3, out

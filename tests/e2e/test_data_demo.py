@@ -26,7 +26,7 @@ import pytest
 
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import StagingReport
-from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import JobResult
 from tests.support.demo import assert_nothing_left, check_common, run_demo, training_attempts
 
@@ -58,11 +58,12 @@ def test_flaky_launches_are_retried_then_every_node_stages_the_dataset_and_train
     # -- the dataset: staged on every node, trained from -------------------------------------
     cluster = ClusterPaths(tmp_path / "work" / "efs")
     (attempt,) = training_attempts(cluster)
-    staging = store.read_record(cluster.job(attempt.name).staging, StagingReport)
+    staging = store.read_record(JobPaths(attempt).staging, StagingReport)
     assert staging is not None and staging.source == "s3://dl-demo-datasets/digits/"
     assert len(staging.nodes) == 3 and all(n.objects == 1 for n in staging.nodes)
     # the staging was a job of its own, before the training job, and it succeeded
-    stage_result = store.read_record(cluster.job(attempt.name + ".stage").result, JobResult)
+    stage = cluster.job(attempt.name + ".stage", attempt.parent.name)  # the same user's
+    stage_result = store.read_record(stage.result, JobResult)
     assert stage_result is not None and stage_result.status == "succeeded"
     roots = {n["address"]: Path(n["root"]) for n in live}
     for node in staging.nodes:
@@ -72,7 +73,7 @@ def test_flaky_launches_are_retried_then_every_node_stages_the_dataset_and_train
         assert (local / "digits.npz").stat().st_size == node.bytes
         manifest = json.loads((local / ".dl-stage/manifest.json").read_text())
         assert list(manifest["objects"]) == ["digits/digits.npz"]
-        logs = "".join(p.read_text() for p in cluster.job(attempt.name).nodes.glob(
+        logs = "".join(p.read_text() for p in JobPaths(attempt).nodes.glob(
             f"{node.rank}*.log"))
         assert f"data: {local}/digits.npz (1797 samples)" in logs
     runner = (tmp_path / "work" / "logs" / "dl-run-1.log").read_text()

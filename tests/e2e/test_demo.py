@@ -73,7 +73,7 @@ def test_demo_with_a_failed_worker_launch_trains_on_every_node_that_came_up(tmp_
     cluster = ClusterPaths(tmp_path / "work" / "efs")
     # the training job's one attempt (the health gate's check jobs are there too)
     (jdir,) = training_attempts(cluster)
-    result = store.read_record(cluster.job(jdir.name).result, JobResult)
+    result = store.read_record(cluster.job(jdir.name, jdir.parent.name).result, JobResult)
     assert result is not None and result.status == "succeeded"
     assert "job" in out and "succeeded on 3 node(s)" in out
     assert_nothing_left(tmp_path, report)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.procgroup import stop_popen_group
+from bootstrap_scripts.protocol.paths import ClusterPaths
 from tests.conftest import REPO_ROOT
 
 ADDRESS = "127.20.250.3"
@@ -34,7 +35,7 @@ def cpu_seconds(pid: int) -> float:
 
 def finished_jobs(efs: Path, n: int) -> None:
     for k in range(n):
-        nodes = efs / "jobs" / f"old-{k:05d}" / "nodes"
+        nodes = ClusterPaths(efs).job(f"old-{k:05d}").nodes  # the executor scans jobs/<user>/
         nodes.mkdir(parents=True)
         for name in ("spec.json", "runner.json", "result.json", "done"):
             (nodes.parent / name).write_text("{}\n")

@@ -73,14 +73,14 @@ def test_an_exit_that_cannot_be_recorded_is_recorded_when_space_returns(node):
     ex, disk = node
     paths = publish(ex, "exit-3", (sys.executable, "-c", "import time, sys; "
                                    "time.sleep(1); sys.exit(3)"))
-    passes(ex, lambda: "exit-3" in ex.shares.running, "the share never started")
+    passes(ex, lambda: paths.key in ex.shares.running, "the share never started")
     disk.full = True
-    r = ex.shares.running["exit-3"]
+    r = ex.shares.running[paths.key]
     passes(ex, r.main_done, "the share never ended")
     for _ in range(10):
         assert not ex.step()  # a failed pass says so (the loop backs off)
     assert disk.refused and not store.exists(paths.exit(0))
-    assert "exit-3" in ex.shares.running  # still owed
+    assert paths.key in ex.shares.running  # still owed
     disk.full = False
     passes(ex, lambda: store.exists(paths.exit(0)), "the exit was never recorded")
     rec = store.read_record(paths.exit(0), ShareExit)
@@ -94,7 +94,7 @@ def test_an_exit_that_cannot_be_recorded_is_recorded_when_space_returns(node):
 def test_a_share_whose_start_cannot_be_recorded_is_stopped_and_only_it(node):
     ex, disk = node
     other = publish(ex, "runs-on", (sys.executable, "-c", "import time; time.sleep(600)"))
-    passes(ex, lambda: "runs-on" in ex.shares.running, "the first share never started")
+    passes(ex, lambda: other.key in ex.shares.running, "the first share never started")
     disk.full = True
     paths = ex.node.cluster.job("unrecorded")
     spec = JobSpec(job_id="unrecorded", launcher="each", shares=(Share(0, ADDRESS, (
@@ -105,10 +105,10 @@ def test_a_share_whose_start_cannot_be_recorded_is_stopped_and_only_it(node):
     disk.full = True
     for _ in range(5):
         ex.step()
-    token = procgroup.share_token("unrecorded", 0, ADDRESS)
+    token = procgroup.share_token(paths.key, 0, ADDRESS)
     assert not [p for p in procgroup.pids_with_token(token) if procgroup.alive(p)]
     assert not store.exists(paths.started(0))
-    assert ex.shares.running["runs-on"].main_done() is False  # the other share runs on
+    assert ex.shares.running[other.key].main_done() is False  # the other share runs on
     disk.full = False
     passes(ex, lambda: store.exists(paths.exit(0)), "the failed start was never recorded")
     rec = store.read_record(paths.exit(0), ShareExit)

@@ -15,7 +15,7 @@ import time
 
 from bootstrap_scripts import procgroup
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
+from bootstrap_scripts.protocol.paths import JobPaths
 from bootstrap_scripts.protocol.records import ShareExit, ShareStarted
 from emulator.nodes import base_env
 from tests.conftest import REPO_ROOT
@@ -36,9 +36,7 @@ def _wait(cond, timeout: float, what: str) -> None:
 
 
 def _ready(c) -> bool:
-    jobs = ClusterPaths(c.efs).jobs_dir
-    return jobs.is_dir() and any("ready" in (store.read_text(JobPaths(d).log(0)) or "")
-                                 for d in jobs.iterdir() if d.is_dir())
+    return any("ready" in (store.read_text(JobPaths(d).log(0)) or "") for d in c.job_dirs())
 
 
 def _kill_executor(c, addr: str) -> None:
@@ -56,7 +54,7 @@ def test_restarted_executor_reattaches_and_records_the_real_exit(emu):
     _wait(lambda: _ready(c), 60, "the share never got ready")
     (jdir,) = c.job_dirs()
     paths = JobPaths(jdir)
-    token = procgroup.share_token(jdir.name, 0, addr)
+    token = procgroup.share_token(JobPaths(jdir).key, 0, addr)
     share = [pid for pid in procgroup.pids_with_token(token) if procgroup.alive(pid)]
     _kill_executor(c, addr)
     assert [pid for pid in share if procgroup.alive(pid)] == share  # the share runs on
@@ -85,7 +83,7 @@ def test_a_share_that_ended_while_its_executor_was_down_gets_its_own_exit(emu, t
     _wait(lambda: _ready(c), 60, "the share never got ready")
     (jdir,) = c.job_dirs()
     paths = JobPaths(jdir)
-    token = procgroup.share_token(jdir.name, 0, addr)
+    token = procgroup.share_token(JobPaths(jdir).key, 0, addr)
     _kill_executor(c, addr)
     go.touch()
     _wait(lambda: not procgroup.pids_with_token(token), 30, "the share did not end")
@@ -119,7 +117,7 @@ def test_a_share_whose_exit_status_is_lost_is_an_infrastructure_failure(emu):
     rec = store.read_record(paths.exit(0), ShareExit)
     assert rec is not None and rec.fault == "infrastructure", rec
     assert rec.returncode != 0 and "exit status" in rec.reason
-    token = procgroup.share_token(jdir.name, 0, addr)
+    token = procgroup.share_token(JobPaths(jdir).key, 0, addr)
     _wait(lambda: not procgroup.pids_with_token(token), 10, "the orphaned child survived")
     p.communicate(timeout=60)
 

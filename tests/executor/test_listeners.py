@@ -166,18 +166,18 @@ def test_proc_net_tcp_rows_are_read_in_host_byte_order():
 
 def test_the_other_nodes_start_only_once_the_masters_share_started_cleanly(tmp_path):
     spec = spec_with((Proc(argv=("agent",)), STORE))
-    paths = JobPaths(tmp_path / "job-1")
+    paths = JobPaths(tmp_path / "alice" / "job-1")
     paths.nodes.mkdir(parents=True)
     scanner = JobScanner(None, None, None, None)  # only its bookkeeping is used here
     worker = spec.shares[1]
     assert listeners.waits_for_listener(spec, spec.shares[0]) is None
     assert not scanner.listener_ready(spec, worker, paths)  # not started yet: pending
-    assert "job-1" not in scanner.seen
+    assert "alice/job-1" not in scanner.seen
     store.write_record(paths.started(0), ShareStarted(
         rank=0, address=MASTER, started_at=1.0,
         error="cannot listen on 10.0.0.4:294 for the job's rendezvous"))
     assert not scanner.listener_ready(spec, worker, paths)
-    assert "job-1" in scanner.seen  # the master could not listen: never started here
+    assert "alice/job-1" in scanner.seen  # the master could not listen: never started here
     scanner.seen.clear()
     store.write_record(paths.started(0), ShareStarted(rank=0, address=MASTER, started_at=1.0,
                                                       pgid=7))

@@ -17,6 +17,7 @@ from bootstrap_scripts.jobs.executor import discovery
 from bootstrap_scripts.jobs.executor.daemon import Executor
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
+from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import RunnerHeartbeat
 
 ADDRESS = "127.20.250.2"
@@ -24,9 +25,8 @@ FINISHED = 2000
 
 
 def finished_jobs(efs: Path, n: int) -> None:
-    jobs = efs / "jobs"
     for k in range(n):
-        d = jobs / f"old-{k:05d}"
+        d = ClusterPaths(efs).job(f"old-{k:05d}").dir
         (d / "nodes").mkdir(parents=True)
         (d / "done").write_text("succeeded\n")
 
@@ -39,7 +39,7 @@ def executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     real = os.scandir
 
     def scandir(path=".", *a):
-        if Path(path) == ex.node.cluster.jobs_dir:
+        if Path(path).parent == ex.node.cluster.jobs_dir:  # a user's jobs listed
             listed.append(str(path))
         return real(path, *a)
 
@@ -59,7 +59,8 @@ def publish(ex: Executor, job_id: str) -> None:
 def test_an_idle_executor_does_not_list_the_finished_jobs_again(executor):
     ex, listed = executor
     ex.step()
-    assert len(listed) == 1 and len(ex.scanner.seen) == FINISHED  # start-up: one listing
+    # start-up: one listing (of every user's directory)
+    assert len(listed) == len(ex.scanner.users) and len(ex.scanner.seen) == FINISHED
     time.sleep(discovery.FOLLOW_UP_SECONDS + 0.1)
     listed.clear()
     for _ in range(25):  # five seconds' worth of polls
@@ -74,11 +75,11 @@ def test_a_new_job_is_still_seen_at_once(executor):
     ex.step()
     publish(ex, "new-job")
     ex.step()
-    assert "new-job" in ex.shares.running
+    assert ex.node.cluster.job("new-job").key in ex.shares.running
     # a job dir whose spec comes later stays pending, checked by name without listings
-    (ex.node.cluster.jobs_dir / "slow-job" / "nodes").mkdir(parents=True)
+    ex.node.cluster.job("slow-job").nodes.mkdir(parents=True)
     ex.step()
-    assert "slow-job" in ex.scanner.pending
+    assert ex.node.cluster.job("slow-job").key in ex.scanner.pending
     time.sleep(discovery.FOLLOW_UP_SECONDS + 0.1)
     ex.step()
     listed.clear()
@@ -88,4 +89,4 @@ def test_a_new_job_is_still_seen_at_once(executor):
         0, ADDRESS, (Proc(argv=(sys.executable, "-c", "import time; time.sleep(600)")),)),
     )).to_json())
     ex.step()
-    assert "slow-job" in ex.shares.running and listed == []
+    assert paths.key in ex.shares.running and listed == []

@@ -72,7 +72,7 @@ def plan_attempt(launcher: str, restart_count: int) -> tuple[ln.LaunchPlan, dict
     req = request("--launcher", launcher, "--mxnet-launch", "/opt/launch.py")
     run = attempt_request(req, attempt_id=f"train-1.{restart_count + 1}", efs=EFS,
                           restart_count=restart_count, user="ann")
-    return engine.build_plan(run, MEMBERSHIP, ClusterPaths(EFS).job(run.job_id)), run.env
+    return engine.build_plan(run, MEMBERSHIP, ClusterPaths(EFS).job(run.job_id, "ann")), run.env
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mpi", "horovod", "tf", "mxnet", "each"])
@@ -94,7 +94,7 @@ def test_every_launcher_gives_the_command_the_restart_variables(launcher, restar
     # the command itself is the same on every attempt: resuming is the program's business
     first, _ = plan_attempt(launcher, 0)
     strip = {f"--rdzv-id=train-1.{restart_count + 1}": "", "--rdzv-id=train-1.1": "",
-             f"/efs/jobs/train-1.{restart_count + 1}/": "J/", "/efs/jobs/train-1.1/": "J/",
+             f"/efs/jobs/ann/train-1.{restart_count + 1}/": "J/", "/efs/jobs/ann/train-1.1/": "J/",
              " -x DL_RESUME": ""}
     if launcher == "mpi":
         argvs = [[a for i, a in enumerate(argv) if "DL_RESUME" not in (a, argv[min(
@@ -129,7 +129,7 @@ def test_the_controllers_options_are_not_part_of_the_run():
 def test_every_attempt_tells_its_ranks_where_to_declare_progress():
     run = attempt_request(request("--launcher", "each"), attempt_id="train-1.2", efs=EFS,
                           restart_count=1, user="ann")
-    assert run.env["DL_PROGRESS_DIR"] == "/efs/jobs/train-1.2/progress"
+    assert run.env["DL_PROGRESS_DIR"] == "/efs/jobs/ann/train-1.2/progress"
     assert "DL_PROGRESS_DIR" in run.forward
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in run.env  # no hang timeout: torch untouched
 
@@ -140,7 +140,7 @@ def test_a_hang_timeout_sets_torchs_watchdog_unless_the_user_did():
     assert req.run.hang_timeout == 120
     run = attempt_request(req, attempt_id="train-1.1", efs=EFS, restart_count=0, user="ann")
     assert run.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"  # the user's own wins
-    assert run.env["TORCH_FR_DUMP_TEMP_FILE"] == "/efs/jobs/train-1.1/flight/rank_"
+    assert run.env["TORCH_FR_DUMP_TEMP_FILE"] == "/efs/jobs/ann/train-1.1/flight/rank_"
     assert float(run.env["DL_COLLECTIVE_TIMEOUT"]) > 120
     assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "DL_COLLECTIVE_TIMEOUT"} <= set(run.forward)
 

@@ -21,7 +21,7 @@ from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
-from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, own_user
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 
@@ -34,8 +34,8 @@ def submit(efs: Path, job_id: str) -> Path:
 
 
 def garble(efs: Path, job_id: str) -> None:
-    (efs / "managed" / job_id).mkdir(parents=True)
-    (efs / "managed" / job_id / "request.json").write_text('{"job_id": "x", "run": ')
+    ClusterPaths(efs).managed(job_id).dir.mkdir(parents=True)
+    ClusterPaths(efs).managed(job_id).request.write_text('{"job_id": "x", "run": ')
 
 
 def wait_for(what: str, check, timeout: float = 20.0):
@@ -174,11 +174,13 @@ def test_finished_jobs_past_their_retention_are_archived(tmp_path):
     os.utime(unmanaged.done, (time.time() - 30 * retention.DAY,) * 2)
 
     moved = retention.archive_finished(tmp_path, days=7)
-    assert sorted(moved) == ["jobs/old-1.1", "jobs/old-1.2", "jobs/plain-1", "managed/old-1"]
+    me = own_user()
+    assert sorted(moved) == [f"jobs/{me}/old-1.1", f"jobs/{me}/old-1.2", f"jobs/{me}/plain-1",
+                             f"managed/{me}/old-1"]
     assert [j.job_id for j in managed.list_jobs(tmp_path)] == ["new-1", "queued-1"]
     archive = ClusterPaths(tmp_path).archive_dir
-    assert (archive / "managed" / "old-1" / "job.json").exists()
-    assert (archive / "jobs" / "old-1.2" / "done").exists()
+    assert (archive / "managed" / me / "old-1" / "job.json").exists()
+    assert (archive / "jobs" / me / "old-1.2" / "done").exists()
     assert ClusterPaths(tmp_path).job("new-1.1").dir.exists()
     assert retention.archive_finished(tmp_path, days=0) == []  # 0: keep everything
 
@@ -188,4 +190,4 @@ def test_the_controller_archives_with_its_retention(tmp_path):
     ctl = daemon.Controller(tmp_path / "node", tmp_path, retention_days=2)
     ctl.step()
     assert managed.list_jobs(tmp_path) == []
-    assert (ClusterPaths(tmp_path).archive_dir / "managed" / "old-1").is_dir()
+    assert (ClusterPaths(tmp_path).archive_dir / "managed" / own_user() / "old-1").is_dir()

@@ -185,8 +185,8 @@ def test_unhealthy_nodes_are_the_members_the_controller_marked_or_its_job_exclud
     assert health.mark_unhealthy("i-0w1") == "" and calls[0]["InstanceId"] == "i-0w1"
     assert health.mark_unhealthy("i-0gone") == ""   # already replaced: not a member
     ctl.beat(force=True)
-    ctl.sup = SimpleNamespace(job=SimpleNamespace(job_id="j1", restarts=0, excluded=("i-0w2",),
-                                                  attempt=1, usage=()),
+    ctl.sup = SimpleNamespace(job=SimpleNamespace(job_id="j1", user="ann", restarts=0,
+                                                  excluded=("i-0w2",), attempt=1, usage=()),
                               watch=None)
     ctl.job_id = "j1"
     ctl.beat(force=True)
@@ -230,8 +230,8 @@ def test_a_job_shorter_than_the_progress_interval_gets_its_step_time(tmp_path) -
         ctl.beat(force=True)   # the first step: a Loss-only line
         watch.records = ranks(40)  # 2 s later the attempt ended
 
-    sup = SimpleNamespace(job=SimpleNamespace(job_id="j1", restarts=0, excluded=(), attempt=1,
-                                              usage=()),
+    sup = SimpleNamespace(job=SimpleNamespace(job_id="j1", user="ann", restarts=0, excluded=(),
+                                              attempt=1, usage=()),
                           watch=watch, run=run)
     ctl.run_job(sup)  # type: ignore[arg-type]
     progress = [d for d in lines(root) if "step" in d]  # not the cluster line

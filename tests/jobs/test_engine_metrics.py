@@ -24,7 +24,13 @@ from bootstrap_scripts.protocol.managed_records import (
     NodeUsage,
 )
 from bootstrap_scripts.protocol.membership import build_membership
-from bootstrap_scripts.protocol.paths import MANAGED_DIR, ClusterPaths, ManagedPaths, NodePaths
+from bootstrap_scripts.protocol.paths import (
+    MANAGED_DIR,
+    ClusterPaths,
+    ManagedPaths,
+    NodePaths,
+    own_user,
+)
 
 RATE = "1.2"  # USD an hour: one node-hour is 1.2 USD, one node-second 1/3000 USD
 
@@ -36,7 +42,7 @@ def node(i: int, rate: str = RATE) -> NodeUsage:
 
 def job(job_id: str, state: str, *usage: AttemptUsage, attempt: int = 0) -> ManagedJob:
     return ManagedJob(job_id=job_id, state=state, submitted_at=1.0, usage=usage,
-                      attempt=attempt, restarts=max(0, attempt - 1))
+                      attempt=attempt, restarts=max(0, attempt - 1), user=own_user())
 
 
 # -- pure ---------------------------------------------------------------------------------
@@ -50,14 +56,17 @@ def test_priced_usd_counts_priced_nodes_and_a_running_attempt_up_to_now() -> Non
 
 
 def test_tally_counts_queued_jobs_and_takes_the_running_jobs_fresh_ledger() -> None:
-    scanned = {"a": ("succeeded", Decimal("2")), "b": ("queued", Decimal(0)),
-               "c": ("queued", Decimal(0)), "r": ("running", Decimal("0.1"))}
+    me = own_user()  # the scan's keys are <user>/<id>: the running job's is its user's
+    scanned = {f"{me}/a": ("succeeded", Decimal("2")), f"{me}/b": ("queued", Decimal(0)),
+               f"{me}/c": ("queued", Decimal(0)), f"{me}/r": ("running", Decimal("0.1")),
+               "other/r": ("queued", Decimal(0))}
     fresh = job("r", "running", AttemptUsage(attempt=1, started_at=0.0, nodes=(node(1),)))
-    assert tally(scanned, None, now=3600.0) == (2, Decimal("2.1"))
-    assert tally(scanned, fresh, now=3600.0) == (2, Decimal("3.2"))  # 2 + 1.2, not 0.1
+    assert tally(scanned, None, now=3600.0) == (3, Decimal("2.1"))
+    # another user's job of the same id is another job: still queued
+    assert tally(scanned, fresh, now=3600.0) == (3, Decimal("3.2"))  # 2 + 1.2, not 0.1
     # the job just started: scanned while its record still said queued, it is not queued
     started = job("c", "running", AttemptUsage(attempt=1, started_at=0.0, nodes=(node(1),)))
-    assert tally(scanned, started, now=3600.0) == (1, Decimal("3.3"))
+    assert tally(scanned, started, now=3600.0) == (2, Decimal("3.3"))
 
 
 @pytest.mark.parametrize("changes,now,due", [
@@ -101,7 +110,7 @@ def test_the_cluster_line_records_each_fact_under_the_dashboards_dimensions() ->
 # -- reading the records ------------------------------------------------------------------
 def submit(efs: Path, job_id: str, record: ManagedJob | None = None,
            where: Path | None = None) -> ManagedPaths:
-    paths = ManagedPaths((where or ClusterPaths(efs).managed_dir) / job_id)
+    paths = ManagedPaths((where or ClusterPaths(efs).managed_dir) / own_user() / job_id)
     paths.dir.mkdir(parents=True)
     store.write_record(paths.request, ManagedRequest(
         job_id=job_id, run=RunRequest(job_id=job_id, command=("true",)), submitted_at=1.0))

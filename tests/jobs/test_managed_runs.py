@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths
@@ -91,7 +92,7 @@ def test_detach_then_logs_follow_and_ctrl_c_detaches(cluster):
     assert re.fullmatch(r"each-\d{8}-\d{6}-[0-9a-f]{6}", job_id)
     # a follower interrupted with Ctrl-C detaches: exit 0, the job goes on
     p = c.popen_runner("--launcher", "each", "--", "python", JOB, "--sleep", "4", managed=True)
-    wait_for("the second job to queue", lambda: len(list((c.efs / "managed").iterdir())) == 2)
+    wait_for("the second job to queue", lambda: len(managed.all_paths(c.efs)) == 2)
     time.sleep(0.5)
     os.killpg(p.pid, signal.SIGINT)
     out, _ = p.communicate(timeout=30)
@@ -103,7 +104,7 @@ def test_detach_then_logs_follow_and_ctrl_c_detaches(cluster):
     assert f"job {job_id} succeeded after 1 attempt(s)" in logs.stderr
     only1 = c.dl_jobs("logs", job_id, "--node", "1")
     assert [m.group(1) for m in MANAGED_RE.finditer(only1.stdout)] == ["1"], only1.stdout
-    second = sorted(p.name for p in (c.efs / "managed").iterdir() if p.name != job_id)[0]
+    second = sorted(p.job_id for p in managed.all_paths(c.efs) if p.job_id != job_id)[0]
     wait_for("the detached job to finish", lambda: state_of(c, second) == "succeeded", 90)
 
 

@@ -200,7 +200,7 @@ def test_a_replacement_executor_joins_only_once_admitted(tmp_path):
     joins.probation.check = lambda *a: RunnerProbation.ALIVE  # the runner beats
     joins.wait(spec, paths)
     joins.join(draining=False)
-    assert shares.started == [] and "j.2" in joins.waiting  # not admitted: still waiting
+    assert shares.started == [] and paths.key in joins.waiting  # not admitted: still waiting
     paths.admitted_dir.mkdir()
     store.atomic_write(paths.admitted("10.0.1.9"), "i-r passed the health gate\n")
     joins.join(draining=False)

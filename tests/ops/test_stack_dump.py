@@ -15,7 +15,7 @@ import pytest
 
 from bootstrap_scripts.ops import hang_stacks, stack_dump
 from bootstrap_scripts.protocol.managed_records import RankStack
-from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, own_user
 
 #: A rank that sleeps in a function of its own, with a forked child that has the same
 #: environment (a data loader worker), printing both pids.
@@ -83,7 +83,7 @@ def test_py_spy_dumps_the_ranks_stack_as_root(ranks) -> None:
 
 def test_the_node_side_writes_each_stack_as_the_user_and_logs_no_stack(ranks, monkeypatch,
                                                                         capsys, tmp_path) -> None:
-    pid, _ = ranks(DL_SHARE_TOKEN=f"j.1/1/{THERE}", RANK="1")
+    pid, _ = ranks(DL_SHARE_TOKEN=f"{own_user()}/j.1/1/{THERE}", RANK="1")  # the job's key
     monkeypatch.setenv("DL_SHARE_TOKEN", f"health-stacks-x/1/{THERE}")  # this dump's own
     assert stack_dump.main(["--efs", str(tmp_path), "--job-id", "j.1", "--uid",
                             str(os.getuid()), "--gid", str(os.getgid()),

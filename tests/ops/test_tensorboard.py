@@ -67,7 +67,7 @@ def test_a_taken_port_is_skipped():
 def test_the_controller_points_every_attempt_at_the_jobs_own_directory():
     run = attempt_request(request(), attempt_id="train-1.2", efs=Path("/efs"),
                           restart_count=1, user="ann")
-    assert run.env[tensorboard_log.DIR_ENV] == "/efs/managed/train-1/tensorboard"
+    assert run.env[tensorboard_log.DIR_ENV] == "/efs/managed/ann/train-1/tensorboard"
     assert tensorboard_log.DIR_ENV in run.forward
 
 

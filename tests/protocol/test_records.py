@@ -97,9 +97,11 @@ def test_create_exclusive_claims_once(tmp_path) -> None:
 
 def test_paths_are_under_their_roots(tmp_path) -> None:
     cluster = ClusterPaths(tmp_path)
-    job = cluster.job("train-1")
-    assert job.exit(2) == tmp_path / "jobs" / "train-1" / "nodes" / "2.exit"
-    assert job.log(0, "ps") == tmp_path / "jobs" / "train-1" / "nodes" / "0-ps.log"
+    job = cluster.job("train-1", "alice")
+    assert job.exit(2) == tmp_path / "jobs" / "alice" / "train-1" / "nodes" / "2.exit"
+    assert job.log(0, "ps") == tmp_path / "jobs" / "alice" / "train-1" / "nodes" / "0-ps.log"
+    assert job.key == "alice/train-1" and cluster.job("alice/train-1") == job
+    assert cluster.managed("bob/t").attempt_key(2) == "bob/t.2"
     assert cluster.drain_done("i-9") == tmp_path / "cluster" / "drain" / "i-9.done"
     assert NodePaths(tmp_path).env == tmp_path / "opt" / "deeplearning" / "env"
     with pytest.raises(ValueError, match="'maybe'"):
@@ -111,7 +113,18 @@ def test_job_ids_that_would_escape_are_refused(bad: str) -> None:
     with pytest.raises(ProtocolError, match="invalid job id"):
         validate_job_id(bad)
     with pytest.raises(ProtocolError):
+        ClusterPaths("/efs").job(bad, "alice")
+
+
+@pytest.mark.parametrize("bad", ["../x", "alice/../x", "../alice/x", "Alice/x", "a.b/x",
+                                 "alice/x/y", "/x", "alice/", "alice/.x"])
+def test_job_keys_name_a_user_and_an_id_never_a_path(bad: str) -> None:
+    """A key ``<user>/<job-id>``: the user validated like a user's directory name, the id
+    like a job id; nothing else passes."""
+    with pytest.raises(ProtocolError):
         ClusterPaths("/efs").job(bad)
+    with pytest.raises(ProtocolError):
+        ClusterPaths("/efs").managed(bad)
 
 
 def test_job_spec_round_trip_and_errors() -> None:

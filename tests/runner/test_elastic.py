@@ -157,9 +157,7 @@ def test_node_joins_and_drains_while_an_elastic_job_trains(emu):
 
 def _share_ready(c: LocalCluster) -> bool:
     """The sleeper job printed "ready" on node rank 0."""
-    jobs = ClusterPaths(c.efs).jobs_dir
-    return jobs.is_dir() and any("ready" in (store.read_text(JobPaths(d).log(0)) or "")
-                                 for d in jobs.iterdir())
+    return any("ready" in (store.read_text(JobPaths(d).log(0)) or "") for d in c.job_dirs())
 
 
 def _wait(cond, timeout: float, what: str) -> None:
@@ -180,7 +178,7 @@ def test_workers_die_when_torchrun_dies_first(emu):
     p = c.popen_runner("--rdzv-port", free_rdzv_port(c), "--", str(JOBS / "sleeper.py"))
     _wait(lambda: _share_ready(c), 90, "the sleeper never got ready")
     (jdir,) = c.job_dirs()
-    token = share_token(jdir.name, 0, c.addresses[0])
+    token = share_token(JobPaths(jdir).key, 0, c.addresses[0])
     workers = [pid for pid in pids_with_token(token) if alive(pid)]
     wrapper = store.read_record(JobPaths(jdir).started(0), ShareStarted).pids[0]
     # the share's first process is torchrun's wrapper (jobs/share_wrapper.py): its child

@@ -19,10 +19,8 @@ import pytest
 from bootstrap_scripts.jobs.executor.daemon import (
     PER_USER_EFS_DIRS,
     PER_USER_PARENT_MODE,
-    SHARED_DIR_MODE,
-    SHARED_EFS_DIRS,
 )
-from bootstrap_scripts.protocol.paths import JobPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from tests.support import users
 from tests.support.cluster import LocalCluster, free_rdzv_port
 from tests.support.users import run_as
@@ -48,9 +46,6 @@ def cluster(job_user, reachable_python) -> Iterator[LocalCluster]:
 
 def test_a_users_job_runs_as_that_user_on_every_node(cluster, job_user):
     c = cluster
-    for name in SHARED_EFS_DIRS:  # the executors made them writable for everybody
-        st = (c.efs / name).stat()
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, SHARED_DIR_MODE), name
     for name in PER_USER_EFS_DIRS:  # root's; only root makes entries (one per user)
         st = (c.efs / name).stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, PER_USER_PARENT_MODE), name
@@ -95,7 +90,10 @@ def test_a_users_managed_job_runs_as_that_user_through_the_root_controller(clust
     (jdir,) = c.job_dirs()
     assert jdir.name.endswith(".1")  # attempt 1 of the managed job
     assert JobPaths(jdir).spec.stat().st_uid == job_user.pw_uid
-    managed_dir = c.efs / "managed" / jdir.name.removesuffix(".1")
-    assert (managed_dir / "request.json").stat().st_uid == job_user.pw_uid
+    assert jdir.parent.name == job_user.pw_name  # in the user's own jobs/<user>/
+    managed_dir = ClusterPaths(c.efs).managed(jdir.name.removesuffix(".1"), job_user.pw_name)
+    assert managed_dir.request.stat().st_uid == job_user.pw_uid
     st = (c.efs / "managed").stat()
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, SHARED_DIR_MODE)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, PER_USER_PARENT_MODE)
+    st = managed_dir.dir.parent.stat()  # made by root, the user's
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (job_user.pw_uid, 0o755)

@@ -72,6 +72,10 @@ def cluster(victim, attacker, reachable_python) -> Iterator[LocalCluster]:
     with cluster_for_users("dl-sec-", 1) as c:
         c.start_executors()
         c.start_controller()
+        # the executors made both users' own jobs/<user>/ and managed/<user>/ (user_dirs)
+        wait_until("the users' job directories", lambda: all(
+            (c.efs / top / u.pw_name).is_dir() for top in ("jobs", "managed")
+            for u in (victim, attacker)))
         yield c
 
 

@@ -81,7 +81,7 @@ def test_a_spec_linked_to_another_users_file_is_not_run_as_its_owner(
                                                             str(shared_tmp)]))
     owner = victim.pw_uid if target_owner == "victim" else 0
     os.chown(target, owner, owner and victim.pw_gid)
-    job = ClusterPaths(c.efs).job("evil-link")
+    job = ClusterPaths(c.efs).job("evil-link", attacker.pw_name)
 
     planted = as_user(attacker, PLANT_LINK, str(job.dir), str(target))
     assert planted.returncode == 0, planted.stderr
@@ -100,20 +100,20 @@ def test_a_label_that_climbs_out_of_the_job_directory_is_refused(cluster, victim
     address = c.membership.master_addr
     jobs = ClusterPaths(c.efs).jobs_dir
     made = as_user(victim, "import os, sys; os.mkdir(sys.argv[1], 0o755)",
-                   str(jobs / "victim-job"))
+                   str(jobs / victim.pw_name / "victim-job"))
     assert made.returncode == 0, made.stderr
-    # nodes/0-../../../../victim-job/planted.log is jobs/victim-job/planted.log
+    # nodes/0-../../../../../<victim>/victim-job/planted.log is the victim's job's planted.log
     spec = one_share_spec("evil-climb", address, [PYTHON, "-c", "print('planted')"],
-                          label="../../../../victim-job/planted")
-    planted = as_user(attacker, PLANT_CLIMB, str(jobs / "evil-climb"), spec)
+                          label=f"../../../../../{victim.pw_name}/victim-job/planted")
+    planted = as_user(attacker, PLANT_CLIMB, str(jobs / attacker.pw_name / "evil-climb"), spec)
     assert planted.returncode == 0, planted.stderr
     wait_until("the executor to look at the planted job",
                lambda: "evil-climb" in c.executor_log(address))
     time.sleep(1.0)
 
-    assert sorted(p.name for p in (jobs / "victim-job").iterdir()) == [], \
+    assert sorted(p.name for p in (jobs / victim.pw_name / "victim-job").iterdir()) == [], \
         c.executor_log(address)
-    assert not (jobs / "evil-climb" / "nodes" / "0.started").exists()
+    assert not (jobs / attacker.pw_name / "evil-climb" / "nodes" / "0.started").exists()
     assert "invalid process label" in c.executor_log(address)
 
 
@@ -128,7 +128,7 @@ def test_a_linked_attempt_log_is_neither_chmodded_nor_written_as_root(
     run = request_from_args(build_parser().parse_args(opts), command, "evil-log")
     request = ManagedRequest(job_id="evil-log", run=run, submitted_at=time.time(),
                              user=attacker.pw_name, world_size=1).to_json()
-    paths = ClusterPaths(c.efs).managed("evil-log")
+    paths = ClusterPaths(c.efs).managed("evil-log", attacker.pw_name)
 
     planted = as_user(attacker, PLANT_MANAGED, str(paths.dir), str(secret), request)
     assert planted.returncode == 0, planted.stderr
@@ -164,7 +164,7 @@ def test_a_share_log_linked_to_another_users_file_is_not_written(cluster, victim
     notes.write_text("the victim's notes\n")
     os.chown(notes, victim.pw_uid, victim.pw_gid)
     os.chmod(notes, 0o600)
-    job = ClusterPaths(c.efs).job("evil-log-link")
+    job = ClusterPaths(c.efs).job("evil-log-link", attacker.pw_name)
     spec = one_share_spec(job.job_id, address, [PYTHON, "-c", "print('overwritten')"])
     planted = as_user(attacker, PLANT_LOG_LINK, str(job.dir), str(notes), spec)
     assert planted.returncode == 0, planted.stderr
@@ -201,8 +201,8 @@ def test_root_opens_no_link_planted_as_a_marker_or_record_and_writes_records_as_
     target = shared_tmp / "root-only"
     target.write_text(ShareExit(rank=0, address=address, returncode=0).to_json())
     os.chmod(target, 0o600)  # root's, and a valid record: read through a link, it would count
-    job = ClusterPaths(c.efs).job("evil-marks")
-    managed_job = ClusterPaths(c.efs).managed("evil-record")
+    job = ClusterPaths(c.efs).job("evil-marks", attacker.pw_name)
+    managed_job = ClusterPaths(c.efs).managed("evil-record", attacker.pw_name)
     spec = one_share_spec(job.job_id, address, [PYTHON, "-c", MARKER, str(shared_tmp)])
     watch = OpenWatch(target)
     try:

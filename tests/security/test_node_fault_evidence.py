@@ -67,8 +67,8 @@ def test_a_users_self_sigkill_on_every_node_replaces_no_instance(aws_cluster, jo
                      "--replace-timeout", "2", "--", "python", KILL_SELF, managed=True)
     assert rc != 0, out
     assert out.count(f"uid={job_user.pw_uid}") >= 4, out  # 2 nodes x 2 attempts, as the user
-    (mdir,) = (ClusterPaths(c.efs).managed_dir).iterdir()
-    job = store.read_record(ClusterPaths(c.efs).managed(mdir.name).record, ManagedJob)
+    (mpaths,) = managed.all_paths(c.efs)  # the user's one job, in managed/<user>/
+    job = store.read_record(mpaths.record, ManagedJob)
     assert (job.state, job.attempt, job.restarts, job.code_restarts) == ("failed", 2, 1, 1), \
         (job, c.controller_log())
     (restart,) = job.restart_log

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.jobs.cli import dl_jobs
+from bootstrap_scripts.jobs.engine import user_dirs
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, RunRequest, Share
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from tests.security.conftest import as_user
@@ -30,12 +31,13 @@ SECRET = "root:$6$not-for-users$secret-line"
 #: links, to root's file, in place of another node's log, the runner's log, and nothing
 #: more (the spec is their own, as dl-run wrote it)
 PLANT = """
-import os, sys
+import os, pwd, sys
 efs, job_id, target, request, spec = sys.argv[1:6]
-job = os.path.join(efs, "managed", job_id)
+me = pwd.getpwuid(os.getuid()).pw_name  # the user's own directories, made by root
+job = os.path.join(efs, "managed", me, job_id)
 os.makedirs(os.path.join(job, "attempts"))
 os.symlink(target, os.path.join(job, "attempts", "1.log"))
-attempt = os.path.join(efs, "jobs", job_id + ".1")
+attempt = os.path.join(efs, "jobs", me, job_id + ".1")
 os.makedirs(os.path.join(attempt, "nodes"))
 with open(os.path.join(attempt, "spec.json"), "w") as fh:
     fh.write(spec)
@@ -50,12 +52,11 @@ with open(os.path.join(job, "request.json"), "w") as fh:
 @pytest.fixture()
 def efs() -> Iterator[Path]:
     """The shared file system's top directories as the executors make them (``jobs/`` and
-    ``managed/`` writable by every user), somewhere every user can reach."""
+    ``managed/`` root's), somewhere every user can reach."""
     top = Path(tempfile.mkdtemp(prefix="dl-logs-"))
     os.chmod(top, 0o755)
     for name in ("jobs", "managed"):
-        (top / name).mkdir()
-        os.chmod(top / name, 0o1777)
+        (top / name).mkdir(mode=0o755)
     try:
         yield top
     finally:
@@ -73,6 +74,7 @@ def test_an_operators_dl_jobs_never_prints_a_file_linked_as_a_jobs_log(
     spec = JobSpec(job_id=f"{job_id}.1", launcher="each", created_at=time.time(),
                    shares=(Share(0, "10.0.0.1", (Proc(argv=("true",)),)),
                            Share(1, "10.0.0.2", (Proc(argv=("true",)),)))).to_json()
+    user_dirs.ensure(efs, {attacker.pw_name: (attacker.pw_uid, attacker.pw_gid)})
     planted = as_user(attacker, PLANT, str(efs), job_id, str(secret), request, spec)
     assert planted.returncode == 0, planted.stderr
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.jobs.cli import dl_jobs
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import user_dirs
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
+from bootstrap_scripts.protocol.paths import ClusterPaths
 from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
 
 pytestmark = pytest.mark.skipif(not CAN_CREATE_USERS, reason="creating users needs root")
@@ -27,9 +28,12 @@ def submitted_by(efs: Path, job_id: str, owner: pwd.struct_passwd, *, claims: st
     """A queued job as ``owner``'s dl-run leaves it (its directory and request are the
     owner's files); the request's own ``user`` field says ``claims``."""
     (efs / "managed").mkdir(exist_ok=True)
+    user_dirs.ensure(efs, {owner.pw_name: (owner.pw_uid, owner.pw_gid)})  # as the executors
     req = ManagedRequest(job_id=job_id, run=RunRequest(job_id=job_id, command=("true",)),
                          submitted_at=time.time(), user=claims)
-    paths = managed.submit(efs, req)
+    paths = ClusterPaths(efs).managed(job_id, owner.pw_name)
+    paths.dir.mkdir()
+    store.write_record(paths.request, req, mode=store.OWNER_ONLY)
     for path in (paths.dir, paths.request):
         os.chown(path, owner.pw_uid, owner.pw_gid)
     return paths.cancel
@@ -71,11 +75,11 @@ def test_a_request_planted_as_a_link_is_not_taken_as_the_users(tmp_path, monkeyp
     with cluster_user() as alice, cluster_user() as bob:
         submitted_by(efs, "j-alice", alice, claims=alice.pw_name)
         submitted_by(efs, "j-bob", bob, claims=bob.pw_name)
-        request = efs / "managed" / "j-bob" / "request.json"
+        request = ClusterPaths(efs).managed("j-bob", bob.pw_name).request
         request.unlink()  # bob's directory, a link to alice's request
-        request.symlink_to(efs / "managed" / "j-alice" / "request.json")
+        request.symlink_to(ClusterPaths(efs).managed("j-alice", alice.pw_name).request)
         os.chown(request, bob.pw_uid, bob.pw_gid, follow_symlinks=False)
         capsys.readouterr()
         assert cancel(efs, "j-bob", monkeypatch, alice.pw_name) == dl_jobs.EXIT_USAGE
         assert "symbolic link" in capsys.readouterr().err
-        assert not store.exists(efs / "managed" / "j-bob" / "cancel")
+        assert not store.exists(request.parent / "cancel")

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine import user_dirs
 from bootstrap_scripts.jobs.engine.plan_types import LaunchOptions
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.executor.listeners import holders
@@ -72,8 +73,7 @@ def node(victim) -> Iterator[tuple[ThisNode, Path]]:
     tmp = Path(tempfile.mkdtemp(prefix="dl-rdzv-"))
     os.chmod(tmp, 0o755)
     efs = tmp / "efs"
-    (efs / "jobs").mkdir(parents=True)
-    os.chmod(efs / "jobs", 0o1777)
+    (efs / "jobs").mkdir(parents=True)  # root's, one directory per user (user_dirs)
     (efs / "checkpoints").mkdir()  # as the executor prepares them (daemon.EFS_DIR_MODES)
     (tmp / "markers").mkdir(mode=0o1777)
     os.chmod(tmp / "markers", 0o1777)
@@ -98,7 +98,8 @@ def victims_job(this: ThisNode, user: pwd.struct_passwd, port: int, marker: Path
     share = Share(0, this.address, (agent, ln.rdzv_store_proc(opts, m)))
     spec = JobSpec(job_id="rdzv-drill", launcher="torchrun", shares=(share,), cwd="/",
                    grace_seconds=1.0, env={"PATH": os.environ["PATH"]})
-    paths = this.cluster.job(spec.job_id)
+    user_dirs.ensure(this.cluster.efs, {user.pw_name: (user.pw_uid, user.pw_gid)})
+    paths = this.cluster.job(spec.job_id, user.pw_name)
     paths.dir.mkdir()
     os.chown(paths.dir, user.pw_uid, user.pw_gid)
     paths.spec.write_text(spec.to_json())
@@ -161,7 +162,7 @@ def test_a_user_cannot_take_the_default_rendezvous_port_and_the_job_is_served_by
         assert client.get("drill") == b"mine"
         # the one socket listening there is root's, held by the victim's store alone
         (held,) = holders(this.address, DEFAULT_RDZV_PORT)
-        store_pid = shares.running[spec.job_id].procs[1].popen.pid
+        store_pid = shares.running[paths.key].procs[1].popen.pid
         owners = dict(held.processes)
         assert set(owners.values()) == {victim.pw_uid}, held
         assert store_pid not in owners  # the wrapper (root) kept no copy; its child has it

@@ -49,6 +49,14 @@ from tests.conftest import REPO_ROOT, free_port
 CLUSTER_ID = "runner-test"
 
 
+def job_dirs(efs: Path) -> list[Path]:
+    """Every job directory on ``efs``, of every user: ``jobs/<user>/<id>/``."""
+    jobs = ClusterPaths(efs).jobs_dir
+    return sorted(p for u in (jobs.iterdir() if jobs.is_dir() else ()) if u.is_dir()
+                  and not u.is_symlink() for p in u.iterdir() if p.is_dir()
+                  and not p.is_symlink())
+
+
 @dataclass
 class LocalCluster:
     tmp: Path
@@ -174,8 +182,8 @@ class LocalCluster:
         return subprocess.CompletedProcess(p.args, p.returncode, out, "")
 
     def job_dirs(self) -> list[Path]:
-        jobs = ClusterPaths(self.efs).jobs_dir
-        return sorted(p for p in jobs.iterdir() if p.is_dir()) if jobs.is_dir() else []
+        """Every job directory of every user (``jobs/<user>/<id>/``)."""
+        return job_dirs(self.efs)
 
     def _shares(self) -> list[tuple[int, str]]:
         """(process group, share token) of every share a job listed or an executor started."""
@@ -188,10 +196,10 @@ class LocalCluster:
             except ProtocolError:  # a spec the executors refuse (a drill's): nothing started
                 shares = ()
             for share in shares:
-                found.setdefault(share_token(paths.job_id, share.rank, share.address), 0)
+                found.setdefault(share_token(paths.key, share.rank, share.address), 0)
             for _stem, rec in store.scan_records(paths.nodes, ShareStarted,
                                                  suffix=SHARE_STARTED_SUFFIX):
-                found[share_token(paths.job_id, rec.rank, rec.address)] = rec.pgid
+                found[share_token(paths.key, rec.rank, rec.address)] = rec.pgid
         return [(pgid, token) for token, pgid in found.items()]
 
     def share_pgids(self) -> set[int]:

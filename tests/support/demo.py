@@ -20,11 +20,12 @@ from bootstrap_scripts.jobs.engine.staging import STAGE_SUFFIX
 from bootstrap_scripts.procgroup import alive, pids_in_groups
 from bootstrap_scripts.protocol import paths as pp
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import ShareStarted
 from emulator.demo.context import STATE_FILE
 from emulator.gpus import instance_type_gpus
 from tests.conftest import REPO_ROOT
+from tests.support.cluster import job_dirs
 
 DEMO_TIMEOUT = 420
 
@@ -55,11 +56,10 @@ def run_demo(tmp_path: Path, *args: str, timeout: float = DEMO_TIMEOUT) -> tuple
 
 def share_groups(efs: Path) -> set[int]:
     """The process group of every job share an executor acknowledged on ``efs``."""
-    paths = ClusterPaths(efs)
     groups: set[int] = set()
     with contextlib.suppress(OSError, ValueError):
-        for jdir in paths.jobs_dir.iterdir():
-            job = paths.job(jdir.name)
+        for jdir in job_dirs(efs):
+            job = JobPaths(jdir)
             suffix = job.started(0).suffix
             groups |= {rec.pgid for _, rec in store.scan_records(job.nodes, ShareStarted,
                                                                   suffix=suffix) if rec.pgid}
@@ -138,5 +138,5 @@ def training_attempts(cluster: ClusterPaths) -> list[Path]:
     """The demo's training attempts among the jobs on EFS (``torchrun-…``): not the engine's
     own jobs around them (staging ``.stage``, checkpoint ``.restore`` / ``.flush``)."""
     helpers = (STAGE_SUFFIX, RESTORE_SUFFIX, FLUSH_SUFFIX)
-    return sorted(d for d in cluster.jobs_dir.iterdir()
+    return sorted(d for d in job_dirs(cluster.efs)
                   if d.name.startswith("torchrun-") and not d.name.endswith(helpers))

@@ -319,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in (None, "list"):
             return print_list(efs, args.json, args.start if args.json else None)
-        paths = managed.find(efs, args.job_id)
+        # a bare id (the caller's own job first; an operator's: their user's) or USER/ID
+        paths = managed.find(efs, args.job_id, mine=os.environ.get(OPERATOR_USER_ENV) or None)
+        args.job_id = paths.key
         if args.command == "show":
             job = managed.view(paths)
             if job is None:

@@ -31,7 +31,7 @@ class AttemptPrinter:
                  ranks: frozenset[int] | None) -> None:
         self.n = n
         self.paths = paths
-        self.job = ClusterPaths(efs).job(paths.attempt_id(n))
+        self.job = ClusterPaths(efs).job(paths.attempt_key(n))
         self.prefix, self.ranks = prefix, ranks
         self.tailer: LogTailer | None = None
         self.runner_offset = 0
@@ -79,7 +79,7 @@ def follow(efs: Path, job_id: str, *, live: bool = True, prefix: bool = True,
            ranks: frozenset[int] | None = None) -> ManagedJob:
     """Print the job's attempts from the first; ``live``: keep following until the job
     ends. Returns the job's record as last seen."""
-    paths = ClusterPaths(efs).managed(job_id)
+    paths = managed.find(efs, job_id)
     n = 1
     printer = AttemptPrinter(efs, paths, n, prefix=prefix, ranks=ranks)
     announced, restart_printed = "", False

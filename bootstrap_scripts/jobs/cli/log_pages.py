@@ -150,7 +150,7 @@ class AttemptFiles:
 
     def __init__(self, efs: Path, paths: ManagedPaths, n: int,
                  ranks: frozenset[int] | None) -> None:
-        self.job = ClusterPaths(efs).job(paths.attempt_id(n))
+        self.job = ClusterPaths(efs).job(paths.attempt_key(n))
         self.runner_log = paths.attempt_log(n)
         self.ranks = ranks
         self.tailer: LogTailer | None = None

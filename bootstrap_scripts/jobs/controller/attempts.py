@@ -86,10 +86,10 @@ def attempt_request(request: ManagedRequest, *, attempt_id: str, efs: Path,
                                           if env.get("PYTHONPATH") else "")
     env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
     restart = restart_env(efs, request.job_id, restart_count, user)
-    jpaths = ClusterPaths(efs).job(attempt_id)
+    jpaths = ClusterPaths(efs).job(attempt_id, user)
     restart[progress.DIR_ENV] = str(jpaths.progress_dir)  # where ranks declare progress
     # TensorBoard event files: the job's own directory, one for every attempt (ManagedPaths)
-    restart[TENSORBOARD_ENV] = str(ClusterPaths(efs).managed(request.job_id).tensorboard_dir)
+    restart[TENSORBOARD_ENV] = str(ClusterPaths(efs).managed(request.job_id, user).tensorboard_dir)
     env.update(restart)
     watchdog = hang_rules.watchdog_env(run.hang_timeout, str(jpaths.flight_dir / "rank_"))
     for key, value in watchdog.items():  # the user's own --env of the same name wins

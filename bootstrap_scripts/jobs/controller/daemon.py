@@ -247,7 +247,7 @@ class Controller:
         previous = job.controller
         sup.update(controller=self.me)
         if job.state == JobState.RUNNING.value and job.attempt:
-            attempt = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
+            attempt = ClusterPaths(self.efs).job(paths.attempt_key(job.attempt))
             if attempts.runner_alive(attempt) or userfiles.exists(attempt.result):
                 LOG.info("job %s: re-attaching to attempt %d (its runner outlived the "
                          "previous controller %s)", job.job_id, job.attempt, previous)
@@ -291,7 +291,7 @@ class Controller:
 
     def stop_orphan(self, paths: ManagedPaths, job: ManagedJob) -> None:
         """Cancel the orphaned attempt and wait until its shares stopped."""
-        jpaths = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
+        jpaths = ClusterPaths(self.efs).job(paths.attempt_key(job.attempt))
         LOG.warning("job %s: attempt %d is orphaned (its controller %s is gone): stopping it",
                     job.job_id, job.attempt, job.controller)
         try:
@@ -308,7 +308,7 @@ class Controller:
         """The oldest queued job, as a supervisor (cancelled ones are closed on the way,
         and so are those whose request cannot be read: failed, saying why)."""
         for paths, problem in managed.unusable_queued(self.efs):
-            if paths.dir.name in self.pending_records:
+            if paths.key in self.pending_records:
                 continue
             job = dataclasses.replace(managed.unusable(paths, problem), controller=self.me,
                                       finished_at=time.time())
@@ -320,7 +320,7 @@ class Controller:
             except OSError as exc:
                 self.pending_records.fail(paths, job, exc)
         for paths, request in managed.queue(self.efs):
-            if request.job_id in self.pending_records:
+            if paths.key in self.pending_records:
                 continue
             job = managed.load_job(paths) or ManagedJob(
                 job_id=request.job_id, state=JobState.QUEUED.value,

@@ -24,7 +24,7 @@ LOG = logging.getLogger("dl-controller")
 
 
 class UnwrittenRecords:
-    """Job records waiting for space on EFS, by job id."""
+    """Job records waiting for space on EFS, by job key (``<user>/<id>``)."""
 
     def __init__(self, efs: Path, me: str) -> None:
         self.efs, self.me = efs, me
@@ -42,7 +42,7 @@ class UnwrittenRecords:
         LOG.error("job %s: EFS full (%s): failing the job", job.job_id, exc)
         if not JobState(job.state).terminal:
             if job.attempt:
-                attempt = ClusterPaths(self.efs).job(paths.attempt_id(job.attempt))
+                attempt = ClusterPaths(self.efs).job(paths.attempt_key(job.attempt))
                 try:
                     with userfiles.as_owner_of(attempt.dir):  # the user's: as the user
                         store.atomic_write(attempt.cancel, "EFS full: the job controller "
@@ -53,7 +53,7 @@ class UnwrittenRecords:
                 job, state=JobState.FAILED.value, controller=self.me, finished_at=time.time(),
                 message=f"EFS full: the job controller could not write "
                 f"{exc.filename or 'its records'} ({exc.strerror or exc})")
-        self.records[job.job_id] = (paths, job)
+        self.records[paths.key] = (paths, job)
         self.flush()
 
     def flush(self) -> None:

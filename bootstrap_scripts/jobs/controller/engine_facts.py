@@ -36,12 +36,18 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import managed, user_dirs
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.ops import cost
 from bootstrap_scripts.protocol.managed_records import AttemptUsage, ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
-from bootstrap_scripts.protocol.paths import MANAGED_DIR, ClusterPaths, ManagedPaths, NodePaths
+from bootstrap_scripts.protocol.paths import (
+    MANAGED_DIR,
+    USER_NAME_RE,
+    ClusterPaths,
+    ManagedPaths,
+    NodePaths,
+)
 
 #: The longest pause between two scans of the jobs' records.
 SCAN_SECONDS = 50.0
@@ -68,6 +74,15 @@ class Facts:
         return self.nodes, self.generation, self.queued, self.job_attempts
 
 
+def listing(directory: Path) -> list[str]:
+    """The sub-directories of ``directory`` (no link, no dot-name), sorted; [] if none."""
+    try:
+        return sorted(e.name for e in os.scandir(directory)
+                      if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+    except OSError:
+        return []
+
+
 def priced_usd(usage: Iterable[AttemptUsage], now: float) -> Decimal:
     """A job's ledger at ``now`` over the nodes that have a price (``ops/cost.node_cost``
     per node and attempt; a running attempt counts up to ``now``)."""
@@ -85,10 +100,10 @@ def tally(jobs: Mapping[str, tuple[str, Decimal]], running: ManagedJob | None,
     """(jobs queued, USD so far) of the scanned ``jobs`` (``key -> (state, ledger)``), the
     running job's entry replaced by its fresh record (scanned as it started, its record may
     still say queued: it is not)."""
+    mine = f"{running.user}/{running.job_id}" if running is not None else None
     queued = sum(1 for key, (state, _usd) in jobs.items() if state == JobState.QUEUED.value
-                 and (running is None or key != running.job_id))
-    total = sum((usd for key, (_s, usd) in jobs.items()
-                 if running is None or key != running.job_id), Decimal(0))
+                 and key != mine)
+    total = sum((usd for key, (_s, usd) in jobs.items() if key != mine), Decimal(0))
     if running is not None:
         total += priced_usd(running.usage, now)
     return queued, total
@@ -105,7 +120,7 @@ class EngineFacts:
         self.scanned_at = float("-inf")
         self.running_id = ""  # the running job at the last scan ("" none)
         #: every job seen by the last scan: ``key -> (state, ledger at the scan)``; the key
-        #: is the job id in ``managed/``, ``archive/<name>`` for an archived record
+        #: is ``<user>/<id>`` in ``managed/``, ``archive/<user>/<name>`` for an archived one
         self.jobs: dict[str, tuple[str, Decimal]] = {}
         #: the finished jobs' entries, read once (their ledger no longer changes)
         self.finished: dict[str, tuple[str, Decimal]] = {}
@@ -136,24 +151,29 @@ class EngineFacts:
         """Read the jobs' records (a finished one only the first time it is seen)."""
         jobs: dict[str, tuple[str, Decimal]] = {}
         finished: dict[str, tuple[str, Decimal]] = {}
-        for archived, directory in enumerate(self.dirs):
-            try:
-                names = sorted(e.name for e in os.scandir(directory)
-                               if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
-            except OSError:
-                continue
-            for name in names:
-                key = f"archive/{name}" if archived else name
-                entry = self.finished.get(key)
-                if entry is None:
-                    try:
-                        job = managed.view(ManagedPaths(directory / name))
-                    except (OSError, ValueError):  # gone, or not a job's directory
-                        job = None
-                    if job is None:
-                        continue
-                    entry = (job.state, priced_usd(job.usage, at))
-                if entry[0] in TERMINAL:
-                    finished[key] = entry
-                jobs[key] = entry
+        for archived, top in enumerate(self.dirs):
+            # the users' own directories; the archive's are root's (the controller made them)
+            users = (list(user_dirs.user_dirs(top)) if not archived else
+                     [(u, top / u) for u in listing(top) if USER_NAME_RE.fullmatch(u)])
+            for user, directory in users:
+                for name in listing(directory):
+                    key = f"archive/{user}/{name}" if archived else f"{user}/{name}"
+                    self.tally_one(jobs, finished, key, directory / name, at)
         self.jobs, self.finished = jobs, finished
+
+    def tally_one(self, jobs: dict[str, tuple[str, Decimal]],
+                  finished: dict[str, tuple[str, Decimal]], key: str, directory: Path,
+                  at: float) -> None:
+        """Add one job's (state, ledger) under ``key`` (read once when it is finished)."""
+        entry = self.finished.get(key)
+        if entry is None:
+            try:
+                job = managed.view(ManagedPaths(directory))
+            except (OSError, ValueError):  # gone, or not a job's directory
+                job = None
+            if job is None:
+                return
+            entry = (job.state, priced_usd(job.usage, at))
+        if entry[0] in TERMINAL:
+            finished[key] = entry
+        jobs[key] = entry

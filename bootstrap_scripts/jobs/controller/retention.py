@@ -4,7 +4,8 @@ Every job leaves a directory on EFS (its spec, logs, exits, result; a managed jo
 request and record). Kept forever, ``dl-jobs`` lists grow without end and each scan of the
 job directories (the executors', the controller's) gets slower. So the job controller moves
 the records of jobs that finished more than ``--retention-days`` ago (default 7) to
-``archive/managed/<id>/`` and ``archive/jobs/<id>/`` (``ClusterPaths.archive_dir``): out of
+``archive/managed/<user>/<id>/`` and ``archive/jobs/<user>/<id>/``
+(``ClusterPaths.archive_dir``): out of
 the way, still there for whoever needs a log; deleting them is the operator's choice.
 
 What counts as finished: a managed job in a terminal state (its ``finished_at``); a job
@@ -19,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import managed, user_dirs
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol.paths import JOBS_DIR, MANAGED_DIR, ClusterPaths
 
@@ -48,7 +49,7 @@ def _move(src: Path, dest_dir: Path) -> bool:
 
 def archive_finished(efs: Path, *, days: float, now: float | None = None) -> list[str]:
     """Move every finished job past ``days`` to the archive; returns what moved
-    (``managed/<id>``, ``jobs/<id>``). ``days`` <= 0: keep everything."""
+    (``managed/<user>/<id>``, ``jobs/<user>/<id>``). ``days`` <= 0: keep everything."""
     if days <= 0:
         return []
     now = time.time() if now is None else now
@@ -59,27 +60,27 @@ def archive_finished(efs: Path, *, days: float, now: float | None = None) -> lis
         job = managed.load_job(paths)
         done = job is not None and JobState(job.state).terminal
         if done and expired(job.finished_at or job.updated_at, now=now, days=days) and \
-                _move(paths.dir, cluster.archive_dir / MANAGED_DIR):
-            moved.append(f"{MANAGED_DIR}/{paths.dir.name}")
+                _move(paths.dir, cluster.archive_dir / MANAGED_DIR / paths.user):
+            moved.append(f"{MANAGED_DIR}/{paths.key}")
             continue
-        kept.add(paths.dir.name)
-    try:
-        names = sorted(e.name for e in os.scandir(cluster.jobs_dir)
-                       if e.is_dir(follow_symlinks=False)
-                       and not e.name.startswith("."))
-    except FileNotFoundError:
-        names = []
-    for name in names:
-        if name.rpartition(".")[0] in kept:
-            continue  # an attempt of a managed job still listed: its logs stay with it
-        jpaths = cluster.job(name)
+        kept.add(paths.key)
+    for user, directory in user_dirs.user_dirs(cluster.jobs_dir):
         try:
-            finished = jpaths.done.lstat().st_mtime  # the user's marker: no link followed
-        except OSError:
-            continue  # not finished (or not a job)
-        if expired(finished, now=now, days=days) and _move(jpaths.dir,
-                                                          cluster.archive_dir / JOBS_DIR):
-            moved.append(f"{JOBS_DIR}/{name}")
+            names = sorted(e.name for e in os.scandir(directory)
+                           if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            if f"{user}/{name.rpartition('.')[0]}" in kept:
+                continue  # an attempt of a managed job still listed: its logs stay with it
+            jpaths = cluster.job(name, user)
+            try:
+                finished = jpaths.done.lstat().st_mtime  # the user's marker: no link followed
+            except OSError:
+                continue  # not finished (or not a job)
+            if expired(finished, now=now, days=days) and _move(
+                    jpaths.dir, cluster.archive_dir / JOBS_DIR / user):
+                moved.append(f"{JOBS_DIR}/{jpaths.key}")
     if moved:
         LOG.info("archived %d finished job record(s) older than %g day(s): %s", len(moved),
                  days, ", ".join(moved))

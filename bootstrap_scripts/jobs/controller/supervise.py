@@ -277,7 +277,7 @@ class JobSupervisor(ElasticAttempt):
             self.update(usage=self.budget.start(self.job, n, nodes, at=started))
         LOG.info("job %s: attempt %d (%s) on %d node(s), runner pid %d", self.job.job_id, n,
                  attempt_id, len(nodes), proc.pid)
-        jpaths = ClusterPaths(self.efs).job(attempt_id)
+        jpaths = ClusterPaths(self.efs).job(attempt_id, self.paths.user)
         # Every elastic attempt: a node lost while it runs is tolerated (torchrun carries on
         # without it), so its replacement must be gated and admitted then too.
         self.rejoin = (rejoin.Rejoin(jpaths, self.uid, self.gid)
@@ -292,7 +292,7 @@ class JobSupervisor(ElasticAttempt):
     def reattach(self) -> tuple[Failure | None, float]:
         """Follow the current attempt, started by a previous controller, to its end (its
         runner is not our child: its heartbeat on EFS says whether it still runs)."""
-        jpaths = ClusterPaths(self.efs).job(self.paths.attempt_id(self.job.attempt))
+        jpaths = ClusterPaths(self.efs).job(self.paths.attempt_key(self.job.attempt))
         m = self.membership()  # the attempt's nodes, and the late nodes it admitted
         self.last_nodes_addresses = {n.address for n in m.nodes} if m else set()
         self.rejoin = (rejoin.Rejoin(jpaths, self.uid, self.gid)

@@ -1,6 +1,6 @@
 """Managed jobs on EFS: submitting, listing, cancelling, and reading their records.
 
-A managed job is ``<EFS>/managed/<job-id>/`` (``protocol.paths.ManagedPaths``): the user's
+A managed job is ``<EFS>/managed/<user>/<job-id>/`` (``protocol.paths.ManagedPaths``): the user's
 ``request.json`` (written last by ``dl-run``, so its appearance is the submission, and its
 owner is the user the job runs as), the controller's ``job.json`` and a ``cancel`` marker.
 Everything lives on EFS so that the controller of a replacement master continues where the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_status
 from bootstrap_scripts.data.checkpoint_plan import survey
-from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.jobs.engine import user_dirs, userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
@@ -43,22 +43,20 @@ class ManagedError(Exception):
 
 def submit(efs: Path, request: ManagedRequest,
            prepare: Callable[[ManagedPaths], None] | None = None) -> ManagedPaths:
-    """Create ``managed/<id>/``, let ``prepare`` fill it (e.g. the job's unpacked working
+    """Create ``managed/<user>/<id>/`` (the caller's own directory, made by root:
+    ``user_dirs.own_dir``), let ``prepare`` fill it (e.g. the job's unpacked working
     directory; the directory is removed again if it fails), and write the request last
     (the controller's go)."""
-    paths = ClusterPaths(efs).managed(request.job_id)
+    try:
+        mine = user_dirs.own_dir(ClusterPaths(efs).managed_dir)
+    except user_dirs.UserDirError as exc:
+        raise ManagedError(str(exc)) from None
+    paths = ClusterPaths(efs).managed(request.job_id, mine.name)
     try:
         paths.dir.mkdir(mode=0o755)
     except FileExistsError:
         raise ManagedError(f"job {request.job_id} already exists ({paths.dir}): choose "
                            f"another --job-id") from None
-    except PermissionError as exc:
-        raise ManagedError(f"cannot create {paths.dir} ({exc.strerror}): the job executors "
-                           f"make {paths.dir.parent} writable for every user when they start; "
-                           f"is one running on this cluster?") from None
-    except FileNotFoundError:
-        raise ManagedError(f"{paths.dir.parent} does not exist: the job executors create it "
-                           f"when they start; is one running on this cluster?") from None
     if prepare is not None:
         try:
             prepare(paths)
@@ -140,13 +138,17 @@ def view(paths: ManagedPaths) -> ManagedJob | None:
 
 
 def all_paths(efs: Path) -> list[ManagedPaths]:
-    root = ClusterPaths(efs).managed_dir
-    try:
-        names = sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
-                       and not e.name.startswith("."))
-    except FileNotFoundError:
-        return []
-    return [ManagedPaths(root / name) for name in names]
+    """Every managed job of every user: ``managed/<user>/<id>/`` of the users' own
+    directories only (``user_dirs.user_dirs``: the old flat layout is not listed)."""
+    out = []
+    for _user, root in user_dirs.user_dirs(ClusterPaths(efs).managed_dir):
+        try:
+            names = sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
+                           and not e.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        out += [ManagedPaths(root / name) for name in names]
+    return out
 
 
 def list_jobs(efs: Path) -> list[ManagedJob]:
@@ -178,14 +180,26 @@ def queue(efs: Path) -> list[tuple[ManagedPaths, ManagedRequest]]:
     return sorted(out, key=lambda pr: (pr[1].submitted_at, pr[1].job_id))
 
 
-def find(efs: Path, job_id: str) -> ManagedPaths:
-    """The job's directory, or ManagedError naming the id and listing the jobs there are."""
+def find(efs: Path, job_id: str, *, mine: str | None = None) -> ManagedPaths:
+    """The job's directory, or ManagedError naming the id and listing the jobs there are.
+    ``job_id`` is a key ``<user>/<id>`` or a bare id: the caller's own job of that id if
+    there is one, else the one user's job of that id (an operator's ``dl-jobs`` runs as
+    root); several: ManagedError naming them (``alice/ID``, ``bob/ID``). ``mine``: whose
+    directory is the caller's own (default: the caller's user; an operator's document
+    runs as root for its operator's user)."""
     try:
-        paths = ClusterPaths(efs).managed(job_id)
+        paths = ClusterPaths(efs).managed(job_id, None if "/" in job_id else mine)
+        if "/" not in job_id and not os.path.lexists(paths.request):
+            found = [p for p in all_paths(efs) if p.job_id == job_id
+                     and os.path.lexists(p.request)]
+            if len(found) > 1:
+                raise ManagedError(f"job id {job_id!r} is several users' jobs: name one of "
+                                   + ", ".join(p.key for p in found))
+            paths = found[0] if found else paths
     except ValueError as exc:
         raise ManagedError(str(exc)) from None
     if not os.path.lexists(paths.request):
-        known = [j.job_id for j in list_jobs(efs)]
+        known = [p.key for p in all_paths(efs) if os.path.lexists(p.request)]
         raise ManagedError(f"no job {job_id!r} under {ClusterPaths(efs).managed_dir}; jobs: "
                            + (", ".join(known[-20:]) if known else "none"))
     return paths
@@ -209,7 +223,7 @@ def cancel(efs: Path, job_id: str, *, for_user: str | None = None) -> str:
     except PermissionError:
         raise ManagedError(f"job {job_id} is not yours (cannot write {paths.cancel})") from None
     if job is not None and job.attempt and job.state == JobState.RUNNING.value:
-        attempt = ClusterPaths(efs).job(paths.attempt_id(job.attempt))
+        attempt = ClusterPaths(efs).job(paths.attempt_key(job.attempt))
         with contextlib.suppress(OSError), userfiles.as_owner_of(attempt.dir):
             store.atomic_write(attempt.cancel, "cancelled by the user (dl-jobs cancel)\n")
         return f"cancelling job {job_id}: stopping attempt {job.attempt} on every node"

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import checkpoints, staging
+from bootstrap_scripts.jobs.engine import checkpoints, staging, user_dirs
 from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.jobs.engine.classify import Verdict
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
@@ -198,12 +198,14 @@ def run_job(request: RunRequest, m: Membership, efs: Path) -> Verdict:
         raise RunError(f"job directory {paths.dir} already exists: choose another --job-id",
                        EXIT_USAGE)
     say(f"logs: {paths.nodes}/")
-    try:
+    try:  # in the caller's own jobs/<user>/, made by root: never one of someone else's
+        user_dirs.own_dir(paths.dir.parent.parent)
         paths.nodes.mkdir(parents=True)
+    except user_dirs.UserDirError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
     except PermissionError as exc:
-        raise RunError(f"cannot create the job directory {paths.dir} ({exc.strerror}): the "
-                       f"job executors make {paths.dir.parent} writable for every user when "
-                       f"they start; is one running on this cluster?", EXIT_USAGE) from None
+        raise RunError(f"cannot create the job directory {paths.dir} ({exc.strerror})",
+                       EXIT_USAGE) from None
     if staged is not None:
         store.write_record(paths.staging, staged)
     for name, content in plan.files.items():

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import imds_guard
+from bootstrap_scripts.jobs.engine import user_dirs
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
@@ -49,7 +50,6 @@ from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import (
     PER_USER_DIRS,
-    SHARED_USER_DIRS,
     ClusterPaths,
     NodePaths,
 )
@@ -63,18 +63,13 @@ HEARTBEAT_SECONDS = 1.0
 #: The longest pause between passes while EFS fails (ENOSPC, I/O errors): the executor
 #: keeps running and retries, each failed pass doubling the pause from ``POLL_SECONDS``.
 MAX_BACKOFF_SECONDS = 5.0
-#: EFS directories in which every user of the cluster creates entries of their own: job
-#: directories (``dl-run`` runs as the user who starts it; managed jobs too).
-SHARED_EFS_DIRS = SHARED_USER_DIRS
-#: Like /tmp: anyone may create an entry, only its owner (or root) may remove or rename it.
-SHARED_DIR_MODE = 0o1777
-#: EFS directories holding one directory per user, made by root (``userfiles.user_dir``):
-#: only root creates entries in them, so nobody can plant a file in another user's.
-PER_USER_EFS_DIRS = PER_USER_DIRS
+#: EFS directories holding one directory per user (``jobs/``, ``managed/``,
+#: ``checkpoints/``), made by root (``user_dirs``): only root creates entries in them, so
+#: nobody can take another user's job id nor plant a file where another user's jobs go.
+PER_USER_EFS_DIRS = tuple(PER_USER_DIRS)
 PER_USER_PARENT_MODE = 0o755
 #: the mode each EFS directory the executor prepares must have
-EFS_DIR_MODES = {**dict.fromkeys(SHARED_EFS_DIRS, SHARED_DIR_MODE),
-                 **dict.fromkeys(PER_USER_EFS_DIRS, PER_USER_PARENT_MODE)}
+EFS_DIR_MODES = dict.fromkeys(PER_USER_EFS_DIRS, PER_USER_PARENT_MODE)
 
 
 def job_credential_store(root: Path, role_arn: str) -> JobCredentialStore:
@@ -95,8 +90,9 @@ def job_credential_store(root: Path, role_arn: str) -> JobCredentialStore:
 
 
 def prepare_shared_dirs(efs: Path) -> list[Path]:
-    """Create (or fix) the EFS directories users work in: 1777 where every user creates
-    entries, 0755 (root's) where root makes one directory per user.
+    """Create (or fix) the EFS directories users work in: 0755, root's, where root makes
+    one directory per user (a 1777 ``jobs/`` of an older cluster becomes 0755: its old
+    entries stay, never acted on, see ``user_dirs``).
 
     Only root may write in a new EFS file system's root directory, so without this only
     root could start a job. Done by the executor because it runs as root on every node
@@ -143,6 +139,7 @@ class Executor:
         self.efs_ok = True
         self.stopping = False
         self.shared_dirs_ready = False
+        self.user_dirs = user_dirs.Keeper(efs)
 
     @property
     def efs(self) -> Path:
@@ -207,13 +204,16 @@ class Executor:
 
     def prepare_efs(self) -> None:
         """Once EFS is there (mounted, or a plain directory with ``--no-mount``), make the
-        directories every user writes in (:func:`prepare_shared_dirs`)."""
-        if self.shared_dirs_ready or (self.require_mount and not os.path.ismount(self.efs)):
+        directories users work in (:func:`prepare_shared_dirs`), then every login user's own
+        directory in them, again whenever /etc/passwd changes (``user_dirs.Keeper``)."""
+        if self.require_mount and not os.path.ismount(self.efs):
             return
         try:
-            for path in prepare_shared_dirs(self.efs):
-                LOG.info("%s: mode %o", path, EFS_DIR_MODES[path.name])
-            self.shared_dirs_ready = True
+            if not self.shared_dirs_ready:
+                for path in prepare_shared_dirs(self.efs):
+                    LOG.info("%s: mode %o", path, EFS_DIR_MODES[path.name])
+                self.shared_dirs_ready = True
+            self.user_dirs.tick()
         except OSError as exc:
             LOG.error("cannot prepare the shared EFS directories under %s: %s", self.efs, exc)
 
@@ -246,7 +246,7 @@ class Executor:
         self.scanner.seen.update(self.shares.supervise())
         self.mirror.follow(  # the shares' output to the node's jobs log (CloudWatch)
             src for r in self.shares.running.values() for src in share_sources(
-                r.spec.job_id, r.paths.nodes, self.node.address,
+                r.paths.key, r.paths.nodes, self.node.address,
                 [(r.share.rank, p.proc.label, r.paths.log(r.share.rank, p.proc.label).name)
                  for p in r.procs]))
 

@@ -1,16 +1,20 @@
-"""Finding the jobs this node has to run in ``<EFS>/jobs/``.
+"""Finding the jobs this node has to run in ``<EFS>/jobs/<user>/``.
+
+Every job is named by its key ``<user>/<job-id>`` here: two users may have jobs of the same
+id, each in their own directory (``user_dirs.user_dirs`` lists only directories named after
+a user and owned by them: the old flat layout's ``jobs/<job-id>/`` is never acted on).
 
 A job directory is looked at until its fate on this node is settled (``seen``): started,
 not for this node, finished, cancelled, or never given a spec. Jobs found at start-up (and
 jobs whose spec appeared while their runner looked dead) are only started once their
 runner's heartbeat moves: a rebooting node must not replay old jobs.
 
-Why not list ``jobs/`` every poll: finished jobs stay there (their logs are the record),
-so an idle node's cost would grow with the cluster's history (10,000 finished jobs: a
+Why not list every ``jobs/<user>/`` every poll: finished jobs stay there (their logs are
+the record), so an idle node's cost would grow with the cluster's history (10,000 finished jobs: a
 10,000-entry listing five times a second on every node). Instead each poll opens the
-directory and compares its stamp (inode, mtime, ctime, link count: ``fstat`` after an
+directories and compares their stamps (inode, mtime, ctime, link count: ``fstat`` after an
 ``open``, which on NFS/EFS revalidates the attributes: close-to-open consistency) and lists
-it only when the stamp changed; unsettled jobs (no spec yet, runner on probation) are
+them only when a stamp changed; unsettled jobs (no spec yet, runner on probation) are
 re-checked by name. A new job's directory changes the stamp; the listings go on for
 ``FOLLOW_UP_SECONDS`` after any change, because two changes within one tick of the file
 server's clock leave the same mtime; and one listing every ``SAFETY_LISTING_SECONDS`` is a
@@ -22,8 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.jobs.engine import user_dirs, userfiles
 from bootstrap_scripts.jobs.executor import listeners
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
@@ -76,7 +81,10 @@ class JobScanner:
         self.first_scan = True
         #: jobs listed but not settled yet: re-checked every poll without a listing
         self.pending: set[str] = set()
-        self.stamp: DirStamp | None = None
+        self.stamp: tuple | None = None
+        #: ``jobs/``'s own stamp and its users' directories as last listed
+        self.top_stamp: DirStamp | None = None
+        self.users: list[tuple[str, Path]] = []
         self.changed_at = self.listed_at = 0.0
         #: directory listings done (the bench and the tests count them)
         self.listings = 0
@@ -105,10 +113,20 @@ class JobScanner:
             self.seen.add(job_id)
             return None
 
+    def stamps(self, now: float) -> tuple:
+        """The stamps of ``jobs/`` and of every user's directory in it; ``jobs/`` itself is
+        listed again only when its own stamp changed (a user's directory made) or at the
+        safety listing."""
+        jobs = self.node.cluster.jobs_dir
+        top = dir_stamp(jobs)
+        if top != self.top_stamp or now - self.listed_at >= SAFETY_LISTING_SECONDS:
+            self.top_stamp, self.users = top, list(user_dirs.user_dirs(jobs))
+        return (top, *((u, dir_stamp(d)) for u, d in self.users))
+
     def candidates(self, now: float) -> list[str]:
-        """The job ids to look at this poll: a listing of ``jobs/`` when it changed (or
-        just did, or long ago), else only the unsettled ones."""
-        stamp = dir_stamp(self.node.cluster.jobs_dir)
+        """The job keys to look at this poll: a listing of every ``jobs/<user>/`` when one
+        changed (or just did, or long ago), else only the unsettled ones."""
+        stamp = self.stamps(now)
         if stamp != self.stamp:
             self.stamp, self.changed_at = stamp, now
         if not (self.first_scan or now - self.changed_at <= FOLLOW_UP_SECONDS
@@ -116,16 +134,19 @@ class JobScanner:
             return sorted(self.pending)
         self.listed_at = now
         self.listings += 1
-        try:
-            with os.scandir(self.node.cluster.jobs_dir) as it:
-                return [e.name for e in it if e.is_dir(follow_symlinks=False)]
-        except FileNotFoundError:
-            return []
+        keys = []
+        for user, directory in self.users:
+            try:
+                with os.scandir(directory) as it:
+                    keys += [f"{user}/{e.name}" for e in it if e.is_dir(follow_symlinks=False)]
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        return keys
 
     def scan(self) -> None:
         now = time.monotonic()
         for job_id in self.candidates(now):
-            if job_id in self.seen or job_id in self.shares.running or job_id.startswith("."):
+            if job_id in self.seen or job_id in self.shares.running or "/." in job_id:
                 self.pending.discard(job_id)
                 continue
             self.look_at(job_id, now)
@@ -136,7 +157,8 @@ class JobScanner:
         self.first_scan = False
 
     def look_at(self, job_id: str, now: float) -> None:
-        """Settle ``job_id`` if its fate on this node is known, else leave it pending."""
+        """Settle the job ``job_id`` (a key) if its fate on this node is known, else leave it
+        pending."""
         try:
             paths = self.node.cluster.job(job_id)
         except ProtocolError:  # not a job id: nobody published it as a job
@@ -152,7 +174,7 @@ class JobScanner:
 
     def consider(self, spec: JobSpec, paths: JobPaths) -> None:
         """Start this node's share of ``spec`` if it has one and nothing speaks against it."""
-        job_id = paths.job_id
+        job_id = paths.key
         share = spec.share_for(self.node.address) or self.joins.joined_share(spec, paths)
         if share is None and spec.elastic and spec.join_template is not None:
             self.joins.wait(spec, paths)
@@ -190,7 +212,7 @@ class JobScanner:
         holder = listeners.waits_for_listener(spec, share)
         if holder is None:
             return True
-        job_id = paths.job_id
+        job_id = paths.key
         rec = userfiles.read_record_or_none(paths.started(holder.rank), ShareStarted)
         if rec is not None and not rec.error:
             self.listener_waits.pop(job_id, None)

@@ -58,7 +58,7 @@ class ElasticJoins:
 
     def wait(self, spec: JobSpec, paths: JobPaths) -> None:
         """Remember an elastic job this node may join once a generation lists it."""
-        self.waiting[spec.job_id] = (spec, paths)
+        self.waiting[paths.key] = (spec, paths)
 
     def join(self, *, draining: bool) -> None:
         """Start this node's share of every waiting job whose start predates the generation

@@ -89,8 +89,10 @@ class JobCredentials:
 
 
 def session_name(user: str, job_id: str) -> str:
-    """``dl-<user>-<job>`` in the characters and length STS accepts (CloudTrail shows it)."""
-    return _SESSION_CHARS.sub("-", f"dl-{user}-{job_id}")[:64]
+    """``dl-<user>-<job>`` in the characters and length STS accepts (CloudTrail shows it):
+    the job's user and id, so two users' jobs of the same id have sessions of their own
+    (``job_id`` may be a key ``<user>/<job-id>``: its id is used)."""
+    return _SESSION_CHARS.sub("-", f"dl-{user}-{job_id.rpartition('/')[2]}")[:64]
 
 
 def job_env(base: dict[str, str], creds: JobCredentials | None) -> dict[str, str]:
@@ -139,9 +141,12 @@ class JobCredentialStore:
         return bool(self.role_arn)
 
     def job_dir(self, job_id: str) -> Path:
-        if not _JOB_ID.match(job_id):
+        """``<user>.<job-id>`` of a key ``<user>/<job-id>`` (a user name has no dot, so two
+        users' jobs never share one)."""
+        name = job_id.replace("/", ".", 1)
+        if not _JOB_ID.match(name) or "/" in name:
             raise CredentialsError(f"job id {job_id!r} cannot name a credentials directory")
-        return self.base / job_id
+        return self.base / name
 
     def issue(self, job_id: str, user: str, uid: int, gid: int) -> JobCredentials | None:
         """Assume the job role for ``job_id`` and write its files for ``uid``; None when the

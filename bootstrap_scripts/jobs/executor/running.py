@@ -53,7 +53,7 @@ class RunningShare:
 
     @property
     def token(self) -> str:
-        return procgroup.share_token(self.spec.job_id, self.share.rank, self.share.address)
+        return procgroup.share_token(self.paths.key, self.share.rank, self.share.address)
 
     def signal(self, sig: int) -> None:
         if self.pgid:

@@ -68,7 +68,7 @@ STORE_HOLD_MAX_SECONDS = 30.0
 
 
 class Shares:
-    """The shares running on this node, keyed by job id."""
+    """The shares running on this node, keyed by job key (``<user>/<job-id>``)."""
 
     def __init__(self, node: ThisNode) -> None:
         self.node = node
@@ -111,7 +111,7 @@ class Shares:
         # are (its region file: data.stage reads it); the executor's, never the job's.
         env.update({"DL_JOB_ID": spec.job_id, "DL_JOB_DIR": str(paths.dir),
                     "DL_NODE_RANK": str(rank), "DL_ROOT": str(self.node.paths.root),
-                    "DL_SHARE_TOKEN": procgroup.share_token(spec.job_id, rank,
+                    "DL_SHARE_TOKEN": procgroup.share_token(paths.key, rank,
                                                             self.node.address)})
         env.update(proc.env)
         return env
@@ -126,19 +126,19 @@ class Shares:
             with as_user(uid, gid):
                 paths.nodes.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            LOG.error("job %s: refusing to start it: %s", spec.job_id, exc)
+            LOG.error("job %s: refusing to start it: %s", paths.key, exc)
             return False
         started: list[RunningProc] = []
         pgid = 0
         error = ""
         try:
-            creds, owner = self.issue_credentials(spec.job_id, uid, gid)
+            creds, owner = self.issue_credentials(paths.key, uid, gid)
         except (CredentialsError, OSError) as exc:
             # The job still runs (most jobs never call AWS); one that does fails with "no
             # credentials", and its log says why.
             creds, owner = None, ("", uid, gid)
             no_credentials = f"dl-executor: no AWS credentials for this job: {exc}\n"
-            LOG.error("job %s: %s", spec.job_id, exc)
+            LOG.error("job %s: %s", paths.key, exc)
         else:
             no_credentials = ""
         self.node.paths.share_status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -148,7 +148,7 @@ class Shares:
             listening, refused = {}, str(exc)
         try:  # the job's S3 mounts, made by root for its user, before any process starts
             if not refused:
-                self.mounts.mount(spec.job_id, spec.mounts, share.rank, paths, uid, gid, creds,
+                self.mounts.mount(paths.key, spec.mounts, share.rank, paths, uid, gid, creds,
                                   dict(os.environ))
         except MountError as exc:
             refused = str(exc)
@@ -157,7 +157,7 @@ class Shares:
             held = listening.get(index)
             if held is not None:
                 env[LISTEN_FD_VARIABLE] = str(held.fileno())
-            status = self.node.paths.share_status(spec.job_id, share.rank, index)
+            status = self.node.paths.share_status(paths.key, share.rank, index)
             with contextlib.suppress(FileNotFoundError):
                 status.unlink()  # a stale one would end the share at once after a restart
             log_path = paths.log(share.rank, proc.label)
@@ -205,28 +205,28 @@ class Shares:
             self.stop_unrecorded(running, f"cannot record the start of the share: {exc}")
             return False
         if error:
-            LOG.error("job %s: %s", spec.job_id, error)
+            LOG.error("job %s: %s", paths.key, error)
             running.signal(signal.SIGKILL)
             for p in started:
                 p.popen.wait()
             self.finish(running, 127, reason=error)
-            self.forget_credentials(spec.job_id)
+            self.forget_credentials(paths.key)
             return False
-        LOG.info("job %s: started share of node rank %d (pgid %d)", spec.job_id, share.rank, pgid)
-        self.running[spec.job_id] = running
+        LOG.info("job %s: started share of node rank %d (pgid %d)", paths.key, share.rank, pgid)
+        self.running[paths.key] = running
         return True
 
     def stop_unrecorded(self, r: RunningShare, error: str) -> None:
         """A share whose start cannot be recorded (EFS full): kill it now; its exit (an
         infrastructure fault: the node failed, not the job) is recorded by
         :meth:`supervise` as soon as EFS takes writes again."""
-        LOG.error("job %s: %s; stopping the share of node rank %d", r.spec.job_id, error,
+        LOG.error("job %s: %s; stopping the share of node rank %d", r.paths.key, error,
                   r.share.rank)
         procgroup.sweep_share(r.pgid, r.token)
         for p in r.procs:
             p.popen.wait()
         r.fault, r.fault_reason = FAULT_INFRASTRUCTURE, error
-        self.running[r.spec.job_id] = r
+        self.running[r.paths.key] = r
 
     def finish(self, r: RunningShare, returncode: int, *, reason: str = "",
                fault: str = "", left_alive: int = 0) -> None:
@@ -241,14 +241,14 @@ class Shares:
             store.write_record(r.paths.exit(r.share.rank), record)
         for index in range(len(r.share.procs)):
             with contextlib.suppress(OSError):
-                self.node.paths.share_status(r.spec.job_id, r.share.rank, index).unlink()
-        LOG.info("job %s: node rank %d exited with %d%s", r.spec.job_id, r.share.rank,
+                self.node.paths.share_status(r.paths.key, r.share.rank, index).unlink()
+        LOG.info("job %s: node rank %d exited with %d%s", r.paths.key, r.share.rank,
                  returncode, f" ({record.reason})" if record.reason else "")
 
     def cancel(self, r: RunningShare, reason: str) -> None:
         if not r.cancel_reason:
             r.cancel_reason = reason
-            LOG.info("job %s: stopping share (%s)", r.spec.job_id, reason)
+            LOG.info("job %s: stopping share (%s)", r.paths.key, reason)
         if r.term_sent is None:
             r.term_sent = time.monotonic()
             if r.drained:
@@ -330,12 +330,12 @@ class Shares:
         waiting = self.unfinished_peers(r, now)
         if waiting and now - r.held_since > STORE_HOLD_MAX_SECONDS:
             LOG.warning("job %s: node rank(s) %s still running %.0f s after this node's "
-                        "agent finished; stopping the rendezvous store", r.spec.job_id,
+                        "agent finished; stopping the rendezvous store", r.paths.key,
                         ", ".join(map(str, waiting)), now - r.held_since)
             return False
         if not waiting and r.held_since != now:
             LOG.info("job %s: every other share exited %.1f s after this node's agent; "
-                     "stopping the rendezvous store", r.spec.job_id, now - r.held_since)
+                     "stopping the rendezvous store", r.paths.key, now - r.held_since)
         return bool(waiting)
 
     def unfinished_peers(self, r: RunningShare, now: float) -> list[int]:
@@ -373,12 +373,12 @@ class Shares:
         """Supervise again a share this node started before the executor restarted
         (``.started`` without ``.exit``): its processes carry on, their exits are
         collected from their wrappers' status files (:mod:`reattach`)."""
-        token = procgroup.share_token(spec.job_id, share.rank, self.node.address)
+        token = procgroup.share_token(paths.key, share.rank, self.node.address)
         uid, gid = job_writer(paths)
         rec = userfiles.read_record_or_none(paths.started(share.rank), ShareStarted)
         pids = rec.pids if rec else ()
         procs = [RunningProc(proc, AdoptedProcess(
-                     pid, token, self.node.paths.share_status(spec.job_id, share.rank, index)))
+                     pid, token, self.node.paths.share_status(paths.key, share.rank, index)))
                  for index, (proc, pid) in enumerate(zip(share.procs, pids, strict=False))]
         r = RunningShare(spec, share, paths, live_group(rec.pgid if rec else 0, token), procs,
                          rec.started_at if rec else time.time(), uid=uid, gid=gid)
@@ -389,10 +389,10 @@ class Shares:
                                "share's processes")
             return
         try:  # the previous executor's credentials were in its memory: issue new ones
-            _creds, r.owner = self.issue_credentials(spec.job_id, uid, gid)
+            _creds, r.owner = self.issue_credentials(paths.key, uid, gid)
         except (CredentialsError, OSError) as exc:
-            LOG.error("job %s: no job role credentials after re-attaching: %s", spec.job_id, exc)
-        self.running[spec.job_id] = r
+            LOG.error("job %s: no job role credentials after re-attaching: %s", paths.key, exc)
+        self.running[paths.key] = r
         LOG.warning("job %s: re-attached to the share of node rank %d left running by a "
-                    "previous executor (pgid %d, pids %s)", spec.job_id, share.rank, r.pgid,
+                    "previous executor (pgid %d, pids %s)", paths.key, share.rank, r.pgid,
                     [p.popen.pid for p in procs])

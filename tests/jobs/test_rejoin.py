@@ -433,3 +433,32 @@ def test_the_hang_clock_starts_at_the_new_processes_first_report(tmp_path):
     assert sup.watch.check() is None
     clock.now += 2  # 11 s with no step after they started: a hang
     assert sup.look_at_progress(sup.watch)
+
+
+def test_a_replaced_process_reporting_as_it_exits_does_not_start_the_clock(tmp_path):
+    """torchrun stops the old workers after the restart is recorded, and each writes its
+    last step as it exits (the progress reporter's atexit): that report is newer than the
+    restart but is not the new processes' first. Only a new pid starts the clock."""
+    from bootstrap_scripts.protocol.records import RankProgress
+
+    sup, clock, dumped = watched(tmp_path)
+    for r in range(4):  # the old processes, as the watch knows them (host, pid)
+        (sup.watch.jpaths.progress_dir / f"{r}.json").write_text(
+            RankProgress(rank=r, step=41, time=clock.now, pid=100 + r, host="n").to_json())
+    assert not sup.look_at_progress(sup.watch)
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
+    clock.now += 11
+    assert not sup.look_at_progress(sup.watch)  # the loss restarts the clock
+    clock.now += 1
+    for r in range(3):  # the old processes exit, writing step 41 once more
+        (sup.watch.jpaths.progress_dir / f"{r}.json").write_text(
+            RankProgress(rank=r, step=41, time=clock.now, pid=100 + r, host="n").to_json())
+    assert sup.watch.check() is None  # read as it is written (the controller polls)
+    clock.now += 15  # 16 s since the restart, the new processes still starting
+    assert sup.watch.check() is None and not dumped
+    for r in range(3):  # the new processes' first report
+        (sup.watch.jpaths.progress_dir / f"{r}.json").write_text(
+            RankProgress(rank=r, step=41, time=clock.now, pid=200 + r, host="n").to_json())
+    assert not sup.look_at_progress(sup.watch)
+    clock.now += 11
+    assert sup.look_at_progress(sup.watch)  # then stuck for 11 s: a hang

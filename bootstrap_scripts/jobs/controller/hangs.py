@@ -51,6 +51,8 @@ class HangWatch:
         self.moved_at: dict[int, float] = {}
         #: when the attempt's processes were last replaced (None: never; see restart_clock)
         self.restarted_at: float | None = None
+        #: (host, pid) of the processes replaced since the attempt started
+        self.replaced: set[tuple[str, int]] = set()
 
     def read(self) -> None:
         """Read every rank's progress file; note when a rank's step changed."""
@@ -72,6 +74,8 @@ class HangWatch:
                         continue  # a file must speak for its own rank
                     if self.restarted_at is not None and rec.time < self.restarted_at:
                         continue  # the replaced processes' last report, not the new ones'
+                    if rec.pid and (rec.host, rec.pid) in self.replaced:
+                        continue  # a replaced process's report at its exit (atexit)
                     old = self.records.get(rec.rank)
                     if old is None or old.step != rec.step:
                         self.moved_at[rec.rank] = now
@@ -85,11 +89,13 @@ class HangWatch:
         """Every rank's process is being replaced: an elastic attempt's membership changed
         (torchrun restarts the workers after a node is lost and after one joins), so no step
         is due before the new processes started. The old processes' reports are forgotten
-        (and files written before now are not read again); the hang timeout counts from
+        (and files written before now are not read again, nor what a replaced process
+        writes as it exits: its host and pid); the hang timeout counts from
         the new processes' first report, their start-up being bounded apart
         (``hang_rules.RESTART_GRACE_FACTOR`` timeouts): on two cores torchrun's restart
         alone took longer than a 10 s timeout, and every join was judged a hang."""
         self.restarted_at = self.clock()
+        self.replaced |= {(r.host, r.pid) for r in self.records.values() if r.pid}
         self.records.clear()
         self.moved_at.clear()
 

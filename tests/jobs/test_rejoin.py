@@ -436,29 +436,53 @@ def test_the_hang_clock_starts_at_the_new_processes_first_report(tmp_path):
 
 
 def test_a_replaced_process_reporting_as_it_exits_does_not_start_the_clock(tmp_path):
-    """torchrun stops the old workers after the restart is recorded, and each writes its
-    last step as it exits (the progress reporter's atexit): that report is newer than the
-    restart but is not the new processes' first. Only a new pid starts the clock."""
+    """A replaced worker that writes its last step as it exits (the progress reporter's
+    atexit, on a clean exit) writes after the restart was recorded, but that is not the new
+    processes' first report: only a new pid starts the clock."""
     from bootstrap_scripts.protocol.records import RankProgress
+
+    def report(r: int, pid: int) -> None:
+        (sup.watch.jpaths.progress_dir / f"{r}.json").write_text(
+            RankProgress(rank=r, step=41, time=clock.now, pid=pid, host="n").to_json())
 
     sup, clock, dumped = watched(tmp_path)
     for r in range(4):  # the old processes, as the watch knows them (host, pid)
-        (sup.watch.jpaths.progress_dir / f"{r}.json").write_text(
-            RankProgress(rank=r, step=41, time=clock.now, pid=100 + r, host="n").to_json())
+        report(r, 100 + r)
     assert not sup.look_at_progress(sup.watch)
     sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
     clock.now += 11
-    assert not sup.look_at_progress(sup.watch)  # the loss restarts the clock
+    assert not sup.look_at_progress(sup.watch)  # the loss restarts the clock (at 1011)
     clock.now += 1
     for r in range(3):  # the old processes exit, writing step 41 once more
-        (sup.watch.jpaths.progress_dir / f"{r}.json").write_text(
-            RankProgress(rank=r, step=41, time=clock.now, pid=100 + r, host="n").to_json())
+        report(r, 100 + r)
     assert sup.watch.check() is None  # read as it is written (the controller polls)
-    clock.now += 15  # 16 s since the restart, the new processes still starting
+    clock.now += 28  # the new processes' first report, still within the grace
+    for r in range(3):
+        report(r, 200 + r)
+    assert sup.watch.check() is None
+    clock.now += 5  # past the grace: 5 s since the new processes started, 33 s since exit
     assert sup.watch.check() is None and not dumped
-    for r in range(3):  # the new processes' first report
-        (sup.watch.jpaths.progress_dir / f"{r}.json").write_text(
-            RankProgress(rank=r, step=41, time=clock.now, pid=200 + r, host="n").to_json())
-    assert not sup.look_at_progress(sup.watch)
+
+
+def test_no_hang_is_judged_while_torchrun_may_restart_the_workers_again(tmp_path):
+    """A loss, then a join: torchrun restarts the survivors' workers, which report, then
+    restarts them again to take in the replacement (whose agent reaches the rendezvous
+    seconds after the controller saw it join). The quiet stretch of that second restart,
+    longer than the timeout, falls within the grace: no hang; after it, the usual rule."""
+    from bootstrap_scripts.jobs.engine.hang_rules import RESTART_GRACE_FACTOR
+    from bootstrap_scripts.protocol.records import RankProgress
+
+    sup, clock, dumped = watched(tmp_path)
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
     clock.now += 11
-    assert sup.look_at_progress(sup.watch)  # then stuck for 11 s: a hang
+    assert not sup.look_at_progress(sup.watch)  # the clock restarts at 1011
+    restarted = clock.now
+    clock.now += 3
+    for r in range(3):  # the survivors' new processes report once, then are restarted
+        (sup.watch.jpaths.progress_dir / f"{r}.json").write_text(
+            RankProgress(rank=r, step=38, time=clock.now, pid=300 + r).to_json())
+    assert sup.watch.check() is None
+    clock.now += 16  # 16 s quiet (> the 10 s timeout), within the grace
+    assert sup.watch.check() is None and not dumped
+    clock.now = restarted + RESTART_GRACE_FACTOR * 10  # past it, still no step: a hang
+    assert sup.look_at_progress(sup.watch)

@@ -6,9 +6,9 @@ attempt runs, notes on its own clock when each rank's step last moved, and asks:
 
 - :func:`judge_hang`: has no rank made progress for ``--hang-timeout`` seconds? Only once
   some rank has reported at all: a script that never reports (or is still loading its
-  data) is never called hung. After an elastic restart the clock starts at the new
-  processes' first report (their start-up is not a hang), within a bound of
-  ``RESTART_GRACE_FACTOR`` timeouts.
+  data) is never called hung. After an elastic membership change no hang is judged for
+  ``RESTART_GRACE_FACTOR`` timeouts, and the clock starts at the new processes' first
+  report.
 - :func:`odd_ranks`: once the stacks are dumped, which ranks are not where the others are
   (a lower step, or another stack than the majority's; with no majority, the ranks that
   are not waiting in a collective while others are).
@@ -37,8 +37,8 @@ COLLECTIVE_FUNCTIONS = frozenset({
     "all_to_all", "all_to_all_single", "gather", "scatter", "reduce", "send", "recv", "wait",
     "_engine_run_backward", "synchronize"})
 COLLECTIVE_FILES = ("distributed_c10d.py",)
-#: After an elastic restart, the new processes have this many hang timeouts to report
-#: their first step before their start-up itself is called a hang.
+#: After an elastic membership change no hang is judged for this many hang timeouts: the
+#: workers' restart (or two: a loss, then the replacement's join) is not a hang.
 RESTART_GRACE_FACTOR = 3
 #: torch's flight recorder: events kept per process group.
 FLIGHT_RECORDER_EVENTS = 2000
@@ -61,14 +61,18 @@ def judge_hang(steps: Mapping[int, int | None], moved_at: Mapping[int, float], *
     """``steps``: each rank's last step (None: not reported); ``moved_at``: when (on the
     caller's clock) each reporting rank's step last changed; ``ranks``: how many ranks the
     attempt has (0: those in ``steps``). A hang once the newest move is ``timeout`` old.
-    ``restarted_at``: when the attempt's processes were replaced (an elastic membership
-    change): until the new processes report, their start-up (imports, rendezvous, the
-    checkpoint's load) is not a hang, but start-up longer than :data:`RESTART_GRACE_FACTOR`
-    times the timeout is one (the processes reported before, so they can)."""
+    ``restarted_at``: when the attempt's processes were last replaced (an elastic
+    membership change): for :data:`RESTART_GRACE_FACTOR` timeouts after it no hang is
+    judged (the new processes' start-up: imports, rendezvous, the checkpoint's load; and
+    torchrun may restart them once more as the next node joins, which the controller
+    cannot see); then the usual rule, and new processes that never reported are a hang
+    (they reported before, so they can)."""
     if timeout <= 0:
         return None
+    if restarted_at is not None and now - restarted_at < RESTART_GRACE_FACTOR * timeout:
+        return None  # torchrun may restart the workers again (a loss, then a join)
     if not moved_at:
-        if restarted_at is None or now - restarted_at < RESTART_GRACE_FACTOR * timeout:
+        if restarted_at is None:
             return None
         everyone = range(max(ranks, max(steps, default=-1) + 1))
         return Hang(seconds=now - restarted_at, last_progress_at=restarted_at, top_step=0,

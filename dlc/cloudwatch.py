@@ -2,7 +2,7 @@
 
 Every node ships its logs to the cluster's log group, one stream per node and source
 (``<instance-id>/<source>``, ``bootstrap_scripts/metric_names.py``); the jobs' output is in
-the ``<instance-id>/jobs`` streams, each line ``<attempt id> [<rank> <address>] <line>``
+the ``<instance-id>/jobs`` streams, each line ``<user>/<attempt id> [<rank> <address>] <line>``
 (``bootstrap_scripts/jobs/executor/log_mirror.py``). Reading a job there needs neither the
 master nor EFS: the nodes may be gone, the lines stay for the log group's retention. Lines
 come out with the prefix ``dlc logs`` prints from EFS; ``-f`` polls for new ones until
@@ -65,11 +65,15 @@ def job_streams(target: Target, group: str) -> list[str]:
 
 
 def job_line(message: str, job: str, node: int | None) -> str | None:
-    """The printable line of one event of ``job`` (any attempt), None for another job's or
-    another node's."""
+    """The printable line of one event of ``job`` (a bare id: any user's, or ``USER/ID``;
+    any attempt), None for another job's or another node's."""
     m = re.match(r"^(\S+) (\[(\d+) .*)$", message)
-    if m is None or (m.group(1) != job and not re.fullmatch(
-            re.escape(job) + r"\.[0-9]+", m.group(1))):
+    if m is None:
+        return None
+    user, _sep, attempt = m.group(1).rpartition("/")  # the job's key: <user>/<attempt id>
+    want_user, _sep, want = job.rpartition("/")  # a bare id, or USER/ID
+    if (want_user and user != want_user) or (
+            attempt != want and not re.fullmatch(re.escape(want) + r"\.[0-9]+", attempt)):
         return None
     if node is not None and int(m.group(3)) != node:
         return None

@@ -83,8 +83,10 @@ def test_dlc_logs_source_cloudwatch_reads_a_job_back(tmp_path, logs, moto_reset,
     for instance, rank, address in (("i-0m", 0, "10.0.0.4"), ("i-0w", 1, "10.0.0.5")):
         root, config = node(tmp_path, instance)
         mirror = LogMirror(root)
-        for job, text in (("j7.1", f"try1 rank{rank}\n"), ("j7.2", f"epoch=1 rank{rank}\n"),
-                          ("other.1", "not this job\n")):
+        # the executor prefixes each line with the attempt's key, <user>/<attempt id>
+        for job, text in (("alice/j7.1", f"try1 rank{rank}\n"),
+                          ("alice/j7.2", f"epoch=1 rank{rank}\n"),
+                          ("alice/other.1", "not this job\n")):
             nodes = efs / "jobs" / job / "nodes"
             nodes.mkdir(parents=True, exist_ok=True)
             (nodes / f"{rank}.log").write_text(text)
@@ -115,6 +117,11 @@ def test_job_line_picks_the_job_and_its_attempts_only() -> None:
     assert cloudwatch.job_line("j7 [0 10.0.0.4] x", "j7", 1) is None
     assert cloudwatch.job_line("j70.1 [0 10.0.0.4] x", "j7", None) is None
     assert cloudwatch.job_line("j7.x [0 a] x", "j7", None) is None
+    # the executors' lines carry the job's key, <user>/<attempt id>
+    assert cloudwatch.job_line("alice/j7.3 [0 10.0.0.4] x", "j7", None) == "[0 10.0.0.4] x"
+    assert cloudwatch.job_line("alice/j7.3 [0 10.0.0.4] x", "alice/j7", 0) == "[0 10.0.0.4] x"
+    assert cloudwatch.job_line("alice/j7.3 [0 10.0.0.4] x", "bob/j7", None) is None
+    assert cloudwatch.job_line("alice/j70.1 [0 10.0.0.4] x", "j7", None) is None
 
 
 def test_dashboard_url_per_partition() -> None:

@@ -5,7 +5,7 @@ Why a copy: a share's output goes to EFS (``jobs/<id>/nodes/<rank>[-<label>].log
 file per job and rank, written by the job's processes, and the CloudWatch agent's
 configuration is written once at boot; only the executor knows which of those files this
 node writes. Each pass it reads the new whole lines of its running shares' logs and
-appends them to :func:`jobs_log` as ``<job id> [<rank> <address>[ <label>]] <line>``
+appends them to :func:`jobs_log` as ``<user>/<attempt id> [<rank> <address>[ <label>]] <line>``
 (the prefix ``dl-jobs logs`` and ``dlc logs`` print), so ``dlc logs --source cloudwatch``
 can pick a job's lines out of every node's stream. After a share ended, one last read
 takes what is left (a last line without a newline included), then the share is forgotten.

@@ -350,83 +350,56 @@ class DeepLearningCluster(Construct):
         self.warm_ready_queue = warm_pool.ready_queue(
             self, Duration.seconds(p.node_boot_seconds)) if warm_pool_size else None
 
-        def user_data(node_type: str, wait_handle: str) -> ec2.UserData:
-            return node_user_data(
-                node_type=node_type,
-                cluster_id=self.cluster_id,
-                master_queue_url=self.master_queue.queue_url,
-                efs_id=self.file_system.file_system_id,
-                mount_point=self.efs_mount_point,
-                wait_handle=wait_handle,
-                setup_timeout_seconds=setup_timeout_seconds,
-                asset_s3_url=self.node_scripts.s3_object_url,
-                python=p.family.python,
-                efs_utils_install=p.family.efs_utils_install,
-                base_workers=p.worker_count if node_type == "master" else None,
-                data_prep=p.data_prep_script,
-                max_replacements_per_hour=(p.max_replacements_per_hour
-                                           if node_type == "master" else None),
-                idle_stop_seconds=p.idle_stop if node_type == "master" else None,
-                membership_key=self.membership_key.key_arn,
-                # The job role trusts the node roles, made with the groups below.
-                job_role_arn=late_string(lambda: self.job_role.role_arn),
-                checkpoint_url=self.training_data.checkpoint_url,
-                node_boot_seconds=p.node_boot_seconds,
-                launch_hook=warm_pool.WARM_HOOK_NAME if warm_pool_size else "",
-                warm_ready_queue_url=(self.warm_ready_queue.queue_url
-                                      if self.warm_ready_queue else ""),
-                worker_role_id=(late_string(lambda: self.worker_group.role.role_id)
-                                if warm_pool_size and node_type == "master" else ""),
-                log_group=names.log_group_name(self.cluster_id),
-                cloudwatch_agent_install=p.family.cloudwatch_agent_install,
-                mount_s3_install=p.family.mount_s3_install,
-                lustre_mount=(p.family.lustre_client_install, self.lustre.mount_source,
-                              self.lustre.mount_point) if self.lustre else None,
-            )
-
-        common = dict(
-            cluster_id=self.cluster_id,
-            vpc=self.vpc,
-            machine_image=image,
-            notification_topic=self.topic,
-            root_device_name=device,
-            root_volume_gib=p.root_volume_gib,
-            key_pair=key_pair,
-            placement_group=placement_group,
+        # What every node boots with (``user_data.py``); the master's own settings below.
+        boot = dict(
+            cluster_id=self.cluster_id, master_queue_url=self.master_queue.queue_url,
+            efs_id=self.file_system.file_system_id, mount_point=self.efs_mount_point,
+            setup_timeout_seconds=setup_timeout_seconds,
+            asset_s3_url=self.node_scripts.s3_object_url, python=p.family.python,
+            efs_utils_install=p.family.efs_utils_install, data_prep=p.data_prep_script,
+            membership_key=self.membership_key.key_arn,
+            # The job role trusts the node roles, made with the groups below.
+            job_role_arn=late_string(lambda: self.job_role.role_arn),
+            checkpoint_url=self.training_data.checkpoint_url,
+            node_boot_seconds=p.node_boot_seconds,
+            launch_hook=warm_pool.WARM_HOOK_NAME if warm_pool_size else "",
+            warm_ready_queue_url=(self.warm_ready_queue.queue_url
+                                  if self.warm_ready_queue else ""),
+            log_group=names.log_group_name(self.cluster_id),
+            cloudwatch_agent_install=p.family.cloudwatch_agent_install,
+            mount_s3_install=p.family.mount_s3_install,
+            lustre_mount=(p.family.lustre_client_install, self.lustre.mount_source,
+                          self.lustre.mount_point) if self.lustre else None,
+        )
+        common = dict(  # both groups'
+            cluster_id=self.cluster_id, vpc=self.vpc, machine_image=image,
+            notification_topic=self.topic, root_device_name=device,
+            root_volume_gib=p.root_volume_gib, key_pair=key_pair, placement_group=placement_group,
             group_placement_group=self.placement_groups[0] if self.placement_groups else None,
-            efa=efa,
-            efa_cards=efa_cards,
-            capacity=self.capacity,
+            efa=efa, efa_cards=efa_cards, capacity=self.capacity,
         )
         self.master_group = NodeGroup(
-            self,
-            "MasterGroup",
-            node_type="master",
-            vpc_subnets=self.zones.master_subnets,
+            self, "MasterGroup", node_type="master", vpc_subnets=self.zones.master_subnets,
             instance_type=self.capacity.master_types[0],
             fallback_instance_types=self.capacity.master_types[1:],
-            user_data=user_data("master", self.wait_handle.ref),
-            security_groups=master_groups,
-            min_capacity=1,
-            max_capacity=1,
-            desired_capacity=1,
-            associate_public_ip=bool(ssh_cidr),
-            **common,
+            user_data=node_user_data(
+                node_type="master", wait_handle=self.wait_handle.ref,
+                base_workers=p.worker_count,
+                max_replacements_per_hour=p.max_replacements_per_hour,
+                idle_stop_seconds=p.idle_stop,
+                worker_role_id=(late_string(lambda: self.worker_group.role.role_id)
+                                if warm_pool_size else ""), **boot),
+            security_groups=master_groups, min_capacity=1, max_capacity=1, desired_capacity=1,
+            associate_public_ip=bool(ssh_cidr), **common,
         )
         self.worker_group = NodeGroup(
-            self,
-            "WorkerGroup",
-            node_type="worker",
-            vpc_subnets=self.zones.node_subnets,
+            self, "WorkerGroup", node_type="worker", vpc_subnets=self.zones.node_subnets,
             instance_type=self.capacity.worker_types[0],
             fallback_instance_types=self.capacity.worker_types[1:],
-            user_data=user_data("worker", ""),
-            security_groups=[self.node_security_group],
-            min_capacity=p.min_workers,
-            max_capacity=p.max_workers,
-            desired_capacity=p.desired_workers,
-            spot_capacity=p.spot_workers,
-            **common,
+            user_data=node_user_data(node_type="worker", wait_handle="", **boot),
+            security_groups=[self.node_security_group], min_capacity=p.min_workers,
+            max_capacity=p.max_workers, desired_capacity=p.desired_workers,
+            spot_capacity=p.spot_workers, **common,
         )
         # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
         self.drain_hook = self.worker_group.add_drain_hook(self.topic)

@@ -19,7 +19,7 @@ from typing import Any
 
 #: ``create(resource name, properties, account id, region)``: the resource made on moto's
 #: backend; returns its physical id, or (physical id, {attribute: value for Fn::GetAtt}).
-Create = Callable[[str, dict[str, Any], str, str], "str | tuple[str, Mapping[str, Any]]"]
+Create = Callable[[str, dict[str, Any], str, str], str | tuple[str, Mapping[str, Any]]]
 #: ``delete(resource name, properties, account id, region)``: the resource removed.
 Delete = Callable[[str, dict[str, Any], str, str], None]
 

@@ -22,35 +22,30 @@ from constructs_lib.capacity_adjuster import (
 )
 from constructs_lib.cluster_budget import ClusterBudget
 from constructs_lib.cluster_grants import grant_node_roles
+from constructs_lib.cluster_props import check_cluster_props
 from constructs_lib.cluster_services import add_cluster_services
 from constructs_lib.cluster_settings import (
-    DEFAULT_INSTANCE_TYPE,
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
 )
-from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, grant_idle_stop, idle_stop_seconds
-from constructs_lib.images import DEFAULT_IMAGE_TYPE, check_image, deep_learning_ami, image_family
+from constructs_lib.cluster_storage import add_cluster_storage
+from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, grant_idle_stop
+from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
 from constructs_lib.job_role import JobRole
 from constructs_lib.late import late_string
-from constructs_lib.lustre_storage import LustreStorage, check_shared_storage, first_subnet
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
 from constructs_lib.observability import DEFAULT_LOG_RETENTION_DAYS
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
 from constructs_lib.resume_sources import CheckpointSource, grant_resume_read
-from constructs_lib.shared_storage import (
-    DEFAULT_MOUNT_POINT,
-    NFS_RULE_DESCRIPTION,
-    SharedFileSystem,
-)
-from constructs_lib.training_data import TrainingData
-from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, boot_budget, node_user_data
+from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
+from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, node_user_data
 
-# DEFAULT_INSTANCE_TYPE, DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings'
-# defaults (constructs_lib.cluster_settings, the one description of each setting).
+# DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings' defaults
+# (constructs_lib.cluster_settings, the one description of each setting).
 #: Fewest workers the cluster comes up with when launches fail.
 DEFAULT_MIN_WORKERS = 1
 #: How long the stack waits for the cluster to form: the original template's 55 minutes.
@@ -253,65 +248,28 @@ class DeepLearningCluster(Construct):
             (``LustreStorage``). :default: ``efs``
         """
         super().__init__(scope, construct_id)
-        worker_count = validation.positive_int("worker_count", worker_count)
-        min_workers = validation.positive_int("min_workers", min_workers, minimum=0)
-        spot_workers = validation.positive_int("spot_workers", spot_workers, minimum=0)
-        desired_workers = worker_count + spot_workers
-        max_workers = (
-            desired_workers
-            if max_workers is None
-            else validation.positive_int("max_workers", max_workers)
-        )
-        if not min_workers <= worker_count <= desired_workers <= max_workers:
-            raise validation.ConfigError(
-                f"workers must satisfy min_workers <= worker_count <= worker_count + "
-                f"spot_workers <= max_workers, got {min_workers} <= {worker_count} <= "
-                f"{desired_workers} <= {max_workers}"
-            )
-        node_boot_seconds = boot_budget(node_boot_seconds, setup_timeout_seconds)
-        if data_prep_script is not None:
-            data_prep_script = validation.one_line("data_prep_script", data_prep_script)
-        max_replacements_per_hour = validation.positive_int(
-            "max_replacements_per_hour", max_replacements_per_hour, minimum=0)
-        idle_stop = idle_stop_seconds("idle_stop_minutes", idle_stop_minutes)
-        self.capacity = launch.check_capacity(
-            worker_types=launch.types_prop("worker_instance_type", worker_instance_type,
-                                           "worker_instance_types", worker_instance_types,
-                                           DEFAULT_INSTANCE_TYPE),
-            master_types=launch.types_prop("master_instance_type", master_instance_type,
-                                           "master_instance_types", master_instance_types,
-                                           DEFAULT_INSTANCE_TYPE),
-            reservation_id=capacity_reservation_id, max_zone_moves=max_zone_moves,
-            reservation_group_arn=capacity_reservation_group_arn,
-            capacity_block_id=capacity_block_id, spot_workers=spot_workers,
-            new_placement_group=create_placement_group)
-        root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
-        family = image_family(image_type)
-        pytorch_version = check_image(image_type, pytorch_version,
-                                      public_image=machine_image is None,
-                                      tls_only_file_system=file_system is None and efs_require_tls)
-        if ssh_cidr:
-            validation.ssh_cidr("ssh_cidr", ssh_cidr)
-        self.efs_mount_point = validation.mount_point("efs_mount_point", efs_mount_point)
-        if file_system is not None and efs_security_group is not None:
-            raise validation.ConfigError(
-                "efs_security_group is for the file system the cluster creates; a "
-                "file_system brings its own security groups"
-            )
-        if isinstance(placement_group, bool):
-            raise validation.ConfigError(
-                "placement_group takes an ec2.IPlacementGroup; for a new cluster placement "
-                f"group pass create_placement_group=True, got {placement_group!r}"
-            )
-        if create_placement_group and placement_group is not None:
-            raise validation.ConfigError(
-                "give either placement_group or create_placement_group=True, not both"
-            )
+        p = check_cluster_props(
+            worker_count=worker_count, min_workers=min_workers, spot_workers=spot_workers,
+            max_workers=max_workers, node_boot_seconds=node_boot_seconds,
+            setup_timeout_seconds=setup_timeout_seconds, data_prep_script=data_prep_script,
+            max_replacements_per_hour=max_replacements_per_hour,
+            idle_stop_minutes=idle_stop_minutes, worker_instance_type=worker_instance_type,
+            worker_instance_types=worker_instance_types,
+            master_instance_type=master_instance_type,
+            master_instance_types=master_instance_types,
+            capacity_reservation_id=capacity_reservation_id,
+            capacity_reservation_group_arn=capacity_reservation_group_arn,
+            capacity_block_id=capacity_block_id, max_zone_moves=max_zone_moves,
+            root_volume_gib=root_volume_gib, image_type=image_type,
+            pytorch_version=pytorch_version, machine_image=machine_image,
+            file_system=file_system, efs_security_group=efs_security_group,
+            efs_require_tls=efs_require_tls, efs_mount_point=efs_mount_point,
+            ssh_cidr=ssh_cidr, placement_group=placement_group,
+            create_placement_group=create_placement_group)
+        self.capacity, self.efs_mount_point = p.capacity, p.efs_mount_point
         self.cluster_id = cluster_id or Stack.of(self).stack_name
-        self.worker_count = worker_count
-        self.spot_workers = spot_workers
-        self.max_workers = max_workers
-        self.data_prep_script = data_prep_script
+        self.worker_count, self.spot_workers = p.worker_count, p.spot_workers
+        self.max_workers, self.data_prep_script = p.max_workers, p.data_prep_script
 
         # -- network, storage, queue ---------------------------------------------------------
         self.network = ClusterNetwork(self, "Network", vpc=vpc, cidr=vpc_cidr,
@@ -328,33 +286,17 @@ class DeepLearningCluster(Construct):
             strategy=ec2.PlacementGroupStrategy.CLUSTER,
         ) for i in range(len(self.zones.choices) if create_placement_group else 0)]
 
-        self.storage: SharedFileSystem | None = None
-        if file_system is None:
-            self.storage = SharedFileSystem(
-                self,
-                "SharedStorage",
-                vpc=self.vpc,
-                security_group=efs_security_group,
-                mount_point=self.efs_mount_point,
-                require_tls=efs_require_tls,
-            )
-            file_system = self.storage.file_system
-        self.file_system: efs.IFileSystem = file_system
-
-        # Data and checkpoints in S3 (the VPC's S3 gateway endpoint keeps that traffic off
-        # the NAT: ClusterNetwork).
-        self.training_data = TrainingData(
-            self, "TrainingData", cluster_id=self.cluster_id, data_bucket=data_bucket,
-            data_prefix=data_prefix, checkpoint_bucket=checkpoint_bucket)
-
+        # EFS, S3 for data and checkpoints, FSx for Lustre (cluster_storage.py)
+        stored = add_cluster_storage(
+            self, vpc=self.vpc, cluster_id=self.cluster_id, file_system=file_system,
+            efs_security_group=efs_security_group, efs_mount_point=self.efs_mount_point,
+            efs_require_tls=efs_require_tls, data_bucket=data_bucket, data_prefix=data_prefix,
+            checkpoint_bucket=checkpoint_bucket, shared_storage=shared_storage,
+            node_subnets=self.zones.node_subnets)
+        self.storage, self.training_data = stored.storage, stored.training_data
+        self.file_system: efs.IFileSystem = stored.file_system
         #: FSx for Lustre next to EFS (``sharedStorage=fsx-lustre``), in the nodes' first subnet
-        self.lustre = LustreStorage(
-            self, "Lustre", vpc=self.vpc, data_bucket=data_bucket, data_prefix=data_prefix,
-            subnet=first_subnet(self.vpc, self.zones.node_subnets),
-        ) if check_shared_storage("shared_storage", shared_storage) == "fsx-lustre" else None
-        if self.lustre is not None and self.lustre.mount_point == self.efs_mount_point:
-            raise validation.ConfigError(f"efs_mount_point {self.efs_mount_point} is where "
-                                         f"FSx for Lustre mounts (shared_storage=fsx-lustre)")
+        self.lustre = stored.lustre
 
         self.queues = MetadataQueues(self, "MetadataQueues")
         self.master_queue = self.queues.master_queue
@@ -377,13 +319,7 @@ class DeepLearningCluster(Construct):
         master_groups: list[ec2.ISecurityGroup] = [self.node_security_group]
         if self.admin_security_group is not None:
             master_groups.append(self.admin_security_group)
-        # The file system admits NFS from the nodes (its connections' default port, 2049).
-        if self.storage is not None:
-            self.storage.allow_from(self)
-        else:
-            self.file_system.connections.allow_default_port_from(self, NFS_RULE_DESCRIPTION)
-        if self.lustre is not None:
-            self.lustre.allow_from(self)
+        stored.admit(self)  # NFS to EFS from the nodes (2049), and Lustre's ports
 
         # -- node scripts and the setup wait condition -----------------------------------------
         self.node_scripts = s3_assets.Asset(
@@ -399,97 +335,71 @@ class DeepLearningCluster(Construct):
             description="Signs the cluster's membership (the master signs, workers verify)")
         self.capacity_adjuster.signal_setup_failures(self.wait_handle)  # master never launched
 
-        image = machine_image or deep_learning_ami(image_type, pytorch_version=pytorch_version)
-        device = root_device_name or family.root_device_name
+        image = machine_image or deep_learning_ami(image_type,
+                                                   pytorch_version=p.pytorch_version)
+        device = root_device_name or p.family.root_device_name
         # A new cluster placement group per zone choice, set on the groups (where a zone move
         # can change it); a given one goes into the launch templates.
         self.placement_group = self.placement_groups[0] if self.placement_groups else \
             placement_group
 
         warm_pool_size = warm_pool.check(self.node.path, warm_pool_size,
-                                         spot_capacity=spot_workers,
+                                         spot_capacity=p.spot_workers,
                                          instance_types=self.capacity.worker_types)
         #: Where warm-pool workers say they are ready (None without a warm pool).
         self.warm_ready_queue = warm_pool.ready_queue(
-            self, Duration.seconds(node_boot_seconds)) if warm_pool_size else None
+            self, Duration.seconds(p.node_boot_seconds)) if warm_pool_size else None
 
-        def user_data(node_type: str, wait_handle: str) -> ec2.UserData:
-            return node_user_data(
-                node_type=node_type,
-                cluster_id=self.cluster_id,
-                master_queue_url=self.master_queue.queue_url,
-                efs_id=self.file_system.file_system_id,
-                mount_point=self.efs_mount_point,
-                wait_handle=wait_handle,
-                setup_timeout_seconds=setup_timeout_seconds,
-                asset_s3_url=self.node_scripts.s3_object_url,
-                python=family.python,
-                efs_utils_install=family.efs_utils_install,
-                base_workers=worker_count if node_type == "master" else None,
-                data_prep=data_prep_script,
-                max_replacements_per_hour=(max_replacements_per_hour
-                                           if node_type == "master" else None),
-                idle_stop_seconds=idle_stop if node_type == "master" else None,
-                membership_key=self.membership_key.key_arn,
-                # The job role trusts the node roles, made with the groups below.
-                job_role_arn=late_string(lambda: self.job_role.role_arn),
-                checkpoint_url=self.training_data.checkpoint_url,
-                node_boot_seconds=node_boot_seconds,
-                launch_hook=warm_pool.WARM_HOOK_NAME if warm_pool_size else "",
-                warm_ready_queue_url=(self.warm_ready_queue.queue_url
-                                      if self.warm_ready_queue else ""),
-                worker_role_id=(late_string(lambda: self.worker_group.role.role_id)
-                                if warm_pool_size and node_type == "master" else ""),
-                log_group=names.log_group_name(self.cluster_id),
-                cloudwatch_agent_install=family.cloudwatch_agent_install,
-                mount_s3_install=family.mount_s3_install,
-                lustre_mount=(family.lustre_client_install, self.lustre.mount_source,
-                              self.lustre.mount_point) if self.lustre else None,
-            )
-
-        common = dict(
-            cluster_id=self.cluster_id,
-            vpc=self.vpc,
-            machine_image=image,
-            notification_topic=self.topic,
-            root_device_name=device,
-            root_volume_gib=root_volume_gib,
-            key_pair=key_pair,
-            placement_group=placement_group,
+        # What every node boots with (``user_data.py``); the master's own settings below.
+        boot = dict(
+            cluster_id=self.cluster_id, master_queue_url=self.master_queue.queue_url,
+            efs_id=self.file_system.file_system_id, mount_point=self.efs_mount_point,
+            setup_timeout_seconds=setup_timeout_seconds,
+            asset_s3_url=self.node_scripts.s3_object_url, python=p.family.python,
+            efs_utils_install=p.family.efs_utils_install, data_prep=p.data_prep_script,
+            membership_key=self.membership_key.key_arn,
+            # The job role trusts the node roles, made with the groups below.
+            job_role_arn=late_string(lambda: self.job_role.role_arn),
+            checkpoint_url=self.training_data.checkpoint_url,
+            node_boot_seconds=p.node_boot_seconds,
+            launch_hook=warm_pool.WARM_HOOK_NAME if warm_pool_size else "",
+            warm_ready_queue_url=(self.warm_ready_queue.queue_url
+                                  if self.warm_ready_queue else ""),
+            log_group=names.log_group_name(self.cluster_id),
+            cloudwatch_agent_install=p.family.cloudwatch_agent_install,
+            mount_s3_install=p.family.mount_s3_install,
+            lustre_mount=(p.family.lustre_client_install, self.lustre.mount_source,
+                          self.lustre.mount_point) if self.lustre else None,
+        )
+        common = dict(  # both groups'
+            cluster_id=self.cluster_id, vpc=self.vpc, machine_image=image,
+            notification_topic=self.topic, root_device_name=device,
+            root_volume_gib=p.root_volume_gib, key_pair=key_pair, placement_group=placement_group,
             group_placement_group=self.placement_groups[0] if self.placement_groups else None,
-            efa=efa,
-            efa_cards=efa_cards,
-            capacity=self.capacity,
+            efa=efa, efa_cards=efa_cards, capacity=self.capacity,
         )
         self.master_group = NodeGroup(
-            self,
-            "MasterGroup",
-            node_type="master",
-            vpc_subnets=self.zones.master_subnets,
+            self, "MasterGroup", node_type="master", vpc_subnets=self.zones.master_subnets,
             instance_type=self.capacity.master_types[0],
             fallback_instance_types=self.capacity.master_types[1:],
-            user_data=user_data("master", self.wait_handle.ref),
-            security_groups=master_groups,
-            min_capacity=1,
-            max_capacity=1,
-            desired_capacity=1,
-            associate_public_ip=bool(ssh_cidr),
-            **common,
+            user_data=node_user_data(
+                node_type="master", wait_handle=self.wait_handle.ref,
+                base_workers=p.worker_count,
+                max_replacements_per_hour=p.max_replacements_per_hour,
+                idle_stop_seconds=p.idle_stop,
+                worker_role_id=(late_string(lambda: self.worker_group.role.role_id)
+                                if warm_pool_size else ""), **boot),
+            security_groups=master_groups, min_capacity=1, max_capacity=1, desired_capacity=1,
+            associate_public_ip=bool(ssh_cidr), **common,
         )
         self.worker_group = NodeGroup(
-            self,
-            "WorkerGroup",
-            node_type="worker",
-            vpc_subnets=self.zones.node_subnets,
+            self, "WorkerGroup", node_type="worker", vpc_subnets=self.zones.node_subnets,
             instance_type=self.capacity.worker_types[0],
             fallback_instance_types=self.capacity.worker_types[1:],
-            user_data=user_data("worker", ""),
-            security_groups=[self.node_security_group],
-            min_capacity=min_workers,
-            max_capacity=max_workers,
-            desired_capacity=desired_workers,
-            spot_capacity=spot_workers,
-            **common,
+            user_data=node_user_data(node_type="worker", wait_handle="", **boot),
+            security_groups=[self.node_security_group], min_capacity=p.min_workers,
+            max_capacity=p.max_workers, desired_capacity=p.desired_workers,
+            spot_capacity=p.spot_workers, **common,
         )
         # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
         self.drain_hook = self.worker_group.add_drain_hook(self.topic)
@@ -497,7 +407,7 @@ class DeepLearningCluster(Construct):
         #: The warm pool's launch hook (None without a warm pool): ``warm_pool.py``.
         self.warm_launch_hook = warm_pool.add_warm_pool(
             self.worker_group, warm_pool_size, cluster_id=self.cluster_id,
-            heartbeat=Duration.seconds(node_boot_seconds), master=self.master_group,
+            heartbeat=Duration.seconds(p.node_boot_seconds), master=self.master_group,
             queue=self.warm_ready_queue) if self.warm_ready_queue else None
         #: The role jobs get credentials of (never the node's): ``constructs_lib/job_role.py``.
         self.job_role = JobRole(self, "JobRole", cluster_id=self.cluster_id,
@@ -510,9 +420,9 @@ class DeepLearningCluster(Construct):
         self.resume_from = tuple(resume_from)
         grant_resume_read(self.job_role.role, self.resume_from, user_tag=JOB_USER_TAG)
         grant_elastic_control(self, self.master_group.role, self.cluster_id)
-        if idle_stop:
+        if p.idle_stop:
             grant_idle_stop(self, self.master_group.role, cluster_id=self.cluster_id,
-                            min_workers=min_workers)
+                            min_workers=p.min_workers)
         grant_node_roles(master=self.master_group, workers=self.worker_group,
                          queues=self.queues, membership_key=self.membership_key,
                          node_scripts=self.node_scripts, file_system=self.file_system,

@@ -197,14 +197,8 @@ def vpc_id(name: str, value: object) -> str:
 
 def subnet_ids(name: str, value: object) -> tuple[str, ...]:
     """A non-empty list of distinct subnet ids (comma-separated, or a sequence)."""
-    items = tuple(str(s) for s in _items(value))
-    bad = [s for s in items if not _SUBNET_ID.match(s)]
-    if not items or bad:
-        raise ConfigError(f"{name} must list subnet ids like subnet-0123456789abcdef0, "
-                          f"got {value!r}")
-    if len(set(items)) != len(items):
-        raise ConfigError(f"{name} lists a subnet more than once, got {value!r}")
-    return items
+    return _distinct(name, value, _SUBNET_ID, listing="subnet ids like subnet-0123456789abcdef0",
+                     one="a subnet")
 
 
 def instance_type(name: str, value: object) -> str:
@@ -293,14 +287,20 @@ def instance_types(name: str, value: object) -> tuple[str, ...]:
 
 def availability_zones(name: str, value: object) -> tuple[str, ...]:
     """An ordered list of distinct availability zone names (first preferred)."""
-    zones = tuple(str(z) for z in _items(value))
-    bad = [z for z in zones if not _ZONE.match(z)]
-    if not zones or bad:
-        raise ConfigError(f"{name} must list availability zones like us-east-1a,us-east-1b, "
-                          f"got {value!r}")
-    if len(set(zones)) != len(zones):
-        raise ConfigError(f"{name} lists a zone more than once, got {value!r}")
-    return zones
+    return _distinct(name, value, _ZONE, listing="availability zones like us-east-1a,us-east-1b",
+                     one="a zone")
+
+
+def _distinct(name: str, value: object, pattern: re.Pattern[str], *, listing: str,
+              one: str) -> tuple[str, ...]:
+    """A non-empty list (comma-separated, or a sequence) of distinct names that each match
+    ``pattern``; ``listing`` and ``one`` say what they are in the messages."""
+    items = tuple(str(item) for item in _items(value))
+    if not items or any(not pattern.match(item) for item in items):
+        raise ConfigError(f"{name} must list {listing}, got {value!r}")
+    if len(set(items)) != len(items):
+        raise ConfigError(f"{name} lists {one} more than once, got {value!r}")
+    return items
 
 
 def capacity_reservation_id(name: str, value: object) -> str:

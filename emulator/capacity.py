@@ -53,6 +53,7 @@ import uuid
 from typing import Any
 
 from emulator import scaling_activities
+from emulator.cfn_model import cfn_model
 
 _LOCK = threading.RLock()
 _OUT: set[tuple[str, str]] = set()  # (instance type, zone or "" for every zone)
@@ -303,44 +304,14 @@ def _wrap_group_from_cfn(original: Any) -> Any:
 
 def _placement_group_model() -> type:
     """``AWS::EC2::PlacementGroup`` for moto's CloudFormation: a name, nothing more."""
-    from moto.core.common_models import CloudFormationModel
 
-    class PlacementGroupResource(CloudFormationModel):
-        def __init__(self, name: str, strategy: str) -> None:
-            self.name, self.strategy = name, strategy
+    def create(resource_name: str, props: dict[str, Any], account_id: str,
+               region: str) -> tuple[str, dict[str, str]]:
+        name = props.get("GroupName") or f"{resource_name}-{uuid.uuid4().hex[:12]}"
+        return name, {"GroupName": name}
 
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return "GroupName"
-
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::EC2::PlacementGroup"
-
-        @classmethod
-        def create_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str, **kwargs: Any) -> PlacementGroupResource:
-            props = cloudformation_json.get("Properties") or {}
-            name = props.get("GroupName") or f"{resource_name}-{uuid.uuid4().hex[:12]}"
-            return cls(name, str(props.get("Strategy", "")))
-
-        @classmethod
-        def has_cfn_attr(cls, attr: str) -> bool:
-            return attr == "GroupName"
-
-        def get_cfn_attribute(self, attribute_name: str) -> Any:
-            if attribute_name == "GroupName":
-                return self.name
-            from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
-
-            raise UnformattedGetAttTemplateException()
-
-        @property
-        def physical_resource_id(self) -> str:
-            return self.name
-
-    return PlacementGroupResource
+    return cfn_model("AWS::EC2::PlacementGroup", name_type="GroupName",
+                     attributes=("GroupName",), create=create)
 
 
 def patches(group_class: Any) -> dict[str, Any]:

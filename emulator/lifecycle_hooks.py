@@ -45,6 +45,7 @@ from typing import Any
 
 from emulator import moto_publishing
 from emulator import notifications as nt
+from emulator.cfn_model import cfn_model
 
 #: EC2's Spot interruption notice: the instance is reclaimed this long after it.
 SPOT_NOTICE_SECONDS = 120.0
@@ -104,47 +105,22 @@ def _put_lifecycle_hook(self: Any) -> Any:
 def _hook_model() -> type:
     """``AWS::AutoScaling::LifecycleHook`` for moto's CloudFormation."""
     from moto.autoscaling.models import autoscaling_backends
-    from moto.core.common_models import CloudFormationModel
 
-    class LifecycleHookResource(CloudFormationModel):
-        def __init__(self, hook: Any) -> None:
-            self.hook = hook
+    def create(resource_name: str, p: dict[str, Any], account_id: str, region: str) -> str:
+        timeout = p.get("HeartbeatTimeout")
+        return autoscaling_backends[account_id][region].create_lifecycle_hook(
+            name=p.get("LifecycleHookName") or resource_name,
+            as_name=p["AutoScalingGroupName"], transition=p["LifecycleTransition"],
+            timeout=int(timeout) if timeout is not None else None,
+            result=p.get("DefaultResult"), target=p.get("NotificationTargetARN"),
+            role=p.get("RoleARN"), metadata=p.get("NotificationMetadata")).name
 
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return "LifecycleHookName"
+    def delete(resource_name: str, p: dict[str, Any], account_id: str, region: str) -> None:
+        autoscaling_backends[account_id][region].delete_lifecycle_hook(
+            p["AutoScalingGroupName"], p.get("LifecycleHookName") or resource_name)
 
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::AutoScaling::LifecycleHook"
-
-        @classmethod
-        def create_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str, **kwargs: Any) -> LifecycleHookResource:
-            p = cloudformation_json["Properties"]
-            backend = autoscaling_backends[account_id][region_name]
-            timeout = p.get("HeartbeatTimeout")
-            return cls(backend.create_lifecycle_hook(
-                name=p.get("LifecycleHookName") or resource_name,
-                as_name=p["AutoScalingGroupName"], transition=p["LifecycleTransition"],
-                timeout=int(timeout) if timeout is not None else None,
-                result=p.get("DefaultResult"), target=p.get("NotificationTargetARN"),
-                role=p.get("RoleARN"), metadata=p.get("NotificationMetadata")))
-
-        @classmethod
-        def delete_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str) -> None:
-            p = cloudformation_json["Properties"]
-            autoscaling_backends[account_id][region_name].delete_lifecycle_hook(
-                p["AutoScalingGroupName"], p.get("LifecycleHookName") or resource_name)
-
-        @property
-        def physical_resource_id(self) -> str:
-            return self.hook.name
-
-    return LifecycleHookResource
+    return cfn_model("AWS::AutoScaling::LifecycleHook", name_type="LifecycleHookName",
+                     create=create, delete=delete)
 
 
 def _termination_hooks(group: Any) -> list[Any]:

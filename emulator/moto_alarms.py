@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from emulator.cfn_model import cfn_model
+
 
 def _queries(metrics: list[dict[str, Any]] | None) -> list[Any] | None:
     """The template's ``Metrics`` (MetricDataQuery properties) as moto's query objects."""
@@ -43,68 +45,34 @@ def alarm_model() -> type:
     """The model class; defining it registers it (moto lists CloudFormationModel's
     subclasses by their ``cloudformation_type``)."""
     from moto.cloudwatch.models import cloudwatch_backends
-    from moto.core.common_models import CloudFormationModel
 
-    class AlarmResource(CloudFormationModel):
-        def __init__(self, name: str, arn: str) -> None:
-            self.name = name
-            self.arn = arn
+    def create(resource_name: str, p: dict[str, Any], account_id: str,
+               region: str) -> tuple[str, dict[str, str]]:
+        name = p.get("AlarmName") or resource_name
+        alarm = cloudwatch_backends[account_id][region].put_metric_alarm(
+            name=name, namespace=p.get("Namespace", ""),
+            metric_name=p.get("MetricName", ""),
+            comparison_operator=p["ComparisonOperator"],
+            evaluation_periods=int(p["EvaluationPeriods"]),
+            period=int(p.get("Period", 0) or 0), threshold=float(p.get("Threshold", 0)),
+            statistic=p.get("Statistic", ""), description=p.get("AlarmDescription", ""),
+            dimensions=[{"Name": d["Name"], "Value": d["Value"]}
+                        for d in p.get("Dimensions", [])],
+            alarm_actions=list(p.get("AlarmActions", [])),
+            metric_data_queries=_queries(p.get("Metrics")),
+            datapoints_to_alarm=p.get("DatapointsToAlarm"),
+            ok_actions=list(p.get("OKActions", [])),
+            insufficient_data_actions=list(p.get("InsufficientDataActions", [])),
+            actions_enabled=bool(p.get("ActionsEnabled", True)),
+            treat_missing_data=p.get("TreatMissingData"))
+        # a new alarm starts INSUFFICIENT_DATA on AWS (moto's starts OK) until evaluated
+        cloudwatch_backends[account_id][region].set_alarm_state(
+            name, "Unchecked: Initial alarm creation", None, "INSUFFICIENT_DATA")
+        return name, {"Arn": alarm.alarm_arn}
 
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return "AlarmName"
+    def delete(resource_name: str, p: dict[str, Any], account_id: str, region: str) -> None:
+        with contextlib.suppress(Exception):  # already gone: nothing to delete
+            cloudwatch_backends[account_id][region].delete_alarms([resource_name])
 
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::CloudWatch::Alarm"
-
-        @classmethod
-        def has_cfn_attr(cls, attr: str) -> bool:
-            return attr == "Arn"
-
-        def get_cfn_attribute(self, attribute_name: str) -> str:
-            if attribute_name == "Arn":
-                return self.arn
-            from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
-
-            raise UnformattedGetAttTemplateException()
-
-        @classmethod
-        def create_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str, **kwargs: Any) -> AlarmResource:
-            p = cloudformation_json["Properties"]
-            name = p.get("AlarmName") or resource_name
-            alarm = cloudwatch_backends[account_id][region_name].put_metric_alarm(
-                name=name, namespace=p.get("Namespace", ""),
-                metric_name=p.get("MetricName", ""),
-                comparison_operator=p["ComparisonOperator"],
-                evaluation_periods=int(p["EvaluationPeriods"]),
-                period=int(p.get("Period", 0) or 0), threshold=float(p.get("Threshold", 0)),
-                statistic=p.get("Statistic", ""), description=p.get("AlarmDescription", ""),
-                dimensions=[{"Name": d["Name"], "Value": d["Value"]}
-                            for d in p.get("Dimensions", [])],
-                alarm_actions=list(p.get("AlarmActions", [])),
-                metric_data_queries=_queries(p.get("Metrics")),
-                datapoints_to_alarm=p.get("DatapointsToAlarm"),
-                ok_actions=list(p.get("OKActions", [])),
-                insufficient_data_actions=list(p.get("InsufficientDataActions", [])),
-                actions_enabled=bool(p.get("ActionsEnabled", True)),
-                treat_missing_data=p.get("TreatMissingData"))
-            # a new alarm starts INSUFFICIENT_DATA on AWS (moto's starts OK) until evaluated
-            cloudwatch_backends[account_id][region_name].set_alarm_state(
-                name, "Unchecked: Initial alarm creation", None, "INSUFFICIENT_DATA")
-            return cls(name, alarm.alarm_arn)
-
-        @classmethod
-        def delete_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str) -> None:
-            with contextlib.suppress(Exception):  # already gone: nothing to delete
-                cloudwatch_backends[account_id][region_name].delete_alarms([resource_name])
-
-        @property
-        def physical_resource_id(self) -> str:
-            return self.name
-
-    return AlarmResource
+    return cfn_model("AWS::CloudWatch::Alarm", name_type="AlarmName", attributes=("Arn",),
+                     create=create, delete=delete)

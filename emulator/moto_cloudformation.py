@@ -60,6 +60,7 @@ import contextlib
 from typing import Any
 
 from emulator import moto_alarms
+from emulator.cfn_model import cfn_model
 
 # -- EFS ------------------------------------------------------------------------------------
 
@@ -127,50 +128,25 @@ def _wrap_delete_stack(original: Any) -> Any:
 def _event_invoke_config_model() -> type:
     """``AWS::Lambda::EventInvokeConfig`` for moto's CloudFormation, on its Lambda backend."""
     from moto.awslambda.models import lambda_backends
-    from moto.core.common_models import CloudFormationModel
 
     keys = ("DestinationConfig", "MaximumEventAgeInSeconds", "MaximumRetryAttempts")
 
-    class EventInvokeConfigResource(CloudFormationModel):
-        def __init__(self, function_name: str) -> None:
-            self.function_name = function_name
+    def create(resource_name: str, p: dict[str, Any], account_id: str, region: str) -> str:
+        lambda_backends[account_id][region].put_function_event_invoke_config(
+            p["FunctionName"], {k: p[k] for k in keys if k in p})
+        return p["FunctionName"]
 
-        @staticmethod
-        def cloudformation_name_type() -> str:
-            return ""
+    def delete(resource_name: str, p: dict[str, Any], account_id: str, region: str) -> None:
+        name = p["FunctionName"]
+        if not isinstance(name, str):  # an unresolved Ref at delete: the physical id
+            name = resource_name
+        from moto.awslambda.exceptions import UnknownFunctionException
 
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::Lambda::EventInvokeConfig"
+        # the function may have gone first, and its configuration with it
+        with contextlib.suppress(UnknownFunctionException):
+            lambda_backends[account_id][region].delete_function_event_invoke_config(name)
 
-        @classmethod
-        def create_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str, **kwargs: Any) -> EventInvokeConfigResource:
-            p = cloudformation_json["Properties"]
-            lambda_backends[account_id][region_name].put_function_event_invoke_config(
-                p["FunctionName"], {k: p[k] for k in keys if k in p})
-            return cls(p["FunctionName"])
-
-        @classmethod
-        def delete_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str) -> None:
-            name = cloudformation_json["Properties"]["FunctionName"]
-            if not isinstance(name, str):  # an unresolved Ref at delete: the physical id
-                name = resource_name
-            from moto.awslambda.exceptions import UnknownFunctionException
-
-            # the function may have gone first, and its configuration with it
-            with contextlib.suppress(UnknownFunctionException):
-                lambda_backends[account_id][region_name].delete_function_event_invoke_config(
-                    name)
-
-        @property
-        def physical_resource_id(self) -> str:
-            return self.function_name
-
-    return EventInvokeConfigResource
+    return cfn_model("AWS::Lambda::EventInvokeConfig", create=create, delete=delete)
 
 
 # -- deleting a stack's VPC ---------------------------------------------------------------------

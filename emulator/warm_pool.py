@@ -37,6 +37,7 @@ from typing import Any
 
 from emulator import moto_publishing
 from emulator import notifications as nt
+from emulator.cfn_model import cfn_model
 
 LAUNCHING = "autoscaling:EC2_INSTANCE_LAUNCHING"
 WARMED_PENDING_WAIT = "Warmed:Pending:Wait"
@@ -283,45 +284,24 @@ def tick() -> None:
 def _warm_pool_model() -> type:
     """``AWS::AutoScaling::WarmPool`` for moto's CloudFormation."""
     from moto.autoscaling.models import autoscaling_backends
-    from moto.core.common_models import CloudFormationModel
 
-    class WarmPoolResource(CloudFormationModel):
-        def __init__(self, group_name: str) -> None:
-            self.group_name = group_name
+    def create(resource_name: str, p: dict[str, Any], account_id: str, region: str) -> str:
+        autoscaling_backends[account_id][region].put_warm_pool(
+            group_name=p["AutoScalingGroupName"],
+            max_group_prepared_capacity=p.get("MaxGroupPreparedCapacity"),
+            min_size=p.get("MinSize"), pool_state=p.get("PoolState"),
+            instance_reuse_policy=p.get("InstanceReusePolicy"))
+        return p["AutoScalingGroupName"]
 
-        @staticmethod
-        def cloudformation_type() -> str:
-            return "AWS::AutoScaling::WarmPool"
+    def delete(resource_name: str, p: dict[str, Any], account_id: str, region: str) -> None:
+        backend = autoscaling_backends[account_id][region]
+        name = p.get("AutoScalingGroupName")
+        if not isinstance(name, str):  # an unresolved Ref: the physical id is the group's
+            name = resource_name
+        if name in backend.autoscaling_groups:
+            backend.delete_warm_pool(name)
 
-        @classmethod
-        def create_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str, **kwargs: Any) -> WarmPoolResource:
-            p = cloudformation_json["Properties"]
-            backend = autoscaling_backends[account_id][region_name]
-            backend.put_warm_pool(
-                group_name=p["AutoScalingGroupName"],
-                max_group_prepared_capacity=p.get("MaxGroupPreparedCapacity"),
-                min_size=p.get("MinSize"), pool_state=p.get("PoolState"),
-                instance_reuse_policy=p.get("InstanceReusePolicy"))
-            return cls(p["AutoScalingGroupName"])
-
-        @classmethod
-        def delete_from_cloudformation_json(  # type: ignore[override]
-                cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str,
-                region_name: str) -> None:
-            backend = autoscaling_backends[account_id][region_name]
-            name = cloudformation_json["Properties"].get("AutoScalingGroupName")
-            if not isinstance(name, str):  # an unresolved Ref: the physical id is the group's
-                name = resource_name
-            if name in backend.autoscaling_groups:
-                backend.delete_warm_pool(name)
-
-        @property
-        def physical_resource_id(self) -> str:
-            return self.group_name
-
-    return WarmPoolResource
+    return cfn_model("AWS::AutoScaling::WarmPool", create=create, delete=delete)
 
 
 def install(raw_replace: Any) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Annotations, CfnOutput, Stack
+from aws_cdk import CfnOutput, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -10,7 +10,7 @@ from constructs import Construct
 from constructs_lib import DeepLearningCluster, FixedAmi, acknowledge_cluster_findings
 from constructs_lib.cluster_settings import ClusterSettings
 from constructs_lib.resume_sources import CheckpointSource, split_url
-from stacks.existing import existing_file_system
+from stacks.existing import existing_file_system, existing_vpc
 
 CLUSTER_ID = "Cluster"
 
@@ -25,19 +25,9 @@ class DLClusterStack(Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.settings = s = settings
-        vpc = None
-        if s.vpc_id:
-            # Imported from its ids, not looked up: synth makes no AWS call (in CI neither).
-            vpc = ec2.Vpc.from_vpc_attributes(
-                self, "ExistingVpc", vpc_id=s.vpc_id,
-                availability_zones=list(s.availability_zones or ()),
-                private_subnet_ids=list(s.vpc_private_subnet_ids or ()),
-                public_subnet_ids=list(s.vpc_public_subnet_ids) if s.vpc_public_subnet_ids
-                else None)
-            # The nodes' subnets need no route table here (nothing adds routes to them).
-            Annotations.of(vpc).acknowledge_warning(
-                "@aws-cdk/aws-ec2:noSubnetRouteTableId",
-                "the cluster adds no routes to an existing VPC's subnets")
+        vpc = existing_vpc(self, vpc_id=s.vpc_id, availability_zones=s.availability_zones,
+                           private_subnet_ids=s.vpc_private_subnet_ids,
+                           public_subnet_ids=s.vpc_public_subnet_ids)
         file_system = None
         if s.efs_file_system_id:
             file_system = existing_file_system(

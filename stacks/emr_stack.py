@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from aws_cdk import Annotations, CfnOutput, Duration, Stack
+from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
@@ -19,7 +19,7 @@ from constructs_lib.emr_settings import EmrSettings
 from constructs_lib.nag_suppressions import acknowledge_emr_findings
 from constructs_lib.setting import context_keys
 from stacks.context import ContextReader
-from stacks.existing import existing_file_system
+from stacks.existing import existing_file_system, existing_vpc
 from stacks.vpc_rules import ExistingVpc, ExistingVpcKeys, check_existing_vpc
 
 CLUSTER_ID = "EmrCluster"
@@ -60,16 +60,8 @@ class DLEmrClusterStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         s = settings or EmrSettings()
         self.settings = s
-        vpc = None
-        if s.vpc_id:
-            # Imported from its ids, not looked up: synth makes no AWS call.
-            vpc = ec2.Vpc.from_vpc_attributes(
-                self, "ExistingVpc", vpc_id=s.vpc_id,
-                availability_zones=list(s.availability_zones or ()),
-                private_subnet_ids=list(s.vpc_private_subnet_ids or ()))
-            Annotations.of(vpc).acknowledge_warning(
-                "@aws-cdk/aws-ec2:noSubnetRouteTableId",
-                "the cluster adds no routes to an existing VPC's subnets")
+        vpc = existing_vpc(self, vpc_id=s.vpc_id, availability_zones=s.availability_zones,
+                           private_subnet_ids=s.vpc_private_subnet_ids)
         file_system = None
         if s.efs_file_system_id:
             file_system = existing_file_system(

@@ -65,7 +65,30 @@ def job_key(user: str, job_id: str) -> str:
 
 
 @dataclass(frozen=True)
-class JobPaths:
+class UserJobDir:
+    """A job's directory in its user's directory, ``<area>/<user>/<job-id>/``: its name,
+    its owner's and the two together (the base of :class:`JobPaths` and
+    :class:`ManagedPaths`, whose directories are laid out alike)."""
+
+    dir: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.dir.name
+
+    @property
+    def user(self) -> str:
+        """The name of the user directory the job is in (its owner's)."""
+        return self.dir.parent.name
+
+    @property
+    def key(self) -> str:
+        """``<user>/<job-id>``: the job's name wherever several users' jobs meet."""
+        return f"{self.user}/{self.job_id}"
+
+
+@dataclass(frozen=True)
+class JobPaths(UserJobDir):
     """One job's directory, ``jobs/<user>/<job-id>/`` on EFS::
 
         spec.json            what to run on which node (written last, atomically: it is the go)
@@ -84,22 +107,6 @@ class JobPaths:
         flight/              torch's flight recorder dumps (``TORCH_FR_DUMP_TEMP_FILE``)
         stacks/<rank>.json   a hung rank's Python stack (py-spy, written as the job's user)
     """
-
-    dir: Path
-
-    @property
-    def job_id(self) -> str:
-        return self.dir.name
-
-    @property
-    def user(self) -> str:
-        """The name of the user directory the job is in (its owner's)."""
-        return self.dir.parent.name
-
-    @property
-    def key(self) -> str:
-        """``<user>/<job-id>``: the job's name wherever several users' jobs meet."""
-        return f"{self.user}/{self.job_id}"
 
     @property
     def spec(self) -> Path:
@@ -181,7 +188,7 @@ class JobPaths:
 
 
 @dataclass(frozen=True)
-class ManagedPaths:
+class ManagedPaths(UserJobDir):
     """One managed job's directory, ``managed/<user>/<job-id>/`` on EFS (made by the
     submitter)::
 
@@ -197,22 +204,6 @@ class ManagedPaths:
     Attempt ``n`` (from 1) is the ordinary job ``jobs/<user>/<job-id>.<n>/``
     (:meth:`attempt_id`, :meth:`attempt_key`).
     """
-
-    dir: Path
-
-    @property
-    def job_id(self) -> str:
-        return self.dir.name
-
-    @property
-    def user(self) -> str:
-        """The name of the user directory the job is in (its owner's)."""
-        return self.dir.parent.name
-
-    @property
-    def key(self) -> str:
-        """``<user>/<job-id>``: the job's name wherever several users' jobs meet."""
-        return f"{self.user}/{self.job_id}"
 
     @property
     def request(self) -> Path:

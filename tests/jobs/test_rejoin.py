@@ -354,6 +354,15 @@ def watched(tmp_path: Path, gate=None):
     return sup, clock, dumped
 
 
+def lose_a_worker(sup: JobSupervisor, clock: Clock, dumped: list) -> None:
+    """10.0.1.2's executor is lost and the clock moves 11 s on (past the 10 s timeout):
+    the look records the loss (which restarts the hang clock) and judges no hang."""
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
+    clock.now += 11
+    assert not sup.look_at_progress(sup.watch) and not dumped  # a loss, not a hang
+    assert [x.address for x in sup.job.node_losses] == ["10.0.1.2"]
+
+
 def test_survivors_restarting_after_a_loss_are_not_a_hang(tmp_path):
     """A worker lost: torchrun restarts the survivors' workers, whose start-up reports no
     step for longer than a short --hang-timeout. The loss (recorded first) restarts the
@@ -362,10 +371,7 @@ def test_survivors_restarting_after_a_loss_are_not_a_hang(tmp_path):
     from bootstrap_scripts.jobs.engine.hang_rules import RESTART_GRACE_FACTOR
 
     sup, clock, dumped = watched(tmp_path)
-    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
-    clock.now += 11
-    assert not sup.look_at_progress(sup.watch) and not dumped  # a loss, not a hang
-    assert [x.address for x in sup.job.node_losses] == ["10.0.1.2"]
+    lose_a_worker(sup, clock, dumped)
     clock.now += 11  # the old files (step 40, written before the loss) do not count
     assert sup.watch.check() is None
     clock.now += RESTART_GRACE_FACTOR * 10 - 11  # no new process ever reported: a hang
@@ -420,9 +426,7 @@ def test_the_hang_clock_starts_at_the_new_processes_first_report(tmp_path):
     from bootstrap_scripts.protocol.records import RankProgress
 
     sup, clock, dumped = watched(tmp_path)
-    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
-    clock.now += 11
-    assert not sup.look_at_progress(sup.watch)
+    lose_a_worker(sup, clock, dumped)
     clock.now += 25  # start-up: no report yet, within the grace
     assert sup.watch.check() is None
     for r in range(3):  # the three survivors' new processes report step 38 (resumed)
@@ -449,9 +453,7 @@ def test_a_replaced_process_reporting_as_it_exits_does_not_start_the_clock(tmp_p
     for r in range(4):  # the old processes, as the watch knows them (host, pid)
         report(r, 100 + r)
     assert not sup.look_at_progress(sup.watch)
-    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
-    clock.now += 11
-    assert not sup.look_at_progress(sup.watch)  # the loss restarts the clock (at 1011)
+    lose_a_worker(sup, clock, dumped)  # the loss restarts the clock (at 1011)
     clock.now += 1
     for r in range(3):  # the old processes exit, writing step 41 once more
         report(r, 100 + r)
@@ -473,9 +475,7 @@ def test_no_hang_is_judged_while_torchrun_may_restart_the_workers_again(tmp_path
     from bootstrap_scripts.protocol.records import RankProgress
 
     sup, clock, dumped = watched(tmp_path)
-    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})  # 10.0.1.2 lost
-    clock.now += 11
-    assert not sup.look_at_progress(sup.watch)  # the clock restarts at 1011
+    lose_a_worker(sup, clock, dumped)  # the clock restarts at 1011
     restarted = clock.now
     clock.now += 3
     for r in range(3):  # the survivors' new processes report once, then are restarted

@@ -3,7 +3,7 @@
 An ``--elastic`` job's attempt does not end when a node is lost (torchrun carries on
 without it) and does not start again for a replacement (it joins the running attempt). So
 the two node checks that a fixed-size job makes between attempts are made here, on every
-look :meth:`supervise.JobSupervisor.follow` takes while the attempt runs:
+look :meth:`running_attempt.RunningAttempt.follow` takes while the attempt runs:
 
 - :meth:`ElasticAttempt.mark_lost`: a node of the attempt whose executor heartbeat is lost
   is marked Unhealthy and excluded at once, on root's own evidence
@@ -13,10 +13,11 @@ look :meth:`supervise.JobSupervisor.follow` takes while the attempt runs:
   admitted into the running attempt (``rejoin.py``); once its share started, the job's
   record says the job grew back.
 
-:class:`ElasticAttempt` is a part of :class:`supervise.JobSupervisor` (its base class): it
-works on the supervisor's record and nodes (``job``, ``efs``, ``executors``, ``health``, ``watch``,
-``last_nodes_addresses``, ``update``, ``update_last_restart``, ``ready_nodes``,
-``membership``, ``run_gate``), which the supervisor defines.
+:class:`ElasticAttempt` is a part of :class:`supervise.JobSupervisor` (a base class of it,
+through ``running_attempt.RunningAttempt``): it works on the supervisor's record and nodes
+(``job``, ``efs``, ``executors``, ``health``, ``watch``, ``last_nodes_addresses``,
+``update``, ``update_last_restart``, ``ready_nodes``, ``membership``, ``run_gate``), which
+the supervisor defines.
 """
 
 from __future__ import annotations

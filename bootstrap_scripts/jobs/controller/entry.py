@@ -1,24 +1,20 @@
 """The job controller's command line (``python -m bootstrap_scripts.jobs.controller``, the
-``dl-controller.service`` unit): its options, its health gate, its signals, and the
-:class:`~bootstrap_scripts.jobs.controller.daemon.Controller` it runs (what it does: that
-module's docstring)."""
+``dl-controller.service`` unit): its options, its health gate, its signals
+(``engine.service``), and the :class:`~bootstrap_scripts.jobs.controller.daemon.Controller`
+it runs (what it does: that module's docstring)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import signal
-import sys
 from pathlib import Path
 
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.jobs.controller import instance_health, retention
 from bootstrap_scripts.jobs.controller.daemon import LOG, Controller, ControllerError
 from bootstrap_scripts.jobs.controller.supervise import Gate
-from bootstrap_scripts.jobs.engine.node_env import read_node_env
+from bootstrap_scripts.jobs.engine import service
 from bootstrap_scripts.protocol.membership import Membership
-from bootstrap_scripts.protocol.paths import NodePaths
 
 DESCRIPTION = "The job controller: runs managed jobs one at a time and restarts them after faults."
 
@@ -72,24 +68,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s dl-controller %(levelname)s %(message)s")
-    root = Path(args.root)
-    efs = args.mount_point or read_node_env(NodePaths(root)).get("EFS_MOUNT", "") or "/efs"
+    service.start_logging("dl-controller", verbose=args.verbose)
+    efs = service.efs_mount(Path(args.root), args.mount_point)
     gate = None if args.no_health_gate else health_gate()
     if gate is None and not args.no_health_gate:
         LOG.warning("no health gate module (bootstrap_scripts.ops.gate): attempts start "
                     "without one")
-    ctl = Controller(root, Path(efs), region=args.region, gate=gate,
+    ctl = Controller(Path(args.root), efs, region=args.region, gate=gate,
                      retention_days=args.retention_days,
                      max_replacements=args.max_replacements_per_hour,
                      idle_seconds=args.idle_stop_seconds, checkpoints_url=args.checkpoint_url)
-
-    def stop(signum: int, _frame: object) -> None:
-        ctl.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    service.stop_on_signals(ctl)
     try:
         return ctl.run()
     except ControllerError as exc:

@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import logging
 import os
-import signal
 import socket
 import stat
 import sys
@@ -37,8 +36,7 @@ from pathlib import Path
 
 from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import imds_guard
-from bootstrap_scripts.jobs.engine import user_dirs
-from bootstrap_scripts.jobs.engine.node_env import read_node_env
+from bootstrap_scripts.jobs.engine import service, user_dirs
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
@@ -303,10 +301,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s dl-executor %(levelname)s %(message)s")
+    service.start_logging("dl-executor", verbose=args.verbose)
     root = Path(args.root)
-    efs = args.mount_point or read_node_env(NodePaths(root)).get("EFS_MOUNT", "") or "/efs"
+    efs = service.efs_mount(root, args.mount_point)
     if args.guard_imds:  # no job before jobs are kept from the instance role (rules die
         try:               # with a reboot: installed again at every start)
             guarded = imds_guard.ensure()
@@ -320,14 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     except (AlreadyRunning, UnsafeLockFile, OSError) as exc:
         LOG.error("%s; not starting a second one", exc)
         return 1
-    ex = Executor(root, Path(efs), args.address, require_mount=not args.no_mount,
+    ex = Executor(root, efs, args.address, require_mount=not args.no_mount,
                   job_role_arn=args.job_role_arn)
-
-    def stop(signum: int, _frame: object) -> None:
-        ex.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    service.stop_on_signals(ex)
     try:
         return ex.run()
     finally:

@@ -200,3 +200,20 @@ def checkpoint_stall(log_lines: list[str]) -> tuple[float, int, int]:
             saves += n
             found += 1
     return total, saves, found
+
+
+def goal_rates(waiting: list[float], elastic: list[float], *, ettr: float = 0.9,
+               ratio: float = 1.5) -> tuple[float | None, float | None, float | None]:
+    """For a long job (launch and end negligible) with faults of the schedule's mix, each
+    costing the mean of its policy's ``costs``: (the shortest fault interval, in seconds of
+    work, at which the elastic ETTR is still ``ettr``; the longest at which the elastic
+    ETTR is still ``ratio`` x the waiting one; the elastic ETTR there). None where no
+    interval does it. ETTR = 1 / (1 + c / T) for one fault every T seconds of work."""
+    if not waiting or not elastic:
+        return None, None, None
+    cw, ce = sum(waiting) / len(waiting), sum(elastic) / len(elastic)
+    for_ettr = ce / (1 / ettr - 1) if ce > 0 else None
+    if cw <= ratio * ce:
+        return for_ettr, None, None  # the ratio never reaches it: c_w / c_e is its limit
+    t = (cw - ratio * ce) / (ratio - 1)
+    return for_ettr, t, 1 / (1 + ce / t)

@@ -307,11 +307,23 @@ def projection_text() -> str:
            f"charged at the missing node's share, spread over {WORK_H:g} h of fault-free work "
            f"at one fault (this schedule's mix) every MTBF hours, plus the measured launch "
            f"and end:"]
+    per_policy = {}
     for policy, (figures, b) in RUNS.items():
-        costs = fault_costs(figures, b)
+        costs = per_policy[policy] = fault_costs(figures, b)
         launch_end = b.rows[0][1] + next(s for n, s in b.rows if n.startswith("end:"))
         proj = bd.projection(costs, launch_end_s=launch_end, work_h=WORK_H, mtbfs_h=MTBF_H)
         out.append(f"  {policy}: per-fault cost {', '.join(f'{c:.0f}' for c in costs)} s "
                    f"-> ETTR " + ", ".join(f"{p.ettr:.3f} at MTBF {p.mtbf_h:g} h" for p in proj)
                    + f" (measured under this schedule: {figures.ettr:.3f})")
+    if set(per_policy) == {"waiting", "elastic"}:
+        for_ettr, for_ratio, there = bd.goal_rates(per_policy["waiting"], per_policy["elastic"])
+        out.append(
+            "  the goals against the fault rate (same projection, a long job): elastic ETTR "
+            ">= 0.9 needs one fault every >= "
+            + (f"{for_ettr / 60:.1f} min of work" if for_ettr else "- (never)")
+            + "; elastic >= 1.5x waiting needs one every <= "
+            + (f"{for_ratio / 60:.1f} min, where elastic's ETTR is {there:.3f}"
+               if for_ratio else "- (never: the cost ratio is below 1.5)")
+            + ("; both at once: possible" if for_ettr and for_ratio and for_ratio >= for_ettr
+               else "; both at once: not possible with these costs"))
     return "\n".join(out)

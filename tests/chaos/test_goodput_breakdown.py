@@ -84,3 +84,12 @@ def test_checkpoint_stall_from_rank_0s_summary_lines():
              "checkpoints mode=async saves=4 blocked_ms_per_save=5.0 write_ms_per_save=1.0 "
              "waited_for_previous=1 loop_s=2.0"]
     assert bd.checkpoint_stall(lines) == (pytest.approx(0.045), 14, 2)
+
+
+def test_the_fault_intervals_the_goals_need():
+    # elastic 60 s a fault: ETTR 0.9 at one fault every 540 s of work; the waiting policy
+    # 240 s: 1.5x when (1 + 240/T) = 1.5 (1 + 60/T) -> T = 300 s, where elastic is 1/1.2
+    for_ettr, for_ratio, ettr_there = bd.goal_rates([240.0], [60.0])
+    assert for_ettr == pytest.approx(540.0) and for_ratio == pytest.approx(300.0)
+    assert ettr_there == pytest.approx(1 / 1.2)
+    assert bd.goal_rates([80.0], [60.0])[1:] == (None, None)  # 1.33x at most

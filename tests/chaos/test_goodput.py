@@ -28,8 +28,13 @@ the full demo emulates (``make demo ARGS="--kill-master-after 1"``, docs/demo.md
 either policy it is the same ``master-lost`` restart.
 
 Every figure comes from the product's records (``goodput.py``: progress files, the job's
-record, hang reports); the harness's clock gives only the injection times. Printed, never
-asserted beyond the job succeeding (``make bench``).
+record, hang reports); the harness's clock gives only the injection times and the
+replacements' registrations. Printed, never asserted beyond the job succeeding (``make
+bench``): per run, the wall time cut into rows that add up to it (``goodput_breakdown.py``:
+launch, steps kept, steps redone, each idle stretch by cause with its events, end); after
+both, a COMPUTED PROJECTION (labelled so, beside the measured ETTR, never instead of it) of
+the measured per-fault costs with the unscaled boot, since ``SCALE`` shortens the boot but
+not torch's restarts, which favours the waiting policy.
 """
 
 from __future__ import annotations

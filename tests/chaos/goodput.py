@@ -154,6 +154,8 @@ class RunFigures:
     launch_s: float | None = None
     between_s: float = 0.0
     end_s: float | None = None
+    #: lines printed under the run's summary (the complete breakdown, ``goodput_breakdown``)
+    detail: list[str] = field(default_factory=list)
 
     @property
     def wall_s(self) -> float:
@@ -238,6 +240,7 @@ def report(runs: list[RunFigures], *, full_size: int) -> str:
                    f"its first step), between generations {r.between_s:.1f} s (detection, "
                    f"restarts, hang timeout, waiting), end {_s(r.end_s)}, steps "
                    f"{r.training_s - r.between_s:.1f} s (productive {r.productive_s:.1f} s)")
+        out += r.detail
         out.append(f"  {'fault':34} {'detected':>9} {'training again':>18} "
                    f"{'full size':>10} {'work lost':>10}")
         for f in r.faults:

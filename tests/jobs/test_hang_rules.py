@@ -127,3 +127,14 @@ def test_after_a_restart_start_up_is_a_hang_only_past_the_grace() -> None:
     hang = hr.judge_hang({}, {}, now=100 + grace, timeout=T, ranks=2, restarted_at=100)
     assert hang is not None and hang.behind == (0, 1) and hang.last_progress_at == 100
     assert hr.judge_hang({}, {}, now=1e9, timeout=T, ranks=2) is None  # never restarted
+
+
+@pytest.mark.parametrize(("grace", "cancel", "expected"), [
+    (5.0, "hang: no progress on any rank for 10 s\n", hr.HANG_STOP_GRACE),  # stuck: 1 s
+    (0.5, "hang: no progress\n", 0.5),  # a shorter --grace stays
+    (5.0, "cancelled\n", 5.0),  # any other stop: the job's --grace to save
+    (5.0, "", 5.0),
+    (5.0, "a node failed 1 s ago (hang: in a message)\n", 5.0),  # only the controller's prefix
+])
+def test_a_hung_attempt_is_stopped_with_a_short_grace(grace, cancel, expected) -> None:
+    assert hr.stop_grace(grace, cancel) == expected

@@ -187,7 +187,8 @@ def handle(watch: HangWatch, hang: hang_rules.Hang, *, attempt: int, m: Membersh
             store.atomic_write(report_path, rep.to_json(), mode=0o600)
         except OSError as exc:
             LOG.error("cannot write %s: %s", report_path, exc)
-        store.atomic_write(watch.jpaths.cancel, f"hang: {rep.reason}\n")
+        store.atomic_write(watch.jpaths.cancel,
+                           f"{hang_rules.HANG_CANCEL_PREFIX}{rep.reason}\n")
     first = next((x for x in rep.ranks if x.odd), None)
     failure = Failure(FailureKind.HANG, rep.reason, address=first.address if first else "",
                       rank=first.rank if first else None)

@@ -37,6 +37,10 @@ COLLECTIVE_FUNCTIONS = frozenset({
     "all_to_all", "all_to_all_single", "gather", "scatter", "reduce", "send", "recv", "wait",
     "_engine_run_backward", "synchronize"})
 COLLECTIVE_FILES = ("distributed_c10d.py",)
+#: The cancel file's first words when the controller stops an attempt as hung
+#: (``controller/hangs.py``), and that stop's SIGTERM -> SIGKILL delay (:func:`stop_grace`).
+HANG_CANCEL_PREFIX = "hang: "
+HANG_STOP_GRACE = 1.0
 #: After an elastic membership change no hang is judged for this many hang timeouts: the
 #: workers' restart (or two: a loss, then the replacement's join) is not a hang.
 RESTART_GRACE_FACTOR = 3
@@ -188,3 +192,16 @@ def watchdog_env(hang_timeout: float, flight_prefix: str) -> dict[str, str]:
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": flight_prefix,
         "TORCH_FR_DUMP_TEMP_FILE": flight_prefix,
     }
+
+
+def stop_grace(grace: float, cancel_text: str) -> float:
+    """The SIGTERM -> SIGKILL delay of a share being stopped: the job's ``--grace``, at most
+    :data:`HANG_STOP_GRACE` when the controller stopped the attempt as hung (its cancel
+    file says ``hang: ...``). The grace is the job's chance to finish its step and save;
+    a hung attempt made no progress on any rank for the whole hang timeout, after its
+    stacks were dumped, and its ranks wait inside a collective (or a sleep) where a
+    SIGTERM handler of theirs does not run, so the full grace would only be waited out (5 s
+    by default, on every hang restart)."""
+    if cancel_text.startswith(HANG_CANCEL_PREFIX):
+        return min(grace, HANG_STOP_GRACE)
+    return grace

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bootstrap_scripts import procgroup
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.executor.reattach import AdoptedProcess
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
@@ -35,6 +37,8 @@ class RunningShare:
     #: the runner's heartbeat as this executor last saw it (``protocol.liveness``)
     runner_seen: Sighting | None = None
     cancel_reason: str = ""
+    #: SIGTERM -> SIGKILL for this stop when not the job's ``--grace`` (a hang stop)
+    stop_grace: float | None = None
     term_sent: float | None = None
     kill_sent: bool = False
     drained: bool = False
@@ -50,6 +54,10 @@ class RunningShare:
     gid: int = -1
     #: the job's user (name, uid, gid): whose job role credentials this share holds
     owner: tuple[str, int, int] = ("", -1, -1)
+
+    @property
+    def grace(self) -> float:
+        return self.spec.grace_seconds if self.stop_grace is None else self.stop_grace
 
     @property
     def token(self) -> str:
@@ -87,3 +95,17 @@ class RunningShare:
         """The helper serving the job's rendezvous store (the master's torchrun share)."""
         return next((p for p in self.procs
                      if p.proc.label == RDZV_STORE_LABEL and not p.proc.wait), None)
+
+
+def cancel_text(path: Path) -> str | None:
+    """The job's ``cancel`` marker's text (its first 1 KiB; None: no marker), read as
+    ``userfiles.exists`` judges the marker: a regular file of the directory's owner (or of
+    root's), never through a link."""
+    try:
+        return userfiles.read_owned(path.parent, path.name, limit=1024, root_too=True).text
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, UnicodeDecodeError):
+        # a link or another user's file is no marker; an oversized or undecodable one of
+        # theirs is a marker without a reason
+        return "" if userfiles.exists(path) else None

@@ -26,7 +26,7 @@ import subprocess
 import time
 
 from bootstrap_scripts import procgroup
-from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user
 from bootstrap_scripts.jobs.executor import listeners
@@ -39,7 +39,7 @@ from bootstrap_scripts.jobs.executor.job_credentials import (
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import runner_beat
 from bootstrap_scripts.jobs.executor.reattach import LOST_RETURNCODE, AdoptedProcess, live_group
-from bootstrap_scripts.jobs.executor.running import RunningProc, RunningShare
+from bootstrap_scripts.jobs.executor.running import RunningProc, RunningShare, cancel_text
 from bootstrap_scripts.jobs.executor.s3_mounts import MountError, S3Mounts
 from bootstrap_scripts.jobs.executor.share_command import (
     job_owner,
@@ -267,7 +267,8 @@ class Shares:
         self.unrecorded = 0
         for job_id, r in list(self.running.items()):
             if not r.cancel_reason:
-                if userfiles.exists(r.paths.cancel):
+                if (text := cancel_text(r.paths.cancel)) is not None:
+                    r.stop_grace = hang_rules.stop_grace(r.spec.grace_seconds, text)
                     self.cancel(r, "cancelled by the runner")
                 else:
                     verdict, r.runner_seen = liveness.runner(
@@ -276,7 +277,7 @@ class Shares:
                         self.cancel(r, f"runner heartbeat {verdict.value} for "
                                        f"{r.spec.orphan_timeout:.0f} s")
             if r.term_sent is not None and not r.kill_sent and \
-                    now - r.term_sent > r.spec.grace_seconds:
+                    now - r.term_sent > r.grace:
                 LOG.info("job %s: grace period over, SIGKILL to process group %d", job_id, r.pgid)
                 r.signal(signal.SIGKILL)
                 r.kill_sent = True

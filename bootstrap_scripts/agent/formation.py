@@ -23,7 +23,6 @@ from bootstrap_scripts.agent import wait_condition as wc
 from bootstrap_scripts.agent.context import AgentContext
 from bootstrap_scripts.agent.drains import Drains
 from bootstrap_scripts.agent.master_state import MasterState
-from bootstrap_scripts.agent.membership_key import membership_signer
 from bootstrap_scripts.agent.roster import Roster
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership
@@ -173,7 +172,7 @@ def repair(agent: AgentContext, roster: Roster) -> Membership | None:
             log.error("event=membership-repair-failed generation=%d error=%s", number, exc)
             return None
         source = "groups-and-registrations"
-    state.restore_current(efs, m, membership_signer(agent.config))
+    state.restore_current(efs, m, roster.sign)
     log.warning("event=membership-repaired generation=%d source=%s nodes=%d (no new "
                 "generation, no signal)", m.generation, source, len(m.nodes))
     return m

@@ -52,7 +52,7 @@ from bootstrap_scripts.agent.drains import Drains
 from bootstrap_scripts.agent.lost_notifications import LOOKBACK_SECONDS, LostNotifications
 from bootstrap_scripts.agent.lost_notifications import reason as lost_reason
 from bootstrap_scripts.agent.master_state import GroupSetup, MasterState, load_state
-from bootstrap_scripts.agent.membership_key import membership_signer, membership_verifier
+from bootstrap_scripts.agent.membership_key import membership_verifier
 from bootstrap_scripts.agent.roster import Roster, SetupFailed
 from bootstrap_scripts.agent.settings import EXIT_FAILED
 from bootstrap_scripts.protocol import launches, state, store
@@ -128,7 +128,7 @@ class Master:
         aws.log = agent.log
         self.roster = Roster(agent, aws)
         self.drains = Drains(agent.cluster, aws, drain_timeout=self.config.drain_timeout,
-                             log=agent.log, sign=membership_signer(self.config),
+                             log=agent.log, sign=self.roster.sign,
                              verify=membership_verifier(self.config))
         self.phase = Phase.STARTING
         self.failure = ""
@@ -191,6 +191,7 @@ class Master:
             return self._fail(Event.AWS_UNAVAILABLE, f"could not create AWS clients for region "
                               f"{self.config.region!r} (see the traceback above)")
         self._serve_warm_ready()
+        self.roster.prepare_key()
         path = self.agent.paths.agent_state
         self.state = load_state(path) or MasterState(setup_started=time.time())
         self._save_state()

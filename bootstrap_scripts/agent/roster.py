@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 from bootstrap_scripts.agent import discovery as disco
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import MasterAws
-from bootstrap_scripts.agent.membership_key import membership_signer
+from bootstrap_scripts.agent.membership_key import MembershipKey, membership_key
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, build_membership
+from bootstrap_scripts.protocol.membership_signature import Signer
 from bootstrap_scripts.protocol.records import Registration
 
 if TYPE_CHECKING:
@@ -50,10 +51,22 @@ class Roster:
         #: nodes whose GPU count was guessed (not registered yet): re-checked until they are.
         self.fallback_gpus: set[str] = set()
         self.fast_poll_until = 0.0
+        #: the membership key, one KMS client for the master's whole run (None: unsigned).
+        self.key: MembershipKey | None = membership_key(agent.config)
 
     @property
     def log(self):
         return self.agent.log
+
+    @property
+    def sign(self) -> Signer | None:
+        """The master's signer (None: no membership key, documents go out unsigned)."""
+        return self.key.sign if self.key else None
+
+    def prepare_key(self) -> None:
+        """Build the KMS client now (master STARTING), not on the first publish's path."""
+        if self.key is not None:
+            self.key.prepare(self.log)
 
     @property
     def current(self) -> Membership | None:
@@ -225,7 +238,7 @@ class Roster:
             cluster_id=config.cluster_id, generation=generation, master=self.self_entry(),
             workers=entries, efs_mount=config.mount_point,
             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), reason=reason)
-        state.publish(efs, m, previous, membership_signer(config))
+        state.publish(efs, m, previous, self.sign)
         if previous is not None:
             for node in previous.nodes:
                 if m.node_by_instance(node.instance_id) is None:

@@ -8,7 +8,9 @@ NFS client's cached "no such file" does not hide the first generation.
 
 With ``--membership-key`` (the stack always sets it) a document is applied only once KMS
 confirms the master's signature (``protocol.membership_signature``): root on another worker
-can write the file, not make this one apply it. A refused document is logged and left
+can write the file, not make this one apply it. The KMS client is built before the watch
+starts (``agent.membership_key``): built at the first document, every worker would build
+it when generation 1 arrives, all at once. A refused document is logged and left
 alone until the next publish; a KMS call that failed (network, throttling) is retried on
 the next tick.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bootstrap_scripts.agent import data_prep
-from bootstrap_scripts.agent.membership_key import MembershipKeyError, membership_verifier
+from bootstrap_scripts.agent.membership_key import MembershipKeyError, membership_key
 from bootstrap_scripts.protocol import membership_signature, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
@@ -44,6 +46,10 @@ def run_worker(agent: AgentContext) -> int:
     """Until ``agent.stop`` is set; 0 (a worker never fails the setup)."""
     config, cluster, log = agent.config, agent.cluster, agent.log
     iid = agent.identity.instance_id
+    key = membership_key(config)
+    if key is not None:
+        key.prepare(log)  # now, not when generation 1 reaches every worker at once
+    verify = key.verify if key else None
     if config.data_prep and not data_prep.prepare(config, agent.identity, stop=agent.stop,
                                                   log=log):
         if not agent.stop.is_set():
@@ -52,7 +58,6 @@ def run_worker(agent: AgentContext) -> int:
             agent.stop.wait()
         return 0
     path = cluster.membership
-    verify = membership_verifier(config)
     drain_file = cluster.drain_request(iid)
     last: store.FileStamp | None = None
     refused: store.FileStamp | None = None  # the drain request not taken (until it changes)

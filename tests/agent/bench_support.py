@@ -114,3 +114,12 @@ def wait_quiet(pids: Iterable[int], *, timeout: float = 50.0, window: float = 1.
             raise AssertionError(f"{len(pids)} node processes still busy after {timeout:.0f}s "
                                  f"({now - before:.2f} CPU s in the last {window} s)")
         before = now
+
+
+def cpu_shares(groups: dict[str, list[int]], *, window: float = 2.0) -> dict[str, float]:
+    """The CPU share each group of processes uses over ``window`` seconds (idle nodes: which
+    kind of process the machine's idle load is)."""
+    before = {name: cpu_seconds(pids) for name, pids in groups.items()}
+    time.sleep(window)
+    return {name: (cpu_seconds(pids) - before[name]) / window
+            for name, pids in groups.items()}

@@ -22,7 +22,9 @@ Figures (times from the kernel, see ``bench_support``; nothing here asserts a ti
 
 On two cores the first wave's start-up work (hundreds of interpreters) queues; the last node
 is booted once the others are quiet, since on AWS each node has CPUs of its own. The wave's
-own duration, CPU and memory are printed too. Run with ``make bench``.
+own duration, CPU and memory are printed too, and so are the idle CPU share of each kind of
+process (master, worker agents, executors, IMDS) and the master's CPU during formation: what
+the machine, not the protocol, costs. Run with ``make bench``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from tests.agent.bench_support import (
     applied_generation,
     boot_clock,
     cpu_seconds,
+    cpu_shares,
     process_started,
     rss_mib,
     wait_applied,
@@ -60,6 +63,22 @@ HOW = ("real processes: per node an IMDS server, the installer, a dl-agent and a
 
 def _pids(nodes) -> list[int]:
     return [p.pid for n in nodes for p in n.popens if p.poll() is None]
+
+
+def _by_kind(nodes) -> dict[str, list[int]]:
+    """Live pids of the nodes' processes by kind: the master's agent, the workers' agents,
+    the job executors, the IMDS servers."""
+    kinds: dict[str, list[int]] = {"master": [], "agents": [], "executors": [], "imds": []}
+    for n in nodes:
+        for name, p in n.procs.items():
+            if p.poll() is not None:
+                continue
+            kind = {"executor": "executors", "imds": "imds"}.get(name)
+            if name == "agent":
+                kind = "master" if n.role == "master" else "agents"
+            if kind:
+                kinds[kind].append(p.pid)
+    return kinds
 
 
 def _registered(efs, nodes) -> bool:
@@ -88,6 +107,9 @@ def test_boot_to_membership_real_processes(size, moto_reset, tmp_path, boot_node
         wave = time.monotonic() - wave_start
         wave_cpu = cpu_seconds(_pids(nodes))
         idle = wait_quiet(_pids(nodes))
+        idle_kinds = cpu_shares(_by_kind(nodes))
+        master_pid = _by_kind(nodes)["master"]
+        master_cpu = cpu_seconds(master_pid)
 
         # -- formation: the last worker boots ---------------------------------------------
         nodes.append(boot_node(cluster, "worker", last))
@@ -95,6 +117,7 @@ def test_boot_to_membership_real_processes(size, moto_reset, tmp_path, boot_node
         formed = wait_applied([n.root for n in nodes], after=0.0, timeout=120,
                               what=f"{size} nodes to apply generation 1") - started
         assert {applied_generation(n.root) for n in nodes} == {1}
+        master_cpu = cpu_seconds(master_pid) - master_cpu
         load = os.getloadavg()[0]
         assert handle.wait_for(1, timeout=30)[0]["Status"] == "SUCCESS"
         memory = rss_mib(_pids(nodes))
@@ -132,7 +155,10 @@ def test_boot_to_membership_real_processes(size, moto_reset, tmp_path, boot_node
           f"{formed:5.2f} s; terminate message -> generation without it everywhere "
           f"{removed:5.2f} s; replacement's agent start -> generation with it everywhere "
           f"{joined:5.2f} s   (first wave of {size - 1} nodes booted in {wave:.1f} s, "
-          f"{wave_cpu:.1f} CPU s; then idle at {idle:.2f} CPUs; all node processes "
+          f"{wave_cpu:.1f} CPU s; then idle at {idle:.2f} CPUs ("
+          + ", ".join(f"{k} {v:.3f}" for k, v in idle_kinds.items())
+          + f"); the master's CPU from the last boot to formed {master_cpu:.2f} s; all node "
+          f"processes "
           f"{memory:.0f} MiB RSS; machine load average {load:.1f} on {os.cpu_count()} CPUs)")
     if len(RESULTS) == 3:
         print(f"\nagent figures, {HOW}:\n| nodes | last agent start -> generation 1 "

@@ -16,6 +16,9 @@ Written under ``--root`` (default ``/``):
   region, read from instance metadata (IMDSv2 ``placement/region``), for every unit
   (``EnvironmentFile=``), wrapper and login shell: the AWS SDKs never ask the metadata
   service for the region themselves (``bootstrap_scripts.node_region``).
+- ``etc/dl-cluster/membership-key`` (with ``--membership-key``): the key whose signature
+  root's own jobs need (``bootstrap_scripts.jobs.engine.root_jobs``): ``dl-run`` signs
+  them on the master, the executors and the controller check them;
 - ``var/log/dl-cluster/{agent,executor,controller}.log``: where the units append their
   output, rotated by ``etc/logrotate.d/dl-cluster``;
 - with ``--log-group``: ``opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json``,
@@ -39,6 +42,7 @@ from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import cloudwatch_config, imds_guard
 from bootstrap_scripts.agent.identity import IdentityError
 from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
+from bootstrap_scripts.jobs.engine import root_jobs
 from bootstrap_scripts.protocol.store import atomic_write
 
 UNIT_DIR = "etc/systemd/system"
@@ -242,6 +246,8 @@ def install(argv: list[str] | None = None) -> list[Path]:
                           log_file=str(cloudwatch_config.unit_log(root, "executor"))), 0o644),
         root / LOGROTATE_FILE: (logrotate_conf(root), 0o644),
     }
+    if ns.membership_key:  # dl-run signs root's jobs with it, the executors check them
+        files[root / root_jobs.KEY_FILE] = (root_jobs.render_key_file(ns.membership_key), 0o644)
     units = [AGENT_UNIT, EXECUTOR_UNIT]
     if ns.role == "master":
         files[root / UNIT_DIR / CONTROLLER_UNIT] = (controller_unit(

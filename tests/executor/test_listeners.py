@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -168,7 +169,9 @@ def test_the_other_nodes_start_only_once_the_masters_share_started_cleanly(tmp_p
     spec = spec_with((Proc(argv=("agent",)), STORE))
     paths = JobPaths(tmp_path / "alice" / "job-1")
     paths.nodes.mkdir(parents=True)
-    scanner = JobScanner(None, None, None, None)  # only its bookkeeping is used here
+    # only its bookkeeping is used here: a node without the key, shares that are not started
+    scanner = JobScanner(SimpleNamespace(paths=SimpleNamespace(root=tmp_path / "node")),
+                         SimpleNamespace(), None, None)
     worker = spec.shares[1]
     assert listeners.waits_for_listener(spec, spec.shares[0]) is None
     assert not scanner.listener_ready(spec, worker, paths)  # not started yet: pending

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from bootstrap_scripts.jobs.cli.request_args import load_context, request_from_args
 from bootstrap_scripts.jobs.engine import launchers as ln
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import managed, root_jobs
 from bootstrap_scripts.jobs.engine import run as engine
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_SIGINT, EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.restart_policy import (
@@ -264,7 +264,8 @@ def run(argv: list[str]) -> int:
         engine.announce(request, plan, ctx.membership)
         sys.stdout.write(commands)
         return 0
-    return engine.run(request, ctx.membership, ctx.efs).exit_code
+    return engine.run(request, ctx.membership, ctx.efs,
+                      root_jobs.signer(args.root)).exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

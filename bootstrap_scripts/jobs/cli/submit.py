@@ -26,7 +26,7 @@ from bootstrap_scripts.jobs.cli.request_args import (
     request_from_args,
 )
 from bootstrap_scripts.jobs.cli.workdir import unpack, workdir_of
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import managed, root_jobs
 from bootstrap_scripts.jobs.engine import run as engine
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.reachability import check_reachable
@@ -109,7 +109,8 @@ def submit_and_follow(args: argparse.Namespace, command: list[str]) -> int:
 
     try:
         managed.submit(cluster.efs, request,
-                       unpack_workdir if args.workdir_archive is not None else None)
+                       unpack_workdir if args.workdir_archive is not None else None,
+                       root_jobs.signer(args.root))
     except managed.ManagedError as exc:
         raise RunError(str(exc), EXIT_USAGE) from None
     if not status.alive:

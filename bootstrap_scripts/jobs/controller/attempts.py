@@ -113,10 +113,15 @@ def runner_argv(*, root: str, efs: Path, membership: Path | None) -> list[str]:
     return argv
 
 
-def runner_env(request: RunRequest) -> dict[str, str]:
-    """The attempt runner's own environment: the ranks' (this package importable)."""
+def runner_env(request: RunRequest, *, as_root: bool = False) -> dict[str, str]:
+    """The attempt runner's own environment: the ranks' (this package importable). A runner
+    of root's own job (``as_root``) signs its spec with the master's key (``root_jobs``), so
+    it also keeps the controller's own AWS settings (on EC2 there are none but the region:
+    the SDK finds the instance role itself); a user's runner never sees them."""
     env = {k: v for k, v in request.env.items() if k in ("PATH", "PYTHONPATH", "HOME", "USER",
                                                           "LOGNAME", "PYTHONUNBUFFERED")}
+    if as_root:
+        env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -149,8 +154,9 @@ def spawn(argv: list[str], request: RunRequest, log: Path, *, uid: int, gid: int
             fd = userfiles.open_append(log)
     except OSError as exc:
         raise AttemptError(f"cannot open the attempt's log {log} as uid {uid}: {exc}") from None
+    env = runner_env(request, as_root=not as_user and os.geteuid() == 0)
     with os.fdopen(fd, "ab") as out:
-        proc = subprocess.Popen(argv, env=runner_env(request), cwd="/", stdin=subprocess.PIPE,
+        proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=out, start_new_session=True,
                                 **as_user)
     assert proc.stdin is not None

@@ -43,7 +43,7 @@ from bootstrap_scripts.jobs.controller.hangs import HangWatch
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics, unhealthy_nodes
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
-from bootstrap_scripts.jobs.engine import managed, userfiles
+from bootstrap_scripts.jobs.engine import managed, root_jobs, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
@@ -84,6 +84,8 @@ class Controller:
                  max_replacements: int = instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
                  idle_seconds: float = 0.0, checkpoints_url: str = "") -> None:
         self.root, self.efs = root, efs
+        #: root's requests start only with the master's signature (``root_jobs``)
+        self.verify_root = root_jobs.verifier(root)
         self.checkpoints_url = checkpoints_url
         self.retention_days = retention_days
         self.archived_at = 0.0
@@ -230,6 +232,10 @@ class Controller:
             if job is None or request is None or job.controller == self.me or \
                     job.state not in (JobState.RUNNING.value, JobState.RESTARTING.value):
                 continue
+            problem = managed.root_problem(paths, self.verify_root)
+            if problem != "":  # a planted root job (or KMS down: the next pass looks again)
+                LOG.error("job %s: not recovered: %s", paths.key, problem or "cannot check")
+                continue
             try:
                 self.recover_job(paths, request, job)
             except OSError as exc:
@@ -307,7 +313,7 @@ class Controller:
     def next_job(self) -> JobSupervisor | None:
         """The oldest queued job, as a supervisor (cancelled ones are closed on the way,
         and so are those whose request cannot be read: failed, saying why)."""
-        for paths, problem in managed.unusable_queued(self.efs):
+        for paths, problem in managed.unusable_queued(self.efs, self.verify_root):
             if paths.key in self.pending_records:
                 continue
             job = dataclasses.replace(managed.unusable(paths, problem), controller=self.me,
@@ -319,7 +325,7 @@ class Controller:
                 LOG.error("job %s: no record written: %s", job.job_id, exc)
             except OSError as exc:
                 self.pending_records.fail(paths, job, exc)
-        for paths, request in managed.queue(self.efs):
+        for paths, request in managed.queue(self.efs, self.verify_root):
             if paths.key in self.pending_records:
                 continue
             job = managed.load_job(paths) or ManagedJob(

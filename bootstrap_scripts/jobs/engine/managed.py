@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_status
 from bootstrap_scripts.data.checkpoint_plan import survey
-from bootstrap_scripts.jobs.engine import user_dirs, userfiles
+from bootstrap_scripts.jobs.engine import root_jobs, user_dirs, userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
@@ -34,6 +35,8 @@ from bootstrap_scripts.protocol.managed_records import (
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths
 
 #: A controller heartbeat older than this means no controller is running.
+LOG = logging.getLogger("dl-managed")
+
 CONTROLLER_TIMEOUT = 10.0
 
 
@@ -42,11 +45,13 @@ class ManagedError(Exception):
 
 
 def submit(efs: Path, request: ManagedRequest,
-           prepare: Callable[[ManagedPaths], None] | None = None) -> ManagedPaths:
+           prepare: Callable[[ManagedPaths], None] | None = None,
+           sign: root_jobs.Sign | None = None) -> ManagedPaths:
     """Create ``managed/<user>/<id>/`` (the caller's own directory, made by root:
     ``user_dirs.own_dir``), let ``prepare`` fill it (e.g. the job's unpacked working
     directory; the directory is removed again if it fails), and write the request last
-    (the controller's go)."""
+    (the controller's go). ``sign``: root's signer on the master (``root_jobs``): the
+    controller starts root's requests only with the master's signature."""
     try:
         mine = user_dirs.own_dir(ClusterPaths(efs).managed_dir)
     except user_dirs.UserDirError as exc:
@@ -63,7 +68,13 @@ def submit(efs: Path, request: ManagedRequest,
         except BaseException:
             shutil.rmtree(paths.dir, ignore_errors=True)
             raise
-    store.write_record(paths.request, request, mode=store.OWNER_ONLY)  # its --env values
+    text = request.to_json()
+    try:
+        root_jobs.sign_before(paths.request, text, sign)
+    except root_jobs.RootJobError as exc:  # nothing submitted: leave nothing behind
+        shutil.rmtree(paths.dir, ignore_errors=True)
+        raise ManagedError(str(exc)) from None
+    store.atomic_write(paths.request, text, mode=store.OWNER_ONLY)  # its --env values
     return paths
 
 
@@ -82,6 +93,23 @@ def request_problem(paths: ManagedPaths) -> str:
     except OSError as exc:
         return f"cannot read {paths.request}: {exc.strerror or exc}"
     return ""
+
+
+def root_problem(paths: ManagedPaths, verify: root_jobs.Verify | None) -> str | None:
+    """Why root must not start this job ("" when it may): a request of root's needs the
+    master's signature (``root_jobs``); a user's request is theirs to run as them. None
+    when KMS cannot be asked now (look again at the next pass)."""
+    if verify is None:
+        return ""
+    try:
+        owned = userfiles.read_owned(paths.dir, paths.request.name)
+    except OSError:
+        return ""  # request_problem says why it cannot be read
+    try:
+        return root_jobs.refusal(paths.dir, paths.request.name, owned.text, owned.uid, verify)
+    except Exception as exc:  # MembershipKeyError: KMS unreachable, throttled
+        LOG.warning("job %s: cannot check root's request now: %s", paths.key, exc)
+        return None
 
 
 def unusable(paths: ManagedPaths, problem: str) -> ManagedJob:
@@ -157,25 +185,29 @@ def list_jobs(efs: Path) -> list[ManagedJob]:
     return sorted(jobs, key=lambda j: (j.submitted_at, j.job_id))
 
 
-def unusable_queued(efs: Path) -> list[tuple[ManagedPaths, str]]:
+def unusable_queued(efs: Path, verify: root_jobs.Verify | None = None
+                    ) -> list[tuple[ManagedPaths, str]]:
     """Submitted jobs (``request.json`` there) not picked up yet whose request cannot be
-    read, with why."""
+    read, or is root's without the master's signature (``verify``), with why."""
     out = []
     for paths in all_paths(efs):
         if load_job(paths) is None and os.path.lexists(paths.request):
-            problem = request_problem(paths)
+            problem = request_problem(paths) or root_problem(paths, verify)
             if problem:
                 out.append((paths, problem))
     return out
 
 
-def queue(efs: Path) -> list[tuple[ManagedPaths, ManagedRequest]]:
-    """Requests waiting to run, first come first served."""
+def queue(efs: Path, verify: root_jobs.Verify | None = None
+          ) -> list[tuple[ManagedPaths, ManagedRequest]]:
+    """Requests waiting to run, first come first served (root's only with the master's
+    signature, checked with ``verify``)."""
     out = []
     for paths in all_paths(efs):
         req = load_request(paths)
         job = load_job(paths)
-        if req is not None and (job is None or job.state == JobState.QUEUED.value):
+        if req is not None and (job is None or job.state == JobState.QUEUED.value) and \
+                root_problem(paths, verify) == "":
             out.append((paths, req))
     return sorted(out, key=lambda pr: (pr[1].submitted_at, pr[1].job_id))
 

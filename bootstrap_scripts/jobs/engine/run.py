@@ -16,11 +16,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import checkpoints, staging, user_dirs
+from bootstrap_scripts.jobs.engine import checkpoints, root_jobs, staging, user_dirs
 from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.jobs.engine.classify import Verdict
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
@@ -119,7 +120,7 @@ def prepare(request: RunRequest, m: Membership, efs: Path
     return plan, paths, render_commands(plan, m, request.env)
 
 
-def stage_data(request: RunRequest, m: Membership, efs: Path
+def stage_data(request: RunRequest, m: Membership, efs: Path, sign: root_jobs.Sign | None = None
                ) -> tuple[StagingReport | None, Verdict | None]:
     """``--data``: the staging job on every node first (``staging``); its report, or the
     verdict of a staging that failed (the job then never starts)."""
@@ -128,7 +129,7 @@ def stage_data(request: RunRequest, m: Membership, efs: Path
     started = time.monotonic()
     with staging.cancel_forwarded(ClusterPaths(efs).job(request.job_id),
                                   ClusterPaths(efs).job(stage.job_id)):
-        verdict = run(stage, m, efs)
+        verdict = run(stage, m, efs, sign)
     if verdict.status != "succeeded":
         say(f"job {request.job_id} not started: staging {request.data} {verdict.status}")
         return None, verdict
@@ -138,42 +139,46 @@ def stage_data(request: RunRequest, m: Membership, efs: Path
     return report, None
 
 
-def checkpoint_step(request: RunRequest, sub: RunRequest, m: Membership, efs: Path
-                    ) -> Verdict:
+def checkpoint_step(request: RunRequest, sub: RunRequest, m: Membership, efs: Path,
+                    sign: root_jobs.Sign | None = None) -> Verdict:
     """A restore or flush job of ``request`` (``checkpoints``) on its first node. A cancel
     of the job cancels its restore; the flush after it runs all the same (it is short)."""
     one = nodes_membership(m, checkpoints.first_node(m), reason=sub.job_id)
     if sub.job_id.endswith(checkpoints.FLUSH_SUFFIX):
-        return run(sub, one, efs)
+        return run(sub, one, efs, sign)
     with staging.cancel_forwarded(ClusterPaths(efs).job(request.job_id),
                                   ClusterPaths(efs).job(sub.job_id)):
-        return run(sub, one, efs)
+        return run(sub, one, efs, sign)
 
 
-def run(request: RunRequest, m: Membership, efs: Path) -> Verdict:
+def run(request: RunRequest, m: Membership, efs: Path, sign: root_jobs.Sign | None = None
+        ) -> Verdict:
     """Run ``request`` on the nodes of ``m`` (EFS at ``efs``) and follow it to its end.
 
     With a checkpoint mirror or ``--resume-from`` (``checkpoints``): the newest complete
-    checkpoint is restored first, mirrored while the job runs and once more after it."""
+    checkpoint is restored first, mirrored while the job runs and once more after it.
+    ``sign``: root's signer on the master (``root_jobs``): every spec published is signed."""
     if not checkpoints.wanted(request):
-        return run_job(request, m, efs)
+        return run_job(request, m, efs, sign)
     prepare(request, m, efs)  # a bad plan fails before the restore, as it would without
-    restored = checkpoint_step(request, checkpoints.restore_request(request), m, efs)
+    restored = checkpoint_step(request, checkpoints.restore_request(request), m, efs,
+                               sign)
     if restored.status != "succeeded":
         say(f"job {request.job_id} not started: restoring its checkpoint {restored.status} "
             f"(logs: {ClusterPaths(efs).job(request.job_id + checkpoints.RESTORE_SUFFIX).nodes})")
         return restored
-    verdict = run_job(request, m, efs)
+    verdict = run_job(request, m, efs, sign)
     flush = checkpoints.flush_request(request)
     if flush is not None:
-        flushed = checkpoint_step(request, flush, m, efs)
+        flushed = checkpoint_step(request, flush, m, efs, sign)
         if flushed.status != "succeeded":
             say(f"job {request.job_id}: the last mirror pass {flushed.status} (logs: "
                 f"{ClusterPaths(efs).job(flush.job_id).nodes})")
     return verdict
 
 
-def run_job(request: RunRequest, m: Membership, efs: Path) -> Verdict:
+def run_job(request: RunRequest, m: Membership, efs: Path, sign: root_jobs.Sign | None = None
+            ) -> Verdict:
     """Run ``request`` itself (after any restore) and follow it to its end.
 
     RunError before anything was published (a bad plan, an unreachable node: nothing to
@@ -185,7 +190,7 @@ def run_job(request: RunRequest, m: Membership, efs: Path) -> Verdict:
         commands = render_commands(plan, m, request.env)
     staged = None
     if request.data:
-        staged, failed = stage_data(request, m, efs)
+        staged, failed = stage_data(request, m, efs, sign)
         if failed is not None:
             return failed
         assert staged is not None
@@ -223,7 +228,13 @@ def run_job(request: RunRequest, m: Membership, efs: Path) -> Verdict:
         join_template=plan.join_template,
         join_admission=request.elastic and request.join_admission, mounts=request.mounts,
     )
+    spec_text = spec.to_json()
+    try:  # root's spec: the master's signature first (root_jobs)
+        root_jobs.sign_before(paths.spec, spec_text, sign)
+    except root_jobs.RootJobError as exc:  # nothing ran: leave no half job behind
+        shutil.rmtree(paths.dir, ignore_errors=True)
+        raise RunError(str(exc), EXIT_USAGE) from None
     w = Watch(spec, paths, efs, request)
     old = install_signal_handlers(w)
-    store.atomic_write(paths.spec, spec.to_json(), mode=OWNER_ONLY)  # the go: written last
+    store.atomic_write(paths.spec, spec_text, mode=OWNER_ONLY)  # the go: written last
     return summarize(watch(w, old))

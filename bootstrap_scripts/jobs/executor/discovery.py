@@ -28,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import user_dirs, userfiles
+from bootstrap_scripts.jobs.engine import root_jobs, user_dirs, userfiles
 from bootstrap_scripts.jobs.executor import listeners
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
@@ -75,6 +75,9 @@ class JobScanner:
         self.shares = shares
         self.joins = joins
         self.drain = drain
+        #: root's specs run only with the master's signature (``root_jobs``)
+        self.verify_root = root_jobs.verifier(node.paths.root)
+        shares.root_specs = set() if self.verify_root is not None else None
         self.seen: set[str] = set()
         self.specless: dict[str, float] = {}
         self.probation = RunnerProbation()  # jobs found at start-up
@@ -96,7 +99,7 @@ class JobScanner:
         Read without following links and only when it is its directory's owner's
         (:func:`userfiles.read_owned`): root never reads a spec through a user's link."""
         try:
-            text = userfiles.read_owned(paths.dir, paths.spec.name).text
+            owned = userfiles.read_owned(paths.dir, paths.spec.name)
         except FileNotFoundError:
             first = self.specless.setdefault(job_id, now)
             if now - first > SPECLESS_GIVE_UP_SECONDS:
@@ -107,7 +110,19 @@ class JobScanner:
             self.seen.add(job_id)
             return None
         try:
-            return JobSpec.from_json(text)
+            refused = root_jobs.refusal(paths.dir, paths.spec.name, owned.text, owned.uid,
+                                        self.verify_root)
+        except Exception as exc:  # KMS cannot be asked now: look again at the next poll
+            LOG.warning("job %s: cannot check root's spec now: %s", job_id, exc)
+            return None
+        if refused:  # root on some node planted it: nothing of it runs here
+            LOG.error("job %s: refused: %s", job_id, refused)
+            self.seen.add(job_id)
+            return None
+        if owned.uid == 0 and self.shares.root_specs is not None:
+            self.shares.root_specs.add(job_id)
+        try:
+            return JobSpec.from_json(owned.text)
         except ProtocolError as exc:
             LOG.error("job %s: unreadable spec, ignoring it: %s", job_id, exc)
             self.seen.add(job_id)

@@ -79,6 +79,9 @@ class Shares:
         self.credentials: JobCredentialStore | None = None
         #: the jobs' ``--mount`` S3 mounts on this node (``s3_mounts.py``)
         self.mounts = S3Mounts()
+        #: root's jobs whose spec the master signed (``root_jobs``; the scanner adds them);
+        #: None on a node without the key, where nothing is checked
+        self.root_specs: set[str] | None = None
 
     def issue_credentials(self, job_id: str, uid: int, gid: int
                           ) -> tuple[JobCredentials | None, tuple[str, int, int]]:
@@ -122,6 +125,9 @@ class Shares:
         False and nothing done if the job's spec is not safely its owner's (a link)."""
         try:
             uid, gid = job_owner(paths)
+            if uid < 0 and os.geteuid() == 0 and self.root_specs is not None and \
+                    paths.key not in self.root_specs:  # swapped for root's since it was read
+                raise OSError("its spec is root's now, and not the one the master signed")
             self.node.user_checkpoints(uid, gid)
             with as_user(uid, gid):
                 paths.nodes.mkdir(parents=True, exist_ok=True)

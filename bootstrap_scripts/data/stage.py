@@ -55,8 +55,11 @@ from bootstrap_scripts.data.plan import (
     size_text,
 )
 
-#: Objects (and ranges of large objects) transferred at once.
-DEFAULT_CONCURRENCY = 32
+#: Objects (and ranges of large objects) transferred at once: 4 per CPU, at most 32. S3
+#: needs many parallel requests per node (32 is near a 25 Gb/s NIC), but each request's
+#: thread costs CPU: on 2 cores, 32 threads copied slower than 8 (the kernel's share of
+#: each write grows with the writers; the bench in tests/data/test_bench_stage.py).
+DEFAULT_CONCURRENCY = min(32, 4 * (os.cpu_count() or 1))
 #: Seconds between progress lines.
 PROGRESS_EVERY = 2.0
 STATE_DIR = ".dl-stage"

@@ -13,8 +13,10 @@ starts at once.
 - **Where**: ``:/local/dir`` if given; else ``dl-data-<user>/<bucket>/<prefix>`` on the
   fastest local disk (``disks.choose_disk``: an instance-store NVMe file system if the
   instance has one mounted, else the root volume's ``/var/tmp``).
-- **How**: boto3's transfer manager, many objects at once and large objects in parallel
-  ranges (``TransferConfig.max_concurrency``), one client with as many connections.
+- **How**: ``fetch.Fetcher``: ``--concurrency`` GetObject requests at once on one client
+  with as many connections, each object in one request (the listing gave its size and
+  ETag: no HeadObject) unless it is larger than the part size (64 MiB), then in ranges;
+  every request says ``If-Match`` the listed ETag.
 - **Resumable, and never partial**: each object is written under a temporary name and
   renamed when complete, then journalled (``.dl-stage/journal``); the manifest
   (``.dl-stage/manifest.json``) is written last and its presence says "complete". An
@@ -42,7 +44,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import node_region
-from bootstrap_scripts.data import disks
+from bootstrap_scripts.data import disks, fetch
 from bootstrap_scripts.data.plan import (
     RESULT_MARKER,
     Plan,
@@ -53,8 +55,11 @@ from bootstrap_scripts.data.plan import (
     size_text,
 )
 
-#: Objects (and ranges of large objects) transferred at once.
-DEFAULT_CONCURRENCY = 32
+#: Objects (and ranges of large objects) transferred at once: 4 per CPU, at most 32. S3
+#: needs many parallel requests per node (32 is near a 25 Gb/s NIC), but each request's
+#: thread costs CPU: on 2 cores, 32 threads copied slower than 8 (the kernel's share of
+#: each write grows with the writers; the bench in tests/data/test_bench_stage.py).
+DEFAULT_CONCURRENCY = min(32, 4 * (os.cpu_count() or 1))
 #: Seconds between progress lines.
 PROGRESS_EVERY = 2.0
 STATE_DIR = ".dl-stage"
@@ -114,6 +119,7 @@ class State:
         self.dir = dest / STATE_DIR
         self.dir.mkdir(mode=0o700, exist_ok=True)
         self.lock = threading.Lock()
+        self.fd: int | None = None
 
     def known(self) -> dict[str, tuple[int, str]]:
         """key -> (size, etag) of every object a previous copy completed."""
@@ -140,11 +146,25 @@ class State:
         (self.dir / MANIFEST).unlink(missing_ok=True)
 
     def journal(self, obj: S3Object) -> None:
-        line = json.dumps({"key": obj.key, "size": obj.size, "etag": obj.etag}) + "\n"
-        with self.lock, open(self.dir / JOURNAL, "a") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        """One line per completed object, appended with one unbuffered write: a killed
+        copy keeps every line written (a line cut short is ignored by ``known``). Not
+        fsynced per line: ``close`` syncs them all once (a line per object cost a disk
+        flush per object, in one thread at a time)."""
+        line = (json.dumps({"key": obj.key, "size": obj.size, "etag": obj.etag}) + "\n"
+                ).encode()
+        with self.lock:
+            if self.fd is None:
+                self.fd = os.open(self.dir / JOURNAL,
+                                  os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            os.write(self.fd, line)
+
+    def close(self) -> None:
+        """The journal to disk, once."""
+        with self.lock:
+            if self.fd is not None:
+                os.fsync(self.fd)
+                os.close(self.fd)
+                self.fd = None
 
     def complete(self, source: str, plan: Plan) -> None:
         """The manifest, atomically and last: its presence says the copy is whole."""
@@ -174,8 +194,8 @@ def local_sizes(dest: Path, plan_keys: dict[str, str]) -> dict[str, int]:
 
 
 def remove_leftovers(dest: Path) -> None:
-    """Temporary files of a copy that was killed (ours and the transfer manager's,
-    ``name.dl-part`` and ``name.dl-part.XXXXXXXX``)."""
+    """Temporary files of a copy that was killed (``name.dl-part``, and the
+    ``name.dl-part.XXXXXXXX`` an older stager's transfer manager left)."""
     for dirpath, _dirs, files in os.walk(dest):
         for name in files:
             if PART_SUFFIX in name:
@@ -208,43 +228,32 @@ class Progress:
 
 
 def download(client, bucket: str, plan: Plan, dest: Path, state: State,
-             concurrency: int) -> None:
+             concurrency: int, part_size: int = fetch.DEFAULT_PART_SIZE) -> None:
     """Fetch ``plan.fetch`` into ``dest`` (temporary name, rename, journal), many objects at
-    once; StageError naming the first object that failed and why."""
-    from boto3.s3.transfer import TransferConfig, create_transfer_manager
-    from s3transfer.subscribers import BaseSubscriber
-
+    once (``fetch.Fetcher``); StageError naming the first object that failed and why."""
     progress = Progress(len(plan.fetch), plan.fetch_bytes)
     errors: list[str] = []
 
-    class Done(BaseSubscriber):
-        def __init__(self, obj: S3Object) -> None:
-            self.obj = obj
+    def done(obj: S3Object, tmp: Path) -> None:
+        try:
+            os.replace(tmp, dest / obj.rel)
+            state.journal(obj)
+            progress.add(objects=1)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            errors.append(object_error(bucket, obj, exc))
 
-        def on_progress(self, future, bytes_transferred: int, **kwargs) -> None:
-            progress.add(bytes_transferred)
-
-        def on_done(self, future, **kwargs) -> None:
-            final = dest / self.obj.rel
-            try:
-                future.result()
-                os.replace(f"{final}{PART_SUFFIX}", final)
-                state.journal(self.obj)
-                progress.add(objects=1)
-            except Exception as exc:
-                errors.append(object_error(bucket, self.obj, exc))
-
-    config = TransferConfig(max_concurrency=concurrency, use_threads=True)
+    fetcher = fetch.Fetcher(client, bucket, concurrency=concurrency, part_size=part_size,
+                            part_suffix=PART_SUFFIX, on_bytes=progress.add, on_done=done,
+                            on_error=lambda obj, exc: errors.append(
+                                object_error(bucket, obj, exc)))
     printer = threading.Thread(target=progress.run, daemon=True)
     printer.start()
     try:
-        with create_transfer_manager(client, config) as manager:
-            for obj in plan.fetch:
-                (dest / obj.rel).parent.mkdir(parents=True, exist_ok=True)
-                manager.download(bucket, obj.key, f"{dest / obj.rel}{PART_SUFFIX}",
-                                 subscribers=[Done(obj)])
+        fetcher.run(plan.fetch, dest)
     finally:
         progress.stop.set()
+        state.close()
     if errors:
         remove_leftovers(dest)
         raise StageError(errors[0] + (f" (and {len(errors) - 1} more object(s))"
@@ -260,6 +269,9 @@ def object_error(bucket: str, obj: S3Object, exc: Exception) -> str:
         return f"s3://{bucket}/{obj.key}: access denied reading the object ({code})"
     if code in ("NoSuchKey", "404"):
         return f"s3://{bucket}/{obj.key}: the object disappeared while staging ({code})"
+    if code in ("PreconditionFailed", "412"):
+        return (f"s3://{bucket}/{obj.key}: the object changed while staging (its ETag is no "
+                f"longer the listed {obj.etag}, {code}): stage again")
     return f"s3://{bucket}/{obj.key}: {code}: {message}"
 
 

@@ -76,7 +76,17 @@ def read_installed(root: str | Path = "/") -> str:
 
     Opened with ``O_NOFOLLOW`` and accepted only from a regular file owned by root or by us
     (tools may run as root: a file planted by another user must not steer them)."""
-    path = env_file(root)
+    for line in read_installed_file(env_file(root)).splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key == "AWS_REGION" and valid_region(value.strip()):
+            return value.strip()
+    return ""
+
+
+def read_installed_file(path: str | Path) -> str:
+    """The text of a file the installer wrote (under ``etc/dl-cluster/``), or "" when there
+    is none. Opened with ``O_NOFOLLOW`` and taken only from a regular file owned by root or
+    by us: tools may run as root, and a file another user planted must not steer them."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -85,14 +95,9 @@ def read_installed(root: str | Path = "/") -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
             return ""
-        text = os.read(fd, _MAX_BYTES).decode("utf-8", errors="replace")
+        return os.read(fd, _MAX_BYTES).decode("utf-8", errors="replace")
     finally:
         os.close(fd)
-    for line in text.splitlines():
-        key, sep, value = line.strip().partition("=")
-        if sep and key == "AWS_REGION" and valid_region(value.strip()):
-            return value.strip()
-    return ""
 
 
 def configured_region() -> str:

@@ -29,7 +29,6 @@ import binascii
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,20 +52,9 @@ def render_key_file(key_arn: str) -> str:
 
 
 def installed_key(root: str | Path = "/") -> str:
-    """The key ARN the installer wrote under ``root``, or "" when there is none. Opened
-    without following a link and taken only from a regular file of root's (or ours)."""
-    try:
-        fd = os.open(Path(root) / KEY_FILE, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return ""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
-            return ""
-        text = os.read(fd, _MAX_BYTES).decode("utf-8", errors="replace")
-    finally:
-        os.close(fd)
-    key = text.strip()
+    """The key ARN the installer wrote under ``root``, or "" when there is none (read as
+    every installed file is: no link followed, root's or ours only)."""
+    key = node_region.read_installed_file(Path(root) / KEY_FILE).strip()
     return key if key.startswith("arn:") or (key and " " not in key) else ""
 
 

@@ -82,6 +82,18 @@ def live(tmp_path: Path, m: Membership) -> None:
     store.atomic_write(path, m.to_json())
 
 
+def drain_w2(efs: Path) -> None:
+    """The master's drain record for the worker 10.0.1.2 (a scale-in, not a loss)."""
+    from bootstrap_scripts.protocol import state
+    from bootstrap_scripts.protocol.state import DrainRecord
+
+    now = time.time()
+    state.write_drain(efs, DrainRecord(
+        instance_id="i-w2", address="10.0.1.2", requested_at=now, deadline=now + 120,
+        asg="workers", role="worker", lifecycle_hook="drain", lifecycle_action_token="t",
+        member=True))
+
+
 @pytest.fixture(autouse=True)
 def fast_polls(monkeypatch):
     monkeypatch.setattr(supervise, "POLL_SECONDS", 0.01)
@@ -312,15 +324,8 @@ def test_a_lost_master_or_live_executors_mark_nothing_inside_an_elastic_attempt(
 def test_a_node_drained_on_purpose_is_no_loss(tmp_path):
     """A scale-in (the master agent's drain request names the instance) stops the node's
     executor too: it left on purpose, nothing is marked."""
-    from bootstrap_scripts.protocol import state
-    from bootstrap_scripts.protocol.state import DrainRecord
-
     sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [])
-    now = time.time()
-    state.write_drain(tmp_path, DrainRecord(
-        instance_id="i-w2", address="10.0.1.2", requested_at=now, deadline=now + 120,
-        asg="workers", role="worker", lifecycle_hook="drain", lifecycle_action_token="t",
-        member=True))
+    drain_w2(tmp_path)
     sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})
     sup.mark_lost(grow)
     assert sup.health.marked == [] and sup.job.node_losses == ()
@@ -404,15 +409,8 @@ def test_no_hang_is_judged_while_an_executor_may_be_lost(tmp_path):
 def test_a_node_drained_from_an_elastic_attempt_restarts_the_hang_clock_too(tmp_path):
     """A scale-in is no loss, but the others' workers restart without the node all the
     same: their start-up is no hang either."""
-    from bootstrap_scripts.protocol import state
-    from bootstrap_scripts.protocol.state import DrainRecord
-
     sup, clock, dumped = watched(tmp_path)
-    now = time.time()
-    state.write_drain(tmp_path, DrainRecord(
-        instance_id="i-w2", address="10.0.1.2", requested_at=now, deadline=now + 120,
-        asg="workers", role="worker", lifecycle_hook="drain", lifecycle_action_token="t",
-        member=True))
+    drain_w2(tmp_path)
     sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1"})
     clock.now += 11
     assert not sup.look_at_progress(sup.watch) and not dumped

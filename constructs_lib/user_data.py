@@ -27,6 +27,11 @@ PY_SPY_REQUIREMENT = "py-spy==0.4.2"
 #: tensorboard_log.py, on whichever node rank 0 lands), ``dl-jobs tensorboard`` serves them
 #: on the master; the pin of requirements.txt. Best effort: a job trains without it.
 TENSORBOARD_REQUIREMENT = "tensorboard==2.21.0"
+#: cryptography: the node agents check the master's signatures (ECDSA P-256, the membership
+#: key's public half) and the nodes' own record signatures locally instead of one KMS call per
+#: check; the pin of requirements.txt. Required: a node that cannot check signatures cannot
+#: join, so a failed install fails the bootstrap (and the master's wait condition says so).
+CRYPTOGRAPHY_REQUIREMENT = "cryptography==50.0.2"
 #: Seconds the node agent keeps retrying the EFS mount before it gives up (and the master
 #: signals FAILURE with the reason). The node groups start only after every mount target is
 #: available, so what is left to wait out is the mount target's DNS name and the instance
@@ -146,6 +151,8 @@ def render_bootstrap_commands(
         *mount_s3,
         *lustre,
         '"$PY" -c \'import boto3\' 2>/dev/null || retry "$PY" -m pip install -q boto3',
+        f'"$PY" -m pip show -q cryptography >/dev/null 2>&1 || retry "$PY" -m pip install -q '
+        f"{CRYPTOGRAPHY_REQUIREMENT}",
         f'"$PY" -m pip show -q py-spy >/dev/null 2>&1 || retry "$PY" -m pip install -q '
         f"{PY_SPY_REQUIREMENT} || echo 'dl-bootstrap: py-spy install failed; a hung job is "
         "restarted without its stacks' >&2",

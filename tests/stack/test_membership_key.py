@@ -89,3 +89,23 @@ def test_only_ec2_may_assume_the_node_roles(template: Template) -> None:
     for name, role in roles.items():
         trust = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
         assert [st["Principal"] for st in trust] == [{"Service": "ec2.amazonaws.com"}], name
+
+
+def test_every_node_installs_the_pinned_cryptography_that_checks_signatures(
+        template: Template) -> None:
+    """The node agents check signatures locally with ``cryptography``: the user data of every
+    node group installs it (a failed install fails the bootstrap: no ``|| echo``), at the pin
+    of requirements.txt, which is what the emulated nodes import."""
+    from pathlib import Path
+
+    from constructs_lib.user_data import CRYPTOGRAPHY_REQUIREMENT
+
+    pins = (Path(__file__).resolve().parents[2] / "requirements.txt").read_text().split()
+    assert CRYPTOGRAPHY_REQUIREMENT in pins
+    templates = [r["Properties"]["LaunchTemplateData"]["UserData"]
+                 for r in template.find_resources("AWS::EC2::LaunchTemplate").values()]
+    assert len(templates) >= 2
+    for user_data in templates:
+        text = str(user_data)
+        assert f"pip install -q {CRYPTOGRAPHY_REQUIREMENT}" in text
+        assert f"{CRYPTOGRAPHY_REQUIREMENT} ||" not in text

@@ -26,9 +26,10 @@ def test_every_download_goes_through_retry():
                                              if ln.startswith("retry ") or " retry " in ln)
     downloads = [ln for ln in lines if "aws s3 cp" in ln or "dnf install" in ln
                  or "pip install" in ln]
-    # the node scripts, amazon-efs-utils, boto3 (when missing), py-spy (hung jobs' stacks),
-    # tensorboard (jobs' scalars)
-    assert len(downloads) == 5 and "py-spy==" in downloads[-2]
+    # the node scripts, amazon-efs-utils, boto3 (when missing), cryptography (signatures
+    # checked on the node), py-spy (hung jobs' stacks), tensorboard (jobs' scalars)
+    assert len(downloads) == 6 and "cryptography==" in downloads[-3]
+    assert "py-spy==" in downloads[-2]
     assert "tensorboard==" in downloads[-1]
     for line in downloads:
         assert line.startswith("retry ") or "|| retry " in line, line

@@ -14,7 +14,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from bootstrap_scripts import metric_names as names
-from constructs_lib import launch, validation, warm_pool
+from constructs_lib import launch, node_keys, validation, warm_pool
 from constructs_lib.capacity_adjuster import (
     DEFAULT_LAUNCH_RETRY_SECONDS,
     CapacityAdjuster,
@@ -350,8 +350,10 @@ class DeepLearningCluster(Construct):
         self.warm_ready_queue = warm_pool.ready_queue(
             self, Duration.seconds(p.node_boot_seconds)) if warm_pool_size else None
 
+        #: Where workers give the master their record-signing keys (``node_keys.py``).
+        self.node_keys = node_keys.NodeKeysQueue(self, "NodeKeys")
         # What every node boots with (``user_data.py``); the master's own settings below.
-        boot = dict(
+        boot = dict(node_keys_queue_url=self.node_keys.queue.queue_url,
             cluster_id=self.cluster_id, master_queue_url=self.master_queue.queue_url,
             efs_id=self.file_system.file_system_id, mount_point=self.efs_mount_point,
             setup_timeout_seconds=setup_timeout_seconds,
@@ -387,8 +389,7 @@ class DeepLearningCluster(Construct):
                 base_workers=p.worker_count,
                 max_replacements_per_hour=p.max_replacements_per_hour,
                 idle_stop_seconds=p.idle_stop,
-                worker_role_id=(late_string(lambda: self.worker_group.role.role_id)
-                                if warm_pool_size else ""), **boot),
+                worker_role_id=late_string(lambda: self.worker_group.role.role_id), **boot),
             security_groups=master_groups, min_capacity=1, max_capacity=1, desired_capacity=1,
             associate_public_ip=bool(ssh_cidr), **common,
         )
@@ -401,6 +402,7 @@ class DeepLearningCluster(Construct):
             max_capacity=p.max_workers, desired_capacity=p.desired_workers,
             spot_capacity=p.spot_workers, **common,
         )
+        self.node_keys.grant(workers=self.worker_group.role, master=self.master_group.role)
         # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
         self.drain_hook = self.worker_group.add_drain_hook(self.topic)
         self.drain_hook.node.add_dependency(self.capacity_adjuster)

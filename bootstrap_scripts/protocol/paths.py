@@ -16,8 +16,7 @@ On a node (relative to its root)::
     var/lib/dl-agent/state.json       the master agent's memory across restarts
     var/lib/dl-agent/<name>.lock      held (flock) by the one running <name> daemon
     var/lib/dl-agent/node-key.pem     this node's private signing key (root's, 0600)
-    var/lib/dl-agent/node-keys/<instance-id>.pem  the master: each node's public key, as
-                                      learnt from that instance through AWS (node_keys)
+    var/lib/dl-agent/node-keys/<instance-id>.pem  the master: each node's public key
     var/lib/dl-executor/shares/<user>.<job-id>.<rank>.<n>.status  how process n of a share
                                       ended, written by its wrapper (a restarted executor
                                       reads it)
@@ -146,15 +145,11 @@ LAYOUT = (
     f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, WAIT_SIGNAL,
     f"{INSTANCE_TYPES_DIR}/<type>.json", f"{PRICES_DIR}/<market>.<place>.<type>.json",
     f"{CHECKPOINTS_DIR}/<user>/<name>/",
-    f"{_JOB}/spec.json", f"{_JOB}/spec.json.sig",
-    f"{_JOB}/commands.txt", f"{_JOB}/runner.json",
-    f"{_JOB}/cancel", f"{_JOB}/done", f"{_JOB}/result.json",
-    f"{_JOB}/staging.json",
-    f"{_JOB}/nodes/<rank>.log", f"{_JOB}/nodes/<rank>.started",
-    f"{_JOB}/nodes/<rank>.exit", f"{_JOB}/nodes/<rank>.claim",
-    f"{_JOB}/admitted/<address>",
-    f"{_JOB}/progress/<rank>.json", f"{_JOB}/flight/",
-    f"{_JOB}/stacks/<rank>.json",
+    f"{_JOB}/spec.json", f"{_JOB}/spec.json.sig", f"{_JOB}/commands.txt",
+    f"{_JOB}/runner.json", f"{_JOB}/cancel", f"{_JOB}/done", f"{_JOB}/result.json",
+    f"{_JOB}/staging.json", f"{_JOB}/nodes/<rank>.log", f"{_JOB}/nodes/<rank>.started",
+    f"{_JOB}/nodes/<rank>.exit", f"{_JOB}/nodes/<rank>.claim", f"{_JOB}/admitted/<address>",
+    f"{_JOB}/progress/<rank>.json", f"{_JOB}/flight/", f"{_JOB}/stacks/<rank>.json",
     CONTROLLER_HEARTBEAT, IDLE_STOP, f"{_MANAGED}/request.json",
     f"{_MANAGED}/request.json.sig",
     f"{_MANAGED}/job.json", f"{_MANAGED}/cancel",

@@ -5,16 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jsii
-from aws_cdk import CfnWaitCondition, CfnWaitConditionHandle, Duration, RemovalPolicy, Stack
+from aws_cdk import CfnWaitCondition, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from bootstrap_scripts import metric_names as names
-from constructs_lib import launch, node_keys, validation, warm_pool
+from constructs_lib import launch, validation
 from constructs_lib.capacity_adjuster import (
     DEFAULT_LAUNCH_RETRY_SECONDS,
     CapacityAdjuster,
@@ -22,6 +19,7 @@ from constructs_lib.capacity_adjuster import (
 )
 from constructs_lib.cluster_budget import ClusterBudget
 from constructs_lib.cluster_grants import grant_node_roles
+from constructs_lib.cluster_nodes import add_node_groups
 from constructs_lib.cluster_props import check_cluster_props
 from constructs_lib.cluster_services import add_cluster_services
 from constructs_lib.cluster_settings import (
@@ -39,10 +37,9 @@ from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
 from constructs_lib.observability import DEFAULT_LOG_RETENTION_DAYS
-from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
 from constructs_lib.resume_sources import CheckpointSource, grant_resume_read
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
-from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, node_user_data
+from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS
 
 # DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings' defaults
 # (constructs_lib.cluster_settings, the one description of each setting).
@@ -316,101 +313,39 @@ class DeepLearningCluster(Construct):
         self.node_security_group, self.admin_security_group = node_security_groups(
             self, self.vpc, ssh_cidr)
         self._connections = ec2.Connections(security_groups=[self.node_security_group])
-        master_groups: list[ec2.ISecurityGroup] = [self.node_security_group]
-        if self.admin_security_group is not None:
-            master_groups.append(self.admin_security_group)
         stored.admit(self)  # NFS to EFS from the nodes (2049), and Lustre's ports
 
-        # -- node scripts and the setup wait condition -----------------------------------------
-        self.node_scripts = s3_assets.Asset(
-            self, "NodeScripts", path=str(node_scripts_dir()), exclude=ASSET_EXCLUDES
-        )
-        self.wait_handle = CfnWaitConditionHandle(self, "SetupHandle")
-        # The master signs every membership it publishes; workers apply only what KMS says
-        # this key signed (docs/security.md): root on a worker can write the file on EFS,
-        # not make the other workers believe it. Asymmetric keys cannot rotate (KMS).
-        self.membership_key = kms.Key(
-            self, "MembershipKey", key_spec=kms.KeySpec.ECC_NIST_P256,
-            key_usage=kms.KeyUsage.SIGN_VERIFY, removal_policy=RemovalPolicy.DESTROY,
-            description="Signs the cluster's membership (the master signs, workers verify)")
-        self.capacity_adjuster.signal_setup_failures(self.wait_handle)  # master never launched
-
-        image = machine_image or deep_learning_ami(image_type,
-                                                   pytorch_version=p.pytorch_version)
-        device = root_device_name or p.family.root_device_name
         # A new cluster placement group per zone choice, set on the groups (where a zone move
         # can change it); a given one goes into the launch templates.
         self.placement_group = self.placement_groups[0] if self.placement_groups else \
             placement_group
-
-        warm_pool_size = warm_pool.check(self.node.path, warm_pool_size,
-                                         spot_capacity=p.spot_workers,
-                                         instance_types=self.capacity.worker_types)
-        #: Where warm-pool workers say they are ready (None without a warm pool).
-        self.warm_ready_queue = warm_pool.ready_queue(
-            self, Duration.seconds(p.node_boot_seconds)) if warm_pool_size else None
-
-        #: Where workers give the master their record-signing keys (``node_keys.py``).
-        self.node_keys = node_keys.NodeKeysQueue(self, "NodeKeys")
-        # What every node boots with (``user_data.py``); the master's own settings below.
-        boot = dict(node_keys_queue_url=self.node_keys.queue.queue_url,
-            cluster_id=self.cluster_id, master_queue_url=self.master_queue.queue_url,
-            efs_id=self.file_system.file_system_id, mount_point=self.efs_mount_point,
-            setup_timeout_seconds=setup_timeout_seconds,
-            asset_s3_url=self.node_scripts.s3_object_url, python=p.family.python,
-            efs_utils_install=p.family.efs_utils_install, data_prep=p.data_prep_script,
-            membership_key=self.membership_key.key_arn,
-            # The job role trusts the node roles, made with the groups below.
+        # -- nodes: what they boot from and with, the master and worker groups, the workers'
+        # drain hook, the warm pool (``cluster_nodes.py``) --------------------------------------
+        nodes = add_node_groups(
+            self, props=p, cluster_id=self.cluster_id, vpc=self.vpc, zones=self.zones,
+            machine_image=machine_image or deep_learning_ami(
+                image_type, pytorch_version=p.pytorch_version),
+            root_device_name=root_device_name or p.family.root_device_name,
+            node_security_group=self.node_security_group,
+            admin_security_group=self.admin_security_group,
+            capacity_adjuster=self.capacity_adjuster, master_queue=self.master_queue,
+            storage=stored, setup_timeout_seconds=setup_timeout_seconds,
+            # The job role trusts the node roles, made with the groups.
             job_role_arn=late_string(lambda: self.job_role.role_arn),
-            checkpoint_url=self.training_data.checkpoint_url,
-            node_boot_seconds=p.node_boot_seconds,
-            launch_hook=warm_pool.WARM_HOOK_NAME if warm_pool_size else "",
-            warm_ready_queue_url=(self.warm_ready_queue.queue_url
-                                  if self.warm_ready_queue else ""),
-            log_group=names.log_group_name(self.cluster_id),
-            cloudwatch_agent_install=p.family.cloudwatch_agent_install,
-            mount_s3_install=p.family.mount_s3_install,
-            lustre_mount=(p.family.lustre_client_install, self.lustre.mount_source,
-                          self.lustre.mount_point) if self.lustre else None,
-        )
-        common = dict(  # both groups'
-            cluster_id=self.cluster_id, vpc=self.vpc, machine_image=image,
-            notification_topic=self.topic, root_device_name=device,
-            root_volume_gib=p.root_volume_gib, key_pair=key_pair, placement_group=placement_group,
-            group_placement_group=self.placement_groups[0] if self.placement_groups else None,
-            efa=efa, efa_cards=efa_cards, capacity=self.capacity,
-        )
-        self.master_group = NodeGroup(
-            self, "MasterGroup", node_type="master", vpc_subnets=self.zones.master_subnets,
-            instance_type=self.capacity.master_types[0],
-            fallback_instance_types=self.capacity.master_types[1:],
-            user_data=node_user_data(
-                node_type="master", wait_handle=self.wait_handle.ref,
-                base_workers=p.worker_count,
-                max_replacements_per_hour=p.max_replacements_per_hour,
-                idle_stop_seconds=p.idle_stop,
-                worker_role_id=late_string(lambda: self.worker_group.role.role_id), **boot),
-            security_groups=master_groups, min_capacity=1, max_capacity=1, desired_capacity=1,
-            associate_public_ip=bool(ssh_cidr), **common,
-        )
-        self.worker_group = NodeGroup(
-            self, "WorkerGroup", node_type="worker", vpc_subnets=self.zones.node_subnets,
-            instance_type=self.capacity.worker_types[0],
-            fallback_instance_types=self.capacity.worker_types[1:],
-            user_data=node_user_data(node_type="worker", wait_handle="", **boot),
-            security_groups=[self.node_security_group], min_capacity=p.min_workers,
-            max_capacity=p.max_workers, desired_capacity=p.desired_workers,
-            spot_capacity=p.spot_workers, **common,
-        )
-        self.node_keys.grant(workers=self.worker_group.role, master=self.master_group.role)
-        # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
-        self.drain_hook = self.worker_group.add_drain_hook(self.topic)
-        self.drain_hook.node.add_dependency(self.capacity_adjuster)
+            key_pair=key_pair, placement_group=placement_group,
+            new_placement_group=self.placement_groups[0] if self.placement_groups else None,
+            efa=efa, efa_cards=efa_cards, warm_pool_size=warm_pool_size,
+            public_master=bool(ssh_cidr))
+        self.node_scripts, self.wait_handle = nodes.node_scripts, nodes.wait_handle
+        self.membership_key = nodes.membership_key
+        self.master_group: NodeGroup = nodes.master_group
+        self.worker_group: NodeGroup = nodes.worker_group
+        self.drain_hook = nodes.drain_hook
+        #: Where warm-pool workers say they are ready (None without a warm pool).
+        self.warm_ready_queue = nodes.warm_ready_queue
+        self.node_keys = nodes.node_keys  #: where workers give the master their keys
         #: The warm pool's launch hook (None without a warm pool): ``warm_pool.py``.
-        self.warm_launch_hook = warm_pool.add_warm_pool(
-            self.worker_group, warm_pool_size, cluster_id=self.cluster_id,
-            heartbeat=Duration.seconds(p.node_boot_seconds), master=self.master_group,
-            queue=self.warm_ready_queue) if self.warm_ready_queue else None
+        self.warm_launch_hook = nodes.warm_launch_hook
         #: The role jobs get credentials of (never the node's): ``constructs_lib/job_role.py``.
         self.job_role = JobRole(self, "JobRole", cluster_id=self.cluster_id,
                                 node_roles=[self.master_group.role, self.worker_group.role])
@@ -430,13 +365,8 @@ class DeepLearningCluster(Construct):
                          node_scripts=self.node_scripts, file_system=self.file_system,
                          capacity_adjuster=self.capacity_adjuster)
 
-        self.wait_condition = CfnWaitCondition(
-            self,
-            "SetupComplete",
-            handle=self.wait_handle.ref,
-            count=1,
-            timeout=str(setup_timeout_seconds),
-        )
+        self.wait_condition = CfnWaitCondition(self, "SetupComplete", handle=self.wait_handle.ref,
+                                               count=1, timeout=str(setup_timeout_seconds))
         self.wait_condition.node.add_dependency(self.master_group.auto_scaling_group)
         # Operator access, workdir staging, logs and alarms, the budget (cluster_services.py).
         services = add_cluster_services(

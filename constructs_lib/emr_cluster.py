@@ -24,6 +24,7 @@ from constructs import Construct
 
 from constructs_lib import emr_config, validation
 from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY
+from constructs_lib.emr_roles import add_emr_roles
 from constructs_lib.images import deep_learning_ami, image_family
 from constructs_lib.log_buckets import access_log_bucket
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork
@@ -268,33 +269,16 @@ class EmrDeepLearningCluster(Construct):
         self.node_scripts = s3_assets.Asset(
             self, "NodeScripts", path=str(scripts), exclude=ASSET_EXCLUDES)
 
-        # -- roles ------------------------------------------------------------------------------
+        # -- roles: the nodes' instance role and EMR's service role (emr_roles.py) --------------
         self.cluster_tag = cluster_name or stack.stack_name
-        self.instance_role = iam.Role(
-            self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            description="EMR nodes of the deep-learning cluster (least privilege)",
-            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(
-                "AmazonSSMManagedInstanceCore")])
-        self.instance_profile = iam.InstanceProfile(
-            self, "InstanceProfile", role=self.instance_role)
-        self._grant_node_access(cert_object)
-
-        self.service_role = iam.Role(
-            self, "ServiceRole", assumed_by=iam.ServicePrincipal("elasticmapreduce.amazonaws.com"),
-            description="EMR service role of the deep-learning cluster",
-            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(
-                "service-role/AmazonEMRServicePolicy_v2")])
-        # Policy v2 only passes roles named EMR_EC2_DefaultRole: pass exactly ours instead.
-        self.service_role.add_to_principal_policy(iam.PolicyStatement(
-            sid="PassInstanceRole", actions=["iam:PassRole"],
-            resources=[self.instance_role.role_arn],
-            conditions={"StringLike": {"iam:PassedToService": "ec2.amazonaws.com*"}}))
-        # EBS encryption with our key: EMR creates grants for the volumes it attaches.
-        self.service_role.add_to_principal_policy(iam.PolicyStatement(
-            sid="EncryptNodeVolumes",
-            actions=["kms:CreateGrant", "kms:DescribeKey", "kms:GenerateDataKeyWithoutPlaintext",
-                     "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:Decrypt"],
-            resources=[self.local_disk_key.key_arn]))
+        roles = add_emr_roles(
+            self, cluster_tag=self.cluster_tag,
+            bootstrap_scripts=(self.efs_mount_script, self.metadata_script, self.node_scripts),
+            log_objects_arn=self.log_bucket.arn_for_objects(f"{LOG_PREFIX}*"),
+            file_system=self.file_system, local_disk_key=self.local_disk_key,
+            tls_certificates=cert_object)
+        self.instance_role, self.service_role = roles.instance_role, roles.service_role
+        self.instance_profile = roles.instance_profile
 
         # -- the cluster -----------------------------------------------------------------------
         family = image_family(EMR_IMAGE_TYPE)
@@ -363,43 +347,6 @@ class EmrDeepLearningCluster(Construct):
                 self.cluster.node.add_dependency(policy)
         self.cluster.node.add_dependency(self.file_system.mount_targets_available)
         self.cluster_id = self.cluster.ref
-
-    def _grant_node_access(self, cert_object: tuple[str, str] | None) -> None:
-        """What the bootstrap actions, the membership watcher and EMR's log pusher need."""
-        role = self.instance_role
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="ReadBootstrapScripts", actions=["s3:GetObject"],
-            resources=[a.bucket.arn_for_objects(a.s3_object_key) for a in
-                       (self.efs_mount_script, self.metadata_script, self.node_scripts)]))
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="WriteClusterLogs", actions=["s3:PutObject"],
-            resources=[self.log_bucket.arn_for_objects(f"{LOG_PREFIX}*")]))
-        # The EFS bootstrap action waits until the file system and its mount targets are
-        # available, then mounts it (as root, through a mount target) and hands it to hadoop.
-        self.file_system.grant(role, "elasticfilesystem:DescribeFileSystems",
-                               "elasticfilesystem:DescribeMountTargets")
-        self.file_system.grant_root_access(role)
-        # The cluster id is only known after creation; the tag limits this to our cluster.
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="ListOwnClusterInstances",
-            actions=["elasticmapreduce:ListInstances", "elasticmapreduce:DescribeCluster"],
-            resources=[Stack.of(self).format_arn(service="elasticmapreduce",
-                                                 resource="cluster", resource_name="*")],
-            conditions={"StringEquals": {
-                f"elasticmapreduce:ResourceTag/{CLUSTER_TAG_KEY}": self.cluster_tag}}))
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="GpuCountsOfInstanceTypes", actions=["ec2:DescribeInstanceTypes"],
-            resources=["*"]))  # no resource-level permissions for this read-only API
-        role.add_to_principal_policy(iam.PolicyStatement(
-            sid="LocalDiskEncryption",
-            actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"],
-            resources=[self.local_disk_key.key_arn]))
-        if cert_object is not None:
-            bucket, key = cert_object
-            role.add_to_principal_policy(iam.PolicyStatement(
-                sid="ReadTlsCertificates", actions=["s3:GetObject"],
-                resources=[Stack.of(self).format_arn(
-                    service="s3", region="", account="", resource=bucket, resource_name=key)]))
 
     @property
     def connections(self) -> ec2.Connections:

@@ -167,20 +167,22 @@ def vpc_cidr(name: str, value: str) -> str:
     return block
 
 
-def file_system_id(name: str, value: str) -> str:
-    if Token.is_unresolved(value):
+def _matching(name: str, value: object, pattern: re.Pattern[str], must: str) -> str:
+    """``value`` if it is a token or a string ``pattern`` matches, else ConfigError
+    ``<name> must <must>, got <value>``: the check of every id and name with one shape."""
+    if isinstance(value, str) and Token.is_unresolved(value):
         return value
-    if not _FS_ID.match(str(value)):
-        raise ConfigError(f"{name} must look like fs-0123456789abcdef0, got {value!r}")
-    return str(value)
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ConfigError(f"{name} must {must}, got {value!r}")
+    return value
 
 
-def ami_id(name: str, value: str) -> str:
-    if Token.is_unresolved(value):
-        return value
-    if not _AMI_ID.match(str(value)):
-        raise ConfigError(f"{name} must look like ami-0123456789abcdef0, got {value!r}")
-    return str(value)
+def file_system_id(name: str, value: object) -> str:
+    return _matching(name, value, _FS_ID, "look like fs-0123456789abcdef0")
+
+
+def ami_id(name: str, value: object) -> str:
+    return _matching(name, value, _AMI_ID, "look like ami-0123456789abcdef0")
 
 
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
@@ -188,11 +190,7 @@ _SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
 
 
 def vpc_id(name: str, value: object) -> str:
-    if isinstance(value, str) and Token.is_unresolved(value):
-        return value
-    if not isinstance(value, str) or not _VPC_ID.match(value):
-        raise ConfigError(f"{name} must look like vpc-0123456789abcdef0, got {value!r}")
-    return value
+    return _matching(name, value, _VPC_ID, "look like vpc-0123456789abcdef0")
 
 
 def subnet_ids(name: str, value: object) -> tuple[str, ...]:
@@ -206,13 +204,9 @@ def instance_type(name: str, value: object) -> str:
     or an ``ec2.InstanceType``."""
     if isinstance(value, ec2.InstanceType):
         value = value.to_string()
-    if isinstance(value, str) and Token.is_unresolved(value):
-        return value
-    if not isinstance(value, str) or not _INSTANCE_TYPE.match(value):
-        raise ConfigError(
-            f"{name} must be an EC2 instance type like g5.xlarge (family.size, the size one "
-            f"of nano, micro, small, medium, large, xlarge, <N>xlarge, metal), got {value!r}")
-    return value
+    return _matching(name, value, _INSTANCE_TYPE, "be an EC2 instance type like g5.xlarge "
+                     "(family.size, the size one of nano, micro, small, medium, large, xlarge, "
+                     "<N>xlarge, metal)")
 
 
 def mount_point(name: str, value: str) -> str:
@@ -305,22 +299,14 @@ def _distinct(name: str, value: object, pattern: re.Pattern[str], *, listing: st
 
 def capacity_reservation_id(name: str, value: object) -> str:
     """``cr-`` and 17 hexadecimal digits (a Capacity Reservation or a Capacity Block)."""
-    if isinstance(value, str) and Token.is_unresolved(value):
-        return value
-    if not isinstance(value, str) or not _RESERVATION_ID.match(value):
-        raise ConfigError(f"{name} must be a capacity reservation id like "
-                          f"cr-0123456789abcdef0 (cr- and 17 hex digits), got {value!r}")
-    return value
+    return _matching(name, value, _RESERVATION_ID, "be a capacity reservation id like "
+                     "cr-0123456789abcdef0 (cr- and 17 hex digits)")
 
 
 def resource_group_arn(name: str, value: object) -> str:
     """The ARN of a Capacity Reservation group (an AWS Resource Groups group)."""
-    if isinstance(value, str) and Token.is_unresolved(value):
-        return value
-    if not isinstance(value, str) or not _RESOURCE_GROUP_ARN.match(value):
-        raise ConfigError(f"{name} must be a resource group ARN like arn:aws:resource-groups:"
-                          f"us-east-1:123456789012:group/my-reservations, got {value!r}")
-    return value
+    return _matching(name, value, _RESOURCE_GROUP_ARN, "be a resource group ARN like "
+                     "arn:aws:resource-groups:us-east-1:123456789012:group/my-reservations")
 
 
 # -- S3: bucket names and key prefixes (data and checkpoints, constructs_lib/training_data.py) --

@@ -4,7 +4,8 @@ A node is what a real instance's user data would produce, run on loopback:
 1. its own root directory (``<root>/etc``, ``<root>/opt/deeplearning``) and the shared EFS dir;
 2. its own fake IMDSv2 endpoint bound to the address moto assigned (``emulator.imds``);
 3. ``python -m bootstrap_scripts.agent.install <the user data's args>`` with ``--root``,
-   ``--no-mount`` and ``--no-systemctl``: the real installer writes the systemd units;
+   ``--no-mount`` and ``--no-systemctl``: the real installer writes the systemd units (the
+   arguments and every process's environment: ``emulator.node_inputs``);
 4. the ``ExecStart`` of ``dl-agent.service`` and ``dl-executor.service`` started as
    processes, so a drift between user data, installer and agent fails here, not on AWS.
 
@@ -26,16 +27,12 @@ executor then leads the node's process group.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
-import shlex
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable
-from contextlib import redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,8 +48,12 @@ from bootstrap_scripts.procgroup import (
     stop_groups,
 )
 from emulator import ssm_agent
-from emulator.deploy import REGION, REPO_ROOT, DeployError, Instance
+from emulator.deploy import REGION, REPO_ROOT, Instance
 from emulator.gpus import NODE_BIN_DIR, fake_nvidia_smi, instance_type_gpus
+
+# A node process's environment and the installer's arguments (``node_inputs.py``); ``PYTHON``
+# and ``base_env`` stay importable from here, where the demo and the tests take them.
+from emulator.node_inputs import PYTHON, STATIC_CREDENTIALS, base_env, emulator_args
 from emulator.units import (
     AGENT_UNIT,
     CONTROLLER_UNIT,
@@ -63,61 +64,9 @@ from emulator.units import (
     unit_output,
 )
 
-PYTHON = sys.executable
 #: The CloudWatch agent's configuration and state folder (under the node's root).
 CLOUDWATCH_CONFIG = cloudwatch_config.CONFIG_PATH
 CLOUDWATCH_STATE = "opt/aws/amazon-cloudwatch-agent/logs/state"
-
-
-#: What an EC2 instance's processes are never given: the AWS SDKs do not take the region
-#: from instance metadata, so a node that relied on these would fail on AWS. Nodes find the
-#: region where a real node does: the file the installer writes from the (emulated) IMDS.
-NOT_ON_A_NODE = ("AWS_REGION", "AWS_DEFAULT_REGION")
-#: Static credentials: a node with an instance profile gets its role's from the metadata
-#: endpoint instead, as an EC2 instance does (the endpoint's own process keeps them: it is
-#: EC2's side, which assumes the role).
-STATIC_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-
-
-def base_env(aws: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a process on an emulated node: this repo on PYTHONPATH, this
-    Python first on PATH, and of AWS only what ``aws`` says (nothing: no AWS at all) minus
-    the region (:data:`NOT_ON_A_NODE`). The endpoint URL of moto's server stays: a node
-    could not reach the emulated AWS without it (docs/emulator.md)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({k: v for k, v in (aws or {}).items() if k not in NOT_ON_A_NODE})
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    env["PATH"] = os.path.dirname(PYTHON) + os.pathsep + env.get("PATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def check_agent_args(args: list[str], group: str) -> None:
-    """The user data's arguments must parse with the installer's parser, the agent's own
-    for the agent's arguments (drift check)."""
-    from bootstrap_scripts.agent.install import parse_args
-
-    err = io.StringIO()
-    try:
-        with redirect_stderr(err):
-            parse_args(args)
-    except SystemExit:
-        raise DeployError(f"the user data of group {group} passes arguments the node "
-                          f"installer or agent rejects: {shlex.join(args)}\n"
-                          f"{err.getvalue().strip()}") from None
-    for required in ("--mount-point", "--wait-handle", "--role", "--cluster-id"):
-        if required not in args:
-            raise DeployError(f"the user data of group {group} does not pass {required} "
-                              f"(args: {shlex.join(args)}); see docs/protocol.md §4")
-
-
-def emulator_args(args: list[str], *, root: Path, efs: Path, wait_handle: str) -> list[str]:
-    """The user data's args with the emulator's substitutions (protocol §4)."""
-    out = list(args)
-    for flag, value in (("--mount-point", str(efs)), ("--wait-handle", wait_handle)):
-        i = out.index(flag)
-        out[i + 1] = value
-    return [*out, "--root", str(root), "--no-mount"]
 
 
 @dataclass

@@ -32,7 +32,8 @@ from emulator import service_quotas
 from emulator.autoscaling import AutoScaling
 from emulator.demo.context import DemoContext, DemoError, free_port, port_in_use, tail
 from emulator.deploy import Instance
-from emulator.nodes import PYTHON, Node, base_env, check_agent_args
+from emulator.node_inputs import PYTHON, base_env, check_agent_args
+from emulator.nodes import Node
 
 #: What every node runs (the master also its job controller), as ``Node.processes_alive``
 #: names them.

@@ -343,6 +343,7 @@ class DeepLearningCluster(Construct):
         self.drain_hook = nodes.drain_hook
         #: Where warm-pool workers say they are ready (None without a warm pool).
         self.warm_ready_queue = nodes.warm_ready_queue
+        self.node_keys = nodes.node_keys  #: where workers give the master their keys
         #: The warm pool's launch hook (None without a warm pool): ``warm_pool.py``.
         self.warm_launch_hook = nodes.warm_launch_hook
         #: The role jobs get credentials of (never the node's): ``constructs_lib/job_role.py``.

@@ -20,6 +20,9 @@ logical ids, are the cluster's own):
 - ``WorkerGroup``: ``min_workers`` to ``max_workers``, Spot above the on-demand base, with
   the ``drain`` termination hook so leaving workers are drained first (docs/protocol.md,
   "Elastic membership");
+- ``NodeKeys``: the queue workers send their record-signing public keys on, the master
+  alone receives (``node_keys.py``); the master's user data names the workers' role whose
+  sessions it believes;
 - with a warm pool: ``WarmReady``, the queue warm-pool workers say they are ready on, and
   the pool with its launch hook (``warm_pool.py``).
 """
@@ -44,6 +47,7 @@ from constructs_lib.cluster_props import ClusterProps
 from constructs_lib.cluster_storage import ClusterStorage
 from constructs_lib.late import late_string
 from constructs_lib.node_group import NodeGroup
+from constructs_lib.node_keys import NodeKeysQueue
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
 from constructs_lib.user_data import node_user_data
 
@@ -67,6 +71,8 @@ class ClusterNodes:
     warm_ready_queue: sqs.Queue | None
     #: the warm pool's launch hook (None without a warm pool)
     warm_launch_hook: autoscaling.LifecycleHook | None
+    #: where workers give the master their record-signing keys (``node_keys.py``)
+    node_keys: NodeKeysQueue
 
 
 def add_node_groups(
@@ -106,9 +112,11 @@ def add_node_groups(
     warm_ready_queue = warm_pool.ready_queue(
         cluster, Duration.seconds(props.node_boot_seconds)) if warm_pool_size else None
 
+    node_keys = NodeKeysQueue(cluster, "NodeKeys")
     family, lustre, capacity = props.family, storage.lustre, props.capacity
     # What every node boots with (``user_data.py``); the master's own settings below.
     boot = dict(
+        node_keys_queue_url=node_keys.queue.queue_url,
         cluster_id=cluster_id, master_queue_url=master_queue.queue_url,
         efs_id=storage.file_system.file_system_id, mount_point=props.efs_mount_point,
         setup_timeout_seconds=setup_timeout_seconds,
@@ -144,8 +152,7 @@ def add_node_groups(
             base_workers=props.worker_count,
             max_replacements_per_hour=props.max_replacements_per_hour,
             idle_stop_seconds=props.idle_stop,
-            worker_role_id=(late_string(lambda: workers.role.role_id)
-                            if warm_pool_size else ""), **boot),
+            worker_role_id=late_string(lambda: workers.role.role_id), **boot),
         security_groups=master_groups, min_capacity=1, max_capacity=1, desired_capacity=1,
         associate_public_ip=public_master, **common,
     )
@@ -161,6 +168,7 @@ def add_node_groups(
     # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
     drain_hook = workers.add_drain_hook(topic)
     drain_hook.node.add_dependency(capacity_adjuster)
+    node_keys.grant(workers=workers.role, master=master.role)
     warm_launch_hook = warm_pool.add_warm_pool(
         workers, warm_pool_size, cluster_id=cluster_id,
         heartbeat=Duration.seconds(props.node_boot_seconds), master=master,
@@ -168,4 +176,5 @@ def add_node_groups(
     return ClusterNodes(node_scripts=node_scripts, wait_handle=wait_handle,
                         membership_key=membership_key, master_group=master,
                         worker_group=workers, drain_hook=drain_hook,
-                        warm_ready_queue=warm_ready_queue, warm_launch_hook=warm_launch_hook)
+                        warm_ready_queue=warm_ready_queue, warm_launch_hook=warm_launch_hook,
+                        node_keys=node_keys)

@@ -61,6 +61,11 @@ WARM_READY_QUEUE_REASON = (
     "cannot act on is received again until it expires, after which the hook's ABANDON "
     "terminates the instance, which Auto Scaling replaces."
 )
+NODE_KEYS_QUEUE_REASON = (
+    "The node-keys queue has no dead-letter queue: a worker sends its key again every few "
+    "minutes and whenever the master changes, so a message the master refuses (logged, "
+    "deleted) or cannot read (received again until it expires) is replaced by the next one."
+)
 HOOK_KEY_REASON = (
     "kms:GenerateDataKey* is what CDK's topic.grant_publish gives a publisher of a topic "
     "encrypted with a customer key (SNS asks for GenerateDataKey and "
@@ -97,6 +102,7 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
     _ack(cluster.master_group.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:"
          "autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/*]",
          ELASTIC_CONTROL_REASON)
+    _ack(cluster.node_keys.queue, "AwsSolutions-SQS3", NODE_KEYS_QUEUE_REASON)
     if cluster.warm_ready_queue is not None:
         _ack(cluster.warm_ready_queue, "AwsSolutions-SQS3", WARM_READY_QUEUE_REASON)
     _ack(cluster.drain_hook.role, "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",

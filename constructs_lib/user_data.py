@@ -187,6 +187,7 @@ def node_user_data(
     launch_hook: str = "",
     warm_ready_queue_url: str = "",
     worker_role_id: str = "",
+    node_keys_queue_url: str = "",
     log_group: str = "",
     cloudwatch_agent_install: str = "",
     mount_s3_install: str = "",
@@ -197,7 +198,9 @@ def node_user_data(
     the node boot budget ``node_boot_seconds``. ``launch_hook``: the worker group's launch
     lifecycle hook (a warm pool's, ``constructs_lib/warm_pool.py``): a worker says it is
     ready on ``warm_ready_queue_url``, the master completes the action of a sender that is
-    a session of the workers' role (``worker_role_id``).
+    a session of the workers' role (``worker_role_id``). ``node_keys_queue_url``: where a
+    worker sends its public key, which the master then checks its records with
+    (``constructs_lib/node_keys.py``).
     ``log_group``: the installer configures the CloudWatch agent to ship the node's logs
     there (``cloudwatch_agent_install`` installs it, ``{region}`` the stack's region)."""
     settings = {
@@ -227,8 +230,10 @@ def node_user_data(
     if launch_hook:  # a warm pool's: a worker holds while Warmed:*, the master completes
         settings["launch-hook"] = launch_hook
         settings["warm-ready-queue-url"] = warm_ready_queue_url
-    if worker_role_id:  # the master's: whose ready messages it believes
+    if worker_role_id:  # the master's: whose ready messages (and node keys) it believes
         settings["worker-role-id"] = worker_role_id
+    if node_keys_queue_url:  # workers send their record-signing key, the master learns it
+        settings["node-keys-queue-url"] = node_keys_queue_url
     if job_role_arn:  # the executor's: each job gets credentials of this role
         settings["job-role-arn"] = job_role_arn
     if checkpoint_url and node_type == "master":  # its controller mirrors jobs under it

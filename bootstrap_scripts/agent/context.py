@@ -15,6 +15,7 @@ import threading
 from typing import Protocol
 
 from bootstrap_scripts.agent.identity import NodeIdentity
+from bootstrap_scripts.agent.node_keys_queue import NodeKey
 from bootstrap_scripts.agent.settings import AgentConfig
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
@@ -38,6 +39,8 @@ class AgentContext(Protocol):
     stop: threading.Event
     #: worker: this node is being drained (no more heartbeats).
     draining: bool
+    #: this node's signing key (``node_keys_queue.NodeKey``; set at boot).
+    node_key: NodeKey | None
 
     def apply(self, m: Membership) -> bool:
         """Apply ``m`` on this node; True if it lists this node."""

@@ -29,12 +29,13 @@ import time
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import OUTCOME_LIMIT, MasterAws
 from bootstrap_scripts.agent.membership_key import MembershipKeyError
+from bootstrap_scripts.node_keys import RecordCheck
 from bootstrap_scripts.protocol import membership_signature, state, store
 from bootstrap_scripts.protocol.membership import Node
 from bootstrap_scripts.protocol.membership_signature import Signer, Verifier
 from bootstrap_scripts.protocol.messages import DrainRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import DrainRecord
+from bootstrap_scripts.protocol.records import DrainDone, DrainRecord
 
 #: Attempts at CompleteLifecycleAction before leaving it to the hook's default (CONTINUE).
 COMPLETE_ATTEMPTS = 5
@@ -45,8 +46,10 @@ class Drains:
 
     def __init__(self, cluster: ClusterPaths, aws: MasterAws, *, drain_timeout: float,
                  log: logging.Logger, sign: Signer | None = None,
-                 verify: Verifier | None = None) -> None:
+                 verify: Verifier | None = None, records: RecordCheck | None = None) -> None:
         self.cluster = cluster
+        #: a ``.done`` counts only when its node signed it (with node keys: ``node_keys``)
+        self.records = records
         self.aws = aws
         self.drain_timeout = drain_timeout
         self.log = log
@@ -152,10 +155,22 @@ class Drains:
         for iid, record in list(self.active.items()):
             reason = policy.drain_due(now=now, deadline=record.deadline,
                                       retry_at=record.retry_at,
-                                      done=record.retry_at <= now
-                                      and store.exists(self.cluster.drain_done(iid)))
+                                      done=record.retry_at <= now and self.done(record))
             if reason is not None:
                 self.complete(iid, reason)
+
+    def done(self, record: DrainRecord) -> bool:
+        """The node's executor says its shares stopped: ``.done`` is there and, when the
+        master learns node keys, that node signed it for this very request (a ``.done`` a
+        worker forged, or the node's own of an older drain, ends no drain: the deadline
+        does)."""
+        path = self.cluster.drain_done(record.instance_id)
+        if self.records is None or not self.records.active:
+            return store.exists(path)
+        return self.records.record(path, DrainDone, instance_id=record.instance_id,
+                                   what="drain acknowledgement", fields={
+                                       "instance_id": record.instance_id,
+                                       "requested_at": record.requested_at}) is not None
 
     def complete(self, iid: str, reason: str) -> None:
         """CompleteLifecycleAction CONTINUE, then mark the drain record completed (or

@@ -129,7 +129,7 @@ class Master:
         self.roster = Roster(agent, aws)
         self.drains = Drains(agent.cluster, aws, drain_timeout=self.config.drain_timeout,
                              log=agent.log, sign=self.roster.sign,
-                             verify=membership_verifier(self.config))
+                             verify=membership_verifier(self.config), records=self.roster.records)
         self.phase = Phase.STARTING
         self.failure = ""
         self.state = MasterState(setup_started=time.time())

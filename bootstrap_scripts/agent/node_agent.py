@@ -32,8 +32,8 @@ import time
 from typing import TYPE_CHECKING
 
 from bootstrap_scripts.agent import log as agent_log
+from bootstrap_scripts.agent import node_keys_queue, warm_pool, warm_ready
 from bootstrap_scripts.agent import wait_condition as wc
-from bootstrap_scripts.agent import warm_pool, warm_ready
 from bootstrap_scripts.agent.efs_mount import MountError, ensure_mounted
 from bootstrap_scripts.agent.gpus import count_gpus
 from bootstrap_scripts.agent.identity import (
@@ -43,6 +43,7 @@ from bootstrap_scripts.agent.identity import (
     read_metadata,
 )
 from bootstrap_scripts.agent.node_files import apply_membership
+from bootstrap_scripts.agent.node_keys_queue import NodeKey
 from bootstrap_scripts.agent.settings import (
     EXIT_ALREADY_RUNNING,
     EXIT_FAILED,
@@ -84,6 +85,8 @@ class NodeAgent:
         self.formed = threading.Event()
         #: worker: this node is being drained (stop heartbeating: it is leaving).
         self.draining = False
+        #: this node's signing key (made or read at boot: ``node_keys_queue``).
+        self.node_key: NodeKey | None = None
         self.aws: MasterAws | None = None
         if config.role == "master":
             # The master's modules (boto3, the state machine) load on the master only: a
@@ -135,6 +138,7 @@ class NodeAgent:
             if self.aws is not None:
                 from bootstrap_scripts.agent.master import Master
 
+                node_keys_queue.serve(self, lambda: self.aws.sqs)  # before any record is read
                 return Master(self, self.aws).run()
             return run_worker(self)
         finally:
@@ -166,6 +170,10 @@ class NodeAgent:
                       self.gpus, self.cluster.efs, self.applied_generation)
         if c.launch_hook and c.role == "worker" and not self._await_service():
             return False
+        self.node_key = NodeKey(self.paths, instance_id=self.identity.instance_id, log=self.log,
+                                queue_url=c.node_keys_queue_url if c.role == "worker" else "",
+                                region=c.region)
+        self._announce_key()
         self._register()
         return True
 
@@ -201,12 +209,21 @@ class NodeAgent:
 
     def _register(self) -> None:
         with self._registration_lock:
-            state.write_registration(self.cluster.efs, self.registration())
+            state.write_registration(self.cluster.efs, self.registration(),
+                                     self.node_key.sign if self.node_key else None)
+
+    def _announce_key(self) -> None:
+        """A worker: its public key to the master (again for a new master, and now and then:
+        ``node_keys_queue``)."""
+        current = self.current or self._local_membership()
+        if self.node_key is not None:
+            self.node_key.announce(current.master.instance_id if current else "")
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(self.config.heartbeat_interval):
             if self.draining:  # leaving: a heartbeat now would only leave a ghost behind
                 continue
+            self._announce_key()
             try:
                 self._register()
             except OSError as exc:

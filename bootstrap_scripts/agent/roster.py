@@ -16,6 +16,7 @@ from bootstrap_scripts.agent import discovery as disco
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import MasterAws
 from bootstrap_scripts.agent.membership_key import MembershipKey, membership_key
+from bootstrap_scripts.node_keys import RecordCheck
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.membership_signature import Signer
@@ -53,6 +54,8 @@ class Roster:
         self.fast_poll_until = 0.0
         #: the membership key, one KMS client for the master's whole run (None: unsigned).
         self.key: MembershipKey | None = membership_key(agent.config)
+        #: node records are believed only from their node, once this master learns keys
+        self.records = RecordCheck.for_node(agent.paths, agent.log)
 
     @property
     def log(self):
@@ -149,10 +152,16 @@ class Roster:
 
     # -- registrations ------------------------------------------------------------------------
     def read_registrations(self, ids: Iterable[str]) -> dict[str, Registration]:
-        """Open each expected registration by path: on NFS, open() revalidates, listings lag."""
+        """Open each expected registration by path: on NFS, open() revalidates, listings lag.
+        With node keys, only a registration its node signed counts (``node_keys``)."""
         out = {}
         for iid in ids:
-            reg = state.read_registration(self.cluster.efs, iid)
+            if self.records.active:
+                reg = self.records.record(self.cluster.registration(iid), Registration,
+                                          instance_id=iid, what="node registration",
+                                          fields={"instance_id": iid})
+            else:
+                reg = state.read_registration(self.cluster.efs, iid)
             if reg is not None:
                 out[iid] = reg
         return out
@@ -161,7 +170,8 @@ class Roster:
         """Registered workers of this cluster that are in no group (started by hand)."""
         cluster_id = self.agent.config.cluster_id
         return tuple(sorted(
-            iid for iid, reg in state.read_registrations(self.cluster.efs).items()
+            iid for iid, reg in self.read_registrations(
+                state.registered_ids(self.cluster.efs)).items()
             if reg.role == "worker" and reg.cluster_id in ("", cluster_id)
             and iid not in self.group_members))
 

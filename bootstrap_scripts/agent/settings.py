@@ -62,6 +62,7 @@ class AgentConfig:
     warm_poll_interval: float = 5.0
     warm_ready_queue_url: str = ""
     worker_role_id: str = ""
+    node_keys_queue_url: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -93,6 +94,9 @@ class AgentConfig:
         if self.role == "master" and self.launch_hook and not self.worker_role_id:
             raise ValueError("--launch-hook on the master needs --worker-role-id (whose "
                              "ready messages it believes)")
+        if self.role == "master" and self.node_keys_queue_url and not self.worker_role_id:
+            raise ValueError("--node-keys-queue-url on the master needs --worker-role-id "
+                             "(whose keys it learns)")
         if self.base_workers < -1:
             raise ValueError(f"--base-workers must be >= 0 (or -1: all), got {self.base_workers}")
 
@@ -175,6 +179,9 @@ OPTIONS: tuple[Option, ...] = (
            "message whose SQS SenderId is a session of it completes a launch ('' = none)"),
     Option("--warm-poll-interval", "seconds between reads of the target lifecycle state "
            "while held in the warm pool (default 5)"),
+    Option("--node-keys-queue-url", "the node-keys queue: a worker sends its public key on "
+           "it, the master learns it from the sender SQS names and then ignores node "
+           "records not signed by their node ('' = none: nothing checked)"),
 )
 
 

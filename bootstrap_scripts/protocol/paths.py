@@ -15,6 +15,8 @@ On a node (relative to its root)::
     etc/hosts                         managed block with the deeplearning-* aliases
     var/lib/dl-agent/state.json       the master agent's memory across restarts
     var/lib/dl-agent/<name>.lock      held (flock) by the one running <name> daemon
+    var/lib/dl-agent/node-key.pem     this node's private signing key (root's, 0600)
+    var/lib/dl-agent/node-keys/<instance-id>.pem  the master: each node's public key
     var/lib/dl-executor/shares/<user>.<job-id>.<rank>.<n>.status  how process n of a share
                                       ended, written by its wrapper (a restarted executor
                                       reads it)
@@ -26,11 +28,11 @@ On EFS (relative to the mount point)::
     cluster/membership.json           the live membership (generation N)
     cluster/generations/<N>.json      every generation ever published
     cluster/membership.log            "SEQ ADDED|REMOVED ADDRESS TIMESTAMP" lines
-    cluster/nodes/<instance-id>.json  node registrations (agent heartbeat)
+    cluster/nodes/<instance-id>.json  node registrations (agent heartbeat), signed by the node
     cluster/logs/<instance-id>.log    each node agent's log
-    cluster/executors/<address>.json  job executor heartbeats
+    cluster/executors/<address>.json  job executor heartbeats, signed by the node
     cluster/drain/<instance-id>.json  drain request (master -> node)
-    cluster/drain/<instance-id>.done  drain done (node's executor -> master)
+    cluster/drain/<instance-id>.done  drain done (node's executor -> master), signed by the node
     cluster/prepared/<instance-id>.ok|.failed   data preparation outcome
     cluster/prepared/<instance-id>.log          data preparation output
     cluster/health/.probe-<host>-<pid>  dl-health's write/read-back probe (deleted at once)
@@ -93,6 +95,8 @@ AGENT_STATE_FILE = f"{AGENT_STATE_DIR}/state.json"
 #: A worker: the drain request for this node that its agent checked was the master's
 #: (signed); the node's job executor acts on this copy, never on EFS's.
 APPLIED_DRAIN_FILE = f"{AGENT_STATE_DIR}/drain.json"
+#: This node's signing key, and (the master) every node's public key: protocol.node_signature.
+NODE_KEY_FILE, NODE_KEYS_DIR = f"{AGENT_STATE_DIR}/node-key.pem", f"{AGENT_STATE_DIR}/node-keys"
 EXECUTOR_STATE_DIR = "var/lib/dl-executor"
 SHARE_STATUS_DIR = f"{EXECUTOR_STATE_DIR}/shares"
 
@@ -131,6 +135,7 @@ _JOB, _MANAGED = f"{JOBS_DIR}/<user>/<job-id>", f"{MANAGED_DIR}/<user>/<job-id>"
 LAYOUT = (
     WORKERS_FILE, MPI_HOSTFILE, HOROVOD_HOSTS_FILE, MEMBERSHIP_FILE, ENV_FILE, PROFILE_FILE,
     HOSTS_FILE, AGENT_STATE_FILE, APPLIED_DRAIN_FILE, f"{AGENT_STATE_DIR}/<name>.lock",
+    NODE_KEY_FILE, f"{NODE_KEYS_DIR}/<instance-id>.pem",
     f"{SHARE_STATUS_DIR}/<user>.<job-id>.<rank>.<n>.status", MEMBERSHIP,
     f"{GENERATIONS_DIR}/<N>.json", MEMBERSHIP_LOG,
     f"{NODES_DIR}/<instance-id>.json", f"{LOGS_DIR}/<instance-id>.log",
@@ -140,15 +145,11 @@ LAYOUT = (
     f"{HEALTH_DIR}/.probe-<host>-<pid>", LAUNCH_FAILURES, WAIT_SIGNAL,
     f"{INSTANCE_TYPES_DIR}/<type>.json", f"{PRICES_DIR}/<market>.<place>.<type>.json",
     f"{CHECKPOINTS_DIR}/<user>/<name>/",
-    f"{_JOB}/spec.json", f"{_JOB}/spec.json.sig",
-    f"{_JOB}/commands.txt", f"{_JOB}/runner.json",
-    f"{_JOB}/cancel", f"{_JOB}/done", f"{_JOB}/result.json",
-    f"{_JOB}/staging.json",
-    f"{_JOB}/nodes/<rank>.log", f"{_JOB}/nodes/<rank>.started",
-    f"{_JOB}/nodes/<rank>.exit", f"{_JOB}/nodes/<rank>.claim",
-    f"{_JOB}/admitted/<address>",
-    f"{_JOB}/progress/<rank>.json", f"{_JOB}/flight/",
-    f"{_JOB}/stacks/<rank>.json",
+    f"{_JOB}/spec.json", f"{_JOB}/spec.json.sig", f"{_JOB}/commands.txt",
+    f"{_JOB}/runner.json", f"{_JOB}/cancel", f"{_JOB}/done", f"{_JOB}/result.json",
+    f"{_JOB}/staging.json", f"{_JOB}/nodes/<rank>.log", f"{_JOB}/nodes/<rank>.started",
+    f"{_JOB}/nodes/<rank>.exit", f"{_JOB}/nodes/<rank>.claim", f"{_JOB}/admitted/<address>",
+    f"{_JOB}/progress/<rank>.json", f"{_JOB}/flight/", f"{_JOB}/stacks/<rank>.json",
     CONTROLLER_HEARTBEAT, IDLE_STOP, f"{_MANAGED}/request.json",
     f"{_MANAGED}/request.json.sig",
     f"{_MANAGED}/job.json", f"{_MANAGED}/cancel",
@@ -208,6 +209,14 @@ class NodePaths:
     def applied_drain(self) -> Path:
         """This node's drain request as its agent accepted it (the executor drains on it)."""
         return self.root / APPLIED_DRAIN_FILE
+
+    @property
+    def node_key(self) -> Path:
+        return self.root / NODE_KEY_FILE
+
+    @property
+    def node_keys_dir(self) -> Path:
+        return self.root / NODE_KEYS_DIR
 
     def lock(self, name: str) -> Path:
         """The lock file the one running ``name`` daemon holds (:mod:`bootstrap_scripts.

@@ -174,9 +174,15 @@ def publish(efs: str | os.PathLike, new: Membership, previous: Membership | None
         store.append_block(paths.membership_log, lines)
 
 
-def write_registration(efs: str | os.PathLike, record: Registration) -> None:
-    """Atomically (re)write a node's registration (its heartbeat, too)."""
-    store.write_record(ClusterPaths(efs).registration(record.instance_id), record)
+def write_registration(efs: str | os.PathLike, record: Registration,
+                       sign: Signer | None = None) -> None:
+    """Atomically (re)write a node's registration (its heartbeat, too), signed with the
+    node's own key when ``sign`` is given (``protocol.node_signature``)."""
+    path = ClusterPaths(efs).registration(record.instance_id)
+    if sign is None:
+        store.write_record(path, record)
+    else:
+        store.atomic_write(path, signed_text(record.to_json(), sign))
 
 
 def read_registration(efs: str | os.PathLike, instance_id: str) -> Registration | None:

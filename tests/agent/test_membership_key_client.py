@@ -21,7 +21,7 @@ from bootstrap_scripts.agent.roster import Roster
 from bootstrap_scripts.agent.worker import run_worker
 from bootstrap_scripts.protocol import membership_signature, state
 from bootstrap_scripts.protocol.membership_signature import ALGORITHM
-from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 
 KEY = "arn:aws:kms:us-east-1:123456789012:key/test"
 
@@ -104,6 +104,7 @@ def test_the_master_signs_every_generation_with_one_client(sessions, tmp_path: P
         config=SimpleNamespace(membership_key=KEY, region="us-east-1", cluster_id="c",
                                mount_point="/efs"),
         cluster=ClusterPaths(efs), log=logging.getLogger("test-master"), gpus=0,
+        paths=NodePaths(tmp_path / "master"),
         identity=SimpleNamespace(instance_id="i-0master000000000001", address="10.0.0.4",
                                  instance_type="p3.2xlarge"),
         current=None, apply=applied.append)

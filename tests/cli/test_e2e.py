@@ -103,6 +103,34 @@ def test_kept_cluster_runs_and_answers_dl_health_on_the_master(kept: dict) -> No
 
 
 
+def test_every_member_speaks_to_the_master_with_its_own_signed_records(kept: dict) -> None:
+    """docs/security.md L34 on the deployed stack: each member's key reached the master over
+    the node-keys queue (SenderId), and its registration and executor heartbeat on EFS carry
+    the signature the master's check believes (a record another node signed would not)."""
+    import logging
+
+    from bootstrap_scripts.node_keys import RecordCheck
+    from bootstrap_scripts.protocol.membership import Membership
+    from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+    from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Registration
+
+    master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")
+    check = RecordCheck.for_node(NodePaths(master["root"]), logging.getLogger("e2e"))
+    assert check.active, "the master serves no node keys"
+    efs = ClusterPaths(Path(kept["state"]["work_dir"]) / "efs")
+    members = Membership.load(NodePaths(master["root"]).membership).nodes
+    assert len(members) == 3
+    for node in members:
+        iid = node.instance_id
+        assert check.record(efs.registration(iid), Registration, instance_id=iid,
+                            what="node registration", fields={"instance_id": iid}), iid
+        assert check.record(efs.executor_heartbeat(node.address), ExecutorHeartbeat,
+                            instance_id=iid, what="executor heartbeat"), node.address
+        other = next(n.instance_id for n in members if n.instance_id != iid)
+        assert check.record(efs.registration(iid), Registration, instance_id=other,
+                            what="node registration") is None  # another node's key: no
+
+
 # -- a new user's first hour: a failed job names its cause, the kept cluster still works ------
 
 

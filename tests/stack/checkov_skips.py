@@ -39,14 +39,15 @@ class Skip:
 
 
 SKIPS = (
-    Skip("CKV_AWS_27", r"AWS::SQS::Queue\.Cluster(MetadataQueuesMaster(DeadLetters)?|WarmReady)"
-         r"[0-9A-F]+",
+    Skip("CKV_AWS_27", r"AWS::SQS::Queue\.Cluster(MetadataQueuesMaster(DeadLetters)?|WarmReady"
+         r"|NodeKeysQueue)[0-9A-F]+",
          "The queues ARE encrypted at rest, with SQS-managed keys (SqsManagedSseEnabled: "
          "true, https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/"
          "sqs-server-side-encryption.html); checkov 3.3 counts only KmsMasterKeyId. The "
          "capacity adjuster and Auto Scaling's notifications would need kms grants on a "
          "customer key for no gain: the messages hold group names and instance ids (the "
-         "warm-ready queue's, an instance id and a hook name)."),
+         "warm-ready queue's, an instance id and a hook name; the node-keys queue's, an "
+         "instance id and a public key)."),
     Skip("CKV_AWS_116", ADJUSTER,
          "The capacity adjuster is invoked asynchronously by SNS, and its failed invocations "
          "go to an on-failure destination (AWS::Lambda::EventInvokeConfig, the master "

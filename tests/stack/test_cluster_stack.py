@@ -122,12 +122,14 @@ def test_existing_file_system_creates_none() -> None:
 
 def test_queues_and_topic_encrypted_and_tls_only(template: Template) -> None:
     queues = template.find_resources("AWS::SQS::Queue")
-    assert len(queues) == 2  # the master queue and its dead-letter queue: no worker queue
+    # the master queue, its dead-letter queue and the node-keys queue (workers only send
+    # there: constructs_lib/node_keys.py): no worker queue
+    assert len(queues) == 3
     assert not [q for q in queues if "Worker" in q]
     for q in queues.values():
         assert q["Properties"]["SqsManagedSseEnabled"] is True
     policies = template.find_resources("AWS::SQS::QueuePolicy")
-    assert len(policies) == 2
+    assert len(policies) == 3
     for p in policies.values():
         (st,) = [s for s in p["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
         assert st["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}

@@ -1,6 +1,7 @@
 """Only the master speaks for itself on the master queue: its role alone may receive and
 delete there; the workers' role has no action on it at all (workers learn the membership
-from EFS and never send: nothing in bootstrap_scripts/ calls SQS on a worker).
+from EFS and never send to it; their only SQS calls are sends on the warm-ready and
+node-keys queues).
 
 This is the template's side. The calls themselves are refused with moto's IAM authorization
 switched on (``emulator/iam_enforcement.py``, which evaluates the queue a ``QueueUrl``

@@ -31,6 +31,7 @@ from bootstrap_scripts.jobs.engine.reachability import read_heartbeat
 from bootstrap_scripts.protocol import liveness
 from bootstrap_scripts.protocol.managed_records import NodeLoss
 from bootstrap_scripts.protocol.membership import Node
+from bootstrap_scripts.protocol.records import ExecutorHeartbeat
 
 POLL_SECONDS = 0.5
 
@@ -64,13 +65,17 @@ def verdict(failure: Failure, *, instance: str, master_instance: str,
 
 
 def executor_gone(efs: Path, address: str, *, tick: Callable[[], None],
-                  silent_after: float = liveness.EXECUTOR_SILENT_SECONDS) -> bool:
+                  silent_after: float = liveness.EXECUTOR_SILENT_SECONDS,
+                  read: Callable[[Path, str], ExecutorHeartbeat | None] = read_heartbeat
+                  ) -> bool:
     """Watch ``address``'s executor heartbeat until :mod:`liveness` decides: True when it
     stopped, is missing or stayed silent for ``silent_after`` s from here; False as soon as
-    it moves. ``tick`` keeps the controller's own heartbeat going meanwhile."""
+    it moves. ``tick`` keeps the controller's own heartbeat going meanwhile. ``read``: the
+    controller's reader, which believes only the node's own signed beats
+    (:mod:`.node_heartbeats`)."""
     last: liveness.Sighting | None = None
     while True:
-        state, last = liveness.executor(read_heartbeat(efs, address), last, time.monotonic(),
+        state, last = liveness.executor(read(efs, address), last, time.monotonic(),
                                         silent_after)
         if state.gone:
             return True

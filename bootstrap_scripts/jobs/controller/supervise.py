@@ -35,7 +35,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts.jobs.controller import attempts, hangs, node_evidence, rejoin
+from bootstrap_scripts.jobs.controller import (
+    attempts,
+    hangs,
+    node_evidence,
+    node_heartbeats,
+    rejoin,
+)
 from bootstrap_scripts.jobs.controller.budget import JobBudget
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.running_attempt import POLL_SECONDS, RunningAttempt
@@ -100,7 +106,7 @@ class JobSupervisor(RunningAttempt):
         self.last_nodes: set[str] = set()
         self.last_nodes_addresses: set[str] = set()
         #: the executors as this supervisor has seen them (the cluster's one liveness rule)
-        self.executors = Executors(efs)
+        self.executors = Executors(efs, read=node_heartbeats.reader(root))
         #: the cost ledger and --max-cost (a cap that is not one: the job fails naming it)
         self.budget = JobBudget(request, prices)
         #: how a hung attempt's stacks are dumped (``ops.hang_stacks``; tests give their own)
@@ -347,7 +353,8 @@ class JobSupervisor(RunningAttempt):
         root's evidence (``node_evidence``), never the master, within the breaker."""
         node = m.node_by_address(failure.address) if m and failure.address else None
         instance = failure.instance_id or (node.instance_id if node else "")
-        gone = (node_evidence.executor_gone(self.efs, failure.address, tick=self.tick)
+        gone = (node_evidence.executor_gone(self.efs, failure.address, tick=self.tick,
+                                            read=self.executors.read)
                 if failure.kind.node_fault and failure.address else None)
         mark, err = node_evidence.verdict(failure, instance=instance,
                                           master_instance=m.master.instance_id if m else "",

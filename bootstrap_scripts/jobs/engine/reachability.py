@@ -58,8 +58,12 @@ class Executors:
     """One observer's sightings of the executors' heartbeats, judged by the one rule."""
 
     def __init__(self, efs: Path, silent_after: float = EXECUTOR_SILENT_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 read: Callable[[Path, str], ExecutorHeartbeat | None] = read_heartbeat) -> None:
         self.efs = efs
+        #: how a heartbeat is read (the job controller's believes only signed ones:
+        #: ``jobs.controller.node_heartbeats``)
+        self.read = read
         self.silent_after = silent_after
         self.clock = clock
         self.seen: dict[str, Sighting] = {}
@@ -70,7 +74,7 @@ class Executors:
         change across a gap longer than :data:`FRESH_WITHIN_SECONDS` must be seen again)."""
         now = self.clock()
         last = self.seen.get(address)
-        beat = read_heartbeat(self.efs, address)
+        beat = self.read(self.efs, address)
         if last is not None and (beat.seq if beat else None) != last.seq and \
                 now - self.looked.get(address, now) > FRESH_WITHIN_SECONDS:
             last = None  # moved at some point in a long gap: prove it again (no change is

@@ -129,6 +129,8 @@ class Executor:
             self.shares.credentials = job_credential_store(root, job_role_arn)
             self.shares.mounts.region = self.shares.credentials.region
         self.drain = Drain(self.node, self.shares)
+        #: the executor's records for the master are signed with the node's key (node_keys)
+        self.signer = self.drain.signer
         self.joins = ElasticJoins(self.node, self.shares)
         self.scanner = JobScanner(self.node, self.shares, self.joins, self.drain)
         self.started_at = time.time()
@@ -192,7 +194,7 @@ class Executor:
         )
         path = self.node.cluster.executor_heartbeat(self.node.address)
         try:
-            store.write_record(path, record)
+            store.atomic_write(path, self.signer.signed(record.to_json()))
             back = store.read_record_or_none(path, ExecutorHeartbeat)
             self.efs_ok = bool(back and back.seq == self.seq)
         except OSError as exc:

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 
+from bootstrap_scripts import node_keys
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
@@ -32,6 +33,8 @@ class Drain:
         #: (instance id, request) once a drain request names this node
         self.request: tuple[str, DrainRecord] | None = None
         self.done = False
+        #: the ``.done`` is signed with the node's own key: the master believes only that
+        self.signer = node_keys.NodeSigner(node.paths)
 
     @property
     def requested(self) -> bool:
@@ -56,9 +59,9 @@ class Drain:
                 self.shares.cancel(r, "drained: node leaving the cluster")
         if not self.shares.running and not self.done:
             instance_id, req = self.request
-            store.write_record(self.node.cluster.drain_done(instance_id), DrainDone(
-                instance_id=instance_id, address=self.node.address,
-                requested_at=req.requested_at, done_at=time.time(),
-                executor_pid=os.getpid()))
+            store.atomic_write(self.node.cluster.drain_done(instance_id), self.signer.signed(
+                DrainDone(instance_id=instance_id, address=self.node.address,
+                          requested_at=req.requested_at, done_at=time.time(),
+                          executor_pid=os.getpid()).to_json()))
             self.done = True
             LOG.info("drain of %s done: no share running", instance_id)

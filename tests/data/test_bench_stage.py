@@ -6,9 +6,11 @@ client and of moto's server (this process) per run; no assertion on speed (one m
 cores, moto's Python server as S3: the figure compares the clients, not what S3 would give).
 
 What limits it on two cores: moto serves from one Python process (one core at most, its
-GIL), and the client and the kernel's copies share the other; a first write into memory the
-virtual machine never touched costs the kernel about 1.7 s per GiB, whichever client meets
-it (the median over rounds, not one run, is the figure)."""
+GIL), and the client and the kernel's copies share the other. A first write into memory the
+virtual machine never touched (or gave back to the host) costs the kernel about 1.7 s per
+GiB: ``aws s3 sync`` meets it in the page cache, the stager writes with direct I/O and does
+not (``bootstrap_scripts/data/fetch.py``); the median over rounds, not one run, is the
+figure."""
 
 from __future__ import annotations
 

@@ -267,7 +267,8 @@ def test_bench_torchft_recovery_in_place_vs_a_full_restart(tmp_path):
                 f"{r.lost_steps} step(s) lost); replacement rejoined at full size "
                 f"{_s(r.rejoined_s)} after its start (interpreter {_s(r.start_s)}, import + "
                 f"Manager {_s(r.import_s)}, healed from a peer: {r.healed}, weights equal "
-                f"to the survivors': {r.weights_recovered}); load before {before}, after "
+                f"to the survivors': {r.weights_recovered}; the survivors' longest step "
+                f"meanwhile {_ms(r.join_step_s)}); load before {before}, after "
                 f"{load()}")
     before = load()
     restart_s, plain = restart_trial(py, tmp_path, data)
@@ -294,6 +295,10 @@ def test_bench_torchft_recovery_in_place_vs_a_full_restart(tmp_path):
 
 def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f} s"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{1000 * v:.0f} ms"
 
 
 if __name__ == "__main__":  # pragma: no cover - a manual run: python -m tests.chaos...

@@ -57,6 +57,17 @@ def test_rejoined_is_the_replacements_first_full_size_commit_and_its_weights_are
                     replacement_pid=4)
     assert (r.start_s, r.import_s, r.rejoined_s) == (1.0, 4.0, 7.0)
     assert r.healed and r.weights_recovered
+    assert r.join_step_s == 0.003  # the survivors' steps while it joined: none was longer
+
+
+def test_the_join_costs_the_survivors_their_longest_step_while_it_joined():
+    ev = run()
+    for e in ev:
+        if e["event"] == "step" and e["pid"] == 1 and e["step"] == 24:  # t 29: at the spawn
+            e["step_s"] = 0.4  # the step in which it sent the replacement its state
+    r = tf.recovery(ev, victim_pid=3, killed_at=10.5, full=3, spawned_at=29.0,
+                    replacement_pid=4)
+    assert r.join_step_s == 0.4
 
 
 def test_weights_that_differ_from_the_survivors_are_reported():

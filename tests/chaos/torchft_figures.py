@@ -19,7 +19,8 @@ replacement process. Definitions (printed as the bench's legend):
   in which it took part at full size, through: its interpreter and torch's import
   (``start``/``ready``), the quorum that admitted it, the weights, optimizer state and step
   received from a live peer (``healing``), the first step it takes part in; **weights
-  recovered** when its checksum at that step equals a survivor's at the same step;
+  recovered** when its checksum at that step equals a survivor's at the same step; the
+  survivors' longest step while it joined (what the join costs them: they never stop);
 - **per-step overhead**: the medians, over fault-free steps at full size (each process's
   first :data:`WARMUP` steps left out), of the time waiting for the quorum and in
   ``should_commit``, and of the whole step against the same loop without torchft.
@@ -39,7 +40,8 @@ training again: the SIGKILL -> the last survivor's first committed step after it
   highest committed step before the fault minus the step they went on from.
 rejoined: the replacement process started -> its first committed step at full size
   (interpreter, torch's import, the Manager, the quorum that admits it, the state received
-  from a live peer); weights equal: its weight checksum at that step is the survivors'."""
+  from a live peer); weights equal: its weight checksum at that step is the survivors';
+  the survivors' longest step while it joined (their only cost of the join)."""
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Recovery:
     import_s: float | None = None  # its first line -> ready (torch, torchft, the Manager)
     healed: bool = False  # it received the state from a peer
     weights_recovered: bool | None = None
+    #: the survivors' longest step (step delay excluded) while the replacement joined
+    join_step_s: float | None = None
 
 
 def steps(events: list[dict], *, pid: int | None = None, replica: int | None = None
@@ -106,6 +110,9 @@ def recovery(events: list[dict], *, victim_pid: int, killed_at: float, full: int
         r.weights_recovered = bool(peers) and all(
             abs(e["checksum"] - joined["checksum"]) <= 1e-6 * max(1.0, abs(e["checksum"]))
             for e in peers)
+        during = [e["step_s"] for e in steps(events) if e["pid"] in survivors
+                  and spawned_at <= e["t"] <= joined["t"]]
+        r.join_step_s = max(during, default=None)
     return r
 
 

@@ -272,9 +272,10 @@ def test_bench_torchft_recovery_in_place_vs_a_full_restart(tmp_path):
                 f"{load()}")
     before = load()
     restart_s, plain = restart_trial(py, tmp_path, data)
-    lines.append(f"  restart (torchrun --standalone --max-restarts 1, no torchft): training "
-                 f"again {_s(restart_s)} after the SIGKILL (every worker a new process); load "
-                 f"before {before}, after {load()}")
+    lines.append(f"  full restart (no torchft; every worker stopped and started again, new "
+                 f"processes, torch's import, a new process group; the harness does torchrun's "
+                 f"part at once, no rendezvous): training again {_s(restart_s)} after the "
+                 f"SIGKILL; load before {before}, after {load()}")
     for hb, runs in figures.items():
         lines.append(f"  median of {len(runs)}, heartbeat_timeout_ms {hb}: in place, training "
                      f"again {_s(tf.median([f.again_s for f in runs]))}, replacement rejoined "

@@ -34,7 +34,11 @@ bench``): per run, the wall time cut into rows that add up to it (``goodput_brea
 launch, steps kept, steps redone, each idle stretch by cause with its events, end); after
 both, a COMPUTED PROJECTION (labelled so, beside the measured ETTR, never instead of it) of
 the measured per-fault costs with the unscaled boot, since ``SCALE`` shortens the boot but
-not torch's restarts, which favours the waiting policy.
+not torch's restarts, which favours the waiting policy. With ``make torchft-setup`` done, one
+trial of the torchft bench's harness (``test_torchft_bench.py``: real processes) measures
+recovery in place after both runs, and a second COMPUTED PROJECTION puts it in place of each
+worker loss's measured idle stretches (``goodput_breakdown.in_place_schedule``,
+``in_place_fault_cost``).
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -77,12 +78,14 @@ def torchft_python() -> str:
 
 
 def free_port() -> int:
+    """A loopback port free now (the Lighthouse's, a process group's store)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def read_events(directory: Path) -> list[dict]:
+    """Every process's event lines so far (a line being written is skipped)."""
     out = []
     for path in sorted(directory.glob("*.jsonl")):
         for line in path.read_text().splitlines():
@@ -113,7 +116,10 @@ class Procs:
                 p.wait(timeout=10)
 
 
-def wait_until(what: str, cond, timeout: float = 240.0, procs: list | None = None):
+def wait_until(what: str, cond: Callable[[], object], timeout: float = 240.0,
+               procs: list[subprocess.Popen] | None = None) -> object:
+    """``cond()``'s first true answer; fails naming ``what`` on the timeout or as soon as
+    one of ``procs`` exits non-zero (a run that broke, not a slow one)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = cond()
@@ -127,10 +133,13 @@ def wait_until(what: str, cond, timeout: float = 240.0, procs: list | None = Non
 
 
 def committed(events: list[dict], pid: int) -> int:
+    """The highest step process ``pid`` committed (0: none yet)."""
     return max((e["step"] for e in tf.steps(events, pid=pid) if e["committed"]), default=0)
 
 
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without a launcher's variables, the checkout importable (the
+    replica imports the example's data functions), Gloo on loopback only."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK",
                                                                       "WORLD_SIZE", "MASTER"))}
     env.update({"PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
@@ -233,6 +242,7 @@ def restart_trial(py: str, tmp: Path, data: Path) -> tuple[float | None, tf.Over
 
 
 def load() -> str:
+    """The load averages, printed beside each figure (the machine is shared)."""
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 

@@ -160,6 +160,8 @@ def write_data(path: Path) -> None:
 
 def torchft_trial(py: str, tmp: Path, data: Path, name: str, heartbeat_ms: int
                   ) -> tuple[tf.Recovery, tf.Overhead | None]:
+    """One in-place trial (module docstring, 1.): its recovery figures and the fault-free
+    steps' overhead, from the processes' own event lines."""
     run = tmp / name
     run.mkdir()
     procs = Procs()
@@ -205,6 +207,8 @@ def torchft_trial(py: str, tmp: Path, data: Path, name: str, heartbeat_ms: int
 
 
 def restart_trial(py: str, tmp: Path, data: Path) -> tuple[float | None, tf.Overhead | None]:
+    """The full restart (module docstring, 2.): its "training again" and the plain loop's
+    fault-free steps (the overhead's reference)."""
     run = tmp / "restart"
     run.mkdir()
     procs = Procs()

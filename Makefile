@@ -14,7 +14,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_CLI_NOTICES := false
 NO_AWS := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE
 
-.PHONY: help setup checkov-setup system-deps demo-deps tf-deps test test-tf lint synth demo bench chaos clean
+.PHONY: help setup checkov-setup torchft-setup system-deps demo-deps tf-deps test test-tf lint synth demo bench chaos clean
 
 help:
 	@echo "make demo    deploy the cluster to a local AWS emulator and train across its nodes"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench   print the performance figures"
 	@echo "make chaos   run the fault drills and print their table"
 	@echo "make setup   create .venv and install the Python and npm dependencies"
+	@echo "make torchft-setup  install torchft into .venv-torchft (its recovery bench, make bench)"
 	@echo "make test-tf install tensorflow-cpu (make tf-deps) and run the TensorFlow tests"
 
 setup: $(VENV)/.setup-stamp node_modules/.setup-stamp
@@ -46,6 +47,15 @@ checkov-setup: .venv-checkov/.setup-stamp
 .venv-checkov/.setup-stamp: requirements-checkov.txt
 	@test -x .venv-checkov/bin/python || python3 -m venv .venv-checkov
 	.venv-checkov/bin/python -m pip install -q --disable-pip-version-check -r requirements-checkov.txt
+	@touch $@
+
+# torchft (tests/chaos/test_torchft_bench.py, make bench) in a venv of its own, only when
+# asked: never part of make setup, the product does not depend on it (docs/runner.md).
+torchft-setup: .venv-torchft/.setup-stamp
+
+.venv-torchft/.setup-stamp: requirements-torchft.txt
+	@test -x .venv-torchft/bin/python || python3 -m venv .venv-torchft
+	.venv-torchft/bin/python -m pip install -q --disable-pip-version-check -r requirements-torchft.txt
 	@touch $@
 
 # Debian packages the MPI and multi-node tests use (sshd, Open MPI, iptables for each node's

@@ -217,3 +217,32 @@ def goal_rates(waiting: list[float], elastic: list[float], *, ettr: float = 0.9,
         return for_ettr, None, None  # the ratio never reaches it: c_w / c_e is its limit
     t = (cw - ratio * ce) / (ratio - 1)
     return for_ettr, t, 1 / (1 + ce / t)
+
+
+def in_place_schedule(b: Breakdown, kinds: list[str], *, productive_s: float, step_s: float,
+                      lost_steps: dict[int, int], again_s: float, join_s: float
+                      ) -> tuple[float, float]:
+    """A computed projection, never a measurement: (wall time, ETTR) of the measured run had
+    each worker loss cost ``again_s`` (the survivors' pause with recovery in place: torchft's,
+    measured by its own bench) and its replacement's join ``join_s`` (the survivors' longest
+    step meanwhile) instead of its measured idle stretches and redone steps. The other
+    faults, the launch, the end and the steps kept stay as measured."""
+    wall = b.wall_s
+    for k, what in enumerate(kinds):
+        if what == "worker killed":
+            wall += again_s + join_s - b.fault_cost(k) - lost_steps.get(k, 0) * step_s
+    return wall, productive_s / wall if wall > 0 else 0.0
+
+
+def in_place_fault_cost(kinds: list[str], measured: list[float], *, again_s: float,
+                        join_s: float, rejoin_s: float, boot_real: float, full_size: int,
+                        shrunk_size: int, spare: bool = False) -> list[float]:
+    """Each fault's cost at the real boot with recovery in place (a computed projection):
+    a worker loss costs the survivors' pause and the join, plus the missing node's share of
+    the time on ``shrunk_size`` nodes until the replacement (booted, ``boot_real``) has
+    rejoined (``rejoin_s``: its start, import and the state from a peer) -- or nothing more
+    with a ``spare`` replica group already in the quorum, which takes the lost one's place;
+    any other fault keeps its ``measured`` cost (same order as ``kinds``)."""
+    share = 0.0 if spare else (1 - shrunk_size / full_size) * (boot_real + rejoin_s)
+    return [again_s + join_s + share if what == "worker killed" else cost
+            for what, cost in zip(kinds, measured, strict=True)]

@@ -34,7 +34,11 @@ bench``): per run, the wall time cut into rows that add up to it (``goodput_brea
 launch, steps kept, steps redone, each idle stretch by cause with its events, end); after
 both, a COMPUTED PROJECTION (labelled so, beside the measured ETTR, never instead of it) of
 the measured per-fault costs with the unscaled boot, since ``SCALE`` shortens the boot but
-not torch's restarts, which favours the waiting policy.
+not torch's restarts, which favours the waiting policy. With ``make torchft-setup`` done, one
+trial of the torchft bench's harness (``test_torchft_bench.py``: real processes) measures
+recovery in place after both runs, and a second COMPUTED PROJECTION puts it in place of each
+worker loss's measured idle stretches (``goodput_breakdown.in_place_schedule``,
+``in_place_fault_cost``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ from bootstrap_scripts.protocol.records import RankProgress, ShareStarted
 from emulator.resources import create_cluster
 from tests.chaos import goodput
 from tests.chaos import goodput_breakdown as bd
+from tests.chaos import test_torchft_bench as ftb
+from tests.chaos import torchft_figures as tf
 from tests.chaos.drills import wait_for
 from tests.conftest import REGION
 from tests.support.cluster import free_rdzv_port
@@ -274,7 +280,7 @@ def test_bench_goodput_elastic_vs_waiting_for_the_replacement(emu, moto_reset, t
           f"registers {BOOT_DELAY:.0f} s after the loss ({REALISTIC_BOOT:.0f} s x "
           f"{SCALE:.4g})")
     print(goodput.report([waiting, elastic], full_size=FULL))
-    print(projection_text())
+    print(projection_text(measure_in_place(tmp_path)))
     print("master lost: not in this schedule (an executor-only cluster has no agent to take "
           "the cluster over from EFS); the full demo plays it: make chaos, drill (j), "
           "make demo ARGS=\"--kill-master-after 1\" (a master-lost restart under either "
@@ -303,8 +309,24 @@ def fault_costs(figures: goodput.RunFigures, b: bd.Breakdown) -> list[float]:
     return [c for c, what in zip(costs, kinds, strict=True) if what != "straggler"]
 
 
-def projection_text() -> str:
-    """The computed projection, labelled as such, beside (never instead of) the measured ETTR."""
+def measure_in_place(tmp: Path) -> tf.Recovery | None:
+    """One trial of the torchft bench's harness (``test_torchft_bench.py``: real processes,
+    torchft's Lighthouse as shipped) after the goodput runs, for the in-place projection;
+    None (said so) without ``make torchft-setup``."""
+    py = ftb.torchft_python()
+    if not py:
+        print("in-place projection: torchft not installed: make torchft-setup")
+        return None
+    data = tmp / "digits.pt"
+    ftb.write_data(data)
+    r, _o = ftb.torchft_trial(py, tmp, data, "in-place", ftb.HEARTBEAT_TIMEOUTS_MS[0])
+    return r if r.again_s is not None and r.rejoined_s is not None else None
+
+
+def projection_text(in_place: tf.Recovery | None = None) -> str:
+    """The computed projection, labelled as such, beside (never instead of) the measured
+    ETTR; with ``in_place`` (torchft's measured recovery), what the same schedule and the
+    realistic rates would give if a worker loss were recovered in place."""
     out = [f"COMPUTED PROJECTION (not measured): the measured cost of each worker loss and of "
            f"the hang, with the replacement's boot put back to {REALISTIC_BOOT:.0f} s (this "
            f"run scaled it by {SCALE:.4g} to {BOOT_DELAY:.0f} s while torch's restarts on 2 "
@@ -331,4 +353,49 @@ def projection_text() -> str:
                if for_ratio else "- (never: the cost ratio is below 1.5)")
             + ("; both at once: possible" if for_ettr and for_ratio and for_ratio >= for_ettr
                else "; both at once: not possible with these costs"))
+    if in_place is not None and "elastic" in RUNS and "waiting" in per_policy:
+        out += in_place_text(in_place, per_policy)
     return "\n".join(out)
+
+
+def in_place_text(r: tf.Recovery, per_policy: dict[str, list[float]]) -> list[str]:
+    """The in-place lines (COMPUTED from torchft's measured recovery and this run's costs)."""
+    figures, b = RUNS["elastic"]
+    kinds = [f.what for f in figures.faults]
+    join = r.join_step_s or 0.0
+    wall, ettr = bd.in_place_schedule(
+        b, kinds, productive_s=figures.productive_s, step_s=figures.reference_s,
+        lost_steps={k: f.lost_steps or 0 for k, f in enumerate(figures.faults)},
+        again_s=r.again_s, join_s=join)
+    waiting = RUNS["waiting"][0].ettr
+    out = [f"COMPUTED PROJECTION (not measured), recovery in place: torchft's measured "
+           f"recovery (real processes, this machine, just now: survivors training again "
+           f"{r.again_s:.1f} s after a SIGKILL, their longest step while the replacement "
+           f"joined {1000 * join:.0f} ms, the replacement back at full size {r.rejoined_s:.1f} "
+           f"s after its start) put in place of each worker loss's measured idle stretches "
+           f"in the elastic run: this schedule's wall {wall:.1f} s -> ETTR {ettr:.3f} "
+           f"(measured elastic {figures.ettr:.3f}, waiting {waiting:.3f}: "
+           f"{ettr / waiting if waiting else 0:.2f}x); the hang, launch, end as measured"]
+    measured = fault_costs(figures, b)  # the loss and hang costs, in order
+    launch_end = b.rows[0][1] + next(s for n, s in b.rows if n.startswith("end:"))
+    for spare in (False, True):
+        costs = bd.in_place_fault_cost(
+            [k for k in kinds if k != "straggler"], measured, again_s=r.again_s, join_s=join,
+            rejoin_s=r.rejoined_s, boot_real=REALISTIC_BOOT, full_size=FULL,
+            shrunk_size=FULL - 1, spare=spare)
+        proj = bd.projection(costs, launch_end_s=launch_end, work_h=WORK_H, mtbfs_h=MTBF_H)
+        for_ettr, for_ratio, there = bd.goal_rates(per_policy["waiting"], costs)
+        how = ("with a spare group already in the quorum taking the lost one's place"
+               if spare else f"on {FULL - 1} of {FULL} nodes until the replacement rejoined")
+        out.append(
+            f"  in place, boot {REALISTIC_BOOT:.0f} s, {how}: per-fault cost "
+            + ", ".join(f"{c:.0f}" for c in costs) + " s -> ETTR "
+            + ", ".join(f"{p.ettr:.3f} at MTBF {p.mtbf_h:g} h" for p in proj)
+            + "; >= 0.9 needs faults >= "
+            + (f"{for_ettr / 60:.1f} min of work apart" if for_ettr else "- (never)")
+            + ", >= 1.5x waiting needs them <= "
+            + (f"{for_ratio / 60:.1f} min apart (ETTR there {there:.3f})" if for_ratio
+               else "- (never)")
+            + ("; both at once: possible" if for_ettr and for_ratio and for_ratio >= for_ettr
+               else "; both at once: not possible"))
+    return out

@@ -93,3 +93,25 @@ def test_the_fault_intervals_the_goals_need():
     assert for_ettr == pytest.approx(540.0) and for_ratio == pytest.approx(300.0)
     assert ettr_there == pytest.approx(1 / 1.2)
     assert bd.goal_rates([80.0], [60.0])[1:] == (None, None)  # 1.33x at most
+
+
+def test_in_place_the_losses_idle_stretches_give_way_to_the_measured_pause():
+    b = elastic_breakdown()  # the loss: 10 s idle, 4 s of the join, wall 50 s
+    wall, ettr = bd.in_place_schedule(b, ["worker killed"], productive_s=20.0, step_s=0.5,
+                                      lost_steps={0: 2}, again_s=5.0, join_s=0.1)
+    assert wall == pytest.approx(50.0 - 14.0 - 1.0 + 5.1)
+    assert ettr == pytest.approx(20.0 / wall)
+    assert bd.in_place_schedule(b, ["rank hung"], productive_s=20.0, step_s=0.5,
+                                lost_steps={}, again_s=5.0, join_s=0.1) == (50.0, 0.4)
+
+
+def test_in_place_at_the_real_boot_a_loss_still_costs_the_missing_nodes_share():
+    kinds = ["worker killed", "rank hung"]
+    costs = bd.in_place_fault_cost(kinds, [84.0, 27.0], again_s=5.0, join_s=0.1,
+                                   rejoin_s=4.0, boot_real=240.0, full_size=4,
+                                   shrunk_size=3)
+    assert costs == [pytest.approx(5.1 + 0.25 * 244.0), 27.0]
+    spare = bd.in_place_fault_cost(kinds, [84.0, 27.0], again_s=5.0, join_s=0.1,
+                                   rejoin_s=4.0, boot_real=240.0, full_size=4,
+                                   shrunk_size=3, spare=True)
+    assert spare == [pytest.approx(5.1), 27.0]

@@ -70,7 +70,8 @@ class Roster:
         return self.key.verify if self.key else None
 
     def prepare_key(self) -> None:
-        """Build the KMS client now (master STARTING), not on the first publish's path."""
+        """Build the KMS client and fetch the public key now (master STARTING), not on the
+        first publish's path."""
         if self.key is not None:
             self.key.prepare(self.log)
 

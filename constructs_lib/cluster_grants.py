@@ -33,10 +33,12 @@ def grant_node_roles(*, master: NodeGroup, workers: NodeGroup, queues: MetadataQ
     # there could swallow what the master must learn (docs/security.md).
     queues.grant_agent_access(master.role)
     queues.grant_lost_notifications_read(master.role)
-    # Only the master signs the membership; every node checks the master's signature.
+    # Only the master signs the membership; every node checks the master's signature with
+    # the key's public half, fetched once at agent start (kms:GetPublicKey) and used locally
+    # (bootstrap_scripts/agent/membership_key.py): no kms:Verify per document.
     membership_key.grant(master.role, "kms:Sign")
     for group in (master, workers):
-        membership_key.grant(group.role, "kms:Verify")
+        membership_key.grant(group.role, "kms:GetPublicKey")
     for group in (master, workers):
         grant_node_access(group.role, node_scripts=node_scripts,
                           file_system=file_system)

@@ -136,7 +136,7 @@ def install() -> None:
     ssm_agent.install()  # Run Command runs on the emulated nodes (emulator/ssm_agent.py)
     capacity.install()  # insufficient capacity and prioritized type fallback (emulator/capacity.py)
     pricing.install()  # the Price List API's GetProducts (emulator/pricing.py)
-    moto_kms.install()  # key policies name existing principals only (emulator/moto_kms.py)
+    moto_kms.install()  # key policies, signing keys, DIGEST signing (emulator/moto_kms.py)
     moto_custom_resources.install()  # Custom::AWS calls (emulator/moto_custom_resources.py)
     moto_emr.install()  # v2 EMR policies need tagged subnets and groups (emulator/moto_emr.py)
     service_quotas.install()  # EC2's vCPU quotas of a new account (emulator/service_quotas.py)

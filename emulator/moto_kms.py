@@ -22,10 +22,24 @@ suffix" (moto says ``EntityAlreadyExists``), so a product that tolerates the exi
 is tested against the error AWS really returns
 (https://docs.aws.amazon.com/IAM/latest/APIReference/API_CreateServiceLinkedRole.html lists
 ``InvalidInput`` among its errors).
+
+Sign and Verify with ``MessageType=DIGEST`` (the membership key's calls) treat the message as
+the digest, as KMS does: "When the value is DIGEST, KMS skips the hashing step in the signing
+algorithm", and the digest must be as long as the algorithm's hash
+(https://docs.aws.amazon.com/kms/latest/APIReference/API_Sign.html,
+https://docs.aws.amazon.com/kms/latest/APIReference/API_Verify.html). moto ignores
+``MessageType`` and hashes the digest again, so its signature would not verify with the
+key's public half outside KMS (what every node does: AWS's "offline verification"); here an
+ECC key signs and verifies the digest as given (ECDSA over the prehashed digest). RSA keys
+keep moto's behaviour (the stack makes none). GetPublicKey also answers ``KeySpec`` (moto
+answers only the deprecated ``CustomerMasterKeySpec``, which AWS answers with the same value)
+and the key's ARN as ``KeyId``, as AWS does
+(https://docs.aws.amazon.com/kms/latest/APIReference/API_GetPublicKey.html).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import re
 from typing import Any
@@ -33,6 +47,10 @@ from typing import Any
 _IDENTITY_ARN = re.compile(r"^arn:(?P<partition>[\w-]+):iam::(?P<account>\d{12}):"
                            r"(?P<kind>role|user)(?P<rest>/.+)$")
 _INSTALLED = False
+#: Set while a Sign or Verify call with ``MessageType=DIGEST`` is answered (this thread's).
+_DIGEST: contextvars.ContextVar[bool] = contextvars.ContextVar("kms_digest", default=False)
+#: A digest's length for each signing algorithm's hash (ECDSA_SHA_256 -> 32 bytes).
+DIGEST_BYTES = {"SHA_256": 32, "SHA_384": 48, "SHA_512": 64}
 
 
 def policy_principals(policy: Any) -> list[str]:
@@ -169,6 +187,85 @@ def _wrap_create_service_linked_role(original: Any) -> Any:
     return create_service_linked_role
 
 
+def digest_length(signing_algorithm: str) -> int | None:
+    """The digest length ``signing_algorithm`` takes with ``MessageType=DIGEST`` (None: not
+    a SHA-2 algorithm this emulator knows; moto answers it)."""
+    return next((n for suffix, n in DIGEST_BYTES.items()
+                 if signing_algorithm.endswith(suffix)), None)
+
+
+def _prehashed(signing_algorithm: str) -> Any:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, utils
+
+    algorithm = {32: hashes.SHA256(), 48: hashes.SHA384(), 64: hashes.SHA512()}[
+        digest_length(signing_algorithm) or 32]
+    return ec.ECDSA(utils.Prehashed(algorithm))
+
+
+def _wrap_digest_call(original: Any) -> Any:
+    """KmsResponse.sign / verify: with ``MessageType=DIGEST``, refuse a digest of the wrong
+    length as KMS does, and have the ECC key skip its hashing step for this call."""
+    def call(self: Any) -> str:
+        if self._get_param("MessageType") != "DIGEST":
+            return original(self)
+        from moto.kms.exceptions import ValidationException
+
+        algorithm = str(self._get_param("SigningAlgorithm") or "")
+        message = self._get_param("Message") or b""
+        length = digest_length(algorithm)
+        if length is not None and message and len(message) != length:
+            raise ValidationException(f"Digest is invalid length for algorithm {algorithm}.")
+        token = _DIGEST.set(True)
+        try:
+            return original(self)
+        finally:
+            _DIGEST.reset(token)
+
+    return call
+
+
+def _wrap_ecdsa_sign(original: Any) -> Any:
+    def sign(self: Any, message: bytes, signing_algorithm: str) -> bytes:
+        if not _DIGEST.get():
+            return original(self, message, signing_algorithm)
+        from moto.kms.utils import validate_signing_algorithm
+
+        validate_signing_algorithm(signing_algorithm, self.valid_signing_algorithms)
+        return self.private_key.sign(message, _prehashed(signing_algorithm))
+
+    return sign
+
+
+def _wrap_ecdsa_verify(original: Any) -> Any:
+    def verify(self: Any, message: bytes, signature: bytes, signing_algorithm: str) -> bool:
+        if not _DIGEST.get():
+            return original(self, message, signature, signing_algorithm)
+        from cryptography.exceptions import InvalidSignature
+        from moto.kms.utils import validate_signing_algorithm
+
+        validate_signing_algorithm(signing_algorithm, self.valid_signing_algorithms)
+        try:
+            self.private_key.public_key().verify(signature, message,
+                                                 _prehashed(signing_algorithm))
+        except InvalidSignature:
+            return False
+        return True
+
+    return verify
+
+
+def _wrap_get_public_key(original: Any) -> Any:
+    """GetPublicKey's answer with ``KeySpec`` and the key's ARN, as AWS answers it."""
+    def get_public_key(self: Any) -> str:
+        answer = json.loads(original(self))
+        answer["KeySpec"] = answer.get("CustomerMasterKeySpec")
+        answer["KeyId"] = self.kms_backend.describe_key(self._get_param("KeyId")).arn
+        return json.dumps(answer)
+
+    return get_public_key
+
+
 def install() -> None:
     """Patch moto's KMS and IAM backends in this process (idempotent)."""
     global _INSTALLED
@@ -176,6 +273,8 @@ def install() -> None:
         return
     from moto.iam.models import IAMBackend
     from moto.kms.models import Key, KmsBackend
+    from moto.kms.responses import KmsResponse
+    from moto.kms.utils import ECDSAPrivateKey
 
     KmsBackend.create_key = _wrap_create_key(KmsBackend.create_key)  # type: ignore[method-assign]
     KmsBackend.put_key_policy = _wrap_put_key_policy(  # type: ignore[method-assign]
@@ -184,4 +283,11 @@ def install() -> None:
         Key.__dict__["create_from_cloudformation_json"])
     IAMBackend.create_service_linked_role = _wrap_create_service_linked_role(  # type: ignore[method-assign]
         IAMBackend.create_service_linked_role)
+    KmsResponse.sign = _wrap_digest_call(KmsResponse.sign)  # type: ignore[method-assign]
+    KmsResponse.verify = _wrap_digest_call(KmsResponse.verify)  # type: ignore[method-assign]
+    KmsResponse.get_public_key = _wrap_get_public_key(  # type: ignore[method-assign]
+        KmsResponse.get_public_key)
+    ECDSAPrivateKey.sign = _wrap_ecdsa_sign(ECDSAPrivateKey.sign)  # type: ignore[method-assign]
+    ECDSAPrivateKey.verify = _wrap_ecdsa_verify(  # type: ignore[method-assign]
+        ECDSAPrivateKey.verify)
     _INSTALLED = True

@@ -100,7 +100,7 @@ class Drains:
             text = self.cluster.drain_request(instance_id).read_text()
             return membership_signature.check(text, self.verify, "drain request")
         except MembershipKeyError as exc:
-            return f"KMS could not verify it: {exc}"
+            return f"not checked (the membership key could not be had from KMS): {exc}"
         except (OSError, UnicodeDecodeError) as exc:
             return f"unreadable: {exc}"
 

@@ -52,7 +52,6 @@ from bootstrap_scripts.agent.drains import Drains
 from bootstrap_scripts.agent.lost_notifications import LOOKBACK_SECONDS, LostNotifications
 from bootstrap_scripts.agent.lost_notifications import reason as lost_reason
 from bootstrap_scripts.agent.master_state import GroupSetup, MasterState, load_state
-from bootstrap_scripts.agent.membership_key import membership_verifier
 from bootstrap_scripts.agent.roster import Roster, SetupFailed
 from bootstrap_scripts.agent.settings import EXIT_FAILED
 from bootstrap_scripts.protocol import launches, state, store
@@ -129,7 +128,7 @@ class Master:
         self.roster = Roster(agent, aws)
         self.drains = Drains(agent.cluster, aws, drain_timeout=self.config.drain_timeout,
                              log=agent.log, sign=self.roster.sign,
-                             verify=membership_verifier(self.config), records=self.roster.records)
+                             verify=self.roster.verify, records=self.roster.records)
         self.phase = Phase.STARTING
         self.failure = ""
         self.state = MasterState(setup_started=time.time())

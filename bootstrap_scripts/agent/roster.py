@@ -19,7 +19,7 @@ from bootstrap_scripts.agent.membership_key import MembershipKey, membership_key
 from bootstrap_scripts.node_keys import RecordCheck
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, build_membership
-from bootstrap_scripts.protocol.membership_signature import Signer
+from bootstrap_scripts.protocol.membership_signature import Signer, Verifier
 from bootstrap_scripts.protocol.records import Registration
 
 if TYPE_CHECKING:
@@ -66,8 +66,15 @@ class Roster:
         """The master's signer (None: no membership key, documents go out unsigned)."""
         return self.key.sign if self.key else None
 
+    @property
+    def verify(self) -> Verifier | None:
+        """The master's own check of what the master signed (a drain record it resumes),
+        with the key :meth:`prepare_key` fetched the public half of (None: unsigned)."""
+        return self.key.verify if self.key else None
+
     def prepare_key(self) -> None:
-        """Build the KMS client now (master STARTING), not on the first publish's path."""
+        """Build the KMS client and fetch the public key now (master STARTING), not on the
+        first publish's path."""
         if self.key is not None:
             self.key.prepare(self.log)
 

@@ -6,13 +6,14 @@ The watch opens ``cluster/membership.json`` and ``fstat``s it every ``--watch-in
 up to a minute. Before the first publish the cluster directory is opened each tick, so the
 NFS client's cached "no such file" does not hide the first generation.
 
-With ``--membership-key`` (the stack always sets it) a document is applied only once KMS
-confirms the master's signature (``protocol.membership_signature``): root on another worker
-can write the file, not make this one apply it. The KMS client is built before the watch
-starts (``agent.membership_key``): built at the first document, every worker would build
-it when generation 1 arrives, all at once. A refused document is logged and left
-alone until the next publish; a KMS call that failed (network, throttling) is retried on
-the next tick.
+With ``--membership-key`` (the stack always sets it) a document is applied only once the
+master's signature checks out with the key's public half (``protocol.membership_signature``):
+root on another worker can write the file, not make this one apply it. The KMS client is
+built, and the public key fetched, before the watch starts (``agent.membership_key``): at
+the first document, every worker would do it when generation 1 arrives, all at once; with
+the public key in hand, a check is local, no KMS call. A refused document is logged and
+left alone until the next publish; a GetPublicKey that failed (network, throttling) is
+retried on the next tick.
 
 Every fourth tick the worker also looks for its own drain request: once the master drains
 it, it stops heartbeating (it is leaving; a heartbeat now would only leave a ghost

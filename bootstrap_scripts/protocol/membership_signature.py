@@ -5,9 +5,10 @@ so root on any worker (or a job that reached it) could write ``cluster/membershi
 the other workers would then apply that membership (their ``/etc/hosts``, hostfiles, the
 rendezvous address of every job). The fix that needs no change to how nodes mount: the
 master signs each document it publishes with a KMS key only the master's role may use
-(``kms:Sign``), and workers apply a document only once KMS confirms the signature
-(``kms:Verify``, granted to both roles). A worker can still write the file; it cannot make
-another worker believe it.
+(``kms:Sign``), and workers apply a document only once the signature checks out with the
+key's public half (``kms:GetPublicKey``, granted to both roles, fetched once per agent; the
+check itself is local). A worker can still write the file; it cannot make another worker
+believe it.
 
 The signed bytes are the document without its ``signature`` member, as compact JSON with
 sorted keys (:func:`signed_bytes`); ``signature`` carries the key, the algorithm and the

@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import boto3
 import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, utils
 
 from bootstrap_scripts.agent.membership_key import MembershipKey, MembershipKeyError
 from bootstrap_scripts.agent.roster import Roster
@@ -27,15 +29,21 @@ KEY = "arn:aws:kms:us-east-1:123456789012:key/test"
 
 
 class FakeKms:
-    class exceptions:
-        class KMSInvalidSignatureException(Exception):
-            pass
+    """Signs with a P-256 key of its own as KMS signs a DIGEST, and hands out its public
+    half as GetPublicKey does (the nodes check signatures locally with it)."""
+
+    private = ec.generate_private_key(ec.SECP256R1())
 
     def sign(self, **kw):
-        return {"KeyId": kw["KeyId"], "Signature": b"signed:" + kw["Message"]}
+        assert kw["MessageType"] == "DIGEST"
+        value = self.private.sign(kw["Message"], ec.ECDSA(utils.Prehashed(hashes.SHA256())))
+        return {"KeyId": kw["KeyId"], "Signature": value}
 
-    def verify(self, **kw):
-        return {"SignatureValid": kw["Signature"] == b"signed:" + kw["Message"]}
+    def get_public_key(self, **kw):
+        der = self.private.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return {"KeyId": kw["KeyId"], "PublicKey": der, "KeySpec": "ECC_NIST_P256",
+                "KeyUsage": "SIGN_VERIFY", "SigningAlgorithms": ["ECDSA_SHA_256"]}
 
 
 class Sessions:

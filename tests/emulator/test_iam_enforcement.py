@@ -90,7 +90,7 @@ def test_roles_are_held_to_their_policies_as_aws_holds_them(enforced: str) -> No
         "Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Action": ["sqs:ReceiveMessage", "sqs:GetQueueUrl"],
              "Resource": mine_arn},
-            {"Effect": "Allow", "Action": "kms:Sign", "Resource": key},
+            {"Effect": "Allow", "Action": ["kms:Sign", "kms:GetPublicKey"], "Resource": key},
             {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::data/ok/*"},
             {"Effect": "Allow", "Action": ["sts:AssumeRole", "sts:TagSession"],
              "Resource": "*"}]}))
@@ -113,6 +113,8 @@ def test_roles_are_held_to_their_policies_as_aws_holds_them(enforced: str) -> No
     denied(lambda: n_sqs.get_queue_url(QueueName="other"))
     n_kms.sign(KeyId=key, Message=b"x", SigningAlgorithm="ECDSA_SHA_256")
     denied(lambda: n_kms.encrypt(KeyId=other_key, Plaintext=b"x"))
+    n_kms.get_public_key(KeyId=key)  # every node's one call for the membership key
+    denied(lambda: n_kms.get_public_key(KeyId=other_key))
     n_s3.get_object(Bucket="data", Key="ok/a")
     denied(lambda: n_s3.get_object(Bucket="data", Key="no/a"))
     # a role trusted to EC2 only is not the node's to assume

@@ -2,7 +2,8 @@
 it names, so root on one worker (which can write anything on EFS) could stop the jobs on
 every other worker by writing ``cluster/drain/<their id>.json``. The master signs each
 drain request with the cluster's membership key (moto's real KMS server: ``kms:Sign`` on
-the master, ``kms:Verify`` on every node); a worker's agent takes only its own, signed
+the master; every node checks with the key's public half from ``kms:GetPublicKey``,
+locally); a worker's agent takes only its own, signed
 request and hands its job executor a copy on the node's own disk, and the executor drains
 on that copy only.
 

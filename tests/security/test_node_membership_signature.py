@@ -1,7 +1,7 @@
 """Drill: workers cannot speak for the master. A membership a worker wrote on EFS (root on
 every node can write there) is not applied by the other workers; the master's, signed with
-the cluster's KMS key (moto's real server: ``kms:Sign`` on the master, ``kms:Verify`` on
-every node), is.
+the cluster's KMS key (moto's real server: ``kms:Sign`` on the master; every node checks
+locally with the key's public half from ``kms:GetPublicKey``), is.
 
 The worker side is the agent's own code (``worker.apply_from_efs``, then the node files of
 ``node_files.apply_membership``); before the signature, the forged generation replaced the

@@ -6,7 +6,8 @@ as its owner, the controller starts a request's attempts as its owner: before, t
 file ran its command as root on every node, the master included, whose root holds the
 master's role. Now root's job files run only with the master's signature
 (``bootstrap_scripts.jobs.engine.root_jobs``; the key is the membership key: ``kms:Sign``
-the master's role alone, ``kms:Verify`` every node's, on moto's real KMS server here).
+the master's role alone, ``kms:GetPublicKey`` every node's, which checks locally; on moto's
+real KMS server here).
 
 The planted files are a real job's, copied by the attacker with its command changed: the
 attacker has a template, not the key. That only the master's role may sign is the stack's

@@ -49,10 +49,12 @@ def test_the_membership_key_is_an_asymmetric_signing_key(template: Template) -> 
 
 
 def test_only_the_master_signs_the_membership_every_node_verifies(template: Template) -> None:
+    """Every node verifies locally with the key's public half (kms:GetPublicKey, once per
+    agent); none calls kms:Verify, so none is granted it."""
     assert kms_actions_on_key(template, "MasterGroupInstanceRoleDefaultPolicy") == {
-        "kms:Sign", "kms:Verify"}
+        "kms:Sign", "kms:GetPublicKey"}
     assert kms_actions_on_key(template, "WorkerGroupInstanceRoleDefaultPolicy") == {
-        "kms:Verify"}
+        "kms:GetPublicKey"}
 
 
 def test_both_roles_get_the_key_in_their_user_data(template: Template) -> None:

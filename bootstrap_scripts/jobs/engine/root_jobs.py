@@ -13,10 +13,12 @@ the membership key (``kms:Sign``, which only the master's role has) over the SHA
 file's exact bytes, in ``<name>.sig`` beside it (root's, written before the file itself, so
 the file's appearance is still the go). ``dl-run`` run by root on the master signs; on a
 worker the same command fails at once, naming why (its role may not sign). The executors
-verify a root spec, and the controller a root request, with ``kms:Verify`` against the key
+verify a root spec, and the controller a root request, with the public half of the key
 installed on the node (``etc/dl-cluster/membership-key``, from the user data, never from
-EFS) before acting. Users' jobs are unchanged: a user's file runs as that user, which root on
-a worker could already impersonate on EFS (NFS trusts the client's uids).
+EFS; fetched once with ``kms:GetPublicKey`` and checked locally, the membership's own check:
+``agent.membership_key``) before acting. Users' jobs are unchanged: a user's file runs as
+that user, which root on a worker could already impersonate on EFS (NFS trusts the client's
+uids).
 
 A node without an installed key (a cluster built without one: the emulator's bare test
 clusters) signs and checks nothing, as the membership does.
@@ -76,8 +78,8 @@ def parse_signature(text: str) -> Signature:
         raise ValueError(f"malformed signature: {exc}") from None
 
 
-#: ``sign(digest) -> Signature``; ``verify(digest, signature) -> bool`` (raises when KMS
-#: cannot be asked: the caller looks again later).
+#: ``sign(digest) -> Signature``; ``verify(digest, signature) -> bool`` (raises when the
+#: public key could not be fetched from KMS yet: the caller looks again later).
 Sign = Callable[[bytes], Signature]
 Verify = Callable[[bytes, Signature], bool]
 

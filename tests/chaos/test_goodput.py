@@ -35,7 +35,7 @@ launch, steps kept, steps redone, each idle stretch by cause with its events, en
 both, a COMPUTED PROJECTION (labelled so, beside the measured ETTR, never instead of it) of
 the measured per-fault costs with the unscaled boot, since ``SCALE`` shortens the boot but
 not torch's restarts, which favours the waiting policy. With ``make torchft-setup`` done, one
-trial of the torchft bench's harness (``test_torchft_bench.py``: real processes) measures
+trial of the torchft bench's harness (``torchft_trials.py``: real processes) measures
 recovery in place after both runs, and a second COMPUTED PROJECTION puts it in place of each
 worker loss's measured idle stretches (``goodput_breakdown.in_place_schedule``,
 ``in_place_fault_cost``).
@@ -58,8 +58,8 @@ from bootstrap_scripts.protocol.records import RankProgress, ShareStarted
 from emulator.resources import create_cluster
 from tests.chaos import goodput
 from tests.chaos import goodput_breakdown as bd
-from tests.chaos import test_torchft_bench as ftb
 from tests.chaos import torchft_figures as tf
+from tests.chaos import torchft_trials as ftb
 from tests.chaos.drills import wait_for
 from tests.conftest import REGION
 from tests.support.cluster import free_rdzv_port
@@ -310,7 +310,7 @@ def fault_costs(figures: goodput.RunFigures, b: bd.Breakdown) -> list[float]:
 
 
 def measure_in_place(tmp: Path) -> tf.Recovery | None:
-    """One trial of the torchft bench's harness (``test_torchft_bench.py``: real processes,
+    """One trial of the torchft bench's harness (``torchft_trials.py``: real processes,
     torchft's Lighthouse as shipped) after the goodput runs, for the in-place projection;
     None (said so) without ``make torchft-setup``."""
     py = ftb.torchft_python()

@@ -121,3 +121,45 @@ def test_only_root_signs(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert root_jobs.signer(tmp_path) is not None
     assert root_jobs.signer(tmp_path / "nokey") is None
+
+
+def test_a_root_request_is_checked_over_the_very_bytes_that_are_parsed(tmp_path, monkeypatch):
+    """The controller reads root's ``request.json`` once and checks the signature over what
+    it parses (``managed.checked_request``): a forged request swapped in for one read and the
+    signed one back for another cannot run. Here every read after the first returns the
+    signed request, the first the forged one (the attacker's best timing)."""
+    from bootstrap_scripts.jobs.engine import managed, userfiles
+    from bootstrap_scripts.protocol.jobs import RunRequest
+    from bootstrap_scripts.protocol.managed_records import ManagedRequest
+    from bootstrap_scripts.protocol.paths import ClusterPaths
+
+    paths = ClusterPaths(tmp_path).managed("j", "root")
+    paths.dir.mkdir(parents=True)
+
+    def request(command: str) -> str:
+        return ManagedRequest(job_id="j", run=RunRequest(job_id="j", command=(command,)),
+                              submitted_at=1.0, user="root").to_json()
+
+    signed, forged = request("true"), request("evil")
+    root_jobs.sign_before(paths.request, signed, sign)
+    paths.request.write_text(signed)
+    real, reads = userfiles.read_owned, []
+
+    def swapping(directory, name, **kw):
+        owned = real(directory, name, **kw)
+        if name == paths.request.name:
+            reads.append(name)
+            if len(reads) == 1:
+                return owned.__class__(**{**owned.__dict__, "text": forged})
+        return owned
+
+    monkeypatch.setattr(userfiles, "read_owned", swapping)
+    got, problem = managed.checked_request(paths, verify)
+    assert got is not None and got.run.command == ("evil",)
+    assert problem == "root's request.json: the signature is not the master's"
+    reads.clear()
+    assert managed.queue(tmp_path, verify) == []  # the controller's queue: not taken
+    monkeypatch.setattr(userfiles, "read_owned", real)  # the control: no swap, taken
+    assert [p.key for p, _r in managed.queue(tmp_path, verify)] == [paths.key]
+    got, problem = managed.checked_request(paths, verify)
+    assert got is not None and got.run.command == ("true",) and problem == ""

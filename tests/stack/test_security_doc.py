@@ -43,3 +43,8 @@ def test_every_finding_has_one_row() -> None:
 def test_every_line_held_names_its_proof() -> None:
     for line in re.findall(r"^\| L\d+ \|.*$", doc(), re.M):
         assert TEST_REF.search(line), f"a line without a test that proves it: {line}"
+
+
+def test_every_line_and_finding_id_is_used_once() -> None:
+    ids = re.findall(r"^\| ([LF]\d+) \|", doc(), re.M)
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)

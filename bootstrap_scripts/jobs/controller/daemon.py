@@ -228,11 +228,11 @@ class Controller:
     def recover(self) -> None:
         """Continue the jobs a previous controller left running or restarting."""
         for paths in managed.all_paths(self.efs):
-            job, request = managed.load_job(paths), managed.load_request(paths)
+            job = managed.load_job(paths)
+            request, problem = managed.checked_request(paths, self.verify_root)
             if job is None or request is None or job.controller == self.me or \
                     job.state not in (JobState.RUNNING.value, JobState.RESTARTING.value):
                 continue
-            problem = managed.root_problem(paths, self.verify_root)
             if problem != "":  # a planted root job (or KMS down: the next pass looks again)
                 LOG.error("job %s: not recovered: %s", paths.key, problem or "cannot check")
                 continue

@@ -112,6 +112,29 @@ def root_problem(paths: ManagedPaths, verify: root_jobs.Verify | None) -> str | 
         return None
 
 
+def checked_request(paths: ManagedPaths, verify: root_jobs.Verify | None
+                    ) -> tuple[ManagedRequest | None, str | None]:
+    """(the request, why root must not start it: "" when it may, None when KMS cannot be
+    asked now), from ONE read: the signature is checked over the very bytes that are
+    parsed. Read twice (once to parse, once to check), root on a worker could swap a
+    forged request in for the parse and the signed one back for the check. (None, "")
+    when there is no usable request (``request_problem`` says why)."""
+    try:
+        owned = userfiles.read_owned(paths.dir, paths.request.name)
+        request = ManagedRequest.from_json(owned.text, source=str(paths.request))
+    except (OSError, ProtocolError, UnicodeDecodeError):
+        return None, ""
+    if verify is None:
+        return request, ""
+    try:
+        problem = root_jobs.refusal(paths.dir, paths.request.name, owned.text, owned.uid,
+                                    verify)
+    except Exception as exc:  # MembershipKeyError: KMS unreachable, throttled
+        LOG.warning("job %s: cannot check root's request now: %s", paths.key, exc)
+        return request, None
+    return request, problem
+
+
 def unusable(paths: ManagedPaths, problem: str) -> ManagedJob:
     """The record of a job whose request cannot be read: failed, saying why. (A queued
     job must not vanish from ``dl-jobs`` because its request is garbled.)"""
@@ -204,10 +227,10 @@ def queue(efs: Path, verify: root_jobs.Verify | None = None
     signature, checked with ``verify``)."""
     out = []
     for paths in all_paths(efs):
-        req = load_request(paths)
+        req, problem = checked_request(paths, verify)
         job = load_job(paths)
         if req is not None and (job is None or job.state == JobState.QUEUED.value) and \
-                root_problem(paths, verify) == "":
+                problem == "":
             out.append((paths, req))
     return sorted(out, key=lambda pr: (pr[1].submitted_at, pr[1].job_id))
 

@@ -175,10 +175,12 @@ def test_c_a_denied_data_prefix_fails_before_the_job_starts(enforced: dict) -> N
     root = Path(master["root"])
     argv = [str(root / BIN_DIR / "dl-run"), "--root", str(root), "--data",
             f"s3://{BUCKET}/private/", "--", "python", "-c", "print('job-body-ran')"]
-    # root's dl-run on the master, as the kept cluster's master shell runs it: with the
-    # master's instance metadata (its role signs root's job spec, L33), nothing else of AWS
+    # root's dl-run on the master, as the kept cluster's master shell runs it: the master's
+    # instance metadata (its role signs root's job spec, L33) and the emulated AWS's
+    # endpoint, nothing else of AWS
     env = {**base_env(state.get("aws")), "AWS_EC2_METADATA_DISABLED": "false",
-           "AWS_EC2_METADATA_SERVICE_ENDPOINT": master["imds_url"]}
+           "AWS_EC2_METADATA_SERVICE_ENDPOINT": master["imds_url"],
+           "AWS_ENDPOINT_URL": state["endpoint"]}
     with drill("IAM (c)", "dl-run --data from a prefix the job role may not read") as row:
         res = subprocess.run(argv, cwd=REPO_ROOT, env=env,
                              capture_output=True, text=True, timeout=300)

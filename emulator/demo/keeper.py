@@ -26,12 +26,23 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any, Protocol
 
 from bootstrap_scripts.procgroup import Tracked, start_time
 
-if TYPE_CHECKING:
-    from emulator.demo.orchestration import Demo
+
+class Demo(Protocol):
+    """What the service needs of the demo (``emulator.demo.orchestration.Demo`` is one):
+    named here, not imported, so the demo's module and this one do not import each other."""
+
+    service: Tracked | None
+    cluster: Any
+    autoscaling: Any
+    logs: Path
+    console: Any
+
+    def save_state(self) -> None: ...
 
 #: The service's log, in the demo's logs directory.
 SERVICE_LOG = "emulator-service.log"

@@ -193,7 +193,7 @@ class Cloud:
                 self.sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
 
 
-def _backend_group(name: str) -> Any:
+def backend_group(name: str) -> Any:
     from moto.autoscaling.models import autoscaling_backends
 
     return autoscaling_backends[ACCOUNT][REGION].autoscaling_groups[name]
@@ -203,7 +203,7 @@ def drop_instances(name: str, count: int) -> list[str]:
     """Model ``count`` failed launches: those instances never existed, desired stays."""
     from moto.ec2.models import ec2_backends
 
-    group = _backend_group(name)
+    group = backend_group(name)
     dropped = group.instance_states[-count:]
     group.instance_states = group.instance_states[:-count]
     ids = [state.instance.id for state in dropped]
@@ -213,7 +213,7 @@ def drop_instances(name: str, count: int) -> list[str]:
 
 def set_lifecycle_state(name: str, instance_id: str, state: str) -> None:
     """Set a lifecycle state moto cannot reach by itself (Pending, Pending:Wait, ...)."""
-    for instance_state in _backend_group(name).instance_states:
+    for instance_state in backend_group(name).instance_states:
         if instance_state.instance.id == instance_id:
             instance_state.lifecycle_state = state
             return

@@ -13,7 +13,7 @@ import pytest
 from adjuster_harness import (
     LAUNCH_ERROR,
     Cloud,
-    _backend_group,
+    backend_group,
     drop_instances,
     fixture_record,
     import_adjuster,
@@ -130,7 +130,7 @@ def run(*records: dict[str, Any]) -> dict[str, Any]:
 def age(group: str, seconds: float) -> None:
     """The group was created ``seconds`` ago (its retries have run that long)."""
     then = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
-    _backend_group(group).created_time = then.isoformat()
+    backend_group(group).created_time = then.isoformat()
 
 
 def test_transient_error_is_left_to_the_groups_retries(cloud: tuple[Cloud, str],
@@ -210,7 +210,7 @@ def test_the_emulators_refused_launch_reaches_the_function_as_final(
         queue = c.queue()
         lambda_environment(monkeypatch, queue, LAUNCH_RETRY_SECONDS="600")
         assert len(c.group(WORKERS, min_size=1, desired=4, max_size=4)) == 2
-        refused = _backend_group(WORKERS).__dict__.get("emulator_pending_errors", [])
+        refused = backend_group(WORKERS).__dict__.get("emulator_pending_errors", [])
         assert len(refused) == 2  # published once the group's notifications exist
         message = refused[0]
         assert "current vCPU limit of 5 allows" in message["StatusMessage"]

@@ -14,7 +14,7 @@ from adjuster_harness import (
     LAUNCH_ERROR,
     REGION,
     Cloud,
-    _backend_group,
+    backend_group,
     drop_instances,
     fixture_record,
     import_adjuster,
@@ -147,7 +147,7 @@ def subnets_of(c: Cloud, name: str) -> str:
 
 def fill(name: str) -> None:
     """Auto Scaling brings a group back to desired by itself; moto acts only on a call."""
-    group = _backend_group(name)
+    group = backend_group(name)
     group.set_desired_capacity(group.desired_capacity)
 
 

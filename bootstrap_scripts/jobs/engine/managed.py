@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_status
 from bootstrap_scripts.data.checkpoint_plan import survey
-from bootstrap_scripts.jobs.engine import root_jobs, user_dirs, userfiles
+from bootstrap_scripts.jobs.engine import controller_records, root_jobs, user_dirs, userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
@@ -221,14 +221,24 @@ def unusable_queued(efs: Path, verify: root_jobs.Verify | None = None
     return out
 
 
-def queue(efs: Path, verify: root_jobs.Verify | None = None
+def queue(efs: Path, verify: root_jobs.Verify | None = None,
+          seal: controller_records.ControllerSeal | None = None
           ) -> list[tuple[ManagedPaths, ManagedRequest]]:
     """Requests waiting to run, first come first served (root's only with the master's
-    signature, checked with ``verify``)."""
+    signature, checked with ``verify``). ``seal``: a job's state is the controller's signed
+    record (``controller_records``); the user's ``job.json`` only for a job that has none
+    (not picked up yet, or recorded by an older controller); a record that is not the
+    master's (logged) or cannot be checked now keeps the job out of this pass."""
     out = []
     for paths in all_paths(efs):
         req, problem = checked_request(paths, verify)
         job = load_job(paths)
+        if seal is not None and req is not None:
+            found = controller_records.read_job(seal, efs, paths.key)
+            if found.trust is not controller_records.Trust.ABSENT:
+                job = controller_records.trusted_job(found)
+                if job is None:
+                    continue
         if req is not None and (job is None or job.state == JobState.QUEUED.value) and \
                 problem == "":
             out.append((paths, req))

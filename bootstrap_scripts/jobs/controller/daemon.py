@@ -189,6 +189,11 @@ class Controller:
             self.beat("waiting")
             time.sleep(POLL_SECONDS * 4)
 
+    def adopt_marks(self) -> None:
+        """The breaker keeps counting across controllers, from the marks the master signed
+        (``cluster/breaker.json``; the heartbeat's copy is for display, unsigned)."""
+        self.health.marks = sorted({*self.health.marks, *self.breaker.load()})
+
     def check_alone(self) -> None:
         """Refuse to run beside a live controller on this instance (its heartbeat fresh and
         its process alive). One on another instance is a previous master's: gone."""
@@ -228,6 +233,9 @@ class Controller:
             if sup.watch is not None:
                 self.last_progress(sup.job.job_id, sup.watch)
             self.observe(final=True)  # the job's last attempts and cost
+            LOG.info("event=controller-records-signed job=%s signs=%d (kms:Sign calls for "
+                     "the controller's records since it started)", sup.job.job_id,
+                     self.seal.signs)
             self.job_id, self.sup, self.watched = "", None, None
 
     def fail(self, sup: JobSupervisor, exc: Exception) -> None:
@@ -405,8 +413,7 @@ class Controller:
         try:
             self.check_alone()
             self.wait_key()
-            # the breaker keeps counting across controllers, from the marks the master signed
-            self.health.marks = sorted({*self.health.marks, *self.breaker.load()})
+            self.adopt_marks()
             LOG.info("job controller %s: root %s, EFS %s, health gate %s", self.me,
                      self.root, self.efs, "on" if self.gate else "not installed")
             self.beat(force=True)

@@ -83,6 +83,8 @@ class BreakerBook:
     def load(self) -> tuple[float, ...]:
         """The marks a predecessor signed (none when unsigned, forged or absent: logged)."""
         found = self.seal.read(self.path, BreakerMarks, "breaker record")
+        if found.trust is Trust.UNCHECKED:  # nothing concluded, nothing overwritten
+            return ()
         self.written = ()
         if found.trust is Trust.SIGNED and isinstance(found.record, BreakerMarks):
             self.written = found.record.marks

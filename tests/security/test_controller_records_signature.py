@@ -34,7 +34,7 @@ from bootstrap_scripts.agent.membership_key import MembershipKey
 from bootstrap_scripts.jobs.controller import sealed
 from bootstrap_scripts.jobs.controller.budget import JobBudget
 from bootstrap_scripts.jobs.controller.daemon import Controller
-from bootstrap_scripts.jobs.controller.engine_facts import EngineFacts
+from bootstrap_scripts.jobs.controller.engine_facts import EngineFacts, priced_usd
 from bootstrap_scripts.jobs.controller.idle import IdleStop
 from bootstrap_scripts.jobs.engine import controller_records, managed, root_jobs
 from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, Trust
@@ -160,6 +160,7 @@ def test_a_user_zeroing_their_ledger_does_not_lift_their_cap(master, victim,
     tried = as_user(victim, TRY_WRITE, str(copy), "{}")
     assert tried.stdout.strip() == "PermissionError", tried.stdout + tried.stderr
     assert managed.load_job(paths).usage == ()  # the user's file says nothing was spent
+    assert managed.view(paths).usage == SPENT  # dl-jobs shows the controller's copy
 
     # a new master's controller resumes the job from the record the master signed
     ctl = new_controller(m)
@@ -181,7 +182,7 @@ def test_control_the_users_ledger_would_lift_the_cap(master, victim, reachable_p
     resumed = managed.load_job(paths)  # today's recovery read
     assert resumed is not None and resumed.state == "running"
     assert JobBudget(req, None).stop_reason(resumed) == ""
-    assert EngineFacts(m.root, m.efs).now(at=time.time()).cluster_usd == 0.0
+    assert priced_usd(resumed.usage, time.time()) == 0  # what ClusterCostUSD summed of it
 
 
 def test_a_user_requeueing_their_finished_job_does_not_run_it_again(master, victim,

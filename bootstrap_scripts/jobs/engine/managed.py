@@ -153,6 +153,17 @@ def load_job(paths: ManagedPaths) -> ManagedJob | None:
     return userfiles.read_record_or_none(paths.record, ManagedJob, root_too=True)
 
 
+def controller_copy(paths: ManagedPaths) -> ManagedJob | None:
+    """What ``dl-jobs`` shows of a job the controller picked up: its copy in root's
+    ``cluster/managed/`` (``controller_records``), which the job's user cannot rewrite as
+    they can ``job.json`` (shown, unchecked: checking needs KMS, which users cannot reach)."""
+    try:
+        path = ClusterPaths(paths.dir.parents[2]).controller_job(paths.key)
+    except (IndexError, ValueError):
+        return None
+    return userfiles.read_record_or_none(path, ManagedJob, root_too=True)
+
+
 def save_job(paths: ManagedPaths, job: ManagedJob) -> ManagedJob:
     """Write the controller's record in the job's directory as the directory's owner (the
     job's user; ``userfiles.as_owner_of``), also for a job whose request cannot be used:
@@ -172,7 +183,7 @@ def view(paths: ManagedPaths) -> ManagedJob | None:
     cancelled if the user cancelled it. The controller closes such a job only when it
     next takes one from the queue, which may be after a long job ends; until then the
     job is over for everyone reading it (``dl-jobs``, ``dlc logs -f``)."""
-    job = load_job(paths)
+    job = controller_copy(paths) or load_job(paths)
     if job is not None:
         return job
     req = load_request(paths)

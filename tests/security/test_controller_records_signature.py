@@ -156,6 +156,7 @@ def test_a_user_zeroing_their_ledger_does_not_lift_their_cap(master, victim,
     # the user zeroes the ledger (and the restart count) of their own running job, and
     # cannot touch the controller's copy (root's tree)
     rewrite_as(victim, paths.record, usage=[], restarts=0)
+    rewrite_as(victim, paths.request, max_cost_usd="1000")  # and raises their own cap
     copy = ClusterPaths(m.efs).controller_job(paths.key)
     tried = as_user(victim, TRY_WRITE, str(copy), "{}")
     assert tried.stdout.strip() == "PermissionError", tried.stdout + tried.stderr
@@ -165,8 +166,9 @@ def test_a_user_zeroing_their_ledger_does_not_lift_their_cap(master, victim,
     # a new master's controller resumes the job from the record the master signed
     ctl = new_controller(m)
     found = sealed.recovered_job(ctl.seal, m.efs, paths)
-    assert found.job is not None and not found.distrust
+    assert found.job is not None and not found.distrust and found.signed
     assert found.job.usage == SPENT
+    assert found.job.max_cost_usd == "5"  # recovery keeps the cap it picked the job up with
     assert "stopped at the cost cap" in JobBudget(req, None).stop_reason(found.job)
     # and counts its cost in the cluster's
     facts = EngineFacts(m.root, m.efs, seal=ctl.seal).now(at=time.time())

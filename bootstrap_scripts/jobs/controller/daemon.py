@@ -265,6 +265,8 @@ class Controller:
                 if found.distrust:
                     self.fail_untrusted(paths, request, job, found.distrust)
                     continue
+                if found.signed:  # the cap the job was picked up with, not a rewritten one
+                    request = dataclasses.replace(request, max_cost_usd=job.max_cost_usd)
                 self.recover_job(paths, request, job)
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:

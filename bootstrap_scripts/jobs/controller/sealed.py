@@ -49,13 +49,14 @@ class Recovered:
     job: ManagedJob | None
     distrust: str = ""
     later: bool = False  # KMS could not be asked: look again, conclude nothing
+    signed: bool = False  # the master's record (its ``max_cost_usd`` is the job's cap)
 
 
 def recovered_job(seal: ControllerSeal, efs: Path, paths: ManagedPaths) -> Recovered:
     """The record a new controller resumes job ``paths`` from (see the module doc)."""
     found = read_job(seal, efs, paths.key)
     if found.trust is Trust.SIGNED:
-        return Recovered(trusted_job(found))
+        return Recovered(trusted_job(found), signed=True)
     if found.trust is Trust.UNCHECKED:
         return Recovered(None, later=True)
     shown = managed.load_job(paths)  # the user's copy: what dl-jobs shows

@@ -117,7 +117,7 @@ class Controller:
                 pass
         self.me = f"{self.instance_id or socket.gethostname()}/{os.getpid()}"
         #: job records EFS had no space for (ENOSPC): written once it has again
-        self.pending_records = UnwrittenRecords(efs, self.me)
+        self.pending_records = UnwrittenRecords(efs, self.me, self.seal)
         self.breaker = sealed.BreakerBook(self.seal, efs, self.me)
         stop, restore = idle.worker_group_actions(root, efs, self.health.client)
         self.idle = idle.IdleStop(efs, idle_seconds=idle_seconds, stop=stop, restore=restore,

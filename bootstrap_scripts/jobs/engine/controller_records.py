@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -80,6 +81,10 @@ class ControllerSeal:
         #: KMS Sign calls made (the rate docs/security.md states is measured from this)
         self.signs = 0
         self._logged: set[tuple[str, str]] = set()
+        #: what each file held when last checked, by (path, inode, size, mtime, ctime) of
+        #: the very file read: the queue looks at every job twice a second, and a file
+        #: replaced (every write is a rename) or changed in place is checked again
+        self._checked: dict[Path, tuple[tuple[int, ...], Read]] = {}
 
     @classmethod
     def for_node(cls, root: str | Path, log: logging.Logger = LOG) -> ControllerSeal:
@@ -139,12 +144,31 @@ class ControllerSeal:
         """The record at ``path`` and whether it is the master's (UNCHECKED when KMS cannot
         be asked for the public key: look again, conclude nothing)."""
         try:
-            text = store.read_text(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            self.refuse(path, f"cannot read: {exc}")
-            return Read(Trust.REFUSED, why=f"{path} cannot be read ({exc})")
-        if text is None:
+            fd = os.open(path, store.READ_FLAGS | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            self._checked.pop(path, None)
             return Read(Trust.ABSENT)
+        except OSError as exc:
+            self.refuse(path, f"cannot open: {exc}")
+            return Read(Trust.REFUSED, why=f"{path} cannot be opened ({exc})")
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            seen = self._checked.get(path)
+            if seen is not None and seen[0] == stamp:
+                return seen[1]
+            try:
+                text = fh.read().decode()
+            except (OSError, UnicodeDecodeError) as exc:
+                self.refuse(path, f"cannot read: {exc}")
+                return Read(Trust.REFUSED, why=f"{path} cannot be read ({exc})")
+        found = self.check(path, text, cls, what)
+        if found.trust is not Trust.UNCHECKED:
+            self._checked[path] = (stamp, found)
+        return found
+
+    def check(self, path: Path, text: str, cls: type[R], what: str) -> Read:
+        """``text`` (read from ``path``) as a ``cls`` and whether the master signed it."""
         if self.verify is not None:
             try:
                 why = membership_signature.check(text, self.verify, what)

@@ -105,3 +105,39 @@ def test_the_heartbeat_signs_nothing_and_the_breaker_once_per_mark(tmp_path: Pat
     health.marks.pop(0)  # expired: nothing to sign
     book.save(tuple(health.marks))
     assert kms.signs == 2 and seal.signs == 2
+
+
+def test_retention_moves_the_copy_with_the_job_and_a_reused_id_runs(tmp_path: Path, kms):
+    """The signed copy leaves with its job (``archive/managed/<user>/<id>.controller.json``,
+    where ``ClusterCostUSD`` still counts it), so a later job of the same id is queued; a
+    user's job.json saying the job ended long ago archives nothing the copy says runs."""
+    from bootstrap_scripts.jobs.controller import retention
+    from bootstrap_scripts.jobs.engine import controller_records, managed, user_dirs
+    from bootstrap_scripts.protocol.jobs import RunRequest
+    from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
+
+    seal = ControllerSeal(kms.sign, kms.verify)
+    ClusterPaths(tmp_path).managed_dir.mkdir(parents=True)
+
+    def job(job_id: str, state: str, user_says: str) -> None:
+        req = ManagedRequest(job_id=job_id, run=RunRequest(job_id=job_id, command=("true",)),
+                             submitted_at=1.0)
+        paths = managed.submit(tmp_path, req)
+        old = time.time() - 30 * retention.DAY
+        managed.save_job(paths, ManagedJob(job_id=job_id, state=user_says, finished_at=old))
+        controller_records.write_job(seal, tmp_path, paths.key, ManagedJob(
+            job_id=job_id, state=state, finished_at=old if state == "succeeded" else None))
+
+    user_dirs.own_dir(ClusterPaths(tmp_path).managed_dir)
+    job("done-1", "succeeded", "succeeded")
+    job("runs-1", "running", "succeeded")  # the user's file lies
+    moved = retention.archive_finished(tmp_path, days=7, seal=seal)
+    me = user_dirs.own_dir(ClusterPaths(tmp_path).managed_dir).name
+    assert moved == [f"managed/{me}/done-1"]
+    assert not ClusterPaths(tmp_path).controller_job(f"{me}/done-1").exists()
+    archived = ClusterPaths(tmp_path).archived_controller_job(f"{me}/done-1")
+    assert seal.read(archived, ManagedJob, "job record").trust is Trust.SIGNED
+    # the id again: no copy is left to say it ended, so it is queued
+    managed.submit(tmp_path, ManagedRequest(job_id="done-1", run=RunRequest(
+        job_id="done-1", command=("true",)), submitted_at=2.0))
+    assert [p.key for p, _ in managed.queue(tmp_path, seal=seal)] == [f"{me}/done-1"]

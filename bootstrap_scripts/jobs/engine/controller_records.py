@@ -92,8 +92,7 @@ class ControllerSeal:
         key = root_jobs.node_key(root)
         if key is None:
             return cls(None, None, log=log)
-        return cls(root_jobs.signer(root), key.verify, log=log,
-                   ready=lambda: key.prepare(log))
+        return cls(key.sign, key.verify, log=log, ready=lambda: key.prepare(log))
 
     def ready(self) -> bool:
         """The public key is at hand, so no check has to ask KMS (False: ask again later)."""

@@ -63,6 +63,9 @@ class Trust(StrEnum):
 
 @dataclass(frozen=True)
 class Read:
+    """One read of a controller record: the record (when it parsed), how far it is trusted,
+    and why not (for the log line and a failed job's message)."""
+
     trust: Trust
     record: Record | None = None
     why: str = ""

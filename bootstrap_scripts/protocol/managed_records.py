@@ -1,7 +1,8 @@
 """Typed records of managed jobs: what a user's ``dl-run`` asks the job controller for
 (``managed/<id>/request.json``), the controller's record of the job and its restarts
-(``managed/<id>/job.json``), its heartbeat (``cluster/controller.json``) and its idle stop
-(``cluster/idle-stop.json``).
+(``managed/<id>/job.json``, and its signed copy ``cluster/managed/<user>/<id>.json``), its
+heartbeat (``cluster/controller.json``), its circuit breaker (``cluster/breaker.json``) and
+its idle stop (``cluster/idle-stop.json``).
 
 They share :class:`~bootstrap_scripts.protocol.records.Record`'s (de)serialiser; where they
 live on disk: :class:`~bootstrap_scripts.protocol.paths.ManagedPaths`.
@@ -189,7 +190,8 @@ class ControllerHeartbeat(Record):
     address: str = ""
     started_at: float = 0.0
     job_id: str = ""
-    #: when the controller marked instances Unhealthy in the last hour (its circuit breaker)
+    #: when the controller marked instances Unhealthy in the last hour (its circuit breaker),
+    #: for display: a successor counts from the signed ``cluster/breaker.json`` only
     replacements: tuple[float, ...] = ()
 
 
@@ -212,3 +214,15 @@ class IdleStopRecord(Record):
     min_before: int = 0
     resumed_at: float | None = None
     message: str = ""  # the last stop's or resume's outcome (an AWS error, say)
+
+
+@record
+class BreakerMarks(Record):
+    """``cluster/breaker.json``: when the job controller marked instances Unhealthy in the
+    last hour (its circuit breaker), signed by the master and rewritten only when a mark is
+    added: what a successor keeps counting from (``controller.json`` shows them, unsigned)."""
+
+    KIND: ClassVar[str] = "breaker marks"
+    marks: tuple[float, ...]
+    updated_at: float
+    controller: str = ""  # "<instance-id>/<pid>" of the controller that wrote it

@@ -118,6 +118,10 @@ PRICES_DIR = f"{CLUSTER_DIR}/prices"
 CONTROLLER_HEARTBEAT = f"{CLUSTER_DIR}/controller.json"
 #: The job controller's idle stop: idle since when, workers stopped when, their size before.
 IDLE_STOP = f"{CLUSTER_DIR}/idle-stop.json"
+#: The job controller's circuit breaker: its marks of the last hour, signed by the master.
+BREAKER = f"{CLUSTER_DIR}/breaker.json"
+#: The job controller's own, signed record of each managed job (root's: no user writes it).
+CONTROLLER_JOBS_DIR = f"{CLUSTER_DIR}/managed"
 JOBS_DIR = "jobs"
 #: Training checkpoints, one directory per job name (the example job's default).
 CHECKPOINTS_DIR = "checkpoints"
@@ -150,13 +154,15 @@ LAYOUT = (
     f"{_JOB}/staging.json", f"{_JOB}/nodes/<rank>.log", f"{_JOB}/nodes/<rank>.started",
     f"{_JOB}/nodes/<rank>.exit", f"{_JOB}/nodes/<rank>.claim", f"{_JOB}/admitted/<address>",
     f"{_JOB}/progress/<rank>.json", f"{_JOB}/flight/", f"{_JOB}/stacks/<rank>.json",
-    CONTROLLER_HEARTBEAT, IDLE_STOP, f"{_MANAGED}/request.json",
+    CONTROLLER_HEARTBEAT, IDLE_STOP, BREAKER, f"{CONTROLLER_JOBS_DIR}/<user>/<job-id>.json",
+    f"{_MANAGED}/request.json",
     f"{_MANAGED}/request.json.sig",
     f"{_MANAGED}/job.json", f"{_MANAGED}/cancel",
     f"{_MANAGED}/attempts/<n>.log",
     f"{_MANAGED}/attempts/<n>.membership.json",
     f"{_MANAGED}/attempts/<n>.hang.json",
     f"{ARCHIVE_DIR}/{MANAGED_DIR}/<user>/<job-id>/",
+    f"{ARCHIVE_DIR}/{MANAGED_DIR}/<user>/<job-id>.controller.json",
     f"{ARCHIVE_DIR}/{JOBS_DIR}/<user>/<job-id>/",
 )
 
@@ -363,6 +369,25 @@ class ClusterPaths:
     def idle_stop(self) -> Path:
         """The job controller's idle-stop record (``IdleStopRecord``)."""
         return self.efs / IDLE_STOP
+
+    @property
+    def breaker(self) -> Path:
+        """The circuit breaker's marks (``BreakerMarks``), signed by the master."""
+        return self.efs / BREAKER
+
+    def controller_job(self, key: str) -> Path:
+        """``cluster/managed/<user>/<job-id>.json``: the controller's signed record of the
+        job ``<user>/<job-id>`` (a copy of ``job.json`` no user can write)."""
+        user, _, job_id = key.partition("/")
+        return (self.efs / CONTROLLER_JOBS_DIR / validate_user(user)
+                / f"{validate_job_id(job_id)}.json")
+
+    def archived_controller_job(self, key: str) -> Path:
+        """Where retention moves it with the job:
+        ``archive/managed/<user>/<job-id>.controller.json``."""
+        user, _, job_id = key.partition("/")
+        return (self.archive_dir / MANAGED_DIR / validate_user(user)
+                / f"{validate_job_id(job_id)}.controller.json")
 
     @property
     def jobs_dir(self) -> Path:

@@ -35,6 +35,7 @@ from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import (
+    BreakerMarks,
     ControllerHeartbeat,
     ManagedJob,
     ManagedRequest,
@@ -181,8 +182,12 @@ def test_a_new_controller_keeps_counting_its_predecessors_marks(tmp_path):
     hb.parent.mkdir(parents=True)
     store.write_record(hb, ControllerHeartbeat(pid=1, heartbeat=time.time() - 30,
                                                state="stopped", replacements=(recent,)))
+    # the predecessor's breaker record (a node without a key: unsigned, as it signs nothing)
+    store.write_record(ClusterPaths(tmp_path).breaker,
+                       BreakerMarks(marks=(recent,), updated_at=recent, controller="i-m/1"))
     ctl = Controller(tmp_path, tmp_path, region=REGION, max_replacements=1)
     ctl.check_alone()
+    ctl.adopt_marks()
     assert ctl.health.marks == [recent]
     assert ctl.health.mark_unhealthy("i-w").startswith(BREAKER_OPEN)
     ctl.beat(force=True)

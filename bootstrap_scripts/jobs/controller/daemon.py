@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import single_instance
-from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention
+from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention, sealed
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.engine_facts import EngineFacts
 from bootstrap_scripts.jobs.controller.hangs import HangWatch
@@ -45,6 +45,7 @@ from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics, unhealt
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
 from bootstrap_scripts.jobs.engine import managed, root_jobs, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
+from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, read_job, trusted_job
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
 from bootstrap_scripts.jobs.engine.userfiles import UnsafeUserFile, as_owner_of
@@ -86,6 +87,8 @@ class Controller:
         self.root, self.efs = root, efs
         #: root's requests start only with the master's signature (``root_jobs``)
         self.verify_root = root_jobs.verifier(root)
+        #: the controller's own records, signed by the master (``controller_records``)
+        self.seal = ControllerSeal.for_node(root, LOG)
         self.checkpoints_url = checkpoints_url
         self.retention_days = retention_days
         self.archived_at = 0.0
@@ -101,7 +104,8 @@ class Controller:
         self.sup: JobSupervisor | None = None  # the job running now (its restart count)
         self.watched: HangWatch | None = None  # the attempt whose progress metrics go out
         self.metrics = ControllerMetrics(root, self.cluster_id)
-        self.facts = EngineFacts(root, efs)  # nodes joined, queue, cost: the cluster line's
+        #: nodes joined, queue, cost: the cluster line's
+        self.facts = EngineFacts(root, efs, seal=self.seal)
         env = read_node_env(NodePaths(root))
         self.address = env.get("DEEPLEARNING_NODE_ADDR", "")
         self.instance_id = env.get("DEEPLEARNING_INSTANCE_ID", "")
@@ -113,9 +117,11 @@ class Controller:
                 pass
         self.me = f"{self.instance_id or socket.gethostname()}/{os.getpid()}"
         #: job records EFS had no space for (ENOSPC): written once it has again
-        self.pending_records = UnwrittenRecords(efs, self.me)
+        self.pending_records = UnwrittenRecords(efs, self.me, self.seal)
+        self.breaker = sealed.BreakerBook(self.seal, efs, self.me)
         stop, restore = idle.worker_group_actions(root, efs, self.health.client)
-        self.idle = idle.IdleStop(efs, idle_seconds=idle_seconds, stop=stop, restore=restore)
+        self.idle = idle.IdleStop(efs, idle_seconds=idle_seconds, stop=stop, restore=restore,
+                                  seal=self.seal)
 
     def cluster_id(self) -> str:
         """The cluster's id, from the membership this node applied ("" before there is one)."""
@@ -152,6 +158,8 @@ class Controller:
                 replacements=self.health.recent_marks()))
         except OSError as exc:
             LOG.error("cannot write the controller heartbeat: %s", exc)
+        self.breaker.save(self.health.recent_marks())
+        self.seal.retry()
         self.observe()
         if self.sup is not None and self.sup.watch is not None:  # StepTime, Loss, ...
             if self.watched is not None and self.watched is not self.sup.watch:
@@ -174,6 +182,18 @@ class Controller:
             watch.read()
         self.metrics.observe_progress(job_id, watch.records, final=True)
 
+    def wait_key(self) -> None:
+        """Fetch the membership key's public half before reading any record of a
+        predecessor: while KMS cannot be asked, nothing is concluded (retried, logged)."""
+        while not self.stopping and not self.seal.ready():
+            self.beat("waiting")
+            time.sleep(POLL_SECONDS * 4)
+
+    def adopt_marks(self) -> None:
+        """The breaker keeps counting across controllers, from the marks the master signed
+        (``cluster/breaker.json``; the heartbeat's copy is for display, unsigned)."""
+        self.health.marks = sorted({*self.health.marks, *self.breaker.load()})
+
     def check_alone(self) -> None:
         """Refuse to run beside a live controller on this instance (its heartbeat fresh and
         its process alive). One on another instance is a previous master's: gone."""
@@ -181,8 +201,6 @@ class Controller:
                                        ControllerHeartbeat)
         if hb is None or hb.pid == os.getpid():
             return
-        # the breaker keeps counting across controllers (this master's or a new one's)
-        self.health.marks = sorted({*self.health.marks, *hb.replacements})
         if hb.state == "stopped":
             return
         fresh = time.time() - hb.heartbeat < managed.CONTROLLER_TIMEOUT
@@ -197,7 +215,7 @@ class Controller:
         return JobSupervisor(root=self.root, efs=self.efs, paths=paths, request=request,
                              job=job, health=self.health, gate=self.gate, tick=self.beat,
                              stopping=lambda: self.stopping, prices=self.prices,
-                             checkpoints_url=self.checkpoints_url)
+                             checkpoints_url=self.checkpoints_url, seal=self.seal)
 
     def run_job(self, sup: JobSupervisor, *, reattach: bool = False) -> None:
         self.job_id, self.sup = sup.job.job_id, sup
@@ -215,6 +233,9 @@ class Controller:
             if sup.watch is not None:
                 self.last_progress(sup.job.job_id, sup.watch)
             self.observe(final=True)  # the job's last attempts and cost
+            LOG.info("event=controller-records-signed job=%s signs=%d (kms:Sign calls for "
+                     "the controller's records since it started)", sup.job.job_id,
+                     self.seal.signs)
             self.job_id, self.sup, self.watched = "", None, None
 
     def fail(self, sup: JobSupervisor, exc: Exception) -> None:
@@ -228,15 +249,24 @@ class Controller:
     def recover(self) -> None:
         """Continue the jobs a previous controller left running or restarting."""
         for paths in managed.all_paths(self.efs):
-            job = managed.load_job(paths)
+            found = sealed.recovered_job(self.seal, self.efs, paths)  # the master's record
+            job = found.job
             request, problem = managed.checked_request(paths, self.verify_root)
             if job is None or request is None or job.controller == self.me or \
-                    job.state not in (JobState.RUNNING.value, JobState.RESTARTING.value):
+                    job.state not in sealed.RESUMABLE:
+                if found.later:
+                    LOG.error("job %s: not recovered: its record cannot be checked now",
+                              paths.key)
                 continue
             if problem != "":  # a planted root job (or KMS down: the next pass looks again)
                 LOG.error("job %s: not recovered: %s", paths.key, problem or "cannot check")
                 continue
             try:
+                if found.distrust:
+                    self.fail_untrusted(paths, request, job, found.distrust)
+                    continue
+                if found.signed:  # the cap the job was picked up with, not a rewritten one
+                    request = dataclasses.replace(request, max_cost_usd=job.max_cost_usd)
                 self.recover_job(paths, request, job)
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
@@ -244,6 +274,16 @@ class Controller:
                 self.pending_records.fail(paths, job, exc)
             if self.stopping:
                 return
+
+    def fail_untrusted(self, paths: ManagedPaths, request: ManagedRequest, job: ManagedJob,
+                       why: str) -> None:
+        """Stop the job's attempt and fail it, saying why (``sealed.recovered_job``)."""
+        LOG.error("job %s: %s", paths.key, why)
+        if job.state == JobState.RUNNING.value and job.attempt:
+            self.stop_orphan(paths, job)
+        sup = self.supervisor(paths, request, job)
+        sup.update(controller=self.me)
+        sup.finish(JobState.FAILED, why)
 
     def recover_job(self, paths: ManagedPaths, request: ManagedRequest, job: ManagedJob
                     ) -> None:
@@ -325,10 +365,10 @@ class Controller:
                 LOG.error("job %s: no record written: %s", job.job_id, exc)
             except OSError as exc:
                 self.pending_records.fail(paths, job, exc)
-        for paths, request in managed.queue(self.efs, self.verify_root):
+        for paths, request in managed.queue(self.efs, self.verify_root, self.seal):
             if paths.key in self.pending_records:
                 continue
-            job = managed.load_job(paths) or ManagedJob(
+            job = trusted_job(read_job(self.seal, self.efs, paths.key)) or ManagedJob(
                 job_id=request.job_id, state=JobState.QUEUED.value,
                 submitted_at=request.submitted_at, user=request.user,
                 world_size=request.world_size, max_cost_usd=request.max_cost_usd)
@@ -374,6 +414,8 @@ class Controller:
                                   f"{exc}") from None
         try:
             self.check_alone()
+            self.wait_key()
+            self.adopt_marks()
             LOG.info("job controller %s: root %s, EFS %s, health gate %s", self.me,
                      self.root, self.efs, "on" if self.gate else "not installed")
             self.beat(force=True)
@@ -394,7 +436,7 @@ class Controller:
             self.pending_records.flush()
             if time.monotonic() - self.archived_at > ARCHIVE_EVERY or not self.archived_at:
                 self.archived_at = time.monotonic()
-                retention.archive_finished(self.efs, days=self.retention_days)
+                retention.archive_finished(self.efs, days=self.retention_days, seal=self.seal)
             sup = self.next_job()
             self.idle.tick(queued=sup is not None)  # a queued job brings stopped workers back
             if sup is None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine import managed, userfiles
+from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, write_job
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob
@@ -26,8 +27,9 @@ LOG = logging.getLogger("dl-controller")
 class UnwrittenRecords:
     """Job records waiting for space on EFS, by job key (``<user>/<id>``)."""
 
-    def __init__(self, efs: Path, me: str) -> None:
+    def __init__(self, efs: Path, me: str, seal: ControllerSeal | None = None) -> None:
         self.efs, self.me = efs, me
+        self.seal = seal  # the controller's signed copy is written too (controller_records)
         self.records: dict[str, tuple[ManagedPaths, ManagedJob]] = {}
 
     def __len__(self) -> int:
@@ -61,6 +63,8 @@ class UnwrittenRecords:
         for job_id, (paths, job) in list(self.records.items()):
             try:
                 managed.save_job(paths, job)
+                if self.seal is not None:
+                    write_job(self.seal, self.efs, paths.key, job)
             except OSError as exc:
                 LOG.debug("job %s: record still not written: %s", job_id, exc)
                 continue

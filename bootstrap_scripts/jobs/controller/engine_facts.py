@@ -9,11 +9,13 @@ Where each comes from, all of it root's own records (never a user's file):
   a join, a replacement or a scale-in shows at once.
 - ``JobsQueued``: the managed jobs whose request is there and whose record says ``queued``
   (or has none yet), as ``dl-jobs`` lists them;
-- ``ClusterCostUSD``: the sum of every managed job's cost ledger (``job.json``'s ``usage``,
-  ``ops/cost``), those in ``managed/`` and those the retention moved to
-  ``archive/managed/``; ``JobCostUSD``: the running job's ledger, from the controller's own
-  record in memory (fresh at every line). How a node is priced is ``ops/cost``'s: its
-  seconds in the job's attempts x the hourly rate recorded for it when the attempt started
+- ``ClusterCostUSD``: the sum of every managed job's cost ledger (``usage``, ``ops/cost``)
+  from the controller's signed copy of its record (``cluster/managed/<user>/<id>.json``,
+  which its user cannot rewrite; ``job.json`` only for a job without one), those in
+  ``managed/`` and those the retention moved to ``archive/managed/``; ``JobCostUSD``: the
+  running job's ledger, from the controller's own record in memory (fresh at every line).
+  How a node is priced is ``ops/cost``'s: its seconds in the job's attempts x the hourly
+  rate recorded for it when the attempt started
   (On-Demand list price, Spot price in effect, Capacity Block or Reservation rate); the
   controller does not count a node it could not price (``dl-jobs`` says which and why), so
   a figure with such a node is a lower bound. Idle nodes between jobs are in no ledger.
@@ -37,6 +39,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine import managed, user_dirs
+from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, Trust
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.ops import cost
 from bootstrap_scripts.protocol.managed_records import AttemptUsage, ManagedJob
@@ -109,11 +112,19 @@ def tally(jobs: Mapping[str, tuple[str, Decimal]], running: ManagedJob | None,
     return queued, total
 
 
+def _job_key(key: str, directory: Path) -> str:
+    return f"{directory.parent.name}/{directory.name}" if key.startswith("archive/") else key
+
+
 class EngineFacts:
     """Call :meth:`now` for every metric line (the controller's heartbeat, ~1 s)."""
 
-    def __init__(self, root: Path, efs: Path, *, scan_seconds: float = SCAN_SECONDS) -> None:
+    def __init__(self, root: Path, efs: Path, *, scan_seconds: float = SCAN_SECONDS,
+                 seal: ControllerSeal | None = None) -> None:
         self.membership = NodePaths(root).membership
+        #: a job's ledger is the controller's signed copy where there is one (a user may
+        #: rewrite their job.json, not the copy): ``controller_records``
+        self.seal, self.cluster = seal, ClusterPaths(efs)
         self.dirs = (ClusterPaths(efs).managed_dir,
                      ClusterPaths(efs).archive_dir / MANAGED_DIR)
         self.scan_seconds = scan_seconds
@@ -173,7 +184,22 @@ class EngineFacts:
                 job = None
             if job is None:
                 return
+            job = self.signed_copy(key, directory) or job
             entry = (job.state, priced_usd(job.usage, at))
         if entry[0] in TERMINAL:
             finished[key] = entry
         jobs[key] = entry
+
+    def signed_copy(self, key: str, directory: Path) -> ManagedJob | None:
+        """The controller's signed record of the job (None: none, or not the master's)."""
+        if self.seal is None:
+            return None
+        job_key = _job_key(key, directory)
+        try:
+            path = (self.cluster.archived_controller_job(job_key) if key.startswith("archive/")
+                    else self.cluster.controller_job(job_key))
+        except ValueError:
+            return None
+        found = self.seal.read(path, ManagedJob, "job record")
+        return found.record if isinstance(found.record, ManagedJob) and \
+            found.trust is Trust.SIGNED else None

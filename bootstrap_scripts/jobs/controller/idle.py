@@ -28,6 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, Trust
 from bootstrap_scripts.protocol import liveness, state, store
 from bootstrap_scripts.protocol.liveness import Sighting
 from bootstrap_scripts.protocol.managed_records import IdleStopRecord
@@ -111,7 +112,8 @@ class IdleStop:
 
     def __init__(self, efs: Path, *, idle_seconds: float, stop: Stopper, restore: Resumer,
                  clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 seal: ControllerSeal | None = None) -> None:
         if idle_seconds < 0:
             raise ValueError(f"--idle-stop-seconds must be >= 0, got {idle_seconds}")
         self.efs, self.idle_seconds = efs, idle_seconds
@@ -120,11 +122,34 @@ class IdleStop:
         self.sightings: dict[str, Sighting] = {}
         self.checked = -CHECK_SECONDS
         self.retry_at = 0.0
-        found = store.read_record_or_none(self.path, IdleStopRecord)
-        self.written = found is not None  # no record yet: the first turn writes one
-        self.record = found or IdleStopRecord(
+        #: the record is the master's word (``controller_records``): read at the first turn
+        #: (the key's public half may not be at hand yet), written signed
+        self.seal = seal
+        self.record = IdleStopRecord(
             state=Phase.DISABLED.value if idle_seconds <= 0 else Phase.BUSY.value,
             updated_at=self.clock(), idle_seconds=idle_seconds)
+        self.written = False  # no record yet: the first turn writes one
+        self.loaded = seal is None and self.load_unsigned()
+
+    def load_unsigned(self) -> bool:
+        found = store.read_record_or_none(self.path, IdleStopRecord)
+        self.written, self.record = found is not None, found or self.record
+        return True
+
+    def load(self) -> bool:
+        """Take a predecessor's record if the master signed it. Not signed (forged by root
+        on a worker, or left unsigned while KMS could not sign): ignored (logged), and the
+        controller starts afresh: not idle, workers not stopped, so no forged ``stop_at``
+        stops them and no forged ``desired_before`` sizes them. False while KMS cannot be
+        asked (the next turn looks again)."""
+        if self.seal is None:
+            return self.load_unsigned()
+        found = self.seal.read(self.path, IdleStopRecord, "idle-stop record")
+        if found.trust is Trust.UNCHECKED:
+            return False
+        if found.trust is Trust.SIGNED and isinstance(found.record, IdleStopRecord):
+            self.record, self.written = found.record, True
+        return True
 
     @property
     def path(self) -> Path:
@@ -141,7 +166,10 @@ class IdleStop:
                 self.record, updated_at=0.0):
             return  # nothing changed: no write every turn
         try:
-            store.write_record(self.path, new)
+            if self.seal is not None:
+                self.seal.write(self.path, new)
+            else:
+                store.write_record(self.path, new)
         except OSError as exc:  # EFS full or gone for a moment: jobs must not wait on this
             LOG.warning("idle stop: cannot write %s: %s (kept in memory)", self.path, exc)
             self.record = new
@@ -154,6 +182,10 @@ class IdleStop:
         mono = self.monotonic()
         if not queued and mono - self.checked < CHECK_SECONDS:
             return
+        if not self.loaded:
+            self.loaded = self.load()
+            if not self.loaded:
+                return
         self.checked = mono
         try:
             sharing = not queued and bool(running_shares(self.efs, self.sightings, mono))

@@ -21,8 +21,15 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine import managed, user_dirs
+from bootstrap_scripts.jobs.engine.controller_records import (
+    ControllerSeal,
+    Trust,
+    read_job,
+    trusted_job,
+)
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
-from bootstrap_scripts.protocol.paths import JOBS_DIR, MANAGED_DIR, ClusterPaths
+from bootstrap_scripts.protocol.managed_records import ManagedJob
+from bootstrap_scripts.protocol.paths import JOBS_DIR, MANAGED_DIR, ClusterPaths, ManagedPaths
 
 LOG = logging.getLogger("dl-controller")
 DEFAULT_RETENTION_DAYS = 7.0
@@ -34,7 +41,7 @@ def expired(finished_at: float | None, *, now: float, days: float) -> bool:
     return bool(finished_at) and days > 0 and now - float(finished_at) > days * DAY
 
 
-def _move(src: Path, dest_dir: Path) -> bool:
+def _move(src: Path, dest_dir: Path) -> Path | None:
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / src.name
     if dest.exists():  # archived before (a name reused): keep both
@@ -43,11 +50,37 @@ def _move(src: Path, dest_dir: Path) -> bool:
         os.rename(src, dest)
     except OSError as exc:
         LOG.error("cannot archive %s: %s", src, exc)
-        return False
-    return True
+        return None
+    return dest
 
 
-def archive_finished(efs: Path, *, days: float, now: float | None = None) -> list[str]:
+def _controller_record(seal: ControllerSeal | None, efs: Path, paths: ManagedPaths
+                       ) -> ManagedJob | None:
+    """The job's record to judge it by: the controller's signed copy, ``job.json`` only for
+    a job without one (a user's rewrite of their ``job.json`` archives nothing early, nor
+    keeps anything); None (kept) when the copy is not the master's or cannot be checked."""
+    if seal is None:
+        return managed.load_job(paths)
+    found = read_job(seal, efs, paths.key)
+    if found.trust is Trust.ABSENT:
+        return managed.load_job(paths)
+    return trusted_job(found)
+
+
+def _move_record(efs: Path, paths: ManagedPaths, dest: Path) -> None:
+    """The controller's copy goes with the job (``<dest>.controller.json``, root's archive):
+    a later job of the same id starts without it, and the cost it records stays counted."""
+    src = ClusterPaths(efs).controller_job(paths.key)
+    try:
+        os.rename(src, dest.with_name(dest.name + ".controller.json"))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        LOG.error("cannot archive %s: %s", src, exc)
+
+
+def archive_finished(efs: Path, *, days: float, now: float | None = None,
+                     seal: ControllerSeal | None = None) -> list[str]:
     """Move every finished job past ``days`` to the archive; returns what moved
     (``managed/<user>/<id>``, ``jobs/<user>/<id>``). ``days`` <= 0: keep everything."""
     if days <= 0:
@@ -57,10 +90,12 @@ def archive_finished(efs: Path, *, days: float, now: float | None = None) -> lis
     moved: list[str] = []
     kept: set[str] = set()
     for paths in managed.all_paths(efs):
-        job = managed.load_job(paths)
+        job = _controller_record(seal, efs, paths)
         done = job is not None and JobState(job.state).terminal
-        if done and expired(job.finished_at or job.updated_at, now=now, days=days) and \
-                _move(paths.dir, cluster.archive_dir / MANAGED_DIR / paths.user):
+        dest = _move(paths.dir, cluster.archive_dir / MANAGED_DIR / paths.user) if done and \
+            expired(job.finished_at or job.updated_at, now=now, days=days) else None
+        if dest is not None:
+            _move_record(efs, paths, dest)
             moved.append(f"{MANAGED_DIR}/{paths.key}")
             continue
         kept.add(paths.key)

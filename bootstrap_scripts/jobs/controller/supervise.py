@@ -52,6 +52,7 @@ from bootstrap_scripts.jobs.engine.classify import (
     FailureKind,
     budget_stop,
 )
+from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, write_job
 from bootstrap_scripts.jobs.engine.reachability import Executors
 from bootstrap_scripts.jobs.engine.restart_policy import (
     Action,
@@ -83,8 +84,11 @@ class JobSupervisor(RunningAttempt):
     def __init__(self, *, root: Path, efs: Path, paths: ManagedPaths, request: ManagedRequest,
                  job: ManagedJob, health: InstanceHealth, gate: Gate | None,
                  tick: Callable[[], None], stopping: Callable[[], bool],
-                 prices: PriceBook | None = None, checkpoints_url: str = "") -> None:
+                 prices: PriceBook | None = None, checkpoints_url: str = "",
+                 seal: ControllerSeal | None = None) -> None:
         self.root, self.efs, self.paths, self.request = root, efs, paths, request
+        #: signs the controller's own copy of the record (``controller_records``)
+        self.seal = seal
         #: the cluster's checkpoint prefix in S3 ("" for none): attempts mirror under it
         self.checkpoints_url = checkpoints_url
         self.job = job
@@ -121,6 +125,8 @@ class JobSupervisor(RunningAttempt):
             check_transition(JobState(self.job.state), JobState(str(changes["state"])))
         with userfiles.as_user(self.uid, self.gid):  # the user's directory, as the user
             self.job = managed.save_job(self.paths, dataclasses.replace(self.job, **changes))
+        if self.seal is not None:  # the copy a successor trusts, root's, signed
+            write_job(self.seal, self.efs, self.paths.key, self.job)
         return self.job
 
     def update_last_restart(self, **changes: object) -> None:

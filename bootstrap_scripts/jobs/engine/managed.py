@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_status
 from bootstrap_scripts.data.checkpoint_plan import survey
-from bootstrap_scripts.jobs.engine import root_jobs, user_dirs, userfiles
+from bootstrap_scripts.jobs.engine import controller_records, root_jobs, user_dirs, userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
@@ -153,6 +153,17 @@ def load_job(paths: ManagedPaths) -> ManagedJob | None:
     return userfiles.read_record_or_none(paths.record, ManagedJob, root_too=True)
 
 
+def controller_copy(paths: ManagedPaths) -> ManagedJob | None:
+    """What ``dl-jobs`` shows of a job the controller picked up: its copy in root's
+    ``cluster/managed/`` (``controller_records``), which the job's user cannot rewrite as
+    they can ``job.json`` (shown, unchecked: checking needs KMS, which users cannot reach)."""
+    try:
+        path = ClusterPaths(paths.dir.parents[2]).controller_job(paths.key)
+    except (IndexError, ValueError):
+        return None
+    return userfiles.read_record_or_none(path, ManagedJob, root_too=True)
+
+
 def save_job(paths: ManagedPaths, job: ManagedJob) -> ManagedJob:
     """Write the controller's record in the job's directory as the directory's owner (the
     job's user; ``userfiles.as_owner_of``), also for a job whose request cannot be used:
@@ -172,7 +183,7 @@ def view(paths: ManagedPaths) -> ManagedJob | None:
     cancelled if the user cancelled it. The controller closes such a job only when it
     next takes one from the queue, which may be after a long job ends; until then the
     job is over for everyone reading it (``dl-jobs``, ``dlc logs -f``)."""
-    job = load_job(paths)
+    job = controller_copy(paths) or load_job(paths)
     if job is not None:
         return job
     req = load_request(paths)
@@ -221,14 +232,24 @@ def unusable_queued(efs: Path, verify: root_jobs.Verify | None = None
     return out
 
 
-def queue(efs: Path, verify: root_jobs.Verify | None = None
+def queue(efs: Path, verify: root_jobs.Verify | None = None,
+          seal: controller_records.ControllerSeal | None = None
           ) -> list[tuple[ManagedPaths, ManagedRequest]]:
     """Requests waiting to run, first come first served (root's only with the master's
-    signature, checked with ``verify``)."""
+    signature, checked with ``verify``). ``seal``: a job's state is the controller's signed
+    record (``controller_records``); the user's ``job.json`` only for a job that has none
+    (not picked up yet, or recorded by an older controller); a record that is not the
+    master's (logged) or cannot be checked now keeps the job out of this pass."""
     out = []
     for paths in all_paths(efs):
         req, problem = checked_request(paths, verify)
         job = load_job(paths)
+        if seal is not None and req is not None:
+            found = controller_records.read_job(seal, efs, paths.key)
+            if found.trust is not controller_records.Trust.ABSENT:
+                job = controller_records.trusted_job(found)
+                if job is None:
+                    continue
         if req is not None and (job is None or job.state == JobState.QUEUED.value) and \
                 problem == "":
             out.append((paths, req))

@@ -84,8 +84,9 @@ Sign = Callable[[bytes], Signature]
 Verify = Callable[[bytes, Signature], bool]
 
 
-def _kms(root: str | Path):
-    """The membership key of this node, or None without one."""
+def node_key(root: str | Path):
+    """The membership key of this node (``agent.membership_key.MembershipKey``), or None
+    without one."""
     key = installed_key(root)
     if not key:
         return None
@@ -99,13 +100,13 @@ def signer(root: str | Path) -> Sign | None:
     or not root: only root's own files need the master's word)."""
     if os.geteuid() != 0:
         return None
-    key = _kms(root)
+    key = node_key(root)
     return key.sign if key is not None else None
 
 
 def verifier(root: str | Path) -> Verify | None:
     """What the executors and the controller check root's files with (None: no key)."""
-    key = _kms(root)
+    key = node_key(root)
     return key.verify if key is not None else None
 
 

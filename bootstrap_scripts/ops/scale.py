@@ -27,10 +27,10 @@ On the master, ``--status`` believes a node's registration only with that node's
 one whose key the master never learnt is shown "waiting for its node key". On a worker (no key
 book) it says that the registrations it shows are unchecked.
 
-Reads the cluster from the membership this node applied (``NodePaths.membership``; ``--root``
-prefixes it, for the emulator) and the shared file system; talks to Auto Scaling with the node's
-role (``AWS_ENDPOINT_URL`` is honoured by boto3). Exit status: 0 done, 1 refused or failed,
-64 bad usage.
+Reads the cluster from the membership this node applied (``NodePaths.membership``, never the
+unchecked copy on EFS; ``--root`` prefixes it, for the emulator) and the shared file system;
+talks to Auto Scaling with the node's role (``AWS_ENDPOINT_URL`` is honoured by boto3). Exit
+status: 0 done, 1 refused or failed, 64 bad usage.
 """
 
 from __future__ import annotations
@@ -110,20 +110,16 @@ def load_cluster(root: str, mount_point: str, autoscaling) -> Cluster:
     except (OSError, MembershipError) as exc:
         raise Refused(f"cannot read {path}: {exc}") from None
     efs = Path(mount_point or local.efs_mount)
-    membership = local
-    try:  # the shared copy may be newer than this node's
-        current = state.read_current(efs)
-        if current is not None and current.cluster_id == local.cluster_id \
-                and current.generation >= local.generation:
-            membership = current
-    except (OSError, MembershipError):
-        pass
+    # Only this node's applied copy names nodes here: the agent applied it once its
+    # signature held (the master's own on the master), while root on any worker can write
+    # the shared copy on EFS (a forged one mapping an address to another instance would
+    # have --replace mark a healthy worker). On a worker it may lag by a heartbeat.
     group = disco.find_group(autoscaling, local.cluster_id, "worker")
     if group is None:
         raise Refused(f"cluster {local.cluster_id!r} has no worker group tagged "
                       f"{disco.CLUSTER_TAG_KEY}={local.cluster_id}, "
                       f"{disco.ROLE_TAG_KEY}=Worker")
-    return Cluster(membership, efs, group, root)
+    return Cluster(local, efs, group, root)
 
 
 def set_workers(cluster: Cluster, count: int, autoscaling) -> str:

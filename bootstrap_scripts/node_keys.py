@@ -178,34 +178,53 @@ class RecordCheck:
             self._logged.add((str(path), why))
             self.log.warning("event=node-record-ignored record=%s reason=%s", path, why)
 
+    def read(self, path: Path, *, instance_id: str, what: str,
+             fields: Mapping[str, object] | None = None) -> tuple[str | None, str]:
+        """(``path``'s text, "") when it is ``instance_id``'s own ``what``; (None, why not),
+        why "" when the file is missing or unreadable. Nothing is logged (operators' tools
+        show why instead)."""
+        try:
+            text = store.read_text(path, limit=store.NODE_RECORD_LIMIT)
+        except store.RecordTooLarge as exc:
+            return None, str(exc)
+        except OSError:
+            return None, ""
+        if text is None:
+            return None, ""
+        why = nsig.check(text, instance_id=instance_id, key_of=self.book.key_of, what=what,
+                         fields=fields)
+        return (None, why) if why else (text, "")
+
     def text(self, path: Path, *, instance_id: str, what: str,
              fields: Mapping[str, object] | None = None) -> str | None:
         """``path``'s text when it is ``instance_id``'s own ``what``; None when missing or
         not (logged)."""
-        try:
-            text = store.read_text(path)
-        except OSError:
-            return None
-        if text is None:
-            return None
-        why = nsig.check(text, instance_id=instance_id, key_of=self.book.key_of, what=what,
-                         fields=fields)
+        text, why = self.read(path, instance_id=instance_id, what=what, fields=fields)
         if why:
             self.refuse(path, why)
-            return None
         return text
 
-    def record(self, path: Path, cls: type[R], *, instance_id: str, what: str,
-               fields: Mapping[str, object] | None = None) -> R | None:
-        """The ``cls`` record at ``path`` when it is ``instance_id``'s own (checked like
-        :func:`state.read_checked`, from the very bytes whose signature was checked)."""
-        text = self.text(path, instance_id=instance_id, what=what, fields=fields)
+    def judge(self, path: Path, cls: type[R], *, instance_id: str, what: str,
+              fields: Mapping[str, object] | None = None) -> tuple[R | None, str]:
+        """(the ``cls`` record at ``path``, "") when it is ``instance_id``'s own (checked
+        like :func:`state.read_checked`, from the very bytes whose signature was checked);
+        (None, why not), why "" when missing. Nothing is logged."""
+        text, why = self.read(path, instance_id=instance_id, what=what, fields=fields)
         if text is None:
-            return None
+            return None, why
         try:
             rec = cls.from_json(text, source=str(path))
         except ProtocolError as exc:
-            self.refuse(path, str(exc))
-            return None
+            return None, str(exc)
         ranges = state.RECORD_RANGES.get(cls, {})
-        return rec if state.read_checked_fields(rec, ranges, source=str(path)) else None
+        if not state.read_checked_fields(rec, ranges, source=str(path)):
+            return None, "a number out of range"
+        return rec, ""
+
+    def record(self, path: Path, cls: type[R], *, instance_id: str, what: str,
+               fields: Mapping[str, object] | None = None) -> R | None:
+        """:meth:`judge`'s record, a refusal logged once per file and reason."""
+        rec, why = self.judge(path, cls, instance_id=instance_id, what=what, fields=fields)
+        if why:
+            self.refuse(path, why)
+        return rec

@@ -7,7 +7,7 @@ a key read from EFS would be whatever root on any worker wrote there. So a worke
 public key on the cluster's node-keys queue, on which the workers' role may only send and
 the master's alone receive, and the master believes SQS's ``SenderId``, which SQS sets from
 the request's signature (for an instance profile's role session ``<role id>:<instance
-id>``: :func:`bootstrap_scripts.agent.warm_ready.instance_of_sender`), not the body: a
+id>``: :func:`bootstrap_scripts.agent.sender_queue.instance_of_sender`), not the body: a
 worker can only ever give a key for its own instance. The master keeps what it learnt on its
 own disk (``var/lib/dl-agent/node-keys/``), where its job controller reads it too.
 
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bootstrap_scripts import node_keys
-from bootstrap_scripts.agent.warm_ready import RECEIVE_WAIT, instance_of_sender
+from bootstrap_scripts.agent.sender_queue import SenderQueue, instance_of_sender
 from bootstrap_scripts.protocol import node_signature as nsig
 from bootstrap_scripts.protocol.membership_signature import Signer
 from bootstrap_scripts.protocol.paths import NodePaths
@@ -80,18 +80,21 @@ class NodeKey:
         return True
 
 
-class KeyServer:
+class KeyServer(SenderQueue):
     """The master's side: learn the key of each instance that sends one."""
+
+    event = "node-key"
 
     def __init__(self, *, queue_url: str, worker_role_id: str, sqs: Callable[[], Any],
                  book: node_keys.KeyBook, log: logging.Logger, stop: threading.Event) -> None:
-        self.queue_url = queue_url
-        self.worker_role_id = worker_role_id
-        #: the SQS client (the master's, None until its clients are made)
-        self.client = sqs
+        super().__init__(queue_url=queue_url, worker_role_id=worker_role_id, log=log,
+                         stop=stop)
+        #: the SQS client's getter (the master's, None until its clients are made)
+        self.sqs = sqs
         self.book = book
-        self.log = log
-        self.stop = stop
+
+    def client(self) -> Any | None:
+        return self.sqs()
 
     def learn(self, sender: str, body: str) -> str:
         """Record the key of the instance SQS names as the sender; why not ("" when
@@ -116,33 +119,12 @@ class KeyServer:
                           node_keys.fingerprint(pem))
         return ""
 
-    def serve_once(self, wait: int = RECEIVE_WAIT) -> int:
-        """One long poll; the number of messages handled (learnt or refused, deleted)."""
-        sqs = self.client()
-        if sqs is None:  # the master's clients are still being made
-            self.stop.wait(0.5)
-            return 0
-        resp = sqs.receive_message(
-            QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait,
-            MessageSystemAttributeNames=["SenderId"])
-        handled = 0
-        for message in resp.get("Messages", []):
-            sender = message.get("Attributes", {}).get("SenderId", "")
-            why = self.learn(sender, message.get("Body", ""))
-            if why:
-                self.log.warning("event=node-key-refused sender=%s reason=%s", sender, why)
-            sqs.delete_message(QueueUrl=self.queue_url,
-                                    ReceiptHandle=message["ReceiptHandle"])
-            handled += 1
-        return handled
-
-    def serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                self.serve_once()
-            except Exception as exc:
-                self.log.warning("event=node-key-receive-failed error=%r", exc)
-                self.stop.wait(5.0)
+    def handle(self, sender: str, body: str) -> bool:
+        """Learn or refuse (logged); the message is deleted either way."""
+        why = self.learn(sender, body)
+        if why:
+            self.log.warning("event=node-key-refused sender=%s reason=%s", sender, why)
+        return True
 
 
 def serve(agent, sqs: Callable[[], Any]) -> KeyServer | None:

@@ -10,13 +10,9 @@ it (or sending it into service) before its agent finished installing.
 
 So a worker only *says* it is ready, with a message on the cluster's warm-ready queue, on
 which the workers' role may only send. The master (whose role alone may receive, and complete
-the worker group's actions) does not believe what the message says; it believes SQS's
-``SenderId``, which SQS sets from the request's signature: for an IAM role session,
-``<role id>:<session name>``, and EC2 names an instance profile's session after the instance
-("the IAM role ID, for example ``ABCDE1F2GH3I4JK5LMNOP:i-a123b456``",
-https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_ReceiveMessage.html).
-A worker's credentials can only ever name its own instance, so the master completes the
-action of the instance that sent the message, and only if the sender's role is the workers'.
+the worker group's actions) does not believe what the message says; it completes the action of
+the instance SQS names as the sender, and only if the sender's role is the workers'
+(``bootstrap_scripts.agent.sender_queue``: why ``SenderId`` can be believed).
 
 :func:`instance_of_sender` is the pure check; :class:`ReadySignal` the worker's send;
 :class:`ReadyServer` the master's loop.
@@ -26,32 +22,14 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from collections.abc import Callable
+from typing import Any
 
-#: An EC2 instance ID (the session name EC2 gives an instance profile's role session).
-INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
-#: An IAM role's unique ID (AROA + 16..128 upper-case letters or digits).
-ROLE_ID = re.compile(r"^AROA[A-Z0-9]{12,124}$")
-#: Long-poll wait of the master's receive (SQS's maximum).
-RECEIVE_WAIT = 20
+from bootstrap_scripts.agent.sender_queue import SenderQueue, instance_of_sender
 
-
-def instance_of_sender(sender_id: str, worker_role_id: str) -> tuple[str | None, str]:
-    """(the instance ID the message may speak for, "") or (None, why it speaks for none).
-
-    ``sender_id``: SQS's ``SenderId`` of the message; ``worker_role_id``: the workers' role's
-    unique ID (from the stack). A sender that is not a session of the workers' role, or whose
-    session is not an instance's, is refused."""
-    role_id, _, session = (sender_id or "").partition(":")
-    if not ROLE_ID.match(worker_role_id or ""):
-        return None, f"no valid workers' role ID is configured ({worker_role_id!r})"
-    if role_id != worker_role_id:
-        return None, f"sender {sender_id!r} is not a session of the workers' role"
-    if not INSTANCE_ID.match(session):
-        return None, f"sender {sender_id!r} is not an instance's role session"
-    return session, ""
+#: What other modules take from here (the sender check itself lives in ``sender_queue``).
+__all__ = ["ReadyServer", "ReadySignal", "completer", "instance_of_sender"]
 
 
 class ReadySignal:
@@ -76,7 +54,7 @@ class ReadySignal:
         return "sent"
 
 
-class ReadyServer:
+class ReadyServer(SenderQueue):
     """The master's side: receive ready messages, complete the sending instance's launch
     action on the cluster's worker group, delete the message.
 
@@ -84,49 +62,32 @@ class ReadyServer:
     outcome text; an exception leaves the message for another receive (SQS delivers it again
     after its visibility timeout)."""
 
+    event = "warm-ready"
+
     def __init__(self, *, queue_url: str, worker_role_id: str, sqs,
                  complete: Callable[[str], str], log: logging.Logger,
                  stop: threading.Event) -> None:
-        self.queue_url = queue_url
-        self.worker_role_id = worker_role_id
+        super().__init__(queue_url=queue_url, worker_role_id=worker_role_id, log=log,
+                         stop=stop)
         self.sqs = sqs
         self.complete = complete
-        self.log = log
-        self.stop = stop
 
-    def serve_once(self, wait: int = RECEIVE_WAIT) -> int:
-        """One long poll; the number of messages handled (completed or refused)."""
-        resp = self.sqs.receive_message(
-            QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait,
-            MessageSystemAttributeNames=["SenderId"])
-        handled = 0
-        for message in resp.get("Messages", []):
-            sender = message.get("Attributes", {}).get("SenderId", "")
-            instance, why = instance_of_sender(sender, self.worker_role_id)
-            if instance is None:
-                self.log.warning("event=warm-ready-refused reason=%r body=%r", why,
-                                 message.get("Body", "")[:200])
-            else:
-                try:
-                    outcome = self.complete(instance)
-                except Exception as exc:  # throttling, a network blip: SQS delivers it again
-                    self.log.warning("event=warm-ready-complete-failed instance=%s error=%r",
-                                     instance, exc)
-                    continue
-                self.log.info("event=warm-ready instance=%s outcome=%s", instance, outcome)
-            self.sqs.delete_message(QueueUrl=self.queue_url,
-                                    ReceiptHandle=message["ReceiptHandle"])
-            handled += 1
-        return handled
+    def client(self) -> Any:
+        return self.sqs
 
-    def serve(self) -> None:
-        """Until ``stop``: a failed call is logged and retried after a pause."""
-        while not self.stop.is_set():
-            try:
-                self.serve_once()
-            except Exception as exc:
-                self.log.warning("event=warm-ready-receive-failed error=%r", exc)
-                self.stop.wait(5.0)
+    def handle(self, sender: str, body: str) -> bool:
+        instance, why = instance_of_sender(sender, self.worker_role_id)
+        if instance is None:
+            self.log.warning("event=warm-ready-refused reason=%r body=%r", why, body[:200])
+            return True
+        try:
+            outcome = self.complete(instance)
+        except Exception as exc:  # throttling, a network blip: SQS delivers it again
+            self.log.warning("event=warm-ready-complete-failed instance=%s error=%r",
+                             instance, exc)
+            return False
+        self.log.info("event=warm-ready instance=%s outcome=%s", instance, outcome)
+        return True
 
 
 def completer(autoscaling, *, cluster_id: str, hook_name: str) -> Callable[[str], str]:

@@ -11,6 +11,11 @@ read from EFS, so it needs no SSH and works the same on EC2, EMR and the local e
 - efs         EFS is writable from the node (the executor writes and reads back every beat)
               and, from here, a probe file can be written, read and deleted
 - clock       the node's clock agrees with this one
+- signed      on the master: the node's registration and heartbeat are its own (signed with
+              the key the master learnt from it, ``ops.node_records``), else "not signed by
+              that node" or "waiting for its node key"; a record not its own is not used for
+              the other columns. On a worker (no key book) the records are unchecked, and
+              the output says so
 
 ``--deep`` runs the health gate instead (``ops.gate``, docs/health.md): GPUs against the
 instance type, nvidia-smi, DCGM, EFA, EFS throughput and a timed all-reduce, each on the
@@ -37,14 +42,15 @@ from typing import TypeVar
 from bootstrap_scripts import node_region
 from bootstrap_scripts.jobs.engine.reachability import MOVE_WITHIN_SECONDS, Executors
 from bootstrap_scripts.ops import deep_health
+from bootstrap_scripts.ops import node_records as nrec
 from bootstrap_scripts.protocol import launches, state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
-from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Record, Registration
+from bootstrap_scripts.protocol.records import Record
 
 RecordT = TypeVar("RecordT", bound=Record)
 
-CHECKS = ("reachable", "agent", "generation", "gpus", "efs", "clock")
+CHECKS = ("reachable", "agent", "generation", "gpus", "efs", "clock", "signed")
 
 
 @dataclass
@@ -78,19 +84,36 @@ def probe_efs(efs: Path) -> tuple[bool, str, float, float]:
     return True, "writable", t_local, mtime
 
 
-def stamped(path: Path, cls: type[RecordT]) -> tuple[RecordT | None, float]:
-    """The record at ``path`` (None if missing or malformed) and its mtime (server clock)."""
-    record = store.read_record_or_none(path, cls)
+def stamped(path: Path, read: nrec.Read[RecordT]) -> tuple[RecordT | None, float]:
+    """The record read at ``path`` (None if missing, malformed or not believed) and the
+    file's mtime (server clock)."""
     st = store.stamp(path)
-    return record, (st.mtime_ns / 1e9 if st else 0.0)
+    return read.record, (st.mtime_ns / 1e9 if st else 0.0)
+
+
+def signed_cell(reg: nrec.Read, hb: nrec.Read) -> tuple[bool, str]:
+    """The ``signed`` column: are the node's registration and heartbeat its own?"""
+    verdicts = {reg.verdict, hb.verdict}
+    if verdicts == {nrec.UNCHECKED}:
+        return True, "unchecked here"
+    if nrec.WAITING_FOR_KEY in verdicts:
+        return False, nrec.WAITING_FOR_KEY
+    bad = [f"{what} {r.verdict}" for what, r in (("registration", reg), ("heartbeat", hb))
+           if r.verdict != nrec.CHECKED]
+    return (False, "; ".join(bad)) if bad else (True, nrec.CHECKED)
 
 
 def check_node(node: Node, efs: Path, generation: int, server_now: float, local_offset: float,
-               args: argparse.Namespace, not_alive: dict[str, str]) -> Row:
+               args: argparse.Namespace, not_alive: dict[str, str],
+               records: nrec.NodeRecords) -> Row:
     row = Row(node)
     paths = ClusterPaths(efs)
-    hb, hb_mtime = stamped(paths.executor_heartbeat(node.address), ExecutorHeartbeat)
-    reg, reg_mtime = stamped(paths.registration(node.instance_id), Registration)
+    hb_read = records.heartbeat(node.address, node.instance_id)
+    reg_read = records.registration(node.instance_id)
+    hb, hb_mtime = stamped(paths.executor_heartbeat(node.address), hb_read)
+    reg, reg_mtime = stamped(paths.registration(node.instance_id), reg_read)
+    if not reg_read.believed:  # the master counts it as not registered: so does this table
+        reg = None
 
     if hb is None:
         row.cells["reachable"] = (False, "no executor heartbeat")
@@ -136,7 +159,16 @@ def check_node(node: Node, efs: Path, generation: int, server_now: float, local_
         # node clock - server clock, minus (our clock - server clock) = node - us
         skew = (hb.heartbeat - hb_mtime) - local_offset
         row.cells["clock"] = (abs(skew) <= args.max_skew, f"{skew:+.2f}s")
+    row.cells["signed"] = signed_cell(reg_read, hb_read)
     return row
+
+
+def waiting_for_keys(records: nrec.NodeRecords, m: Membership) -> list[str]:
+    """Registered instances outside the membership whose key the master never learnt (a
+    node booted from older user data registers unsigned and sends no key: it never joins)."""
+    members = {n.instance_id for n in m.nodes}
+    return [iid for iid, r in records.registrations().items()
+            if iid not in members and r.verdict == nrec.WAITING_FOR_KEY]
 
 
 def render_table(rows: list[Row]) -> str:
@@ -193,11 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, MembershipError):
         current = None
     generation = max(m.generation, current.generation) if current else m.generation
-    # Executors beat every second: a few seconds of looking tells a live one from a dead one.
-    not_alive = Executors(efs, args.heartbeat_timeout).wait(
+    records = nrec.NodeRecords(args.root, efs)
+    at = {n.address: n.instance_id for n in m.nodes}
+    # Executors beat every second: a few seconds of looking tells a live one from a dead one
+    # (on the master only a heartbeat its node signed moves).
+    not_alive = Executors(efs, args.heartbeat_timeout,
+                          read=lambda _efs, a: records.heartbeat(a, at[a]).record).wait(
         [n.address for n in m.nodes], timeout=min(args.heartbeat_timeout, MOVE_WITHIN_SECONDS))
-    rows = [check_node(n, efs, generation, server_now, local_offset, args, not_alive)
+    rows = [check_node(n, efs, generation, server_now, local_offset, args, not_alive, records)
             for n in m.nodes]
+    no_key = waiting_for_keys(records, m) if records.checked else []
     here_ok = ok_here and (mounted_here or not args.require_mount)
     healthy = here_ok and all(r.ok for r in rows)
     # Failed launches do not make the cluster unhealthy (it formed, maybe in another zone or
@@ -211,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({
             "healthy": healthy, "generation": generation, "efs": str(efs),
             "efs_here": {"ok": here_ok, "detail": detail_here, "mounted": mounted_here},
+            "records": nrec.CHECKED if records.checked else nrec.UNCHECKED,
+            "waiting_for_node_key": no_key,
             "nodes": [{"rank": r.node.rank, "address": r.node.address, "role": r.node.role,
                        "ok": r.ok, **{c: {"ok": ok, "detail": d} for c, (ok, d) in r.cells.items()}}
                       for r in rows],
@@ -219,11 +258,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster {m.cluster_id or '?'}: {len(m.nodes)} node(s), generation {generation}, "
               f"EFS {efs} here: {'ok' if here_ok else 'FAIL'} ({detail_here}"
               f"{', mounted' if mounted_here else ', not a mount point'})")
+        if not records.checked:
+            print(nrec.UNCHECKED_HERE)
         sys.stdout.write(render_table(rows))
         failing = [r for r in rows if not r.ok]
         for r in failing:
             bad = ", ".join(f"{c}: {d}" for c, (ok, d) in r.cells.items() if not ok)
             print(f"node {r.node.rank} ({r.node.address}) FAILED: {bad}")
+        if no_key:
+            print(f"registered but {nrec.WAITING_FOR_KEY}: {', '.join(no_key)}")
         if failed_launches:
             print(f"failed launches ({len(failed_launches)}, "
                   f"{ClusterPaths(efs).launch_failures}):")

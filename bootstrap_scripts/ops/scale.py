@@ -22,10 +22,15 @@ not scale-in: the group keeps its size). The master is refused: it hosts every j
 rendezvous and the cluster's control. An operator's deliberate act, it does not count against
 the job controller's ``maxReplacementsPerHour``.
 
-Reads the cluster from the membership this node applied (``NodePaths.membership``; ``--root``
-prefixes it, for the emulator) and the shared file system; talks to Auto Scaling with the node's
-role (``AWS_ENDPOINT_URL`` is honoured by boto3). Exit status: 0 done, 1 refused or failed,
-64 bad usage.
+On the master, ``--status`` believes a node's registration only with that node's signature
+(``ops.node_records``): an instance only a registration not its own names is not listed, and
+one whose key the master never learnt is shown "waiting for its node key". On a worker (no key
+book) it says that the registrations it shows are unchecked.
+
+Reads the cluster from the membership this node applied (``NodePaths.membership``, never the
+unchecked copy on EFS; ``--root`` prefixes it, for the emulator) and the shared file system;
+talks to Auto Scaling with the node's role (``AWS_ENDPOINT_URL`` is honoured by boto3). Exit
+status: 0 done, 1 refused or failed, 64 bad usage.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from pathlib import Path
 
 from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import discovery as disco
+from bootstrap_scripts.ops import node_records as nrec
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node
 from bootstrap_scripts.protocol.paths import NodePaths
@@ -59,6 +65,8 @@ class Cluster:
     membership: Membership
     efs: Path
     worker_group: dict
+    #: the node root prefix (where the master's key book is: ``ops.node_records``)
+    root: str = "/"
 
     @property
     def cluster_id(self) -> str:
@@ -102,20 +110,16 @@ def load_cluster(root: str, mount_point: str, autoscaling) -> Cluster:
     except (OSError, MembershipError) as exc:
         raise Refused(f"cannot read {path}: {exc}") from None
     efs = Path(mount_point or local.efs_mount)
-    membership = local
-    try:  # the shared copy may be newer than this node's
-        current = state.read_current(efs)
-        if current is not None and current.cluster_id == local.cluster_id \
-                and current.generation >= local.generation:
-            membership = current
-    except (OSError, MembershipError):
-        pass
+    # Only this node's applied copy names nodes here: the agent applied it once its
+    # signature held (the master's own on the master), while root on any worker can write
+    # the shared copy on EFS (a forged one mapping an address to another instance would
+    # have --replace mark a healthy worker). On a worker it may lag by a heartbeat.
     group = disco.find_group(autoscaling, local.cluster_id, "worker")
     if group is None:
         raise Refused(f"cluster {local.cluster_id!r} has no worker group tagged "
                       f"{disco.CLUSTER_TAG_KEY}={local.cluster_id}, "
                       f"{disco.ROLE_TAG_KEY}=Worker")
-    return Cluster(membership, efs, group)
+    return Cluster(local, efs, group, root)
 
 
 def set_workers(cluster: Cluster, count: int, autoscaling) -> str:
@@ -253,9 +257,15 @@ def replace(cluster: Cluster, target: str, autoscaling, ec2=None) -> str:
             "it passed the health gate")
 
 
-def status(cluster: Cluster) -> str:
+def status(cluster: Cluster, records: nrec.NodeRecords | None = None) -> str:
+    """The table of ``--status``: members, then the group's other instances and the
+    (believed) registered outsiders."""
     m = cluster.membership
-    registrations = state.read_registrations(cluster.efs)
+    records = records or nrec.NodeRecords(cluster.root, cluster.efs)
+    reads = records.registrations()
+    registrations = {iid: r.record for iid, r in reads.items()
+                     if r.believed and r.record is not None}
+    group = _group_instances(cluster)
     g = cluster.worker_group
     lines = [f"cluster {cluster.cluster_id}  generation {m.generation}  workers desired "
              f"{g['DesiredCapacity']} (min {g['MinSize']}, max {g['MaxSize']}, base "
@@ -267,16 +277,29 @@ def status(cluster: Cluster) -> str:
         reg = registrations.get(n.instance_id)
         kind = "base" if n.base else "elastic"
         where = "draining" if _draining(cluster.efs, n.instance_id) else "member"
-        lines.append(_row(n.role, kind, n.address, n.instance_id, _applied(reg), where))
-    for iid in sorted(set(_group_instances(cluster)) | set(registrations)):
+        lines.append(_row(n.role, kind, n.address, n.instance_id, _applied(reg),
+                          where + _not_believed(reads.get(n.instance_id))))
+    # Only the group (AWS) and registrations their nodes signed name an instance here.
+    for iid in sorted(set(group) | set(registrations)):
         if iid in listed:
             continue
         reg = registrations.get(iid)
         if reg is not None and reg.role != "worker":
             continue
+        read = reads.get(iid)
+        where = (nrec.WAITING_FOR_KEY if read is not None and reg is None
+                 and read.verdict == nrec.WAITING_FOR_KEY
+                 else _outsider_state(cluster, iid, reg) + _not_believed(read))
         lines.append(_row("worker", "elastic", reg.address if reg else "-", iid, _applied(reg),
-                          _outsider_state(cluster, iid, reg)))
+                          where))
+    if not records.checked:
+        lines.append(nrec.UNCHECKED_HERE)
     return "\n".join(lines)
+
+
+def _not_believed(read: nrec.Read | None) -> str:
+    """`` (registration <why>)`` for a registration on EFS the master does not believe."""
+    return "" if read is None or read.believed else f" (registration {read.verdict})"
 
 
 def _row(role: str, kind: str, address: str, iid: str, gen: object, where: str) -> str:

@@ -35,6 +35,10 @@ CURVE = ec.SECP256R1
 #: What a node's signature names as its key (for people reading the record).
 KEY_PREFIX = "node:"
 INSTANCE_ID = re.compile(r"^i-[0-9a-f]{1,17}$")
+#: What to do about a node that never sends its key: the master's log and ``dl-health`` say
+#: it (a node booted from user data older than node keys signs nothing and sends no key).
+NO_KEY_HINT = ("a node sends its key at boot and every 5 minutes: one that never does runs "
+               "older user data, replace it: an instance refresh")
 #: A public key in PEM is ~180 bytes; anything much longer is not one.
 MAX_PUBLIC_PEM = 1024
 
@@ -122,7 +126,8 @@ def check(text: str, *, instance_id: str, key_of: KeyLookup, what: str,
         return f"the {what} names no instance ({instance_id!r})"
     public = key_of(instance_id)
     if public is None:
-        return f"no key learnt from {instance_id} yet (the node counts as not registered)"
+        return (f"no key learnt from {instance_id} yet (the node counts as not registered; "
+                f"{NO_KEY_HINT})")
     why = msig.check(text, verifier(public), what)
     if why:
         return why.replace("the master's", f"{instance_id}'s own")

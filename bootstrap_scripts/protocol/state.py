@@ -53,10 +53,11 @@ _refused: set[str] = set()
 
 
 def read_checked(path: str | os.PathLike, cls: type, ranges: dict | None = None):
-    """The record at ``path`` with its numbers in range, or None (missing, malformed or out
-    of range: the reason, naming the field and value, is logged once per file and reason)."""
+    """The record at ``path`` with its numbers in range, or None (missing, malformed, larger
+    than ``store.NODE_RECORD_LIMIT`` or out of range: the reason, naming the field and value,
+    is logged once per file and reason)."""
     try:
-        rec = store.read_record(path, cls)
+        rec = store.read_record(path, cls, limit=store.NODE_RECORD_LIMIT)
         if rec is not None:
             bounds.check_fields(rec, RECORD_RANGES.get(cls, {}) if ranges is None else ranges,
                                 source=str(path))

@@ -83,30 +83,52 @@ def write_record(path: str | os.PathLike, record: Record, *, mode: int = 0o644) 
 READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def read_text(path: str | os.PathLike) -> str | None:
-    """The file's text, or None when it does not exist."""
+#: The most a record a node writes on EFS for others to read (a registration, an executor
+#: heartbeat, a drain acknowledgement, ...) may hold: each is well under 4 KiB, and root on
+#: any worker can plant a file of any size there; a reader refuses a larger one unread
+#: instead of holding it in memory (the master reads every node's).
+NODE_RECORD_LIMIT = 1024 * 1024
+
+
+class RecordTooLarge(ProtocolError):
+    """A file larger than its reader's bound: refused, never read whole."""
+
+
+def read_text(path: str | os.PathLike, *, limit: int | None = None) -> str | None:
+    """The file's text, or None when it does not exist. With ``limit`` (bytes), a larger
+    file raises :class:`RecordTooLarge` naming it, having read at most ``limit`` + 1
+    characters (its size is looked at first; a file growing meanwhile is cut there)."""
     try:
         fd = os.open(path, READ_FLAGS)
     except FileNotFoundError:
         return None
     with os.fdopen(fd) as fh:
-        return fh.read()
+        if limit is None:
+            return fh.read()
+        size = os.fstat(fh.fileno()).st_size
+        text = fh.read(limit + 1) if size <= limit else ""
+        if size > limit or len(text.encode()) > limit:
+            raise RecordTooLarge(f"larger than {limit} bytes: not read", source=str(path))
+        return text
 
 
-def read_record(path: str | os.PathLike, cls: type[R]) -> R | None:
+def read_record(path: str | os.PathLike, cls: type[R], *,
+                limit: int | None = None) -> R | None:
     """The record at ``path``, or None when the file does not exist. A file that exists but
-    does not hold a valid ``cls`` raises :class:`ProtocolError` naming the file and field."""
-    text = read_text(path)
+    does not hold a valid ``cls`` raises :class:`ProtocolError` naming the file and field
+    (:class:`RecordTooLarge` when larger than ``limit`` bytes)."""
+    text = read_text(path, limit=limit)
     if text is None:
         return None
     return cls.from_json(text, source=str(path))
 
 
-def read_record_or_none(path: str | os.PathLike, cls: type[R]) -> R | None:
+def read_record_or_none(path: str | os.PathLike, cls: type[R], *,
+                        limit: int | None = None) -> R | None:
     """Like :func:`read_record`, but a malformed or unreadable file is None too: for
     watchers that poll and simply try again (the caller decides to log)."""
     try:
-        return read_record(path, cls)
+        return read_record(path, cls, limit=limit)
     except (OSError, ProtocolError):
         return None
 

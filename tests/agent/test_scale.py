@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,20 @@ def test_replace_refuses_the_master_and_strangers(cloud, capsys):
     assert health_of(cluster, m.master.instance_id).upper() == "HEALTHY"
     assert run(root, "--replace", "127.20.99.99") == scale.EXIT_REFUSED
     assert "no node of cluster dlc-test has address 127.20.99.99" in capsys.readouterr().err
+
+
+def test_a_forged_membership_on_efs_does_not_name_the_node_to_replace(cloud, capsys):
+    """Root on a worker writes a newer membership on EFS that puts worker 2's address on
+    worker 1's instance: dl-scale names nodes from the node's own applied copy only, so
+    ``--replace <worker 2's address>`` marks worker 2, never the healthy worker 1."""
+    cluster, root, m = cloud
+    w1, w2 = m.nodes[1], m.nodes[2]
+    doc = json.loads(m.to_json())
+    doc["generation"] = m.generation + 1
+    for node in doc["nodes"]:
+        if node["instance_id"] in (w1.instance_id, w2.instance_id):
+            node["address"] = w2.address if node["instance_id"] == w1.instance_id else w1.address
+    store.atomic_write(ClusterPaths(Path(m.efs_mount)).membership, json.dumps(doc))
+    assert run(root, "--replace", w2.address) == 0
+    assert f"({w2.instance_id}): marked Unhealthy" in capsys.readouterr().out
+    assert health_of(cluster, w1.instance_id).upper() == "HEALTHY"

@@ -131,6 +131,29 @@ def test_every_member_speaks_to_the_master_with_its_own_signed_records(kept: dic
                             what="node registration") is None  # another node's key: no
 
 
+def test_dl_health_checks_every_members_records_on_the_master_and_says_unchecked_on_a_worker(
+        kept: dict) -> None:
+    """docs/security.md L34's readers: the master's installed ``dl-health`` finds every
+    member's registration and heartbeat signed by that member; a worker's says it cannot
+    check them there."""
+    nodes = kept["state"]["nodes"]
+
+    def health(node: dict, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(Path(node["root"]) / BIN_DIR / "dl-health"), "--root",
+                               node["root"], *args], capture_output=True, text=True,
+                              timeout=120)
+
+    master = next(n for n in nodes if n["role"] == "master")
+    res = health(master, "--json")
+    report = json.loads(res.stdout or "{}")
+    assert report.get("records") == "checked", res.stdout + res.stderr
+    assert report["waiting_for_node_key"] == []
+    assert {n["signed"]["detail"] for n in report["nodes"]} == {"checked"}
+    worker = next(n for n in nodes if n["role"] == "worker")
+    res = health(worker)
+    assert "node records are unchecked here" in res.stdout, res.stdout + res.stderr
+
+
 # -- a new user's first hour: a failed job names its cause, the kept cluster still works ------
 
 

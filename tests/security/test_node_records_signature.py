@@ -340,3 +340,52 @@ def test_without_the_check_a_forged_drain_done_ends_the_drain(cluster):
         store.atomic_write(c.paths.drain_done(VICTIM[0]), forged)
         drains.check()
         assert aws.completed == [VICTIM[0]]
+
+
+# -- a new master's window -------------------------------------------------------------------
+
+NEW_MASTER = "i-0fffffffffffffff5"
+
+
+def test_a_new_master_reads_heartbeats_unchecked_until_it_relearns_the_key(cluster, caplog):
+    """A master recovered on a new instance starts with an empty key book. Until B's key
+    reaches it (B sends it again on seeing the new master), B's heartbeats are read
+    unchecked and logged so (L34: a heartbeat read as missing would mark a healthy node):
+    a forgery written in that window is read. Once the key is learnt again, the same
+    forgery is ignored and B's own beat believed."""
+    c = cluster
+    new = NodePaths(c.master.root.parent / "new-master")
+    book = node_keys.KeyBook(new)
+    book.open()
+    new.membership.parent.mkdir(parents=True)
+    new.membership.write_text(c.master.membership.read_text())
+    server = KeyServer(queue_url=c.queue, worker_role_id=c.role["RoleId"],
+                       sqs=lambda: boto3.client("sqs"), book=book, log=LOG,
+                       stop=threading.Event())
+    learn_all(server)  # what the old master left on the queue is gone: nothing to learn
+    assert book.key_of(VICTIM[0]) is None
+    read = SignedHeartbeats(new.root)
+    path = c.paths.executor_heartbeat(VICTIM[1])
+    own = beat(node_keys.NodeSigner(c.victim.paths), path, 1)
+    unsigned = {k: v for k, v in json.loads(own).items() if k != "signature"}
+    forged = node_keys.nsig.signed_record(json.dumps({**unsigned, "seq": 7, "state": "stopped"}),
+                                          c.attacker.key.sign)
+    store.atomic_write(path, forged)
+    with caplog.at_level(logging.WARNING, logger="dl-controller"):
+        window = read(c.efs, VICTIM[1])
+    assert window is not None and (window.seq, window.state) == (7, "stopped")
+    assert any("node-record-ignored" in r.getMessage() and str(path) in r.getMessage()
+               and "read unchecked" in r.getMessage() for r in caplog.records)
+
+    assert c.victim.key.announce(NEW_MASTER)  # B sees the new master: it sends its key again
+    learn_all(server)
+    assert book.key_of(VICTIM[0]) is not None
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dl-controller"):
+        assert read(c.efs, VICTIM[1]) is None  # the forgery is no beat any more
+    assert any(str(path) in r.getMessage() and f"not {VICTIM[0]}'s own" in r.getMessage()
+               for r in caplog.records)
+    beat(node_keys.NodeSigner(c.victim.paths), path, 2)
+    assert read(c.efs, VICTIM[1]).seq == 2  # B's own beat is believed
+    store.atomic_write(path, forged)
+    assert read(c.efs, VICTIM[1]).seq == 2  # ignored again: B's own beat stays the latest

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from bootstrap_scripts import progress
 from bootstrap_scripts.data.checkpoint_plan import join_url
+from bootstrap_scripts.jobs.controller import node_heartbeats
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, classify
-from bootstrap_scripts.jobs.engine.reachability import Executors
+from bootstrap_scripts.jobs.engine.reachability import Executors, read_heartbeat
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
@@ -214,13 +215,13 @@ ABANDONED_STOP_TIMEOUT = 60.0
 
 
 def stop_abandoned(paths: JobPaths, efs: Path, *, tick: object = None,
-                   timeout: float = ABANDONED_STOP_TIMEOUT) -> bool:
+                   timeout: float = ABANDONED_STOP_TIMEOUT, root: Path | None = None) -> bool:
     """An attempt whose runner ended without a result (killed, crashed) may still have
     running shares: the runner stops them only on its way out, and the executors only once
     its heartbeat has been silent for the job's heartbeat timeout. Stop them now through the
     attempt's cancel file, as the runner would have, and wait, so that the next attempt
     never runs beside them (two attempts of one job writing one checkpoint). True when
-    nothing of the attempt runs any more."""
+    nothing of the attempt runs any more. ``root``: as for :func:`wait_stopped`."""
     if userfiles.exists(paths.result) or not paths.dir.is_dir():
         return True  # summarized by its runner (its shares settled), or never published
     try:
@@ -229,20 +230,25 @@ def stop_abandoned(paths: JobPaths, efs: Path, *, tick: object = None,
                                "without a result\n")
     except OSError as exc:
         LOG.error("cannot cancel %s: %s", paths.dir, exc)
-    stopped = wait_stopped(paths, efs, timeout=timeout, tick=tick)
+    stopped = wait_stopped(paths, efs, timeout=timeout, tick=tick, root=root)
     if not stopped:
         LOG.error("attempt %s still has running shares after %.0f s", paths.job_id, timeout)
     return stopped
 
 
 def wait_stopped(paths: JobPaths, efs: Path, *, timeout: float, heartbeat_timeout: float = 10.0,
-                 tick: object = None) -> bool:
+                 tick: object = None, root: Path | None = None) -> bool:
     """Wait until every started share of an attempt has exited, or its node's executor is
     gone (nothing runs it any more): the next attempt must not meet the previous one's
     processes (ports, GPUs). ``tick()`` is called while waiting (the controller's heartbeat).
-    True when everything stopped within ``timeout``."""
+    True when everything stopped within ``timeout``.
+
+    ``root``: the controller's node root; its executors' heartbeats then count only when
+    their nodes signed them (``node_heartbeats``): a "stopped" heartbeat root on another
+    worker forged would otherwise let the next attempt start beside shares still running."""
     deadline = time.monotonic() + timeout
-    executors = Executors(efs, heartbeat_timeout)
+    executors = Executors(efs, heartbeat_timeout, read=(
+        read_heartbeat if root is None else node_heartbeats.reader(root)))
     while True:
         started = {rec.rank: rec for _s, rec in userfiles.scan(
             paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}

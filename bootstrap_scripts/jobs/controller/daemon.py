@@ -346,7 +346,7 @@ class Controller:
         except OSError as exc:
             LOG.error("cannot cancel %s: %s", jpaths.dir, exc)
         if not attempts.wait_stopped(jpaths, self.efs, timeout=ORPHAN_STOP_TIMEOUT,
-                                     tick=self.beat):
+                                     tick=self.beat, root=self.root):
             LOG.error("job %s: attempt %d still has running shares after %.0f s", job.job_id,
                       job.attempt, ORPHAN_STOP_TIMEOUT)
 

@@ -293,7 +293,7 @@ class JobSupervisor(RunningAttempt):
         self.follow(jpaths, lambda: proc.poll() is None)
         detected = time.time()
         if not self.stopping():  # stopping: the next controller takes the attempt over
-            attempts.stop_abandoned(jpaths, self.efs, tick=self.tick)
+            attempts.stop_abandoned(jpaths, self.efs, tick=self.tick, root=self.root)
             self.update(usage=JobBudget.end(self.job, n))
         return self.hang_or(attempts.outcome(jpaths, proc.returncode)), detected
 
@@ -308,7 +308,7 @@ class JobSupervisor(RunningAttempt):
         self.follow(jpaths, lambda: attempts.runner_alive(jpaths))
         detected = time.time()
         if not self.stopping():
-            attempts.stop_abandoned(jpaths, self.efs, tick=self.tick)
+            attempts.stop_abandoned(jpaths, self.efs, tick=self.tick, root=self.root)
             self.update(usage=JobBudget.end(self.job, self.job.attempt))
         return self.hang_or(attempts.outcome(
             jpaths, 0 if userfiles.exists(jpaths.result) else None)), detected

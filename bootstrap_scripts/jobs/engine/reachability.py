@@ -41,9 +41,10 @@ FRESH_WITHIN_SECONDS = 2.0
 
 
 def read_heartbeat(efs: Path, address: str) -> ExecutorHeartbeat | None:
-    """The executor heartbeat of ``address``, None when missing or unreadable."""
+    """The executor heartbeat of ``address``, None when missing, unreadable or larger than
+    a node's record may be (``store.NODE_RECORD_LIMIT``: root on any worker writes there)."""
     return store.read_record_or_none(ClusterPaths(efs).executor_heartbeat(address),
-                                     ExecutorHeartbeat)
+                                     ExecutorHeartbeat, limit=store.NODE_RECORD_LIMIT)
 
 
 def why_not(verdict: Liveness, silent_after: float) -> str:

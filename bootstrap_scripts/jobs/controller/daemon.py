@@ -43,12 +43,12 @@ from bootstrap_scripts.jobs.controller.hangs import HangWatch
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics, unhealthy_nodes
 from bootstrap_scripts.jobs.controller.supervise import Gate, JobSupervisor
-from bootstrap_scripts.jobs.engine import managed, root_jobs, userfiles
-from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
+from bootstrap_scripts.jobs.controller.takeover import POLL_SECONDS, Takeover
+from bootstrap_scripts.jobs.engine import managed, root_jobs
 from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, read_job, trusted_job
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
-from bootstrap_scripts.jobs.engine.restart_policy import Action, JobState, decide
-from bootstrap_scripts.jobs.engine.userfiles import UnsafeUserFile, as_owner_of
+from bootstrap_scripts.jobs.engine.restart_policy import JobState
+from bootstrap_scripts.jobs.engine.userfiles import UnsafeUserFile
 from bootstrap_scripts.ops.prices import PriceBook
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
@@ -62,9 +62,6 @@ from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePat
 
 LOG = logging.getLogger("dl-controller")
 HEARTBEAT_SECONDS = 1.0
-POLL_SECONDS = 0.5
-#: how long a new controller waits for an orphaned attempt's shares to stop
-ORPHAN_STOP_TIMEOUT = 60.0
 #: seconds between two passes archiving finished jobs past their retention
 ARCHIVE_EVERY = 3600.0
 
@@ -78,7 +75,9 @@ def lock_path(root: Path) -> Path:
     return NodePaths(root).lock("dl-controller")
 
 
-class Controller:
+class Controller(Takeover):
+    """The service (module doc); its take-over of a predecessor's jobs is ``Takeover``'s."""
+
     def __init__(self, root: Path, efs: Path, *, region: str = "",
                  gate: Gate | None = None, health: InstanceHealth | None = None,
                  retention_days: float = retention.DEFAULT_RETENTION_DAYS,
@@ -245,110 +244,6 @@ class Controller:
                 sup.finish(JobState.FAILED, f"the job controller could not run it: {exc}")
             except OSError as again:
                 self.pending_records.fail(sup.paths, sup.job, again)
-
-    def recover(self) -> None:
-        """Continue the jobs a previous controller left running or restarting."""
-        for paths in managed.all_paths(self.efs):
-            found = sealed.recovered_job(self.seal, self.efs, paths)  # the master's record
-            job = found.job
-            request, problem = managed.checked_request(paths, self.verify_root)
-            if job is None or request is None or job.controller == self.me or \
-                    job.state not in sealed.RESUMABLE:
-                if found.later:
-                    LOG.error("job %s: not recovered: its record cannot be checked now",
-                              paths.key)
-                continue
-            if problem != "":  # a planted root job (or KMS down: the next pass looks again)
-                LOG.error("job %s: not recovered: %s", paths.key, problem or "cannot check")
-                continue
-            try:
-                if found.distrust:
-                    self.fail_untrusted(paths, request, job, found.distrust)
-                    continue
-                if found.signed:  # the cap the job was picked up with, not a rewritten one
-                    request = dataclasses.replace(request, max_cost_usd=job.max_cost_usd)
-                self.recover_job(paths, request, job)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                self.pending_records.fail(paths, job, exc)
-            if self.stopping:
-                return
-
-    def fail_untrusted(self, paths: ManagedPaths, request: ManagedRequest, job: ManagedJob,
-                       why: str) -> None:
-        """Stop the job's attempt and fail it, saying why (``sealed.recovered_job``)."""
-        LOG.error("job %s: %s", paths.key, why)
-        if job.state == JobState.RUNNING.value and job.attempt:
-            self.stop_orphan(paths, job)
-        sup = self.supervisor(paths, request, job)
-        sup.update(controller=self.me)
-        sup.finish(JobState.FAILED, why)
-
-    def recover_job(self, paths: ManagedPaths, request: ManagedRequest, job: ManagedJob
-                    ) -> None:
-        """Re-attach to the job's attempt if it still runs (or ended while no controller
-        was there); otherwise its attempt is an orphan: stop it, restart as master-lost."""
-        sup = self.supervisor(paths, request, job)
-        previous = job.controller
-        sup.update(controller=self.me)
-        if job.state == JobState.RUNNING.value and job.attempt:
-            attempt = ClusterPaths(self.efs).job(paths.attempt_key(job.attempt))
-            if attempts.runner_alive(attempt) or userfiles.exists(attempt.result):
-                LOG.info("job %s: re-attaching to attempt %d (its runner outlived the "
-                         "previous controller %s)", job.job_id, job.attempt, previous)
-                self.run_job(sup, reattach=True)
-                return
-        if job.state == JobState.RUNNING.value and job.attempt:
-            self.stop_orphan(paths, job)
-            failure = Failure(FailureKind.MASTER_LOST, f"the job controller that ran "
-                              f"attempt {job.attempt} ({previous}) is gone")
-            decision = decide(failure, restarts=job.restarts,
-                              code_restarts=job.code_restarts, policy=sup.policy,
-                              cancel_requested=managed.cancel_requested(paths))
-            if decision.action is Action.RESTART:
-                m = self.wait_membership()
-                if m is None:
-                    return
-                sup.record_restart(m, failure, time.time())
-            else:
-                sup.finish(decision.state, decision.reason)
-        else:
-            LOG.info("job %s: continuing its restart (previous controller %s is gone)",
-                     job.job_id, previous)
-        self.run_job(sup)
-
-    def wait_membership(self) -> Membership | None:
-        """This node's membership, once the node agent has written it: a controller that
-        starts on a new master (a take-over) may be up before its agent formed the cluster.
-        None if the controller is told to stop first."""
-        path = NodePaths(self.root).membership
-        announced = False
-        while not self.stopping:
-            try:
-                return Membership.load(path)
-            except (OSError, ValueError) as exc:
-                if not announced:
-                    LOG.info("waiting for this node's membership (%s): %s", path, exc)
-                    announced = True
-            self.beat("waiting")
-            time.sleep(POLL_SECONDS)
-        return None
-
-    def stop_orphan(self, paths: ManagedPaths, job: ManagedJob) -> None:
-        """Cancel the orphaned attempt and wait until its shares stopped."""
-        jpaths = ClusterPaths(self.efs).job(paths.attempt_key(job.attempt))
-        LOG.warning("job %s: attempt %d is orphaned (its controller %s is gone): stopping it",
-                    job.job_id, job.attempt, job.controller)
-        try:
-            with as_owner_of(jpaths.dir):  # the user's directory: as the user, no link
-                store.atomic_write(jpaths.cancel, "orphaned: the job controller was lost\n")
-        except OSError as exc:
-            LOG.error("cannot cancel %s: %s", jpaths.dir, exc)
-        if not attempts.wait_stopped(jpaths, self.efs, timeout=ORPHAN_STOP_TIMEOUT,
-                                     tick=self.beat, root=self.root):
-            LOG.error("job %s: attempt %d still has running shares after %.0f s", job.job_id,
-                      job.attempt, ORPHAN_STOP_TIMEOUT)
 
     def next_job(self) -> JobSupervisor | None:
         """The oldest queued job, as a supervisor (cancelled ones are closed on the way,

@@ -7,10 +7,11 @@ a file-writing thread through a queue, and a progress callback per read. Here ea
 transfer is one GetObject whose body is read with ``readinto`` into the thread's own 1 MiB
 buffer and written with ``os.pwrite`` at its offset by the same thread: no copy into new
 bytes objects, no queue, no second thread per byte. botocore still signs, retries the
-request and validates the object's checksum when S3 returns one for the whole object
-(kept on purpose: ``If-Match`` and the size say which object and how long, only the
-checksum says the bytes on disk are the bytes S3 stored; zlib's CRC32 costs about 0.3 s of
-one core per GB).
+request and validates the object's checksum when S3 returns one for the whole object in
+an algorithm it can compute (CRC32, SHA-1, SHA-256; CRC32C and CRC64NVME only with
+``awscrt``, which the nodes do not install: docs/runner.md says why). Kept on purpose:
+``If-Match`` and the size say which object and how long, only the checksum says the bytes
+on disk are the bytes S3 stored; zlib's CRC32 costs about 0.3 s of one core per GB.
 
 - **Direct I/O**: the temporary files are opened with ``O_DIRECT`` and written a whole
   (page-aligned, ``mmap``) buffer at a time, so the bytes go from the buffer to the disk

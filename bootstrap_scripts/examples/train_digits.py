@@ -67,7 +67,10 @@ import pwd
 import signal
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from bootstrap_scripts import tensorboard_log
 from bootstrap_scripts.examples import train_progress
@@ -366,5 +369,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def exit_without_teardown(run: Callable[[], int]) -> NoReturn:
+    """Run ``run`` (``main``) and end the process at once with its status, skipping the
+    interpreter's teardown (``os._exit``). Why: torchrun's agent restarts its workers only
+    once every one of them has exited, and after a peer's loss, a node's join or SIGTERM
+    the teardown of an interpreter that imported torch (with its compiler stack, which
+    ``torch.optim`` loads) and holds a gloo group takes 0.4-0.8 s of CPU per worker, 1-2 s
+    of wall time on a loaded node (measured: docs/runner.md, "What was cut"), on every
+    restart's path. Nothing is lost: every way out of ``main`` has already waited for its
+    checkpoint on disk (``CheckpointWriter``), a return has closed its TensorBoard writer
+    (torch's writer has no exit hook that a teardown would run either); an exception's
+    traceback is printed as the interpreter would, with status 1; the output streams are
+    flushed. ``SystemExit`` (``--help``, a bad flag) and
+    ``KeyboardInterrupt`` take the ordinary way out."""
+    try:
+        code = run()
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main)

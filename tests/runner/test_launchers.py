@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import shlex
 
 import pytest
@@ -92,6 +94,36 @@ def test_torchrun_elastic_and_module_and_python_prefix():
     assert flag(argv, "nproc-per-node") == "3"
     assert flag(argv, "rdzv-endpoint") == "10.0.0.4:29500"
     assert argv[-2:] == ("-m", "pkg.train")
+
+
+def test_an_elastic_job_s_rendezvous_timings():
+    """The elastic rendezvous: a 2 s last call, a silent node gone after 1 s x 3; a last call
+    given with ``--rdzv-last-call`` wins, and a job that is not elastic keeps torch's."""
+    m = cluster(3, 0)
+    argv = ln.plan("torchrun", m, ["t.py"], opts(elastic=True)).shares[1].procs[0].argv
+    assert flag(argv, "rdzv-conf") == ("is_host=false,last_call_timeout=2,"
+                                       "keep_alive_interval=1,keep_alive_max_attempt=3")
+    argv = ln.plan("torchrun", m, ["t.py"],
+                   opts(elastic=True, rdzv_last_call=5)).shares[1].procs[0].argv
+    assert "last_call_timeout=5," in flag(argv, "rdzv-conf")
+    argv = ln.plan("torchrun", m, ["t.py"], opts()).shares[1].procs[0].argv
+    assert flag(argv, "rdzv-conf") == "is_host=false"
+
+
+def test_the_elastic_last_call_outlasts_torch_s_rendezvous_poll():
+    """The 2 s last call is safe because a waiting agent looks at the rendezvous again within
+    1 s (torch 2.13: ``_DistributedRendezvousOpExecutor.run``, ``SYNC`` -> ``_delay(seconds=1)``).
+    A torch that polls less often needs a longer last call: this fails then."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    source = inspect.getsource(dynamic_rendezvous._DistributedRendezvousOpExecutor.run)
+    polls = re.findall(r"action == _Action\.SYNC:.*?_delay\(seconds=([\d.]+)\)", source,
+                       re.DOTALL)
+    assert polls == ["1"], polls
+    assert float(polls[0]) + 1.0 <= ln.ELASTIC_LAST_CALL
+    # the dead node's expiry is torch's keep_alive_interval x keep_alive_max_attempt
+    assert "keep_alive_interval * self._settings.keep_alive_max_attempt" in \
+        inspect.getsource(dynamic_rendezvous._BackendRendezvousStateHolder._sanitize)
 
 
 @pytest.mark.parametrize("port", [22, 293, 310, 1023, 0, 65536])

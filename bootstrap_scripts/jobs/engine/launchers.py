@@ -103,9 +103,16 @@ def parse_nnodes(value: str, count: int) -> str:
 
 ELASTIC_MAX_NODES = 64
 ELASTIC_MAX_RESTARTS = 100
-ELASTIC_LAST_CALL = 3.0
+#: The rendezvous's last call for an elastic job (torch's default: 30 s). A new round opens
+#: only once every participant of the last one left it (``_RendezvousExitOp``), so all live
+#: agents are already on its wait list then, and each looks again within a second
+#: (``_DistributedRendezvousOpExecutor``: ``SYNC`` -> ``_delay(1)``): 2 s covers that poll
+#: with a second to spare (docs/runner.md, "What was cut").
+ELASTIC_LAST_CALL = 2.0
+#: A node that stopped heart-beating (its machine gone) leaves the rendezvous after
+#: interval x attempts (torch: 5 s x 3); the survivors' next round opens only then.
 ELASTIC_KEEP_ALIVE_S = 1
-ELASTIC_KEEP_ALIVE_ATTEMPTS = 5
+ELASTIC_KEEP_ALIVE_ATTEMPTS = 3
 
 
 def rdzv_store_proc(opts: LaunchOptions, m: Membership) -> Proc:
@@ -131,7 +138,8 @@ def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, addr
         conf += f",last_call_timeout={opts.rdzv_last_call:g}"
     if opts.elastic:
         # A node that leaves by signal stays a participant of the finished round until its
-        # keep-alive expires (torchrun: 5 s x 3); the survivors' next round waits for that.
+        # keep-alive expires (torchrun: 5 s x 3, here 1 s x 3); the survivors' next round
+        # waits for that.
         conf += (f",keep_alive_interval={ELASTIC_KEEP_ALIVE_S},"
                  f"keep_alive_max_attempt={ELASTIC_KEEP_ALIVE_ATTEMPTS}")
     return (

@@ -44,4 +44,4 @@ def step(self, global_step: int, loss: float, samples: int) -> None:
 
 
 train_progress.Tracker.step = step
-sys.exit(train_digits.main(sys.argv[1:]))
+train_digits.exit_without_teardown(lambda: train_digits.main(sys.argv[1:]))

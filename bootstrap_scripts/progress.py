@@ -164,6 +164,14 @@ def reporter() -> Reporter | None:
     return _reporter
 
 
+def flush() -> None:
+    """Write the last step reported within the interval now, as the ``atexit`` hook does at
+    an ordinary exit: for a script that ends with ``os._exit`` (no ``atexit``), so its file
+    still holds its last step. Nothing outside a managed job, or before a first report."""
+    if _reporter is not None:
+        _reporter.flush()
+
+
 def report(step: int, loss: float | None = None, samples_per_s: float | None = None, *,
            step_seconds: float | None = None, compute_seconds: float | None = None) -> None:
     """Declare that this rank finished optimizer step ``step`` (any increasing count).

@@ -72,7 +72,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from bootstrap_scripts import tensorboard_log
+from bootstrap_scripts import progress, tensorboard_log
 from bootstrap_scripts.examples import train_progress
 from bootstrap_scripts.examples.checkpoint_writer import CheckpointWriter
 
@@ -379,7 +379,8 @@ def exit_without_teardown(run: Callable[[], int]) -> NoReturn:
     restart's path. Nothing is lost: every way out of ``main`` has already waited for its
     checkpoint on disk (``CheckpointWriter``), a return has closed its TensorBoard writer
     (torch's writer has no exit hook that a teardown would run either); an exception's
-    traceback is printed as the interpreter would, with status 1; the output streams are
+    traceback is printed as the interpreter would, with status 1; the last progress step
+    (``progress``' ``atexit`` hook, which ``os._exit`` skips) and the output streams are
     flushed. ``SystemExit`` (``--help``, a bad flag) and
     ``KeyboardInterrupt`` take the ordinary way out."""
     try:
@@ -387,6 +388,8 @@ def exit_without_teardown(run: Callable[[], int]) -> NoReturn:
     except Exception:
         traceback.print_exc()
         code = 1
+    with contextlib.suppress(Exception):
+        progress.flush()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

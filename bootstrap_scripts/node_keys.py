@@ -15,7 +15,9 @@ node_signature`); here are the files around it, all on the node's LOCAL disk, ne
   (only the master's root can make it, on the master's own disk).
 
 :class:`RecordCheck` is the master's reader: a record that is not the named node's own is
-ignored (None), with one log line per file and reason.
+ignored (None), with one log line per file and reason. Its :meth:`RecordCheck.judge_or_plain`
+is the one home of the rule for a node whose key is not learnt yet (read plainly, said so),
+which the controller's heartbeat reader and the operators' tools both follow.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import hashlib
 import logging
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from bootstrap_scripts.protocol import membership_signature as msig
 from bootstrap_scripts.protocol import node_signature as nsig
@@ -154,6 +157,23 @@ class KeyBook:
         return key
 
 
+@dataclass(frozen=True)
+class Judged(Generic[R]):
+    """A node record as :meth:`RecordCheck.judge_or_plain` read it: ``record`` (None when
+    missing or not believed), ``why`` it is not believed, or why it was read unchecked (""
+    when it held or is missing), and whether the node's key was ``learnt`` (False: the
+    record was read plainly, unchecked)."""
+
+    record: R | None
+    why: str
+    learnt: bool
+
+
+def unlearnt(instance_id: str) -> str:
+    """Why a record of ``instance_id`` was read unchecked: its key is not learnt yet."""
+    return f"no key learnt from {instance_id} yet: read unchecked until it is"
+
+
 class RecordCheck:
     """The master's reader of node records: the text of a record that is the named node's
     own, else None and one log line naming the file and why."""
@@ -220,6 +240,21 @@ class RecordCheck:
         if not state.read_checked_fields(rec, ranges, source=str(path)):
             return None, "a number out of range"
         return rec, ""
+
+    def judge_or_plain(self, path: Path, cls: type[R], *, instance_id: str, what: str,
+                       plain: Callable[[], R | None],
+                       fields: Mapping[str, object] | None = None) -> Judged[R]:
+        """:meth:`judge`, except for a node whose key this master has not learnt (yet): its
+        record is read plainly (``plain()``), unchecked, and said so (``learnt`` False, ``why``
+        :func:`unlearnt`). The window is seconds (a master that just took over: every worker
+        sends its key again to a new master), and a record read as missing would be worse
+        than one read unchecked: the controller would mark a healthy node whose heartbeat
+        it cannot see Unhealthy. One rule for every reader, so an operator's tool shows
+        what the controller believes. Nothing is logged."""
+        if self.book.key_of(instance_id) is None:
+            return Judged(plain(), unlearnt(instance_id), learnt=False)
+        rec, why = self.judge(path, cls, instance_id=instance_id, what=what, fields=fields)
+        return Judged(rec, why, learnt=True)
 
     def record(self, path: Path, cls: type[R], *, instance_id: str, what: str,
                fields: Mapping[str, object] | None = None) -> R | None:

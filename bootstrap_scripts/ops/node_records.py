@@ -85,12 +85,11 @@ class NodeRecords:
               fields: dict, plain) -> Read[R]:
         if not self.checked:
             return Read(plain(), UNCHECKED)
-        learnt = self.check.book.key_of(instance_id) is not None
-        if not learnt:  # read as the master's controller does, but say it is unchecked
-            return Read(plain(), WAITING_FOR_KEY)
-        rec, why = self.check.judge(path, cls, instance_id=instance_id, what=what,
-                                    fields=fields)
-        return Read(rec, verdict(book=True, key_learnt=True, why=why))
+        # read as the master's controller does (a key not learnt: plainly), and say which
+        judged = self.check.judge_or_plain(path, cls, instance_id=instance_id, what=what,
+                                           plain=plain, fields=fields)
+        return Read(judged.record, verdict(book=True, key_learnt=judged.learnt,
+                                           why=judged.why))
 
     def registration(self, instance_id: str) -> Read[Registration]:
         return self._read(self.paths.registration(instance_id), Registration, instance_id,

@@ -13,8 +13,8 @@ the last heartbeat believed stays the latest, so a node that only forgeries spea
 silent and is judged by the one rule (:mod:`bootstrap_scripts.protocol.liveness`).
 
 A node whose key the master has not learnt yet (seconds, after a master takes over: every
-worker sends its key again on a new master) is read as before, unchecked and logged: a
-heartbeat read as missing would have the controller mark a healthy instance Unhealthy.
+worker sends its key again on a new master) is read as before, unchecked and logged, by the
+rule every reader of node records follows (``node_keys.RecordCheck.judge_or_plain``).
 """
 
 from __future__ import annotations
@@ -65,15 +65,15 @@ class SignedHeartbeats:
         if not instance:
             self.check.refuse(path, f"no member of the membership at {address}")
             return self.latest.get(address)
-        if self.check.book.key_of(instance) is None:
-            # Not learnt yet (a master that just took over: the workers send their keys on
-            # a new master within a heartbeat): read as before, not as "missing", which
-            # would mark a healthy node Unhealthy for the sake of a key in flight.
-            self.check.refuse(path, f"no key learnt from {instance} yet: read unchecked "
-                              f"until it is")
-            return read_heartbeat(efs, address)
-        beat = self.check.record(path, ExecutorHeartbeat, instance_id=instance,
-                                 what="executor heartbeat", fields={"address": address})
+        judged = self.check.judge_or_plain(path, ExecutorHeartbeat, instance_id=instance,
+                                           what="executor heartbeat",
+                                           plain=lambda: read_heartbeat(efs, address),
+                                           fields={"address": address})
+        if judged.why:
+            self.check.refuse(path, judged.why)
+        if not judged.learnt:  # read unchecked: no replay check, nothing remembered
+            return judged.record
+        beat = judged.record
         last = self.latest.get(address)
         if beat is None:
             return last

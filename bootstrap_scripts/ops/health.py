@@ -84,14 +84,14 @@ def probe_efs(efs: Path) -> tuple[bool, str, float, float]:
     return True, "writable", t_local, mtime
 
 
-def stamped(path: Path, read: nrec.Read[RecordT]) -> tuple[RecordT | None, float]:
+def stamped(path: Path, read: nrec.NodeRead[RecordT]) -> tuple[RecordT | None, float]:
     """The record read at ``path`` (None if missing, malformed or not believed) and the
     file's mtime (server clock)."""
     st = store.stamp(path)
     return read.record, (st.mtime_ns / 1e9 if st else 0.0)
 
 
-def signed_cell(reg: nrec.Read, hb: nrec.Read) -> tuple[bool, str]:
+def signed_cell(reg: nrec.NodeRead, hb: nrec.NodeRead) -> tuple[bool, str]:
     """The ``signed`` column: are the node's registration and heartbeat its own?"""
     verdicts = {reg.verdict, hb.verdict}
     if verdicts == {nrec.UNCHECKED}:

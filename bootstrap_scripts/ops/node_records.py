@@ -54,9 +54,9 @@ def verdict(*, book: bool, key_learnt: bool, why: str) -> str:
 
 
 @dataclass(frozen=True)
-class Read(Generic[R]):
-    """One node record as a tool may use it: ``record`` is None when missing or not
-    believed; ``verdict`` says which (:func:`verdict`)."""
+class NodeRead(Generic[R]):
+    """One node record (a registration, a heartbeat) as a tool may use it: ``record`` is
+    None when missing or not believed; ``verdict`` says which (:func:`verdict`)."""
 
     record: R | None
     verdict: str
@@ -82,28 +82,28 @@ class NodeRecords:
         self.checked = book.enabled and os.access(book.directory, os.R_OK | os.X_OK)
 
     def _read(self, path: Path, cls: type[R], instance_id: str, what: str,
-              fields: dict, plain) -> Read[R]:
+              fields: dict, plain) -> NodeRead[R]:
         if not self.checked:
-            return Read(plain(), UNCHECKED)
+            return NodeRead(plain(), UNCHECKED)
         # read as the master's controller does (a key not learnt: plainly), and say which
         judged = self.check.judge_or_plain(path, cls, instance_id=instance_id, what=what,
                                            plain=plain, fields=fields)
-        return Read(judged.record, verdict(book=True, key_learnt=judged.learnt,
-                                           why=judged.why))
+        return NodeRead(judged.record, verdict(book=True, key_learnt=judged.learnt,
+                                               why=judged.why))
 
-    def registration(self, instance_id: str) -> Read[Registration]:
+    def registration(self, instance_id: str) -> NodeRead[Registration]:
         return self._read(self.paths.registration(instance_id), Registration, instance_id,
                           "node registration", {"instance_id": instance_id},
                           lambda: state.read_registration(self.efs, instance_id))
 
-    def heartbeat(self, address: str, instance_id: str) -> Read[ExecutorHeartbeat]:
+    def heartbeat(self, address: str, instance_id: str) -> NodeRead[ExecutorHeartbeat]:
         """``address``'s executor heartbeat, believed from ``instance_id`` (the node the
         membership puts there)."""
         return self._read(self.paths.executor_heartbeat(address), ExecutorHeartbeat,
                           instance_id, "executor heartbeat", {"address": address},
                           lambda: read_heartbeat(self.efs, address))
 
-    def registrations(self) -> dict[str, Read[Registration]]:
+    def registrations(self) -> dict[str, NodeRead[Registration]]:
         """Every registration on EFS by its file's instance id (a record naming another
         instance than its file is not that node's)."""
         return {iid: self.registration(iid) for iid in sorted(state.registered_ids(self.efs))}

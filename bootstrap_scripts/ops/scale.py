@@ -297,7 +297,7 @@ def status(cluster: Cluster, records: nrec.NodeRecords | None = None) -> str:
     return "\n".join(lines)
 
 
-def _not_believed(read: nrec.Read | None) -> str:
+def _not_believed(read: nrec.NodeRead | None) -> str:
     """`` (registration <why>)`` for a registration on EFS the master does not believe."""
     return "" if read is None or read.believed else f" (registration {read.verdict})"
 

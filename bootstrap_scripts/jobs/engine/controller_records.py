@@ -62,9 +62,10 @@ class Trust(StrEnum):
 
 
 @dataclass(frozen=True)
-class Read:
-    """One read of a controller record: the record (when it parsed), how far it is trusted,
-    and why not (for the log line and a failed job's message)."""
+class SealedRead:
+    """One read of a controller record the master seals (signs): the record (when it
+    parsed), how far it is trusted, and why not (for the log line and a failed job's
+    message)."""
 
     trust: Trust
     record: Record | None = None
@@ -87,7 +88,7 @@ class ControllerSeal:
         #: what each file held when last checked, by (path, inode, size, mtime, ctime) of
         #: the very file read: the queue looks at every job twice a second, and a file
         #: replaced (every write is a rename) or changed in place is checked again
-        self._checked: dict[Path, tuple[tuple[int, ...], Read]] = {}
+        self._checked: dict[Path, tuple[tuple[int, ...], SealedRead]] = {}
 
     @classmethod
     def for_node(cls, root: str | Path, log: logging.Logger = LOG) -> ControllerSeal:
@@ -142,17 +143,17 @@ class ControllerSeal:
             self._logged.add((str(path), why))
             self.log.warning("event=controller-record-ignored record=%s reason=%s", path, why)
 
-    def read(self, path: Path, cls: type[R], what: str) -> Read:
+    def read(self, path: Path, cls: type[R], what: str) -> SealedRead:
         """The record at ``path`` and whether it is the master's (UNCHECKED when KMS cannot
         be asked for the public key: look again, conclude nothing)."""
         try:
             fd = os.open(path, store.READ_FLAGS | os.O_NOFOLLOW)
         except FileNotFoundError:
             self._checked.pop(path, None)
-            return Read(Trust.ABSENT)
+            return SealedRead(Trust.ABSENT)
         except OSError as exc:
             self.refuse(path, f"cannot open: {exc}")
-            return Read(Trust.REFUSED, why=f"{path} cannot be opened ({exc})")
+            return SealedRead(Trust.REFUSED, why=f"{path} cannot be opened ({exc})")
         with os.fdopen(fd, "rb") as fh:
             st = os.fstat(fh.fileno())
             stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -163,35 +164,35 @@ class ControllerSeal:
                 text = fh.read().decode()
             except (OSError, UnicodeDecodeError) as exc:
                 self.refuse(path, f"cannot read: {exc}")
-                return Read(Trust.REFUSED, why=f"{path} cannot be read ({exc})")
+                return SealedRead(Trust.REFUSED, why=f"{path} cannot be read ({exc})")
         found = self.check(path, text, cls, what)
         if found.trust is not Trust.UNCHECKED:
             self._checked[path] = (stamp, found)
         return found
 
-    def check(self, path: Path, text: str, cls: type[R], what: str) -> Read:
+    def check(self, path: Path, text: str, cls: type[R], what: str) -> SealedRead:
         """``text`` (read from ``path``) as a ``cls`` and whether the master signed it."""
         if self.verify is not None:
             try:
                 why = membership_signature.check(text, self.verify, what)
             except MembershipKeyError as exc:  # never concluded: the caller looks again
                 self.log.warning("cannot check %s now: %s", path, exc)
-                return Read(Trust.UNCHECKED, why=str(exc))
+                return SealedRead(Trust.UNCHECKED, why=str(exc))
             if why:
                 self.refuse(path, why)
-                return Read(Trust.REFUSED, why=why)
+                return SealedRead(Trust.REFUSED, why=why)
         try:
             data = json.loads(text)
             if isinstance(data, dict):
                 data.pop(membership_signature.FIELD, None)
-            return Read(Trust.SIGNED, cls.from_dict(data, source=str(path)))
+            return SealedRead(Trust.SIGNED, cls.from_dict(data, source=str(path)))
         except (ValueError, ProtocolError) as exc:
             self.refuse(path, str(exc))
-            return Read(Trust.REFUSED, why=str(exc))
+            return SealedRead(Trust.REFUSED, why=str(exc))
 
 
 # -- the job records ----------------------------------------------------------------------
-def read_job(seal: ControllerSeal, efs: Path, key: str) -> Read:
+def read_job(seal: ControllerSeal, efs: Path, key: str) -> SealedRead:
     """The controller's signed record of job ``key`` (``cluster/managed/<user>/<id>.json``)."""
     return seal.read(ClusterPaths(efs).controller_job(key), ManagedJob, "job record")
 
@@ -201,6 +202,6 @@ def write_job(seal: ControllerSeal, efs: Path, key: str, job: ManagedJob) -> Non
     seal.write(ClusterPaths(efs).controller_job(key), job)
 
 
-def trusted_job(read: Read) -> ManagedJob | None:
+def trusted_job(read: SealedRead) -> ManagedJob | None:
     return read.record if read.trust is Trust.SIGNED and isinstance(read.record, ManagedJob) \
         else None

@@ -136,13 +136,12 @@ def test_the_restart_record_reads_the_newest_complete_manifest(tmp_path) -> None
     """A checkpoint fetched from S3 comes with its manifest but no ``latest.json``: the
     controller's record of where a restart resumed from reads the manifest's meta."""
     from bootstrap_scripts.data import checkpoint_plan
-    from bootstrap_scripts.jobs.engine import managed
 
-    assert managed.checkpoint_position(tmp_path) == (None, None)
+    assert checkpoints.checkpoint_position(tmp_path) == (None, None)
     (tmp_path / "latest.json").write_text('{"epoch": 1, "step": 5}')
-    assert managed.checkpoint_position(tmp_path) == (1, 5)
+    assert checkpoints.checkpoint_position(tmp_path) == (1, 5)
     (tmp_path / "epoch-0002.pt").write_bytes(b"12")
     m = checkpoint_plan.new_manifest("epoch-0002", 46, 1.0, [("epoch-0002.pt", 2)],
                                      {"epoch": 2, "step": 23})
     (tmp_path / m.manifest_file).write_text(m.render())
-    assert managed.checkpoint_position(tmp_path) == (2, 23)
+    assert checkpoints.checkpoint_position(tmp_path) == (2, 23)

@@ -45,7 +45,7 @@ from pathlib import Path
 from bootstrap_scripts.data.checkpoint_plan import MANIFEST_SUFFIX
 from bootstrap_scripts.jobs.cli import log_pages
 from bootstrap_scripts.jobs.cli.follow import final_message, follow
-from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.jobs.engine import checkpoints, managed
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.ops import cost, tensorboard_server
@@ -155,7 +155,7 @@ def print_list(efs: Path, as_json: bool, start: int | None = None) -> int:
                 print(f"dl-jobs: error: --from must be >= 0, got {start}", file=sys.stderr)
                 return EXIT_USAGE
             page, more = list_page({**with_cost(j, now),
-                                    "checkpoint": managed.last_checkpoint(efs, j)}
+                                    "checkpoint": checkpoints.last_checkpoint(efs, j)}
                                    for j in jobs[start:])
             print(json.dumps({**head, "jobs": page, "total": len(jobs),
                               "next": start + len(page) if more else None},
@@ -163,7 +163,7 @@ def print_list(efs: Path, as_json: bool, start: int | None = None) -> int:
             return 0
         print(json.dumps({**head,
                           "jobs": [{**with_cost(j, now),
-                                    "checkpoint": managed.last_checkpoint(efs, j)}
+                                    "checkpoint": checkpoints.last_checkpoint(efs, j)}
                                    for j in jobs]}, indent=2, sort_keys=True))
         return 0
     print(status.text)
@@ -176,7 +176,7 @@ def print_list(efs: Path, as_json: bool, start: int | None = None) -> int:
     rows += [(j.job_id, j.state, str(j.attempt), str(j.restarts), str(j.world_size),
               j.user or "-", when(j.submitted_at),
               cost_cell(j, now),
-              checkpoint_text(managed.last_checkpoint(efs, j)), stragglers_cell(j),
+              checkpoint_text(checkpoints.last_checkpoint(efs, j)), stragglers_cell(j),
               (j.last_failure or "-")[:70]) for j in jobs]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
@@ -231,7 +231,7 @@ def checkpoint_text(where: dict[str, str]) -> str:
 
 def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
     now = time.time()
-    where = managed.last_checkpoint(efs, job)
+    where = checkpoints.last_checkpoint(efs, job)
     if as_json:
         print(json.dumps({**with_cost(job, now), "checkpoint": where}, indent=2,
                          sort_keys=True))

@@ -45,7 +45,7 @@ from bootstrap_scripts.jobs.controller import (
 from bootstrap_scripts.jobs.controller.budget import JobBudget
 from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
 from bootstrap_scripts.jobs.controller.running_attempt import POLL_SECONDS, RunningAttempt
-from bootstrap_scripts.jobs.engine import managed, userfiles
+from bootstrap_scripts.jobs.engine import checkpoints, managed, userfiles
 from bootstrap_scripts.jobs.engine.classify import (
     Failure,
     FailureClass,
@@ -254,7 +254,7 @@ class JobSupervisor(RunningAttempt):
                                        checkpoints_url=self.checkpoints_url)
         if self.job.restart_log:
             with userfiles.as_user(self.uid, self.gid):  # the user's file, the user's rights
-                epoch, step = managed.checkpoint_position(
+                epoch, step = checkpoints.checkpoint_position(
                     Path(attempts.checkpoint_dir(self.efs, self.job.job_id, user)))
             new = [x.instance_id for x in nodes
                    if self.last_nodes and x.instance_id not in self.last_nodes]

@@ -18,20 +18,31 @@ sets to ``s3://<checkpoint bucket>/checkpoints/<cluster-id>/<user>/<job-id>/``) 
 Each of them is a process of a share, so it runs as the job's user with the job's own
 credentials (the job role's), never root's; the sub-jobs are ordinary jobs of the engine
 (logs in ``jobs/<job-id>.restore/nodes/``), like ``--data``'s staging job.
+
+Where a job's newest complete checkpoint is (:func:`checkpoint_position` for the controller's
+resume, :func:`last_checkpoint` for ``dl-jobs``) is read here too, by the same rule of what a
+checkpoint is (``data/checkpoint_plan.py``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import bootstrap_scripts
+from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_status
+from bootstrap_scripts.data.checkpoint_plan import survey
+from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
 from bootstrap_scripts.protocol.jobs import Proc, RunRequest
+from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.paths import ClusterPaths
 
 #: The variable naming a job's checkpoint directory (a managed job's: ``attempts``).
 DIR_VARIABLE = "DL_CHECKPOINT_DIR"
@@ -109,3 +120,35 @@ def with_mirror(plan: LaunchPlan, request: RunRequest) -> tuple[LaunchPlan, RunR
     env = {**request.env, URL_VARIABLE: request.checkpoint_url}
     forward = tuple(dict.fromkeys((*request.forward, URL_VARIABLE)))
     return replace(plan, shares=shares), replace(request, env=env, forward=forward)
+
+
+def checkpoint_position(ckdir: Path) -> tuple[int | None, int | None]:
+    """(epoch, step) of the newest complete checkpoint in ``ckdir``: its manifest's ``meta``
+    (``data/checkpoint_plan.py``), else ``<ckdir>/latest.json`` (the example job's pointer
+    to its newest checkpoint); (None, None) when there is none."""
+    newest = survey(*local_listing(ckdir)).newest
+    try:
+        info = newest.meta if newest is not None else json.loads(
+            (ckdir / "latest.json").read_text())
+        return int(info["epoch"]), int(info["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+
+
+def last_checkpoint(efs: Path, job: ManagedJob) -> dict[str, str]:
+    """Where job ``job``'s newest complete checkpoint is: ``efs`` (its manifest in the job's
+    checkpoint directory) and ``s3`` (the manifest the mirror last uploaded), "" where there
+    is none or the directory is not ours to read. Root reads it as the job's user: the
+    directory is theirs and may hold a link."""
+    ckdir = ClusterPaths(efs).user_checkpoints(job.user) / job.job_id if job.user else None
+    if ckdir is None:
+        return {"efs": "", "s3": ""}
+    try:
+        uid, gid = pwd.getpwnam(job.user).pw_uid, pwd.getpwnam(job.user).pw_gid
+    except KeyError:
+        uid = gid = -1
+    with userfiles.as_user(uid, gid):
+        newest = survey(*local_listing(ckdir)).newest
+        mirrored = str(read_status(ckdir).get("manifest", ""))
+    return {"efs": str(ckdir / newest.manifest_file) if newest else "",
+            "s3": mirrored if mirrored.startswith("s3://") else ""}

@@ -4,13 +4,13 @@ A managed job is ``<EFS>/managed/<user>/<job-id>/`` (``protocol.paths.ManagedPat
 ``request.json`` (written last by ``dl-run``, so its appearance is the submission, and its
 owner is the user the job runs as), the controller's ``job.json`` and a ``cancel`` marker.
 Everything lives on EFS so that the controller of a replacement master continues where the
-previous one stopped, and ``dl-jobs`` can run on any node.
+previous one stopped, and ``dl-jobs`` can run on any node. Where a job's newest checkpoint
+is (``dl-jobs``, the controller's resume) is read by ``engine.checkpoints``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import pwd
@@ -20,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_status
-from bootstrap_scripts.data.checkpoint_plan import survey
 from bootstrap_scripts.jobs.engine import controller_records, root_jobs, user_dirs, userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
@@ -34,9 +32,9 @@ from bootstrap_scripts.protocol.managed_records import (
 )
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths
 
-#: A controller heartbeat older than this means no controller is running.
 LOG = logging.getLogger("dl-managed")
 
+#: A controller heartbeat older than this means no controller is running.
 CONTROLLER_TIMEOUT = 10.0
 
 
@@ -376,35 +374,3 @@ def idle_text(rec: IdleStopRecord | None, when: Callable[[float | None], str]) -
         text = (f"idle stop: not idle; workers stop {rec.idle_seconds / 60:g} min after the "
                 f"last job")
     return text + (f" [{rec.message}]" if "failed" in rec.message else "")
-
-
-def checkpoint_position(ckdir: Path) -> tuple[int | None, int | None]:
-    """(epoch, step) of the newest complete checkpoint in ``ckdir``: its manifest's ``meta``
-    (``data/checkpoint_plan.py``), else ``<ckdir>/latest.json`` (the example job's pointer
-    to its newest checkpoint); (None, None) when there is none."""
-    newest = survey(*local_listing(ckdir)).newest
-    try:
-        info = newest.meta if newest is not None else json.loads(
-            (ckdir / "latest.json").read_text())
-        return int(info["epoch"]), int(info["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, None
-
-
-def last_checkpoint(efs: Path, job: ManagedJob) -> dict[str, str]:
-    """Where job ``job``'s newest complete checkpoint is: ``efs`` (its manifest in the job's
-    checkpoint directory) and ``s3`` (the manifest the mirror last uploaded), "" where there
-    is none or the directory is not ours to read. Root reads it as the job's user: the
-    directory is theirs and may hold a link."""
-    ckdir = ClusterPaths(efs).user_checkpoints(job.user) / job.job_id if job.user else None
-    if ckdir is None:
-        return {"efs": "", "s3": ""}
-    try:
-        uid, gid = pwd.getpwnam(job.user).pw_uid, pwd.getpwnam(job.user).pw_gid
-    except KeyError:
-        uid = gid = -1
-    with userfiles.as_user(uid, gid):
-        newest = survey(*local_listing(ckdir)).newest
-        mirrored = str(read_status(ckdir).get("manifest", ""))
-    return {"efs": str(ckdir / newest.manifest_file) if newest else "",
-            "s3": mirrored if mirrored.startswith("s3://") else ""}

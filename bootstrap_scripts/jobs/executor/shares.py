@@ -8,9 +8,8 @@ token, never a search by name (:mod:`bootstrap_scripts.procgroup`).
 A torchrun job's rendezvous store is a helper process of the master's share
 (``rdzv_store.RDZV_STORE_LABEL``). Once the master's agent has succeeded, that share stays
 open, its store serving, until every other share of the job has exited (or its node is
-gone): no agent loses the store while it passes torch's exit barrier and closes the
-rendezvous (why: ``rdzv_store.py``). A store that dies while the job runs fails the share.
-The store's listening socket is bound here, as root, before any process of the share starts
+gone: :mod:`.store_hold`). A store that dies while the job runs fails the share. The
+store's listening socket is bound here, as root, before any process of the share starts
 (``listeners.py``): a port someone else holds fails the share at once, naming the holder.
 """
 
@@ -29,7 +28,7 @@ from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user
-from bootstrap_scripts.jobs.executor import listeners
+from bootstrap_scripts.jobs.executor import listeners, store_hold
 from bootstrap_scripts.jobs.executor.job_credentials import (
     CredentialsError,
     JobCredentials,
@@ -50,21 +49,10 @@ from bootstrap_scripts.jobs.executor.share_command import (
 )
 from bootstrap_scripts.protocol import liveness, store
 from bootstrap_scripts.protocol.jobs import LISTEN_FD_VARIABLE, JobSpec, Proc, Share
-from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, JobPaths
-from bootstrap_scripts.protocol.records import (
-    FAULT_INFRASTRUCTURE,
-    ExecutorHeartbeat,
-    ShareExit,
-    ShareStarted,
-)
+from bootstrap_scripts.protocol.paths import JobPaths
+from bootstrap_scripts.protocol.records import FAULT_INFRASTRUCTURE, ShareExit, ShareStarted
 
 LOG = logging.getLogger("dl-executor")
-
-
-#: The longest the master's share keeps the store up for peers after its agent succeeded.
-#: The others need about a second (their exit barrier's last read and the rendezvous
-#: close); this only bounds a peer that hangs after the barrier.
-STORE_HOLD_MAX_SECONDS = 30.0
 
 
 class Shares:
@@ -293,7 +281,7 @@ class Shares:
                 self.cancel(r, f"the job's rendezvous store exited with code "
                                f"{rdzv.popen.returncode} (its log: "
                                f"{r.paths.log(r.share.rank, RDZV_STORE_LABEL).name})")
-            if r.main_done() and self.holding_store(r, now):
+            if r.main_done() and store_hold.holding_store(self.node, r, now):
                 continue
             if r.main_done():
                 rc = r.returncode() if not r.cancel_reason else (r.returncode() or -signal.SIGTERM)
@@ -324,44 +312,6 @@ class Shares:
             self.credentials.refresh_due({j: r.owner for j, r in self.running.items()
                                           if r.owner[1] >= 0})
         return ended
-
-    def holding_store(self, r: RunningShare, now: float) -> bool:
-        """Whether the master's share, its agent done with success, keeps the job's
-        rendezvous store up a little longer because other shares are still finishing."""
-        rdzv = r.rdzv_store()
-        if rdzv is None or rdzv.popen.poll() is not None or r.cancel_reason or \
-                r.returncode() != 0:
-            return False  # a failed or stopped job: the store goes now, peers fail fast
-        if r.held_since is None:
-            r.held_since = now
-        waiting = self.unfinished_peers(r, now)
-        if waiting and now - r.held_since > STORE_HOLD_MAX_SECONDS:
-            LOG.warning("job %s: node rank(s) %s still running %.0f s after this node's "
-                        "agent finished; stopping the rendezvous store", r.paths.key,
-                        ", ".join(map(str, waiting)), now - r.held_since)
-            return False
-        if not waiting and r.held_since != now:
-            LOG.info("job %s: every other share exited %.1f s after this node's agent; "
-                     "stopping the rendezvous store", r.paths.key, now - r.held_since)
-        return bool(waiting)
-
-    def unfinished_peers(self, r: RunningShare, now: float) -> list[int]:
-        """Ranks of the job's other shares (the spec's and, elastic, those that joined)
-        with no exit record whose node's executor is still alive."""
-        peers = {s.rank: s.address for s in r.spec.shares}
-        for _stem, rec in userfiles.scan(r.paths.nodes, ShareStarted,
-                                         suffix=SHARE_STARTED_SUFFIX):
-            peers.setdefault(rec.rank, rec.address)
-        peers.pop(r.share.rank, None)
-        return [rank for rank, address in sorted(peers.items())
-                if not userfiles.exists(r.paths.exit(rank)) and self.peer_alive(r, address, now)]
-
-    def peer_alive(self, r: RunningShare, address: str, now: float) -> bool:
-        """A peer's executor is alive by the cluster's one rule (``protocol.liveness``)."""
-        beat = store.read_record_or_none(self.node.cluster.executor_heartbeat(address),
-                                         ExecutorHeartbeat)
-        verdict, r.peer_beats[address] = liveness.executor(beat, r.peer_beats.get(address), now)
-        return not verdict.gone
 
     def stop_all(self, reason: str) -> None:
         """Stop every running share (TERM, then KILL after its grace) and record the exits."""

@@ -36,7 +36,7 @@ from bootstrap_scripts.protocol import node_signature as nsig
 from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import NodePaths
-from bootstrap_scripts.protocol.records import Record
+from bootstrap_scripts.protocol.record_base import Record
 
 R = TypeVar("R", bound=Record)
 

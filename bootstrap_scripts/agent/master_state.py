@@ -12,7 +12,7 @@ from dataclasses import field
 from typing import ClassVar
 
 from bootstrap_scripts.protocol import bounds, state
-from bootstrap_scripts.protocol.records import Record, record
+from bootstrap_scripts.protocol.record_base import Record, record
 
 
 @record

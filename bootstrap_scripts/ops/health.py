@@ -46,7 +46,7 @@ from bootstrap_scripts.ops import node_records as nrec
 from bootstrap_scripts.protocol import launches, state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
-from bootstrap_scripts.protocol.records import Record
+from bootstrap_scripts.protocol.record_base import Record
 
 RecordT = TypeVar("RecordT", bound=Record)
 

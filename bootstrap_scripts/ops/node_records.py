@@ -24,7 +24,8 @@ from bootstrap_scripts.jobs.engine.reachability import read_heartbeat
 from bootstrap_scripts.node_keys import KeyBook, RecordCheck
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
-from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Record, Registration
+from bootstrap_scripts.protocol.record_base import Record
+from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Registration
 
 R = TypeVar("R", bound=Record)
 

@@ -20,7 +20,7 @@ from bootstrap_scripts.protocol.bounds import whole
 from bootstrap_scripts.protocol.data_source import DataSourceError, check_mounts, parse_data_source
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import validate_job_id
-from bootstrap_scripts.protocol.records import Record, record
+from bootstrap_scripts.protocol.record_base import Record, record
 
 SPEC_SCHEMA = 1
 #: In an elastic job's ``join_template``, replaced by the joining node's address.

@@ -4,7 +4,7 @@
 heartbeat (``cluster/controller.json``), its circuit breaker (``cluster/breaker.json``) and
 its idle stop (``cluster/idle-stop.json``).
 
-They share :class:`~bootstrap_scripts.protocol.records.Record`'s (de)serialiser; where they
+They share :class:`~bootstrap_scripts.protocol.record_base.Record`'s (de)serialiser; where they
 live on disk: :class:`~bootstrap_scripts.protocol.paths.ManagedPaths`.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from bootstrap_scripts.protocol.jobs import RunRequest
-from bootstrap_scripts.protocol.records import Record, record
+from bootstrap_scripts.protocol.record_base import Record, record
 
 # -- managed jobs (under managed/<job-id>/, and the controller's heartbeat) ------------------------
 

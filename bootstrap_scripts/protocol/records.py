@@ -1,9 +1,10 @@
-"""Typed records of the cluster protocol, and the one (de)serialiser they share.
+"""Typed records of the cluster protocol.
 
-Every record is a frozen dataclass. ``to_json`` writes sorted, indented JSON;
-``from_json``/``from_dict`` check each field against its annotation and raise
-:class:`~bootstrap_scripts.protocol.errors.ProtocolError` naming the file and the field. Unknown
-fields are ignored, so a newer writer does not break an older reader.
+Every record is a frozen dataclass with the one (de)serialiser they share,
+:class:`~bootstrap_scripts.protocol.record_base.Record` (strict JSON in, sorted JSON out; a
+field that does not fit its annotation is a ``ProtocolError`` naming the file and the field;
+unknown fields are ignored, so a newer writer does not break an older reader). ``Record`` and
+``record`` are importable from here too.
 
 The records here are the small ones (registrations, heartbeats, drains, job-share
 acknowledgements, launch failures); the managed jobs' records are in
@@ -14,121 +15,9 @@ their own modules because they carry behaviour. Where each record lives on disk:
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import types
-import typing
-from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar
 
-from bootstrap_scripts.protocol.errors import ProtocolError
-
-R = TypeVar("R", bound="Record")
-
-
-def _convert(value: Any, hint: Any, *, source: str, field: str) -> Any:
-    """``value`` (decoded JSON) as ``hint``, or ProtocolError."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _convert(value, arg, source=source, field=field)
-            except ProtocolError:
-                continue
-        raise ProtocolError(f"expected {hint}, got {value!r}", source=source, field=field)
-    if hint is Any:
-        return value
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif origin is tuple:
-        if isinstance(value, list | tuple):
-            item = args[0] if args else Any
-            return tuple(_convert(v, item, source=source, field=f"{field}[{i}]")
-                         for i, v in enumerate(value))
-    elif origin is dict:
-        if isinstance(value, Mapping):
-            key_t, val_t = args if args else (Any, Any)
-            return {_convert(k, key_t, source=source, field=field):
-                    _convert(v, val_t, source=source, field=f"{field}.{k}")
-                    for k, v in value.items()}
-    elif isinstance(hint, type) and issubclass(hint, Record):
-        return hint.from_dict(value, source=source, prefix=f"{field}.")
-    else:  # pragma: no cover - a record declared a type this module does not know
-        raise TypeError(f"unsupported field type {hint!r} for {field}")
-    raise ProtocolError(f"expected {getattr(hint, '__name__', hint)}, got {value!r}",
-                        source=source, field=field)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Record):
-        return value.to_dict()
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-class Record:
-    """Mixin for protocol dataclasses: strict JSON in, sorted JSON out."""
-
-    #: What the record is, for messages ("executor heartbeat", "drain request", ...).
-    KIND: ClassVar[str] = "record"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_dict(cls: type[R], data: Any, *, source: str = "", prefix: str = "") -> R:
-        source = source or cls.KIND
-        if not isinstance(data, Mapping):
-            raise ProtocolError(f"a {cls.KIND} must be a JSON object, got {type(data).__name__}",
-                                source=source, field=prefix.rstrip("."))
-        hints = typing.get_type_hints(cls)
-        kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            name = f"{prefix}{f.name}"
-            if f.name not in data:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise ProtocolError("missing", source=source, field=name)
-                continue
-            kwargs[f.name] = _convert(data[f.name], hints[f.name], source=source, field=name)
-        try:
-            return cls(**kwargs)
-        except ProtocolError:
-            raise
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(str(exc), source=source) from exc
-
-    @classmethod
-    def from_json(cls: type[R], text: str, *, source: str = "") -> R:
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ProtocolError(f"not valid JSON: {exc}", source=source or cls.KIND) from exc
-        return cls.from_dict(data, source=source)
-
-
-def record(cls: type[R]) -> type[R]:
-    """Decorator: a frozen dataclass that is also a :class:`Record`."""
-    return dataclasses.dataclass(frozen=True)(cls)
-
+from bootstrap_scripts.protocol.record_base import Record, record
 
 # -- the node agents' records ------------------------------------------------------------------
 

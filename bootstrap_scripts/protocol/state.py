@@ -20,7 +20,8 @@ from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, membership_changes
 from bootstrap_scripts.protocol.membership_signature import Signer, signed_text
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import DrainRecord, Record, Registration, record
+from bootstrap_scripts.protocol.record_base import Record, record
+from bootstrap_scripts.protocol.records import DrainRecord, Registration
 
 
 @record

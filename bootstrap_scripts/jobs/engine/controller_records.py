@@ -43,7 +43,7 @@ from bootstrap_scripts.protocol import membership_signature, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import Record
+from bootstrap_scripts.protocol.record_base import Record
 
 LOG = logging.getLogger("dl-controller")
 R = TypeVar("R", bound=Record)

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, TypeVar
 from bootstrap_scripts.protocol.errors import ProtocolError
 
 if TYPE_CHECKING:
-    from bootstrap_scripts.protocol.records import Record
+    from bootstrap_scripts.protocol.record_base import Record
 
 R = TypeVar("R", bound="Record")
 

@@ -39,7 +39,6 @@ States (:class:`Phase`) and the events (:class:`Event`) that move between them::
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from enum import Enum
@@ -51,18 +50,12 @@ from bootstrap_scripts.agent.context import AgentContext
 from bootstrap_scripts.agent.drains import Drains
 from bootstrap_scripts.agent.lost_notifications import LOOKBACK_SECONDS, LostNotifications
 from bootstrap_scripts.agent.lost_notifications import reason as lost_reason
+from bootstrap_scripts.agent.master_inbox import Inbox
 from bootstrap_scripts.agent.master_state import GroupSetup, MasterState, load_state
 from bootstrap_scripts.agent.roster import Roster, SetupFailed
 from bootstrap_scripts.agent.settings import EXIT_FAILED
 from bootstrap_scripts.protocol import launches, state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
-from bootstrap_scripts.protocol.messages import (
-    AsgSetup,
-    BadMessage,
-    DrainRequest,
-    MembershipChange,
-    Message,
-)
 
 __all__ = ["TERMINAL", "TRANSITIONS", "Event", "GroupSetup", "Master", "MasterState", "Phase"]
 
@@ -116,8 +109,9 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
 }
 
 
-class Master:
-    """The master role of one :class:`NodeAgent` (``run`` blocks until stop or failure)."""
+class Master(Inbox):
+    """The master role of one :class:`NodeAgent` (``run`` blocks until stop or failure);
+    what it does with each message of its queue is :class:`~.master_inbox.Inbox`'s."""
 
     def __init__(self, agent: AgentContext, aws: MasterAws) -> None:
         self.agent = agent
@@ -331,73 +325,3 @@ class Master:
                            "still runs in the master group: not taking it over)",
                            m.master.instance_id)
         return decision, m
-
-    def _receive_and_handle(self, wait: int) -> None:
-        for receipt, msg in self.aws.receive(wait):
-            self.resync_wanted |= self._handle(receipt, msg)
-
-    def _handle(self, receipt: str, msg: Message) -> bool:
-        """Process one message and delete it; True when the groups should be re-read.
-        Raises SetupFailed for an ``asg-setup`` failure before formation."""
-        formed = self.agent.formed.is_set()
-        resync = False
-        if isinstance(msg, BadMessage):
-            self.log.warning("event=skip-message reason=%r body=%r", msg.reason, msg.body[:200])
-        elif msg.cluster_id and msg.cluster_id != self.config.cluster_id:
-            self.log.warning("event=skip-message reason=other-cluster cluster_id=%r",
-                             msg.cluster_id)
-        elif isinstance(msg, AsgSetup):
-            self.log.info("event=asg-setup role=%s asg=%s status=%s desired=%d launched=%d "
-                          "reason=%r", msg.role, msg.asg, msg.status, msg.desired, msg.launched,
-                          msg.reason)
-            launches.record_attempts(self.agent.cluster, msg)
-            if formed:
-                resync = True
-            elif msg.status == "failure":
-                live = self._live_instances(msg.role)
-                if policy.setup_failure_holds(failed_min=msg.min, live_now=live):
-                    self.aws.delete(receipt)
-                    raise SetupFailed(launches.setup_failure_reason(msg))
-                self.log.warning("event=asg-setup-failure-outdated role=%s asg=%s live=%s "
-                                 "min=%d (the group recovered; waiting for its success)",
-                                 msg.role, msg.asg, live, msg.min)
-            else:
-                kept = {f.name: getattr(msg, f.name) for f in dataclasses.fields(GroupSetup)}
-                setup = {**self.state.setup, msg.role: GroupSetup(**kept)}
-                self.state = dataclasses.replace(self.state, setup=setup)
-                self._save_state()
-        elif isinstance(msg, DrainRequest):
-            self.log.info("event=drain-request role=%s asg=%s instance_id=%s hook=%s",
-                          msg.role, msg.asg, msg.instance_id, msg.lifecycle_hook)
-            resync = self._start_drain(msg, formed)
-        elif isinstance(msg, MembershipChange):
-            self.log.info("event=membership-change role=%s asg=%s change=%s instance_id=%s",
-                          msg.role, msg.asg, msg.change, msg.instance_id)
-            resync = formed  # before formation, formation reads the groups
-        self.aws.delete(receipt)
-        return resync
-
-    def _live_instances(self, role: str) -> int | None:
-        """The group's live instances now (None when AWS cannot tell: trust the message)."""
-        try:
-            group = self.aws.group_state(role)
-        except Exception as exc:  # discovery or AWS errors: the message stands
-            self.log.warning("event=group-read-failed role=%s error=%r", role, exc)
-            return None
-        if group is None:
-            return None
-        return len(group.instances) + len(group.missing_address)
-
-    def _start_drain(self, msg: DrainRequest, formed: bool) -> bool:
-        if self.drains.is_duplicate(msg):
-            return False
-        iid = msg.instance_id
-        current = self.agent.current
-        member = current.node_by_instance(iid) if current else None
-        address = member.address if member else ""
-        if not address:
-            reg = self.roster.read_registrations([iid]).get(iid)
-            address = reg.address if reg else ""
-        self.roster.pending_join.discard(iid)
-        return self.drains.start(msg, member=member, address=address, formed=formed,
-                                 is_master=iid == self.agent.identity.instance_id)

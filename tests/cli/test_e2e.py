@@ -23,12 +23,14 @@ import pytest
 
 from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.procgroup import alive, pids_in_groups, stop_popen_group
+from bootstrap_scripts.protocol.paths import JobPaths
 from dlc.cli import main
 from dlc.cost import usd as cost_usd
 from emulator.demo.context import BIN_DIR
 from emulator.pricing import PRICES
 from tests.conftest import REPO_ROOT
 from tests.support.bounded import dlc_follow, run_bounded
+from tests.support.cluster import job_dirs
 from tests.support.demo import demo_env
 from tests.support.kept import UNREACHABLE_ACC, demo_stop, state_groups
 
@@ -53,6 +55,12 @@ def listed_jobs(kept: dict, capsys) -> dict[str, dict]:
     code, out, err = dlc(kept, capsys, "jobs", "--json")
     assert code == 0 and out.strip(), f"dlc jobs --json: exit {code}, stderr: {err}"
     return {j["job_id"]: j for j in json.loads(out)}
+
+
+def progress_files(efs: Path) -> list[Path]:
+    """Every rank's progress file of every job on ``efs`` (``jobs/<user>/<id>/progress/``),
+    found through the protocol's paths, for a failure message to show."""
+    return [f for d in job_dirs(efs) for f in sorted(JobPaths(d).progress_dir.glob("*.json"))]
 
 
 def wait_until_over(kept: dict, capsys, job: str, timeout: float = 120.0) -> dict:
@@ -502,7 +510,7 @@ def test_gpu_and_job_metrics_reach_cloudwatch_with_the_dashboards_dimensions(
     efs = Path(kept["report"]["work_dir"]) / "efs"
     assert not gaps, (f"missing {gaps}; lines the nodes wrote: "
                       f"{cwm.written([n['root'] for n in kept['state']['nodes']])}; "
-                      f"progress files: {sorted(efs.glob('jobs/*/progress/*.json'))[:6]}")
+                      f"progress files: {progress_files(efs)[:6]}")
     assert jobs <= known, (jobs, known)
     for d in cwm.dimension_sets(cw, names.METRIC_GPU_TEMPERATURE):
         assert sorted(d) == [names.DIM_CLUSTER, names.DIM_INSTANCE], d

@@ -237,7 +237,8 @@ class NodeAgent:
                              "generation=%d", m.cluster_id, m.generation)
             return False
         result = apply_membership(self.paths.root, m, instance_id=self.identity.instance_id,
-                                  address=self.identity.address)
+                                  address=self.identity.address,
+                                  applied=self.applied_generation)
         if result.status == "older":
             self.log.info("event=skip-membership reason=older generation=%d applied=%d",
                           m.generation, self.applied_generation)

@@ -53,10 +53,16 @@ def find_self(m: Membership, instance_id: str, address: str = "") -> Node | None
 
 
 def apply_membership(
-    root: str | os.PathLike, m: Membership, *, instance_id: str, address: str = ""
+    root: str | os.PathLike, m: Membership, *, instance_id: str, address: str = "",
+    applied: int | None = None,
 ) -> ApplyResult:
+    """Write ``m``'s files for this node (module doc). ``applied``: the generation this
+    node applied last, from a caller that holds it (the node agent: it read the local
+    membership once at start and applied every generation since), so the applied
+    membership is not parsed again on every apply just for its generation; None reads it
+    from the node's ``membership.json`` (:func:`applied_generation`: a one-shot caller)."""
     root = Path(root)
-    current = applied_generation(root)
+    current = applied_generation(root) if applied is None else applied
     if m.generation < current:
         return ApplyResult(m.generation, "older")
     node = find_self(m, instance_id, address)

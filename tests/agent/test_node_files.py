@@ -136,6 +136,17 @@ def test_newer_generation_replaces_files_and_older_is_ignored(tmp_path):
     assert (tmp_path / WORKERS_FILE).read_text() == "10.0.0.5\n10.0.128.9\n10.0.128.11\n"
 
 
+def test_the_generation_a_caller_holds_decides_without_parsing_the_applied_file(tmp_path):
+    """The node agent passes the generation it applied (``applied``): the local
+    membership is not parsed again on every apply; were it, this garbled one reads as 0."""
+    apply_membership(tmp_path, make(2), instance_id="i-m")
+    (tmp_path / MEMBERSHIP_FILE).write_text("garbled")
+    assert applied_generation(tmp_path) == 0
+    assert apply_membership(tmp_path, make(1), instance_id="i-m", applied=2).status == "older"
+    assert apply_membership(tmp_path, make(3), instance_id="i-m", applied=2).status == "applied"
+    assert applied_generation(tmp_path) == 3
+
+
 def test_node_not_in_membership_writes_nothing(tmp_path):
     result = apply_membership(tmp_path, make(), instance_id="i-stranger")
     assert result.status == "not-a-member"

@@ -283,10 +283,12 @@ class Master(Inbox):
                     (i.instance_id, i.instance_type) for i in g.instances) + tuple(
                     (iid, "") for iid in g.missing_address))
         ids = [iid for g in groups.values() for iid, _ in g.instances]
+        registered = set(self.roster.read_registrations(ids))
         return setup_report.timeout_reason(
             cluster_id=self.config.cluster_id, timeout=self.config.setup_timeout,
-            missing=missing, groups=groups, registered=set(self.roster.read_registrations(ids)),
-            failures=launches.launch_failures(self.agent.cluster))
+            missing=missing, groups=groups, registered=registered,
+            failures=launches.launch_failures(self.agent.cluster),
+            no_key=self.roster.unkeyed(set(ids) - registered))
 
     def _save_state(self) -> None:
         store.write_record(self.agent.paths.agent_state, self.state, mode=0o600)

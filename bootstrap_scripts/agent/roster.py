@@ -8,6 +8,7 @@ no message announced) and publishes a generation when the node list changed.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
@@ -172,6 +173,15 @@ class Roster:
             if reg is not None:
                 out[iid] = reg
         return out
+
+    def unkeyed(self, ids: Iterable[str]) -> set[str]:
+        """Of ``ids``, those whose registration is on EFS but whose node key this master
+        has not learnt (a node on user data older than node keys: it booted, yet never
+        counts as registered). Empty on a master that checks no records."""
+        if not self.records.active:
+            return set()
+        return {iid for iid in ids if self.records.book.key_of(iid) is None
+                and os.path.lexists(self.cluster.registration(iid))}
 
     def registered_outsiders(self) -> tuple[str, ...]:
         """Registered workers of this cluster that are in no group (started by hand)."""

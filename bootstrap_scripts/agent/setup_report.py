@@ -8,7 +8,9 @@ group, what AWS and EFS know (:func:`.master.Master` collects, this module only 
   DescribeInstances), or that no group was found;
 - which of those instances registered on EFS and which did not, each with its instance type
   (a node that launched but never registered did not finish its boot: its log is on the
-  node, ``/var/log/dl-bootstrap.log``);
+  node, ``/var/log/dl-bootstrap.log``); a node whose registration is there but whose node
+  key the master never learnt is named apart: it booted, from user data older than node
+  keys, and only replacing it helps (``node_signature.NO_KEY_HINT``);
 - the newest launch failure the capacity adjuster reported for that group (zone, types and
   EC2's cause, from ``cluster/launch-failures.json``).
 
@@ -22,6 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from bootstrap_scripts.protocol.launches import describe
+from bootstrap_scripts.protocol.node_signature import NO_KEY_HINT
 from bootstrap_scripts.protocol.records import LaunchAttempt
 
 #: Instances named one by one per list before "and N more".
@@ -49,19 +52,25 @@ def _ids(items: Sequence[tuple[str, str]]) -> str:
 
 
 def group_line(group: GroupSeen, registered: Collection[str],
-               failures: Sequence[LaunchAttempt]) -> str:
-    """One missing group: its instances (registered or not) and its newest launch failure."""
+               failures: Sequence[LaunchAttempt], no_key: Collection[str] = ()) -> str:
+    """One missing group: its instances (registered or not) and its newest launch failure.
+    ``no_key``: instances whose registration is on EFS but whose node key the master never
+    learnt (booted from older user data): they did boot, so "still booting" is not said."""
     if group.error:
         text = f"{group.role} group: could not be described ({group.error})"
     elif not group.found:
         text = f"{group.role} group: not found (no Auto Scaling group tagged for the cluster)"
     else:
         waiting = [i for i in group.instances if i[0] not in registered]
+        unkeyed = [i for i in waiting if i[0] in no_key]
+        silent = [i for i in waiting if i[0] not in no_key]
         done = len(group.instances) - len(waiting)
         text = (f"{group.role} group {group.name}: {len(group.instances)} of {group.desired} "
                 f"instances running, {done} registered")
-        if waiting:
-            text += f"; not registered (still booting or failed to boot): {_ids(waiting)}"
+        if unkeyed:
+            text += f"; booted, but no node key learnt from it ({NO_KEY_HINT}): {_ids(unkeyed)}"
+        if silent:
+            text += f"; not registered (still booting or failed to boot): {_ids(silent)}"
     own = [a for a in failures if a.role == group.role]
     if own:
         text += f"; last launch failure: {describe(own[-1])}"
@@ -70,10 +79,10 @@ def group_line(group: GroupSeen, registered: Collection[str],
 
 def timeout_reason(*, cluster_id: str, timeout: float, missing: Sequence[str],
                    groups: Mapping[str, GroupSeen], registered: Collection[str],
-                   failures: Sequence[LaunchAttempt]) -> str:
+                   failures: Sequence[LaunchAttempt], no_key: Collection[str] = ()) -> str:
     """The FAILURE reason when no ``asg-setup`` success came for ``missing`` in time."""
     head = (f"cluster {cluster_id}: no asg-setup success for {' and '.join(missing)} "
             f"group(s) within {timeout:.0f}s")
-    lines = [group_line(groups[role], registered, failures) for role in missing
+    lines = [group_line(groups[role], registered, failures, no_key) for role in missing
              if role in groups]
     return head + ("; " + "; ".join(lines) if lines else "")

@@ -9,7 +9,8 @@ from bootstrap_scripts.agent.node_agent import EXIT_FAILED
 from bootstrap_scripts.protocol import state as shared
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.membership import Membership, build_membership
-from bootstrap_scripts.protocol.paths import WORKERS_FILE, ClusterPaths
+from bootstrap_scripts.protocol.node_signature import NO_KEY_HINT
+from bootstrap_scripts.protocol.paths import WORKERS_FILE, ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import LaunchAttempt, LaunchFailures, Registration
 from emulator.cloud import fail_launches
 from emulator.resources import create_cluster
@@ -77,6 +78,31 @@ def test_setup_timeout_fails_naming_the_missing_group(env, tmp_path):
     assert w1 not in reason
     assert ("last launch failure: zone us-east-1a, p5.48xlarge: We currently do not have "
             "sufficient p5.48xlarge capacity") in reason
+    t.thread.join(timeout=30)
+    assert t.exit_code == EXIT_FAILED
+
+
+def test_setup_timeout_names_a_worker_that_booted_without_a_node_key(env, tmp_path):
+    """A worker on user data older than node keys registers, but to a master that learns
+    node keys its registration is not its own: the reason says that it booted and what to
+    do (replace it), not that it is still booting."""
+    endpoint, recorder, threads = env
+    cluster = create_cluster(endpoint, workers=1)
+    cluster.send(cluster.setup_message("master"))
+    (w1, ip1), = cluster.instances("worker")
+    shared.write_registration(tmp_path / "efs", Registration(instance_id=w1, address=ip1,
+                                                             gpus=1, role="worker"))
+    # this master learns node keys (its agent makes the book when it serves the queue)
+    NodePaths(tmp_path / "nodes" / "m").node_keys_dir.mkdir(parents=True, mode=0o700)
+    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url, setup_timeout=2),
+                    master_identity(cluster))
+    threads.append(t)
+    (sig,) = recorder.wait_for(1, timeout=30)
+    assert sig["Status"] == "FAILURE"
+    reason = sig["Reason"]
+    assert (f"1 of 1 instances running, 0 registered; booted, but no node key learnt from it "
+            f"({NO_KEY_HINT}): {w1} (") in reason, reason
+    assert "still booting" not in reason, reason
     t.thread.join(timeout=30)
     assert t.exit_code == EXIT_FAILED
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from bootstrap_scripts.agent.setup_report import LISTED, GroupSeen, timeout_reason
+from bootstrap_scripts.protocol.node_signature import NO_KEY_HINT
 from bootstrap_scripts.protocol.records import LaunchAttempt
 
 
@@ -34,6 +35,19 @@ def test_unregistered_instances_with_their_type_and_the_last_launch_failure() ->
             "(still booting or failed to boot): i-2 (type unknown); last launch failure: zone "
             "us-east-1b, p5.48xlarge: InsufficientInstanceCapacity") in text
     assert "old cause" not in text and "master's" not in text
+
+
+def test_an_instance_registered_without_a_node_key_is_named_as_booted() -> None:
+    """Its registration is on EFS but the master learnt no key from it (older user data):
+    it booted, so it is named with what to do, apart from the ones still booting."""
+    group = GroupSeen("worker", True, "asg-w", 3,
+                      (("i-1", "g5.xlarge"), ("i-2", "g5.xlarge"), ("i-3", "")))
+    text = timeout_reason(cluster_id="c1", timeout=3300, missing=["worker"],
+                          groups={"worker": group}, registered={"i-1"}, failures=[],
+                          no_key={"i-2"})
+    assert ("worker group asg-w: 3 of 3 instances running, 1 registered; booted, but no node "
+            f"key learnt from it ({NO_KEY_HINT}): i-2 (g5.xlarge); not registered (still "
+            "booting or failed to boot): i-3 (type unknown)") in text
 
 
 def test_long_lists_are_cut_with_a_count() -> None:

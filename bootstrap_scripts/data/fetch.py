@@ -45,6 +45,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bootstrap_scripts.data.checksums import checksum_gap
 from bootstrap_scripts.data.plan import S3Object
 
 #: Objects larger than this are fetched in ranges of this size, in parallel.
@@ -102,6 +103,8 @@ class Fetcher:
         #: key -> ranges still to finish; key -> the object's first error
         self.remaining: dict[str, int] = {}
         self.failed: dict[str, Exception] = {}
+        #: key -> why botocore checked no checksum of (a request of) that object
+        self.unverified: dict[str, str] = {}
         #: write with O_DIRECT (until a file system refuses it)
         self.direct = direct and bool(O_DIRECT)
 
@@ -153,7 +156,11 @@ class Fetcher:
         for attempt in range(1, ATTEMPTS + 1):
             got = [0]
             try:
-                self.read_body(self.client.get_object(**args)["Body"], tmp, start, got)
+                response = self.client.get_object(**args)
+                if gap := checksum_gap(response, ranged=rng is not None):
+                    with self.lock:
+                        self.unverified.setdefault(obj.key, gap)
+                self.read_body(response["Body"], tmp, start, got)
                 if got[0] != last + 1 - start:
                     raise ShortBody(f"{got[0]} of {last + 1 - start} bytes arrived")
                 return

@@ -203,5 +203,5 @@ def test_the_count_reaches_the_jobs_staging_record_and_its_first_lines(tmp_path,
     assert [n.unverified for n in report.nodes] == [3, 0]
     assert type(report).from_json(report.to_json()) == report
     staging.announce(report)
-    assert ("3 object(s) staged without a checksum check (why, and what to do: dl-jobs logs "
-            "j.stage)") in capsys.readouterr().err
+    assert ("3 object(s) staged without a checksum check (why, and what to do: the staging "
+            "job j.stage's node logs)") in capsys.readouterr().err

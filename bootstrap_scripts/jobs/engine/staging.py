@@ -131,7 +131,8 @@ def announce(staged: StagingReport) -> None:
             f"rank {n.rank}: {n.gbps:.2f} GB/s" for n in staged.nodes) + ")")
     if unverified := sum(n.unverified for n in staged.nodes):
         say(f"data {staged.source}: {unverified} object(s) staged without a checksum check "
-            f"(why, and what to do: dl-jobs logs {staged.job_id}{STAGE_SUFFIX})")
+            f"(why, and what to do: the staging job {staged.job_id}{STAGE_SUFFIX}'s node "
+            f"logs)")
 
 
 @contextlib.contextmanager

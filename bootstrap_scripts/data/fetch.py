@@ -9,7 +9,8 @@ buffer and written with ``os.pwrite`` at its offset by the same thread: no copy 
 bytes objects, no queue, no second thread per byte. botocore still signs, retries the
 request and validates the object's checksum when S3 returns one for the whole object in
 an algorithm it can compute (CRC32, SHA-1, SHA-256; CRC32C and CRC64NVME only with
-``awscrt``, which the nodes do not install: docs/runner.md says why). Kept on purpose:
+``awscrt``, which the nodes do not install: docs/runner.md says why); the objects it could
+not check are noted in ``unverified`` (``checksums.checksum_gap``). Kept on purpose:
 ``If-Match`` and the size say which object and how long, only the checksum says the bytes
 on disk are the bytes S3 stored; zlib's CRC32 costs about 0.3 s of one core per GB.
 

@@ -274,7 +274,7 @@ def download(client, bucket: str, plan: Plan, dest: Path, state: State,
              concurrency: int, part_size: int = fetch.DEFAULT_PART_SIZE) -> dict[str, str]:
     """Fetch ``plan.fetch`` into ``dest`` (temporary name, rename, journal), many objects at
     once (``fetch.Fetcher``); StageError naming the first object that failed and why. The
-    objects staged without a checksum check: key -> why (``fetch.checksum_gap``)."""
+    objects staged without a checksum check: key -> why (``checksums.checksum_gap``)."""
     progress = Progress(len(plan.fetch), plan.fetch_bytes)
     errors: list[str] = []
 

@@ -21,8 +21,8 @@ EFS copy is gone resumes from it.
   (``dl-jobs`` shows it). A failed pass is reported and retried at the next.
 - **restore** (before an attempt starts): the newest complete checkpoint of ``DIR``, of
   ``--url`` and of each ``--from`` wins; one in S3 is fetched into ``DIR`` first (temporary
-  names, then renamed; the manifest last). Checkpoints that are not complete (a missing
-  manifest, a missing or short file) are ignored and reported.
+  names, synced to disk, then renamed; the manifest last). Checkpoints that are not
+  complete (a missing manifest, a missing or short file) are ignored and reported.
 
 The mirror never deletes in S3 (the job role may not; the bucket's lifecycle expires old
 versions). Region: the node's region file, like the stager's.
@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import node_region
+from bootstrap_scripts.data import durable
 from bootstrap_scripts.data.checkpoint_plan import (
     MANIFEST_SUFFIX,
     CheckpointError,
@@ -190,16 +191,30 @@ def read_status(directory: Path) -> dict:
 
 
 def fetch(client, m: Manifest, url: str, directory: Path) -> None:
-    """Copy checkpoint ``m`` of ``url`` into ``directory``: each file under a temporary name
-    then renamed, the manifest last."""
+    """Copy checkpoint ``m`` of ``url`` into ``directory``: each file under a temporary name,
+    synced, then renamed; the directories synced; the manifest last (the same way). The
+    manifest says "complete" to every later restore, so nothing it lists may still be only
+    in memory when it appears: after a power loss a manifest whose file is short or zeros
+    would be resumed from (``durable``; a checkpoint is a few large files, so a sync per
+    file costs little beside its download)."""
     bucket, prefix = parse_s3_url(url)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for rel in upload_order(m):
-        final = directory / rel
-        final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        part = final.with_name(f".{final.name}{PART_SUFFIX}")
-        client.download_file(bucket, prefix + rel, str(part))
-        os.replace(part, final)
+    *data, manifest = upload_order(m)
+    for rel in data:
+        fetch_file(client, bucket, prefix + rel, directory / rel)
+    for parent in sorted({(directory / rel).parent for rel in data}):
+        durable.sync_dir(parent)
+    fetch_file(client, bucket, prefix + manifest, directory / manifest)
+    durable.sync_dir(directory)
+
+
+def fetch_file(client, bucket: str, key: str, final: Path) -> None:
+    """One object to ``final``: a temporary name, synced, renamed."""
+    final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    part = final.with_name(f".{final.name}{PART_SUFFIX}")
+    client.download_file(bucket, key, str(part))
+    durable.sync_file(part)
+    os.replace(part, final)
 
 
 def restore(client, directory: Path, urls: list[str]) -> ResumeChoice:

@@ -9,7 +9,8 @@ buffer and written with ``os.pwrite`` at its offset by the same thread: no copy 
 bytes objects, no queue, no second thread per byte. botocore still signs, retries the
 request and validates the object's checksum when S3 returns one for the whole object in
 an algorithm it can compute (CRC32, SHA-1, SHA-256; CRC32C and CRC64NVME only with
-``awscrt``, which the nodes do not install: docs/runner.md says why). Kept on purpose:
+``awscrt``, which the nodes do not install: docs/runner.md says why); the objects it could
+not check are noted in ``unverified`` (``checksums.checksum_gap``). Kept on purpose:
 ``If-Match`` and the size say which object and how long, only the checksum says the bytes
 on disk are the bytes S3 stored; zlib's CRC32 costs about 0.3 s of one core per GB.
 
@@ -45,6 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bootstrap_scripts.data.checksums import checksum_gap
 from bootstrap_scripts.data.plan import S3Object
 
 #: Objects larger than this are fetched in ranges of this size, in parallel.
@@ -102,6 +104,8 @@ class Fetcher:
         #: key -> ranges still to finish; key -> the object's first error
         self.remaining: dict[str, int] = {}
         self.failed: dict[str, Exception] = {}
+        #: key -> why botocore checked no checksum of (a request of) that object
+        self.unverified: dict[str, str] = {}
         #: write with O_DIRECT (until a file system refuses it)
         self.direct = direct and bool(O_DIRECT)
 
@@ -153,7 +157,11 @@ class Fetcher:
         for attempt in range(1, ATTEMPTS + 1):
             got = [0]
             try:
-                self.read_body(self.client.get_object(**args)["Body"], tmp, start, got)
+                response = self.client.get_object(**args)
+                if gap := checksum_gap(response, ranged=rng is not None):
+                    with self.lock:
+                        self.unverified.setdefault(obj.key, gap)
+                self.read_body(response["Body"], tmp, start, got)
                 if got[0] != last + 1 - start:
                     raise ShortBody(f"{got[0]} of {last + 1 - start} bytes arrived")
                 return

@@ -22,6 +22,14 @@ starts at once.
   (``.dl-stage/manifest.json``) is written last and its presence says "complete". An
   object already there with the same size and ETag (journal or manifest) is skipped, so a
   copy that was killed resumes, and a complete one costs one listing.
+- **Durable before it is recorded**: a journal line is written only after a ``syncfs`` of
+  the destination's file system that followed the object's rename (``State.commit``, in
+  batches), and the manifest only after the last; so after a power loss no record names a
+  file that is short or zero-filled (``durable``: direct I/O alone does not make a file's
+  size or the device's cache durable).
+- **Checksums**: the objects botocore could not check against S3's checksum (CRC64NVME or
+  CRC32C without ``awscrt``, ranges, none in S3) are counted (``unverified`` in the result
+  and ``staging.json``) and named in one warning line (``checksums``).
 - **Sharding** (``--shard-count N``): node ``DL_NODE_RANK`` stages only the objects whose
   index in key order is its rank modulo N.
 - **Fails before the job, naming the cause**: a missing bucket, a denied prefix or object,
@@ -30,7 +38,7 @@ starts at once.
   root ``DL_ROOT``), never from the environment the job was given.
 
 Prints progress lines and, last, ``DL_STAGE_RESULT {json}`` (objects, bytes, seconds,
-GB/s, directory) that the runner records in the job's ``staging.json``.
+GB/s, directory, unverified) that the runner records in the job's ``staging.json``.
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts import node_region
-from bootstrap_scripts.data import disks, fetch
+from bootstrap_scripts.data import disks, durable, fetch
+from bootstrap_scripts.data.checksums import unverified_warning
 from bootstrap_scripts.data.plan import (
     RESULT_MARKER,
     Plan,
@@ -66,6 +75,11 @@ STATE_DIR = ".dl-stage"
 MANIFEST = "manifest.json"
 JOURNAL = "journal"
 PART_SUFFIX = ".dl-part"
+#: A journal commit (``State.commit``: one ``syncfs``, then the lines) once this many
+#: objects wait, or this many seconds after the last: the lines a kill or a power loss can
+#: cost (those objects are fetched again), against a disk flush per object.
+COMMIT_OBJECTS = 64
+COMMIT_SECONDS = 1.0
 
 
 def say(message: str) -> None:
@@ -119,7 +133,12 @@ class State:
         self.dir = dest / STATE_DIR
         self.dir.mkdir(mode=0o700, exist_ok=True)
         self.lock = threading.Lock()
+        #: held by the one thread writing journal lines (``commit``)
+        self.committing = threading.Lock()
         self.fd: int | None = None
+        #: renamed objects whose journal lines wait for their data to be on the disk
+        self.pending: list[S3Object] = []
+        self.committed_at = time.monotonic()
 
     def known(self) -> dict[str, tuple[int, str]]:
         """key -> (size, etag) of every object a previous copy completed."""
@@ -146,21 +165,44 @@ class State:
         (self.dir / MANIFEST).unlink(missing_ok=True)
 
     def journal(self, obj: S3Object) -> None:
-        """One line per completed object, appended with one unbuffered write: a killed
-        copy keeps every line written (a line cut short is ignored by ``known``). Not
-        fsynced per line: ``close`` syncs them all once (a line per object cost a disk
-        flush per object, in one thread at a time)."""
-        line = (json.dumps({"key": obj.key, "size": obj.size, "etag": obj.etag}) + "\n"
-                ).encode()
+        """Record ``obj`` (renamed to its final name) as complete, once its bytes are on the
+        disk: it waits in ``pending`` for the next ``commit``, which runs when
+        ``COMMIT_OBJECTS`` are waiting or ``COMMIT_SECONDS`` have passed (in the thread
+        that finds it due; the others go on copying)."""
         with self.lock:
+            self.pending.append(obj)
+            due = (len(self.pending) >= COMMIT_OBJECTS
+                   or time.monotonic() - self.committed_at >= COMMIT_SECONDS)
+        if due:
+            self.commit(wait=False)
+
+    def commit(self, wait: bool = True) -> None:
+        """The pending objects' data and renames to disk (one ``syncfs``), then their journal
+        lines: a line is never on the disk before the bytes it vouches for (a line may be
+        lost, and that object fetched again). Each line is one unbuffered append, so a
+        killed copy keeps every line written (a line cut short is ignored by ``known``)."""
+        if not self.committing.acquire(blocking=wait):
+            return  # another thread is committing; what waits goes with the next commit
+        try:
+            with self.lock:
+                batch, self.pending = self.pending, []
+                self.committed_at = time.monotonic()
+            if not batch:
+                return
+            durable.sync_filesystem(self.dir)
+            lines = b"".join((json.dumps({"key": o.key, "size": o.size, "etag": o.etag})
+                              + "\n").encode() for o in batch)
             if self.fd is None:
                 self.fd = os.open(self.dir / JOURNAL,
                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            os.write(self.fd, line)
+            os.write(self.fd, lines)
+        finally:
+            self.committing.release()
 
     def close(self) -> None:
-        """The journal to disk, once."""
-        with self.lock:
+        """The last pending objects committed, and the journal to disk."""
+        self.commit()
+        with self.committing:
             if self.fd is not None:
                 os.fsync(self.fd)
                 os.close(self.fd)
@@ -177,6 +219,7 @@ class State:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.dir / MANIFEST)
+        durable.sync_dir(self.dir)  # the manifest's name on the disk before the journal goes
         (self.dir / JOURNAL).unlink(missing_ok=True)  # the manifest now says it all
 
 
@@ -228,9 +271,10 @@ class Progress:
 
 
 def download(client, bucket: str, plan: Plan, dest: Path, state: State,
-             concurrency: int, part_size: int = fetch.DEFAULT_PART_SIZE) -> None:
+             concurrency: int, part_size: int = fetch.DEFAULT_PART_SIZE) -> dict[str, str]:
     """Fetch ``plan.fetch`` into ``dest`` (temporary name, rename, journal), many objects at
-    once (``fetch.Fetcher``); StageError naming the first object that failed and why."""
+    once (``fetch.Fetcher``); StageError naming the first object that failed and why. The
+    objects staged without a checksum check: key -> why (``checksums.checksum_gap``)."""
     progress = Progress(len(plan.fetch), plan.fetch_bytes)
     errors: list[str] = []
 
@@ -253,11 +297,15 @@ def download(client, bucket: str, plan: Plan, dest: Path, state: State,
         fetcher.run(plan.fetch, dest)
     finally:
         progress.stop.set()
-        state.close()
+        try:
+            state.close()
+        except OSError as exc:  # the last commit's syncfs: EIO, the disk lost writes
+            errors.append(f"{dest}: cannot flush the copy to the disk: {exc.strerror}")
     if errors:
         remove_leftovers(dest)
         raise StageError(errors[0] + (f" (and {len(errors) - 1} more object(s))"
                                       if len(errors) > 1 else ""))
+    return fetcher.unverified
 
 
 def object_error(bucket: str, obj: S3Object, exc: Exception) -> str:
@@ -298,11 +346,12 @@ def stage(source_text: str, *, root: str, rank: int, shard_count: int,
     say(f"{source.url} -> {dest}: {len(plan.wanted)} object(s), {size_text(plan.total_bytes)}; "
         f"{len(plan.fetch)} to copy ({size_text(plan.fetch_bytes)}), "
         f"{len(plan.wanted) - len(plan.fetch)} already here")
+    unverified: dict[str, str] = {}
     if plan.fetch:
         state.incomplete()
         remove_leftovers(dest)
         disks.check_space(dest, plan.fetch_bytes, len(plan.fetch))
-        download(client, source.bucket, plan, dest, state, concurrency)
+        unverified = download(client, source.bucket, plan, dest, state, concurrency)
     for rel in plan.stale:
         (dest / rel).unlink(missing_ok=True)  # staged before, no longer in the source
     state.complete(source.url, plan)
@@ -311,7 +360,10 @@ def stage(source_text: str, *, root: str, rank: int, shard_count: int,
               "copied": len(plan.fetch), "bytes": plan.total_bytes,
               "copied_bytes": plan.fetch_bytes, "seconds": round(seconds, 3),
               "gbps": round(plan.fetch_bytes / max(seconds, 1e-9) / 1e9, 4),
-              "shard": f"{rank}/{shard_count}" if shard_count > 1 else ""}
+              "shard": f"{rank}/{shard_count}" if shard_count > 1 else "",
+              "unverified": len(unverified)}
+    if warning := unverified_warning(unverified, len(plan.fetch)):
+        say(warning)
     say(f"staged {result['objects']} object(s) in {dest}: copied {result['copied']} "
         f"({size_text(plan.fetch_bytes)}) in {seconds:.1f} s, {result['gbps']:.3f} GB/s")
     print(f"{RESULT_MARKER} {json.dumps(result, sort_keys=True)}", flush=True)

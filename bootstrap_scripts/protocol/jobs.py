@@ -367,6 +367,8 @@ class StagedNode(Record):
     seconds: float
     gbps: float
     shard: str = ""
+    #: objects copied without a checksum check (``data.checksums``; its log says why)
+    unverified: int = 0
 
 
 @record

@@ -93,3 +93,43 @@ def test_watch_makes_a_last_pass_when_stopped(s3env: S3Env, tmp_path: Path) -> N
     t.join(timeout=20)
     assert not t.is_alive()
     assert "step-000010.manifest.json" in keys(s3env)
+
+
+def test_restore_syncs_every_file_and_its_directory_before_the_manifest_appears(
+        s3env: S3Env, tmp_path: Path, monkeypatch) -> None:
+    """A restored checkpoint's manifest tells every later restart "complete", so its files
+    reach the disk first: each file synced before its rename, the directories synced
+    before the manifest's rename (the syncs are real; they are only watched)."""
+    import os
+
+    from bootstrap_scripts.data import durable
+
+    src, ck = tmp_path / "src", tmp_path / "ck"
+    src.mkdir()
+    (src / "shards").mkdir()
+    (src / "step-000040.pt").write_bytes(b"model")
+    (src / "shards/optim-0.pt").write_bytes(b"optimizer")
+    m = cp.new_manifest("step-000040", 40, 40.0, [("step-000040.pt", 5),
+                                                  ("shards/optim-0.pt", 9)])
+    (src / m.manifest_file).write_text(m.render())
+    s3 = client(s3env)
+    mirror.mirror_once(s3, src, URL)
+    events: list[tuple[str, str]] = []
+    real = {"sync_file": durable.sync_file, "sync_dir": durable.sync_dir,
+            "replace": os.replace}
+    for name in ("sync_file", "sync_dir"):
+        monkeypatch.setattr(durable, name, lambda p, _n=name: (
+            real[_n](p), events.append((_n, Path(p).relative_to(ck).as_posix())))[0])
+    monkeypatch.setattr(os, "replace", lambda a, b, **kw: (
+        real["replace"](a, b, **kw), events.append(("rename", Path(b).relative_to(ck)
+                                                    .as_posix())))[0])
+    assert mirror.restore(s3, ck, [URL]).where == cp.S3
+    renames = [p for kind, p in events if kind == "rename"]
+    assert renames[-1] == m.manifest_file and len(renames) == 3
+    before_manifest = events[:events.index(("rename", m.manifest_file))]
+    for rel in ("step-000040.pt", "shards/optim-0.pt"):
+        part = f"{Path(rel).parent / ('.' + Path(rel).name)}{mirror.PART_SUFFIX}"
+        part = part.removeprefix("./")
+        assert events.index(("sync_file", part)) < events.index(("rename", rel)), rel
+    assert {("sync_dir", "."), ("sync_dir", "shards")} <= set(before_manifest)
+    assert events[-1] == ("sync_dir", ".")  # and the manifest's own name

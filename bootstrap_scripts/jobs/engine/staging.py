@@ -92,7 +92,8 @@ def report(request: RunRequest, m: Membership, paths: JobPaths, seconds: float
                 rank=n.rank, address=n.address, directory=str(r["directory"]),
                 objects=int(r["objects"]), copied=int(r["copied"]), bytes=int(r["bytes"]),
                 copied_bytes=int(r["copied_bytes"]), seconds=float(r["seconds"]),
-                gbps=float(r["gbps"]), shard=str(r.get("shard", ""))))
+                gbps=float(r["gbps"]), shard=str(r.get("shard", "")),
+                unverified=int(r.get("unverified", 0))))
         except (KeyError, TypeError, ValueError) as exc:
             raise RunError(f"staging {request.data}: node rank {n.rank} reported a malformed "
                            f"result ({exc!r}; logs: {paths.nodes})") from None
@@ -128,6 +129,10 @@ def announce(staged: StagingReport) -> None:
     say(f"data {staged.source} staged on {len(staged.nodes)} node(s) in {staged.seconds:.1f} s "
         f"({size_text(total)} copied; " + ", ".join(
             f"rank {n.rank}: {n.gbps:.2f} GB/s" for n in staged.nodes) + ")")
+    if unverified := sum(n.unverified for n in staged.nodes):
+        say(f"data {staged.source}: {unverified} object(s) staged without a checksum check "
+            f"(why, and what to do: the staging job {staged.job_id}{STAGE_SUFFIX}'s node "
+            f"logs)")
 
 
 @contextlib.contextmanager

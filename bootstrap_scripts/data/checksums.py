@@ -1,0 +1,69 @@
+"""Which staged objects botocore checked against S3's checksum, and the warning for the rest.
+
+Why: ``If-Match`` and the size say which object and how long; only the checksum says the
+bytes on disk are the bytes S3 stored. botocore checks it by itself (its default
+``response_checksum_validation = when_supported`` asks S3 for it with ``ChecksumMode``), but
+only in the algorithms it can compute: CRC32, SHA-1 and SHA-256 with the standard library;
+CRC32C and CRC64NVME (S3's default for objects uploaded without a checksum) only when
+``awscrt`` is importable (botocore/httpchecksum.py: ``_CHECKSUM_CLS`` gains them under
+``HAS_CRT``). Whatever it cannot check it skips, saying so only at debug level. So the
+stager looks at every response, counts the objects left unchecked and says why, once, in
+its log and in the job's ``staging.json``; with ``awscrt`` on the nodes CRC32C and
+CRC64NVME objects are checked and no longer counted (nothing here special-cases it: the
+same test, whether botocore wrapped the body).
+"""
+
+from __future__ import annotations
+
+#: Why a response's body was not checked (``checksum_gap``), besides an algorithm's name.
+RANGED = "ranged"
+NO_CHECKSUM = "none"
+COMPOSITE = "composite"
+#: The warning's words for those, and what can be done about each.
+EXPLAINED = {
+    RANGED: "fetched in ranges (objects over the part size: S3 returns no checksum for a "
+            "range)",
+    NO_CHECKSUM: "with no checksum in S3 (uploaded before S3 kept one; copy them in place "
+                 "to add one)",
+    COMPOSITE: "with a multipart upload's checksum of its parts' checksums (botocore cannot "
+               "check it against the whole object)",
+}
+CRT_ADVICE = ("botocore checks those algorithms only with awscrt: install it on the nodes "
+              "(pip install 'botocore[crt]' into the tools' interpreter)")
+
+
+def checksum_gap(response: dict, ranged: bool) -> str:
+    """"" when botocore checks this GetObject's body against the checksum S3 sent (it then
+    wraps the body in its ``StreamingChecksumBody``, which raises at the end of a body whose
+    checksum differs: botocore/httpchecksum.py, ``handle_checksum_body``); else why not: the
+    algorithm S3 sent that this botocore cannot compute (``CRC64NVME``...), ``COMPOSITE``,
+    ``RANGED`` or ``NO_CHECKSUM``."""
+    from botocore.httpchecksum import StreamingChecksumBody
+
+    if isinstance(response.get("Body"), StreamingChecksumBody):
+        return ""
+    headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    sent = {name.removeprefix("x-amz-checksum-").upper(): value
+            for name, value in headers.items()
+            if name.startswith("x-amz-checksum-") and name != "x-amz-checksum-type"}
+    if any("-" in value for value in sent.values()):
+        return COMPOSITE
+    if sent:
+        return "/".join(sorted(sent))
+    return RANGED if ranged else NO_CHECKSUM
+
+
+def unverified_warning(unverified: dict[str, str], copied: int) -> str:
+    """The one warning line for objects staged without a checksum check ("" if none): how
+    many of the ``copied``, why, and what to do."""
+    if not unverified:
+        return ""
+    why: dict[str, int] = {}
+    for reason in unverified.values():
+        why[reason] = why.get(reason, 0) + 1
+    parts = [f"{n} {EXPLAINED.get(reason, f'with {reason}')}"
+             for reason, n in sorted(why.items())]
+    if any(reason not in EXPLAINED for reason in why):
+        parts.append(CRT_ADVICE)
+    return (f"warning: {len(unverified)} of {copied} object(s) staged without a checksum "
+            f"check: " + "; ".join(parts))

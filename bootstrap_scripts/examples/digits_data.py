@@ -8,8 +8,9 @@ imported when called.
 
 The split is cached in the job's checkpoint directory (``digits-split-<key>.npz``, numpy
 arrays only): a restart (elastic or the controller's) loads it with numpy instead of
-importing scikit-learn again, which cost each worker 1.5-2.6 s of every restart on 2 cores
-(docs/runner.md, "One restart, phase by phase"). The key is a hash of what decides the split
+importing scikit-learn again, which cost each worker 1.0-1.3 s of CPU on every restart, a
+third of its start (1.6-4.4 s of wall time with 3-4 workers on 2 cores: docs/runner.md,
+"The worker's start, examined phase by phase"). The key is a hash of what decides the split
 (the seed, the test fraction, the digits' source: scikit-learn's copy, or the bytes of
 ``--data-dir``'s ``digits.npz``), so a cache is never used for another split; the cached
 arrays are the split the first start computed, for as long as the directory lives. The

@@ -44,8 +44,9 @@ class UntrustedCheckpoint(Exception):
     """A manifest, ``latest.json`` or checkpoint this job did not write: never loaded."""
 
 
-def _atomic_write(final: Path, write) -> None:
-    """``write(path)`` to a temporary name in ``final``'s directory, then rename it."""
+def atomic_write(final: Path, write) -> None:
+    """``write(path)`` to a temporary name in ``final``'s directory, then rename it: a
+    reader sees the whole old file or the whole new one (also ``digits_data``'s cache)."""
     fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.stem}-", suffix=".tmp")
     os.close(fd)
     try:
@@ -65,15 +66,15 @@ def save_checkpoint(ckdir: Path, state: dict, name: str, keep: int) -> Path:
 
     ckdir.mkdir(parents=True, exist_ok=True)
     final = ckdir / name
-    _atomic_write(final, lambda tmp: torch.save(state, tmp))
+    atomic_write(final, lambda tmp: torch.save(state, tmp))
     info = {"epoch": state["epoch"], "step": state["step"],
             "global_step": state["global_step"], "file": final.name,
             "run_id": state.get("run_id", ""), "acc": state.get("acc")}
     manifest = new_manifest(final.stem, int(state["global_step"]), time.time(),
                             [(final.name, final.stat().st_size)], info)
-    _atomic_write(ckdir / manifest.manifest_file,
+    atomic_write(ckdir / manifest.manifest_file,
                   lambda tmp: Path(tmp).write_text(manifest.render()))
-    _atomic_write(ckdir / "latest.json", lambda tmp: Path(tmp).write_text(json.dumps(info)))
+    atomic_write(ckdir / "latest.json", lambda tmp: Path(tmp).write_text(json.dumps(info)))
     kind = name.split("-", 1)[0]
     for old in sorted(ckdir.glob(f"{kind}-*.pt"))[:-keep]:
         for path in (old.with_name(old.stem + MANIFEST_SUFFIX), old):

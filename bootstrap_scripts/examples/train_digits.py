@@ -53,23 +53,24 @@ variables: ``DL_CHECKPOINT_DIR`` is the checkpoint directory (unless ``--checkpo
 is given), ``DL_RESUME=1`` (a restart after a fault) means ``--resume``, and the start line
 reports ``job_restarts=<DL_RESTART_COUNT>``.
 
+The data's split is cached in the checkpoint directory (``digits_data.py``): a restart loads
+it with numpy rather than importing scikit-learn again. The flags and the checkpoint
+directory's choice are in ``train_digits_args.py``.
+
 ``--stop-file PATH`` ends the run at the next epoch boundary once PATH exists (``make demo``'s
 elastic scenario: the job trains until the nodes it adds and removes have come and gone).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
-import pwd
 import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import NoReturn
 
 from bootstrap_scripts import progress, tensorboard_log
@@ -95,57 +96,8 @@ from bootstrap_scripts.examples.digits_data import (  # noqa: F401
     steps_per_epoch,
 )
 
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="DDP example on scikit-learn's digits")
-    p.add_argument("--epochs", type=int, default=20, help="total epochs (default: 20)")
-    p.add_argument("--global-batch-size", type=int, default=64,
-                   help="samples per optimizer step over ALL ranks, any world size "
-                   "(default: 64)")
-    p.add_argument("--lr", type=float, default=3e-3,
-                   help="peak Adam learning rate, cosine-decayed per epoch (default: 3e-3)")
-    p.add_argument("--hidden", type=int, default=128, help="hidden units (default: 128)")
-    p.add_argument("--seed", type=int, default=0, help="split / init / shuffle seed")
-    p.add_argument("--test-fraction", type=float, default=0.2)
-    p.add_argument("--name", default="digits", help="checkpoint sub-directory name")
-    p.add_argument("--checkpoint-dir", default="", help="default: $DL_CHECKPOINT_DIR (a managed "
-                   "job's), else $EFS_MOUNT/checkpoints/<name> (./checkpoints/<name> without "
-                   "EFS_MOUNT)")
-    p.add_argument("--checkpoint-every", type=int, default=10,
-                   help="step checkpoint every N optimizer steps; 0: epoch ends only "
-                   "(default: 10)")
-    p.add_argument("--sync-checkpoints", action="store_true",
-                   help="write each checkpoint inside the step loop instead of in the "
-                   "background (to measure what the background writer saves)")
-    p.add_argument("--keep", type=int, default=3, help="checkpoints of each kind to keep "
-                   "(default: 3)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint, whichever run wrote it "
-                   "(implied by DL_RESUME=1: a managed job's restart)")
-    p.add_argument("--require-acc", type=float, default=0.0,
-                   help="exit 1 if the final held-out accuracy is below this")
-    p.add_argument("--step-delay", type=float, default=0.0,
-                   help="sleep this long after each step (demos: stretch the short job so "
-                   "nodes can join and leave while it runs; default: 0)")
-    p.add_argument("--data-dir", default=os.environ.get("DL_DATA_DIR", ""),
-                   help="read the digits from DIR/digits.npz (arrays x, y), e.g. what "
-                   "dl-run --data staged on the node (default: $DL_DATA_DIR, else "
-                   "scikit-learn's own copy)")
-    p.add_argument("--stop-file", default="",
-                   help="end the run at the next epoch boundary once this file exists, even "
-                   "before --epochs (every rank agrees; the learning-rate schedule still "
-                   "spans --epochs): train until something else is done (default: off)")
-    p.add_argument("--tensorboard-dir", default="",
-                   help="rank 0 writes TensorBoard scalars (loss, accuracy, step_time_s) "
-                   "here (default: $DL_TENSORBOARD_DIR, a managed job's own; none without)")
-    ns = p.parse_args(argv)
-    if ns.global_batch_size < 1:
-        p.error(f"--global-batch-size must be >= 1, got {ns.global_batch_size}")
-    if ns.epochs < 1:
-        p.error(f"--epochs must be >= 1, got {ns.epochs}")
-    if ns.checkpoint_every < 0:
-        p.error(f"--checkpoint-every must be >= 0, got {ns.checkpoint_every}")
-    return ns
+# the command line: its flags and the checkpoint directory
+from bootstrap_scripts.examples.train_digits_args import checkpoint_dir, parse_args
 
 
 def epoch_lr(base: float, epoch: int, epochs: int) -> float:
@@ -164,15 +116,6 @@ def stop_file_seen(path: str, distributed: bool, device: object) -> bool:
     if distributed:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item() > 0)
-
-
-def checkpoint_dir(args: argparse.Namespace) -> Path:
-    if args.checkpoint_dir:
-        return Path(args.checkpoint_dir)
-    if os.environ.get("DL_CHECKPOINT_DIR"):
-        return Path(os.environ["DL_CHECKPOINT_DIR"])
-    base = os.environ.get("EFS_MOUNT") or "."
-    return Path(base) / "checkpoints" / pwd.getpwuid(os.geteuid()).pw_name / args.name
 
 
 def evaluate(model, xt, yt) -> float:
@@ -216,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     job_restarts = int(os.environ.get("DL_RESTART_COUNT", "0") or 0)
     resume = args.resume or os.environ.get("DL_RESUME") == "1"
 
-    x_train, x_test, y_train, y_test = load_data(args.seed, args.test_fraction, args.data_dir)
+    ckdir = checkpoint_dir(args)  # also where the data's split is cached for restarts
+    x_train, x_test, y_train, y_test = load_data(args.seed, args.test_fraction, args.data_dir,
+                                                 cache_dir=ckdir)
     xtr, ytr = torch.from_numpy(x_train), torch.from_numpy(y_train)
     xt, yt = torch.from_numpy(x_test).to(device), torch.from_numpy(y_test).to(device)
     n, gb = len(ytr), args.global_batch_size
@@ -231,7 +176,6 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     epoch, step = 1, 0  # the next step to take: step `step` of epoch `epoch`
     acc: float | None = None
-    ckdir = checkpoint_dir(args)
     info = latest_info(ckdir)
     same_run = bool(info and run_id and info.get("run_id") == run_id)
     resumed = ""
@@ -374,7 +318,7 @@ def exit_without_teardown(run: Callable[[], int]) -> NoReturn:
     interpreter's teardown (``os._exit``). Why: torchrun's agent restarts its workers only
     once every one of them has exited, and after a peer's loss, a node's join or SIGTERM
     the teardown of an interpreter that imported torch (with its compiler stack, which
-    ``torch.optim`` loads) and holds a gloo group takes 0.4-0.8 s of CPU per worker, 1-2 s
+    ``torch.optim`` and DDP load) and holds a gloo group takes 0.4-0.8 s of CPU per worker, 1-2 s
     of wall time on a loaded node (measured: docs/runner.md, "What was cut"), on every
     restart's path. Nothing is lost: every way out of ``main`` has already waited for its
     checkpoint on disk (``CheckpointWriter``), a return has closed its TensorBoard writer

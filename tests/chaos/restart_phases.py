@@ -3,9 +3,12 @@ out; ``tests/chaos/test_restart_breakdown.py`` writes the lines, ``test_restart_
 unit-tests this).
 
 Lines: ``AG <unix time> <node> <message>`` (a torchrun agent's log, ``jobs/timed_agent.py``)
-and ``WK <unix time> rank=<R> <phase>`` (the example's phases, ``jobs/timed_digits.py``).
-Each boundary is the LAST node's (the restart is over when the slowest is done), except the
-round's opening and completion (one event each) and rank 0's first step.
+and ``WK <unix time> rank=<R> <phase> cpu=<seconds>`` (the example's phases and the worker's
+CPU time so far, ``jobs/timed_digits.py``). Each boundary is the LAST node's (the restart
+is over when the slowest is done), except the round's opening and completion (one event
+each) and rank 0's first step. ``worker_cpu`` gives the workers' own CPU seconds in each
+start-up phase: on a shared machine the wall time of a phase also holds other processes'
+work, its CPU time hardly.
 """
 
 from __future__ import annotations
@@ -27,6 +30,15 @@ BOUNDARIES = (
     ("model, optimizer, checkpoint loaded", r"load_checkpoint done", "last"),
     ("first step (rank 0)", r"rank=0 out first_step", "first"),
 )
+#: the worker's start-up phases by CPU time: (phase, the mark that ends it), in order; the
+#: first starts at the process's start (0 s of CPU)
+WORKER_PHASES = (
+    ("import torch", r"torch imported"),
+    ("init_process_group (gloo)", r"init_process_group done"),
+    ("the example's data", r"load_data done"),
+    ("model, optimizer, checkpoint loaded", r"load_checkpoint done"),
+)
+CPU = re.compile(r"^rank=(\S+) .* cpu=(\d+\.\d+)$")
 #: within the first phase: every live agent's workers have exited (it is on the wait list)
 EXITED = r"added itself to the wait list"
 
@@ -81,3 +93,23 @@ def seen_waiting(evs: list[Event], since: float) -> float:
     if at is None:
         raise ValueError("no agent saw the new node")
     return at
+
+
+def worker_cpu(evs: list[Event], since: float) -> list[tuple[str, float]]:
+    """Each start-up phase's CPU seconds, the mean over the workers that started after
+    ``since`` (each rank's first marks after it); a missing mark raises."""
+    per_rank: dict[str, list[float]] = {}
+    for k, (_name, pattern) in enumerate(WORKER_PHASES):
+        for e in evs:
+            m = CPU.match(e.text)
+            if e.at >= since and m and re.search(pattern, e.text):
+                marks = per_rank.setdefault(m.group(1), [])
+                if len(marks) == k:  # the rank's first mark of this phase after `since`
+                    marks.append(float(m.group(2)))
+    if not per_rank or any(len(m) != len(WORKER_PHASES) for m in per_rank.values()):
+        raise ValueError(f"a worker without every start-up mark after {since:.3f}: {per_rank}")
+    rows = []
+    for k, (name, _pattern) in enumerate(WORKER_PHASES):
+        spent = [m[k] - (m[k - 1] if k else 0.0) for m in per_rank.values()]
+        rows.append((name, sum(spent) / len(spent)))
+    return rows

@@ -123,7 +123,8 @@ class Job:
             p.wait(timeout=30)
 
 
-def one_run(tmp: Path) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+def one_run(tmp: Path) -> tuple[list[tuple[str, float]], ...]:
+    """The loss's and the join's phases (wall seconds), then their workers' CPU seconds."""
     job = Job(tmp)
     try:
         t = min(job.start(i) for i in range(4))
@@ -136,7 +137,9 @@ def one_run(tmp: Path) -> tuple[list[tuple[str, float]], list[tuple[str, float]]
         joined = job.start(4)
         job.training(joined, 4)
         evs = rp.events(job.lines())
-        return rp.phases(evs, killed, joined), rp.phases(evs, rp.seen_waiting(evs, joined))
+        seen = rp.seen_waiting(evs, joined)
+        return (rp.phases(evs, killed, joined), rp.phases(evs, seen),
+                rp.worker_cpu(evs, killed), rp.worker_cpu(evs, seen))
     finally:
         job.stop()
 
@@ -158,3 +161,10 @@ def test_bench_one_elastic_restart_phase_by_phase(tmp_path):
     print(f"  {'total: the kill (loss) / an agent saw the node (join) -> first step':58s} "
           + " ".join(f"{rp.total(r[0]):7.2f}" for r in runs) + " "
           + " ".join(f"{rp.total(r[1]):7.2f}" for r in runs))
+    print("  the workers' own CPU seconds in their start (mean over the ranks; wall time above "
+          "also holds other processes' work):")
+    for k, (name, _s) in enumerate(runs[0][2]):
+        print(f"  {'  ' + name:58s} " + " ".join(f"{r[2][k][1]:7.2f}" for r in runs) + " "
+              + " ".join(f"{r[3][k][1]:7.2f}" for r in runs))
+    print(f"  {'  total':58s} " + " ".join(f"{sum(s for _n, s in r[2]):7.2f}" for r in runs)
+          + " " + " ".join(f"{sum(s for _n, s in r[3]):7.2f}" for r in runs))

@@ -55,3 +55,29 @@ def test_the_join_starts_when_an_agent_saw_the_node_waiting():
     assert rp.seen_waiting(rp.events(lines), 40.0) == 50.0
     with pytest.raises(ValueError):
         rp.seen_waiting(rp.events(lines), 51.0)
+
+
+CPU_MARKS = """\
+WK 100.000 rank=0 load_checkpoint done cpu=9.000
+WK 117.000 rank=1 torch imported cpu=1.500
+WK 117.500 rank=0 torch imported cpu=2.500
+WK 117.600 rank=0 init_process_group done cpu=2.600
+WK 117.700 rank=1 init_process_group done cpu=1.700
+WK 119.000 rank=0 load_data done cpu=2.610
+WK 119.200 rank=1 load_data done cpu=2.700
+WK 121.000 rank=1 load_checkpoint done cpu=3.700
+WK 121.100 rank=0 load_checkpoint done cpu=4.610
+WK 121.200 rank=0 out first_step rank=0 world_size=2 step=9 cpu=4.700
+WK 130.000 rank=0 torch imported cpu=7.000
+"""
+
+
+def test_the_workers_cpu_seconds_per_start_up_phase_are_the_mean_over_ranks():
+    rows = dict(rp.worker_cpu(rp.events(CPU_MARKS.splitlines()), 110.0))
+    assert rows["import torch"] == pytest.approx(2.0)  # (2.5 + 1.5) / 2
+    assert rows["init_process_group (gloo)"] == pytest.approx(0.15)
+    assert rows["the example's data"] == pytest.approx(0.505)  # 0.01 and 1.0
+    assert rows["model, optimizer, checkpoint loaded"] == pytest.approx(1.5)  # 2.0 and 1.0
+    lines = [line for line in CPU_MARKS.splitlines() if "rank=1 load_data" not in line]
+    with pytest.raises(ValueError, match="without every start-up mark"):
+        rp.worker_cpu(rp.events(lines), 110.0)

@@ -1,9 +1,9 @@
 """The example job (``train_digits``, its flags as given) with its start-up phases
-timestamped on stderr (``WK <unix time> rank=<R> <phase>``): the process started, torch
-imported, ``init_process_group`` done, the data loaded, the checkpoint loaded, and each
-line the example prints (``first_step`` ...). The example's own code is not changed: its
-functions are wrapped where ``train_digits.main`` looks them up. It exits as the example
-does (``exit_without_teardown``)."""
+timestamped on stderr (``WK <unix time> rank=<R> <phase> cpu=<seconds>``): the process
+started, torch imported, ``init_process_group`` done, the data loaded, the checkpoint
+loaded, and each line the example prints (``first_step`` ...). The example's own code is
+not changed: its functions are wrapped where ``train_digits.main`` looks them up. It exits
+as the example does (``exit_without_teardown``)."""
 
 import os
 import sys
@@ -13,7 +13,12 @@ RANK = os.environ.get("RANK", "?")
 
 
 def mark(what: str) -> None:
-    sys.__stderr__.write(f"WK {time.time():.3f} rank={RANK} {what}\n")
+    """One timed line, with this process's CPU seconds so far (user + system): the
+    start-up's own cost, which other work on a shared machine does not inflate as it does
+    the wall time."""
+    cpu = os.times()
+    sys.__stderr__.write(f"WK {time.time():.3f} rank={RANK} {what} "
+                         f"cpu={cpu.user + cpu.system:.3f}\n")
     sys.__stderr__.flush()
 
 

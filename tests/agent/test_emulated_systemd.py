@@ -12,10 +12,14 @@ from emulator.units import restart_policy
 @pytest.fixture(scope="module")
 def units(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("node")
-    install.install(["--role", "master", "--cluster-id", "c", "--stack-name", "c", "--region",
-                     "us-east-1", "--master-queue-url", "https://sqs/q", "--efs-id", "fs-1",
-                     "--mount-point", "/efs", "--wait-handle", "", "--setup-timeout", "3300",
-                     "--root", str(root), "--no-systemctl"])
+    with pytest.MonkeyPatch.context() as mp:
+        # No instance metadata here: without botocore's switch the installer asks IMDS for
+        # the region for 30 s before it falls back to --region (install.IMDS_DEADLINE_SECONDS).
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        install.install(["--role", "master", "--cluster-id", "c", "--stack-name", "c",
+                         "--region", "us-east-1", "--master-queue-url", "https://sqs/q",
+                         "--efs-id", "fs-1", "--mount-point", "/efs", "--wait-handle", "",
+                         "--setup-timeout", "3300", "--root", str(root), "--no-systemctl"])
     unit_dir = root / "etc/systemd/system"
     return {p.stem: p.read_text() for p in unit_dir.glob("*.service")}
 

@@ -77,8 +77,15 @@ tf-deps: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Two pytest-xdist workers (the CI machine's two cores; TEST_WORKERS=0 runs in one process):
+# each test file runs whole on one worker, and the files that boot demo clusters run one after
+# another on one worker (the scheduler in tests/conftest.py). What the workers
+# share on the machine is taken under tests/support/users.py's locks.
+TEST_WORKERS ?= 2
+
 test: setup checkov-setup system-deps lint
-	$(PY) -m pytest -m "not bench and not tf and not chaos" --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not bench and not tf and not chaos" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+		--durations=30 $(PYTEST_ARGS)
 
 # The tests marked `tf` (tests/runner/test_tensorflow.py): not part of make test (and so not
 # of CI): installing TensorFlow and running them adds 2-3 minutes to a fresh machine. The emulator's wildcard-bind shim needs gcc (system-deps).

@@ -197,7 +197,7 @@ class Cloud:
         import urllib.request
 
         urllib.request.urlopen(urllib.request.Request(
-            f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).read()
+            f"{self.endpoint}/moto-api/reset", method="POST"), timeout=60).read()
         with self._control.lock:
             self._control.signals.clear()
         moto_extensions.reset()

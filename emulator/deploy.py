@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emulator.address_space import vpc_cidr
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACK = "DLClusterStack"
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
-VPC_CIDR = "127.20.0.0/16"
 CLUSTER_TAG_KEY = "dl-cluster:id"
 ROLE_TAG_KEY = "NodeType"
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
@@ -100,7 +101,7 @@ def deploy(env: dict[str, str], log: Path, outdir: Path, *, workers: int, ami: s
            context: dict[str, str] | None = None) -> float:
     extra = [a for k, v in (context or {}).items() for a in ("-c", f"{k}={v}")]
     return run_cli(["deploy", STACK, "--require-approval", "never", "--progress", "events",
-                    "--output", str(outdir), "-c", f"vpcCidr={VPC_CIDR}", "-c", f"amiId={ami}",
+                    "--output", str(outdir), "-c", f"vpcCidr={vpc_cidr()}", "-c", f"amiId={ami}",
                     "-c", f"workerCount={workers}", *extra], env=env, log=log,
                    what="cdk deploy")
 

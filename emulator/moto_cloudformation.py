@@ -240,9 +240,17 @@ def _wrap_group_create(original: Any) -> Any:
     return classmethod(create_from_cloudformation_json)
 
 
+_installed = False
+
+
 def install() -> None:
-    """Patch moto's CloudFormation-side models in this process (idempotent through the
-    caller, ``moto_extensions.install``)."""
+    """Patch moto's CloudFormation-side models in this process, once: a second call would
+    wrap the wrappers (two events per resource), and tests call it beside
+    ``moto_extensions.install``."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
     from moto.cloudformation.models import CloudFormationBackend
     from moto.cloudformation.parsing import ResourceMap
     from moto.ec2.models.vpcs import VPC

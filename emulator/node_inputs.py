@@ -25,6 +25,7 @@ import sys
 from contextlib import redirect_stderr
 from pathlib import Path
 
+from emulator.address_space import VPC_CIDR_ENV
 from emulator.deploy import REPO_ROOT, DeployError
 
 #: The Python every node process runs (the emulator's own: the nodes share its packages).
@@ -45,8 +46,10 @@ def base_env(aws: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a process on an emulated node: this repo on PYTHONPATH, this
     Python first on PATH, and of AWS only what ``aws`` says (nothing: no AWS at all) minus
     the region (:data:`NOT_ON_A_NODE`). The endpoint URL of moto's server stays: a node
-    could not reach the emulated AWS without it (docs/emulator.md)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    could not reach the emulated AWS without it (docs/emulator.md). The emulator's own
+    address-space setting stays with the emulator."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("AWS_") and k != VPC_CIDR_ENV}
     env.update({k: v for k, v in (aws or {}).items() if k not in NOT_ON_A_NODE})
     env["PYTHONPATH"] = str(REPO_ROOT)
     env["PATH"] = os.path.dirname(PYTHON) + os.pathsep + env.get("PATH", "")

@@ -5,9 +5,10 @@ The demo deploys the real stack with the CDK CLI (``emulator.deploy``: synth and
 here instead. What :func:`create_cluster` makes mirrors ``constructs_lib.DeepLearningCluster``
 (change the two together):
 
-- the VPC ``127.20.0.0/16`` (the emulator's ``-c vpcCidr``: moto then hands out loopback
-  addresses an emulated node can bind) with two public and two private /18 subnets; both
-  groups launch in the first private one (one AZ, as the stack places them);
+- the VPC ``127.20.0.0/16`` (``address_space.vpc_cidr``, the emulator's ``-c vpcCidr``: moto
+  then hands out loopback addresses an emulated node can bind) with two public and two
+  private /18 subnets; both groups launch in the first private one (one AZ, as the stack
+  places them);
 - per role a launch template, IMDSv2 required (hop limit 2), whose user data ends with the
   line that runs ``bootstrap_scripts.agent.install`` with the settings the construct passes,
   so an emulated node boots from it exactly as from a deployed template
@@ -48,20 +49,18 @@ import uuid
 from dataclasses import dataclass, field
 
 from emulator import service_quotas
+from emulator.address_space import loopback_prefix, subnets, vpc_cidr
 from emulator.deploy import (
     CLUSTER_TAG_KEY,
     INSTALL_MODULE,
     REGION,
     ROLE_TAG_KEY,
-    VPC_CIDR,
     Instance,
     group_user_data,
     install_args_from_user_data,
 )
 
 ROLE_TAGS = {"master": "Master", "worker": "Worker"}
-PUBLIC_SUBNETS = ("127.20.0.0/18", "127.20.64.0/18")
-PRIVATE_SUBNETS = ("127.20.128.0/18", "127.20.192.0/18")
 
 
 @dataclass(frozen=True)
@@ -268,11 +267,12 @@ def create_cluster(endpoint: str, *, cluster_id: str = "dlc-test", workers: int 
     if not 0 <= min_workers <= workers <= max_workers:
         raise ValueError(f"need 0 <= min_workers <= workers <= max_workers, got {min_workers}, "
                          f"{workers}, {max_workers}")
-    vpc = ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
-    subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=f"{REGION}{az}")
-               ["Subnet"]["SubnetId"]
-               for cidr, az in zip(PUBLIC_SUBNETS + PRIVATE_SUBNETS, "abab", strict=True)]
-    subnet = subnets[len(PUBLIC_SUBNETS)]
+    vpc = ec2.create_vpc(CidrBlock=vpc_cidr())["Vpc"]["VpcId"]
+    public, private = subnets()
+    subnet_ids = [ec2.create_subnet(VpcId=vpc, CidrBlock=cidr,
+                                    AvailabilityZone=f"{REGION}{az}")["Subnet"]["SubnetId"]
+                  for cidr, az in zip(public + private, "abab", strict=True)]
+    subnet = subnet_ids[len(public)]
     dead_letters = sqs.create_queue(QueueName=f"{cluster_id}-master-dlq")["QueueUrl"]
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dead_letters, AttributeNames=["QueueArn"])[
         "Attributes"]["QueueArn"]
@@ -318,12 +318,15 @@ _cluster_numbers = itertools.count()
 
 
 def loopback_instances(count: int, *, instance_type: str = "c5.xlarge") -> list[Instance]:
-    """``count`` running instances, the first for the master group (``127.20.0.x``), the
-    others workers (``127.20.128.x``). Each call in a process gets other addresses (and other
-    processes too, by PID), so a node never meets a previous cluster's lingering socket."""
+    """``count`` running instances, the first for the master group (``127.21.0.x``), the
+    others workers (``127.21.128.x``), in the /16 after the emulated VPC's
+    (``address_space.loopback_prefix``), where no deployed cluster's node is. Each call in a
+    process gets other addresses (and other processes too, by PID), so a node never meets a
+    previous cluster's lingering socket."""
     k = next(_cluster_numbers) % 12
     base = 13 * (os.getpid() % 19)
-    addresses = [f"127.20.0.{(100 + base + k) % 250 + 2}",
-                 *(f"127.20.128.{(base + 8 * k + i) % 250 + 2}" for i in range(count - 1))]
+    net = loopback_prefix()
+    addresses = [f"{net}.0.{(100 + base + k) % 250 + 2}",
+                 *(f"{net}.128.{(base + 8 * k + i) % 250 + 2}" for i in range(count - 1))]
     return [Instance(f"i-{uuid.uuid4().hex[:17]}", address, "InService", instance_type)
             for address in addresses]

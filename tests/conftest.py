@@ -16,11 +16,55 @@ if TYPE_CHECKING:
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGION = "us-east-1"
 
+# `make test` runs pytest-xdist workers side by side: each worker's emulated clusters get a
+# network of their own (emulator.address_space), so two workers' nodes never share an address
+# and meet on a fixed port. Set before any emulator module reads it; a run without xdist keeps
+# the default. (The emulator's module is tiny and imports nothing of the product.)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw"):
+    from emulator.address_space import VPC_CIDR_ENV
+
+    os.environ.setdefault(VPC_CIDR_ENV, f"127.{20 + 2 * int(_WORKER[2:])}.0.0/16")
+
 # A suite started in the background by a shell (`make test &`, nohup) inherits SIGINT
 # ignored, and every process the tests start would inherit that too: the tests that press
 # Ctrl-C on a demo, a dl-run follower or the kept cluster's parent would see nothing happen.
 # Python's own handler here means the processes the tests start get SIGINT's default.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+#: The files whose tests boot whole emulated clusters of their own (the demo's). Under
+#: pytest-xdist (`make test`) they run one after another on one worker, starting first (the
+#: longest share of the run); every other file runs whole on whichever worker is free. One
+#: demo cluster at a time keeps their timings what they are without xdist.
+DEMO_CLUSTER_FILES = ("tests/e2e/", "tests/cli/test_e2e.py", "tests/cli/test_up_down.py")
+DEMO_CLUSTERS = "demo-clusters"
+
+
+def test_file_scope(nodeid: str) -> str:
+    """The unit xdist hands one worker: the demo-cluster files together, else the file."""
+    path = nodeid.split("::", 1)[0]
+    return DEMO_CLUSTERS if path.startswith(DEMO_CLUSTER_FILES) else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's scheduling by scope (its ``--dist loadfile``), with :func:`test_file_scope`
+    as the scope; with ``--no-loadscope-reorder`` the scopes go out in collection order,
+    the demo clusters' first (:func:`pytest_collection_modifyitems`)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DemoClustersTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:  # xdist's override point for a scope
+            return test_file_scope(nodeid)
+
+    return DemoClustersTogether(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the demo-cluster files first (the longest scope starts first)."""
+    if _WORKER:
+        items.sort(key=lambda item: test_file_scope(item.nodeid) != DEMO_CLUSTERS)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

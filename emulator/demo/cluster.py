@@ -29,6 +29,7 @@ from bootstrap_scripts.protocol.records import ExecutorHeartbeat
 from emulator import deploy as dp
 from emulator import notifications as nt
 from emulator import service_quotas
+from emulator.address_space import vpc_cidr
 from emulator.autoscaling import AutoScaling
 from emulator.demo.context import DemoContext, DemoError, free_port, port_in_use, tail
 from emulator.deploy import Instance
@@ -191,7 +192,7 @@ def boot_nodes(ctx: DemoContext) -> None:
         if not inst.address.startswith("127."):
             raise DemoError(f"instance {inst.instance_id} got address {inst.address!r}, "
                             f"not a loopback one: was the stack deployed with vpcCidr="
-                            f"{dp.VPC_CIDR}?")
+                            f"{vpc_cidr()}?")
     # With a boot delay the machines boot side by side, as EC2's do; without one, in turn.
     def boot(gi: tuple) -> Node:
         return boot_node(ctx, gi[1], gi[0].role, gi[0].install_args, gpu_fault=gi[1] in faulty)

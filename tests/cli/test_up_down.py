@@ -18,6 +18,7 @@ from dlc.errors import DlcError
 from dlc.remote import choose_document
 from dlc.target import resolve
 from emulator import deploy as dp
+from emulator.address_space import vpc_cidr
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +42,7 @@ def emulated_account(moto_reset: str, tmp_path: Path, monkeypatch) -> tuple[str,
 
 
 def up_args(state: Path, ami: str) -> list[str]:
-    return ["--emulator", str(state), "up", "--no-wait", "-c", f"vpcCidr={dp.VPC_CIDR}",
+    return ["--emulator", str(state), "up", "--no-wait", "-c", f"vpcCidr={vpc_cidr()}",
             "-c", f"amiId={ami}", "-c", "workerCount=1", "-c", "clusterUsers=alice"]
 
 

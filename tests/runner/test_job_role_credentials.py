@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
 import shutil
 import stat
@@ -29,9 +28,11 @@ from emulator.resources import agent_settings, install_args
 from tests.conftest import REGION
 from tests.support.cluster import CLUSTER_ID, LocalCluster
 from tests.support.users import (  # noqa: F401
+    add_user,
     cluster_for_users,
     job_user,
     reachable_python,
+    remove_user,
     run_as,
 )
 
@@ -80,10 +81,8 @@ def test_another_user_cannot_read_a_jobs_credentials(role_cluster, job_user):  #
     """While a job of one user runs, a second user on the same node finds nothing to read."""
     c, _arn = role_cluster
     name = f"dlspy{os.getpid() % 100000}"
-    subprocess.run(["useradd", "--user-group", "--shell", "/bin/sh", name], check=True,
-                   capture_output=True)
+    spy = add_user(name, "--user-group", "--shell", "/bin/sh")
     try:
-        spy = pwd.getpwnam(name)
         holder = Path(tempfile.mkdtemp(prefix="dl-hold-"))
         os.chmod(holder, 0o777)
         script = holder / "hold.py"
@@ -132,4 +131,4 @@ def test_another_user_cannot_read_a_jobs_credentials(role_cluster, job_user):  #
             p.communicate(timeout=120)
             shutil.rmtree(holder, ignore_errors=True)
     finally:
-        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+        remove_user(name, "--remove")

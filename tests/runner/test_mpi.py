@@ -1,6 +1,6 @@
 """The MPI path for real: Open MPI across two emulated nodes, each with its own sshd.
 
-Each node gets an ``sshd -D -f <conf>`` bound to its own 127.20.x address with its own host
+Each node gets an ``sshd -D -f <conf>`` bound to its own 127.21.x address with its own host
 key, pid file and authorized_keys (a throwaway key pair made here); ``dl-run --launcher mpi``
 publishes one share for the master, whose executor runs mpirun, which reaches the worker
 over ssh (``-mca plm_rsh_agent "ssh -F <cfg>"``) exactly as on a real cluster.

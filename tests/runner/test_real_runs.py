@@ -1,4 +1,4 @@
-"""Real jobs on emulated nodes: executors bound to 127.20.x addresses, one EFS directory."""
+"""Real jobs on emulated nodes: executors bound to 127.21.x addresses, one EFS directory."""
 
 from __future__ import annotations
 

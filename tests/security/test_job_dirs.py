@@ -13,14 +13,13 @@ followed, by root and by the user's own ``dl-run``.
 from __future__ import annotations
 
 import os
-import pwd
 import secrets
 import stat
-import subprocess
 
 import pytest
 
 from tests.security.conftest import as_user, dl, wait_until
+from tests.support.users import add_user, remove_user
 
 pytestmark = [pytest.mark.slow]
 
@@ -75,10 +74,8 @@ def test_no_user_can_take_another_users_job_id_or_job_directory(cluster, victim,
     os.lchown(jobs / late, attacker.pw_uid, attacker.pw_gid)
     (managed / late).write_text("not a directory\n")
     os.chown(managed / late, attacker.pw_uid, attacker.pw_gid)
-    subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", late],
-                   check=True, capture_output=True)
+    user = add_user(late, "--create-home", "--user-group", "--shell", "/bin/sh")
     try:
-        user = pwd.getpwnam(late)
         # the executor saw the new account (its other directories are made)
         wait_until("checkpoints/<late>/", lambda: (c.efs / "checkpoints" / late).is_dir())
         assert (jobs / late).is_symlink() and (managed / late).is_file()
@@ -89,4 +86,4 @@ def test_no_user_can_take_another_users_job_id_or_job_directory(cluster, victim,
         assert rc == 2 and f"{jobs / late} is not your directory" in out, out
         assert list(decoy.iterdir()) == []
     finally:
-        subprocess.run(["userdel", "--remove", late], check=False, capture_output=True)
+        remove_user(late, "--remove")

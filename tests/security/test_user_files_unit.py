@@ -210,16 +210,13 @@ def test_a_user_walks_to_their_job_directory_through_directories_they_may_only_s
         tmp_path: Path) -> None:
     """Root writes a job's records as its user (``as_owner_of``): the walk from ``/`` must
     need no more than a path would, search permission (``--x``) on the directories above."""
-    import pwd
-    import subprocess
+    from tests.support.users import add_user, remove_user
 
     if os.geteuid() != 0:
         pytest.skip("switching to another user needs root")
     name = "dlwalk" + os.urandom(3).hex()
-    subprocess.run(["useradd", "--no-create-home", "--user-group", name], check=True,
-                   capture_output=True)
+    user = add_user(name, "--no-create-home", "--user-group")
     try:
-        user = pwd.getpwnam(name)
         top = Path(tempfile.mkdtemp(prefix="dl-walk-", dir="/tmp"))
         os.chmod(top, 0o711)  # searchable, not readable, by others (like a kept demo's)
         job = top / "efs" / "jobs" / "j1"
@@ -236,4 +233,4 @@ def test_a_user_walks_to_their_job_directory_through_directories_they_may_only_s
         finally:
             shutil.rmtree(top, ignore_errors=True)
     finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
+        remove_user(name)

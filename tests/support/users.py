@@ -1,10 +1,17 @@
 """Real Linux users for tests that run something as a cluster user (root only: creating a
 user needs it), and an interpreter every user can reach. Tests stop what they start: the
-user is removed and modes are restored on exit."""
+user is removed and modes are restored on exit.
+
+``make test`` runs the suite in several pytest-xdist worker processes at once, so what is
+shared by the whole machine is taken under a file lock: ``useradd``/``userdel`` (shadow-utils
+gives up at once, "cannot lock /etc/passwd", when another one holds it), and the modes
+:func:`reachable` opens, which are restored only when the last worker's holder lets go."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import pwd
 import secrets
@@ -24,37 +31,100 @@ from tests.conftest import REPO_ROOT
 from tests.support.cluster import LocalCluster, start_local_cluster
 
 CAN_CREATE_USERS = os.geteuid() == 0
+#: The machine-wide locks and the table of opened directories, for every worker and run.
+_SHARED = Path(tempfile.gettempdir()) / "dltest-shared"
+
+
+@contextlib.contextmanager
+def _machine_lock(name: str) -> Iterator[Path]:
+    """An exclusive lock shared by every pytest process on this machine (the workers of one
+    run, and any other run); yields the directory that holds the locks and the table."""
+    _SHARED.mkdir(mode=0o700, exist_ok=True)
+    with open(_SHARED / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield _SHARED
+
+
+def add_user(name: str, *options: str) -> pwd.struct_passwd:
+    """``useradd [options] name``, one at a time on this machine."""
+    with _machine_lock("accounts"):
+        subprocess.run(["useradd", *options, name], check=True, capture_output=True)
+    return pwd.getpwnam(name)
+
+
+def remove_user(name: str, *options: str) -> None:
+    """``userdel [options] name`` (a missing user is no error), one at a time."""
+    with _machine_lock("accounts"):
+        subprocess.run(["userdel", *options, name], check=False, capture_output=True)
 
 
 @contextlib.contextmanager
 def cluster_user(prefix: str = "dltest") -> Iterator[pwd.struct_passwd]:
     """A new unprivileged user (own group, own home), removed afterwards."""
     name = f"{prefix}{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name],
-                   check=True, capture_output=True)
+    user = add_user(name, "--create-home", "--user-group", "--shell", "/bin/sh")
     try:
-        yield pwd.getpwnam(name)
+        yield user
     finally:
-        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+        remove_user(name, "--remove")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+@contextlib.contextmanager
+def _holders() -> Iterator[dict[str, dict]]:
+    """The table of directories :func:`reachable` opened: ``{dir: {"mode": first mode,
+    "holders": [pid, ...]}}``, under the lock, written back on exit. A holder that died
+    without letting go (a killed worker) is dropped, and its directory closed if it was the
+    last."""
+    with _machine_lock("reachable") as shared:
+        path = shared / "reachable.json"
+        held: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}
+        for d in list(held):
+            held[d]["holders"] = [p for p in held[d]["holders"] if _alive(p)]
+        yield held
+        for d in [d for d, entry in held.items() if not entry["holders"]]:
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile (a demo's --stop)
+                os.chmod(d, held.pop(d)["mode"])
+        path.write_text(json.dumps(held))
 
 
 @contextlib.contextmanager
 def reachable(*paths: str | Path) -> Iterator[None]:
     """Every directory above ``paths`` traversable by other users (as on a DLAMI, where the
-    interpreter is not under /root), then back to its mode."""
-    changed: list[tuple[Path, int]] = []
+    interpreter is not under /root), then back to its mode once nobody needs it: the
+    machine's table (:func:`_holders`) keeps each directory's first mode and who holds it,
+    so one worker's exit never closes a directory another worker's test still uses."""
+    mine: list[str] = []
+    me = os.getpid()
     try:
-        for target in paths:
-            for d in Path(target).parents:
-                mode = stat.S_IMODE(d.stat().st_mode)
-                if not mode & stat.S_IXOTH and d not in (c[0] for c in changed):
-                    changed.append((d, mode))
-                    os.chmod(d, mode | stat.S_IXOTH)
+        with _holders() as held:
+            for target in paths:
+                for d in map(str, Path(target).parents):
+                    if d in mine:
+                        continue
+                    if d not in held:
+                        mode = stat.S_IMODE(os.stat(d).st_mode)
+                        if mode & stat.S_IXOTH:
+                            continue
+                        held[d] = {"mode": mode, "holders": []}
+                        os.chmod(d, mode | stat.S_IXOTH)
+                    held[d]["holders"].append(me)
+                    mine.append(d)
         yield
     finally:
-        for d, mode in reversed(changed):
-            with contextlib.suppress(FileNotFoundError):  # removed meanwhile (a demo's --stop)
-                os.chmod(d, mode)
+        with _holders() as held:
+            for d in mine:
+                if d in held and me in held[d]["holders"]:
+                    held[d]["holders"].remove(me)
 
 
 @pytest.fixture()

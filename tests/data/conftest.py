@@ -11,6 +11,7 @@ import boto3
 import pytest
 
 from bootstrap_scripts import node_region
+from bootstrap_scripts.data import stage
 
 
 @dataclass
@@ -22,6 +23,15 @@ class S3Env:
 
     def put(self, key: str, body: bytes) -> None:
         self.s3.put_object(Bucket=self.bucket, Key=key, Body=body)  # type: ignore[attr-defined]
+
+
+def run_stage(env: S3Env, source: str, **kwargs) -> dict:
+    """The real stager in this process on ``env``'s node root (rank 0 of 1, 8 transfers at
+    once unless given): its result record, or its StageError."""
+    kwargs.setdefault("rank", 0)
+    kwargs.setdefault("shard_count", 1)
+    kwargs.setdefault("concurrency", 8)
+    return stage.stage(source, root=str(env.root), **kwargs)
 
 
 def node_root(path: Path, region: str = "us-east-1") -> Path:

@@ -15,17 +15,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from bootstrap_scripts.data import disks, stage
+from bootstrap_scripts.data import disks
 from bootstrap_scripts.data.plan import StageError
 from tests.conftest import REPO_ROOT
-from tests.data.conftest import S3Env
-
-
-def run_stage(env: S3Env, source: str, **kwargs):
-    kwargs.setdefault("rank", 0)
-    kwargs.setdefault("shard_count", 1)
-    kwargs.setdefault("concurrency", 8)
-    return stage.stage(source, root=str(env.root), **kwargs)
+from tests.data.conftest import S3Env, run_stage
 
 
 def staged_files(directory: Path) -> dict[str, bytes]:

@@ -22,14 +22,7 @@ from bootstrap_scripts.jobs.engine import staging
 from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from tests.data.conftest import S3Env
-
-
-def run_stage(env: S3Env, source: str, **kwargs):
-    kwargs.setdefault("rank", 0)
-    kwargs.setdefault("shard_count", 1)
-    kwargs.setdefault("concurrency", 8)
-    return stage.stage(source, root=str(env.root), **kwargs)
+from tests.data.conftest import S3Env, run_stage
 
 
 def on_disk(directory: Path) -> dict[str, int]:

@@ -21,7 +21,7 @@ from bootstrap_scripts.jobs.engine import staging
 from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from tests.data.conftest import crc64nvme, put_raw, run_stage
+from tests.data.conftest import S3Env, crc64nvme, put_raw, run_stage
 
 
 def on_disk(directory: Path) -> dict[str, int]:
@@ -177,7 +177,24 @@ def journalled(out: Path) -> list[str]:
         if journal.exists() else []
 
 
-@pytest.mark.parametrize("kind", ["CRC64NVME", "none"])
+def put_multipart(env: S3Env, key: str, parts: list[bytes]) -> bytes:
+    """A multipart upload with CRC32 checksums: S3 keeps a composite checksum (the CRC32 of
+    the parts' CRC32s, ``...-N``), which says nothing botocore can check the whole body
+    against. Its bytes."""
+    s3 = env.s3
+    upload = s3.create_multipart_upload(Bucket=env.bucket, Key=key, ChecksumAlgorithm="CRC32")
+    done = []
+    for number, body in enumerate(parts, 1):
+        sent = s3.upload_part(Bucket=env.bucket, Key=key, UploadId=upload["UploadId"],
+                              PartNumber=number, Body=body, ChecksumAlgorithm="CRC32")
+        done.append({"PartNumber": number, "ETag": sent["ETag"],
+                     "ChecksumCRC32": sent["ChecksumCRC32"]})
+    s3.complete_multipart_upload(Bucket=env.bucket, Key=key, UploadId=upload["UploadId"],
+                                 MultipartUpload={"Parts": done})
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("kind", ["CRC64NVME", "none", "composite"])
 def test_required_refuses_the_first_object_it_cannot_check(s3env, tmp_path, kind) -> None:
     """``--data-checksums required``: the staging fails on the object botocore did not check,
     naming it, why and what to do; the objects checked before it stay complete (file and
@@ -187,13 +204,19 @@ def test_required_refuses_the_first_object_it_cannot_check(s3env, tmp_path, kind
     bodies = {f"req/a-{i}.bin": os.urandom(3000 + i) for i in range(4)}
     for key, body in bodies.items():
         s3env.put(key, body)  # CRC32, checked
-    bad = os.urandom(5000)
-    put_raw(s3env, "req/z-bad.bin", bad,
-            ("CRC64NVME", crc64nvme(bad)) if kind == "CRC64NVME" else None)
+    if kind == "composite":  # parts of 5 MiB at least: S3's (and moto's) minimum
+        bad = put_multipart(s3env, "req/z-bad.bin", [os.urandom(5 * 2**20), b"tail"])
+    else:
+        bad = os.urandom(5000)
+        put_raw(s3env, "req/z-bad.bin", bad,
+                ("CRC64NVME", crc64nvme(bad)) if kind == "CRC64NVME" else None)
     out = tmp_path / "out"
-    why = (r"its checksum in S3 is CRC64NVME\. To stage it: .*pip install 'botocore\[crt\]'"
-           if kind == "CRC64NVME" else r"it is an object with no checksum in S3 .*"
-           r"To stage it: copy it in place with a checksum algorithm")
+    why = {"CRC64NVME": r"its checksum in S3 is CRC64NVME\. To stage it: .*"
+                        r"pip install 'botocore\[crt\]'",
+           "none": r"it is an object with no checksum in S3 .*To stage it: copy it in "
+                   r"place with a checksum algorithm",
+           "composite": r"it is an object with a multipart upload's checksum of its parts' "
+                        r"checksums .*To stage it: upload it again in one part"}[kind]
     # one transfer at once: the four checked objects (keys first) are fetched before it
     with pytest.raises(StageError, match=r"^s3://training-data/req/z-bad\.bin: refused by "
                                          r"--data-checksums required, its bytes could not "

@@ -269,8 +269,9 @@ def download(client, bucket: str, plan: Plan, dest: Path, state: State,
              concurrency: int, part_size: int | None = None, required: bool = False
              ) -> dict[str, str]:
     """Fetch ``plan.fetch`` into ``dest`` (temporary name, rename, journal), many objects at
-    once (``fetch.Fetcher``; ``required``: checked objects only); StageError naming the first
-    object that failed and why. The objects staged without a checksum check: key -> why
+    once (``fetch.Fetcher``; ``required``: checked objects only; ``part_size`` None:
+    ``fetch.DEFAULT_PART_SIZE`` as it is at the call); StageError naming the first object
+    that failed and why. The objects staged without a checksum check: key -> why
     (``checksums.checksum_gap``)."""
     progress = Progress(len(plan.fetch), plan.fetch_bytes)
     errors: list[str] = []

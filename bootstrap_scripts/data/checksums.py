@@ -11,6 +11,16 @@ stager looks at every response, counts the objects left unchecked and says why, 
 its log and in the job's ``staging.json``; with ``awscrt`` on the nodes CRC32C and
 CRC64NVME objects are checked and no longer counted (nothing here special-cases it: the
 same test, whether botocore wrapped the body).
+
+``--data-checksums required`` (``REQUIRED``) is for a job that must not train on bytes
+nobody checked: the stager then refuses the first object botocore cannot check
+(``Unverifiable``, naming why and what to do) instead of counting it, and fetches an
+object larger than the part size in one GetObject rather than in ranges. Why that is
+enough for those: botocore's ``handle_checksum_body`` checks whichever
+``x-amz-checksum-<algorithm>`` header the response carries (not a composite ``...-N``
+value), whether or not the request had a ``Range``; S3 sends the object's checksum only for
+a request of the whole object, so the one GetObject is checked like any small object, at
+the cost of that object's transfer on one connection.
 """
 
 from __future__ import annotations
@@ -27,6 +37,18 @@ EXPLAINED = {
                  "to add one)",
     COMPOSITE: "with a multipart upload's checksum of its parts' checksums (botocore cannot "
                "check it against the whole object)",
+}
+#: ``--data-checksums``: stage unchecked objects and say so, or refuse them.
+WARN = "warn"
+REQUIRED = "required"
+MODES = (WARN, REQUIRED)
+#: What to do about an object refused under ``REQUIRED``, besides ``CRT_ADVICE`` (a range
+#: is never refused: ``REQUIRED`` fetches every object whole).
+TO_DO = {
+    NO_CHECKSUM: "copy it in place with a checksum algorithm (CopyObject with "
+                 "ChecksumAlgorithm CRC32 gives it one)",
+    COMPOSITE: "upload it again in one part, or as a multipart upload with a full-object "
+               "checksum (ChecksumType FULL_OBJECT, CRC32)",
 }
 CRT_ADVICE = ("botocore checks those algorithms only with awscrt: install it on the nodes "
               "(pip install 'botocore[crt]' into the tools' interpreter)")
@@ -67,3 +89,19 @@ def unverified_warning(unverified: dict[str, str], copied: int) -> str:
         parts.append(CRT_ADVICE)
     return (f"warning: {len(unverified)} of {copied} object(s) staged without a checksum "
             f"check: " + "; ".join(parts))
+
+
+class Unverifiable(Exception):
+    """``--data-checksums required`` and botocore did not check this object's body:
+    ``gap`` is ``checksum_gap``'s answer; the text says why and what to do."""
+
+    def __init__(self, gap: str) -> None:
+        self.gap = gap
+        if gap in EXPLAINED:
+            why, to_do = f"it is an object {EXPLAINED[gap]}", TO_DO.get(gap, "")
+        else:
+            why, to_do = f"its checksum in S3 is {gap}", CRT_ADVICE
+        super().__init__(f"refused by --data-checksums {REQUIRED}, its bytes could not be "
+                         f"checked against S3's checksum: {why}. To stage it: "
+                         + (f"{to_do}; or " if to_do else "")
+                         + f"accept it unchecked with --data-checksums {WARN}")

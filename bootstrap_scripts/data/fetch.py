@@ -31,6 +31,11 @@ on disk are the bytes S3 stored; zlib's CRC32 costs about 0.3 s of one core per 
 - **The object staged is the object listed**: every request carries ``If-Match`` with the
   listed ETag (S3 answers 412 if the object changed since), so the ETag the journal records
   is the ETag of the bytes on disk, and the ranges of one object never mix two versions.
+- **Only checked bytes, on request** (``require_checksums``, ``--data-checksums
+  required``): every object is fetched whole (no ranges: S3 sends no checksum for a range),
+  and the first response botocore will not check (``checksums.Unverifiable``) fails its
+  object before a byte of it is read and stops the fetch: the objects not yet started are
+  dropped (their temporary files removed, neither done nor failed), those in flight finish.
 - **Retries of a broken body**: botocore retries a request that fails; a body cut off
   while being read is read again from its start (``ATTEMPTS`` times).
 """
@@ -46,7 +51,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bootstrap_scripts.data.checksums import checksum_gap
+from bootstrap_scripts.data.checksums import Unverifiable, checksum_gap
 from bootstrap_scripts.data.plan import S3Object
 
 #: Objects larger than this are fetched in ranges of this size, in parallel.
@@ -89,13 +94,15 @@ class Fetcher:
 
     ``on_bytes(n)`` is called as bytes arrive (negative after a body is read again),
     ``on_done(obj, path)`` once per object when all its bytes are in the temporary file, and
-    ``on_error(obj, exc)`` once per object that failed (its temporary file removed)."""
+    ``on_error(obj, exc)`` once per object that failed (its temporary file removed).
+    ``require_checksums``: whole objects only, and a response botocore does not check is
+    the object's ``Unverifiable`` error and the end of the fetch (``halted``)."""
 
     def __init__(self, client, bucket: str, *, concurrency: int, part_size: int,
                  part_suffix: str, on_bytes: Callable[[int], None],
                  on_done: Callable[[S3Object, Path], None],
                  on_error: Callable[[S3Object, Exception], None],
-                 direct: bool = True) -> None:
+                 direct: bool = True, require_checksums: bool = False) -> None:
         self.client, self.bucket = client, bucket
         self.concurrency, self.part_size, self.part_suffix = concurrency, part_size, part_suffix
         self.on_bytes, self.on_done, self.on_error = on_bytes, on_done, on_error
@@ -108,6 +115,11 @@ class Fetcher:
         self.unverified: dict[str, str] = {}
         #: write with O_DIRECT (until a file system refuses it)
         self.direct = direct and bool(O_DIRECT)
+        self.require_checksums = require_checksums
+        #: set by the first ``Unverifiable`` object: the objects not started are dropped
+        self.halted = threading.Event()
+        #: keys of objects dropped (a request of theirs was not made) after ``halted``
+        self.dropped: set[str] = set()
 
     def run(self, objects: list[S3Object], dest: Path) -> None:
         """Fetch every object (in key order, the ranges of one object together)."""
@@ -122,7 +134,8 @@ class Fetcher:
                 except OSError as exc:
                     self.on_error(obj, exc)
                     continue
-                ranges = byte_ranges(obj.size, self.part_size)
+                ranges = ([None] if self.require_checksums
+                          else byte_ranges(obj.size, self.part_size))
                 self.remaining[obj.key] = len(ranges)
                 for rng in ranges:
                     pool.submit(self.part, obj, tmp, rng)
@@ -130,20 +143,28 @@ class Fetcher:
     def part(self, obj: S3Object, tmp: Path, rng: tuple[int, int] | None) -> None:
         """One request of one object, then the object's completion if it was the last."""
         error: Exception | None = None
-        if obj.key not in self.failed:  # an earlier range failed: the object is lost anyway
+        if self.halted.is_set():
+            with self.lock:
+                self.dropped.add(obj.key)
+        elif obj.key not in self.failed:  # an earlier range failed: the object is lost
             try:
                 self.fetch(obj, tmp, rng)
             except Exception as exc:  # reported with the object's name by on_error
                 error = exc
+                if isinstance(exc, Unverifiable):
+                    self.halted.set()
         with self.lock:
             if error is not None:
                 self.failed.setdefault(obj.key, error)
             self.remaining[obj.key] -= 1
             last = self.remaining[obj.key] == 0
+            dropped = obj.key in self.dropped
         if not last:
             return
         first_error = self.failed.get(obj.key)
-        if first_error is None:
+        if first_error is None and dropped:
+            tmp.unlink(missing_ok=True)
+        elif first_error is None:
             self.on_done(obj, tmp)
         else:
             tmp.unlink(missing_ok=True)
@@ -159,6 +180,9 @@ class Fetcher:
             try:
                 response = self.client.get_object(**args)
                 if gap := checksum_gap(response, ranged=rng is not None):
+                    if self.require_checksums:
+                        response["Body"].close()
+                        raise Unverifiable(gap)
                     with self.lock:
                         self.unverified.setdefault(obj.key, gap)
                 self.read_body(response["Body"], tmp, start, got)

@@ -1,6 +1,7 @@
 """Stage an S3 prefix onto this node's fastest local disk before a job starts.
 
-``python -m bootstrap_scripts.data.stage s3://bucket/prefix[:/local/dir] [--shard-count N]``
+``python -m bootstrap_scripts.data.stage s3://bucket/prefix[:/local/dir] [--shard-count N]
+[--checksums warn|required]``
 
 Run by ``dl-run --data`` on every node of the job, as the job's user (a share of its own,
 before the job's: ``jobs/engine/staging.py``), so every file it writes is the user's.
@@ -29,7 +30,8 @@ starts at once.
   size or the device's cache durable).
 - **Checksums**: the objects botocore could not check against S3's checksum (CRC64NVME or
   CRC32C without ``awscrt``, ranges, none in S3) are counted (``unverified`` in the result
-  and ``staging.json``) and named in one warning line (``checksums``).
+  and ``staging.json``) and named in one warning line (``checksums``); with ``--checksums
+  required`` the first one fails the staging instead, and no object is fetched in ranges.
 - **Sharding** (``--shard-count N``): node ``DL_NODE_RANK`` stages only the objects whose
   index in key order is its rank modulo N.
 - **Fails before the job, naming the cause**: a missing bucket, a denied prefix or object,
@@ -53,7 +55,7 @@ from pathlib import Path
 
 from bootstrap_scripts import node_region
 from bootstrap_scripts.data import disks, durable, fetch
-from bootstrap_scripts.data.checksums import unverified_warning
+from bootstrap_scripts.data.checksums import MODES, REQUIRED, WARN, unverified_warning
 from bootstrap_scripts.data.plan import (
     RESULT_MARKER,
     Plan,
@@ -63,6 +65,7 @@ from bootstrap_scripts.data.plan import (
     plan_copy,
     size_text,
 )
+from bootstrap_scripts.data.s3_errors import client_error, object_error
 
 #: Objects (and ranges of large objects) transferred at once: 4 per CPU, at most 32. S3
 #: needs many parallel requests per node (32 is near a 25 Gb/s NIC), but each request's
@@ -96,14 +99,6 @@ def s3_client(region: str, concurrency: int):
         "s3", region_name=region,
         config=Config(max_pool_connections=concurrency + 4,
                       retries={"max_attempts": 5, "mode": "standard"}))
-
-
-def client_error(exc: Exception) -> tuple[str, str]:
-    """(code, message) of a botocore error, or the exception's own text."""
-    response = getattr(exc, "response", None) or {}
-    err = response.get("Error", {})
-    code = str(err.get("Code") or type(exc).__name__)
-    return code, str(err.get("Message") or exc)
 
 
 def list_objects(client, bucket: str, prefix: str) -> list[S3Object]:
@@ -271,10 +266,13 @@ class Progress:
 
 
 def download(client, bucket: str, plan: Plan, dest: Path, state: State,
-             concurrency: int, part_size: int = fetch.DEFAULT_PART_SIZE) -> dict[str, str]:
+             concurrency: int, part_size: int | None = None, required: bool = False
+             ) -> dict[str, str]:
     """Fetch ``plan.fetch`` into ``dest`` (temporary name, rename, journal), many objects at
-    once (``fetch.Fetcher``); StageError naming the first object that failed and why. The
-    objects staged without a checksum check: key -> why (``checksums.checksum_gap``)."""
+    once (``fetch.Fetcher``; ``required``: checked objects only; ``part_size`` None:
+    ``fetch.DEFAULT_PART_SIZE`` as it is at the call); StageError naming the first object
+    that failed and why. The objects staged without a checksum check: key -> why
+    (``checksums.checksum_gap``)."""
     progress = Progress(len(plan.fetch), plan.fetch_bytes)
     errors: list[str] = []
 
@@ -287,10 +285,11 @@ def download(client, bucket: str, plan: Plan, dest: Path, state: State,
             tmp.unlink(missing_ok=True)
             errors.append(object_error(bucket, obj, exc))
 
-    fetcher = fetch.Fetcher(client, bucket, concurrency=concurrency, part_size=part_size,
+    fetcher = fetch.Fetcher(client, bucket, concurrency=concurrency,
+                            part_size=part_size or fetch.DEFAULT_PART_SIZE,
                             part_suffix=PART_SUFFIX, on_bytes=progress.add, on_done=done,
                             on_error=lambda obj, exc: errors.append(
-                                object_error(bucket, obj, exc)))
+                                object_error(bucket, obj, exc)), require_checksums=required)
     printer = threading.Thread(target=progress.run, daemon=True)
     printer.start()
     try:
@@ -308,24 +307,10 @@ def download(client, bucket: str, plan: Plan, dest: Path, state: State,
     return fetcher.unverified
 
 
-def object_error(bucket: str, obj: S3Object, exc: Exception) -> str:
-    """What went wrong with one object, for the job's error line."""
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return f"s3://{bucket}/{obj.key}: cannot write {obj.rel}: {exc.strerror}"
-    code, message = client_error(exc)
-    if code in ("AccessDenied", "403", "Forbidden"):
-        return f"s3://{bucket}/{obj.key}: access denied reading the object ({code})"
-    if code in ("NoSuchKey", "404"):
-        return f"s3://{bucket}/{obj.key}: the object disappeared while staging ({code})"
-    if code in ("PreconditionFailed", "412"):
-        return (f"s3://{bucket}/{obj.key}: the object changed while staging (its ETag is no "
-                f"longer the listed {obj.etag}, {code}): stage again")
-    return f"s3://{bucket}/{obj.key}: {code}: {message}"
-
-
 def stage(source_text: str, *, root: str, rank: int, shard_count: int,
-          concurrency: int, client=None) -> dict:
-    """Stage the source; the result record (also printed). StageError on failure."""
+          concurrency: int, client=None, checksums: str = WARN) -> dict:
+    """Stage the source; the result record (also printed). StageError on failure (with
+    ``checksums`` ``required``: also the first object botocore could not check)."""
     source = parse_source(source_text)
     region = node_region.read_installed(root)
     if not region:
@@ -351,7 +336,8 @@ def stage(source_text: str, *, root: str, rank: int, shard_count: int,
         state.incomplete()
         remove_leftovers(dest)
         disks.check_space(dest, plan.fetch_bytes, len(plan.fetch))
-        unverified = download(client, source.bucket, plan, dest, state, concurrency)
+        unverified = download(client, source.bucket, plan, dest, state, concurrency,
+                              required=checksums == REQUIRED)
     for rel in plan.stale:
         (dest / rel).unlink(missing_ok=True)  # staged before, no longer in the source
     state.complete(source.url, plan)
@@ -377,6 +363,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stage only this node's share of the objects (rank $DL_NODE_RANK)")
     p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
                    help=f"transfers at once (default {DEFAULT_CONCURRENCY})")
+    p.add_argument("--checksums", choices=MODES, default=WARN,
+                   help="required: fail on the first object botocore cannot check against "
+                   "S3's checksum (default: stage it and warn)")
     return p.parse_args(argv)
 
 
@@ -387,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         # the node's rank matters only when the objects are shared out among the nodes
         rank = int(os.environ.get("DL_NODE_RANK", "0")) if count > 1 else 0
         stage(args.source, root=os.environ.get("DL_ROOT") or "/", rank=rank,
-              shard_count=count, concurrency=max(1, args.concurrency))
+              shard_count=count, concurrency=max(1, args.concurrency),
+              checksums=args.checksums)
     except StageError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1

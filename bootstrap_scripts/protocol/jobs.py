@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
+from bootstrap_scripts.data import checksums
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.protocol.bounds import whole
 from bootstrap_scripts.protocol.data_source import DataSourceError, check_mounts, parse_data_source
@@ -322,6 +323,9 @@ class RunRequest(Record):
     data: str = ""
     #: each node stages only its share of the objects (rank modulo the node count)
     data_shard: bool = False
+    #: ``--data-checksums``: ``warn`` stages the objects botocore cannot check against
+    #: S3's checksum and counts them; ``required`` fails the staging on the first
+    data_checksums: str = checksums.WARN
     #: ``s3://bucket/prefix:/dir`` each (``dl-run --mount``): mounted read-only with
     #: Mountpoint for Amazon S3 on every node before the job starts, unmounted after
     mounts: tuple[str, ...] = ()
@@ -339,6 +343,9 @@ class RunRequest(Record):
                                f"{self.hang_timeout}", field="hang_timeout")
         if self.data:
             parse_data_source(self.data)
+        if self.data_checksums not in checksums.MODES:
+            raise JobSpecError(f"--data-checksums must be one of {', '.join(checksums.MODES)}, "
+                               f"got {self.data_checksums!r}", field="data_checksums")
         check_mounts(tuple(self.mounts))
         for name, url in (("checkpoint_url", self.checkpoint_url),
                           ("resume_from", self.resume_from)):

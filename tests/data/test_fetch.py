@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from bootstrap_scripts.data import fetch, stage
+from bootstrap_scripts.data import fetch, s3_errors
 from bootstrap_scripts.data.plan import S3Object
 
 
@@ -107,7 +107,7 @@ def test_an_object_changed_since_the_listing_is_named_with_the_cause(tmp_path) -
                         "GetObject")
     obj = S3Object("ds/a.bin", 3, "abc", "a.bin")
     _done, errors, _ = run(FakeS3({}, error=error), [obj], tmp_path, 4096)
-    assert stage.object_error("b", obj, errors[0][1]) == (
+    assert s3_errors.object_error("b", obj, errors[0][1]) == (
         "s3://b/ds/a.bin: the object changed while staging (its ETag is no longer the "
         "listed abc, PreconditionFailed): stage again")
     assert len(errors) == 1

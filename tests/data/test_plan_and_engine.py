@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from bootstrap_scripts.data import stage as stage_module
 from bootstrap_scripts.data.disks import Mount, choose_disk
 from bootstrap_scripts.data.plan import S3Object, StageError, plan_copy
 from bootstrap_scripts.jobs.cli.dl_run import build_parser
@@ -90,7 +91,7 @@ def test_the_staging_job_runs_the_stager_once_per_node_as_the_same_request() -> 
     stage = staging.stage_request(request, membership(3))
     assert stage.job_id == "train-1.stage" and stage.launcher == "each"
     assert stage.command[1:] == ("-m", "bootstrap_scripts.data.stage", "s3://b-1/ds",
-                                 "--shard-count", "3")
+                                 "--shard-count", "3", "--checksums", "warn")
     assert stage.env["A"] == "1" and stage.cwd == "/" and not stage.data
     # the job's checkpoint restore and mirror are around the job, not its staging job
     mirrored = dataclasses.replace(request, checkpoint_url="s3://ck-bucket/c/u/j/",
@@ -102,6 +103,31 @@ def test_the_staging_job_runs_the_stager_once_per_node_as_the_same_request() -> 
                                          elastic=True), membership())
     with pytest.raises(RunError, match="--data-shard shards what --data stages"):
         request_from_args(build_parser().parse_args(["--data-shard"]), ["t"], "j")
+
+
+def test_data_checksums_travels_from_dl_run_to_the_stager(capsys) -> None:
+    """``dl-run --data-checksums required``: in the run request (what a managed job's
+    request.json carries to every attempt), then in the staging job's stager command, as
+    the stager's own parser reads it; the staging job itself carries no data options."""
+    args = build_parser().parse_args(["--data", "s3://b-1/ds", "--data-checksums",
+                                      "required"])
+    request = request_from_args(args, ["python", "train.py"], "train-1")
+    assert type(request).from_json(request.to_json()).data_checksums == "required"
+    job = staging.stage_request(request, membership(2))
+    assert job.command[3:] == ("s3://b-1/ds", "--checksums", "required")
+    assert job.data_checksums == "warn"
+    assert stage_module.parse_args(list(job.command[3:])).checksums == "required"
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--data", "s3://b-1/ds", "--data-checksums", "maybe"])
+    assert "--data-checksums: invalid choice: 'maybe'" in capsys.readouterr().err
+    with pytest.raises(RunError, match="--data-checksums required checks what --data "
+                                       "stages: give --data too"):
+        request_from_args(build_parser().parse_args(["--data-checksums", "required"]),
+                          ["t"], "j")
+    with pytest.raises(ProtocolError, match="--data-checksums must be one of warn, "
+                                            "required, got 'maybe'"):
+        RunRequest(job_id="j", command=("t",), data="s3://b-1/x", data_checksums="maybe")
 
 
 def report(*dirs: str) -> StagingReport:

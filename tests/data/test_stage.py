@@ -15,17 +15,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from bootstrap_scripts.data import disks, stage
+from bootstrap_scripts.data import disks
 from bootstrap_scripts.data.plan import StageError
 from tests.conftest import REPO_ROOT
-from tests.data.conftest import S3Env
-
-
-def run_stage(env: S3Env, source: str, **kwargs):
-    kwargs.setdefault("rank", 0)
-    kwargs.setdefault("shard_count", 1)
-    kwargs.setdefault("concurrency", 8)
-    return stage.stage(source, root=str(env.root), **kwargs)
+from tests.data.conftest import S3Env, put_raw, run_stage
 
 
 def staged_files(directory: Path) -> dict[str, bytes]:
@@ -175,6 +168,22 @@ def test_every_node_stages_everything_unless_sharded(s3env, tmp_path) -> None:
         assert proc.returncode == 0, text
         assert len(staged_files(out)) == expected, text
         assert f'"objects": {expected}' in text
+
+
+def test_the_stager_process_refuses_an_unchecked_object_with_checksums_required(
+        s3env, tmp_path) -> None:
+    """``--checksums required`` (what ``dl-run --data-checksums required`` gives every
+    node's stager): exit 1 and the error line naming the object, before any job."""
+    s3env.put("ds/checked.bin", b"a CRC32 object")
+    put_raw(s3env, "ds/old.bin", b"stored with no checksum", None)
+    out = tmp_path / "out"
+    proc = stage_process(s3env, f"s3://training-data/ds:{out}", "--checksums", "required")
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, text
+    assert ("error: s3://training-data/ds/old.bin: refused by --data-checksums required, "
+            "its bytes could not be checked against S3's checksum: it is an object with no "
+            "checksum in S3") in text
+    assert not (out / "old.bin").exists()
 
 
 def test_a_killed_copy_resumes_without_copying_what_it_completed(s3env, tmp_path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import urllib.request
 import zlib
 from pathlib import Path
 
@@ -16,20 +15,13 @@ import boto3
 import pytest
 from botocore.compat import HAS_CRT
 
-from bootstrap_scripts.data import checksums, durable, stage
+from bootstrap_scripts.data import checksums, durable, fetch, stage
 from bootstrap_scripts.data.plan import StageError
 from bootstrap_scripts.jobs.engine import staging
 from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from tests.data.conftest import S3Env
-
-
-def run_stage(env: S3Env, source: str, **kwargs):
-    kwargs.setdefault("rank", 0)
-    kwargs.setdefault("shard_count", 1)
-    kwargs.setdefault("concurrency", 8)
-    return stage.stage(source, root=str(env.root), **kwargs)
+from tests.data.conftest import S3Env, crc64nvme, put_raw, run_stage
 
 
 def on_disk(directory: Path) -> dict[str, int]:
@@ -88,34 +80,6 @@ def test_no_journal_line_or_manifest_before_its_data_was_synced(s3env, tmp_path,
     assert [k for k, _ in events].count("manifest") == 1
     assert sorted(journalled) == sorted(bodies)
     assert [k for k, _ in events].count("sync") >= 2, "150 objects: more than one commit"
-
-
-def crc64nvme(data: bytes) -> str:
-    """S3's CRC64NVME of ``data``, base64 as S3 sends it (reflected, polynomial
-    0x9A6C9329AC4BC9B5, initial and final XOR all ones): the standard library has none."""
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x9A6C9329AC4BC9B5 if c & 1 else c >> 1
-        table.append(c)
-    crc = 0xFFFFFFFFFFFFFFFF
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return base64.b64encode((crc ^ 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")).decode()
-
-
-def put_raw(env: S3Env, key: str, body: bytes, checksum: tuple[str, str] | None) -> None:
-    """PutObject as S3 receives it from a client that sends ``(algorithm, value)`` (or no
-    checksum): without awscrt botocore cannot send CRC64NVME itself, so this is plain HTTP
-    (moto's server, authorization off)."""
-    headers = {"Content-Type": "application/octet-stream"}
-    if checksum:
-        headers |= {"x-amz-sdk-checksum-algorithm": checksum[0],
-                    f"x-amz-checksum-{checksum[0].lower()}": checksum[1]}
-    urllib.request.urlopen(urllib.request.Request(
-        f"{env.endpoint}/{env.bucket}/{key}", data=body, method="PUT", headers=headers),
-        timeout=30).read()
 
 
 def test_objects_botocore_cannot_check_are_counted_and_named_once(s3env, tmp_path, capsys
@@ -205,3 +169,131 @@ def test_the_count_reaches_the_jobs_staging_record_and_its_first_lines(tmp_path,
     staging.announce(report)
     assert ("3 object(s) staged without a checksum check (why, and what to do: the staging "
             "job j.stage's node logs)") in capsys.readouterr().err
+
+
+def journalled(out: Path) -> list[str]:
+    journal = out / ".dl-stage/journal"
+    return [json.loads(line)["key"] for line in journal.read_text().splitlines()] \
+        if journal.exists() else []
+
+
+def put_multipart(env: S3Env, key: str, parts: list[bytes]) -> bytes:
+    """A multipart upload with CRC32 checksums: S3 keeps a composite checksum (the CRC32 of
+    the parts' CRC32s, ``...-N``), which says nothing botocore can check the whole body
+    against. Its bytes."""
+    s3 = env.s3
+    upload = s3.create_multipart_upload(Bucket=env.bucket, Key=key, ChecksumAlgorithm="CRC32")
+    done = []
+    for number, body in enumerate(parts, 1):
+        sent = s3.upload_part(Bucket=env.bucket, Key=key, UploadId=upload["UploadId"],
+                              PartNumber=number, Body=body, ChecksumAlgorithm="CRC32")
+        done.append({"PartNumber": number, "ETag": sent["ETag"],
+                     "ChecksumCRC32": sent["ChecksumCRC32"]})
+    s3.complete_multipart_upload(Bucket=env.bucket, Key=key, UploadId=upload["UploadId"],
+                                 MultipartUpload={"Parts": done})
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("kind", ["CRC64NVME", "none", "composite"])
+def test_required_refuses_the_first_object_it_cannot_check(s3env, tmp_path, kind) -> None:
+    """``--data-checksums required``: the staging fails on the object botocore did not check,
+    naming it, why and what to do; the objects checked before it stay complete (file and
+    journal line), it has neither, and a run that accepts it resumes from there."""
+    if kind == "CRC64NVME" and HAS_CRT:
+        pytest.skip("with awscrt botocore checks CRC64NVME: nothing to refuse")
+    bodies = {f"req/a-{i}.bin": os.urandom(3000 + i) for i in range(4)}
+    for key, body in bodies.items():
+        s3env.put(key, body)  # CRC32, checked
+    if kind == "composite":  # parts of 5 MiB at least: S3's (and moto's) minimum
+        bad = put_multipart(s3env, "req/z-bad.bin", [os.urandom(5 * 2**20), b"tail"])
+    else:
+        bad = os.urandom(5000)
+        put_raw(s3env, "req/z-bad.bin", bad,
+                ("CRC64NVME", crc64nvme(bad)) if kind == "CRC64NVME" else None)
+    out = tmp_path / "out"
+    why = {"CRC64NVME": r"its checksum in S3 is CRC64NVME\. To stage it: .*"
+                        r"pip install 'botocore\[crt\]'",
+           "none": r"it is an object with no checksum in S3 .*To stage it: copy it in "
+                   r"place with a checksum algorithm",
+           "composite": r"it is an object with a multipart upload's checksum of its parts' "
+                        r"checksums .*To stage it: upload it again in one part"}[kind]
+    # one transfer at once: the four checked objects (keys first) are fetched before it
+    with pytest.raises(StageError, match=r"^s3://training-data/req/z-bad\.bin: refused by "
+                                         r"--data-checksums required, its bytes could not "
+                                         rf"be checked against S3's checksum: {why}.*; or "
+                                         r"accept it unchecked with --data-checksums warn$"):
+        run_stage(s3env, f"s3://training-data/req:{out}", concurrency=1,
+                  checksums=checksums.REQUIRED)
+    assert sorted(journalled(out)) == sorted(bodies)
+    assert on_disk(out) == {k.removeprefix("req/"): len(b) for k, b in bodies.items()}
+    assert not [p for p in out.rglob("*") if stage.PART_SUFFIX in p.name]
+    assert not (out / ".dl-stage/manifest.json").exists()
+    again = run_stage(s3env, f"s3://training-data/req:{out}")  # warn: it is staged
+    assert (again["copied"], again["unverified"]) == (1, 1)
+    assert (out / "z-bad.bin").read_bytes() == bad
+
+
+def test_required_stops_at_the_refused_object(s3env, tmp_path) -> None:
+    """The refusal ends the staging: the objects not started yet are not fetched (no file,
+    no journal line), and the error names the refused object alone."""
+    put_raw(s3env, "stop/a-bad.bin", b"no checksum", None)
+    for i in range(5):
+        s3env.put(f"stop/b-{i}.bin", os.urandom(2000))
+    out = tmp_path / "out"
+    with pytest.raises(StageError, match=r"^s3://training-data/stop/a-bad\.bin: refused .*"
+                                         r"--data-checksums warn$"):
+        run_stage(s3env, f"s3://training-data/stop:{out}", concurrency=1,
+                  checksums=checksums.REQUIRED)
+    assert (journalled(out), on_disk(out)) == ([], {})
+    assert not [p for p in out.rglob("*") if stage.PART_SUFFIX in p.name]
+
+
+def test_required_passes_objects_botocore_checks(s3env, tmp_path) -> None:
+    bodies = {f"ok/{i}.bin": os.urandom(4000 + i) for i in range(6)}
+    for key, body in bodies.items():
+        s3env.put(key, body)
+    out = tmp_path / "out"
+    result = run_stage(s3env, f"s3://training-data/ok:{out}", checksums=checksums.REQUIRED)
+    assert (result["copied"], result["unverified"]) == (6, 0)
+    assert {k: (out / k.removeprefix("ok/")).read_bytes() == b for k, b in bodies.items()} \
+        == dict.fromkeys(bodies, True)
+    manifest = json.loads((out / ".dl-stage/manifest.json").read_text())  # complete
+    assert sorted(manifest["objects"]) == sorted(bodies)
+
+
+def getobject_ranges(client) -> list[str | None]:
+    """The ``Range`` of every GetObject ``client`` makes from now on (None: whole object)."""
+    seen: list[str | None] = []
+    client.meta.events.register("provide-client-params.s3.GetObject",
+                                lambda params, **_: seen.append(params.get("Range")))
+    return seen
+
+
+def test_required_fetches_a_large_object_whole_so_its_checksum_is_checked(
+        s3env, tmp_path, monkeypatch) -> None:
+    """Over the part size (lowered here to 64 KiB) ``warn`` fetches ranges, which carry no
+    checksum, and counts the object unverified; ``required`` fetches it in one GetObject,
+    which botocore checks: a good object is staged checked, one whose stored CRC32 is not
+    its bytes' fails."""
+    monkeypatch.setattr(fetch, "DEFAULT_PART_SIZE", 64 * 1024)
+    body = os.urandom(300 * 1024)
+    s3env.put("big/x.bin", body)
+    client = stage.s3_client("us-east-1", 8)
+    ranges = getobject_ranges(client)
+    warned = run_stage(s3env, f"s3://training-data/big:{tmp_path / 'warn'}", client=client)
+    assert warned["unverified"] == 1 and len(ranges) == 5 and None not in ranges
+    ranges.clear()
+    out = tmp_path / "required"
+    result = run_stage(s3env, f"s3://training-data/big:{out}", client=client,
+                       checksums=checksums.REQUIRED)
+    assert (ranges, result["unverified"]) == ([None], 0)
+    assert (out / "x.bin").read_bytes() == body
+
+    wrong = base64.b64encode(((zlib.crc32(body) + 1) & 0xFFFFFFFF).to_bytes(4, "big")).decode()
+    put_raw(s3env, "flipped/x.bin", body, ("CRC32", wrong))  # moto: no unsigned overwrite
+    out = tmp_path / "flipped"
+    with pytest.raises(StageError, match=r"s3://training-data/flipped/x\.bin: "
+                                         r"FlexibleChecksumError: .*did not match"):
+        run_stage(s3env, f"s3://training-data/flipped:{out}", client=client,
+                  checksums=checksums.REQUIRED)
+    assert not (out / "x.bin").exists() and journalled(out) == []

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import bootstrap_scripts
+from bootstrap_scripts.data.checksums import WARN
 from bootstrap_scripts.data.plan import RESULT_MARKER, size_text
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
@@ -57,10 +58,12 @@ def stage_request(request: RunRequest, m: Membership) -> RunRequest:
     command = [sys.executable, "-m", "bootstrap_scripts.data.stage", request.data]
     if request.data_shard:
         command += ["--shard-count", str(len(m.nodes))]
+    command += ["--checksums", request.data_checksums]
     # No checkpoint restore or mirror of its own: the job's are around the job, not this.
     return replace(request, job_id=job_id, command=tuple(command), launcher="each", env=env,
-                   cwd="/", python=sys.executable, data="", data_shard=False, elastic=False,
-                   checkpoint_url="", resume_from="", mounts=())
+                   cwd="/", python=sys.executable, data="", data_shard=False,
+                   data_checksums=WARN, elastic=False, checkpoint_url="",
+                   resume_from="", mounts=())
 
 
 def stage_results(paths: JobPaths, m: Membership) -> dict[int, dict]:

@@ -18,12 +18,22 @@ file is written whole (temp file + rename) and read only when it is this user's 
 file (no link) holding arrays of the expected shapes and types (``allow_pickle=False``: no
 object is ever unpickled); anything else is ignored with a message, the split computed again
 and the cache rewritten. A directory that cannot be written only costs the cache.
+
+Writing a cache file removes the directory's other ``digits-split-*.npz`` (another seed,
+fraction or source: a split the job no longer uses), so a directory reused across runs
+keeps one; only this user's own regular files are removed, looked at without following a
+link (``lstat`` relative to the directory opened once), so a link or another user's file
+planted there is left alone. Two jobs with different splits sharing one directory would
+each remove the other's: that costs only the cache (computed again).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
+import re
+import stat
 import sys
 import zipfile
 from pathlib import Path
@@ -34,6 +44,8 @@ from bootstrap_scripts.examples.checkpoints import UntrustedCheckpoint, atomic_w
 SPLIT_KEYS = ("x_train", "x_test", "y_train", "y_test")
 #: pixels per image (8 x 8)
 FEATURES = 64
+#: the names :func:`cache_name` gives (the only files :func:`prune_splits` may remove)
+CACHE_NAME_RE = re.compile(r"digits-split-[0-9a-f]{16}\.npz")
 
 
 def load_data(seed: int, test_fraction: float, data_dir: str = "",
@@ -121,6 +133,44 @@ def write_split(cache_dir: Path, name: str, split) -> None:
         atomic_write(cache_dir / name, write)
     except OSError as exc:
         print(f"not caching the digits in {cache_dir}: {exc}", file=sys.stderr, flush=True)
+        return
+    prune_splits(cache_dir, name)
+
+
+def prune_splits(cache_dir: Path, keep: str) -> list[str]:
+    """Remove ``cache_dir``'s split caches other than ``keep`` that are this user's own
+    regular files (never through a link: each entry is ``lstat``-ed and unlinked relative
+    to the directory's descriptor, and unlink removes a link itself, not what it names).
+    Returns the names removed; a failure only leaves a file behind (said once)."""
+    removed: list[str] = []
+    try:
+        dfd = os.open(cache_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        print(f"not pruning the cached digits in {cache_dir}: {exc}", file=sys.stderr,
+              flush=True)
+        return removed
+    try:
+        for entry in sorted(os.listdir(dfd)):
+            if entry == keep or not CACHE_NAME_RE.fullmatch(entry):
+                continue
+            try:
+                st = os.stat(entry, dir_fd=dfd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    continue
+                os.unlink(entry, dir_fd=dfd)
+            except FileNotFoundError:
+                continue  # another rank removed it first
+            except OSError as exc:
+                print(f"not removing the cached digits {cache_dir / entry}: {exc}",
+                      file=sys.stderr, flush=True)
+                continue
+            removed.append(entry)
+    except OSError as exc:
+        print(f"not pruning the cached digits in {cache_dir}: {exc}", file=sys.stderr,
+              flush=True)
+    finally:
+        os.close(dfd)
+    return removed
 
 
 def steps_per_epoch(n: int, global_batch: int) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from bootstrap_scripts.jobs.engine.reachability import read_heartbeat
+from bootstrap_scripts.jobs.engine.reachability import LatestBeats, read_heartbeat
 from bootstrap_scripts.node_keys import KeyBook, RecordCheck
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
@@ -81,6 +81,10 @@ class NodeRecords:
         self.efs = efs
         #: this node checks records (a book a non-root reader cannot open checks nothing)
         self.checked = book.enabled and os.access(book.directory, os.R_OK | os.X_OK)
+        #: the controller's replay rule over the heartbeats this reader checked: in one run
+        #: (``dl-health`` looks for a few seconds), an older beat of the node's own put back
+        #: is not a move
+        self.beats = LatestBeats()
 
     def _read(self, path: Path, cls: type[R], instance_id: str, what: str,
               fields: dict, plain) -> NodeRead[R]:
@@ -99,10 +103,15 @@ class NodeRecords:
 
     def heartbeat(self, address: str, instance_id: str) -> NodeRead[ExecutorHeartbeat]:
         """``address``'s executor heartbeat, believed from ``instance_id`` (the node the
-        membership puts there)."""
-        return self._read(self.paths.executor_heartbeat(address), ExecutorHeartbeat,
+        membership puts there). A checked beat older than one this reader saw is a replay:
+        the latest believed stays the record, as for the job controller."""
+        read = self._read(self.paths.executor_heartbeat(address), ExecutorHeartbeat,
                           instance_id, "executor heartbeat", {"address": address},
                           lambda: read_heartbeat(self.efs, address))
+        if read.verdict != CHECKED:  # unchecked: no replay check, nothing remembered
+            return read
+        beat, _replay = self.beats.take(address, read.record)
+        return NodeRead(beat, CHECKED)
 
     def registrations(self) -> dict[str, NodeRead[Registration]]:
         """Every registration on EFS by its file's instance id (a record naming another

@@ -203,7 +203,7 @@ class IdleStopRecord(Record):
     size and minimum before the stop are what the next job scales it back to."""
 
     KIND: ClassVar[str] = "idle stop"
-    state: str  # disabled | busy | idle | stopped
+    state: str  # disabled | busy | idle | stopping (recorded before the call) | stopped
     updated_at: float
     idle_seconds: float = 0.0  # the setting (idleStopMinutes x 60); 0: never stops
     idle_since: float | None = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from bootstrap_scripts.agent.identity import NodeIdentity
 from bootstrap_scripts.agent.node_agent import EXIT_FAILED
 from bootstrap_scripts.protocol import state as shared
@@ -51,26 +53,47 @@ def test_failure_of_a_group_that_recovered_does_not_fail_the_setup(env, tmp_path
     assert sig["Status"] == "SUCCESS", sig
 
 
-def test_setup_timeout_fails_naming_the_missing_group(env, tmp_path):
+@pytest.fixture()
+def timed_out_setup(env, tmp_path):
+    """``begin(workers)``: a cluster whose master's own group reported success and whose
+    first worker registered (as its agent writes it), with ``fail()`` to run the master
+    agent with a 2 s setup timeout and return the FAILURE reason it signals (after the
+    agent exited failed). What each test adds goes between the two."""
+    endpoint, recorder, threads = env
+
+    def begin(workers: int):
+        cluster = create_cluster(endpoint, workers=workers)
+        cluster.send(cluster.setup_message("master"))
+        (w1, ip1), *_ = cluster.instances("worker")
+        shared.write_registration(tmp_path / "efs", Registration(
+            instance_id=w1, address=ip1, gpus=1, role="worker"))
+
+        def fail() -> str:
+            t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url,
+                                   setup_timeout=2), master_identity(cluster))
+            threads.append(t)
+            (sig,) = recorder.wait_for(1, timeout=30)
+            assert sig["Status"] == "FAILURE", sig
+            t.thread.join(timeout=30)
+            assert t.exit_code == EXIT_FAILED
+            return sig["Reason"]
+
+        return cluster, fail
+
+    return begin
+
+
+def test_setup_timeout_fails_naming_the_missing_group(timed_out_setup, tmp_path):
     """The reason names the group, its instances that never registered (with their type)
     and the newest launch failure the capacity adjuster reported for it."""
-    endpoint, recorder, threads = env
-    cluster = create_cluster(endpoint, workers=2)
-    cluster.send(cluster.setup_message("master"))
-    (w1, ip1), (w2, _ip2) = cluster.instances("worker")
-    efs = tmp_path / "efs"
-    shared.write_registration(efs, Registration(instance_id=w1, address=ip1, gpus=1,
-                                                role="worker"))
-    store.write_record(ClusterPaths(efs).launch_failures, LaunchFailures(attempts=(
-        LaunchAttempt(role="worker", asg=cluster.worker_asg, zone="us-east-1a",
-                      instance_types=("p5.48xlarge",),
-                      cause="We currently do not have sufficient p5.48xlarge capacity"),)))
-    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url, setup_timeout=2),
-                    master_identity(cluster))
-    threads.append(t)
-    (sig,) = recorder.wait_for(1, timeout=30)
-    assert sig["Status"] == "FAILURE"
-    reason = sig["Reason"]
+    cluster, fail = timed_out_setup(workers=2)
+    (w1, _ip1), (w2, _ip2) = cluster.instances("worker")
+    store.write_record(ClusterPaths(tmp_path / "efs").launch_failures, LaunchFailures(
+        attempts=(LaunchAttempt(role="worker", asg=cluster.worker_asg, zone="us-east-1a",
+                                instance_types=("p5.48xlarge",),
+                                cause="We currently do not have sufficient p5.48xlarge "
+                                      "capacity"),)))
+    reason = fail()
     assert "no asg-setup success for worker group(s) within 2s" in reason
     assert f"worker group {cluster.worker_asg}: 2 of 2 instances running, 1 registered" \
         in reason, reason
@@ -78,33 +101,21 @@ def test_setup_timeout_fails_naming_the_missing_group(env, tmp_path):
     assert w1 not in reason
     assert ("last launch failure: zone us-east-1a, p5.48xlarge: We currently do not have "
             "sufficient p5.48xlarge capacity") in reason
-    t.thread.join(timeout=30)
-    assert t.exit_code == EXIT_FAILED
 
 
-def test_setup_timeout_names_a_worker_that_booted_without_a_node_key(env, tmp_path):
+def test_setup_timeout_names_a_worker_that_booted_without_a_node_key(timed_out_setup,
+                                                                     tmp_path):
     """A worker on user data older than node keys registers, but to a master that learns
     node keys its registration is not its own: the reason says that it booted and what to
     do (replace it), not that it is still booting."""
-    endpoint, recorder, threads = env
-    cluster = create_cluster(endpoint, workers=1)
-    cluster.send(cluster.setup_message("master"))
-    (w1, ip1), = cluster.instances("worker")
-    shared.write_registration(tmp_path / "efs", Registration(instance_id=w1, address=ip1,
-                                                             gpus=1, role="worker"))
+    cluster, fail = timed_out_setup(workers=1)
+    (w1, _ip1), = cluster.instances("worker")
     # this master learns node keys (its agent makes the book when it serves the queue)
     NodePaths(tmp_path / "nodes" / "m").node_keys_dir.mkdir(parents=True, mode=0o700)
-    t = AgentThread(config(cluster, "master", tmp_path, "m", recorder.url, setup_timeout=2),
-                    master_identity(cluster))
-    threads.append(t)
-    (sig,) = recorder.wait_for(1, timeout=30)
-    assert sig["Status"] == "FAILURE"
-    reason = sig["Reason"]
+    reason = fail()
     assert (f"1 of 1 instances running, 0 registered; booted, but no node key learnt from it "
             f"({NO_KEY_HINT}): {w1} (") in reason, reason
     assert "still booting" not in reason, reason
-    t.thread.join(timeout=30)
-    assert t.exit_code == EXIT_FAILED
 
 
 def test_unregistered_worker_gets_fallback_gpus_then_its_own(env, tmp_path):

@@ -76,7 +76,9 @@ class Clocks:
 
 def controller_side(efs: Path, clocks: Clocks, idle_seconds: float, calls: list
                     ) -> IdleStop:
-    def stop() -> tuple[str, int, int]:
+    def stop(commit) -> tuple[str, int, int] | None:
+        if not commit("workers-asg", 3, 1):
+            return None
         calls.append("stop")
         return "workers-asg", 3, 1
 
@@ -158,7 +160,7 @@ def test_a_new_controller_carries_on_from_the_record(tmp_path):
 def test_a_failed_stop_is_recorded_and_tried_again_later(tmp_path):
     clocks, tries = Clocks(), []
 
-    def stop() -> tuple[str, int, int]:
+    def stop(commit) -> tuple[str, int, int]:
         tries.append(clocks.mono)
         raise RuntimeError("AccessDenied: not authorized to perform UpdateAutoScalingGroup")
 
@@ -209,7 +211,7 @@ def test_disabled_writes_disabled_and_never_stops(tmp_path):
 
 def test_negative_idle_seconds_are_refused_naming_the_option(tmp_path):
     with pytest.raises(ValueError, match="--idle-stop-seconds must be >= 0, got -1"):
-        IdleStop(tmp_path, idle_seconds=-1, stop=lambda: ("", 0, 0), restore=lambda d, m: d)
+        IdleStop(tmp_path, idle_seconds=-1, stop=lambda commit: None, restore=lambda d, m: d)
 
 
 # -- the AWS side, against moto's server -------------------------------------------------------
@@ -246,7 +248,9 @@ def group(cluster) -> dict:
 def test_stop_lifts_protection_and_takes_the_group_to_zero_then_restore_puts_it_back(cloud):
     cluster, root, efs = cloud
     stop, restore = idle.worker_group_actions(root, efs, lambda: cluster.client("autoscaling"))
-    assert stop() == (cluster.worker_asg, 3, 1)
+    recorded: list = []
+    assert stop(lambda *size: recorded.append(size) or True) == (cluster.worker_asg, 3, 1)
+    assert recorded == [(cluster.worker_asg, 3, 1)], "the size is recorded before the stop"
     g = group(cluster)
     assert (g["MinSize"], g["DesiredCapacity"]) == (0, 0)
     assert not any(i.get("ProtectedFromScaleIn") for i in g["Instances"])
@@ -275,8 +279,9 @@ def test_restore_keeps_a_larger_size_set_by_hand_within_the_maximum(cloud):
     assert (group(cluster)["MinSize"], group(cluster)["DesiredCapacity"]) == (1, 1)
 
 
-def test_efs_full_never_stops_the_controllers_loop_and_the_record_follows_later(
+def test_efs_full_never_stops_the_controllers_loop_and_the_workers_wait_for_the_record(
         tmp_path, monkeypatch):
+    """No stop without its record first (a successor could not restore the size)."""
     import errno
 
     clocks, calls = Clocks(), []
@@ -289,9 +294,12 @@ def test_efs_full_never_stops_the_controllers_loop_and_the_record_follows_later(
     monkeypatch.setattr(store, "write_record", full)
     side.tick(queued=False)
     clocks.advance(10.0)
-    side.tick(queued=False)  # stops even though the record cannot be written yet
-    assert calls == ["stop"] and side.stopped
+    side.tick(queued=False)  # the loop goes on; the stop waits for its record
+    assert calls == [] and not side.stopped
     monkeypatch.setattr(store, "write_record", real)
     clocks.advance(idle.CHECK_SECONDS)
     side.tick(queued=False)
-    assert record(tmp_path).stopped_at is not None
+    assert calls == [], "tried again only after RETRY_SECONDS"
+    clocks.advance(idle.RETRY_SECONDS)
+    side.tick(queued=False)
+    assert calls == ["stop"] and record(tmp_path).state == "stopped"

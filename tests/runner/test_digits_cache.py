@@ -44,20 +44,53 @@ def test_the_first_start_caches_the_split_a_restart_reads_it_without_scikit_lear
     assert same(dd.read_split(tmp_path, path.name), first)
 
 
-def test_another_seed_fraction_or_source_is_another_cache_file(tmp_path):
+def test_another_seed_fraction_or_source_is_another_cache_file_replacing_the_last(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     x = np.arange(200 * 64, dtype=np.float64).reshape(200, 64) % 17
     np.savez(data / "digits.npz", x=x, y=np.arange(200) % 10)
-    a = dd.load_data(0, 0.2, cache_dir=tmp_path)
-    b = dd.load_data(1, 0.2, cache_dir=tmp_path)
-    c = dd.load_data(0, 0.25, cache_dir=tmp_path)
-    d = dd.load_data(0, 0.2, str(data), cache_dir=tmp_path)
-    assert len(cached(tmp_path)) == 4
+    raw = (data / "digits.npz").read_bytes()
+    splits, names = [], []
+    for seed, fraction, data_dir, source in ((0, 0.2, "", b""), (1, 0.2, "", b""),
+                                             (0, 0.25, "", b""), (0, 0.2, str(data), raw)):
+        splits.append(dd.load_data(seed, fraction, data_dir, cache_dir=tmp_path))
+        names.append(dd.cache_name(seed, fraction, source))
+        assert [p.name for p in cached(tmp_path)] == [names[-1]]  # the other one pruned
+    a, b, c, d = splits
+    assert len(set(names)) == 4
     assert not np.array_equal(a[0], b[0]) and len(a[1]) != len(c[1])
     assert len(d[0]) + len(d[1]) == 200
     assert same(dd.load_data(0, 0.2, str(data), cache_dir=tmp_path), d)
     assert same(dd.load_data(1, 0.2, cache_dir=tmp_path), b)
+
+
+def test_pruning_removes_only_the_users_own_regular_split_files(tmp_path):
+    """Older splits of the user's go; a link (and what it names), a directory, another
+    user's file and other names stay."""
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-target"
+    elsewhere.write_bytes(b"not the user's cache")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    old = ck / f"digits-split-{'a' * 16}.npz"
+    old.write_bytes(b"an older split")
+    link = ck / f"digits-split-{'b' * 16}.npz"
+    link.symlink_to(elsewhere)
+    a_dir = ck / f"digits-split-{'c' * 16}.npz"
+    a_dir.mkdir()
+    others = [ck / "digits-split-notahash.npz", ck / "epoch-0001.pt",
+              ck / f"digits-split-{'d' * 16}.npz.tmp"]
+    for path in others:
+        path.write_bytes(b"x")
+    theirs = ck / f"digits-split-{'e' * 16}.npz"
+    theirs.write_bytes(b"another user's")
+    if os.geteuid() == 0:
+        os.chown(theirs, pwd.getpwnam("nobody").pw_uid, -1)
+    dd.load_data(0, 0.2, cache_dir=ck)
+    assert not old.exists()
+    assert link.is_symlink() and elsewhere.read_bytes() == b"not the user's cache"
+    assert a_dir.is_dir() and all(p.exists() for p in others)
+    assert theirs.exists() == (os.geteuid() == 0)  # as root it is nobody's: kept
+    assert (ck / dd.cache_name(0, 0.2, b"")).is_file()
 
 
 def plant(tmp_path: Path, write) -> Path:

@@ -331,7 +331,9 @@ def forged_idle(m: SimpleNamespace, how: str, **fields) -> None:
 
 
 def idle_stop(m: SimpleNamespace, seal: ControllerSeal | None, calls: list):
-    def stop():
+    def stop(commit):
+        if not commit("workers", 2, 0):
+            return None
         calls.append(("stop",))
         return "workers", 2, 0
 

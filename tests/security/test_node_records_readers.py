@@ -113,6 +113,36 @@ def test_dl_health_on_a_worker_says_the_records_are_unchecked(c, capsys):
     assert nrec.UNCHECKED_HERE in capsys.readouterr().out
 
 
+def replaying_between_reads(c, monkeypatch) -> None:
+    """Root on A puts back B's own older signed beat (seq 10) after each read dl-health makes
+    of B's heartbeat, and B's latest (seq 12) after the next: B is dead, its beats only
+    replayed. Done between reads (dl-health's own reader wrapped), so it needs no timing."""
+    beat(c, VICTIM[1], by=VICTIM[0], seq=12)
+    turn = iter(range(10**6))
+
+    class Replaying(nrec.NodeRecords):
+        def heartbeat(self, address: str, instance_id: str):
+            read = super().heartbeat(address, instance_id)
+            if address == VICTIM[1]:
+                beat(c, address, by=VICTIM[0], seq=10 if next(turn) % 2 == 0 else 12)
+            return read
+
+    monkeypatch.setattr(nrec, "NodeRecords", Replaying)
+
+
+def test_dl_health_does_not_take_a_replayed_older_heartbeat_for_a_move(c, capsys,
+                                                                       monkeypatch):
+    replaying_between_reads(c, monkeypatch)
+    victim = node_of(run_health(c.master, capsys), VICTIM[1])
+    assert not victim["reachable"]["ok"], victim["reachable"]
+    assert victim["signed"] == {"ok": True, "detail": "checked"}  # its own beats, only old
+
+
+def test_without_a_key_book_the_replayed_heartbeat_moves(c, capsys, monkeypatch):
+    replaying_between_reads(c, monkeypatch)  # the control: the unchecked reading
+    assert node_of(run_health(c.worker, capsys), VICTIM[1])["reachable"]["ok"]
+
+
 def test_dl_health_names_an_instance_waiting_for_its_node_key(c, capsys):
     register(c, *OLD, by=None)  # older user data: registers unsigned, never sends a key
     report = run_health(c.master, capsys)

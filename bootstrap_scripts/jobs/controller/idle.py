@@ -15,6 +15,15 @@ stopped cluster scales the group back to its size before the stop
 (``ops.scale.restore_workers``) and waits for its nodes as any managed job waits for a
 replacement. The state is ``cluster/idle-stop.json`` (``IdleStopRecord``): a restarted
 controller carries on where the previous one was. :func:`decide` is the whole rule.
+
+The record comes before the act: the "stopping" record, with the group's size read first,
+is written (signed by the master, ``controller_records``) before Auto Scaling is asked to
+stop anything, and the stop waits while it cannot be (KMS or EFS unavailable: tried again
+every :data:`RETRY_SECONDS`). Written after, a record KMS could not sign would be refused by
+the controller of a new master that took over before it was signed again (it cannot tell
+it from a forgery), which would then forget the workers it should bring back. A successor
+that finds "stopping" does not know whether the call was made: it makes it again (it is
+idempotent, the recorded size is kept), or scales back if a job waits.
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ DEFAULT_IDLE_STOP_SECONDS = 3600.0
 #: Seconds between two looks at the executors (and between two attempts after an AWS error).
 CHECK_SECONDS = 2.0
 RETRY_SECONDS = 60.0
+#: Seconds between two tries to write an unchanged record that could not be written.
+REWRITE_SECONDS = 10.0
 
 
 class Phase(StrEnum):
@@ -50,6 +61,7 @@ class Phase(StrEnum):
     BUSY = "busy"  # a job runs or waits: not idle
     IDLE = "idle"  # idle, the workers stop at ``stop_at``
     STOP = "stop"  # idle long enough: stop the workers now
+    STOPPING = "stopping"  # (a record's state) the size recorded, the stop maybe not made
     STOPPED = "stopped"  # stopped, nothing to run
     RESUME = "resume"  # stopped and a job waits: scale the workers back
     ADOPT = "adopt"  # stopped, but a worker started since (dl-scale by hand): not stopped
@@ -100,8 +112,11 @@ def running_shares(efs: Path, sightings: dict[str, Sighting], now: float) -> lis
     return found
 
 
-#: Stops the workers; returns the group's name, desired capacity and minimum before.
-Stopper = Callable[[], tuple[str, int, int]]
+#: Records the stop before it is made (group, desired capacity, minimum): False, no stop.
+Commit = Callable[[str, int, int], bool]
+#: Reads the group, calls the commit with its size, stops the workers only if it said yes;
+#: returns the group's name, desired capacity and minimum before (None: not stopped).
+Stopper = Callable[[Commit], tuple[str, int, int] | None]
 #: Scales them back (desired, minimum before the stop); returns the new desired capacity.
 Resumer = Callable[[int, int], int]
 
@@ -122,6 +137,7 @@ class IdleStop:
         self.sightings: dict[str, Sighting] = {}
         self.checked = -CHECK_SECONDS
         self.retry_at = 0.0
+        self.rewrite_at = 0.0
         #: the record is the master's word (``controller_records``): read at the first turn
         #: (the key's public half may not be at hand yet), written signed
         self.seal = seal
@@ -159,22 +175,30 @@ class IdleStop:
     def stopped(self) -> bool:
         return self.record.stopped_at is not None
 
-    def save(self, **changes: object) -> None:
+    def save(self, **changes: object) -> bool:
+        """Record ``changes``; False when they are only in memory (EFS full or gone, KMS
+        unable to sign: written at a later turn). Only signed records are written, so the
+        one on EFS stays the master's last word a successor can trust."""
         new = dataclasses.replace(self.record, **changes, updated_at=self.clock(),
                                   idle_seconds=self.idle_seconds)
-        if self.written and dataclasses.replace(new, updated_at=0.0) == dataclasses.replace(
-                self.record, updated_at=0.0):
-            return  # nothing changed: no write every turn
+        same = dataclasses.replace(new, updated_at=0.0) == dataclasses.replace(
+            self.record, updated_at=0.0)
+        if same and self.written:
+            return True  # nothing changed: no write every turn
+        if same and self.monotonic() < self.rewrite_at:
+            return False  # not written a moment ago: no KMS call and warning every turn
         try:
             if self.seal is not None:
-                self.seal.write(self.path, new)
+                done = self.seal.write_signed(self.path, new)
             else:
                 store.write_record(self.path, new)
+                done = True
         except OSError as exc:  # EFS full or gone for a moment: jobs must not wait on this
             LOG.warning("idle stop: cannot write %s: %s (kept in memory)", self.path, exc)
-            self.record = new
-            return
-        self.record, self.written = new, True
+            done = False
+        self.record, self.written = new, done
+        self.rewrite_at = self.monotonic() + (0.0 if done else REWRITE_SECONDS)
+        return done
 
     def tick(self, *, queued: bool) -> None:
         """Look at the cluster (every :data:`CHECK_SECONDS`; at once when a job is queued)
@@ -201,28 +225,56 @@ class IdleStop:
             self.resume(by_hand=True)
         elif d.phase is Phase.STOP:
             self.stop(d)
+        elif d.phase is Phase.STOPPED and self.record.state == Phase.STOPPING.value:
+            if not sharing:  # a predecessor's stop, maybe never made: make it (idempotent)
+                self.stop(d)
         elif d.phase is Phase.STOPPED:
-            self.save()  # writes only a record EFS had no room for before
+            self.save()  # writes only a record EFS had no room (or KMS no signature) for
         else:
             self.save(state=d.phase.value, idle_since=d.idle_since, stop_at=d.stop_at)
 
     def stop(self, d: Decision) -> None:
+        """Stop the workers, the "stopping" record (with the size to restore) written
+        first; or finish a predecessor's (its record kept: the group may read 0 by now)."""
         if self.monotonic() < self.retry_at:
             return
+        finishing = self.stopped and self.record.state == Phase.STOPPING.value
+
+        def commit(group: str, desired: int, minimum: int) -> bool:
+            if finishing:
+                return True
+            return self.save(state=Phase.STOPPING.value, idle_since=d.idle_since,
+                             stop_at=d.stop_at, stopped_at=self.clock(), group=group,
+                             desired_before=desired, min_before=minimum, resumed_at=None,
+                             message=f"stopping workers {desired} -> 0")
+
         try:
-            group, desired, minimum = self.stop_workers()
+            made = self.stop_workers(commit)
         except Exception as exc:  # AWS refused or is unreachable: say so, try again later
             self.retry_at = self.monotonic() + RETRY_SECONDS
             LOG.error("idle stop: could not stop the workers: %s (again in %.0f s)", exc,
                       RETRY_SECONDS)
-            self.save(state=Phase.IDLE.value, idle_since=d.idle_since, stop_at=d.stop_at,
-                      message=f"stop failed: {exc}"[:500])
+            if finishing:  # the workers may be stopped: the record keeps what to restore
+                self.save(message=f"stop failed: {exc}"[:500])
+            else:
+                self.save(state=Phase.IDLE.value, idle_since=d.idle_since, stop_at=d.stop_at,
+                          stopped_at=None, message=f"stop failed: {exc}"[:500])
             return
+        if made is None:  # the record could not be written (signed): no stop without it
+            self.retry_at = self.monotonic() + RETRY_SECONDS
+            LOG.error("idle stop: the stop could not be recorded (signed) first, so the "
+                      "workers are not stopped now (again in %.0f s)", RETRY_SECONDS)
+            self.record = dataclasses.replace(
+                self.record, state=Phase.IDLE.value, stopped_at=None,
+                message="stop failed: it could not be recorded first (KMS or EFS)")
+            self.written = False
+            return
+        group, desired, _ = made
+        if finishing:
+            desired = self.record.desired_before
         LOG.info("idle stop: idle since %s: worker group %s %d -> 0 (each drained first)",
                  time.ctime(d.idle_since or 0), group, desired)
-        self.save(state=Phase.STOPPED.value, idle_since=d.idle_since, stop_at=d.stop_at,
-                  stopped_at=self.clock(), group=group, desired_before=desired,
-                  min_before=minimum, resumed_at=None,
+        self.save(state=Phase.STOPPED.value,
                   message=f"workers {desired} -> 0 after {self.idle_seconds:.0f} s idle")
 
     def worker_started_since(self) -> bool:
@@ -259,8 +311,11 @@ def worker_group_actions(root: Path, efs: Path, client: Callable[[], Any]
     group found by the cluster's tags, ``client()`` the controller's Auto Scaling client."""
     from bootstrap_scripts.ops import scale
 
-    def stop() -> tuple[str, int, int]:
+    def stop(commit: Commit) -> tuple[str, int, int] | None:
         cluster = scale.load_cluster(str(root), str(efs), client())
+        g = cluster.worker_group
+        if not commit(cluster.group_name, int(g["DesiredCapacity"]), int(g["MinSize"])):
+            return None
         desired, minimum = scale.stop_all_workers(cluster, client())
         return cluster.group_name, desired, minimum
 

@@ -7,7 +7,8 @@ can write that file on EFS: a forged heartbeat would keep a dead node "alive" (n
 attempt placed on it) or make a live one look stopped. So, on a master that learns node keys
 (``bootstrap_scripts.node_keys``), a heartbeat counts only when the node the membership puts
 at that address signed it (the membership is the master's own, on its disk), and only when
-it is not older than one already seen (``started_at``, ``seq``): a record of the node's own
+it is not older than one already seen (``started_at``, ``seq``; the rule is
+``reachability.LatestBeats``, which ``dl-health`` follows too): a record of the node's own
 replayed from before is no beat. What does not count is as if the file had not changed:
 the last heartbeat believed stays the latest, so a node that only forgeries speak for goes
 silent and is judged by the one rule (:mod:`bootstrap_scripts.protocol.liveness`).
@@ -23,7 +24,7 @@ import logging
 import os
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine.reachability import read_heartbeat
+from bootstrap_scripts.jobs.engine.reachability import REPLAY, LatestBeats, read_heartbeat
 from bootstrap_scripts.node_keys import RecordCheck
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
@@ -40,7 +41,7 @@ class SignedHeartbeats:
     def __init__(self, root: Path, log: logging.Logger = LOG) -> None:
         self.paths = NodePaths(root)
         self.check = RecordCheck.for_node(self.paths, log)
-        self.latest: dict[str, ExecutorHeartbeat] = {}
+        self.latest = LatestBeats()
         self._membership: tuple[tuple[int, int], Membership | None] | None = None
 
     def instance_at(self, address: str) -> str:
@@ -73,14 +74,9 @@ class SignedHeartbeats:
             self.check.refuse(path, judged.why)
         if not judged.learnt:  # read unchecked: no replay check, nothing remembered
             return judged.record
-        beat = judged.record
-        last = self.latest.get(address)
-        if beat is None:
-            return last
-        if last is not None and (beat.started_at, beat.seq) < (last.started_at, last.seq):
-            self.check.refuse(path, "older than a heartbeat seen already: a replay")
-            return last
-        self.latest[address] = beat
+        beat, replay = self.latest.take(address, judged.record)
+        if replay:
+            self.check.refuse(path, REPLAY)
         return beat
 
 

@@ -18,7 +18,9 @@ write: the user's ``job.json`` stays what ``dl-jobs`` shows, and a user replayin
 worker could still replay (an older signed copy it saved) is said in docs/security.md.
 
 A record the controller cannot sign (KMS unreachable) is written unsigned and signed again
-at the controller's next heartbeat until it is (``pending``), as the drain records are. A
+at the controller's next heartbeat until it is (``pending``), as the drain records are;
+the idle stop's record is written only signed (``write_signed``), because the controller
+acts on it at once (it stops the workers) and a successor must find the size to restore. A
 record that does not check out is not believed: one ``event=controller-record-ignored``
 line names the file and why, and the caller treats it as untrusted (each says how). KMS
 unreachable while checking raises ``MembershipKeyError``: the caller looks again later and
@@ -103,18 +105,26 @@ class ControllerSeal:
         return self._ready() if self._ready is not None else True
 
     # -- writing -------------------------------------------------------------------------
-    def text(self, record: Record) -> tuple[str, bool]:
-        """``record`` as it is written (signed when there is a key) and whether it is."""
+    def signed(self, record: Record) -> str | Exception:
+        """``record`` as it is written signed (as it is when there is no key), or why KMS
+        could not sign it now."""
         text = record.to_json()
         if self.sign is None:
-            return text, True
+            return text
         try:
             signed = membership_signature.signed_text(text, self.sign)
         except Exception as exc:  # MembershipKeyError: KMS unreachable, throttled
-            self.log.warning("event=controller-record-unsigned error=%s (signed again at "
-                             "the next heartbeat)", exc)
-            return text, False
+            return exc
         self.signs += 1
+        return signed
+
+    def text(self, record: Record) -> tuple[str, bool]:
+        """``record`` as it is written (signed when there is a key) and whether it is."""
+        signed = self.signed(record)
+        if isinstance(signed, Exception):
+            self.log.warning("event=controller-record-unsigned error=%s (signed again at "
+                             "the next heartbeat)", signed)
+            return record.to_json(), False
         return signed, True
 
     def write(self, path: Path, record: Record) -> None:
@@ -127,6 +137,22 @@ class ControllerSeal:
             self.pending.pop(path, None)
         else:
             self.pending[path] = record
+
+    def write_signed(self, path: Path, record: Record) -> bool:
+        """Write ``path`` only signed: False, nothing written, when KMS cannot sign now (the
+        signed record already there stays what a successor reads). For a record that must be
+        the master's word BEFORE the caller acts on it: one written unsigned would be refused
+        by a successor if the master died before it was signed again, so what it records
+        would be forgotten (the idle stop's size to restore)."""
+        signed = self.signed(record)
+        if isinstance(signed, Exception):
+            self.log.warning("event=controller-record-unsigned record=%s error=%s (not "
+                             "written: the caller tries again later)", path, signed)
+            return False
+        path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        store.atomic_write(path, signed, mode=0o644)
+        self.pending.pop(path, None)
+        return True
 
     def retry(self) -> None:
         """Sign again what was written unsigned (each at most once per call)."""

@@ -362,7 +362,8 @@ def idle_text(rec: IdleStopRecord | None, when: Callable[[float | None], str]) -
     if rec is None:
         return "idle stop: no record yet"
     if rec.stopped_at is not None:
-        text = (f"idle stop: workers STOPPED at {when(rec.stopped_at)} (idle since "
+        stopped = "STOPPING" if rec.state == "stopping" else "STOPPED"
+        text = (f"idle stop: workers {stopped} at {when(rec.stopped_at)} (idle since "
                 f"{when(rec.idle_since)}); the next job scales them back to "
                 f"{rec.desired_before}")
     elif rec.state == "idle":

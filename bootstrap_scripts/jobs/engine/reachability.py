@@ -47,6 +47,39 @@ def read_heartbeat(efs: Path, address: str) -> ExecutorHeartbeat | None:
                                      ExecutorHeartbeat, limit=store.NODE_RECORD_LIMIT)
 
 
+#: Why a signed heartbeat older than one seen is not believed (the readers' log and tools).
+REPLAY = "older than a heartbeat seen already: a replay"
+
+
+class LatestBeats:
+    """The replay rule of the master's readers of signed executor heartbeats (the job
+    controller, ``dl-health``): a beat older than one already seen (``started_at``, then
+    ``seq``) is no beat. Root on any worker can put back a node's own older beat it saved,
+    signed by the node: read as it is, beats alternating with the latest would "move" a
+    dead node's heartbeat. Only beats whose signature was checked may be given here: an
+    unchecked one with a made-up large ``seq`` would turn every real beat into a "replay"."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, ExecutorHeartbeat] = {}
+
+    def get(self, address: str) -> ExecutorHeartbeat | None:
+        """The latest beat believed of ``address`` (None: none yet)."""
+        return self.latest.get(address)
+
+    def take(self, address: str, beat: ExecutorHeartbeat | None
+             ) -> tuple[ExecutorHeartbeat | None, bool]:
+        """What counts as ``address``'s heartbeat after reading ``beat`` (signed by its
+        node; None: missing or not believed), and whether ``beat`` was a replay. What does
+        not count is as if the file had not changed: the latest believed stays."""
+        last = self.latest.get(address)
+        if beat is None:
+            return last, False
+        if last is not None and (beat.started_at, beat.seq) < (last.started_at, last.seq):
+            return last, True
+        self.latest[address] = beat
+        return beat, False
+
+
 def why_not(verdict: Liveness, silent_after: float) -> str:
     """What a verdict says is wrong with an executor, for messages ("" when nothing)."""
     return {Liveness.MISSING: "no executor heartbeat",

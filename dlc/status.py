@@ -135,6 +135,10 @@ def idle_line(rec: object) -> str:
     if not isinstance(rec, dict):
         return ""
     failed = f" ({rec['message']})" if "failed" in str(rec.get("message", "")) else ""
+    if rec.get("state") == "stopping":  # recorded before the stop call, which may not be done
+        return (f"idle stop: idle since {clock(rec.get('idle_since'))}, workers STOPPING "
+                f"since {clock(rec.get('stopped_at'))} (were {rec.get('desired_before', '?')}); "
+                f"dlc submit scales them back{failed}")
     if rec.get("stopped_at"):
         return (f"idle stop: idle since {clock(rec.get('idle_since'))}, workers STOPPED at "
                 f"{clock(rec.get('stopped_at'))} (were {rec.get('desired_before', '?')}); "

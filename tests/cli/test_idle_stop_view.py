@@ -19,6 +19,10 @@ def test_status_says_when_the_workers_stop_and_that_they_stopped() -> None:
     line = status.idle_line(stopped)
     assert f"workers STOPPED at {status.clock(1_700_003_601.0)} (were 2)" in line
     assert "dlc submit scales them back" in line
+    # the record written before the Auto Scaling call: the stop may not be made yet
+    line = status.idle_line({**stopped, "state": "stopping"})
+    assert f"workers STOPPING since {status.clock(1_700_003_601.0)} (were 2)" in line
+    assert "STOPPED" not in line
     assert status.idle_line({"state": "busy", "idle_seconds": 900.0}) == (
         "idle stop: busy; workers stop 15 min after the last job")
     assert status.idle_line({"state": "disabled"}) == "idle stop: off (idleStopMinutes 0)"

@@ -60,8 +60,14 @@ def detach() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
+    # Block the relayed signals across the fork: a Ctrl-C that arrives before the parent's
+    # relay is in place stays pending and is relayed, instead of killing the parent alone
+    # and leaving the child running unseen.
+    relayed = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, relayed)
     pid = os.fork()
     if pid == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
         os.close(r)
         os.setpgid(0, 0)  # not the terminal's group: the service outlives the terminal job
         _to_parent = w
@@ -69,8 +75,9 @@ def detach() -> None:
     os.close(w)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in relayed:
         signal.signal(sig, lambda s, _f: os.kill(pid, s))
+    signal.pthread_sigmask(signal.SIG_SETMASK, before)
     data = b""
     while chunk := os.read(r, 64):
         data += chunk

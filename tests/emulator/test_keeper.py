@@ -20,6 +20,8 @@ import os, sys, time, signal
 sys.path.insert(0, {repo!r})
 from emulator.demo import keeper
 keeper.detach()
+if {mode!r} == "interrupt":  # in place before the test can see the pid file
+    signal.signal(signal.SIGINT, lambda _s, _f: os._exit(130))
 open({pidfile!r}, "w").write(f"{{os.getpid()}} {{os.getpgid(0)}}")
 if {mode!r} == "keep":
     os.write(keeper._to_parent, b"7\\n")
@@ -29,10 +31,7 @@ if {mode!r} == "keep":
         os.dup2(null, fd)
     time.sleep(60)
 elif {mode!r} == "interrupt":
-    try:
-        time.sleep(60)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    time.sleep(60)
 sys.exit(5)
 """
 

@@ -129,13 +129,23 @@ def status(ctx, as_json) -> None:
               help="mount this S3 prefix read-only at DIR (a directory of the job's user) "
                    "on every node with Mountpoint for Amazon S3 while the job runs; "
                    "repeatable; README 'Data in S3'")
+@click.option("--data", default=None, metavar="s3://BUCKET/PREFIX[:/DIR]",
+              help="before the job starts, copy this S3 prefix to every node's fastest "
+                   "local disk (or DIR); the ranks find it in $DL_DATA_DIR; README 'Data in S3'")
+@click.option("--data-shard", is_flag=True,
+              help="with --data: each node copies only its share of the objects")
+@click.option("--data-checksums", default=None, metavar="warn|required",
+              help="with --data: 'required' fails the staging on an object whose bytes "
+                   "cannot be checked against S3's checksum; 'warn' stages and counts it "
+                   "(default: dl-run's)")
 @click.option("--hang-timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="no progress on any rank for this long: dump the stacks and restart "
                    "(default: 0, off; docs/runner.md \"Hangs and stragglers\")")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, workdir, cwd,
-           as_json, resume_from, hang_timeout, command, mounts=()) -> None:
+           as_json, resume_from, hang_timeout, command, mounts=(), data=None,
+           data_shard=False, data_checksums=None) -> None:
     """Submit COMMAND (after --) as a job on every node, as USER; prints the job id."""
     if workdir is not None and cwd is not None:
         raise errors.UsageError("--workdir ships a directory and runs the job in it: no "
@@ -143,7 +153,8 @@ def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, work
     argv = jobs_mod.submit_argv(tuple(command), launcher=launcher, max_restarts=max_restarts,
                                 min_nodes=min_nodes, name=name, cwd=cwd, max_cost=max_cost,
                                 resume_from=resume_from, hang_timeout=hang_timeout,
-                                mounts=mounts)
+                                mounts=mounts, data=data, data_shard=data_shard,
+                                data_checksums=data_checksums)
     user = jobs_mod.job_user(target_of(ctx), as_user)
     remote = remote_of(ctx)
     staged = None

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap_scripts.jobs.cli import dl_run
+from bootstrap_scripts.jobs.cli.request_args import request_from_args
 from constructs_lib.operator_document import COMMANDS, document_content
 from dlc import cost, errors, jobs, remote, session, status
 from dlc.cli import main
@@ -38,6 +40,9 @@ def state_file(tmp_path: Path, **aws) -> Path:
     ["tunnel", "0", "--dry-run"],                # not a port
     ["tunnel", "8080", "--local-port", "70000", "--dry-run"],
     ["submit", "--max-restarts", "-1", "--", "true"],
+    ["submit", "--data", "my-data/x", "--", "true"],              # not s3://
+    ["submit", "--data-checksums", "required", "--", "true"],     # without --data
+    ["submit", "--data", "s3://my-data/x", "--data-checksums", "strict", "--", "true"],
     ["up", "-c", "workerCount"],                 # not key=value
 ])
 def test_usage_errors_exit_2(argv: list[str], capsys) -> None:
@@ -133,6 +138,37 @@ def test_submit_resume_from_is_checked_and_passed_to_dl_run() -> None:
                                                 "s3": "s3://b/p/a.manifest.json"}}) == \
         "/efs/c/a.manifest.json\ns3://b/p/a.manifest.json"
     assert jobs.checkpoint_text({}) == "-"
+
+
+def test_submit_data_is_checked_with_dl_runs_parser_and_passed_through() -> None:
+    """--data, --data-shard and --data-checksums reach dl-run as given; a bad value is a
+    UsageError naming the option and value on the laptop, as dl-run would refuse it."""
+    def argv_of(**kw) -> list[str]:
+        return jobs.submit_argv(("t",), launcher=None, max_restarts=None, min_nodes=None,
+                                name=None, **kw)
+    assert argv_of(data="s3://my-data/digits") == \
+        ["dl-run", "--detach", "--json", "--data", "s3://my-data/digits", "--", "t"]
+    argv = argv_of(data="s3://my-data/digits/:/scratch/d", data_shard=True,
+                   data_checksums="required")
+    assert argv[3:9] == ["--data", "s3://my-data/digits/:/scratch/d", "--data-shard",
+                         "--data-checksums", "required", "--"]
+    remote.document_parameters(argv, timeout=9)  # the document's patterns take it
+    opts, command = dl_run.split_command(argv[1:])  # and dl-run reads it back as given
+    request = request_from_args(dl_run.build_parser().parse_args(opts), command, "j1")
+    assert (request.data, request.data_shard, request.data_checksums) == \
+        ("s3://my-data/digits/:/scratch/d", True, "required")
+    assert argv_of(data="s3://my-data/x", data_checksums="warn")[5:7] == \
+        ["--data-checksums", "warn"]
+    for bad in ("my-data/x", "s3://My_Data/x", "s3://my-data/../x", "s3://my-data/x:rel"):
+        with pytest.raises(UsageError, match="--data"):
+            argv_of(data=bad)
+    with pytest.raises(UsageError, match="--data-checksums must be one of warn, required, "
+                                         "got 'strict'"):
+        argv_of(data="s3://my-data/x", data_checksums="strict")
+    with pytest.raises(UsageError, match="--data-checksums required checks what --data"):
+        argv_of(data_checksums="required")
+    with pytest.raises(UsageError, match="--data-shard shards what --data stages"):
+        argv_of(data_shard=True)
 
 
 def test_submit_argv_passes_the_hang_timeout_through_the_document() -> None:

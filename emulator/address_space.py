@@ -49,3 +49,15 @@ def subnets() -> tuple[tuple[str, str], tuple[str, str]]:
 def loopback_prefix() -> str:
     """``127.N`` of the /16 after the VPC's, where nodes placed without moto live."""
     return f"127.{ipaddress.ip_network(vpc_cidr()).network_address.packed[1] + 1}"
+
+
+def vpc_for(index: int) -> str:
+    """The /16 for the ``index``-th of several emulated accounts on one host (the test
+    suite's parallel workers): the default's, then every second /16 after it, so each
+    account's VPC and the runner's /16 after it meet no other account's."""
+    first = ipaddress.ip_network(DEFAULT_VPC_CIDR).network_address.packed[1]
+    last = (253 - first) // 2  # the VPC's second octet stays below 254 (vpc_cidr)
+    if not 0 <= index <= last:
+        raise ValueError(f"emulated account {index}: no loopback /16 is left for its VPC "
+                         f"(accounts 0 to {last} fit)")
+    return f"127.{first + 2 * index}.0.0/16"

@@ -22,9 +22,9 @@ REGION = "us-east-1"
 # the default. (The emulator's module is tiny and imports nothing of the product.)
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw"):
-    from emulator.address_space import VPC_CIDR_ENV
+    from emulator.address_space import VPC_CIDR_ENV, vpc_for
 
-    os.environ.setdefault(VPC_CIDR_ENV, f"127.{20 + 2 * int(_WORKER[2:])}.0.0/16")
+    os.environ.setdefault(VPC_CIDR_ENV, vpc_for(int(_WORKER[2:])))
 
 # A suite started in the background by a shell (`make test &`, nohup) inherits SIGINT
 # ignored, and every process the tests start would inherit that too: the tests that press

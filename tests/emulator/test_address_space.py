@@ -38,3 +38,18 @@ def test_a_network_no_node_could_bind_is_refused_naming_it(monkeypatch, bad):
 def test_a_node_is_not_told_the_emulator_s_network(monkeypatch):
     monkeypatch.setenv(net.VPC_CIDR_ENV, "127.22.0.0/16")
     assert net.VPC_CIDR_ENV not in base_env()
+
+
+def test_parallel_accounts_take_every_second_16_each_one_valid(monkeypatch):
+    nets = [net.vpc_for(i) for i in range(117)]
+    assert nets[:3] == ["127.20.0.0/16", "127.22.0.0/16", "127.24.0.0/16"]
+    runner = set()
+    for cidr in nets:
+        monkeypatch.setenv(net.VPC_CIDR_ENV, cidr)
+        assert net.vpc_cidr() == cidr
+        runner.add(net.loopback_prefix())
+    assert not runner & {c.rsplit(".", 2)[0] for c in nets}  # no /16 used twice
+    with pytest.raises(ValueError, match="account 117"):
+        net.vpc_for(117)
+    with pytest.raises(ValueError, match="account -1"):
+        net.vpc_for(-1)

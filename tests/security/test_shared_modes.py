@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
+from tests.support import users
 from tests.support.users import reachable
 
 HOLD = """
@@ -77,3 +78,17 @@ def test_a_holder_that_died_without_letting_go_is_dropped(tmp_path):
     with reachable(target):
         assert mode(closed) == 0o701
     assert mode(closed) == 0o700  # the dead holder no longer keeps it open
+
+
+def test_a_holder_whose_pid_was_reused_is_dropped(tmp_path):
+    """A killed holder's pid may be a live process again: the kernel start time the table
+    keeps beside the pid tells them apart (here: this live pid with another start time)."""
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    os.chmod(closed, 0o700)
+    with users._holders() as held:  # a dead holder whose pid this process now has
+        held[str(closed)] = {"mode": 0o700, "holders": [[os.getpid(), 1]]}
+        os.chmod(closed, 0o701)
+    with reachable(closed / "python"):
+        assert mode(closed) == 0o701
+    assert mode(closed) == 0o700

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.agent.install import BIN_DIR
-from bootstrap_scripts.procgroup import stop_popen_group
+from bootstrap_scripts.procgroup import start_time, stop_popen_group
 from emulator.nodes import PYTHON, base_env
 from tests.conftest import REPO_ROOT
 from tests.support.cluster import LocalCluster, start_local_cluster
@@ -69,20 +69,22 @@ def cluster_user(prefix: str = "dltest") -> Iterator[pwd.struct_passwd]:
         remove_user(name, "--remove")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+def _me() -> list[int]:
+    """This process as a holder: its pid and kernel start time, so a later process that
+    reuses the pid of a killed holder is not taken for it."""
+    return [os.getpid(), start_time(os.getpid()) or 0]
+
+
+def _alive(holder: object) -> bool:
+    return (isinstance(holder, list) and len(holder) == 2
+            and start_time(holder[0]) == holder[1])
 
 
 @contextlib.contextmanager
 def _holders() -> Iterator[dict[str, dict]]:
     """The table of directories :func:`reachable` opened: ``{dir: {"mode": first mode,
-    "holders": [pid, ...]}}``, under the lock, written back on exit. A holder that died
+    "holders": [[pid, start time], ...]}}``, under the lock, written back on exit. A holder
+    that died
     without letting go (a killed worker) is dropped, and its directory closed if it was the
     last."""
     with _machine_lock("reachable") as shared:
@@ -104,7 +106,7 @@ def reachable(*paths: str | Path) -> Iterator[None]:
     machine's table (:func:`_holders`) keeps each directory's first mode and who holds it,
     so one worker's exit never closes a directory another worker's test still uses."""
     mine: list[str] = []
-    me = os.getpid()
+    me = _me()
     try:
         with _holders() as held:
             for target in paths:

@@ -22,6 +22,9 @@ import os
 VPC_CIDR_ENV = "DL_EMULATOR_VPC_CIDR"
 DEFAULT_VPC_CIDR = "127.20.0.0/16"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+#: A VPC's second octet stays below this: the runner's /16 after the VPC's is then at most
+#: ``127.254``, and ``127.255`` (the loopback network's broadcast) is never one's.
+VPC_OCTET_LIMIT = 254
 
 
 def vpc_cidr() -> str:
@@ -33,10 +36,10 @@ def vpc_cidr() -> str:
     except ValueError:
         net = None
     if net is None or net.prefixlen != 16 or not net.subnet_of(LOOPBACK) \
-            or net.network_address.packed[1] >= 254:
+            or net.network_address.packed[1] >= VPC_OCTET_LIMIT:
         raise ValueError(f"{VPC_CIDR_ENV}={raw!r}: the emulated VPC must be a /16 of the "
-                         "loopback network 127.0.0.0/8 below 127.254.0.0, such as "
-                         f"{DEFAULT_VPC_CIDR}")
+                         f"loopback network 127.0.0.0/8 below 127.{VPC_OCTET_LIMIT}.0.0, such "
+                         f"as {DEFAULT_VPC_CIDR}")
     return str(net)
 
 
@@ -56,7 +59,7 @@ def vpc_for(index: int) -> str:
     suite's parallel workers): the default's, then every second /16 after it, so each
     account's VPC and the runner's /16 after it meet no other account's."""
     first = ipaddress.ip_network(DEFAULT_VPC_CIDR).network_address.packed[1]
-    last = (253 - first) // 2  # the VPC's second octet stays below 254 (vpc_cidr)
+    last = (VPC_OCTET_LIMIT - 1 - first) // 2  # as vpc_cidr checks it
     if not 0 <= index <= last:
         raise ValueError(f"emulated account {index}: no loopback /16 is left for its VPC "
                          f"(accounts 0 to {last} fit)")

@@ -84,9 +84,8 @@ def _alive(holder: object) -> bool:
 def _holders() -> Iterator[dict[str, dict]]:
     """The table of directories :func:`reachable` opened: ``{dir: {"mode": first mode,
     "holders": [[pid, start time], ...]}}``, under the lock, written back on exit. A holder
-    that died
-    without letting go (a killed worker) is dropped, and its directory closed if it was the
-    last."""
+    that died without letting go (a killed worker) is dropped, and its directory closed if
+    it was the last."""
     with _machine_lock("reachable") as shared:
         path = shared / "reachable.json"
         held: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}

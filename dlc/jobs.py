@@ -10,10 +10,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from bootstrap_scripts.data import checksums
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.ops.cost import parse_usd, plain
-from bootstrap_scripts.protocol.data_source import DataSourceError, check_mounts, parse_data_source
+from bootstrap_scripts.protocol.data_source import (
+    DataSourceError,
+    check_data_options,
+    check_mounts,
+    parse_data_source,
+)
 from dlc import aws
 from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
@@ -40,7 +44,8 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
     """``dl-run --detach --json [options] -- CMD``. ``max_cost``: ``--max-cost`` in USD,
     checked here (UsageError naming the value) so a bad one never reaches the master; the
     same for ``resume_from``, ``mounts`` and ``data`` (with the parser dl-run itself uses).
-    ``data_checksums`` None leaves dl-run's own default in force."""
+    ``data_checksums`` None leaves dl-run's own default (the cluster's ``dataChecksums``) in
+    force."""
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. "
                          "dlc submit -- python -m bootstrap_scripts.examples.train_digits")
@@ -78,29 +83,20 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
 
 
 def data_argv(data: str | None, shard: bool, mode: str | None) -> list[str]:
-    """``--data`` / ``--data-shard`` / ``--data-checksums`` for dl-run, refused here as
-    dl-run refuses them (same parser, same rules) so a bad one is a UsageError on the laptop
-    rather than a failed submit on the master."""
-    if data is None:
-        if shard:
-            raise UsageError("--data-shard shards what --data stages: give --data too")
-        if mode is not None:
-            raise UsageError(f"--data-checksums {mode} checks what --data stages: "
-                             f"give --data too")
-        return []
+    """``--data`` / ``--data-shard`` / ``--data-checksums`` for dl-run, refused here by
+    dl-run's own rules (``protocol.data_source.check_data_options``, in its words) so a bad
+    one is a UsageError on the laptop rather than a failed submit on the master. ``mode``
+    None leaves the cluster's default (``dataChecksums``) in force."""
     try:
-        parse_data_source(data)
+        if data == "":  # given, and empty: a bad --data here (dl-run's "" means none)
+            parse_data_source(data)
+        check_data_options(data, shard, mode)
     except DataSourceError as exc:
         raise UsageError(str(exc)) from None
-    argv = ["--data", data]
-    if shard:
-        argv.append("--data-shard")
-    if mode is not None:
-        if mode not in checksums.MODES:
-            raise UsageError(f"--data-checksums must be one of {', '.join(checksums.MODES)}, "
-                             f"got {mode!r}")
-        argv += ["--data-checksums", mode]
-    return argv
+    if data is None:
+        return []
+    return ["--data", data, *(("--data-shard",) if shard else ()),
+            *(("--data-checksums", mode) if mode is not None else ())]
 
 
 def cost_cell(job: dict) -> str:

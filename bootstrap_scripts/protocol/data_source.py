@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bootstrap_scripts.data import checksums
 from bootstrap_scripts.protocol.errors import ProtocolError
 
 #: S3's general purpose bucket naming rules (lowercase letters, digits, dots, hyphens).
@@ -57,6 +58,35 @@ def parse_data_source(text: str) -> DataSource:
     if prefix and not prefix.endswith("/"):
         prefix += "/"
     return DataSource(bucket, prefix, local)
+
+
+def check_checksum_mode(mode: str) -> str:
+    """``--data-checksums``' value, one of ``data.checksums.MODES``; DataSourceError naming
+    it (the run request, ``dl-run`` and ``dlc submit`` all refuse a bad one with these
+    words)."""
+    if mode not in checksums.MODES:
+        raise DataSourceError(f"--data-checksums must be one of {', '.join(checksums.MODES)}, "
+                              f"got {mode!r}")
+    return mode
+
+
+def check_data_options(data: str | None, shard: bool, mode: str | None) -> DataSource | None:
+    """``--data``, ``--data-shard`` and ``--data-checksums`` as one job gives them (``mode``
+    None: not given, the node's default applies); the parsed ``--data`` (None without one).
+    DataSourceError naming the option and value. The one statement of these rules:
+    ``dl-run`` (``jobs/cli/request_args.py``) and ``dlc submit`` (``dlc/jobs.py``) both call
+    it, so the laptop refuses what the master would, in the master's words."""
+    if not data:
+        if shard:
+            raise DataSourceError("--data-shard shards what --data stages: give --data too")
+        if mode is not None:
+            raise DataSourceError(f"--data-checksums {mode} checks what --data stages: "
+                                  f"give --data too")
+        return None
+    source = parse_data_source(data)
+    if mode is not None:
+        check_checksum_mode(mode)
+    return source
 
 
 #: Directories a ``--mount`` may not be on, under or above: root mounts there, and a mount

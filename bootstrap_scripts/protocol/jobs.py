@@ -18,7 +18,12 @@ from typing import ClassVar
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.protocol.bounds import whole
-from bootstrap_scripts.protocol.data_source import DataSourceError, check_mounts, parse_data_source
+from bootstrap_scripts.protocol.data_source import (
+    DataSourceError,
+    check_checksum_mode,
+    check_mounts,
+    parse_data_source,
+)
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import validate_job_id
 from bootstrap_scripts.protocol.record_base import Record, record
@@ -343,9 +348,10 @@ class RunRequest(Record):
                                f"{self.hang_timeout}", field="hang_timeout")
         if self.data:
             parse_data_source(self.data)
-        if self.data_checksums not in checksums.MODES:
-            raise JobSpecError(f"--data-checksums must be one of {', '.join(checksums.MODES)}, "
-                               f"got {self.data_checksums!r}", field="data_checksums")
+        try:
+            check_checksum_mode(self.data_checksums)
+        except DataSourceError as exc:
+            raise JobSpecError(str(exc), field="data_checksums") from None
         check_mounts(tuple(self.mounts))
         for name, url in (("checkpoint_url", self.checkpoint_url),
                           ("resume_from", self.resume_from)):

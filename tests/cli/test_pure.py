@@ -171,6 +171,33 @@ def test_submit_data_is_checked_with_dl_runs_parser_and_passed_through() -> None
         argv_of(data_shard=True)
 
 
+@pytest.mark.parametrize(("data", "shard", "mode"), [
+    (None, True, None),                  # --data-shard without --data
+    (None, False, "required"),           # --data-checksums without --data
+    (None, False, "warn"),
+    ("my-data/x", False, None),          # not s3://
+    ("s3://my-data/x", False, "strict"),  # not a mode
+])
+def test_the_laptop_and_dl_run_refuse_bad_data_options_in_the_same_words(
+        data, shard, mode) -> None:
+    """dlc submit (data_argv) and dl-run (request_from_args) call the same rules
+    (protocol.data_source.check_data_options): the laptop's usage error is dl-run's."""
+    from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
+
+    with pytest.raises(UsageError) as laptop:
+        jobs.data_argv(data, shard, mode)
+    opts = [*(("--data", data) if data else ()), *(("--data-shard",) if shard else ())]
+    args = dl_run.build_parser().parse_args(opts)
+    # dl-run's parser refuses a mode outside its choices itself (argparse's words, exit 2:
+    # tests/data/test_plan_and_engine.py); past it, the rules are the shared ones
+    args.data_checksums = mode
+    with pytest.raises(RunError) as node:
+        request_from_args(args, ["t"], "j1")
+    assert str(laptop.value) == str(node.value) and str(node.value)
+    assert node.value.code == EXIT_USAGE == errors.EXIT_USAGE
+    assert (mode or data or "--data-shard") in str(node.value)
+
+
 def test_submit_argv_passes_the_hang_timeout_through_the_document() -> None:
     argv = jobs.submit_argv(("true",), launcher=None, max_restarts=None, min_nodes=None,
                             name=None, hang_timeout=300.0)

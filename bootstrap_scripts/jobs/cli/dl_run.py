@@ -141,12 +141,12 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     g.add("--data-shard", action="store_true",
           help="with --data: each node copies only its share of the objects (every Nth "
           "object in key order, N the node count)")
-    g.add("--data-checksums", default=DEFAULTS.data_checksums, choices=checksums.MODES,
+    g.add("--data-checksums", default=None, choices=checksums.MODES,
           help="with --data: 'required' fails the staging, before the job starts, on the "
           "first object whose bytes botocore cannot check against S3's checksum (CRC64NVME "
           "or CRC32C without awscrt, a multipart upload's composite checksum, none in S3), "
           "naming it, and fetches large objects in one request so that theirs is checked; "
-          "'warn' stages those and counts them (default: %(default)s)")
+          f"'warn' stages those and counts them (default: {DEFAULTS.data_checksums})")
     g.add("--mount", action="append", default=[], metavar="s3://BUCKET/PREFIX:/DIR",
           help="before the job starts, mount this S3 prefix read-only at /DIR (a "
           "directory you own) on every node with Mountpoint for Amazon S3, as your user, "

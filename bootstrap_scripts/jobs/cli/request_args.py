@@ -11,9 +11,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap_scripts.data.checksums import WARN
+from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
 from bootstrap_scripts.ops.cost import parse_usd, plain
+from bootstrap_scripts.protocol.data_source import DataSourceError, check_data_options
 from bootstrap_scripts.protocol.jobs import FORWARDED_ENV, RunRequest
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import NodePaths
@@ -56,11 +57,10 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
     if not command:
         raise RunError("no command given: put the training command after the options",
                        EXIT_USAGE)
-    if args.data_shard and not args.data:
-        raise RunError("--data-shard shards what --data stages: give --data too", EXIT_USAGE)
-    if args.data_checksums != WARN and not args.data:
-        raise RunError(f"--data-checksums {args.data_checksums} checks what --data stages: "
-                       f"give --data too", EXIT_USAGE)
+    try:
+        check_data_options(args.data, args.data_shard, args.data_checksums)
+    except DataSourceError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
     return RunRequest(
         job_id=job_id, command=tuple(command), launcher=args.launcher, env=job_env(args),
         forward=tuple(args.forward) + tuple(e.partition("=")[0] for e in args.env),
@@ -75,7 +75,7 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         grace=args.grace, fail_grace=args.fail_grace, heartbeat_timeout=args.heartbeat_timeout,
         reach_timeout=args.reach_timeout, start_timeout=args.start_timeout,
         orphan_timeout=args.orphan_timeout, prefix=not args.no_prefix, data=args.data,
-        data_shard=args.data_shard, data_checksums=args.data_checksums,
+        data_shard=args.data_shard, data_checksums=args.data_checksums or checksums.WARN,
         resume_from=args.resume_from,
         mounts=tuple(getattr(args, "mount", ())),
         hang_timeout=getattr(args, "hang_timeout", 0.0))

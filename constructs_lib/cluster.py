@@ -23,6 +23,7 @@ from constructs_lib.cluster_nodes import add_node_groups
 from constructs_lib.cluster_props import check_cluster_props
 from constructs_lib.cluster_services import add_cluster_services
 from constructs_lib.cluster_settings import (
+    DEFAULT_DATA_CHECKSUMS,
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
@@ -117,6 +118,7 @@ class DeepLearningCluster(Construct):
         alarm_email: str | None = None,
         cluster_users: Sequence[str] = (),
         shared_storage: str = "efs",
+        data_checksums: str = DEFAULT_DATA_CHECKSUMS,
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -243,6 +245,10 @@ class DeepLearningCluster(Construct):
         :param shared_storage: ``efs``, or ``fsx-lustre``: an FSx for Lustre file system
             too, mounted at ``/fsx`` on every node, ``/fsx/data`` linked to ``data_bucket``
             (``LustreStorage``). :default: ``efs``
+        :param data_checksums: every node's default of ``dl-run --data-checksums``
+            (``warn`` or ``required``; installed on the node, ``data.checksums``): what a
+            job's ``--data`` staging does with an object botocore cannot check against S3's
+            checksum when the job does not say. :default: ``warn``
         """
         super().__init__(scope, construct_id)
         p = check_cluster_props(
@@ -262,7 +268,7 @@ class DeepLearningCluster(Construct):
             file_system=file_system, efs_security_group=efs_security_group,
             efs_require_tls=efs_require_tls, efs_mount_point=efs_mount_point,
             ssh_cidr=ssh_cidr, placement_group=placement_group,
-            create_placement_group=create_placement_group)
+            create_placement_group=create_placement_group, data_checksums=data_checksums)
         self.capacity, self.efs_mount_point = p.capacity, p.efs_mount_point
         self.cluster_id = cluster_id or Stack.of(self).stack_name
         self.worker_count, self.spot_workers = p.worker_count, p.spot_workers

@@ -12,7 +12,8 @@ logical ids, are the cluster's own):
   (the stack's setup wait, signalled by the master, or by the capacity adjuster when the
   master never launched), ``MembershipKey`` (the master signs every membership it
   publishes, the workers check it);
-- the boot settings (``user_data.node_user_data``): the same on both groups, plus the
+- the boot settings (``user_data.node_user_data``): the same on both groups (among them
+  the nodes' default ``dl-run --data-checksums``, since dl-run runs on any node), plus the
   master's own (the base workers, the circuit breaker, idle stop, the warm pool's worker
   role);
 - ``MasterGroup``: one instance in the master's subnets (a public one with ``ssh_cidr``,
@@ -124,7 +125,7 @@ def add_node_groups(
         efs_utils_install=family.efs_utils_install, data_prep=props.data_prep_script,
         membership_key=membership_key.key_arn, job_role_arn=job_role_arn,
         checkpoint_url=storage.training_data.checkpoint_url,
-        node_boot_seconds=props.node_boot_seconds,
+        node_boot_seconds=props.node_boot_seconds, data_checksums=props.data_checksums,
         launch_hook=warm_pool.WARM_HOOK_NAME if warm_pool_size else "",
         warm_ready_queue_url=warm_ready_queue.queue_url if warm_ready_queue else "",
         log_group=names.log_group_name(cluster_id),

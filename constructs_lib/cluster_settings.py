@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.controller.instance_health import (
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
 )
@@ -55,6 +56,10 @@ _TYPES = "instance types, comma-separated, at most 20"
 
 def _image_type(name: str, value: object) -> str:
     return validation.one_of(name, str(value), tuple(IMAGE_FAMILIES))
+
+
+def _checksum_mode(name: str, value: object) -> str:
+    return validation.one_of(name, str(value), checksums.MODES)
 
 
 def _text(_name: str, value: object) -> str:
@@ -215,6 +220,13 @@ class ClusterSettings:
         "dataPrefix", "", "with `dataBucket`: the key prefix the nodes may read (a trailing "
         "`/` is added)", validation.key_prefix, default_doc="the whole bucket",
         accepts="a key prefix such as `datasets/imagenet/`")
+    data_checksums: str = setting(
+        "dataChecksums", checksums.WARN, "the cluster's default of `dl-run --data-checksums` "
+        "(every node has it; `dlc submit --data-checksums` and dl-run's own flag still "
+        "choose per job): `required` fails a job's staging, before the job starts, on the "
+        "first object whose bytes botocore cannot check against S3's checksum; `warn` stages "
+        "those and counts them (\"Data in S3\")", _checksum_mode,
+        accepts=" or ".join(f"`{m}`" for m in checksums.MODES))
     shared_storage: str = setting(
         "sharedStorage", "efs", "`fsx-lustre`: an FSx for Lustre file system too (PERSISTENT_2, "
         "1,200 GiB at 250 MB/s/TiB, KMS-encrypted), mounted at `/fsx` on every node, "
@@ -264,3 +276,4 @@ class ClusterSettings:
 #: The construct defaults that come from this description (``DeepLearningCluster``'s props).
 DEFAULT_WORKER_COUNT: int = default_of(ClusterSettings, "worker_count")
 DEFAULT_SPOT_WORKERS: int = default_of(ClusterSettings, "spot_workers")
+DEFAULT_DATA_CHECKSUMS: str = default_of(ClusterSettings, "data_checksums")

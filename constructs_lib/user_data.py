@@ -14,6 +14,7 @@ from aws_cdk import Aws
 from aws_cdk import aws_ec2 as ec2
 
 from bootstrap_scripts.agent import cloudwatch_config
+from bootstrap_scripts.data import checksums
 from constructs_lib import validation
 
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
@@ -192,6 +193,7 @@ def node_user_data(
     cloudwatch_agent_install: str = "",
     mount_s3_install: str = "",
     lustre_mount: tuple[str, str, str] | None = None,
+    data_checksums: str = checksums.WARN,
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line"). The master's registration wait is
@@ -202,7 +204,9 @@ def node_user_data(
     worker sends its public key, which the master then checks its records with
     (``constructs_lib/node_keys.py``).
     ``log_group``: the installer configures the CloudWatch agent to ship the node's logs
-    there (``cloudwatch_agent_install`` installs it, ``{region}`` the stack's region)."""
+    there (``cloudwatch_agent_install`` installs it, ``{region}`` the stack's region).
+    ``data_checksums``: every node's default ``dl-run --data-checksums`` (the installer
+    writes it where dl-run reads it, ``data.checksums.SETTING_FILE``)."""
     settings = {
         "role": node_type,
         "cluster-id": cluster_id,
@@ -214,6 +218,7 @@ def node_user_data(
         "wait-handle": wait_handle,
         "setup-timeout": str(setup_timeout_seconds),
         "mount-timeout": str(MOUNT_TIMEOUT_SECONDS),
+        "data-checksums": data_checksums,
     }
     if base_workers is not None:  # the master's: it decides who is a protected base worker
         settings["base-workers"] = str(base_workers)

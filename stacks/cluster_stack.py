@@ -79,6 +79,7 @@ class DLClusterStack(Stack):
             alarm_email=s.alarm_email,
             cluster_users=s.cluster_users,
             shared_storage=s.shared_storage,
+            data_checksums=s.data_checksums,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster

@@ -19,6 +19,8 @@ Written under ``--root`` (default ``/``):
 - ``etc/dl-cluster/membership-key`` (with ``--membership-key``): the key whose signature
   root's own jobs need (``bootstrap_scripts.jobs.engine.root_jobs``): ``dl-run`` signs
   them on the master, the executors and the controller check them;
+- ``etc/dl-cluster/data-checksums``: the cluster's default of ``dl-run --data-checksums``
+  (``--data-checksums``, the stack's ``dataChecksums``; ``bootstrap_scripts.data.checksums``);
 - ``var/log/dl-cluster/{agent,executor,controller}.log``: where the units append their
   output, rotated by ``etc/logrotate.d/dl-cluster``;
 - with ``--log-group``: ``opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json``,
@@ -42,6 +44,7 @@ from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import cloudwatch_config, imds_guard
 from bootstrap_scripts.agent.identity import IdentityError
 from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
+from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.engine import root_jobs
 from bootstrap_scripts.protocol.store import atomic_write
 
@@ -245,6 +248,8 @@ def install(argv: list[str] | None = None) -> list[Path]:
                           guard_imds=True, job_role_arn=ns.job_role_arn,
                           log_file=str(cloudwatch_config.unit_log(root, "executor"))), 0o644),
         root / LOGROTATE_FILE: (logrotate_conf(root), 0o644),
+        # dl-run's default --data-checksums on this node (the stack's dataChecksums)
+        root / checksums.SETTING_FILE: (checksums.render_setting(ns.data_checksums), 0o644),
     }
     if ns.membership_key:  # dl-run signs root's jobs with it, the executors check them
         files[root / root_jobs.KEY_FILE] = (root_jobs.render_key_file(ns.membership_key), 0o644)

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.controller.instance_health import DEFAULT_MAX_REPLACEMENTS_PER_HOUR
 
 #: Exit status for a definite failure already reported (systemd must not restart it).
@@ -63,6 +64,7 @@ class AgentConfig:
     warm_ready_queue_url: str = ""
     worker_role_id: str = ""
     node_keys_queue_url: str = ""
+    data_checksums: str = checksums.WARN
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -182,6 +184,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--node-keys-queue-url", "the node-keys queue: a worker sends its public key on "
            "it, the master learns it from the sender SQS names and then ignores node "
            "records not signed by their node ('' = none: nothing checked)"),
+    Option("--data-checksums", "the cluster's default of dl-run --data-checksums (the "
+           "stack's dataChecksums): the installer writes it to etc/dl-cluster/data-checksums "
+           "for dl-run (default warn)", choices=checksums.MODES),
 )
 
 

@@ -25,6 +25,10 @@ the cost of that object's transfer on one connection.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from bootstrap_scripts import node_region
+
 #: Why a response's body was not checked (``checksum_gap``), besides an algorithm's name.
 RANGED = "ranged"
 NO_CHECKSUM = "none"
@@ -42,6 +46,11 @@ EXPLAINED = {
 WARN = "warn"
 REQUIRED = "required"
 MODES = (WARN, REQUIRED)
+#: Under the node root: the cluster's default mode, the stack's ``dataChecksums`` setting,
+#: written by the installer from the user data's ``--data-checksums`` (every node has it,
+#: since ``dl-run`` runs on any of them). ``dl-run --data`` without ``--data-checksums``
+#: takes it; a node installed before the setting existed has no file and keeps ``WARN``.
+SETTING_FILE = "etc/dl-cluster/data-checksums"
 #: What to do about an object refused under ``REQUIRED``, besides ``CRT_ADVICE`` (a range
 #: is never refused: ``REQUIRED`` fetches every object whole).
 TO_DO = {
@@ -52,6 +61,22 @@ TO_DO = {
 }
 CRT_ADVICE = ("botocore checks those algorithms only with awscrt: install it on the nodes "
               "(pip install 'botocore[crt]' into the tools' interpreter)")
+
+
+def render_setting(mode: str) -> str:
+    """The text of :data:`SETTING_FILE` for ``mode`` (one of :data:`MODES`)."""
+    if mode not in MODES:
+        raise ValueError(f"--data-checksums must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode + "\n"
+
+
+def node_default(root: str | Path = "/") -> str:
+    """The cluster's default ``--data-checksums`` mode as the installer wrote it under
+    ``root``; :data:`WARN` when there is no such file (a node installed before the setting,
+    a test root) or it holds no mode. Read as every installed file is (no link followed,
+    root's or ours only: a file another user planted must not steer the stager)."""
+    mode = node_region.read_installed_file(Path(root) / SETTING_FILE).strip()
+    return mode if mode in MODES else WARN
 
 
 def checksum_gap(response: dict, ranged: bool) -> str:

@@ -32,9 +32,10 @@ def test_units_and_wrappers_are_written(tmp_path):
     written = install.install([*agent_args(tmp_path), "--no-systemctl",
                                "--python", "/usr/bin/python3", "--package-dir", "/opt/dl"])
     # a worker: the region file and its login-shell snippet, the agent and executor units
-    # (no job controller: the master's only), the log files' rotation and every wrapper
-    # (no CloudWatch agent configuration without --log-group)
-    assert len(written) == 2 + 2 + 1 + len(install.WRAPPERS)
+    # (no job controller: the master's only), the log files' rotation, dl-run's default
+    # --data-checksums (tests/data/test_checksums_default.py) and every wrapper (no
+    # CloudWatch agent configuration without --log-group)
+    assert len(written) == 2 + 2 + 1 + 1 + len(install.WRAPPERS)
     assert not (tmp_path / cloudwatch_config.CONFIG_PATH).exists()
     assert not (tmp_path / "etc/systemd/system/dl-controller.service").exists()
     unit = (tmp_path / "etc/systemd/system/dl-agent.service").read_text()

@@ -127,6 +127,8 @@ def test_import_helper_creates_the_access_group_in_a_vpc() -> None:
         placement_group=ec2.PlacementGroup(s, "Pg")),
      "DLClusterStack/Cluster: give either placement_group or create_placement_group=True, "
      "not both"),
+    (lambda s: DeepLearningCluster(s, "Cluster", data_checksums="strict"),
+     "DLClusterStack/Cluster: data_checksums must be one of warn, required, got 'strict'"),
     (lambda s: DeepLearningCluster(s, "Cluster", efs_mount_point="efs"),
      "DLClusterStack/Cluster: efs_mount_point must be an absolute directory path such as "
      "/efs, got 'efs'"),

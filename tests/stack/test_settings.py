@@ -51,6 +51,7 @@ def test_every_documented_key_is_parsed() -> None:
         "maxReplacementsPerHour": "5",
         "dataBucket": "my-datasets",
         "dataPrefix": "digits",
+        "dataChecksums": "required",
         "efa": "true",
         "nodeBootSeconds": "1800",
         "idleStopMinutes": "15",
@@ -89,6 +90,7 @@ def test_every_documented_key_is_parsed() -> None:
         max_replacements_per_hour=5,
         data_bucket="my-datasets",
         data_prefix="digits/",
+        data_checksums="required",
         efa=True,
         node_boot_seconds=1800,
         idle_stop_minutes=15,
@@ -140,6 +142,8 @@ def test_every_documented_key_is_parsed() -> None:
         ("dataPrefix", "/abs"),
         ("dataPrefix", "a/*"),
         ("dataPrefix", "a/../b"),
+        ("dataChecksums", "strict"),
+        ("dataChecksums", "Required"),
         ("idleStopMinutes", "-1"),
         ("idleStopMinutes", "10081"),
         ("idleStopMinutes", "soon"),
@@ -423,3 +427,21 @@ def test_launch_retry_window_reaches_the_capacity_adjuster() -> None:
     envs = [fn["Properties"].get("Environment", {}).get("Variables", {})
             for fn in template.find_resources("AWS::Lambda::Function").values()]
     assert any(env.get("LAUNCH_RETRY_SECONDS") == "45" for env in envs), envs
+
+
+def test_data_checksums_reaches_every_nodes_installer() -> None:
+    """``-c dataChecksums=required``: both groups' user data give the installer
+    ``--data-checksums required`` (dl-run's default on every node; the node's side:
+    tests/jobs/test_data_checksums_default.py); unset, ``warn``."""
+    def user_data(t) -> list[str]:
+        out = []
+        for lt in t.find_resources("AWS::EC2::LaunchTemplate").values():
+            parts = lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"][
+                "Fn::Join"][1]
+            out.append("".join(p if isinstance(p, str) else "<token>" for p in parts))
+        return out
+
+    assert settings().data_checksums == "warn"
+    for ctx, mode in (({"dataChecksums": "required"}, "required"), ({}, "warn")):
+        texts = user_data(cluster_template(**ctx))
+        assert len(texts) == 2 and all(f"--data-checksums '{mode}'" in u for u in texts), ctx

@@ -146,7 +146,8 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
           "first object whose bytes botocore cannot check against S3's checksum (CRC64NVME "
           "or CRC32C without awscrt, a multipart upload's composite checksum, none in S3), "
           "naming it, and fetches large objects in one request so that theirs is checked; "
-          f"'warn' stages those and counts them (default: {DEFAULTS.data_checksums})")
+          "'warn' stages those and counts them (default: the cluster's dataChecksums "
+          f"setting, installed on the node; {DEFAULTS.data_checksums} on a node without it)")
     g.add("--mount", action="append", default=[], metavar="s3://BUCKET/PREFIX:/DIR",
           help="before the job starts, mount this S3 prefix read-only at /DIR (a "
           "directory you own) on every node with Mountpoint for Amazon S3, as your user, "

@@ -50,6 +50,16 @@ def job_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def data_checksums(args: argparse.Namespace) -> str:
+    """The job's ``--data-checksums``: as given, else (with ``--data``) the cluster's
+    default installed on this node (the stack's ``dataChecksums``,
+    ``data.checksums.node_default``: ``warn`` on a node installed without it). A job
+    without ``--data`` stages nothing and keeps the request's default."""
+    if args.data_checksums is not None:
+        return args.data_checksums
+    return checksums.node_default(args.root) if args.data else checksums.WARN
+
+
 def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
                       ) -> RunRequest:
     """The run request of these options: what ``--unmanaged`` runs and what a managed job's
@@ -75,7 +85,7 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         grace=args.grace, fail_grace=args.fail_grace, heartbeat_timeout=args.heartbeat_timeout,
         reach_timeout=args.reach_timeout, start_timeout=args.start_timeout,
         orphan_timeout=args.orphan_timeout, prefix=not args.no_prefix, data=args.data,
-        data_shard=args.data_shard, data_checksums=args.data_checksums or checksums.WARN,
+        data_shard=args.data_shard, data_checksums=data_checksums(args),
         resume_from=args.resume_from,
         mounts=tuple(getattr(args, "mount", ())),
         hang_timeout=getattr(args, "hang_timeout", 0.0))

@@ -137,7 +137,7 @@ def status(ctx, as_json) -> None:
 @click.option("--data-checksums", default=None, metavar="warn|required",
               help="with --data: 'required' fails the staging on an object whose bytes "
                    "cannot be checked against S3's checksum; 'warn' stages and counts it "
-                   "(default: dl-run's)")
+                   "(default: the cluster's dataChecksums setting, warn unless set)")
 @click.option("--hang-timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="no progress on any rank for this long: dump the stacks and restart "
                    "(default: 0, off; docs/runner.md \"Hangs and stragglers\")")

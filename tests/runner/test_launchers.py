@@ -279,3 +279,72 @@ def test_an_interpreter_path_runs_as_given_except_under_torchrun():
         ln.plan("torchrun", cluster(2, 0), ["/opt/other/bin/python", "t.py"], opts())
     same = ln.plan("torchrun", cluster(2, 0), ["/usr/bin/python3", "t.py"], opts())
     assert same.shares[0].procs[0].argv[-1] == "t.py"
+
+
+def test_an_elastic_job_with_max_below_the_node_count_has_spares():
+    """Nodes beyond ``--nnodes`` MAX are spares: every node still gets an agent (torchrun's
+    rendezvous keeps the extra ones on its redundancy list), and the agent of an elastic job
+    is torchrun with the spare's clean exit; a job that is not elastic runs torch's own."""
+    m = cluster(4, 0)
+    plan = ln.plan("torchrun", m, ["t.py"], opts(elastic=True, nnodes="1:3"))
+    assert len(plan.shares) == 4
+    for share in plan.shares:
+        argv = share.procs[0].argv
+        assert argv[:2] == ("/usr/bin/python3", ln.TORCHRUN_AGENT_SCRIPT)
+        assert argv[1].endswith("/jobs/engine/torchrun_agent.py")
+        assert flag(argv, "nnodes") == "1:3"
+    assert plan.join_template is not None
+    assert plan.join_template.argv[1] == ln.TORCHRUN_AGENT_SCRIPT
+    assert "1 spare node(s)" in plan.summary
+    assert "spare" not in ln.plan("torchrun", m, ["t.py"], opts(elastic=True)).summary
+    assert ln.spares("1:3", 4) == 1 and ln.spares("2:4", 4) == 0 and ln.spares("1:64", 4) == 0
+    plain = ln.plan("torchrun", m, ["t.py"], opts()).shares[0].procs[0].argv
+    assert plain[1:3] == ("-m", "torch.distributed.run")
+    with pytest.raises(ln.LaunchError, match="1 <= MIN <= MAX"):
+        ln.plan("torchrun", m, ["t.py"], opts(elastic=True, nnodes="3:2"))
+
+
+def test_the_spare_agent_turns_torch_s_none_into_a_success(tmp_path):
+    """``torchrun_agent.patch_graceful_exit`` on the real torch: an agent whose ``run`` meets
+    the graceful exit (a spare when the job closes the rendezvous) returns a succeeded
+    result instead of None, and a result from ``run`` passes through unchanged. In a child
+    interpreter: the patch changes torch's class for the whole process."""
+    import subprocess
+    import sys
+
+    code = r'''
+import sys
+from bootstrap_scripts.jobs.engine import torchrun_agent as ta
+from torch.distributed.elastic.agent.server import api
+from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+class Agent(api.SimpleElasticAgent):
+    outcome = None
+    def __init__(self):
+        self._shutdown_calls = 0
+        self._shutdown_timeout = 1
+        self._total_execution_time = 0
+    def _invoke_run(self, role="default"):
+        if self.outcome is None:
+            raise RendezvousGracefulExitError("closed")
+        return self.outcome
+    def _record_metrics(self, result): pass
+    def _record_worker_events(self, result): pass
+    def _shutdown(self, *a, **k): self._shutdown_calls += 1
+    def _start_workers(self, wg): pass
+    def _stop_workers(self, wg): pass
+    def _monitor_workers(self, wg): pass
+
+assert Agent().run() is None  # torch as it is: the graceful exit returns None
+assert ta.patch_graceful_exit() and ta.patch_graceful_exit()  # twice: applied once
+r = Agent().run()
+assert r is not None and r.state == api.WorkerState.SUCCEEDED and not r.is_failed(), r
+failed = api.RunResult(state=api.WorkerState.FAILED)
+a = Agent(); a.outcome = failed
+assert a.run() is failed
+print("ok")
+'''
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+    assert "was a spare" in p.stderr

@@ -160,7 +160,9 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
           "s3://<checkpoint bucket>/checkpoints/<old-cluster-id>/<user>/<job-id>/) when it "
           "is newer than the job's own; see README \"Data in S3\"")
     g = p.group("torchrun")
-    g.add("--nnodes", default="", help="N or MIN:MAX (default: the node count)")
+    g.add("--nnodes", default="", help="N or MIN:MAX (default: the node count); with "
+          "--elastic, the nodes beyond MAX are spares that take a lost node's place at "
+          "the next restart (docs/elastic-training.md \"Spare nodes\")")
     g.add("--nproc-per-node", type=int, default=0,
           help="processes per node (default: its GPU count, 1 on CPU nodes)")
     g.add("--torchrun-max-restarts", type=int, default=0,

@@ -25,6 +25,7 @@ from bootstrap_scripts.jobs.engine.plan_types import (
     python_command,
 )
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL, RDZV_STORE_SCRIPT
+from bootstrap_scripts.jobs.engine.torchrun_agent import TORCHRUN_AGENT_SCRIPT
 from bootstrap_scripts.protocol.jobs import (
     ADDRESS_PLACEHOLDER,
     RDZV_PORTS,
@@ -129,6 +130,16 @@ def rdzv_store_proc(opts: LaunchOptions, m: Membership) -> Proc:
 TORCHELASTIC_DIR = "torchelastic"
 
 
+def spares(nnodes: str, count: int) -> int:
+    """How many of an elastic job's ``count`` nodes are spares: those beyond ``--nnodes``
+    MAX. torchrun's rendezvous admits MAX nodes and keeps the others on its redundancy list
+    (no rank, no worker); when a participant leaves, the next round takes a spare in its
+    place, so the job restarts once at full size instead of shrinking, and a replacement
+    that joins later becomes a spare itself without restarting anyone
+    (docs/elastic-training.md, "Spare nodes")."""
+    return max(0, count - int(nnodes.split(":")[1]))
+
+
 def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, address: str,
                   nproc: int, nnodes: str, max_restarts: int) -> tuple[str, ...]:
     # No agent hosts the store: it is the master's ``rdzv-store`` process, which outlives
@@ -142,8 +153,10 @@ def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, addr
         # waits for that.
         conf += (f",keep_alive_interval={ELASTIC_KEEP_ALIVE_S},"
                  f"keep_alive_max_attempt={ELASTIC_KEEP_ALIVE_ATTEMPTS}")
+    # An elastic job's agent is torchrun with a spare node's clean exit (torchrun_agent.py).
+    agent = (TORCHRUN_AGENT_SCRIPT,) if opts.elastic else ("-m", "torch.distributed.run")
     return (
-        opts.python, "-m", "torch.distributed.run",
+        opts.python, *agent,
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d",
@@ -166,7 +179,8 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
     """One torchrun agent per node, every one a client of the rendezvous store that the
     master's share serves from a process of its own (``rdzv-store``, next to the master's
     agent). Elastic: ``--nnodes 1:MAX`` by default (any node but the master may leave; the
-    master holds the rendezvous store and is protected from scale-in), generous
+    master holds the rendezvous store and is protected from scale-in); a MAX below the
+    node count makes the nodes beyond it spares (``spares``), generous
     ``--max-restarts`` (a leaving node fails its peers' all-reduce, which torchrun counts
     as a restart), a short last call (a re-rendezvous after a join or
     leave completes seconds after the nodes are there, not 30 s) and a join template."""
@@ -184,15 +198,13 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
                               len(m.nodes))
         if ":" not in nnodes:
             raise LaunchError(f"an elastic job needs --nnodes MIN:MAX, got {nnodes!r}")
-        hi = int(nnodes.split(":")[1])
-        if hi < len(m.nodes):
-            raise LaunchError(f"--nnodes {nnodes}: MAX is below the {len(m.nodes)} node(s) "
-                              f"of the membership")
+        spare = spares(nnodes, len(m.nodes))
         max_restarts = opts.max_restarts or ELASTIC_MAX_RESTARTS
         opts = opts if opts.rdzv_last_call else replace(opts, rdzv_last_call=ELASTIC_LAST_CALL)
     else:
         nnodes = parse_nnodes(opts.nnodes, len(m.nodes))
         max_restarts = opts.max_restarts
+        spare = 0
     script = strip_python(command, opts.python)
     # torch 2.x shares the rendezvous TCPStore with the workers and publishes its address
     # only in the FIRST round: a node joining a later round waits for a key that the
@@ -220,7 +232,8 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
         "torchrun", tuple(shares), False,
         summary=f"torchrun on {len(m.nodes)} node(s), nnodes={nnodes}, "
         f"rendezvous c10d at {m.master_addr}:{opts.rdzv_port}"
-        + (f", elastic (max restarts {max_restarts})" if opts.elastic else ""),
+        + (f", elastic (max restarts {max_restarts})" if opts.elastic else "")
+        + (f", {spare} spare node(s) waiting to take a lost node's place" if spare else ""),
         join_template=template,
     )
 

@@ -1,9 +1,13 @@
 """Goodput under a fault schedule: an elastic managed job (survivors now, the replacement
-joins) against today's wait-for-the-replacement policy, the same schedule for both.
+joins) and an elastic job with a spare node (a spare takes the lost node's place at once,
+the replacement waits as the next spare: docs/elastic-training.md, "Spare nodes") against
+today's wait-for-the-replacement policy, the same schedule for all three.
 
 Real processes on the emulator's loopback nodes (``tests.support.cluster``): 6 nodes, the job
 on 4 (master and three workers), two spares whose executors run but which are not members
-yet (the replacements). The job: the example (``train_digits``, torchrun, CPU/gloo, its own
+yet (the replacements); the spare run has one node more, a member the job does not train
+on (``--nnodes 1:4`` on 5), and its victims are chosen among the nodes whose ranks train
+(``participants``). The job: the example (``train_digits``, torchrun, CPU/gloo, its own
 flags) run through ``jobs/digits_hooks.py``, which adds the hang drill's hook and a straggler
 hook without changing it; ``EPOCHS`` x 23 steps, managed by the master's job controller (Auto
 Scaling calls against moto's server). The schedule, each fault injected at a fixed step of
@@ -82,7 +86,9 @@ RANK = 1
 SAMPLE_S = 0.25
 #: the projection's job: WORK_H hours of fault-free work, one fault every MTBF_H hours of it
 WORK_H, MTBF_H = 24.0, (0.25, 1.0, 4.0, 24.0)
-#: each policy's figures and wall-time breakdown, for the projection after both runs
+#: waiting for the replacement (today's), elastic (survivors now), elastic with one spare
+POLICIES = ("waiting", "elastic", "spare")
+#: each policy's figures and wall-time breakdown, for the projection after the runs
 RUNS: dict[str, tuple[goodput.RunFigures, bd.Breakdown]] = {}
 
 
@@ -141,12 +147,41 @@ def share_groups(efs: Path, attempt_id: str, address: str) -> list[int]:
             if rec.address == address]
 
 
-def goodput_run(emu, moto: str, tmp: Path, *, elastic: bool) -> goodput.RunFigures:
-    policy = "elastic" if elastic else "waiting"
-    res = create_cluster(moto, cluster_id=f"goodput-{policy}", workers=5)
-    c = emu(6, instances=res.node_instances("master") + res.node_instances("worker"))
-    master, w1, w2, w3, spare1, spare2 = c.addresses
-    members = [master, w1, w2, w3]
+def node_of(pid: int) -> str:
+    """The emulated node a rank's process runs on: its parent is the node's torchrun agent,
+    whose command line names the node's address (``--local-addr``)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{ppid}/cmdline", "rb") as fh:
+        argv = fh.read().decode().split("\0")
+    return next(a.split("=", 1)[1] for a in argv if a.startswith("--local-addr="))
+
+
+def participants(sampler: Sampler) -> set[str]:
+    """The nodes whose ranks train now: each rank's newest process in the current attempt
+    (a spare node runs an agent but no rank)."""
+    job = sampler.job
+    newest: dict[int, goodput.Sample] = {}
+    for s in sampler.seen.values():
+        if job is not None and s.attempt == job.attempt and (
+                s.rank not in newest or s.started_at > newest[s.rank].started_at):
+            newest[s.rank] = s
+    out = set()
+    for s in newest.values():
+        try:
+            out.add(node_of(s.pid))
+        except (OSError, StopIteration, ValueError):
+            continue  # that process has ended
+    return out
+
+
+def goodput_run(emu, moto: str, tmp: Path, *, policy: str) -> goodput.RunFigures:
+    elastic, spares = policy != "waiting", int(policy == "spare")
+    res = create_cluster(moto, cluster_id=f"goodput-{policy}", workers=5 + spares)
+    c = emu(6 + spares, instances=res.node_instances("master") + res.node_instances("worker"))
+    master, w1, w2, w3, *extra = c.addresses
+    *standby, spare1, spare2 = extra
+    members = [master, w1, w2, w3, *standby]
     c.publish(1, members)
     for spare in (spare1, spare2):
         NodePaths(c.roots[spare]).membership.unlink()  # booting: not members yet
@@ -158,6 +193,7 @@ def goodput_run(emu, moto: str, tmp: Path, *, elastic: bool) -> goodput.RunFigur
     hooks.mkdir()
     hang, straggle = hooks / "hang", hooks / "straggle"
     res_run = c.run("--detach", "--json", *(("--elastic",) if elastic else ()),
+                    *(("--nnodes", f"1:{FULL}") if spares else ()),
                     "--rdzv-port", free_rdzv_port(c), "--fail-grace", "1", "--min-nodes", "2",
                     "--replace-timeout", "600", "--max-restarts", "6", "--hang-timeout",
                     f"{HANG_TIMEOUT:g}", "--env", f"GOODPUT_RANK={RANK}", "--env",
@@ -196,6 +232,8 @@ def goodput_run(emu, moto: str, tmp: Path, *, elastic: bool) -> goodput.RunFigur
             ready = not injected or sampler.training_since(injected[-1][1])
             if schedule and ready and step >= schedule[0][1] and not pending:
                 what, _at, victim, spare = schedule.pop(0)
+                if victim and spares:  # a node that trains, not the one that waits
+                    victim = sorted(participants(sampler) - {master})[-1]
                 if victim:
                     attempt_id = f"{job_id}.{job.attempt}"
                     c.node(victim).kill(share_groups(c.efs, attempt_id, victim))
@@ -272,14 +310,13 @@ def goodput_run(emu, moto: str, tmp: Path, *, elastic: bool) -> goodput.RunFigur
 
 @pytest.mark.bench
 def test_bench_goodput_elastic_vs_waiting_for_the_replacement(emu, moto_reset, tmp_path):
-    waiting = goodput_run(emu, moto_reset, tmp_path, elastic=False)
-    elastic = goodput_run(emu, moto_reset, tmp_path, elastic=True)
+    runs = [goodput_run(emu, moto_reset, tmp_path, policy=p) for p in POLICIES]
     print(f"\ngoodput: {EPOCHS * 23} steps of train_digits on {FULL} nodes (real processes: "
           f"executors, job controller, torchrun, CPU/gloo; this 2-core machine); two workers "
           f"lost, a rank hung (--hang-timeout {HANG_TIMEOUT:g}), a straggler; each replacement "
           f"registers {BOOT_DELAY:.0f} s after the loss ({REALISTIC_BOOT:.0f} s x "
-          f"{SCALE:.4g})")
-    print(goodput.report([waiting, elastic], full_size=FULL))
+          f"{SCALE:.4g}); the spare run has a fifth node waiting (--nnodes 1:{FULL})")
+    print(goodput.report(runs, full_size=FULL))
     print(projection_text(measure_in_place(tmp_path)))
     print("master lost: not in this schedule (an executor-only cluster has no agent to take "
           "the cluster over from EFS); the full demo plays it: make chaos, drill (j), "
@@ -342,14 +379,14 @@ def projection_text(in_place: tf.Recovery | None = None) -> str:
         out.append(f"  {policy}: per-fault cost {', '.join(f'{c:.0f}' for c in costs)} s "
                    f"-> ETTR " + ", ".join(f"{p.ettr:.3f} at MTBF {p.mtbf_h:g} h" for p in proj)
                    + f" (measured under this schedule: {figures.ettr:.3f})")
-    if set(per_policy) == {"waiting", "elastic"}:
-        for_ettr, for_ratio, there = bd.goal_rates(per_policy["waiting"], per_policy["elastic"])
+    for policy in [p for p in per_policy if p != "waiting" and "waiting" in per_policy]:
+        for_ettr, for_ratio, there = bd.goal_rates(per_policy["waiting"], per_policy[policy])
         out.append(
-            "  the goals against the fault rate (same projection, a long job): elastic ETTR "
+            f"  the goals against the fault rate (same projection, a long job): {policy} ETTR "
             ">= 0.9 needs one fault every >= "
             + (f"{for_ettr / 60:.1f} min of work" if for_ettr else "- (never)")
-            + "; elastic >= 1.5x waiting needs one every <= "
-            + (f"{for_ratio / 60:.1f} min, where elastic's ETTR is {there:.3f}"
+            + f"; {policy} >= 1.5x waiting needs one every <= "
+            + (f"{for_ratio / 60:.1f} min, where {policy}'s ETTR is {there:.3f}"
                if for_ratio else "- (never: the cost ratio is below 1.5)")
             + ("; both at once: possible" if for_ettr and for_ratio and for_ratio >= for_ettr
                else "; both at once: not possible with these costs"))

@@ -91,8 +91,8 @@ class Job:
              "--step-delay", "0.25"],
             address=self.addresses[i], nproc=1, nnodes=f"1:{ln.ELASTIC_MAX_NODES}",
             max_restarts=ln.ELASTIC_MAX_RESTARTS))
-        assert argv[1:3] == ["-m", "torch.distributed.run"]
-        argv[1:3] = [str(JOBS / "timed_agent.py")]
+        assert argv[1] == ln.TORCHRUN_AGENT_SCRIPT  # an elastic job's agent: torchrun
+        argv[1:2] = [str(JOBS / "timed_agent.py")]
         log = (self.tmp / f"node{i}.log").open("w")
         started = time.time()
         self.procs[i] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,

@@ -141,11 +141,18 @@ def status(ctx, as_json) -> None:
 @click.option("--hang-timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="no progress on any rank for this long: dump the stacks and restart "
                    "(default: 0, off; docs/runner.md \"Hangs and stragglers\")")
+@click.option("--elastic", is_flag=True,
+              help="an elastic job: it trains on through a lost node and grows back when "
+                   "the replacement joins (docs/elastic-training.md)")
+@click.option("--nnodes", default=None, metavar="N|MIN:MAX",
+              help="torchrun's node count (default: every node); with --elastic, the nodes "
+                   "beyond MAX wait as spares that take a lost node's place "
+                   "(docs/elastic-training.md \"Spare nodes\")")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, workdir, cwd,
            as_json, resume_from, hang_timeout, command, mounts=(), data=None,
-           data_shard=False, data_checksums=None) -> None:
+           data_shard=False, data_checksums=None, elastic=False, nnodes=None) -> None:
     """Submit COMMAND (after --) as a job on every node, as USER; prints the job id."""
     if workdir is not None and cwd is not None:
         raise errors.UsageError("--workdir ships a directory and runs the job in it: no "
@@ -154,7 +161,8 @@ def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, work
                                 min_nodes=min_nodes, name=name, cwd=cwd, max_cost=max_cost,
                                 resume_from=resume_from, hang_timeout=hang_timeout,
                                 mounts=mounts, data=data, data_shard=data_shard,
-                                data_checksums=data_checksums)
+                                data_checksums=data_checksums, elastic=elastic,
+                                nnodes=nnodes)
     user = jobs_mod.job_user(target_of(ctx), as_user)
     remote = remote_of(ctx)
     staged = None

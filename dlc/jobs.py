@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
+from bootstrap_scripts.jobs.engine.launchers import parse_nnodes
+from bootstrap_scripts.jobs.engine.plan_types import LaunchError
 from bootstrap_scripts.ops.cost import parse_usd, plain
 from bootstrap_scripts.protocol.data_source import (
     DataSourceError,
@@ -40,8 +42,11 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
                 max_cost: str | None = None, resume_from: str | None = None,
                 hang_timeout: float | None = None, mounts: tuple[str, ...] = (),
                 data: str | None = None, data_shard: bool = False,
-                data_checksums: str | None = None) -> list[str]:
-    """``dl-run --detach --json [options] -- CMD``. ``max_cost``: ``--max-cost`` in USD,
+                data_checksums: str | None = None, elastic: bool = False,
+                nnodes: str | None = None) -> list[str]:
+    """``dl-run --detach --json [options] -- CMD``. ``nnodes`` (torchrun's ``N`` or
+    ``MIN:MAX``; with ``elastic``, nodes beyond MAX wait as spares) is checked here with
+    the launcher's own rule. ``max_cost``: ``--max-cost`` in USD,
     checked here (UsageError naming the value) so a bad one never reaches the master; the
     same for ``resume_from``, ``mounts`` and ``data`` (with the parser dl-run itself uses).
     ``data_checksums`` None leaves dl-run's own default (the cluster's ``dataChecksums``) in
@@ -73,6 +78,14 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--resume-from", f"s3://{bucket}/{prefix}"]
     if hang_timeout is not None:
         argv += ["--hang-timeout", f"{hang_timeout:g}"]
+    if elastic:
+        argv += ["--elastic"]
+    if nnodes is not None:
+        try:
+            parse_nnodes(nnodes, 1)
+        except LaunchError as exc:
+            raise UsageError(str(exc)) from None
+        argv += ["--nnodes", nnodes]
     try:  # checked here too, so a bad one never reaches the master
         check_mounts(tuple(mounts))
     except DataSourceError as exc:

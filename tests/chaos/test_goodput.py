@@ -48,6 +48,7 @@ worker loss's measured idle stretches (``goodput_breakdown.in_place_schedule``,
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -69,14 +70,19 @@ from tests.conftest import REGION
 from tests.support.cluster import free_rdzv_port
 
 JOB = str(Path(__file__).parent / "jobs" / "digits_hooks.py")
-#: the replacement's boot: 240 s on AWS, scaled by SCALE for this run
+#: the replacement's boot: 240 s on AWS, scaled by SCALE for this run. ``GOODPUT_SCALE=1``
+#: runs it unscaled (with ``GOODPUT_EPOCHS`` for a job long enough to carry it: the waiting
+#: run then takes about 20 min, README "Measured figures").
 REALISTIC_BOOT = 240.0
-SCALE = 1 / 12
+SCALE = float(os.environ.get("GOODPUT_SCALE") or 1 / 12)
 BOOT_DELAY = REALISTIC_BOOT * SCALE
 HANG_TIMEOUT = 10.0
-EPOCHS = 20  # x 23 steps (1,437 training samples, global batch 64)
-#: rank 0's step at (or after) which each fault is injected, the same for both policies
-KILL_1, KILL_2, HANG_AT, STRAGGLE_AT = 40, 120, 200, 280
+#: x 23 steps (1,437 training samples, global batch 64); ``GOODPUT_EPOCHS`` for more work
+EPOCHS = int(os.environ.get("GOODPUT_EPOCHS") or 20)
+#: rank 0's step at (or after) which each fault is injected, the same for every policy: at
+#: the same fractions of the work whatever ``EPOCHS`` (40, 120, 200, 280 of 460 steps)
+KILL_1, KILL_2, HANG_AT, STRAGGLE_AT = (round(EPOCHS * 23 * k / 460) for k in (40, 120, 200,
+                                                                            280))
 #: the example's pause per step, standing in for a GPU step's compute
 STEP_DELAY = 0.25
 STRAGGLE_STEPS, STRAGGLE_S = 40, 0.3
@@ -86,8 +92,9 @@ RANK = 1
 SAMPLE_S = 0.25
 #: the projection's job: WORK_H hours of fault-free work, one fault every MTBF_H hours of it
 WORK_H, MTBF_H = 24.0, (0.25, 1.0, 4.0, 24.0)
-#: waiting for the replacement (today's), elastic (survivors now), elastic with one spare
-POLICIES = ("waiting", "elastic", "spare")
+#: waiting for the replacement (today's), elastic (survivors now), elastic with one spare;
+#: ``GOODPUT_POLICIES=waiting,spare`` runs some of them
+POLICIES = tuple((os.environ.get("GOODPUT_POLICIES") or "waiting,elastic,spare").split(","))
 #: each policy's figures and wall-time breakdown, for the projection after the runs
 RUNS: dict[str, tuple[goodput.RunFigures, bd.Breakdown]] = {}
 
@@ -212,7 +219,7 @@ def goodput_run(emu, moto: str, tmp: Path, *, policy: str) -> goodput.RunFigures
                 ("rank hung", HANG_AT, "", ""), ("straggler", STRAGGLE_AT, "", "")]
     straggle_until = None
     try:
-        deadline = time.monotonic() + 1200
+        deadline = time.monotonic() + 1200 + EPOCHS * 23 * STEP_DELAY * 3 + 4 * BOOT_DELAY
         while time.monotonic() < deadline:
             job = sampler.job
             if job is not None and job.state in ("succeeded", "failed", "cancelled"):

@@ -140,6 +140,23 @@ def test_submit_resume_from_is_checked_and_passed_to_dl_run() -> None:
     assert jobs.checkpoint_text({}) == "-"
 
 
+def test_submit_elastic_and_nnodes_reach_dl_run_as_given() -> None:
+    """``dlc submit --elastic --nnodes 1:4`` (spares beyond MAX) reaches dl-run through the
+    document's patterns and dl-run's parser; a bad --nnodes is refused on the laptop with
+    the launcher's own rule, naming the value."""
+    argv = jobs.submit_argv(("t",), launcher=None, max_restarts=None, min_nodes=None,
+                            name=None, elastic=True, nnodes="1:4")
+    assert argv[3:7] == ["--elastic", "--nnodes", "1:4", "--"]
+    remote.document_parameters(argv, timeout=9)
+    opts, command = dl_run.split_command(argv[1:])
+    request = request_from_args(dl_run.build_parser().parse_args(opts), command, "j1")
+    assert (request.elastic, request.nnodes) == (True, "1:4")
+    for bad in ("4:1", "0:2", "a", "1:2:3"):
+        with pytest.raises(UsageError, match=re.escape(repr(bad))):
+            jobs.submit_argv(("t",), launcher=None, max_restarts=None, min_nodes=None,
+                             name=None, nnodes=bad)
+
+
 def test_submit_data_is_checked_with_dl_runs_parser_and_passed_through() -> None:
     """--data, --data-shard and --data-checksums reach dl-run as given; a bad value is a
     UsageError naming the option and value on the laptop, as dl-run would refuse it."""

@@ -52,6 +52,15 @@ class Gap:
     def seconds(self) -> float:
         return max(0.0, self.end - self.start)
 
+    @property
+    def waited(self) -> bool:
+        """A replacement registered after this stretch's fault was injected: the job waited
+        for it. One that registered before (in a spare run, the previous loss's replacement,
+        seen in the same window) was not waited for."""
+        injected = [t for what, t in self.events if what == "fault injected"]
+        since = injected[0] if injected else self.start
+        return any(what == "replacement registered" and t >= since for what, t in self.events)
+
 
 def gaps(gens: list[Generation], faults: list[tuple[str, float, float | None]], *,
          registrations: list[float] = (), attempts: list[tuple[int, float]] = ()

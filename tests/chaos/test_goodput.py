@@ -342,7 +342,7 @@ def fault_costs(figures: goodput.RunFigures, b: bd.Breakdown) -> list[float]:
         mine = [g for g in b.gaps if g.fault == k]
         own = next((g for g in mine if g.cause != bd.JOINED), None)
         join = next((g for g in mine if g.cause == bd.JOINED), None)
-        waited[k] = own is not None and any(w == "replacement registered" for w, _t in own.events)
+        waited[k] = own is not None and own.waited
         if own is not None and join is not None:
             shrunk[k] = join.start - own.end
     costs = bd.projected_fault_cost(

@@ -115,3 +115,18 @@ def test_in_place_at_the_real_boot_a_loss_still_costs_the_missing_nodes_share():
                                    rejoin_s=4.0, boot_real=240.0, full_size=4,
                                    shrunk_size=3, spare=True)
     assert spare == [pytest.approx(5.1), 27.0]
+
+
+def test_a_replacement_registered_before_the_fault_was_not_waited_for():
+    """A spare run: the previous loss's replacement registers while the job trains at full
+    size, so it falls in the next fault's window before that fault; the job did not wait for
+    it (the projection must not add the real boot to that fault). After the fault, it did."""
+    spare = bd.Gap(100.0, 112.0, "worker killed #2", 1,
+                   [("replacement registered", 88.7), ("fault injected", 100.2),
+                    ("controller's record", 110.6)])
+    assert not spare.waited
+    waiting = bd.Gap(100.0, 134.8, "worker killed #1", 0,
+                     [("fault injected", 100.0), ("controller's record", 110.5),
+                      ("replacement registered", 120.1), ("attempt 2 started", 121.7)])
+    assert waiting.waited
+    assert not bd.Gap(100.0, 125.0, "rank hung #3", 2, [("fault injected", 99.9)]).waited

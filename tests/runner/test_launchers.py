@@ -300,6 +300,12 @@ def test_an_elastic_job_with_max_below_the_node_count_has_spares():
     assert ln.spares("1:3", 4) == 1 and ln.spares("2:4", 4) == 0 and ln.spares("1:64", 4) == 0
     plain = ln.plan("torchrun", m, ["t.py"], opts()).shares[0].procs[0].argv
     assert plain[1:3] == ("-m", "torch.distributed.run")
+    # not elastic, --nnodes below the node count: the extra agents idle on the redundancy
+    # list and must exit cleanly too
+    fixed = ln.plan("torchrun", m, ["t.py"], opts(nnodes="3"))
+    assert fixed.shares[0].procs[0].argv[1] == ln.TORCHRUN_AGENT_SCRIPT
+    assert "1 node(s) beyond --nnodes idle" in fixed.summary
+    assert ln.spares("3", 4) == 1 and ln.spares("4", 4) == 0
     with pytest.raises(ln.LaunchError, match="1 <= MIN <= MAX"):
         ln.plan("torchrun", m, ["t.py"], opts(elastic=True, nnodes="3:2"))
 

@@ -136,8 +136,9 @@ def spares(nnodes: str, count: int) -> int:
     (no rank, no worker); when a participant leaves, the next round takes a spare in its
     place, so the job restarts once at full size instead of shrinking, and a replacement
     that joins later becomes a spare itself without restarting anyone
-    (docs/elastic-training.md, "Spare nodes")."""
-    return max(0, count - int(nnodes.split(":")[1]))
+    (docs/elastic-training.md, "Spare nodes"). A job that is not elastic given ``--nnodes
+    N`` below the node count has them too: idle agents, since its restarts are attempts."""
+    return max(0, count - int(nnodes.split(":")[-1]))
 
 
 def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, address: str,
@@ -153,8 +154,10 @@ def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, addr
         # waits for that.
         conf += (f",keep_alive_interval={ELASTIC_KEEP_ALIVE_S},"
                  f"keep_alive_max_attempt={ELASTIC_KEEP_ALIVE_ATTEMPTS}")
-    # An elastic job's agent is torchrun with a spare node's clean exit (torchrun_agent.py).
-    agent = (TORCHRUN_AGENT_SCRIPT,) if opts.elastic else ("-m", "torch.distributed.run")
+    # Where a node can be a spare, the agent is torchrun with a spare's clean exit
+    # (torchrun_agent.py); elsewhere torch's own.
+    agent = (TORCHRUN_AGENT_SCRIPT,) if opts.elastic or spares(nnodes, len(m.nodes)) \
+        else ("-m", "torch.distributed.run")
     return (
         opts.python, *agent,
         f"--nnodes={nnodes}",
@@ -204,7 +207,7 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
     else:
         nnodes = parse_nnodes(opts.nnodes, len(m.nodes))
         max_restarts = opts.max_restarts
-        spare = 0
+        spare = spares(nnodes, len(m.nodes))
     script = strip_python(command, opts.python)
     # torch 2.x shares the rendezvous TCPStore with the workers and publishes its address
     # only in the FIRST round: a node joining a later round waits for a key that the
@@ -233,7 +236,8 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
         summary=f"torchrun on {len(m.nodes)} node(s), nnodes={nnodes}, "
         f"rendezvous c10d at {m.master_addr}:{opts.rdzv_port}"
         + (f", elastic (max restarts {max_restarts})" if opts.elastic else "")
-        + (f", {spare} spare node(s) waiting to take a lost node's place" if spare else ""),
+        + (f", {spare} spare node(s) waiting to take a lost node's place" if spare and
+           opts.elastic else f", {spare} node(s) beyond --nnodes idle" if spare else ""),
         join_template=template,
     )
 

@@ -241,3 +241,20 @@ def test_node_faults_are_exactly_the_two_node_kinds():
     assert {k for k in FailureKind if k.node_fault} == {
         FailureKind.NODE_LOST, FailureKind.NODE_UNHEALTHY}
     assert FailureKind.SIGNALLED.failure_class is FailureClass.USER_CODE
+
+
+def test_a_join_restarts_the_workers_only_when_the_rendezvous_has_room():
+    """A node joining a full round (MAX nodes in) waits as a spare and nobody restarts, so
+    the hang watch gives no restart grace then; below MAX torchrun restarts every worker."""
+    from bootstrap_scripts.jobs.engine import launchers
+    from bootstrap_scripts.jobs.engine.restart_policy import (
+        ELASTIC_DEFAULT_MAX,
+        join_restarts_workers,
+    )
+
+    assert ELASTIC_DEFAULT_MAX == launchers.ELASTIC_MAX_NODES
+    assert not join_restarts_workers("1:4", 4)  # a spare run after a loss: full again
+    assert join_restarts_workers("1:4", 3)  # survivors one short: the joiner is taken in
+    assert join_restarts_workers("", 3) and join_restarts_workers("1:64", 63)
+    assert not join_restarts_workers("", 64)
+    assert join_restarts_workers("bad", 3) and join_restarts_workers("2", 3)

@@ -26,6 +26,7 @@ import logging
 import time
 
 from bootstrap_scripts.jobs.controller import node_evidence, rejoin
+from bootstrap_scripts.jobs.engine.restart_policy import join_restarts_workers
 from bootstrap_scripts.protocol.state import drains
 
 LOG = logging.getLogger("dl-controller")
@@ -40,7 +41,9 @@ class ElasticAttempt:
         admitted, joined = grow.step(self.ready_nodes()[0], running=self.last_nodes_addresses,
                                      excluded=self.job.excluded, alive=self.executors.alive,
                                      gate=self.run_gate)
-        if joined and self.watch is not None:
+        before = len((self.last_nodes_addresses | grow.joined) - grow.lost) - len(joined)
+        if joined and self.watch is not None and join_restarts_workers(
+                self.request.run.nnodes, before):
             self.watch.restart_clock()  # torchrun restarts every worker to take it in
         if joined and self.job.world_size < self.job.full_size:  # grew back
             self.update(world_size=min(self.job.full_size, self.job.world_size + len(joined)))

@@ -196,3 +196,20 @@ def elastic_minimum(nnodes: str) -> int:
     its own message when the attempt starts."""
     head = nnodes.split(":", 1)[0].strip() if nnodes else ""
     return int(head) if head.isdigit() and int(head) >= 1 else 1
+
+
+def join_restarts_workers(nnodes: str, members_before: int) -> bool:
+    """Does a node joining a running elastic attempt restart its workers? Only when the
+    rendezvous has room: ``members_before`` (the attempt's live nodes before the join) below
+    torchrun's ``--nnodes`` MAX. At MAX the joiner goes on the redundancy list as a spare
+    and nobody restarts (docs/elastic-training.md, "Spare nodes"), so the hang watch must
+    not give the workers a restart's grace. "" or a malformed MAX: the elastic default
+    (64, ``launchers.ELASTIC_MAX_NODES``), i.e. a restart unless 64 nodes are in."""
+    tail = nnodes.rsplit(":", 1)[-1].strip() if nnodes else ""
+    maximum = int(tail) if tail.isdigit() and ":" in nnodes else ELASTIC_DEFAULT_MAX
+    return members_before < maximum
+
+
+#: torchrun's MAX for an elastic job given no ``--nnodes MIN:MAX`` (``launchers``' value;
+#: restart_policy is pure and imports no launcher).
+ELASTIC_DEFAULT_MAX = 64

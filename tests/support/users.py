@@ -32,6 +32,8 @@ from tests.support.cluster import LocalCluster, start_local_cluster
 
 CAN_CREATE_USERS = os.geteuid() == 0
 #: The machine-wide locks and the table of opened directories, for every worker and run.
+#: Never removed, on purpose: another run may hold (or be about to take) a lock in it,
+#: and a lock file unlinked under its holder would let a second holder in.
 _SHARED = Path(tempfile.gettempdir()) / "dltest-shared"
 
 

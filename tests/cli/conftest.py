@@ -20,7 +20,13 @@ from emulator.demo.context import STATE_FILE
 from emulator.nodes import PYTHON
 from tests.conftest import REPO_ROOT
 from tests.support.demo import DEMO_TIMEOUT, demo_env
-from tests.support.kept import UNREACHABLE_ACC, demo_stop, state_groups
+from tests.support.kept import (
+    DATA_BUCKET,
+    DATA_PREFIX,
+    UNREACHABLE_ACC,
+    demo_stop,
+    state_groups,
+)
 from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
 
 
@@ -33,7 +39,8 @@ def kept(tmp_path_factory) -> Iterator[dict]:
     # failure, whose message and kept cluster the first-hour tests read
     proc = subprocess.run(
         [sys.executable, "-m", "emulator.demo", "--keep", "--workers", "2", "--context",
-         "maxWorkers=3", "--epochs", "2", "--require-acc", UNREACHABLE_ACC,
+         "maxWorkers=3", "--context", f"dataBucket={DATA_BUCKET}", "--context",
+         f"dataPrefix={DATA_PREFIX}", "--epochs", "2", "--require-acc", UNREACHABLE_ACC,
          "--report", str(report_path)],
         cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True, timeout=DEMO_TIMEOUT)
     report = json.loads(report_path.read_text())

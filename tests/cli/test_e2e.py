@@ -647,20 +647,23 @@ def test_a_mount_fails_clearly_on_an_emulated_node(kept: dict, capsys, job_user)
         listed, out[-2000:], err[-2000:])
 
 
-def submit_reading_data(kept: dict, capsys, job_user: str, source: str,
-                        laptop: Path) -> tuple[str, str, StagingReport]:
-    """``dlc submit --data SOURCE`` of ``laptop``'s ``read.sh`` on every node (``each``),
-    followed to its end: (job id, its output, the attempt's ``staging.json``)."""
+def submit_reading_data(kept: dict, capsys, job_user: str, source: str, laptop: Path) -> str:
+    """``dlc submit --data SOURCE`` of ``laptop``'s ``read.sh`` on every node (``each``):
+    the job's id."""
     code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--launcher", "each",
                          "--max-restarts", "0", "--data", source, "--workdir", str(laptop),
                          "--json", "--", "sh", "read.sh")
     assert code == 0, err
-    job = json.loads(out)["job_id"]
+    return json.loads(out)["job_id"]
+
+
+def followed_staging(kept: dict, job_user: str, job: str) -> tuple[str, StagingReport]:
+    """``job`` followed to its success: (its output, its attempt's ``staging.json``)."""
     code, out, err = follow(kept, job)
     assert code == 0 and f"job {job} succeeded" in err, out[-2000:] + err
     efs = ClusterPaths(Path(kept["report"]["work_dir"]) / "efs")
     record = efs.job(f"{job}.1", job_user).staging  # the first (only) attempt's
-    return job, out, StagingReport.from_json(record.read_text(), source=str(record))
+    return out, StagingReport.from_json(record.read_text(), source=str(record))
 
 
 def test_submit_with_data_stages_it_on_every_node_once(kept: dict, capsys, job_user,
@@ -669,7 +672,12 @@ def test_submit_with_data_stages_it_on_every_node_once(kept: dict, capsys, job_u
     bucket (``dataBucket``/``dataPrefix`` of the kept deploy) to its own local disk as the
     job's user before the job starts, each rank reads its node's copy through
     ``$DL_DATA_DIR``, and the attempt's ``staging.json`` names every node's directory and
-    bytes; a second job on the same data copies nothing (the record's ``copied`` is 0)."""
+    bytes; a second job on the same data copies nothing (the record's ``copied`` is 0).
+    Both are submitted at once: the controller runs one job at a time, first come first
+    served, so the second stages only once the first has ended."""
+    from bootstrap_scripts.protocol.membership import Membership
+    from bootstrap_scripts.protocol.paths import NodePaths
+
     if not has_controller(kept):
         pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
     aws = kept["state"]["aws"]
@@ -690,8 +698,8 @@ def test_submit_with_data_stages_it_on_every_node_once(kept: dict, capsys, job_u
     total = sum(len(b) for b in objects.values())
     crc = subprocess.run(["cksum"], input=objects["sub/c.bin"], capture_output=True,
                          check=True).stdout.decode().strip()
-    members = {n["address"] for n in status_json(kept, capsys)["nodes"]
-               if n["rank"] is not None}
+    master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")
+    members = {n.address for n in Membership.load(NodePaths(master["root"]).membership).nodes}
     assert len(members) == 3, members
 
     def ranks_read(out: str, record: StagingReport) -> None:
@@ -701,7 +709,10 @@ def test_submit_with_data_stages_it_on_every_node_once(kept: dict, capsys, job_u
             for line in (f"dir={node.directory}", f"alpha-{token}", f"beta-{token}", crc):
                 assert line in said, (node, line, out[-2000:])
 
-    job, out, first = submit_reading_data(kept, capsys, job_user, source, laptop)
+    job = submit_reading_data(kept, capsys, job_user, source, laptop)
+    again = submit_reading_data(kept, capsys, job_user, source, laptop)
+    assert again != job
+    out, first = followed_staging(kept, job_user, job)
     assert first.source == source and {n.address for n in first.nodes} == members, first
     assert len({n.directory for n in first.nodes}) == 3  # each node its own local disk
     for node in first.nodes:
@@ -713,8 +724,7 @@ def test_submit_with_data_stages_it_on_every_node_once(kept: dict, capsys, job_u
             assert staged.stat().st_uid == pwd.getpwnam(job_user).pw_uid, staged
     ranks_read(out, first)
 
-    again, out, second = submit_reading_data(kept, capsys, job_user, source, laptop)
-    assert again != job
+    out, second = followed_staging(kept, job_user, again)
     assert {n.rank: n.directory for n in second.nodes} == {
         n.rank: n.directory for n in first.nodes}
     for node in second.nodes:  # listed and found complete: nothing fetched again

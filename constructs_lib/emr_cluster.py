@@ -65,10 +65,10 @@ class EmrDeepLearningCluster(Construct):
     and EBS) and IMDSv2, in-transit encryption only with ``tls_certificates_s3_url``.
 
     Every node runs two bootstrap actions: ``emr/efs_mount.sh <fs-id> <region> <mount>``
-    and ``emr/metadata.py bootstrap ...``, which unpacks the node scripts, installs
-    ``dl-run`` (with the cluster's default ``--data-checksums``) and the job executor, and
-    starts the watcher that writes the workers file,
-    hostfiles and ``DEEPLEARNING_*`` environment from ``ListInstances`` on every node.
+    and ``emr/metadata.py bootstrap ...``, which unpacks the node scripts, installs the
+    node's region file, ``dl-run`` (with the cluster's default ``--data-checksums``) and the
+    job executor, and starts the watcher that writes the workers file, hostfiles and
+    ``DEEPLEARNING_*`` environment from ``ListInstances`` on every node.
     """
 
     @validation.reports_path

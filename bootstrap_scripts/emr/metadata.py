@@ -13,8 +13,8 @@ list, so every node writes byte-identical files; nobody copies anything.
 
 Subcommands:
   bootstrap  the EMR bootstrap action (runs on every node, must return quickly): unpack the
-             node scripts from S3, install ``dl-run`` (waits for the membership first), its
-             default ``--data-checksums`` and the job executor
+             node scripts from S3, install the region file, ``dl-run`` (waits for the
+             membership first), its default ``--data-checksums`` and the job executor
              (:mod:`bootstrap_scripts.emr.services`), start ``watch`` in the background;
   watch      poll the cluster; once it is RUNNING/WAITING write the membership files, and
              rewrite them whenever the instance list changes (resize, replacement);

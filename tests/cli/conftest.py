@@ -1,6 +1,7 @@
 """The kept emulated cluster ``tests/cli/test_e2e.py`` shares between its tests (``make demo
 ARGS=--keep``: a master and two base workers, the worker group's maximum one more so it has
-room to scale out), and the cluster user its jobs run as. Stopped at the module's end, always,
+room to scale out, deployed with a data bucket its nodes may read, ``DATA_BUCKET`` /
+``DATA_PREFIX``), and the cluster user its jobs run as. Stopped at the module's end, always,
 by process group if ``--stop`` fails."""
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 
-from bootstrap_scripts.data import checksums
 from constructs_lib import launch, validation
 from constructs_lib.cluster_settings import DEFAULT_INSTANCE_TYPE
 from constructs_lib.idle_stop import idle_stop_seconds
@@ -128,7 +127,7 @@ def check_cluster_props(
         raise validation.ConfigError(
             "give either placement_group or create_placement_group=True, not both"
         )
-    data_checksums = validation.one_of("data_checksums", data_checksums, checksums.MODES)
+    data_checksums = validation.checksum_mode("data_checksums", data_checksums)
     return ClusterProps(
         worker_count=worker_count, min_workers=min_workers, spot_workers=spot_workers,
         max_workers=max_workers, node_boot_seconds=node_boot_seconds,

@@ -58,10 +58,6 @@ def _image_type(name: str, value: object) -> str:
     return validation.one_of(name, str(value), tuple(IMAGE_FAMILIES))
 
 
-def _checksum_mode(name: str, value: object) -> str:
-    return validation.one_of(name, str(value), checksums.MODES)
-
-
 def _text(_name: str, value: object) -> str:
     return str(value)
 
@@ -225,7 +221,7 @@ class ClusterSettings:
         "(every node has it; `dlc submit --data-checksums` and dl-run's own flag still "
         "choose per job): `required` fails a job's staging, before the job starts, on the "
         "first object whose bytes botocore cannot check against S3's checksum; `warn` stages "
-        "those and counts them (\"Data in S3\")", _checksum_mode,
+        "those and counts them (\"Data in S3\")", validation.checksum_mode,
         accepts=" or ".join(f"`{m}`" for m in checksums.MODES))
     shared_storage: str = setting(
         "sharedStorage", "efs", "`fsx-lustre`: an FSx for Lustre file system too (PERSISTENT_2, "

@@ -22,6 +22,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from bootstrap_scripts.data import checksums
 from constructs_lib import emr_config, validation
 from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY
 from constructs_lib.emr_roles import add_emr_roles
@@ -41,6 +42,9 @@ DEFAULT_CORE_INSTANCE_COUNT = 2
 DEFAULT_ROOT_VOLUME_GIB = 100
 #: Minimal: YARN/HDFS only. Training runs through dl-run, not through an EMR application.
 DEFAULT_APPLICATIONS: tuple[str, ...] = ("Hadoop",)
+#: The nodes' default ``dl-run --data-checksums``: the node's own (``checksums.WARN``), as on
+#: the EC2 cluster.
+DEFAULT_DATA_CHECKSUMS = checksums.WARN
 #: The DLAMI family EMR accepts: EMR 7.x custom AMIs must be Amazon Linux 2023 based.
 EMR_IMAGE_TYPE = "amazon-linux-2023"
 #: Tag the EMR managed service policy v2 requires on the VPC, subnets and security groups
@@ -61,9 +65,10 @@ class EmrDeepLearningCluster(Construct):
     and EBS) and IMDSv2, in-transit encryption only with ``tls_certificates_s3_url``.
 
     Every node runs two bootstrap actions: ``emr/efs_mount.sh <fs-id> <region> <mount>``
-    and ``emr/metadata.py bootstrap ...``, which unpacks the node scripts, installs
-    ``dl-run`` and the job executor, and starts the watcher that writes the workers file,
-    hostfiles and ``DEEPLEARNING_*`` environment from ``ListInstances`` on every node.
+    and ``emr/metadata.py bootstrap ...``, which unpacks the node scripts, installs the
+    node's region file, ``dl-run`` (with the cluster's default ``--data-checksums``) and the
+    job executor, and starts the watcher that writes the workers file, hostfiles and
+    ``DEEPLEARNING_*`` environment from ``ListInstances`` on every node.
     """
 
     @validation.reports_path
@@ -92,6 +97,7 @@ class EmrDeepLearningCluster(Construct):
         cluster_name: str | None = None,
         training_command: Sequence[str] | None = None,
         idle_timeout: Duration | None = None,
+        data_checksums: str = DEFAULT_DATA_CHECKSUMS,
     ) -> None:
         """
         :param vpc: the VPC to run in (tag its private subnets for EMR's managed policy).
@@ -144,6 +150,12 @@ class EmrDeepLearningCluster(Construct):
             :default: no step
         :param idle_timeout: terminate after this long idle (1 minute to 7 days).
             :default: never
+        :param data_checksums: every node's default of ``dl-run --data-checksums`` (a job's
+            own flag still wins): ``required`` fails a ``--data`` job's staging on the first
+            object botocore cannot check against S3's checksum, ``warn`` stages and counts
+            those. The bootstrap action writes it where dl-run reads it, as the EC2
+            cluster's installer does.
+            :default: ``warn``
         """
         super().__init__(scope, construct_id)
         # -- validation: every bad prop fails synth with its name and value ----------------------
@@ -164,6 +176,7 @@ class EmrDeepLearningCluster(Construct):
                                                 tls_certificates_s3_url)
                        if tls_certificates_s3_url else None)
         self.training_command = emr_config.training_command(training_command)
+        self.data_checksums = validation.checksum_mode("data_checksums", data_checksums)
         if idle_timeout is not None and not idle_timeout.is_unresolved() and not (
                 60 <= idle_timeout.to_seconds() <= 7 * 24 * 3600):
             raise validation.ConfigError(
@@ -297,7 +310,8 @@ class EmrDeepLearningCluster(Construct):
                     path=self.metadata_script.s3_object_url,
                     args=["bootstrap", "--scripts-url", self.node_scripts.s3_object_url,
                           "--region", region, "--efs-mount", self.efs_mount_point,
-                          "--python", family.python])),
+                          "--python", family.python,
+                          "--data-checksums", self.data_checksums])),
         ]
 
         def group(name: str, instance_type: str,

@@ -10,10 +10,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from bootstrap_scripts.data import checksums
 from constructs_lib import validation
 from constructs_lib.emr_cluster import (
     DEFAULT_APPLICATIONS,
     DEFAULT_CORE_INSTANCE_COUNT,
+    DEFAULT_DATA_CHECKSUMS,
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_RELEASE_LABEL,
     DEFAULT_ROOT_VOLUME_GIB,
@@ -109,3 +111,9 @@ class EmrSettings:
     idle_timeout_minutes: int | None = setting(
         "emrIdleTimeoutMinutes", None, "terminate after this long idle", validation.count,
         minimum=1, maximum=MAX_IDLE_TIMEOUT_MINUTES)
+    data_checksums: str = setting(
+        "emrDataChecksums", DEFAULT_DATA_CHECKSUMS, "every node's default of `dl-run "
+        "--data-checksums` (a job's own flag still wins): `required` fails a `--data` job's "
+        "staging on the first object botocore cannot check against S3's checksum; `warn` "
+        "stages those and counts them (DLClusterStack's `dataChecksums`)",
+        validation.checksum_mode, accepts=" or ".join(f"`{m}`" for m in checksums.MODES))

@@ -22,6 +22,8 @@ from aws_cdk import Token
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from bootstrap_scripts.data import checksums
+
 MIN_ROOT_VOLUME_GIB = 50
 #: gp3's largest volume (16 TiB).
 MAX_ROOT_VOLUME_GIB = 16384
@@ -242,6 +244,14 @@ def one_of(name: str, value: str, choices: list[str] | tuple[str, ...]) -> str:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def checksum_mode(name: str, value: object) -> str:
+    """A cluster's default ``dl-run --data-checksums`` (``dataChecksums``,
+    ``emrDataChecksums``, the constructs' ``data_checksums``): one of the modes the node's
+    reader knows (``bootstrap_scripts.data.checksums.MODES``), checked here so that both
+    stacks refuse the same values with the same words."""
+    return one_of(name, str(value), checksums.MODES)
 
 
 # -- capacity: instance-type lists, zones, reservations (docs/capacity-adjuster.md) --------------

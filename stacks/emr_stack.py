@@ -87,6 +87,7 @@ class DLEmrClusterStack(Stack):
             training_command=list(s.training_command) if s.training_command else None,
             idle_timeout=(Duration.minutes(s.idle_timeout_minutes)
                           if s.idle_timeout_minutes else None),
+            data_checksums=s.data_checksums,
         )
         acknowledge_emr_findings(self.cluster)
         c = self.cluster

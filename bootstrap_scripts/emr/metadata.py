@@ -13,9 +13,9 @@ list, so every node writes byte-identical files; nobody copies anything.
 
 Subcommands:
   bootstrap  the EMR bootstrap action (runs on every node, must return quickly): unpack the
-             node scripts from S3, install ``dl-run`` (waits for the membership first) and
-             the job executor (:mod:`bootstrap_scripts.emr.services`), start ``watch`` in
-             the background;
+             node scripts from S3, install the region file, ``dl-run`` (waits for the
+             membership first), its default ``--data-checksums`` and the job executor
+             (:mod:`bootstrap_scripts.emr.services`), start ``watch`` in the background;
   watch      poll the cluster; once it is RUNNING/WAITING write the membership files, and
              rewrite them whenever the instance list changes (resize, replacement);
   sync       one pass of ``watch`` (prints what it did);
@@ -215,15 +215,24 @@ def bootstrap(args: argparse.Namespace) -> int:
         os.execv(preferred, argv)
     unpack_scripts(args.scripts_url, args.lib_dir, args.region)
     sys.path.insert(0, args.lib_dir)
+    from bootstrap_scripts.agent.install import instance_region
     from bootstrap_scripts.emr.services import install_node_services
+    from bootstrap_scripts.node_region import RegionError
 
     python = sys.executable  # the preferred interpreter, after the re-run above
     watch_args = ["--root", "/", "--efs-mount", args.efs_mount]
     if args.region:
         watch_args += ["--region", args.region]
-    written = install_node_services(root=args.root, python=python, lib_dir=args.lib_dir,
-                                    efs_mount=args.efs_mount, watch_args=watch_args,
-                                    systemctl=not args.no_systemctl)
+    given = {} if args.data_checksums is None else {"data_checksums": args.data_checksums}
+    try:
+        # the stack's region (the construct passes it); instance metadata's without it
+        region = args.region or instance_region("")
+        written = install_node_services(root=args.root, python=python, lib_dir=args.lib_dir,
+                                        efs_mount=args.efs_mount, watch_args=watch_args,
+                                        region=region, systemctl=not args.no_systemctl,
+                                        **given)
+    except (ValueError, RegionError) as exc:
+        raise MetadataError(str(exc)) from None
     print(f"emr_metadata: installed {', '.join(str(p) for p in written)}; the membership "
           "watcher writes this node's membership files once the cluster is up", flush=True)
     return EXIT_OK
@@ -298,6 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interpreter for the services (default: the DLAMI's PyTorch env; "
                         "falls back to this one)")
     b.add_argument("--lib-dir", default=LIB_DIR)
+    # Checked by the installer once the scripts are unpacked (the modes and the default
+    # live in bootstrap_scripts.data.checksums, not importable before that).
+    b.add_argument("--data-checksums", default=None,
+                   help="the cluster's default of dl-run --data-checksums (warn or "
+                        "required; default: the node's own, warn)")
     b.add_argument("--root", default="/", help=argparse.SUPPRESS)  # tests: a temp dir
     b.add_argument("--no-systemctl", action="store_true", help=argparse.SUPPRESS)
     b.add_argument("--no-sudo", action="store_true", help=argparse.SUPPRESS)  # re-run done

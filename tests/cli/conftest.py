@@ -1,6 +1,7 @@
 """The kept emulated cluster ``tests/cli/test_e2e.py`` shares between its tests (``make demo
 ARGS=--keep``: a master and two base workers, the worker group's maximum one more so it has
-room to scale out), and the cluster user its jobs run as. Stopped at the module's end, always,
+room to scale out, deployed with a data bucket its nodes may read, ``DATA_BUCKET`` /
+``DATA_PREFIX``), and the cluster user its jobs run as. Stopped at the module's end, always,
 by process group if ``--stop`` fails."""
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from emulator.demo.context import STATE_FILE
 from emulator.nodes import PYTHON
 from tests.conftest import REPO_ROOT
 from tests.support.demo import DEMO_TIMEOUT, demo_env
-from tests.support.kept import UNREACHABLE_ACC, demo_stop, state_groups
+from tests.support.kept import (
+    DATA_BUCKET,
+    DATA_PREFIX,
+    UNREACHABLE_ACC,
+    demo_stop,
+    state_groups,
+)
 from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
 
 
@@ -33,7 +40,8 @@ def kept(tmp_path_factory) -> Iterator[dict]:
     # failure, whose message and kept cluster the first-hour tests read
     proc = subprocess.run(
         [sys.executable, "-m", "emulator.demo", "--keep", "--workers", "2", "--context",
-         "maxWorkers=3", "--epochs", "2", "--require-acc", UNREACHABLE_ACC,
+         "maxWorkers=3", "--context", f"dataBucket={DATA_BUCKET}", "--context",
+         f"dataPrefix={DATA_PREFIX}", "--epochs", "2", "--require-acc", UNREACHABLE_ACC,
          "--report", str(report_path)],
         cwd=REPO_ROOT, env=demo_env(), capture_output=True, text=True, timeout=DEMO_TIMEOUT)
     report = json.loads(report_path.read_text())

@@ -23,7 +23,8 @@ import pytest
 
 from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.procgroup import alive, pids_in_groups, stop_popen_group
-from bootstrap_scripts.protocol.paths import JobPaths
+from bootstrap_scripts.protocol.jobs import StagingReport
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from dlc.cli import main
 from dlc.cost import usd as cost_usd
 from emulator.demo.context import BIN_DIR
@@ -32,7 +33,13 @@ from tests.conftest import REPO_ROOT
 from tests.support.bounded import dlc_follow, run_bounded
 from tests.support.cluster import job_dirs
 from tests.support.demo import demo_env, in_vpc
-from tests.support.kept import UNREACHABLE_ACC, demo_stop, state_groups
+from tests.support.kept import (
+    DATA_BUCKET,
+    DATA_PREFIX,
+    UNREACHABLE_ACC,
+    demo_stop,
+    state_groups,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +126,7 @@ def test_every_member_speaks_to_the_master_with_its_own_signed_records(kept: dic
 
     from bootstrap_scripts.node_keys import RecordCheck
     from bootstrap_scripts.protocol.membership import Membership
-    from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+    from bootstrap_scripts.protocol.paths import NodePaths
     from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Registration
 
     master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")
@@ -638,6 +645,92 @@ def test_a_mount_fails_clearly_on_an_emulated_node(kept: dict, capsys, job_user)
     code, out, err = dlc(kept, capsys, "logs", job)
     assert "mount-s3 is not available on this node" in out + err + listed["message"], (
         listed, out[-2000:], err[-2000:])
+
+
+def submit_reading_data(kept: dict, capsys, job_user: str, source: str, laptop: Path) -> str:
+    """``dlc submit --data SOURCE`` of ``laptop``'s ``read.sh`` on every node (``each``):
+    the job's id."""
+    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--launcher", "each",
+                         "--max-restarts", "0", "--data", source, "--workdir", str(laptop),
+                         "--json", "--", "sh", "read.sh")
+    assert code == 0, err
+    return json.loads(out)["job_id"]
+
+
+def followed_staging(kept: dict, job_user: str, job: str) -> tuple[str, StagingReport]:
+    """``job`` followed to its success: (its output, its attempt's ``staging.json``)."""
+    code, out, err = follow(kept, job)
+    assert code == 0 and f"job {job} succeeded" in err, out[-2000:] + err
+    efs = ClusterPaths(Path(kept["report"]["work_dir"]) / "efs")
+    record = efs.job(f"{job}.1", job_user).staging  # the first (only) attempt's
+    return out, StagingReport.from_json(record.read_text(), source=str(record))
+
+
+def test_submit_with_data_stages_it_on_every_node_once(kept: dict, capsys, job_user,
+                                                        tmp_path: Path) -> None:
+    """``dlc submit --data``: every node's executor copies the prefix of the cluster's data
+    bucket (``dataBucket``/``dataPrefix`` of the kept deploy) to its own local disk as the
+    job's user before the job starts, each rank reads its node's copy through
+    ``$DL_DATA_DIR``, and the attempt's ``staging.json`` names every node's directory and
+    bytes; a second job on the same data copies nothing (the record's ``copied`` is 0).
+    Both are submitted at once: the controller runs one job at a time, first come first
+    served, so the second stages only once the first has ended."""
+    from bootstrap_scripts.protocol.membership import Membership
+    from bootstrap_scripts.protocol.paths import NodePaths
+
+    if not has_controller(kept):
+        pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
+    aws = kept["state"]["aws"]
+    s3 = boto3.client("s3", endpoint_url=aws["endpoint"], region_name=aws["region"])
+    token = os.urandom(8).hex()  # this run's bytes: a stale copy cannot pass for them
+    objects = {"a.txt": f"alpha-{token}\n".encode(), "sub/b.txt": f"beta-{token}\n".encode(),
+               "sub/c.bin": bytes(range(256)) * 8}
+    prefix = f"{DATA_PREFIX}{token}/"
+    s3.create_bucket(Bucket=DATA_BUCKET)
+    for key, body in objects.items():
+        s3.put_object(Bucket=DATA_BUCKET, Key=prefix + key, Body=body)
+    laptop = tmp_path / "project"
+    laptop.mkdir()
+    (laptop / "read.sh").write_text(  # dlc's arguments cannot carry a '$': a script can
+        "set -e\necho \"dir=$DL_DATA_DIR\"\ncat \"$DL_DATA_DIR/a.txt\" "
+        "\"$DL_DATA_DIR/sub/b.txt\"\ncksum < \"$DL_DATA_DIR/sub/c.bin\"\n")
+    source = f"s3://{DATA_BUCKET}/{prefix}"
+    total = sum(len(b) for b in objects.values())
+    crc = subprocess.run(["cksum"], input=objects["sub/c.bin"], capture_output=True,
+                         check=True).stdout.decode().strip()
+    master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")
+    members = {n.address for n in Membership.load(NodePaths(master["root"]).membership).nodes}
+    assert len(members) == 3, members
+
+    def ranks_read(out: str, record: StagingReport) -> None:
+        lines = out.splitlines()
+        for node in record.nodes:
+            said = [ln.split("] ", 1)[1] for ln in lines if ln.startswith(f"[{node.rank} ")]
+            for line in (f"dir={node.directory}", f"alpha-{token}", f"beta-{token}", crc):
+                assert line in said, (node, line, out[-2000:])
+
+    job = submit_reading_data(kept, capsys, job_user, source, laptop)
+    again = submit_reading_data(kept, capsys, job_user, source, laptop)
+    assert again != job
+    out, first = followed_staging(kept, job_user, job)
+    assert first.source == source and {n.address for n in first.nodes} == members, first
+    assert len({n.directory for n in first.nodes}) == 3  # each node its own local disk
+    for node in first.nodes:
+        assert (node.objects, node.bytes, node.copied, node.copied_bytes) == (
+            3, total, 3, total), node
+        for key, body in objects.items():  # the node's copy: the bucket's bytes, the user's
+            staged = Path(node.directory) / key
+            assert staged.read_bytes() == body, staged
+            assert staged.stat().st_uid == pwd.getpwnam(job_user).pw_uid, staged
+    ranks_read(out, first)
+
+    out, second = followed_staging(kept, job_user, again)
+    assert {n.rank: n.directory for n in second.nodes} == {
+        n.rank: n.directory for n in first.nodes}
+    for node in second.nodes:  # listed and found complete: nothing fetched again
+        assert (node.objects, node.bytes, node.copied, node.copied_bytes) == (
+            3, total, 0, 0), node
+    ranks_read(out, second)
 
 
 def test_scale_out_and_in(kept: dict, capsys) -> None:

@@ -82,4 +82,5 @@ def custom_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
         root_volume_gib=200,
         key_name="ops",
         idle_timeout_minutes=120,
+        data_checksums="required",
     ))

@@ -111,6 +111,16 @@ def test_bootstrap_actions_mount_efs_then_set_up_membership(default_synth: Synth
     assert args[args.index("--region") + 1] == ref("AWS::Region")
     assert args[args.index("--efs-mount") + 1] == "/efs"
     assert args[args.index("--python") + 1] == "/opt/pytorch/bin/python"
+    # the nodes' default dl-run --data-checksums, as on the EC2 cluster: the node's own
+    assert args[args.index("--data-checksums") + 1] == "warn"
+
+
+def test_the_clusters_data_checksums_reach_the_bootstrap_action(custom_synth: Synth) -> None:
+    """``emrDataChecksums=required`` goes to every node's bootstrap action, which writes it
+    where dl-run reads it (tests/emr/test_emr_metadata.py)."""
+    _mount, membership = custom_synth.cluster()["BootstrapActions"]
+    args = membership["ScriptBootstrapAction"]["Args"]
+    assert args[args.index("--data-checksums") + 1] == "required"
 
 
 def test_bootstrap_assets_are_the_shipped_scripts(default_synth: Synth) -> None:
@@ -384,6 +394,8 @@ def build(**props):
     ({"training_command": []}, r"training_command must be a non-empty list"),
     ({"efs_mount_point": "efs"}, r"^Bad/Emr: efs_mount_point must be an absolute directory"),
     ({"idle_timeout": cdk.Duration.seconds(10)}, r"idle_timeout must be between 1 minute"),
+    ({"data_checksums": "strict"},
+     r"^Bad/Emr: data_checksums must be one of warn, required, got 'strict'$"),
 ])
 def test_bad_props_fail_synth_naming_the_value(props: dict, pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):

@@ -19,12 +19,18 @@ from pathlib import Path
 import boto3
 import pytest
 
+from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import node_files
+from bootstrap_scripts.data import checksums
 from bootstrap_scripts.emr import aws_cli, services
 from bootstrap_scripts.emr import metadata as em
+from bootstrap_scripts.jobs.cli.dl_run import build_parser as dl_run_parser
+from bootstrap_scripts.jobs.cli.dl_run import split_command
+from bootstrap_scripts.jobs.cli.request_args import request_from_args
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.node_files import parse_env_file
 from bootstrap_scripts.protocol.paths import NodePaths
+from emulator import units
 from tests.conftest import REGION, REPO_ROOT
 from tests.support.emr import instances_of, make_cluster
 
@@ -231,8 +237,10 @@ def test_read_cluster_id_from_emr_job_flow_info(tmp_path: Path) -> None:
 def test_install_writes_dl_run_wrapper_and_units(tmp_path: Path) -> None:
     written = services.install_node_services(
         root=str(tmp_path), python="/opt/pytorch/bin/python", lib_dir="/opt/deeplearning/lib",
-        efs_mount="/efs", watch_args=["--root", "/", "--efs-mount", "/efs"], systemctl=False)
-    assert {p.name for p in written} == {"dl-run", services.WATCH_UNIT, services.EXECUTOR_UNIT}
+        efs_mount="/efs", watch_args=["--root", "/", "--efs-mount", "/efs"], region=REGION,
+        systemctl=False)
+    assert {p.name for p in written} == {"dl-run", services.WATCH_UNIT, services.EXECUTOR_UNIT,
+                                         "data-checksums", "aws-region.env", "dl-aws-region.sh"}
     wrapper = tmp_path / "usr/local/bin/dl-run"
     assert os.access(wrapper, os.X_OK)
     text = wrapper.read_text()
@@ -247,6 +255,46 @@ def test_install_writes_dl_run_wrapper_and_units(tmp_path: Path) -> None:
             '"watch" "--root" "/" "--efs-mount" "/efs"') in unit
     executor = (tmp_path / "etc/systemd/system" / services.EXECUTOR_UNIT).read_text()
     assert '"bootstrap_scripts.jobs.executor"' in executor and '"/efs"' in executor
+    # Both units name the region file, which systemd requires to exist (no '-'): it is
+    # there, under the node's root, with the stack's region (the stager reads it too).
+    for text in (unit, executor):
+        (env_file,) = [ln.split("=", 1)[1] for ln in text.splitlines()
+                       if ln.startswith("EnvironmentFile=")]
+        assert not env_file.startswith("-")
+        env = units.environment_file(str(tmp_path / env_file.lstrip("/")), "unit")
+        assert env["AWS_REGION"] == REGION and env["AWS_DEFAULT_REGION"] == REGION
+    assert node_region.read_installed(tmp_path) == REGION
+
+
+def dl_run_checksums(root: Path, *argv: str) -> str:
+    """The ``--data-checksums`` of ``dl-run --root ROOT ARGV -- python train.py`` (the
+    runner the EMR wrapper execs, with its own parser and rules)."""
+    opts, command = split_command(["--root", str(root), *argv, "--", "python", "train.py"])
+    return request_from_args(dl_run_parser().parse_args(opts), command, "j-1").data_checksums
+
+
+def test_install_writes_the_clusters_data_checksums_where_dl_run_reads_them(
+        tmp_path: Path) -> None:
+    """The construct's ``data_checksums`` (``emrDataChecksums``) on an EMR node: a ``--data``
+    step without ``--data-checksums`` takes it, an explicit flag wins; without the setting
+    the node writes ``warn``, as the EC2 installer does; a mode the node does not know is
+    refused (it would read it as ``warn``) and nothing is written."""
+    kwargs = {"python": "/opt/pytorch/bin/python", "lib_dir": "/opt/deeplearning/lib",
+              "efs_mount": "/efs", "watch_args": [], "region": REGION, "systemctl": False}
+    node = tmp_path / "node"
+    services.install_node_services(root=str(node), data_checksums="required", **kwargs)
+    assert (node / checksums.SETTING_FILE).read_text() == "required\n"
+    assert checksums.node_default(node) == checksums.REQUIRED
+    assert dl_run_checksums(node, "--data", "s3://b-1/ds") == "required"
+    assert dl_run_checksums(node, "--data", "s3://b-1/ds", "--data-checksums", "warn") == "warn"
+    plain = tmp_path / "plain"
+    services.install_node_services(root=str(plain), **kwargs)
+    assert (plain / checksums.SETTING_FILE).read_text() == "warn\n"
+    bad = tmp_path / "bad"
+    with pytest.raises(ValueError, match=r"--data-checksums must be one of warn, required, "
+                                         r"got 'strict'"):
+        services.install_node_services(root=str(bad), data_checksums="strict", **kwargs)
+    assert not bad.exists()
 
 
 def test_wait_returns_once_the_membership_exists(tmp_path: Path) -> None:
@@ -285,7 +333,7 @@ def test_bootstrap_action_unpacks_the_scripts_and_installs(tmp_path: Path) -> No
         [sys.executable, str(downloaded), "bootstrap", "--scripts-url",
          "s3://assets/abc.zip", "--region", REGION, "--efs-mount", "/efs", "--python",
          sys.executable, "--lib-dir", str(lib), "--root", str(root), "--no-sudo",
-         "--no-systemctl"],
+         "--no-systemctl", "--data-checksums", "required"],
         env={**env, "PATH": f"{bindir}:{os.environ['PATH']}"}, cwd=tmp_path,
         capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -295,3 +343,5 @@ def test_bootstrap_action_unpacks_the_scripts_and_installs(tmp_path: Path) -> No
     assert os.access(root / "usr/local/bin/dl-run", os.X_OK)
     unit = (root / "etc/systemd/system" / services.WATCH_UNIT).read_text()
     assert f'"PYTHONPATH={lib}"' in unit and '"--region" "us-east-1"' in unit
+    assert checksums.node_default(root) == checksums.REQUIRED  # the construct's setting
+    assert node_region.read_installed(root) == REGION  # the stack's, for units and stager

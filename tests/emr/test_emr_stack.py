@@ -116,6 +116,7 @@ def test_context_values_arrive_as_strings_from_the_command_line() -> None:
         "emrTlsCertificatesS3Url": "s3://certs/tls.zip", "emrReleaseLabel": "emr-7.14.0",
         "emrVpcId": "vpc-0123456789abcdef0", "emrAvailabilityZones": "us-east-1a,us-east-1b",
         "emrVpcPrivateSubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1",
+        "emrDataChecksums": "required",
     }
     s = emr_settings_from_context(ctx.get)
     assert s.core_instance_count == 4 and s.root_volume_gib == 150
@@ -123,6 +124,7 @@ def test_context_values_arrive_as_strings_from_the_command_line() -> None:
     assert s.training_command == ("python", "train.py", "--epochs", "3")
     assert s.idle_timeout_minutes == 60 and s.ami_id == "ami-0123456789abcdef0"
     assert s.core_instance_type == "p5.48xlarge" and s.release_label == "emr-7.14.0"
+    assert s.data_checksums == "required"
     # JSON from cdk.json works too.
     assert emr_settings_from_context({"emrApplications": ["Spark"]}.get).applications == (
         "Spark",)
@@ -135,6 +137,8 @@ def test_context_values_arrive_as_strings_from_the_command_line() -> None:
     ({"emrAllowUnstableApplications": "maybe"},
      r"context key 'emrAllowUnstableApplications' must be true or false, got 'maybe'"),
     ({"emrTrainingCommand": "python 'unclosed"}, r"'emrTrainingCommand' is not a valid command"),
+    ({"emrDataChecksums": "strict"},
+     r"^context key 'emrDataChecksums' must be one of warn, required, got 'strict'$"),
 ])
 def test_bad_context_values_name_the_key(ctx: dict, pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):
@@ -158,7 +162,7 @@ def test_settings_defaults_are_the_constructs_own() -> None:
     for field in ("release_label", "applications", "allow_unstable_applications",
                   "primary_instance_type", "core_instance_type", "core_instance_count",
                   "root_volume_gib", "efs_mount_point", "vpc_cidr",
-                  "tls_certificates_s3_url"):
+                  "tls_certificates_s3_url", "data_checksums"):
         assert getattr(s, field) == props[field].default, field
     assert s.idle_timeout_minutes is props["idle_timeout"].default
     assert s.training_command is props["training_command"].default

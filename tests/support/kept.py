@@ -14,6 +14,11 @@ from tests.support.demo import demo_env
 #: The demo job's accuracy target: out of reach in 2 epochs, so the kept cluster's first job
 #: fails as a new user's might.
 UNREACHABLE_ACC = "0.99"
+#: The kept cluster's data bucket and prefix (``-c dataBucket=… -c dataPrefix=…``): the nodes
+#: may read that prefix and nothing else of the bucket, as on AWS; the bucket itself is made
+#: by the test that fills it (a stack takes an existing bucket's name, made before or after).
+DATA_BUCKET = "dl-demo-datasets"
+DATA_PREFIX = "e2e/"
 
 
 def demo_stop(state_path: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -25,7 +25,7 @@ from bootstrap_scripts.protocol.data_source import (
     parse_data_source,
 )
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.nnodes import NodeRangeError, parse_nnodes
+from bootstrap_scripts.protocol.nnodes import TORCHRUN, NodeRangeError, parse_nnodes
 from bootstrap_scripts.protocol.paths import validate_job_id
 from bootstrap_scripts.protocol.record_base import Record, record
 
@@ -290,7 +290,7 @@ class RunRequest(Record):
     KIND: ClassVar[str] = "run request"
     job_id: str
     command: tuple[str, ...]
-    launcher: str = "torchrun"
+    launcher: str = TORCHRUN
     #: every rank's environment (the variables dl-run forwards, then ``--env``)
     env: dict[str, str] = field(default_factory=dict)
     #: names mpirun must pass on to the ranks it starts (``-x``)

@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable
 
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
-from bootstrap_scripts.jobs.engine.launchers import parse_nnodes
-from bootstrap_scripts.jobs.engine.plan_types import LaunchError
 from bootstrap_scripts.ops.cost import parse_usd, plain
 from bootstrap_scripts.protocol.data_source import (
     DataSourceError,
@@ -20,6 +18,7 @@ from bootstrap_scripts.protocol.data_source import (
     check_mounts,
     parse_data_source,
 )
+from bootstrap_scripts.protocol.nnodes import NodeRangeError, check_torchrun_options
 from dlc import aws
 from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
@@ -45,8 +44,8 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
                 data_checksums: str | None = None, elastic: bool = False,
                 nnodes: str | None = None) -> list[str]:
     """``dl-run --detach --json [options] -- CMD``. ``nnodes`` (torchrun's ``N`` or
-    ``MIN:MAX``; with ``elastic``, nodes beyond MAX wait as spares) is checked here with
-    the launcher's own rule. ``max_cost``: ``--max-cost`` in USD,
+    ``MIN:MAX``; with ``elastic``, nodes beyond MAX wait as spares) and ``elastic`` (only
+    with torchrun) are checked here with dl-run's own rules. ``max_cost``: ``--max-cost`` in USD,
     checked here (UsageError naming the value) so a bad one never reaches the master; the
     same for ``resume_from``, ``mounts`` and ``data`` (with the parser dl-run itself uses).
     ``data_checksums`` None leaves dl-run's own default (the cluster's ``dataChecksums``) in
@@ -78,13 +77,13 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--resume-from", f"s3://{bucket}/{prefix}"]
     if hang_timeout is not None:
         argv += ["--hang-timeout", f"{hang_timeout:g}"]
+    try:  # dl-run's own rules (``protocol.nnodes``), so a bad one never reaches the master
+        check_torchrun_options(launcher, elastic, nnodes)
+    except NodeRangeError as exc:
+        raise UsageError(str(exc)) from None
     if elastic:
         argv += ["--elastic"]
     if nnodes is not None:
-        try:
-            parse_nnodes(nnodes, 1)
-        except LaunchError as exc:
-            raise UsageError(str(exc)) from None
         argv += ["--nnodes", nnodes]
     try:  # checked here too, so a bad one never reaches the master
         check_mounts(tuple(mounts))

@@ -25,6 +25,7 @@ from bootstrap_scripts.protocol.data_source import (
     parse_data_source,
 )
 from bootstrap_scripts.protocol.errors import ProtocolError
+from bootstrap_scripts.protocol.nnodes import TORCHRUN, NodeRangeError, parse_nnodes
 from bootstrap_scripts.protocol.paths import validate_job_id
 from bootstrap_scripts.protocol.record_base import Record, record
 
@@ -126,6 +127,8 @@ class JobSpec:
     #: the job's user before it starts the share, and unmounts them when it ends
     #: (``jobs/executor/s3_mounts.py``)
     mounts: tuple[str, ...] = ()
+    #: torchrun's ``--nnodes`` as the launcher computed it ("": another launcher, older spec)
+    nnodes: str = ""
     schema: int = SPEC_SCHEMA
 
     def share_for(self, address: str) -> Share | None:
@@ -164,10 +167,15 @@ class JobSpec:
                 join_template=_proc(template) if template else None,
                 join_admission=bool(data.get("join_admission", False)),
                 mounts=tuple(str(m) for m in data.get("mounts", ())),
+                nnodes=str(data.get("nnodes", "")),
             )
             check_mounts(spec.mounts)
+            if spec.nnodes:
+                parse_nnodes(spec.nnodes)
         except DataSourceError as exc:
             raise JobSpecError(str(exc), field="mounts") from None
+        except NodeRangeError as exc:
+            raise JobSpecError(str(exc), field="nnodes") from None
         except JobSpecError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -282,7 +290,7 @@ class RunRequest(Record):
     KIND: ClassVar[str] = "run request"
     job_id: str
     command: tuple[str, ...]
-    launcher: str = "torchrun"
+    launcher: str = TORCHRUN
     #: every rank's environment (the variables dl-run forwards, then ``--env``)
     env: dict[str, str] = field(default_factory=dict)
     #: names mpirun must pass on to the ranks it starts (``-x``)

@@ -27,6 +27,7 @@ import pytest
 from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.jobs.engine.plan_types import LaunchOptions
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_SCRIPT
+from bootstrap_scripts.protocol.nnodes import ELASTIC_MAX_NODES, NodeRange
 from emulator.cloud import free_port
 from tests.chaos import restart_phases as rp
 
@@ -89,7 +90,7 @@ class Job:
             opts, Master(self.addresses[0]),
             [str(JOBS / "timed_digits.py"), "--epochs", "20", "--checkpoint-every", "4",
              "--step-delay", "0.25"],
-            address=self.addresses[i], nproc=1, nnodes=f"1:{ln.ELASTIC_MAX_NODES}",
+            address=self.addresses[i], nproc=1, nnodes=NodeRange(1, ELASTIC_MAX_NODES),
             max_restarts=ln.ELASTIC_MAX_RESTARTS))
         assert argv[1] == ln.TORCHRUN_AGENT_SCRIPT  # an elastic job's agent: torchrun
         argv[1:2] = [str(JOBS / "timed_agent.py")]

@@ -157,6 +157,34 @@ def test_submit_elastic_and_nnodes_reach_dl_run_as_given() -> None:
                              name=None, nnodes=bad)
 
 
+@pytest.mark.parametrize(("launcher", "nnodes", "named"), [
+    ("mpi", None, "'mpi'"), ("horovod", "1:4", "'horovod'"), ("each", None, "'each'"),
+    (None, "3", "'3'"), ("torchrun", "2", "'2'")])
+def test_submit_elastic_is_refused_on_the_laptop_by_dl_runs_own_rule(
+        tmp_path: Path, launcher, nnodes, named) -> None:
+    """``--elastic`` with a launcher other than torchrun, or with a single --nnodes N, is
+    refused by ``dlc submit`` (exit 2, naming the value) with the message dl-run gives on
+    the master: the rule has one home (``protocol.nnodes.check_torchrun_options``)."""
+    from bootstrap_scripts.jobs.engine import run as engine
+    from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
+    from bootstrap_scripts.protocol.jobs import RunRequest
+    from bootstrap_scripts.protocol.membership import build_membership
+
+    with pytest.raises(UsageError, match=re.escape(named)) as laptop:
+        jobs.submit_argv(("t",), launcher=launcher, max_restarts=None, min_nodes=None,
+                         name=None, elastic=True, nnodes=nnodes)
+    assert laptop.value.exit_code == 2
+    request = RunRequest(job_id="j", command=("t.py",), launcher=launcher or "torchrun",
+                         elastic=True, nnodes=nnodes or "")
+    m = build_membership(cluster_id="c", generation=1, workers=[],
+                         master={"instance_id": "i-m", "address": "10.0.0.4"})
+    with pytest.raises(RunError) as master:
+        engine.prepare(request, m, tmp_path)
+    assert master.value.code == EXIT_USAGE and str(master.value) == str(laptop.value)
+    assert jobs.submit_argv(("t",), launcher="mpi", max_restarts=None, min_nodes=None,
+                            name=None)[3:5] == ["--launcher", "mpi"]  # not elastic: fine
+
+
 def test_submit_data_is_checked_with_dl_runs_parser_and_passed_through() -> None:
     """--data, --data-shard and --data-checksums reach dl-run as given; a bad value is a
     UsageError naming the option and value on the laptop, as dl-run would refuse it."""

@@ -15,9 +15,10 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
     check_transition,
     choose_world,
     decide,
-    elastic_minimum,
+    join_restarts_workers,
 )
 from bootstrap_scripts.protocol.jobs import EXECUTOR_RESTARTED_REASON
+from bootstrap_scripts.protocol.nnodes import node_range, parse_nnodes, requested_minimum
 from bootstrap_scripts.protocol.records import (
     FAULT_INFRASTRUCTURE,
     JobResult,
@@ -115,7 +116,7 @@ def test_the_survivors_now_reason_says_the_sizes_and_that_the_replacement_joins(
 @pytest.mark.parametrize(("nnodes", "minimum"), [
     ("", 1), ("1:64", 1), ("3:8", 3), (" 2 : 4", 2), ("x:4", 1), ("0:4", 1), ("5", 5)])
 def test_elastic_minimum_is_torchruns_min(nnodes, minimum):
-    assert elastic_minimum(nnodes) == minimum
+    assert requested_minimum(nnodes) == minimum
 
 
 @pytest.mark.parametrize(("old", "new", "ok"), [
@@ -246,15 +247,26 @@ def test_node_faults_are_exactly_the_two_node_kinds():
 def test_a_join_restarts_the_workers_only_when_the_rendezvous_has_room():
     """A node joining a full round (MAX nodes in) waits as a spare and nobody restarts, so
     the hang watch gives no restart grace then; below MAX torchrun restarts every worker."""
-    from bootstrap_scripts.jobs.engine import launchers
-    from bootstrap_scripts.jobs.engine.restart_policy import (
-        ELASTIC_DEFAULT_MAX,
-        join_restarts_workers,
-    )
+    assert not join_restarts_workers(parse_nnodes("1:4"), 4)  # a spare run, full again
+    assert join_restarts_workers(parse_nnodes("1:4"), 3)  # one short: the joiner is taken in
+    assert join_restarts_workers(parse_nnodes("1:64"), 63)
+    assert not join_restarts_workers(parse_nnodes("1:64"), 64)
+    assert join_restarts_workers(parse_nnodes("2"), 1)
 
-    assert ELASTIC_DEFAULT_MAX == launchers.ELASTIC_MAX_NODES
-    assert not join_restarts_workers("1:4", 4)  # a spare run after a loss: full again
-    assert join_restarts_workers("1:4", 3)  # survivors one short: the joiner is taken in
-    assert join_restarts_workers("", 3) and join_restarts_workers("1:64", 63)
-    assert not join_restarts_workers("", 64)
-    assert join_restarts_workers("bad", 3) and join_restarts_workers("2", 3)
+
+@pytest.mark.parametrize(("given", "nodes", "members", "restarts"), [
+    ("", 4, 3, True),  # the default MAX (64) on a small cluster: room
+    ("", 64, 64, False),  # 64 nodes, all in: a joiner waits as a spare
+    ("", 70, 64, True),  # more than 64 nodes: MAX is the node count, 64 in leaves room
+    ("", 70, 69, True),
+    ("", 70, 70, False),
+    ("1:4", 5, 4, False),  # MAX below the node count: full at 4
+])
+def test_a_join_on_an_elastic_attempt_uses_the_launchers_own_max(given, nodes, members,
+                                                                  restarts):
+    """The hang watch's question is asked of the range the launcher gave the attempt
+    (``node_range``, published in its spec), not of a default of its own: on a cluster of
+    more than 64 nodes an elastic job without --nnodes runs with MAX = its node count, and
+    a join while 64 to MAX-1 nodes are in restarts every worker (the grace is due)."""
+    nnodes = node_range(given, nodes, elastic=True)
+    assert join_restarts_workers(nnodes, members) is restarts

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.paths import JobPaths, NodePaths
 from bootstrap_scripts.protocol.records import JobResult, ShareStarted
 from tests.runner.test_elastic import EPOCH_RE, FIRST_RE, START_RE, Lines
@@ -60,6 +61,8 @@ def test_a_spare_takes_a_lost_node_s_place_and_a_late_node_waits_as_a_spare(emu)
     # a participant other than the master is lost, as a machine is
     victim = sorted(first - {master})[0]
     (jdir,) = c.job_dirs()
+    spec = JobSpec.from_json(store.read_text(JobPaths(jdir).spec) or "")
+    assert spec.nnodes == "1:3"  # the range the controller's hang watch reads back
     pgids = [rec.pgid for _s, rec in store.scan_records(JobPaths(jdir).nodes, ShareStarted,
                                                         suffix=".started")
              if rec.address == victim]

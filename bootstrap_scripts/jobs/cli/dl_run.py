@@ -40,6 +40,7 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
 )
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import RunRequest, new_job_id
+from bootstrap_scripts.protocol.nnodes import ELASTIC_MAX_NODES
 from bootstrap_scripts.protocol.paths import MEMBERSHIP_FILE, validate_job_id
 
 #: A run request's defaults are dl-run's: the request is the one definition of a job's options.
@@ -172,7 +173,8 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     g.add("--elastic", action="store_true",
           help="elastic job: nodes that join the cluster while it runs join the job, "
           "draining nodes leave it, the others re-rendezvous and continue "
-          "(implies --nnodes 1:64 and --torchrun-max-restarts 100 unless given; see "
+          f"(implies --nnodes 1:MAX, MAX {ELASTIC_MAX_NODES} or the node count if larger, and "
+          f"--torchrun-max-restarts {ln.ELASTIC_MAX_RESTARTS} unless given; see "
           "docs/elastic-training.md)")
     g.add("--rdzv-last-call", type=float, default=0.0,
           help="seconds a rendezvous waits for more nodes once MIN are there "

@@ -28,8 +28,10 @@ from bootstrap_scripts.jobs.engine.classify import Failure, classify
 from bootstrap_scripts.jobs.engine.reachability import Executors, read_heartbeat
 from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
+from bootstrap_scripts.protocol.nnodes import NodeRange, NodeRangeError, node_range, parse_nnodes
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import (
     JobResult,
@@ -208,6 +210,25 @@ def shares_started_at(paths: JobPaths) -> float | None:
     if any(s.rank not in started for s in spec.shares):
         return None
     return max(started[s.rank].started_at for s in spec.shares)
+
+
+def attempt_nnodes(paths: JobPaths, run: RunRequest, count: int) -> NodeRange:
+    """torchrun's ``--nnodes`` of a running attempt: the range its launcher computed and
+    published in the attempt's spec (``JobSpec.nnodes``). Without ``--nnodes`` an elastic
+    job's MAX depends on the node count, so only the attempt's own value is sure. A spec
+    written before that field: the launcher's rule (``protocol.nnodes.node_range``) on
+    the request and the spec's share count; no readable spec yet: on ``count``."""
+    try:  # the user's file: never through a link (``userfiles``)
+        spec = JobSpec.from_json(userfiles.read_owned(paths.dir, paths.spec.name).text)
+    except (OSError, ProtocolError):
+        spec = None
+    if spec is not None and spec.nnodes:
+        return parse_nnodes(spec.nnodes)
+    size = len(spec.shares) if spec is not None else count
+    try:
+        return node_range(run.nnodes, max(1, size), elastic=run.elastic)
+    except NodeRangeError:  # refused by the runner: no attempt runs with it
+        return node_range("", max(1, size), elastic=run.elastic)
 
 
 #: How long the controller waits for the shares of an attempt whose runner died to stop.

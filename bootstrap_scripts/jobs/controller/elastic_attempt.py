@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 
-from bootstrap_scripts.jobs.controller import node_evidence, rejoin
+from bootstrap_scripts.jobs.controller import attempts, node_evidence, rejoin
 from bootstrap_scripts.jobs.engine.restart_policy import join_restarts_workers
 from bootstrap_scripts.protocol.state import drains
 
@@ -43,7 +43,8 @@ class ElasticAttempt:
                                      gate=self.run_gate)
         before = len((self.last_nodes_addresses | grow.joined) - grow.lost) - len(joined)
         if joined and self.watch is not None and join_restarts_workers(
-                self.request.run.nnodes, before):
+                attempts.attempt_nnodes(grow.jpaths, self.request.run,
+                                        len(self.last_nodes_addresses)), before):
             self.watch.restart_clock()  # torchrun restarts every worker to take it in
         if joined and self.job.world_size < self.job.full_size:  # grew back
             self.update(world_size=min(self.job.full_size, self.job.world_size + len(joined)))

@@ -63,13 +63,13 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
     check_transition,
     choose_world,
     decide,
-    elastic_minimum,
 )
 from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.ops.prices import PriceBook
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
 from bootstrap_scripts.protocol.membership import Membership, Node
+from bootstrap_scripts.protocol.nnodes import requested_minimum
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths, NodePaths
 
 LOG = logging.getLogger("dl-controller")
@@ -98,7 +98,7 @@ class JobSupervisor(RunningAttempt):
                              max_code_restarts=request.max_code_restarts,
                              replace_timeout=request.replace_timeout,
                              elastic=request.run.elastic,
-                             elastic_min=elastic_minimum(request.run.nnodes))
+                             elastic_min=requested_minimum(request.run.nnodes))
         #: how the current attempt's nodes were chosen; its late joiners (elastic)
         self.choice: WorldChoice | None = None
         self.rejoin: rejoin.Rejoin | None = None

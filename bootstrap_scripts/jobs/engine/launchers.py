@@ -36,6 +36,7 @@ from bootstrap_scripts.protocol.jobs import (
     listen_port_allowed,
 )
 from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.nnodes import NodeRange, NodeRangeError, node_range
 from bootstrap_scripts.protocol.node_files import (
     render_horovod_hosts,
     render_mpi_hostfile,
@@ -89,20 +90,6 @@ def strip_python(command: list[str], python: str) -> list[str]:
 # -- torchrun ------------------------------------------------------------------------------
 
 
-def parse_nnodes(value: str, count: int) -> str:
-    if not value:
-        return str(count)
-    parts = value.split(":")
-    try:
-        nums = [int(p) for p in parts]
-    except ValueError:
-        raise LaunchError(f"--nnodes must be N or MIN:MAX, got {value!r}") from None
-    if len(nums) not in (1, 2) or min(nums) < 1 or nums[0] > nums[-1]:
-        raise LaunchError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
-    return value
-
-
-ELASTIC_MAX_NODES = 64
 ELASTIC_MAX_RESTARTS = 100
 #: The rendezvous's last call for an elastic job (torch's default: 30 s). A new round opens
 #: only once every participant of the last one left it (``_RendezvousExitOp``), so all live
@@ -130,19 +117,8 @@ def rdzv_store_proc(opts: LaunchOptions, m: Membership) -> Proc:
 TORCHELASTIC_DIR = "torchelastic"
 
 
-def spares(nnodes: str, count: int) -> int:
-    """How many of an elastic job's ``count`` nodes are spares: those beyond ``--nnodes``
-    MAX. torchrun's rendezvous admits MAX nodes and keeps the others on its redundancy list
-    (no rank, no worker); when a participant leaves, the next round takes a spare in its
-    place, so the job restarts once at full size instead of shrinking, and a replacement
-    that joins later becomes a spare itself without restarting anyone
-    (docs/elastic-training.md, "Spare nodes"). A job that is not elastic given ``--nnodes
-    N`` below the node count has them too: idle agents, since its restarts are attempts."""
-    return max(0, count - int(nnodes.split(":")[-1]))
-
-
 def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, address: str,
-                  nproc: int, nnodes: str, max_restarts: int) -> tuple[str, ...]:
+                  nproc: int, nnodes: NodeRange, max_restarts: int) -> tuple[str, ...]:
     # No agent hosts the store: it is the master's ``rdzv-store`` process, which outlives
     # every agent, so none of them loses it while closing the rendezvous.
     conf = "is_host=false"
@@ -156,7 +132,7 @@ def torchrun_argv(opts: LaunchOptions, m: Membership, script: list[str], *, addr
                  f"keep_alive_max_attempt={ELASTIC_KEEP_ALIVE_ATTEMPTS}")
     # Where a node can be a spare, the agent is torchrun with a spare's clean exit
     # (torchrun_agent.py); elsewhere torch's own.
-    agent = (TORCHRUN_AGENT_SCRIPT,) if opts.elastic or spares(nnodes, len(m.nodes)) \
+    agent = (TORCHRUN_AGENT_SCRIPT,) if opts.elastic or nnodes.spares(len(m.nodes)) \
         else ("-m", "torch.distributed.run")
     return (
         opts.python, *agent,
@@ -183,7 +159,7 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
     master's share serves from a process of its own (``rdzv-store``, next to the master's
     agent). Elastic: ``--nnodes 1:MAX`` by default (any node but the master may leave; the
     master holds the rendezvous store and is protected from scale-in); a MAX below the
-    node count makes the nodes beyond it spares (``spares``), generous
+    node count makes the nodes beyond it spares (``NodeRange.spares``), generous
     ``--max-restarts`` (a leaving node fails its peers' all-reduce, which torchrun counts
     as a restart), a short last call (a re-rendezvous after a join or
     leave completes seconds after the nodes are there, not 30 s) and a join template."""
@@ -196,18 +172,15 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
                           f"{opts.rdzv_port}")
     if opts.rdzv_last_call < 0:
         raise LaunchError(f"rendezvous last call must be >= 0 s, got {opts.rdzv_last_call}")
+    try:  # the one rule of --nnodes and its defaults (``protocol.nnodes``)
+        nnodes = node_range(opts.nnodes, len(m.nodes), elastic=opts.elastic)
+    except NodeRangeError as exc:
+        raise LaunchError(str(exc)) from None
+    spare = nnodes.spares(len(m.nodes))
+    max_restarts = opts.max_restarts
     if opts.elastic:
-        nnodes = parse_nnodes(opts.nnodes or f"1:{max(ELASTIC_MAX_NODES, len(m.nodes))}",
-                              len(m.nodes))
-        if ":" not in nnodes:
-            raise LaunchError(f"an elastic job needs --nnodes MIN:MAX, got {nnodes!r}")
-        spare = spares(nnodes, len(m.nodes))
         max_restarts = opts.max_restarts or ELASTIC_MAX_RESTARTS
         opts = opts if opts.rdzv_last_call else replace(opts, rdzv_last_call=ELASTIC_LAST_CALL)
-    else:
-        nnodes = parse_nnodes(opts.nnodes, len(m.nodes))
-        max_restarts = opts.max_restarts
-        spare = spares(nnodes, len(m.nodes))
     script = strip_python(command, opts.python)
     # torch 2.x shares the rendezvous TCPStore with the workers and publishes its address
     # only in the FIRST round: a node joining a later round waits for a key that the
@@ -238,7 +211,7 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
         + (f", elastic (max restarts {max_restarts})" if opts.elastic else "")
         + (f", {spare} spare node(s) waiting to take a lost node's place" if spare and
            opts.elastic else f", {spare} node(s) beyond --nnodes idle" if spare else ""),
-        join_template=template,
+        join_template=template, nnodes=str(nnodes),
     )
 
 

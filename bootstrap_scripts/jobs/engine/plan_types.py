@@ -64,6 +64,9 @@ class LaunchPlan:
     #: elastic jobs: the share a node that joins later runs; ``{address}`` in its argv is
     #: replaced by the joining node's address (its executor builds its own share)
     join_template: Proc | None = None
+    #: torchrun: ``--nnodes`` as the plan computed it (``N`` or ``MIN:MAX``, defaults
+    #: applied), published in the job spec for the controller; "" for other launchers
+    nnodes: str = ""
 
 
 def python_command(command: list[str], python: str) -> list[str]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureClass
+from bootstrap_scripts.protocol.nnodes import NodeRange
 
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_MAX_CODE_RESTARTS = 0
@@ -190,26 +191,12 @@ def choose_world(*, full_size: int, ready: int, waited: float, policy: Policy) -
                        f"{waited:.0f} s for a replacement (--min-nodes {minimum})")
 
 
-def elastic_minimum(nnodes: str) -> int:
-    """torchrun's MIN of an elastic job's ``--nnodes`` (``MIN:MAX``; "" or a single N: the
-    elastic default of 1 or N). A malformed value is 1 here: the runner refuses it with
-    its own message when the attempt starts."""
-    head = nnodes.split(":", 1)[0].strip() if nnodes else ""
-    return int(head) if head.isdigit() and int(head) >= 1 else 1
-
-
-def join_restarts_workers(nnodes: str, members_before: int) -> bool:
+def join_restarts_workers(nodes: NodeRange, members_before: int) -> bool:
     """Does a node joining a running elastic attempt restart its workers? Only when the
     rendezvous has room: ``members_before`` (the attempt's live nodes before the join) below
     torchrun's ``--nnodes`` MAX. At MAX the joiner goes on the redundancy list as a spare
     and nobody restarts (docs/elastic-training.md, "Spare nodes"), so the hang watch must
-    not give the workers a restart's grace. "" or a malformed MAX: the elastic default
-    (64, ``launchers.ELASTIC_MAX_NODES``), i.e. a restart unless 64 nodes are in."""
-    tail = nnodes.rsplit(":", 1)[-1].strip() if nnodes else ""
-    maximum = int(tail) if tail.isdigit() and ":" in nnodes else ELASTIC_DEFAULT_MAX
-    return members_before < maximum
-
-
-#: torchrun's MAX for an elastic job given no ``--nnodes MIN:MAX`` (``launchers``' value;
-#: restart_policy is pure and imports no launcher).
-ELASTIC_DEFAULT_MAX = 64
+    not give the workers a restart's grace. ``nodes``: the attempt's own range, as its
+    launcher computed and published it (``JobSpec.nnodes``), never worked out again from
+    the request: with no ``--nnodes`` MAX depends on the attempt's node count."""
+    return nodes.has_room(members_before)

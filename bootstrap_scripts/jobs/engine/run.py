@@ -31,6 +31,7 @@ from bootstrap_scripts.jobs.engine.watch import Watch, install_signal_handlers, 
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest, StagingReport
 from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
+from bootstrap_scripts.protocol.nnodes import NodeRangeError, check_torchrun_options
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import RunnerHeartbeat
 from bootstrap_scripts.protocol.store import OWNER_ONLY
@@ -74,9 +75,10 @@ def launch_options(request: RunRequest, paths: JobPaths) -> ln.LaunchOptions:
 
 def build_plan(request: RunRequest, m: Membership, paths: JobPaths) -> ln.LaunchPlan:
     """The launch plan of ``request`` on ``m``; RunError (usage) naming what is wrong."""
-    if request.elastic and request.launcher != "torchrun":
-        raise RunError(f"--elastic needs the torchrun launcher (its elastic rendezvous), "
-                       f"not {request.launcher!r}", EXIT_USAGE)
+    try:  # the rules dlc submit checks on the laptop too
+        check_torchrun_options(request.launcher, request.elastic, request.nnodes)
+    except NodeRangeError as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
     try:
         return ln.plan(request.launcher, m, list(request.command),
                        launch_options(request, paths))
@@ -227,6 +229,7 @@ def run_job(request: RunRequest, m: Membership, efs: Path, sign: root_jobs.Sign 
         master_only=plan.master_only, elastic=request.elastic, generation=m.generation,
         join_template=plan.join_template,
         join_admission=request.elastic and request.join_admission, mounts=request.mounts,
+        nnodes=plan.nnodes,
     )
     spec_text = spec.to_json()
     try:  # root's spec: the master's signature first (root_jobs)

@@ -15,6 +15,9 @@ moto can check every request against the caller's IAM policies (``INITIAL_NO_AUT
   the node roles' ARNs) cannot be assumed by a node's role session, which AWS allows
   (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_principal.html#principal-roles);
   a ``Service`` principal makes its check fail with an error;
+- a GET is checked against a signature of moto's parsed parameters, not of the empty body
+  sent (for Lambda's REST calls the parameters are the headers), so no Lambda GetFunction*
+  call ever matched;
 - policy variables (``${aws:PrincipalTag/dl-user}``, ``${aws:userid}``) are matched as
   literal text, and AssumeRole's session tags are not kept
   (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html).
@@ -234,7 +237,20 @@ def install() -> None:
         return not expected or principal_matches(expected, principal,
                                                  getattr(_LOCAL, "account", ""))
 
+    original_request = ac.IAMRequestBase._create_aws_request
+
+    def create_aws_request(self: Any) -> Any:
+        # A signature covers the bytes sent, and a GET sends none. moto signs its parsed
+        # ``data`` for any request without a raw body (right for a form POST, whose body it
+        # parsed), which for Lambda's REST GETs is the request's headers: every
+        # GetFunctionConfiguration failed with SignatureDoesNotMatch.
+        request = original_request(self)
+        if not self._body and self._method in ("GET", "HEAD", "DELETE"):
+            request.data = b""
+        return request
+
     ac.IAMRequestBase.check_action_permitted = check_action_permitted
+    ac.IAMRequestBase._create_aws_request = create_aws_request
     ac.IAMPolicyStatement._match = staticmethod(match)
     ac.IAMPolicyStatement._check_principal = check_principal
 

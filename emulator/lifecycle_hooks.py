@@ -28,8 +28,8 @@ its hooks, added to moto's models (part of ``emulator.moto_extensions``, which c
   termination hooks and launches a replacement (desired capacity unchanged), and EC2
   reclaims the instance two minutes after the notice whatever the hooks wait for
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
-- Deleting a group deletes its hooks and outstanding lifecycle actions first, as ForceDelete
-  does on AWS
+- Deleting a group deletes its hooks and outstanding lifecycle actions first and terminates
+  all its instances, scale-in protected ones too, as ForceDelete does on AWS
   (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_DeleteAutoScalingGroup.html):
   moto deletes a stack's resources in no particular order, and a group deleted before its
   drain hook would hold its instances in ``Terminating:Wait``.
@@ -270,9 +270,11 @@ def _terminate_instance(self: Any, instance_id: str, should_decrement: bool) -> 
 def _wrap_delete_group(original: Any) -> Any:
     def delete_auto_scaling_group(self: Any, group_name: str) -> None:
         """Deleting a group deletes its lifecycle hooks and outstanding lifecycle actions
-        (DeleteAutoScalingGroup's ForceDelete; CloudFormation deletes a group's hooks before
-        the group), so its instances terminate instead of waiting in Terminating:Wait (and
-        the stack's VPC can be deleted after them)."""
+        and terminates every instance (DeleteAutoScalingGroup's ForceDelete, "deleted along
+        with all instances associated with the group"; CloudFormation deletes a group's
+        hooks before the group), so its instances terminate instead of waiting in
+        Terminating:Wait or, protected from scale-in, running on without a group (and the
+        stack's VPC can be deleted after them)."""
         for key in [k for k, h in self.lifecycle_hooks.items()
                     if h.auto_scaling_group_name == group_name]:
             del self.lifecycle_hooks[key]
@@ -283,6 +285,11 @@ def _wrap_delete_group(original: Any) -> Any:
                 _ACTIONS.pop(action.token, None)
         for action in {a.instance_id: a for a in waiting}.values():
             _terminate(action.group, action.instance_id)
+        group = self.autoscaling_groups.get(group_name)
+        # ForceDelete terminates every instance, scale-in protection or not; moto's delete
+        # lowers the capacity to 0, which spares protected ones (left running in EC2)
+        for state in list(group.instance_states if group is not None else []):
+            _terminate(group, state.instance.id)
         original(self, group_name)
 
     return delete_auto_scaling_group

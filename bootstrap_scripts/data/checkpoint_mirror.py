@@ -56,6 +56,7 @@ from bootstrap_scripts.data.checkpoint_plan import (
     upload_order,
     uploads,
 )
+from bootstrap_scripts.data.s3_errors import client_error
 
 #: The mirror's record of the last checkpoint it uploaded (hidden: never part of one).
 STATUS_FILE = ".dl-mirror.json"
@@ -208,11 +209,27 @@ def fetch(client, m: Manifest, url: str, directory: Path) -> None:
     durable.sync_dir(directory)
 
 
+@contextlib.contextmanager
+def naming(where: str):
+    """An S3 error as a restore's reason, with the place it failed at: a ``--resume-from``
+    prefix the job role may not read is named, with ``AccessDenied`` (botocore's own text
+    names only the operation)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        code, message = client_error(exc)
+        code = "AccessDenied" if code in ("403", "Forbidden") else code
+        raise CheckpointError(f"{where}: {code}: {message}") from exc
+
+
 def fetch_file(client, bucket: str, key: str, final: Path) -> None:
     """One object to ``final``: a temporary name, synced, renamed."""
     final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     part = final.with_name(f".{final.name}{PART_SUFFIX}")
-    client.download_file(bucket, key, str(part))
+    with naming(f"s3://{bucket}/{key}"):
+        client.download_file(bucket, key, str(part))
     durable.sync_file(part)
     os.replace(part, final)
 
@@ -224,7 +241,8 @@ def restore(client, directory: Path, urls: list[str]) -> ResumeChoice:
     report_ignored(f"{directory}/", local)
     others = []
     for url in urls:
-        s = s3_survey(client, url)
+        with naming(url):
+            s = s3_survey(client, url)
         report_ignored(url, s)
         others.append((url, s))
     choice = choose_resume(local, str(directory), others)

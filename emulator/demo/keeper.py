@@ -5,7 +5,8 @@ moto never acts by itself; :class:`emulator.autoscaling.AutoScaling` does (boots
 instance's node, stops a terminated one's, replaces an unhealthy instance, delivers the
 topic's notifications, restarts units as systemd would), one tick at a time, in the process
 that booted the nodes (it holds their processes). So that ``dlc scale``, a killed node's
-replacement and lifecycle hooks work on a kept cluster as during the demo, a ``--keep`` run
+replacement and lifecycle hooks work on a kept cluster as during the demo (and, after ``dlc
+down`` and ``dlc up``, for the new stack's groups: ``emulator.demo.restack``), a ``--keep`` run
 forks before it starts anything (:func:`detach`):
 
 - the child plays the demo in a process group of its own and, when it keeps the cluster,
@@ -105,6 +106,7 @@ def serve(demo: Demo, code: int) -> int:
     if _to_parent is None or not getattr(demo, "kept", False) or demo.cluster is None:
         return code  # the parent reads EOF and waits for this process's exit code
     from emulator.demo import cluster
+    from emulator.demo.restack import StackFollower
 
     record(demo)
     demo.save_state()
@@ -129,8 +131,10 @@ def serve(demo: Demo, code: int) -> int:
     demo.console.print(f"emulator service {os.getpid()}: playing Auto Scaling and EC2 for "
                        f"the kept cluster until --stop")
     failures = 0
+    follower = StackFollower(demo)  # dlc down + dlc up: the new stack's instances boot
     while not stop:
         try:
+            autoscaling = follower.tick() or autoscaling
             autoscaling.tick()
             failures = 0
         except Exception as exc:  # moto restarting, a node's files half written: go on

@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+from botocore.exceptions import ClientError
+
 from bootstrap_scripts.data import checkpoint_mirror as mirror
 from bootstrap_scripts.data import checkpoint_plan as cp
 from tests.data.conftest import S3Env
@@ -71,6 +74,31 @@ def test_restore_fetches_the_newer_s3_checkpoint_when_efs_lost_its_copy(
     assert not list(ck.glob(".*dl-part"))
     again = mirror.restore(s3, ck, [URL])  # now EFS has it: nothing fetched
     assert (again.manifest.name, again.where) == ("step-000020", cp.EFS)
+
+
+def test_a_denied_restore_names_the_place_and_access_denied(s3env: S3Env,
+                                                           tmp_path: Path) -> None:
+    """The attempt does not start, and the reason names what the job role may not read
+    (botocore's own text names only the operation)."""
+    ck = tmp_path / "ck"
+    save(ck, "step-000010", 10)
+    s3 = client(s3env)
+    mirror.mirror_once(s3, ck, URL)
+    for f in ck.glob("step-000010*"):
+        f.unlink()
+
+    def refused(*_a, **_kw):
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}},
+                          "GetObject")
+
+    s3.download_file = refused
+    with pytest.raises(mirror.CheckpointError) as exc:
+        mirror.restore(s3, ck, [URL])
+    assert str(exc.value).startswith(URL) and "AccessDenied" in str(exc.value)
+    s3.list_objects_v2 = lambda **_kw: (_ for _ in ()).throw(ClientError(
+        {"Error": {"Code": "403", "Message": "Forbidden"}}, "ListObjectsV2"))
+    with pytest.raises(mirror.CheckpointError, match=f"^{URL}: AccessDenied: Forbidden"):
+        mirror.restore(s3, ck, [URL])
 
 
 def test_restore_ignores_an_s3_checkpoint_whose_manifest_is_missing(

@@ -178,3 +178,15 @@ def test_a_log_groups_arn_from_cloudformation_ends_in_a_wildcard_as_on_aws() -> 
         cfn.create_stack(StackName="S", TemplateBody=json.dumps(template))
         (out,) = cfn.describe_stacks(StackName="S")["Stacks"][0]["Outputs"]
     assert out["OutputValue"] == f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/dl/x:*"
+
+
+def test_a_lambda_call_with_an_empty_body_passes_the_signature_check(enforced: str) -> None:
+    """The emulated EC2 reading a new stack's function (``emulator.deploy.read_cluster``)
+    signs GetFunctionConfiguration like any client: an empty body. moto alone checked it
+    against its parsed parameters and answered SignatureDoesNotMatch."""
+    ie.enable(ACCOUNT)
+    lam = client(enforced, "lambda")
+    with pytest.raises(ClientError) as exc:
+        lam.get_function_configuration(FunctionName="absent")
+    assert exc.value.response["Error"]["Code"] == "ResourceNotFoundException", exc.value
+    ie.disable()

@@ -155,6 +155,17 @@ def test_lower_desired_capacity_spares_protected_instances(stack):
     assert stack.ec2_state(free) == "terminated"
 
 
+def test_deleting_the_group_terminates_its_protected_instances_too(stack):
+    """ForceDelete (how the stack's deletion deletes a group) terminates every instance;
+    moto alone spares the scale-in protected ones, which then run on without a group."""
+    protected, free = sorted(stack.instances())
+    stack.asg.set_instance_protection(InstanceIds=[protected], AutoScalingGroupName=stack.group,
+                                      ProtectedFromScaleIn=True)
+    stack.asg.delete_auto_scaling_group(AutoScalingGroupName=stack.group, ForceDelete=True)
+    assert stack.ec2_state(protected) == "terminated"
+    assert stack.ec2_state(free) == "terminated"
+
+
 def test_scale_out_publishes_the_launch(stack):
     before = set(stack.instances())
     stack.asg.set_desired_capacity(AutoScalingGroupName=stack.group, DesiredCapacity=3)

@@ -300,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             restore(client, directory, [args.url, *args.sources])
         except Exception as exc:  # the attempt then does not start: say why
-            say(f"restore failed: {exc}")
+            # an ``error:`` line, as the stager's: the job's summary quotes the share's last
+            # one (``summary.last_error_line``), so the cause reaches ``dlc logs`` and the
+            # job's message, not only this log
+            print(f"error: restore failed: {exc}", flush=True)
             return 1
         return 0
     if args.action == "once":

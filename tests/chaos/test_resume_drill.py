@@ -196,6 +196,11 @@ def test_b_another_users_prefix_is_denied_before_the_attempt(flow: dict) -> None
                           sorted(Path(where.group(1)).glob("*")) if f.is_file()) if where else ""
         row.check("its log names the prefix", other in restore, restore[-600:])
         row.check("its log says AccessDenied", "AccessDenied" in restore, restore[-600:])
+        # and the job's own FAILED line quotes the restore's error line: the cause without
+        # opening the restore's log
+        row.check("dlc logs names the cause",
+                  re.search(r"FAILED: .*error: restore failed: .*AccessDenied", said)
+                  is not None, said[-900:])
 
 
 def test_c_the_job_resumes_on_the_new_cluster_from_the_old_clusters_bucket(

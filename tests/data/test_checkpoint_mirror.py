@@ -10,6 +10,7 @@ from botocore.exceptions import ClientError
 
 from bootstrap_scripts.data import checkpoint_mirror as mirror
 from bootstrap_scripts.data import checkpoint_plan as cp
+from bootstrap_scripts.jobs.engine.summary import ERROR_LINE_RE
 from tests.data.conftest import S3Env
 
 URL = "s3://training-data/checkpoints/c1/alice/job-1/"
@@ -99,6 +100,21 @@ def test_a_denied_restore_names_the_place_and_access_denied(s3env: S3Env,
         {"Error": {"Code": "403", "Message": "Forbidden"}}, "ListObjectsV2"))
     with pytest.raises(mirror.CheckpointError, match=f"^{URL}: AccessDenied: Forbidden"):
         mirror.restore(s3, ck, [URL])
+
+
+def test_a_failed_restore_ends_with_the_error_line_the_jobs_summary_quotes(
+        s3env: S3Env, tmp_path: Path, monkeypatch, capsys) -> None:
+    """The restore tool as the restore job runs it, on a bucket that does not exist: it
+    exits 1, and its last line is an error line (``summary.ERROR_LINE_RE``) naming the
+    place and S3's code, so the job's FAILED line carries the cause, not just the exit
+    code."""
+    monkeypatch.setenv("DL_ROOT", str(s3env.root))
+    missing = "s3://no-such-checkpoints/checkpoints/c1/alice/job-1/"
+    code = mirror.main(["restore", "--dir", str(tmp_path / "ck"), "--url", missing])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert code == 1
+    assert ERROR_LINE_RE.match(last), last
+    assert missing in last and "NoSuchBucket" in last, last
 
 
 def test_restore_ignores_an_s3_checkpoint_whose_manifest_is_missing(

@@ -36,14 +36,14 @@ from bootstrap_scripts.protocol.jobs import (
     listen_port_allowed,
 )
 from bootstrap_scripts.protocol.membership import Membership
-from bootstrap_scripts.protocol.nnodes import NodeRange, NodeRangeError, node_range
+from bootstrap_scripts.protocol.nnodes import TORCHRUN, NodeRange, NodeRangeError, node_range
 from bootstrap_scripts.protocol.node_files import (
     render_horovod_hosts,
     render_mpi_hostfile,
     render_workers_file,
 )
 
-LAUNCHERS = ("torchrun", "mpi", "horovod", "tf", "mxnet", "each")
+LAUNCHERS = (TORCHRUN, "mpi", "horovod", "tf", "mxnet", "each")
 MASTER_ONLY = frozenset({"mpi", "horovod", "mxnet"})
 
 #: Variables mpirun always forwards (as the original did).
@@ -205,7 +205,7 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
                                            nproc=nproc, nnodes=nnodes,
                                            max_restarts=max_restarts), env=dict(env))
     return LaunchPlan(
-        "torchrun", tuple(shares), False,
+        TORCHRUN, tuple(shares), False,
         summary=f"torchrun on {len(m.nodes)} node(s), nnodes={nnodes}, "
         f"rendezvous c10d at {m.master_addr}:{opts.rdzv_port}"
         + (f", elastic (max restarts {max_restarts})" if opts.elastic else "")
@@ -320,7 +320,7 @@ def tf_plan(m: Membership, command: list[str], opts: LaunchOptions) -> LaunchPla
 
 
 _PLANNERS = {
-    "torchrun": torchrun_plan,
+    TORCHRUN: torchrun_plan,
     "mpi": mpi_plan,
     "horovod": horovod_plan,
     "tf": tf_plan,

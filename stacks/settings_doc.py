@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="update docs/settings.md in place")
     args = parser.parse_args(argv)
     if args.write:
-        print("docs/settings.md updated" if write_readme() else "docs/settings.md already up to date")
+        changed = write_readme()
+        print("docs/settings.md " + ("updated" if changed else "already up to date"))
     else:
         sys.stdout.write(settings_table())
     return 0

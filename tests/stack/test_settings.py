@@ -217,7 +217,7 @@ def test_unknown_key_is_refused_with_the_closest_known_one() -> None:
     assert str(err.value) == "unknown context key 'workercount'; did you mean 'workerCount'?"
     with pytest.raises(ConfigError, match="did you mean 'efsMountPoint'"):
         refuse_unknown_keys({"efsMountPiont": "/x"}, known)
-    with pytest.raises(ConfigError, match="unknown context key 'zzz' \\(docs/settings.md"):
+    with pytest.raises(ConfigError, match=r"unknown context key 'zzz' \(docs/settings\.md"):
         refuse_unknown_keys({"zzz": "1"}, known)
 
 

@@ -6,7 +6,7 @@ the alarms, the node role's permission) and the nodes (the installer's CloudWatc
 configuration, ``bootstrap_scripts/agent/cloudwatch_config.py``; the EMF lines of the
 executor's GPU sampler and the controller's job metrics, ``bootstrap_scripts/metrics_emf.py``).
 It imports nothing, so runtime code and constructs can share it without either importing
-the other's libraries. README "Observability" lists the names.
+the other's libraries. docs/observability.md lists the names.
 """
 
 from __future__ import annotations

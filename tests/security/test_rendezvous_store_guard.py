@@ -137,8 +137,7 @@ def play(this: ThisNode, tmp: Path, victim: pwd.struct_passwd, attacker: pwd.str
         return said, pwned, ended
     finally:
         shares.stop_all("drill over")
-        for key in list(shares.guards.held):
-            shares.guards.release(key)
+        shares.guards.release_all()
 
 
 def guarded(this: ThisNode) -> bool:

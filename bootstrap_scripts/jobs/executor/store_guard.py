@@ -181,6 +181,13 @@ class StoreGuards:
                                        or userfiles.exists(paths.cancel)):
                 self.release(key)
 
+    def release_all(self) -> None:
+        """The executor stops (its shares stopped): it can no longer tell when the jobs end,
+        so its guards go; a restarted executor guards the live jobs again as it reads their
+        specs."""
+        for key in list(self.held):
+            self.release(key)
+
     def release(self, key: str) -> None:
         """Take this node's guard of ``key`` away (the job is over). Never raises: a guard
         that stays behind only keeps others from a port nobody serves, and the next job

@@ -1,12 +1,14 @@
 """The rendezvous-store pickle injection, as a cluster user would make it (the drills in
 ``tests/security/test_rendezvous_store_guard.py`` and ``test_gate_store_guard.py``).
 
-:data:`ATTACK` is run by the attacker's interpreter: ``python -c ATTACK <marker> <job id
-part>``. It finds a running torchrun agent of that job by its argv in ``/proc`` (what every
-user can read), connects to its ``--rdzv-endpoint`` and sets ``torch.rendezvous.<id>``, the
-key torch's c10d rendezvous backend unpickles at every sync, to a pickle whose reduce opens
-``<marker>`` for writing (the file then belongs to whoever unpickled it). It prints ``set``,
-or ``refused <why>`` when the store cannot be reached, or ``no agent``.
+:data:`ATTACK` is run by the attacker's interpreter: ``python -c ATTACK <marker> <wanted>``.
+It finds a running torchrun agent whose ``<endpoint>|<rendezvous id>`` holds ``<wanted>``
+by its argv in ``/proc`` (what every user can read; a drill names its own cluster's endpoint
+or job so that no other test's job is hit), connects to its ``--rdzv-endpoint`` and sets
+``torch.rendezvous.<id>``, the key torch's c10d rendezvous backend unpickles at every sync,
+to a pickle whose reduce opens ``<marker>`` for writing (the file then belongs to whoever
+unpickled it). It prints ``set <endpoint> <id>``, or ``refused <why>`` when the store cannot
+be reached, or ``no agent``.
 
 :data:`TRAIN` is a training stand-in: ``train.py <dir>`` says it started
 (``<dir>/worker-started``) and waits for ``<dir>/release`` (at most a minute), then exits 0.
@@ -36,7 +38,7 @@ def agent():
                 continue
             args = dict(a[2:].split("=", 1) for a in argv
                         if a.startswith("--rdzv-") and "=" in a)
-            if wanted in args.get("rdzv-id", ""):
+            if wanted in args.get("rdzv-endpoint", "") + "|" + args.get("rdzv-id", ""):
                 return args
         time.sleep(0.1)
     return None
@@ -56,7 +58,7 @@ try:
 except Exception as exc:
     print("refused", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
     sys.exit(0)
-print("set")
+print("set", found["rdzv-endpoint"], found["rdzv-id"])
 '''
 
 TRAIN = r'''

@@ -52,7 +52,7 @@ host, port = found["rdzv-endpoint"].rsplit(":", 1)
 from torch.distributed import TCPStore
 try:
     client = TCPStore(host, int(port), is_master=False, wait_for_workers=False,
-                      timeout=timedelta(seconds=5))
+                      timeout=timedelta(seconds=2))
     client.set("torch.rendezvous." + found["rdzv-id"],
                base64.b64encode(pickle.dumps(Payload())))
 except Exception as exc:

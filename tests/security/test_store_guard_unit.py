@@ -117,3 +117,35 @@ def test_a_root_job_is_guarded_for_root(efs):
     finally:
         guards.release_all()
     assert listed(host) == []
+
+
+def test_a_node_without_a_share_guards_the_store_until_the_job_is_done(tmp_path):
+    """Every node's connections leave through its own kernel: an executor guards the store
+    of every torchrun job it reads, with a share of it or not (``discovery.consider``)."""
+    if os.geteuid() != 0:
+        pytest.skip("iptables needs root")
+    from bootstrap_scripts.jobs.executor.daemon import Executor
+    from bootstrap_scripts.protocol import store
+
+    host, here = address(), "127.79.250.9"
+    ex = Executor(tmp_path / "node", tmp_path / "efs", here)
+    paths = ex.node.cluster.job("elsewhere")
+    try:
+        ex.step()
+        store.atomic_write(paths.spec, torchrun_spec("elsewhere", host, 296).to_json())
+        ex.step()
+        assert paths.key not in ex.shares.running  # nothing of it runs here
+        (rule,) = listed(host)
+        assert sg.word_after(rule, "--comment") == f"dl-store-guard:{here}:{paths.key}"
+        assert sg.word_after(rule, "--uid-owner") == "0"  # root's job: root alone
+        store.atomic_write(paths.done, "succeeded\n")
+        deadline = time.monotonic() + 10
+        while listed(host) and time.monotonic() < deadline:
+            ex.step()
+            time.sleep(0.2)
+        assert listed(host) == []
+    finally:
+        ex.shares.stop_all("test over")
+        ex.shares.guards.release_all()
+        for words in listed(host):
+            subprocess.run(["iptables", "-w", "-D", "OUTPUT", *words], check=False)

@@ -206,6 +206,22 @@ class StoreGuards:
                       held[0].host, held[0].port, exc)
 
 
+def forget(node_address: str) -> int:
+    """Take away every store guard the executor of ``node_address`` installed; returns how
+    many (a machine that goes away takes its kernel's rules along; the emulator, whose nodes
+    share one kernel, calls this when an emulated machine goes, killed ones included).
+    GuardError when ``iptables`` cannot be run."""
+    tool = shutil.which("iptables")
+    if tool is None or os.geteuid() != 0:
+        return 0
+    mine = comment(node_address, "")
+    gone = 0
+    for words in listed_guards(run([tool, "-w", "-S", "OUTPUT"]).stdout):
+        if word_after(words, "--comment").startswith(mine):
+            gone += run([tool, "-w", "-D", "OUTPUT", *words]).returncode == 0
+    return gone
+
+
 def run(argv: list[str]) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)

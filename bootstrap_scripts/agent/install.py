@@ -44,7 +44,7 @@ from bootstrap_scripts.agent import cloudwatch_config, imds_guard
 from bootstrap_scripts.agent.identity import IdentityError
 from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
 from bootstrap_scripts.data import checksums
-from bootstrap_scripts.jobs.engine import root_jobs
+from bootstrap_scripts.jobs.engine import gate_identity, root_jobs
 from bootstrap_scripts.node import node_region
 from bootstrap_scripts.protocol.store import atomic_write
 
@@ -276,6 +276,10 @@ def install(argv: list[str] | None = None) -> list[Path]:
     guarded = imds_guard.ensure()
     if guarded:
         print(f"dl-install: only root reaches instance metadata: {guarded}")
+    try:  # the health gate's all-reduce runs as this user on every node, not as root
+        print(f"dl-install: the health gate's user: {gate_identity.ensure()}")
+    except gate_identity.GateIdentityError as exc:
+        print(f"dl-install: {exc}: the health gate's all-reduce will run as root")
     if not opts.no_systemctl:
         for cmd in (["systemctl", "daemon-reload"],
                     ["systemctl", "enable", "--now", *units]):

@@ -271,6 +271,7 @@ class Executor:
         self.gpu_sampler.stop()
         with contextlib.suppress(OSError):
             self.shares.stop_all("executor stopped")
+        self.shares.guards.release_all()
         with contextlib.suppress(OSError):
             self.heartbeat(state="stopped")
 

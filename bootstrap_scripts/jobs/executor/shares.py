@@ -27,7 +27,7 @@ import time
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user
-from bootstrap_scripts.jobs.executor import listeners, store_hold
+from bootstrap_scripts.jobs.executor import listeners, store_guard, store_hold
 from bootstrap_scripts.jobs.executor.job_credentials import (
     CredentialsError,
     JobCredentials,
@@ -70,6 +70,8 @@ class Shares:
         #: root's jobs whose spec the master signed (``root_jobs``; the scanner adds them);
         #: None on a node without the key, where nothing is checked
         self.root_specs: set[str] | None = None
+        #: the netfilter guards that keep other users away from the jobs' stores
+        self.guards = store_guard.StoreGuards(node)
 
     def issue_credentials(self, job_id: str, uid: int, gid: int
                           ) -> tuple[JobCredentials | None, tuple[str, int, int]]:
@@ -140,6 +142,11 @@ class Shares:
             listening, refused = listeners.bind_for(share, self.node.address), ""
         except listeners.ListenerRefused as exc:
             listening, refused = {}, str(exc)
+        try:  # before any process starts: only the job's user may reach its store
+            if not refused:
+                self.guards.guard(spec, paths, uid)
+        except store_guard.GuardError as exc:
+            refused = str(exc)
         try:  # the job's S3 mounts, made by root for its user, before any process starts
             if not refused:
                 self.mounts.mount(paths.key, spec.mounts, share.rank, paths, uid, gid, creds,
@@ -308,6 +315,7 @@ class Shares:
                 del self.running[job_id]
                 self.forget_credentials(job_id)
                 ended.append(job_id)
+        self.guards.tick(set(self.running), now)
         if self.credentials is not None and self.credentials.enabled:
             self.credentials.refresh_due({j: r.owner for j, r in self.running.items()
                                           if r.owner[1] >= 0})
@@ -345,6 +353,11 @@ class Shares:
                         reason="the job executor restarted and found no record of the "
                                "share's processes")
             return
+        try:  # the kernel kept its guard; this executor holds it from now on
+            self.guards.guard(spec, paths, uid)
+        except store_guard.GuardError as exc:
+            LOG.error("job %s: cannot guard its rendezvous store after re-attaching: %s",
+                      paths.key, exc)
         try:  # the previous executor's credentials were in its memory: issue new ones
             _creds, r.owner = self.issue_credentials(paths.key, uid, gid)
         except (CredentialsError, OSError) as exc:

@@ -1,0 +1,142 @@
+"""Slurm on the image (docs/slurm-stack.md): what each OS family's user data installs with
+``scheduler=slurm``, and the source build of an image without packages
+(``bootstrap_scripts/slurm_build.py``): pinned digests, refused bytes, safe unpacking, the
+build's commands run in order."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts import slurm_build as sb
+from constructs_lib.images import IMAGE_FAMILIES
+from tests.stack.synth import cluster_template
+
+
+def user_data_text(**ctx: str) -> list[str]:
+    out = []
+    for lt in cluster_template(**ctx).find_resources("AWS::EC2::LaunchTemplate").values():
+        parts = lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+        out.append("".join(p if isinstance(p, str) else json.dumps(p) for p in parts))
+    return out
+
+
+def slurm_line(text: str) -> str:
+    (line,) = [x for x in text.splitlines() if x.startswith("command -v slurmd")]
+    return line
+
+
+def test_amazon_linux_builds_from_source_after_the_build_tools_before_the_agent() -> None:
+    texts = user_data_text(scheduler="slurm")
+    assert len(texts) == 2
+    for text in texts:
+        line = slurm_line(text)
+        assert line.startswith("command -v slurmd >/dev/null || { retry sh -c 'dnf install ")
+        assert line.endswith(' && PYTHONPATH=/opt/deeplearning/lib "$PY" -m '
+                             "bootstrap_scripts.slurm_build; }")
+        assert "mariadb-connector-c-devel" in line and "dbus-devel" in line
+        lines = text.splitlines()
+        # after the node scripts are unpacked (the module is in them), before the agent
+        unzip = next(i for i, x in enumerate(lines) if "-m zipfile -e" in x)
+        agent = next(i for i, x in enumerate(lines) if "-m bootstrap_scripts.agent.install" in x)
+        assert unzip < lines.index(line) < agent
+
+
+def test_ubuntu_installs_its_own_packages() -> None:
+    for text in user_data_text(scheduler="slurm", imageType="ubuntu",
+                               amiId="ami-0123456789abcdef0"):
+        line = slurm_line(text)
+        assert "apt-get install -y -q munge slurmd slurmctld slurmdbd slurm-client" in line
+        assert "slurm_build" not in line and "dnf" not in line
+
+
+def test_every_family_says_how_it_gets_slurm() -> None:
+    for name, family in IMAGE_FAMILIES.items():
+        assert family.slurm_install, name
+
+
+def test_the_sources_are_pinned_by_version_and_digest() -> None:
+    assert [s.name for s in sb.SOURCES] == ["munge", "slurm"]  # Slurm links against munge
+    for s in sb.SOURCES:
+        assert re.fullmatch(r"[0-9a-f]{64}", s.sha256), s
+        assert s.url.startswith("https://github.com/")
+        assert s.version in s.url or s.version.replace(".", "-") in s.url, s
+    assert "--with-munge=/usr" in sb.SLURM.configure
+
+
+def tarball(path: Path, members: dict[str, bytes], mode: int = 0o644) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(buf.getvalue())
+    return buf.getvalue()
+
+
+def source_at(path: Path, data: bytes, sha256: str | None = None) -> sb.Source:
+    return sb.Source("pkg", "1.0", path.as_uri(), sha256 or hashlib.sha256(data).hexdigest(),
+                     ("--prefix=/usr",), user="root", home="/root")
+
+
+def test_a_source_whose_bytes_differ_is_refused_and_removed(tmp_path: Path) -> None:
+    data = tarball(tmp_path / "pkg-1.0.tar.gz", {"pkg-1.0/configure": b"#!/bin/sh\n"})
+    bad = source_at(tmp_path / "pkg-1.0.tar.gz", data, sha256="0" * 64)
+    with pytest.raises(sb.BuildError, match=r"has SHA-256 [0-9a-f]{64}, expected 0{64}; "
+                                            "refused"):
+        sb.fetch(bad, tmp_path / "work")
+    assert not (tmp_path / "work" / "pkg-1.0.tar.gz").exists()
+    good = sb.fetch(source_at(tmp_path / "pkg-1.0.tar.gz", data), tmp_path / "work")
+    assert good.read_bytes() == data
+
+
+def test_a_failed_download_is_tried_again_then_named(tmp_path: Path) -> None:
+    waits: list[float] = []
+    missing = source_at(tmp_path / "nowhere.tar.gz", b"")
+    with pytest.raises(sb.BuildError, match=f"cannot download .*nowhere.tar.gz "
+                                            f"\\({sb.DOWNLOAD_ATTEMPTS} attempts\\)"):
+        sb.fetch(missing, tmp_path / "work", sleep=waits.append)
+    assert waits == [sb.DOWNLOAD_FIRST_DELAY_SECONDS * 2 ** n
+                     for n in range(sb.DOWNLOAD_ATTEMPTS - 1)]
+
+
+def test_an_archive_reaching_outside_its_directory_is_refused(tmp_path: Path) -> None:
+    tarball(tmp_path / "evil.tar.gz", {"pkg/../../escape": b"x"})
+    with pytest.raises(sb.BuildError, match="refused to unpack"):
+        sb.unpack(tmp_path / "evil.tar.gz", tmp_path / "out")
+    assert not (tmp_path / "escape").exists()
+
+
+def test_the_build_runs_configure_make_install_in_the_unpacked_tree(tmp_path: Path) -> None:
+    data = tarball(tmp_path / "pkg-1.0.tar.gz", {"pkg-1.0/configure": b"#!/bin/sh\n"}, 0o755)
+    ran: list[tuple[list[str], Path]] = []
+
+    def run(cmd, cwd=None, check=False):
+        ran.append((cmd, cwd))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    sb.build([source_at(tmp_path / "pkg-1.0.tar.gz", data)], tmp_path / "work", 3, run=run)
+    assert [c for c, _ in ran] == [["./configure", "--prefix=/usr"], ["make", "-j3"],
+                                   ["make", "install"], ["ldconfig"]]
+    assert {cwd.name for _, cwd in ran} == {"pkg-1.0"}
+    assert not (tmp_path / "work").exists()  # the node's disk is left clean
+
+
+def test_a_failed_step_names_the_source_and_the_step(tmp_path: Path) -> None:
+    data = tarball(tmp_path / "pkg-1.0.tar.gz", {"pkg-1.0/configure": b"#!/bin/sh\n"})
+
+    def run(cmd, cwd=None, check=False):
+        if cmd[0] == "make":
+            raise subprocess.CalledProcessError(2, cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    with pytest.raises(sb.BuildError, match=r"pkg 1\.0: make -j1 failed"):
+        sb.build([source_at(tmp_path / "pkg-1.0.tar.gz", data)], tmp_path / "work", 1, run=run)

@@ -1,13 +1,12 @@
 """Slurm on the image (docs/slurm-stack.md): what each OS family's user data installs with
-``scheduler=slurm``, and the source build of an image without packages
-(``bootstrap_scripts/slurm_build.py``): pinned digests, refused bytes, safe unpacking, the
-build's commands run in order."""
+``scheduler=slurm`` (the synthesized Amazon Linux cluster's: tests/stack/test_slurm_stack.py),
+and the source build of an image without packages (``bootstrap_scripts/slurm_build.py``):
+pinned digests, refused bytes, safe unpacking, the build's commands run in order."""
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
 import re
 import subprocess
 import tarfile
@@ -17,44 +16,20 @@ import pytest
 
 from bootstrap_scripts import slurm_build as sb
 from constructs_lib.images import IMAGE_FAMILIES
-from tests.stack.synth import cluster_template
+from constructs_lib.user_data import render_bootstrap_commands
 
 
-def user_data_text(**ctx: str) -> list[str]:
-    out = []
-    for lt in cluster_template(**ctx).find_resources("AWS::EC2::LaunchTemplate").values():
-        parts = lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
-        out.append("".join(p if isinstance(p, str) else json.dumps(p) for p in parts))
-    return out
-
-
-def slurm_line(text: str) -> str:
-    (line,) = [x for x in text.splitlines() if x.startswith("command -v slurmd")]
-    return line
-
-
-def test_amazon_linux_builds_from_source_after_the_build_tools_before_the_agent() -> None:
-    texts = user_data_text(scheduler="slurm")
-    assert len(texts) == 2
-    for text in texts:
-        line = slurm_line(text)
-        assert line.startswith("command -v slurmd >/dev/null || { retry sh -c 'dnf install ")
-        assert line.endswith(' && PYTHONPATH=/opt/deeplearning/lib "$PY" -m '
-                             "bootstrap_scripts.slurm_build; }")
-        assert "mariadb-connector-c-devel" in line and "dbus-devel" in line
-        lines = text.splitlines()
-        # after the node scripts are unpacked (the module is in them), before the agent
-        unzip = next(i for i, x in enumerate(lines) if "-m zipfile -e" in x)
-        agent = next(i for i, x in enumerate(lines) if "-m bootstrap_scripts.agent.install" in x)
-        assert unzip < lines.index(line) < agent
-
-
-def test_ubuntu_installs_its_own_packages() -> None:
-    for text in user_data_text(scheduler="slurm", imageType="ubuntu",
-                               amiId="ami-0123456789abcdef0"):
-        line = slurm_line(text)
-        assert "apt-get install -y -q munge slurmd slurmctld slurmdbd slurm-client" in line
-        assert "slurm_build" not in line and "dnf" not in line
+def test_ubuntu_installs_its_own_packages_and_builds_nothing() -> None:
+    family = IMAGE_FAMILIES["ubuntu"]
+    lines = render_bootstrap_commands(
+        asset_s3_url="s3://b/k", agent_settings={"role": "worker"},
+        slurm_install=family.slurm_install, slurm_from_source=family.slurm_from_source)
+    (line,) = [x for x in lines if x.startswith("command -v slurmd")]
+    assert "apt-get install -y -q munge slurmd slurmctld slurmdbd slurm-client" in line
+    assert "slurm_build" not in line and "dnf" not in line
+    # a native cluster's user data has no Slurm line at all
+    assert not [x for x in render_bootstrap_commands(
+        asset_s3_url="s3://b/k", agent_settings={}) if "slurm" in x]
 
 
 def test_every_family_says_how_it_gets_slurm() -> None:

@@ -22,9 +22,10 @@ from tests.stack.checkov_skips import SKIPS, checkov_binary, failed_checks
 from tests.stack.iam_lint import policies, unexplained
 from tests.stack.synth import cluster_template
 
-#: slurmctld's and slurmd's default ports, slurmdbd's, and the ephemeral range srun listens
-#: on when ``SrunPortRange`` is not set (Linux's ``ip_local_port_range`` default).
-SLURM_PORTS = ((6817, 6817), (6818, 6818), (6819, 6819), (32768, 60999))
+#: slurmctld's and slurmd's default ports, slurmdbd's, and every unprivileged port: srun
+#: listens on ephemeral ports unless ``SrunPortRange`` names a range, which the node side
+#: may choose anywhere in it.
+SLURM_PORTS = ((6817, 6817), (6818, 6818), (6819, 6819), (1024, 65535))
 
 
 @pytest.fixture(scope="module")

@@ -43,8 +43,8 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.agent.settings import SLURM_SCHEDULER
+from bootstrap_scripts.metrics import metric_names as names
 from constructs_lib import launch, warm_pool
 from constructs_lib.capacity_adjuster import CapacityAdjuster
 from constructs_lib.cluster_props import ClusterProps

@@ -3,7 +3,7 @@
 Each field is a :class:`~constructs_lib.setting.Setting`: context key, default, bounds, check
 and the README's text. ``DeepLearningCluster``'s props take their defaults from here (or from
 the constant of the construct that owns the default, imported below), app.py parses and checks
-the context with it, and README's "Settings" table is generated from it
+the context with it, and docs/settings.md table is generated from it
 (``python -m stacks.settings_doc``).
 """
 
@@ -69,7 +69,7 @@ def _scheduler(name: str, value: object) -> str:
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """DLClusterStack's settings; an unset key keeps the default here (README "Settings")."""
+    """DLClusterStack's settings; an unset key keeps the default here (docs/settings.md)."""
 
     worker_count: int = setting(
         "workerCount", 2, "worker nodes (the master trains too, so the cluster has "

@@ -57,7 +57,7 @@ class ImageFamily:
     #: has none, or (``slurm_from_source``) what building them needs (docs/slurm-stack.md,
     #: "Slurm on the image")
     slurm_install: str = ""
-    #: the OS has no Slurm package: ``bootstrap_scripts/slurm_build.py`` builds munge and
+    #: the OS has no Slurm package: ``bootstrap_scripts/agent/slurm_build.py`` builds munge and
     #: Slurm from their pinned sources after ``slurm_install``
     slurm_from_source: bool = False
 
@@ -80,7 +80,7 @@ MOUNT_S3_URL = f"https://s3.amazonaws.com/mountpoint-s3-release/latest/{ARCHITEC
 #: notes' ``python_location``).
 DLAMI_PYTHON = "/opt/pytorch/bin/python"
 #: Amazon Linux 2023 packages to build munge and Slurm from source
-#: (``bootstrap_scripts/slurm_build.py``): compilers, and the libraries of the plugins the
+#: (``bootstrap_scripts/agent/slurm_build.py``): compilers, and the libraries of the plugins the
 #: cluster uses (cgroup/v2 needs dbus, slurmdbd's MySQL plugin the MariaDB connector).
 #: ``strict=0``: a name a release lacks is skipped, and Slurm's configure then says what it
 #: disabled or what it needs.

@@ -20,7 +20,7 @@ from constructs_lib import validation
 
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
 #: Builds munge and Slurm from their pinned sources (an image without their packages).
-SLURM_BUILD_MODULE = "bootstrap_scripts.slurm_build"
+SLURM_BUILD_MODULE = "bootstrap_scripts.agent.slurm_build"
 NODE_LIB_DIR = "/opt/deeplearning/lib"
 BOOTSTRAP_LOG = "/" + cloudwatch_config.BOOTSTRAP_LOG
 CLOUDWATCH_AGENT_CTL = cloudwatch_config.CTL_PATH

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootstrap_scripts.agent import cloudwatch_config, imds_guard
-from bootstrap_scripts.procgroup import (
+from bootstrap_scripts.node.procgroup import (
     Tracked,
     descendants,
     kill_pids,

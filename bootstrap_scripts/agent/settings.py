@@ -22,7 +22,7 @@ EXIT_FAILED = 2
 #: Exit status for bad arguments (systemd must not restart it either).
 EXIT_USAGE = 64
 #: Exit status when another ``dl-agent`` already holds this node's lock
-#: (:mod:`bootstrap_scripts.single_instance`). It is :data:`EXIT_FAILED`'s value on purpose:
+#: (:mod:`bootstrap_scripts.node.single_instance`). It is :data:`EXIT_FAILED`'s value on purpose:
 #: the unit's ``RestartPreventExitStatus`` lists that one, and restarting cannot help while
 #: the other agent runs (the unit's own agent keeps running undisturbed).
 EXIT_ALREADY_RUNNING = EXIT_FAILED

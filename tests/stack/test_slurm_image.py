@@ -1,6 +1,6 @@
 """Slurm on the image (docs/slurm-stack.md): what each OS family's user data installs with
 ``scheduler=slurm`` (the synthesized Amazon Linux cluster's: tests/stack/test_slurm_stack.py),
-and the source build of an image without packages (``bootstrap_scripts/slurm_build.py``):
+and the source build of an image without packages (``bootstrap_scripts/agent/slurm_build.py``):
 pinned digests, refused bytes, safe unpacking, the build's commands run in order."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import slurm_build as sb
+from bootstrap_scripts.agent import slurm_build as sb
 from constructs_lib.images import IMAGE_FAMILIES
 from constructs_lib.user_data import render_bootstrap_commands
 

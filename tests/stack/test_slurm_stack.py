@@ -142,14 +142,14 @@ def test_every_node_is_told_the_scheduler_and_the_secret(template) -> None:
 
 def test_amazon_linux_builds_slurm_after_the_build_tools_before_the_agent(template) -> None:
     """The default image has no Slurm package: both groups install the build tools, then run
-    bootstrap_scripts/slurm_build.py (tests/stack/test_slurm_image.py), only when the image
+    bootstrap_scripts/agent/slurm_build.py (tests/stack/test_slurm_image.py), only when the image
     has no slurmd, after the node scripts are unpacked and before the agent starts."""
     for p in user_data_parts(template).values():
         lines = "".join(part if isinstance(part, str) else "<token>" for part in p).splitlines()
         (line,) = [x for x in lines if x.startswith("command -v slurmd")]
         assert line.startswith("command -v slurmd >/dev/null || { retry sh -c 'dnf install ")
         assert line.endswith(' && PYTHONPATH=/opt/deeplearning/lib "$PY" -m '
-                             "bootstrap_scripts.slurm_build; }")
+                             "bootstrap_scripts.agent.slurm_build; }")
         assert "mariadb-connector-c-devel" in line and "dbus-devel" in line
         unzip = next(i for i, x in enumerate(lines) if "-m zipfile -e" in x)
         agent = next(i for i, x in enumerate(lines) if "-m bootstrap_scripts.agent.install" in x)

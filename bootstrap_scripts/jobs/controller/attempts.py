@@ -26,7 +26,7 @@ from bootstrap_scripts.jobs.controller import node_heartbeats
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, classify
 from bootstrap_scripts.jobs.engine.reachability import Executors, read_heartbeat
-from bootstrap_scripts.procgroup import alive
+from bootstrap_scripts.node.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest

@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.jobs.engine import service, user_dirs
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
@@ -45,6 +44,8 @@ from bootstrap_scripts.jobs.executor.job_credentials import JobCredentialStore
 from bootstrap_scripts.jobs.executor.log_mirror import LogMirror, share_sources
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
+from bootstrap_scripts.node import node_region
+from bootstrap_scripts.node.single_instance import AlreadyRunning, UnsafeLockFile, acquire
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import (
     PER_USER_DIRS,
@@ -52,7 +53,6 @@ from bootstrap_scripts.protocol.paths import (
     NodePaths,
 )
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
-from bootstrap_scripts.single_instance import AlreadyRunning, UnsafeLockFile, acquire
 
 LOG = logging.getLogger("dl-executor")
 

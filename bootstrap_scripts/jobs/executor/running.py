@@ -10,10 +10,10 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.executor.reattach import AdoptedProcess
+from bootstrap_scripts.node import procgroup
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.liveness import Sighting
 from bootstrap_scripts.protocol.paths import JobPaths

@@ -3,7 +3,7 @@
 Each share runs in a process group of its own, and every process of it carries the share's
 ``DL_SHARE_TOKEN`` in its environment (torchrun moves its workers to sessions of their own,
 out of the group): stopping a share is a ``killpg`` plus a signal to every process with the
-token, never a search by name (:mod:`bootstrap_scripts.procgroup`).
+token, never a search by name (:mod:`bootstrap_scripts.node.procgroup`).
 
 A torchrun job's rendezvous store is a helper process of the master's share
 (``rdzv_store.RDZV_STORE_LABEL``). Once the master's agent has succeeded, that share stays
@@ -24,7 +24,6 @@ import socket
 import subprocess
 import time
 
-from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user
@@ -47,6 +46,7 @@ from bootstrap_scripts.jobs.executor.share_command import (
     usable_cwd,
     wrapped,
 )
+from bootstrap_scripts.node import procgroup
 from bootstrap_scripts.protocol import liveness, store
 from bootstrap_scripts.protocol.jobs import LISTEN_FD_VARIABLE, JobSpec, Proc, Share
 from bootstrap_scripts.protocol.paths import JobPaths

@@ -62,6 +62,7 @@ def test_every_documented_key_is_parsed() -> None:
         "clusterUsers": "alice, bob_2",
         "sharedStorage": "fsx-lustre",
         "resumeFrom": "s3://old-ckpts/checkpoints/old-cluster",
+        "scheduler": "slurm",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -100,6 +101,7 @@ def test_every_documented_key_is_parsed() -> None:
         cluster_users=("alice", "bob_2"),
         shared_storage="fsx-lustre",
         resume_from=("s3://old-ckpts/checkpoints/old-cluster/",),
+        scheduler="slurm",
     )
 
 
@@ -151,6 +153,8 @@ def test_every_documented_key_is_parsed() -> None:
         ("clusterUsers", "Alice"),
         ("clusterUsers", "alice,alice"),
         ("clusterUsers", "al ice"),
+        ("scheduler", "pbs"),
+        ("scheduler", "Slurm"),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:

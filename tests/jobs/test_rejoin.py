@@ -194,6 +194,9 @@ class FakeShares:
         self.started.append(share)
         return True
 
+    def credentials_ready(self, paths) -> bool:
+        return True  # no job role: nothing to wait for
+
 
 def test_a_replacement_executor_joins_only_once_admitted(tmp_path):
     node = ThisNode(NodePaths(tmp_path / "node"), ClusterPaths(tmp_path), address="10.0.1.9")

@@ -31,6 +31,7 @@ from bootstrap_scripts.jobs.controller.elastic_attempt import ElasticAttempt
 from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import USER_CANCEL_REASON
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import JobPaths
 
@@ -64,7 +65,9 @@ class RunningAttempt(ElasticAttempt):
                 self.budget.stopped = self.budget.stop_reason(self.job)
             if not cancel_sent and (managed.cancel_requested(self.paths) or self.stopping()
                                     or self.budget.stopped):
-                why = self.budget.stopped or "cancelled by the job controller"
+                why = self.budget.stopped or (
+                    USER_CANCEL_REASON if managed.cancel_requested(self.paths)
+                    else "cancelled by the job controller")
                 with userfiles.as_user(self.uid, self.gid):  # the user's job directory
                     store.atomic_write(jpaths.cancel, why + "\n")
                 if self.budget.stopped:

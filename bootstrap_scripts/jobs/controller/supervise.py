@@ -23,6 +23,10 @@ The controller (``controller.py``) hands a job to :class:`JobSupervisor`, which 
    node's executor heartbeat lost; never the master; within the cluster's circuit breaker,
    ``instance_health.breaker``), then back to 1.
 
+A user's cancel is final: it is looked at before the gate, after it and once more just before
+an attempt is spawned, so a job cancelled while ``restarting`` never starts another attempt
+(no gate, no restore) and ends ``cancelled``.
+
 Every attempt is entered in the job's cost ledger (``budget.py``); with ``--max-cost`` the
 job is stopped like a cancel once the ledger reaches the cap, and ends ``budget``.
 """
@@ -186,7 +190,11 @@ class JobSupervisor(RunningAttempt):
                 self.finish(JobState.FAILED, choice.reason)
                 return None
             if choice.world is not World.WAIT:
+                if managed.cancel_requested(self.paths):
+                    return None  # cancelled while restarting: no gate, no attempt
                 failing = self.run_gate(m, ready)
+                if managed.cancel_requested(self.paths):
+                    return None  # cancelled while the gate ran: the attempt never starts
                 if not failing:
                     if choice.world is not World.FULL:
                         LOG.info("job %s: %s", self.job.job_id, choice.reason)
@@ -273,6 +281,9 @@ class JobSupervisor(RunningAttempt):
         if unpriced:  # a cap that cannot be counted: the attempt does not start
             self.budget.stopped = unpriced
             return Failure(FailureKind.BUDGET, unpriced), time.time()
+        if managed.cancel_requested(self.paths):  # cancelled while it was priced: final
+            return Failure(FailureKind.CANCELLED, "cancelled before the attempt started"), \
+                time.time()
         proc = attempts.spawn(argv, run, self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
         started = time.time()
         # The record says RUNNING at once: a controller that dies from here on must find the
@@ -330,6 +341,8 @@ class JobSupervisor(RunningAttempt):
             chosen = self.choose_nodes()
             if self.stopping():
                 return self.job
+            if chosen is not None and managed.cancel_requested(self.paths):
+                chosen = None  # a cancel is final: no later step starts an attempt
             if chosen is None:
                 if not JobState(self.job.state).terminal:
                     self.finish(JobState.CANCELLED, "cancelled by the user")

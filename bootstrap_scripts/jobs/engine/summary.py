@@ -88,13 +88,16 @@ def summarize(w: Watch) -> Verdict:
     failing = [r for r in results if r.returncode != 0 and not r.left]
     everyone_left = w.spec.elastic and not failing and not ok_exits and not w.signal_received
     status = "succeeded" if not failing and not everyone_left else "failed"
-    if w.signal_received:
+    if w.signal_received or w.user_cancelled:
         status = "cancelled"
     result = JobResult(job_id=job_id, status=status, launcher=w.spec.launcher,
                        elastic=w.spec.elastic, nodes=tuple(results))
     store.write_record(w.paths.result, result)
     with contextlib.suppress(OSError):
         store.atomic_write(w.paths.done, status + "\n")
+    if w.user_cancelled and not w.signal_received:
+        say(f"job {job_id} cancelled (by its user)")
+        return Verdict(job_id, status, EXIT_SIGTERM, classify(result, w.exits))
     if w.signal_received:
         say(f"job {job_id} cancelled ({signal.Signals(w.signal_received).name})")
         code = EXIT_SIGINT if w.signal_received == signal.SIGINT else EXIT_SIGTERM

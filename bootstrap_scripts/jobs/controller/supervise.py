@@ -211,20 +211,29 @@ class JobSupervisor(RunningAttempt):
 
     # -- 2. health gate --------------------------------------------------------------------
     def run_gate(self, m: Membership, nodes: list[Node]) -> list[str]:
-        """Gate ``nodes``; mark every failing one Unhealthy and exclude it. Returns them."""
+        """Gate ``nodes``; mark Unhealthy and exclude each failing node the evidence names
+        (``node_evidence.gate_verdicts``: never the master, never a node for a collective
+        that failed on several). Returns every failing address (the choice starts again)."""
         if self.gate is None:
             return []
         failures = self.gate(self.root, self.efs, m, [n.address for n in nodes])
-        for address, instance_id, why in failures:
-            node = m.node_by_address(address)
-            instance = instance_id or (node.instance_id if node else "")
-            err = self.health.mark_unhealthy(instance) if instance else "no instance id"
-            LOG.warning("job %s: node %s (%s) failed the health gate: %s", self.job.job_id,
-                        address, instance, why)
-            self.update(excluded=tuple(sorted({*self.job.excluded, instance})),
-                        last_failure=f"node-unhealthy: {address} ({instance}): {why}"
+        failing = {a for a, _i, _w in failures}
+        decided = node_evidence.gate_verdicts(
+            [(a, i or (m.node_by_address(a).instance_id if m.node_by_address(a) else ""), w)
+             for a, i, w in failures],
+            master_instance=m.master.instance_id, master_address=m.master.address,
+            passed=sum(1 for n in nodes if n.address not in failing))
+        for v in decided:
+            err = self.health.mark_unhealthy(v.instance_id) if v.mark else v.note
+            LOG.warning("job %s: node %s (%s) failed the health gate: %s%s", self.job.job_id,
+                        v.address, v.instance_id, v.why, f" [{err}]" if err else "")
+            self.update(excluded=tuple(sorted({*self.job.excluded, v.instance_id}))
+                        if v.mark else self.job.excluded,
+                        last_failure=f"node-unhealthy: {v.address} ({v.instance_id}): {v.why}"
                         + (f" [{err}]" if err else ""),
-                        gate_failures=(*self.job.gate_failures, f"{address} ({instance}): {why}"))
+                        gate_failures=(*self.job.gate_failures,
+                                       f"{v.address} ({v.instance_id}): {v.why}"
+                                       + (f" [{v.note}]" if v.note else "")))
         return [a for a, _i, _w in failures]
 
     def membership(self) -> Membership | None:

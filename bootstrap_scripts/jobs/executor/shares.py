@@ -28,7 +28,7 @@ from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user
-from bootstrap_scripts.jobs.executor import listeners, store_hold
+from bootstrap_scripts.jobs.executor import listeners, oom, store_hold
 from bootstrap_scripts.jobs.executor.job_credentials import (
     CredentialsError,
     JobCredentials,
@@ -212,7 +212,7 @@ class Shares:
         for held in listening.values():
             held.close()  # the process it was for has it now (or nobody: the start failed)
         running = RunningShare(spec, share, paths, pgid, started, time.time(), uid=uid, gid=gid,
-                               owner=owner)
+                               owner=owner, oom_kills=oom.oom_kills())
         try:
             with as_user(uid, gid):
                 store.write_record(paths.started(share.rank), ShareStarted(
@@ -250,6 +250,8 @@ class Shares:
 
     def finish(self, r: RunningShare, returncode: int, *, reason: str = "",
                fault: str = "", left_alive: int = 0) -> None:
+        if not (reason or r.cancel_reason or fault):  # the kernel's OOM killer, if it ran
+            reason = oom.oom_reason(r.oom_kills, oom.oom_kills(), returncode)
         record = ShareExit(
             rank=r.share.rank, address=self.node.address, returncode=returncode,
             signal=-returncode if returncode < 0 else 0,

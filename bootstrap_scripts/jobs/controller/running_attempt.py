@@ -57,8 +57,8 @@ class RunningAttempt(ElasticAttempt):
         self.hang = None
         watch = self.watch = hangs.HangWatch(jpaths, uid=self.uid, gid=self.gid,
                                              hang_timeout=self.request.run.hang_timeout)
-        if self.job.stragglers:
-            self.update(stragglers=())
+        if self.job.stragglers or self.job.stalled:
+            self.update(stragglers=(), stalled="")
         next_look = 0.0
         while running():
             if not cancel_sent and not self.stopping():
@@ -101,6 +101,9 @@ class RunningAttempt(ElasticAttempt):
         lagging = watch.stragglers()
         if lagging != self.job.stragglers:
             self.update(stragglers=lagging)
+        stalled = watch.stall() if hang is None else ""
+        if stalled != self.job.stalled:  # seen while it lasts, hang watch or not
+            self.update(stalled=stalled)
         if hang is None:
             return False
         LOG.warning("job %s: attempt %d made no progress for %.0f s: dumping stacks",

@@ -1,9 +1,11 @@
-"""Fault drills outside the engine table: AWS going silent under a running cluster.
+"""Fault drills outside the engine table: AWS going silent, an output burst, a cancel while
+a job restarts.
 
-Its own two-node cluster (real ``dl-executor`` per node with the stack's job role, the
-master's real ``dl-controller``) and its own emulated AWS: moto's server in a process of its
-own (``tests/support/outage.py``), stopped with SIGSTOP for the outage and resumed with
-SIGCONT, as an outage looks to a client: connections complete, nothing answers.
+Their own two-node cluster (real ``dl-executor`` per node with the stack's job role, the
+master's real ``dl-controller``; EFS a plain directory, room for a burst) and their own
+emulated AWS: moto's server in a process of its own (``tests/support/outage.py``), stopped
+with SIGSTOP for the outage and resumed with SIGCONT, as an outage looks to a client:
+connections complete, nothing answers. Each drill leaves the cluster idle for the next.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pytest
 
-from bootstrap_scripts.protocol.paths import NodePaths
+from bootstrap_scripts.jobs.executor import log_mirror
+from bootstrap_scripts.protocol.paths import JobPaths, NodePaths
 from emulator.resources import agent_settings, install_args
 from tests.chaos.drills import (
     JOB,
@@ -124,3 +128,66 @@ def test_aws_outage_at_a_jobs_start_is_named_and_blames_no_node(outage_cluster):
         left = leftovers(c.efs, job_id, c.roots,
                          lambda root: NodePaths(root).share_status_dir, elastic)
         row.check("nothing left", not left, "; ".join(left[:4]))
+
+
+# -- an output burst -----------------------------------------------------------------------
+
+BURST_MIB = 300
+BURST_LINES = BURST_MIB * 1024  # of 1010 bytes each
+BURST = ("import sys\nline = b'x' * 1000 + b'\\n'\nout = sys.stdout.buffer\n"
+         f"for k in range({BURST_LINES}):\n    out.write(b'%08d ' % k + line)\n")
+
+
+#: the most of one share's log the executor copies locally (``log_mirror``)
+COPY_CAP = 256 * 1024 * 1024
+
+
+def copy_ended(root: Path) -> bool:
+    """The node's copy of the burst ended: its last line, or the line saying the rest was
+    not copied (read from the file's end: it is hundreds of MiB)."""
+    path = log_mirror.jobs_log(root)
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 4096))
+            tail = f.read()
+    except OSError:
+        return False
+    return b"not copied here" in tail or b" %08d " % (BURST_LINES - 1) in tail
+
+
+def peak_rss_kib(pid: int) -> int:
+    """The process's peak resident set (``VmHWM``), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_an_output_burst_leaves_the_root_executor_small(outage_cluster):
+    """(47.5) each rank prints 300 MiB as fast as it can and exits: the root executor's peak
+    memory grows by a few MiB at most, its local copy (jobs.log) is capped, every line is on
+    EFS."""
+    c, _cloud = outage_cluster
+    with drill("output burst", f"{BURST_MIB} MiB printed by each rank at once, then exit"
+               ) as row:
+        before = {a: peak_rss_kib(p.pid) for a, p in c.executors.items()}
+        t0 = time.monotonic()
+        res = c.run("--launcher", "each", "--", "python3", "-c", BURST, timeout=600)
+        job_dir = max(c.job_dirs(), key=lambda d: d.stat().st_mtime)
+        paths = JobPaths(job_dir)
+        wait_for("the copies to end", lambda: all(copy_ended(root)
+                                                   for root in c.roots.values()), 300)
+        row.seconds = time.monotonic() - t0
+        grown = {a: (peak_rss_kib(p.pid) - before[a]) // 1024 for a, p in c.executors.items()}
+        copies = {a: sum(f.stat().st_size for f in log_mirror.jobs_log(root).parent.glob(
+            "jobs.log*")) // (1024 * 1024) for a, root in c.roots.items()}
+        row.did = (f"dl-run exit {res.returncode}; executors' peak memory grew "
+                   f"{sorted(grown.values())} MiB; local copies {sorted(copies.values())} MiB")
+        row.check("job succeeded", res.returncode == 0, res.stdout[-300:])
+        row.check("executor memory bounded", all(g < 64 for g in grown.values()), row.did)
+        # the cap counts the share's bytes; each copied line also carries its prefix (~3 %)
+        cap = COPY_CAP * 1.05 // (1024 * 1024)
+        row.check("local copy capped", all(m <= cap for m in copies.values()), row.did)
+        on_efs = [paths.log(r).stat().st_size for r in range(RANKS)]
+        row.check("all of it on EFS", all(b == BURST_LINES * 1010 for b in on_efs),
+                  f"{on_efs} bytes")

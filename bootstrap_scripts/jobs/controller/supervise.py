@@ -23,9 +23,7 @@ The controller (``controller.py``) hands a job to :class:`JobSupervisor`, which 
    node's executor heartbeat lost; never the master; within the cluster's circuit breaker,
    ``instance_health.breaker``), then back to 1.
 
-A user's cancel is final: it is looked at before the gate, after it and once more just before
-an attempt is spawned, so a job cancelled while ``restarting`` never starts another attempt
-(no gate, no restore) and ends ``cancelled``.
+A user's cancel is final: looked at before the gate, after it and before an attempt is spawned.
 
 Every attempt is entered in the job's cost ledger (``budget.py``); with ``--max-cost`` the
 job is stopped like a cancel once the ledger reaches the cap, and ends ``budget``.
@@ -194,7 +192,7 @@ class JobSupervisor(RunningAttempt):
                     return None  # cancelled while restarting: no gate, no attempt
                 failing = self.run_gate(m, ready)
                 if managed.cancel_requested(self.paths):
-                    return None  # cancelled while the gate ran: the attempt never starts
+                    return None  # cancelled while the gate ran
                 if not failing:
                     if choice.world is not World.FULL:
                         LOG.info("job %s: %s", self.job.job_id, choice.reason)

@@ -185,8 +185,9 @@ def test_an_output_burst_leaves_the_root_executor_small(outage_cluster):
                    f"{sorted(grown.values())} MiB; local copies {sorted(copies.values())} MiB")
         row.check("job succeeded", res.returncode == 0, res.stdout[-300:])
         row.check("executor memory bounded", all(g < 64 for g in grown.values()), row.did)
-        # the cap counts the share's bytes; each copied line also carries its prefix (~3 %)
-        cap = COPY_CAP * 1.05 // (1024 * 1024)
+        # the cap counts the share's bytes (the chunk that crosses it included); each copied
+        # line also carries its prefix (~5 % of these 1 KB lines)
+        cap = COPY_CAP * 1.1 // (1024 * 1024)
         row.check("local copy capped", all(m <= cap for m in copies.values()), row.did)
         on_efs = [paths.log(r).stat().st_size for r in range(RANKS)]
         row.check("all of it on EFS", all(b == BURST_LINES * 1010 for b in on_efs),

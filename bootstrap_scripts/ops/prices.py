@@ -64,7 +64,7 @@ ClientFactory = Callable[[str, str], Any]
 #: heartbeat), so an AWS that does not answer costs at most about 2 x 5 s per call, not
 #: botocore's default 60 s read timeout times its retries (3 minutes seen in an outage).
 CLIENT_TIMEOUTS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 5,
-                                   "retries": {"max_attempts": 2, "mode": "standard"}}
+                                   "retries": {"total_max_attempts": 2, "mode": "standard"}}
 
 
 def boto3_client(service: str, region: str) -> Any:

@@ -10,4 +10,4 @@ def test_the_price_clients_give_up_on_a_silent_endpoint_within_seconds():
     for service in ("ec2", "pricing"):
         config = boto3_client(service, "us-east-1").meta.config
         assert (config.connect_timeout, config.read_timeout) == (5, 5)
-        assert config.retries["max_attempts"] == 2
+        assert config.retries["total_max_attempts"] == 2  # one retry

@@ -35,7 +35,7 @@ UNAVAILABLE = frozenset({"Throttling", "ThrottlingException", "RequestLimitExcee
 #: botocore's client settings for a call made here: a short connect and read timeout and
 #: one retry, so that a thread waiting on a silent endpoint ends within about 2 x 5 s.
 CLIENT_CONFIG: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 5,
-                                 "retries": {"max_attempts": 2, "mode": "standard"}}
+                                 "retries": {"total_max_attempts": 2, "mode": "standard"}}
 #: Calls nobody collected (their job settled before they ended) are dropped this long after
 #: they started.
 FORGOTTEN_AFTER_SECONDS = 600.0

@@ -293,6 +293,34 @@ def test_an_admission_planted_as_a_link_admits_nothing(tmp_path):
     assert admitted(paths, "10.0.1.8")
 
 
+def test_nodes_joining_past_the_first_size_count_in_the_world_size(tmp_path):
+    """A scale-up while the elastic attempt runs: the record says what runs (5 nodes), not
+    the first size (4) it was capped at."""
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [])
+    sup.last_nodes_addresses = {"10.0.0.4", "10.0.1.1", "10.0.1.2", "10.0.1.3"}
+    sup.update(world_size=4, excluded=())
+    grow.admitted.update({"10.0.1.9": "i-r"})
+    store.write_record(grow.jpaths.started(4), ShareStarted(rank=4, address="10.0.1.9",
+                                                            started_at=time.time()))
+    sup.grow(grow)
+    assert sup.job.world_size == 5 and managed.load_job(sup.paths).world_size == 5
+
+
+def test_a_node_lost_while_the_generation_rises_is_recorded_and_leaves_the_world(tmp_path):
+    """A worker killed as a replacement is admitted: its loss is recorded, and the world
+    size is what trains on (the replacement counts once its share started)."""
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [])
+    sup.grow(grow)  # 10.0.1.9 admitted, not started yet
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1", "10.0.1.9"})  # 10.0.1.2 killed
+    sup.mark_lost(grow)
+    assert [x.address for x in sup.job.node_losses] == ["10.0.1.2"]
+    assert sup.job.world_size == 2
+    store.write_record(grow.jpaths.started(4), ShareStarted(rank=4, address="10.0.1.9",
+                                                            started_at=time.time()))
+    sup.grow(grow)
+    assert sup.job.world_size == 3
+
+
 def test_a_worker_lost_inside_an_elastic_attempt_is_marked_unhealthy_at_once(tmp_path, capsys):
     """The attempt trains on without the worker (torchrun re-rendezvouses) and never ends to
     report it: the controller's own look at the attempt's executors marks the instance."""

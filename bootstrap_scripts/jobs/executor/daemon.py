@@ -31,11 +31,13 @@ import os
 import socket
 import stat
 import sys
+import threading
 import time
 from pathlib import Path
 
 from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.jobs.engine import service, user_dirs
+from bootstrap_scripts.jobs.executor.aws_calls import CLIENT_CONFIG
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
@@ -76,12 +78,16 @@ def job_credential_store(root: Path, role_arn: str) -> JobCredentialStore:
     region = node_region.client_region(root) or ""
 
     clients: list[object] = []
+    making = threading.Lock()
 
     def sts() -> object:
-        if not clients:  # made once, on the first job: a client costs ~0.5 s of CPU
-            import boto3  # only on nodes whose stack has a job role
+        with making:  # called from the calls' threads (``aws_calls``): one client for all
+            if not clients:  # made once, on the first job: a client costs ~0.5 s of CPU
+                import boto3  # only on nodes whose stack has a job role
+                from botocore.config import Config
 
-            clients.append(boto3.client("sts", region_name=region or None))
+                clients.append(boto3.client("sts", region_name=region or None,
+                                            config=Config(**CLIENT_CONFIG)))
         return clients[0]
 
     return JobCredentialStore(NodePaths(root).job_credentials_dir, role_arn, region, sts)

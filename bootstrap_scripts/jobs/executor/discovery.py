@@ -219,6 +219,8 @@ class JobScanner:
                 return
         if not self.listener_ready(spec, share, paths):
             return
+        if not self.shares.credentials_ready(paths):
+            return  # STS answers on its thread; a cancel meanwhile settles the job above
         if not self.shares.start(spec, share, paths):
             self.seen.add(job_id)
 

@@ -54,6 +54,8 @@ class RunningShare:
     gid: int = -1
     #: the job's user (name, uid, gid): whose job role credentials this share holds
     owner: tuple[str, int, int] = ("", -1, -1)
+    #: the node's OOM kill counter as the share started (``oom.py``; None: not known)
+    oom_kills: int | None = None
 
     @property
     def grace(self) -> float:

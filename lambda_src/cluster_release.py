@@ -1,0 +1,153 @@
+"""Releasing the cluster's instances when the stack is deleted: a custom resource's Delete.
+
+Why it exists: the master agent protects the master and the base workers from scale-in
+(``bootstrap_scripts/agent/roster.py``), and nothing else lifts that protection.
+CloudFormation never force-deletes an Auto Scaling group: it sets the group's capacity to 0
+and waits for the instances to go, and scale-in never takes a protected instance
+(https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-instance-protection.html).
+A deleted stack (``dlc down``, a plain ``cdk destroy``, the rollback of a failed create)
+would wait for hours on the protected instances, then fail with the GPUs still billing.
+
+The stack holds one ``Custom::ClusterRelease`` (``constructs_lib/cluster_release.py``) whose
+``Groups`` are the cluster's groups: it depends on them, so CloudFormation deletes it before
+either group, and the stack's wait condition depends on it, so it exists before the setup
+can fail and a rollback deletes it too. Its Delete, here:
+
+1. lifts scale-in protection from every instance of the groups;
+2. sets each group's minimum, maximum and desired capacity to 0, so nothing launches again
+   and Auto Scaling takes the instances at once (through the drain hook, as a scale-in);
+3. looks again, a bounded number of rounds: the master agent may protect an instance again
+   while it publishes a membership, between steps 1 and 2.
+
+Create and Update do nothing. The answer is the JSON response object PUT to the request's
+presigned ``ResponseURL`` with an empty Content-Type
+(https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/crpg-ref-responses.html).
+A failed call answers FAILED with the call and AWS's message, so the stack's deletion stops
+at once naming it, instead of CloudFormation's long wait on a protected instance.
+
+Permissions (``constructs_lib/cluster_release.py`` grants them to the capacity adjuster's
+role, the function that runs this): ``autoscaling:DescribeAutoScalingGroups``,
+``autoscaling:SetInstanceProtection`` and ``autoscaling:UpdateAutoScalingGroup`` on the
+groups tagged with the cluster's id.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+#: The custom resource's type, as the stack declares it.
+RESOURCE_TYPE = "Custom::ClusterRelease"
+#: SetInstanceProtection takes at most this many instance ids per call.
+PROTECT_BATCH = 50
+#: Rounds of step 3 (see the module doc) and the pause between them: well inside the
+#: function's timeout.
+ROUNDS = 5
+ROUND_PAUSE_SECONDS = 2.0
+MAX_REASON = 4000
+
+
+def is_request(event: Any) -> bool:
+    """A CloudFormation custom-resource request (not an SNS delivery)."""
+    return isinstance(event, dict) and "RequestType" in event and "ResponseURL" in event
+
+
+def _groups(event: dict[str, Any]) -> list[str]:
+    names = (event.get("ResourceProperties") or {}).get("Groups") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"ResourceProperties.Groups must be a list of group names, got "
+                         f"{names!r}")
+    return names
+
+
+def _describe(autoscaling: Any, names: list[str]) -> list[dict[str, Any]]:
+    """The groups that still exist (a deleted one is simply absent)."""
+    response = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=names)
+    return [g for g in response.get("AutoScalingGroups") or []
+            if g.get("AutoScalingGroupName") in names]
+
+
+def protected_in_service(group: dict[str, Any]) -> list[str]:
+    """Instances scale-in would never take: protected and not already leaving."""
+    return [i["InstanceId"] for i in group.get("Instances") or []
+            if i.get("ProtectedFromScaleIn")
+            and not str(i.get("LifecycleState", "")).startswith("Terminating")]
+
+
+def release(autoscaling: Any, names: list[str], *,
+            sleep: Callable[[float], None] = time.sleep) -> list[str]:
+    """Steps 1-3 of the module doc for the groups ``names``; the instances it unprotected.
+
+    Raises what the Auto Scaling client raises; RuntimeError if an instance is still
+    protected after every round."""
+    released: list[str] = []
+    left: list[str] = []
+    for round_number in range(ROUNDS):
+        groups = _describe(autoscaling, names)
+        left = []
+        for group in groups:
+            name = group["AutoScalingGroupName"]
+            ids = protected_in_service(group)
+            left += ids
+            for start in range(0, len(ids), PROTECT_BATCH):
+                autoscaling.set_instance_protection(
+                    AutoScalingGroupName=name, InstanceIds=ids[start:start + PROTECT_BATCH],
+                    ProtectedFromScaleIn=False)
+            released += [i for i in ids if i not in released]
+            if ids or (group.get("MinSize"), group.get("MaxSize"),
+                       group.get("DesiredCapacity")) != (0, 0, 0):
+                autoscaling.update_auto_scaling_group(
+                    AutoScalingGroupName=name, MinSize=0, MaxSize=0, DesiredCapacity=0)
+        if not left:
+            return released
+        if round_number + 1 < ROUNDS:
+            sleep(ROUND_PAUSE_SECONDS)
+    still = [i for g in _describe(autoscaling, names) for i in protected_in_service(g)]
+    if still:
+        raise RuntimeError(f"still protected from scale-in after {ROUNDS} rounds: "
+                           f"{', '.join(still)} (something protects them again)")
+    return released
+
+
+def respond(event: dict[str, Any], autoscaling: Any, *,
+            sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """The response object for one request (its calls made); never raises."""
+    kind = event.get("RequestType")
+    physical = str(event.get("PhysicalResourceId")
+                   or f"{event.get('LogicalResourceId', 'ClusterRelease')}-release")
+    body: dict[str, Any] = {
+        "Status": "SUCCESS", "PhysicalResourceId": physical,
+        "StackId": event.get("StackId", ""), "RequestId": event.get("RequestId", ""),
+        "LogicalResourceId": event.get("LogicalResourceId", ""), "Data": {}}
+    try:
+        names = _groups(event)
+        if kind == "Delete":
+            released = release(autoscaling, names, sleep=sleep)
+            body["Reason"] = (f"released {len(released)} protected instance(s) of "
+                              f"{', '.join(names)}")
+        elif kind not in ("Create", "Update"):
+            raise ValueError(f"unknown RequestType {kind!r}")
+    except Exception as exc:  # answered, never raised: CloudFormation would wait an hour
+        body["Status"] = "FAILED"
+        body["Reason"] = f"{RESOURCE_TYPE} {kind}: {type(exc).__name__}: {exc}"[:MAX_REASON]
+    return body
+
+
+def send(url: str, body: dict[str, Any]) -> None:
+    """PUT the response object to the presigned URL (empty Content-Type: it is signed)."""
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="PUT",
+                                     headers={"Content-Type": "", "Content-Length":
+                                              str(len(data))})
+    with urllib.request.urlopen(request, timeout=15) as response:
+        response.read()
+
+
+def handle(event: dict[str, Any], autoscaling: Any) -> dict[str, Any]:
+    """Answer one request: its calls, then the PUT to ``ResponseURL``."""
+    body = respond(event, autoscaling)
+    send(str(event["ResponseURL"]), body)
+    return body

@@ -50,6 +50,8 @@ Each gap is filled inside the emulator's moto server process, never by changing 
   the emulator enables the listed metrics (all of them when none are listed, as
   CloudFormation does) through moto's own EnableMetricsCollection, so the group metrics
   ``emulator.alarm_evaluator`` publishes are the ones the template asked for.
+- ``AWS::SNS::TopicPolicy`` (moto skips it, so a topic kept moto's default policy): the
+  document becomes the topics' policy, ``emulator.service_policies``.
 - A stack's deletion in CloudFormation's order (dependents first) and its failure
   (``DELETE_FAILED``, the stack kept): ``emulator.cfn_deletion``.
 - ``AWS::CloudWatch::Alarm``: moto skips the type, so a dashboard showing an alarm cannot
@@ -61,7 +63,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from emulator import cfn_deletion, moto_alarms
+from emulator import cfn_deletion, moto_alarms, service_policies
 from emulator.cfn_model import cfn_model
 
 # -- EFS ------------------------------------------------------------------------------------
@@ -285,3 +287,8 @@ def install() -> None:
         FakeAutoScalingGroup.create_from_cloudformation_json = wrapped  # type: ignore[method-assign]
     _event_invoke_config_model()  # a CloudFormationModel subclass: moto's model list finds it
     moto_alarms.alarm_model()  # the same for AWS::CloudWatch::Alarm
+    service_policies.install()  # and AWS::SNS::TopicPolicy
+    from moto.cloudformation import parsing
+
+    for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
+        cached.cache_clear()

@@ -18,7 +18,8 @@ skipped. Update and delete do nothing (the project declares neither).
 
 A custom resource whose ``ServiceToken`` is a function the emulator can run (the capacity
 adjuster, :data:`FUNCTION_HANDLERS`) is answered by the project's own request code
-(``lambda_src.cluster_release.respond``) on Create and on Delete, with a boto3 client of
+(``lambda_src.custom_resources.respond``: ``Custom::ClusterRelease``,
+``Custom::QuotaCheck``) on Create and on Delete, with a boto3 client of
 this moto server (:func:`serve_at`; the harness's keys, which act as the account's
 administrator when IAM is enforced, not the function's role). The emulator plays
 CloudFormation's side: it reads the response object directly instead of through a
@@ -114,24 +115,42 @@ def _function_handler(service_token: Any, account: str, region: str) -> str:
         return ""
 
 
-def _autoscaling_client(region: str) -> Any:
-    import boto3
+class _Clients:
+    """boto3 clients of this moto server (the harness's keys), made on first use."""
 
-    if not _ENDPOINT:
-        raise CustomResourceError("the emulator's moto server has no endpoint to call")
-    return boto3.client("autoscaling", endpoint_url=_ENDPOINT[0], region_name=region,
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    def __init__(self, region: str) -> None:
+        self.region = region
+
+    def _client(self, service: str) -> Any:
+        import boto3
+
+        if not _ENDPOINT:
+            raise CustomResourceError("the emulator's moto server has no endpoint to call")
+        return boto3.client(service, endpoint_url=_ENDPOINT[0], region_name=self.region,
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    @property
+    def autoscaling(self) -> Any:
+        return self._client("autoscaling")
+
+    @property
+    def ec2(self) -> Any:
+        return self._client("ec2")
+
+    @property
+    def service_quotas(self) -> Any:
+        return self._client("service-quotas")
 
 
 def answer(kind: str, resource: Any, region: str) -> dict:
     """The function's response object to a ``kind`` request for ``resource``."""
-    from lambda_src import cluster_release
+    from lambda_src import custom_resources
 
     event = {**resource.emulator_request, "RequestType": kind,
              "RequestId": str(uuid.uuid4())}
     if kind != "Create":
         event["PhysicalResourceId"] = resource.emulator_physical_id
-    return cluster_release.respond(event, _autoscaling_client(region))
+    return custom_resources.respond(event, _Clients(region))
 
 
 def _custom_delete(self: Any, account_id: str, region_name: str) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
     from . import asg_notifications as notes
-    from . import cluster_release, launch_errors, setup_signal, zone_actions
+    from . import custom_resources, launch_errors, setup_signal, zone_actions
     from . import master_messages as messages
     from . import zone_fallback as zf
     from .aws_calls import AwsCallFailed, AwsClients, RetryableFailure
@@ -43,7 +43,7 @@ try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
     from .json_log import JsonLogger, get_logger
 except ImportError:  # imported as capacity_adjuster (Lambda: the asset root is on sys.path)
     import asg_notifications as notes  # type: ignore[no-redef]
-    import cluster_release  # type: ignore[no-redef]
+    import custom_resources  # type: ignore[no-redef]
     import launch_errors  # type: ignore[no-redef]
     import master_messages as messages  # type: ignore[no-redef]
     import setup_signal  # type: ignore[no-redef]
@@ -326,19 +326,36 @@ def process_event(
     return summary
 
 
+class _Clients:
+    """boto3 clients for the custom resources' answers, made on first use."""
+
+    def __init__(self) -> None:
+        import boto3
+
+        self._session = boto3.session.Session()
+
+    @property
+    def autoscaling(self) -> Any:
+        return AwsClients.from_environment().autoscaling
+
+    @property
+    def ec2(self) -> Any:
+        return self._session.client("ec2")
+
+    @property
+    def service_quotas(self) -> Any:
+        return self._session.client("service-quotas")
+
+
 def _custom_resource(event: dict[str, Any], log: JsonLogger) -> dict[str, Any]:
-    """CloudFormation's request for the stack's ``Custom::ClusterRelease``
-    (``cluster_release``): answered on its ``ResponseURL``."""
-    try:
-        autoscaling = AwsClients.from_environment().autoscaling
-    except Exception as exc:  # answered FAILED by respond(): no client to call with
-        log.error("config-error", detail=f"cannot create AWS clients: {exc!r}"[:500])
-        autoscaling = None
-    body = cluster_release.handle(event, autoscaling)
-    log.info("custom-resource", request=str(event.get("RequestType")),
-             status=body["Status"], reason=body.get("Reason", ""))
+    """CloudFormation's request for one of the stack's custom resources
+    (``custom_resources``): answered on its ``ResponseURL``."""
+    answer = custom_resources.handle(event, _Clients())
+    log.info("custom-resource", type=str(event.get("ResourceType")),
+             request=str(event.get("RequestType")), status=answer["Status"],
+             reason=answer.get("Reason", ""))
     return {"records": 0, "outcomes": [], "retryable_failures": 0,
-            "error": "" if body["Status"] == "SUCCESS" else body.get("Reason", "")}
+            "error": "" if answer["Status"] == "SUCCESS" else answer.get("Reason", "")}
 
 
 def handler(event: Any, context: Any) -> dict[str, Any]:
@@ -349,7 +366,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         log = log.bind(request_id=str(request_id))
     if level_warning:
         log.warning("config-warning", detail=level_warning)
-    if cluster_release.is_request(event):  # the stack's Custom::ClusterRelease
+    if custom_resources.is_request(event):  # the stack's custom resources
         return _custom_resource(event, log)
     try:
         config = Config.from_env(os.environ)

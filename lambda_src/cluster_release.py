@@ -19,10 +19,8 @@ can fail and a rollback deletes it too. Its Delete, here:
 3. looks again, a bounded number of rounds: the master agent may protect an instance again
    while it publishes a membership, between steps 1 and 2.
 
-Create and Update do nothing. The answer is the JSON response object PUT to the request's
-presigned ``ResponseURL`` with an empty Content-Type
-(https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/crpg-ref-responses.html).
-A failed call answers FAILED with the call and AWS's message, so the stack's deletion stops
+Create and Update do nothing. The answer goes back through ``cfn_response``. A failed call
+answers FAILED with the call and AWS's message, so the stack's deletion stops
 at once naming it, instead of CloudFormation's long wait on a protected instance.
 
 Permissions (``constructs_lib/cluster_release.py`` grants them to the capacity adjuster's
@@ -33,11 +31,14 @@ groups tagged with the cluster's id.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
+
+try:  # imported as lambda_src.cluster_release (tests, installed package)
+    from . import cfn_response
+except ImportError:  # imported as cluster_release (Lambda: the asset root is on sys.path)
+    import cfn_response  # type: ignore[no-redef]
 
 #: The custom resource's type, as the stack declares it.
 RESOURCE_TYPE = "Custom::ClusterRelease"
@@ -47,12 +48,6 @@ PROTECT_BATCH = 50
 #: function's timeout.
 ROUNDS = 5
 ROUND_PAUSE_SECONDS = 2.0
-MAX_REASON = 4000
-
-
-def is_request(event: Any) -> bool:
-    """A CloudFormation custom-resource request (not an SNS delivery)."""
-    return isinstance(event, dict) and "RequestType" in event and "ResponseURL" in event
 
 
 def _groups(event: dict[str, Any]) -> list[str]:
@@ -116,38 +111,16 @@ def respond(event: dict[str, Any], autoscaling: Any, *,
             sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """The response object for one request (its calls made); never raises."""
     kind = event.get("RequestType")
-    physical = str(event.get("PhysicalResourceId")
-                   or f"{event.get('LogicalResourceId', 'ClusterRelease')}-release")
-    body: dict[str, Any] = {
-        "Status": "SUCCESS", "PhysicalResourceId": physical,
-        "StackId": event.get("StackId", ""), "RequestId": event.get("RequestId", ""),
-        "LogicalResourceId": event.get("LogicalResourceId", ""), "Data": {}}
+    answer = cfn_response.body(event)
     try:
         names = _groups(event)
         if kind == "Delete":
             released = release(autoscaling, names, sleep=sleep)
-            body["Reason"] = (f"released {len(released)} protected instance(s) of "
-                              f"{', '.join(names)}")
+            answer["Reason"] = (f"released {len(released)} protected instance(s) of "
+                                f"{', '.join(names)}")
         elif kind not in ("Create", "Update"):
             raise ValueError(f"unknown RequestType {kind!r}")
     except Exception as exc:  # answered, never raised: CloudFormation would wait an hour
-        body["Status"] = "FAILED"
-        body["Reason"] = f"{RESOURCE_TYPE} {kind}: {type(exc).__name__}: {exc}"[:MAX_REASON]
-    return body
-
-
-def send(url: str, body: dict[str, Any]) -> None:
-    """PUT the response object to the presigned URL (empty Content-Type: it is signed)."""
-    data = json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="PUT",
-                                     headers={"Content-Type": "", "Content-Length":
-                                              str(len(data))})
-    with urllib.request.urlopen(request, timeout=15) as response:
-        response.read()
-
-
-def handle(event: dict[str, Any], autoscaling: Any) -> dict[str, Any]:
-    """Answer one request: its calls, then the PUT to ``ResponseURL``."""
-    body = respond(event, autoscaling)
-    send(str(event["ResponseURL"]), body)
-    return body
+        answer = cfn_response.body(event, "FAILED",
+                                   f"{RESOURCE_TYPE} {kind}: {type(exc).__name__}: {exc}")
+    return answer

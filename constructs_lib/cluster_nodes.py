@@ -110,7 +110,8 @@ def add_node_groups(
     topic = capacity_adjuster.topic
     warm_pool_size = warm_pool.check(cluster.node.path, warm_pool_size,
                                      spot_capacity=props.spot_workers,
-                                     instance_types=props.capacity.worker_types)
+                                     instance_types=props.capacity.worker_types,
+                                     capacity_block_id=props.capacity.capacity_block_id)
     warm_ready_queue = warm_pool.ready_queue(
         cluster, Duration.seconds(props.node_boot_seconds)) if warm_pool_size else None
 

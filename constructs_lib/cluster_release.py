@@ -22,6 +22,7 @@ from aws_cdk import CustomResource
 from constructs import Construct
 
 from constructs_lib.capacity_adjuster import CapacityAdjuster, this_clusters_groups
+from constructs_lib.idle_stop import NOT_SIZES
 from constructs_lib.node_group import NodeGroup
 
 RESOURCE_TYPE = "Custom::ClusterRelease"
@@ -33,11 +34,17 @@ class ClusterRelease(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cluster_id: str,
                  adjuster: CapacityAdjuster, groups: list[NodeGroup]) -> None:
         super().__init__(scope, construct_id)
-        grant = this_clusters_groups(
-            self, sid="ReleaseThisClustersGroupsAtDeletion", cluster_id=cluster_id,
-            actions=["autoscaling:SetInstanceProtection",
-                     "autoscaling:UpdateAutoScalingGroup"])
-        policy = adjuster.role.add_to_principal_policy(grant)
+        policy = adjuster.role.add_to_principal_policy(this_clusters_groups(
+            self, sid="ReleaseThisClustersInstancesAtDeletion", cluster_id=cluster_id,
+            actions=["autoscaling:SetInstanceProtection"]))
+        # sizes to 0 and nothing else: no template, types, subnets or reservations
+        to_zero = this_clusters_groups(
+            self, sid="ThisClustersGroupsToZeroAtDeletion", cluster_id=cluster_id,
+            actions=["autoscaling:UpdateAutoScalingGroup"])
+        to_zero.add_condition("NumericEquals", {"autoscaling:MinSize": "0",
+                                                "autoscaling:MaxSize": "0"})
+        to_zero.add_condition("Null", {key: "true" for key in NOT_SIZES})
+        adjuster.role.add_to_principal_policy(to_zero)
         self.resource = CustomResource(
             self, "Resource", service_token=adjuster.function.function_arn,
             resource_type=RESOURCE_TYPE,

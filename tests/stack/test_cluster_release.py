@@ -30,11 +30,16 @@ def test_the_release_is_deleted_before_the_groups_and_created_before_the_setup_w
     assert release_id in _depends(t[wait])
     # its grant is there until it is deleted
     (grant,) = [k for k, v in t.items() if v["Type"] == "AWS::IAM::Policy"
-                and "ReleaseThisClustersGroupsAtDeletion" in json.dumps(v["Properties"])]
+                and "ReleaseThisClustersInstancesAtDeletion" in json.dumps(v["Properties"])]
     assert grant in _depends(release)
-    (statement,) = [s for s in t[grant]["Properties"]["PolicyDocument"]["Statement"]
-                    if s.get("Sid") == "ReleaseThisClustersGroupsAtDeletion"]
-    assert sorted(statement["Action"]) == ["autoscaling:SetInstanceProtection",
-                                           "autoscaling:UpdateAutoScalingGroup"]
-    (condition,) = statement["Condition"]["StringEquals"]
-    assert condition == "autoscaling:ResourceTag/dl-cluster:id"
+    statements = {s.get("Sid"): s for s in t[grant]["Properties"]["PolicyDocument"]["Statement"]}
+    protect = statements["ReleaseThisClustersInstancesAtDeletion"]
+    assert protect["Action"] == "autoscaling:SetInstanceProtection"
+    assert list(protect["Condition"]["StringEquals"]) == ["autoscaling:ResourceTag/dl-cluster:id"]
+    # UpdateAutoScalingGroup: sizes to 0 only (no template, types, subnets, reservations)
+    to_zero = statements["ThisClustersGroupsToZeroAtDeletion"]
+    assert to_zero["Action"] == "autoscaling:UpdateAutoScalingGroup"
+    assert to_zero["Condition"]["NumericEquals"] == {"autoscaling:MinSize": "0",
+                                                     "autoscaling:MaxSize": "0"}
+    assert {"autoscaling:VPCZoneIdentifiers", "autoscaling:InstanceTypes",
+            "autoscaling:LaunchTemplateVersionSpecified"} <= set(to_zero["Condition"]["Null"])

@@ -96,3 +96,16 @@ def test_a_bad_budget_is_refused_at_synth_naming_it(value: str) -> None:
     with pytest.raises(ConfigError, match="budgetPerDay") as err:
         cluster_template(budgetPerDay=value)
     assert repr(value) in str(err.value)
+
+
+def test_the_cost_tag_reaches_the_nodes_volumes_too(template: Template) -> None:
+    """The budget filters on the cluster's tag; an Auto Scaling group's tags reach its
+    instances only, so the nodes' EBS volumes carry it through the launch templates' tag
+    specifications, or their cost is outside the budget."""
+    (cluster_id,) = {t["Value"] for g in template.find_resources(
+        "AWS::AutoScaling::AutoScalingGroup").values()
+        for t in g["Properties"]["Tags"] if t["Key"] == "dl-cluster:id"}
+    for lt in template.find_resources("AWS::EC2::LaunchTemplate").values():
+        specs = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]}
+                 for s in lt["Properties"]["LaunchTemplateData"].get("TagSpecifications", [])}
+        assert specs.get("volume", {}).get("dl-cluster:id") == cluster_id, specs

@@ -51,20 +51,29 @@ def nodes(event: dict[str, Any]) -> list[quota_classes.Nodes]:
 
 
 def quota_value(quotas: Any, code: str) -> float | None:
-    """The applied quota, else AWS's default; None when Service Quotas cannot say."""
+    """The applied quota, else AWS's default; None when Service Quotas cannot say (no such
+    quota, or access denied: an organization's policy may deny it)."""
     from botocore.exceptions import ClientError
+
+    def unreadable(exc: ClientError) -> bool:  # as dlc up: not a reason to refuse
+        code = exc.response.get("Error", {}).get("Code", "")
+        return code.startswith(("NoSuchResource", "AccessDenied"))
 
     try:
         return float(quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)
                      ["Quota"]["Value"])
     except ClientError as exc:
-        if not exc.response.get("Error", {}).get("Code", "").startswith("NoSuchResource"):
+        if not unreadable(exc):
             raise
-    for page in quotas.get_paginator("list_aws_default_service_quotas").paginate(
-            ServiceCode="ec2"):
-        for quota in page.get("Quotas", []):
-            if quota.get("QuotaCode") == code:
-                return float(quota["Value"])
+    try:
+        for page in quotas.get_paginator("list_aws_default_service_quotas").paginate(
+                ServiceCode="ec2"):
+            for quota in page.get("Quotas", []):
+                if quota.get("QuotaCode") == code:
+                    return float(quota["Value"])
+    except ClientError as exc:
+        if not unreadable(exc):
+            raise
     return None
 
 

@@ -74,3 +74,25 @@ def test_a_malformed_request_answers_failed() -> None:
     assert answer["Status"] == "FAILED" and "needs Key, InstanceType, Count" in answer["Reason"]
     event["ResourceType"] = "Custom::Other"
     assert "answers no 'Custom::Other'" in custom_resources.respond(event, None)["Reason"]
+
+
+class DeniedQuotas:
+    """Service Quotas behind an organization's deny: every call AccessDenied."""
+
+    def get_service_quota(self, **kwargs):
+        from botocore.exceptions import ClientError
+
+        raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}},
+                          "GetServiceQuota")
+
+    def get_paginator(self, name):
+        return self
+
+    def paginate(self, **kwargs):
+        self.get_service_quota()
+
+
+def test_a_quota_it_cannot_read_is_said_not_refused(clients: Clients) -> None:
+    answer = quota_check.respond(request(*G5), clients.ec2, DeniedQuotas())
+    assert answer["Status"] == "SUCCESS"
+    assert "not checked: Running On-Demand G and VT instances (L-DB2E81BA)" in answer["Reason"]

@@ -1,14 +1,14 @@
 """Releasing the cluster's instances when the stack is deleted: a custom resource's Delete.
 
 Why it exists: the master agent protects the master and the base workers from scale-in
-(``bootstrap_scripts/agent/roster.py``), and nothing else lifts that protection.
+(the node agent's roster), and nothing else lifts that protection.
 CloudFormation never force-deletes an Auto Scaling group: it sets the group's capacity to 0
 and waits for the instances to go, and scale-in never takes a protected instance
 (https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-instance-protection.html).
 A deleted stack (``dlc down``, a plain ``cdk destroy``, the rollback of a failed create)
 would wait for hours on the protected instances, then fail with the GPUs still billing.
 
-The stack holds one ``Custom::ClusterRelease`` (``constructs_lib/cluster_release.py``) whose
+The stack holds one ``Custom::ClusterRelease`` (the construct of the same name) whose
 ``Groups`` are the cluster's groups: it depends on them, so CloudFormation deletes it before
 either group, and the stack's wait condition depends on it, so it exists before the setup
 can fail and a rollback deletes it too. Its Delete, here:
@@ -23,7 +23,7 @@ Create and Update do nothing. The answer goes back through ``cfn_response``. A f
 answers FAILED with the call and AWS's message, so the stack's deletion stops
 at once naming it, instead of CloudFormation's long wait on a protected instance.
 
-Permissions (``constructs_lib/cluster_release.py`` grants them to the capacity adjuster's
+Permissions (the stack's ``ClusterRelease`` construct grants them to the capacity adjuster's
 role, the function that runs this): ``autoscaling:DescribeAutoScalingGroups``,
 ``autoscaling:SetInstanceProtection`` and ``autoscaling:UpdateAutoScalingGroup`` on the
 groups tagged with the cluster's id.

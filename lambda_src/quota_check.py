@@ -3,7 +3,7 @@
 Why: a fresh account's G and P vCPU quotas are 0, and a deploy through plain ``cdk deploy``
 (the README's path, not only ``dlc up``, whose preflight checks them) would launch groups
 that EC2 refuses with ``VcpuLimitExceeded``, and the stack would fail tens of minutes later
-in its setup wait. ``Custom::QuotaCheck`` (``constructs_lib/quota_check.py``) is created
+in its setup wait. ``Custom::QuotaCheck`` (the stack's ``QuotaCheck`` construct) is created
 before both groups; its Create reads each instance type's vCPUs (EC2
 DescribeInstanceTypes), adds up the nodes' vCPUs per quota with ``quota_classes.vcpu_needs``
 (the sum ``dlc up`` uses; Spot workers against their class's Spot quota), reads each quota

@@ -21,6 +21,7 @@ from constructs_lib.cluster_budget import ClusterBudget
 from constructs_lib.cluster_grants import grant_node_roles
 from constructs_lib.cluster_nodes import add_node_groups
 from constructs_lib.cluster_props import check_cluster_props
+from constructs_lib.cluster_release import ClusterRelease
 from constructs_lib.cluster_services import add_cluster_services
 from constructs_lib.cluster_settings import (
     DEFAULT_DATA_CHECKSUMS,
@@ -379,6 +380,12 @@ class DeepLearningCluster(Construct):
         self.wait_condition = CfnWaitCondition(self, "SetupComplete", handle=self.wait_handle.ref,
                                                count=1, timeout=str(setup_timeout_seconds))
         self.wait_condition.node.add_dependency(self.master_group.auto_scaling_group)
+        #: Lifts scale-in protection before the groups' deletion (``cluster_release.py``);
+        #: created before the wait condition, so a rollback deletes it too.
+        self.release = ClusterRelease(self, "Release", cluster_id=self.cluster_id,
+                                      adjuster=self.capacity_adjuster,
+                                      groups=[self.master_group, self.worker_group])
+        self.wait_condition.node.add_dependency(self.release)
         # Operator access, workdir staging, logs and alarms, the budget (cluster_services.py).
         services = add_cluster_services(
             self, cluster_id=self.cluster_id, master_group=self.master_group,

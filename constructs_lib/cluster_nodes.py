@@ -53,6 +53,7 @@ from constructs_lib.late import late_string
 from constructs_lib.node_group import NodeGroup
 from constructs_lib.node_keys import NodeKeysQueue
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
+from constructs_lib.quota_check import QuotaCheck
 from constructs_lib.slurm import MungeKey
 from constructs_lib.user_data import node_user_data
 
@@ -115,7 +116,8 @@ def add_node_groups(
     topic = capacity_adjuster.topic
     warm_pool_size = warm_pool.check(cluster.node.path, warm_pool_size,
                                      spot_capacity=props.spot_workers,
-                                     instance_types=props.capacity.worker_types)
+                                     instance_types=props.capacity.worker_types,
+                                     capacity_block_id=props.capacity.capacity_block_id)
     warm_ready_queue = warm_pool.ready_queue(
         cluster, Duration.seconds(props.node_boot_seconds)) if warm_pool_size else None
 
@@ -176,6 +178,9 @@ def add_node_groups(
         max_capacity=props.max_workers, desired_capacity=props.desired_workers,
         spot_capacity=props.spot_workers, **common,
     )
+    if not capacity.capacity_block_id:  # the vCPU quotas, before either group launches
+        QuotaCheck(cluster, "QuotaCheck", props=props, adjuster=capacity_adjuster,
+                   groups=[master, workers])
     # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
     drain_hook = workers.add_drain_hook(topic)
     drain_hook.node.add_dependency(capacity_adjuster)

@@ -40,8 +40,42 @@ EFA_CARDS: dict[str, tuple[int, int]] = {
     "trn1.32xlarge": (0, 8), "trn1n.32xlarge": (0, 16),
     "trn2.48xlarge": (0, 16), "trn2u.48xlarge": (0, 16),
 }
-#: Instance families the table covers (the accelerated ones a training cluster uses).
+#: Accelerated instance types with one EFA network card (card 0), from DescribeInstanceTypes.
+EFA_SINGLE_CARD: frozenset[str] = frozenset({
+    "g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal",
+    "g5.8xlarge", "g5.12xlarge", "g5.16xlarge", "g5.24xlarge", "g5.48xlarge",
+    "g6.8xlarge", "g6.12xlarge", "g6.16xlarge", "g6.24xlarge", "g6.48xlarge",
+    "g6e.8xlarge", "g6e.12xlarge", "g6e.16xlarge", "g7.8xlarge", "g7.12xlarge",
+    "g7.24xlarge", "g7e.8xlarge", "g7e.12xlarge", "p3dn.24xlarge", "p5.4xlarge",
+    "trn2.3xlarge",
+})
+#: Instance families the tables cover (the accelerated ones a training cluster uses): a type
+#: of these families in neither table has no EFA, and ``efa=True`` on it is refused at synth
+#: (EC2 would refuse every launch of its EFA interface). Other families are left to ``dlc
+#: up``'s preflight, which asks DescribeInstanceTypes.
 ACCELERATED_FAMILIES = ("g", "p", "trn")
+
+
+def accelerated(instance_type: str) -> bool:
+    """``instance_type`` is of a family the tables cover (``g5.xlarge``, not ``gr6``)."""
+    return any(instance_type.startswith(f) and instance_type[len(f):][:1].isdigit()
+               for f in ACCELERATED_FAMILIES)
+
+
+def check_supported(types: Sequence[str]) -> None:
+    """ConfigError naming each accelerated type without EFA, and the accelerated types that
+    have it with their EFA interface counts (as a warm pool with Spot is refused: at synth,
+    not at the launch)."""
+    missing = [t for t in types if accelerated(t) and t not in EFA_CARDS
+               and t not in EFA_SINGLE_CARD]
+    if missing:
+        have = sorted([(t, 1) for t in EFA_SINGLE_CARD]
+                      + [(t, n) for t, (_first, n) in EFA_CARDS.items()])
+        raise validation.ConfigError(
+            f"efa=True on {', '.join(missing)}: no EFA on that instance type (EC2 "
+            f"DescribeInstanceTypes NetworkInfo.EfaSupported is false, so every launch with "
+            f"an EFA interface fails); the accelerated types with EFA, and their EFA "
+            f"interfaces: {', '.join(f'{t} ({n})' for t, n in have)}")
 
 
 def efa_cards(instance_type: str) -> tuple[int, ...]:
@@ -75,6 +109,7 @@ def group_cards(types: Sequence[str], *, override: Sequence[int] | None = None,
             raise validation.ConfigError(
                 f"efa_cards must list distinct network card indexes, got {list(override)!r}")
     else:
+        check_supported(types)
         layouts = {t: efa_cards(t) for t in types}
         cards = layouts[types[0]]
         differ = [t for t, c in layouts.items() if c != cards]

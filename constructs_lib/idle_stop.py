@@ -30,10 +30,13 @@ DEFAULT_IDLE_STOP_MINUTES = 60
 #: The longest idle time the setting accepts: a week.
 MAX_IDLE_STOP_MINUTES = 7 * 24 * 60
 #: Keys that must be absent from the controller's UpdateAutoScalingGroup request.
-_ABSENT = ("autoscaling:LaunchConfigurationName", "autoscaling:LaunchTemplateVersionSpecified",
-           "autoscaling:InstanceTypes", "autoscaling:VPCZoneIdentifiers", "autoscaling:MaxSize",
-           "autoscaling:CapacityReservationIds",
-           "autoscaling:CapacityReservationResourceGroupArns")
+#: UpdateAutoScalingGroup's condition keys of everything but the sizes: a grant that may change
+#: sizes only requires each absent (``Null: true``); the stack's release uses it too.
+NOT_SIZES = ("autoscaling:LaunchConfigurationName", "autoscaling:LaunchTemplateVersionSpecified",
+             "autoscaling:InstanceTypes", "autoscaling:VPCZoneIdentifiers",
+             "autoscaling:CapacityReservationIds",
+             "autoscaling:CapacityReservationResourceGroupArns")
+_ABSENT = (*NOT_SIZES, "autoscaling:MaxSize")
 
 
 def idle_stop_seconds(name: str, minutes: int) -> int:

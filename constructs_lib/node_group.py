@@ -258,6 +258,10 @@ class NodeGroup(Construct):
             group_cfn.placement_group = group_placement_group.placement_group_name
         Tags.of(self.auto_scaling_group).add(ROLE_TAG_KEY, NODE_TYPES[node_type])
         Tags.of(self.auto_scaling_group).add(CLUSTER_TAG_KEY, cluster_id)
+        # The group's tags reach its instances only; the cluster's cost tag (the budget's
+        # filter) reaches their volumes through the launch template's tag specifications,
+        # or the EBS cost of every node is outside the budget.
+        Tags.of(self.launch_template).add(CLUSTER_TAG_KEY, cluster_id)
 
     def add_drain_hook(
         self, topic: sns.ITopic, *, heartbeat: Duration = Duration.seconds(DRAIN_HEARTBEAT_SECONDS)

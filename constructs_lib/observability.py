@@ -44,6 +44,7 @@ from aws_cdk import aws_sns_subscriptions as subs
 from constructs import Construct
 
 from bootstrap_scripts.metrics import metric_names as names
+from constructs_lib.alarm_topic import allow_publish, cloudwatch_alarms_arn
 from constructs_lib.validation import ConfigError
 
 #: Days a log group may keep events (CloudWatch Logs' PutRetentionPolicy values).
@@ -146,17 +147,16 @@ class ClusterObservability(Construct):
             resources=["*"],
             conditions={"StringLike": {"kms:EncryptionContext:aws:logs:arn": (
                 f"arn:{Aws.PARTITION}:logs:{Aws.REGION}:{Aws.ACCOUNT_ID}:log-group:*")}}))
-        self.key.add_to_resource_policy(iam.PolicyStatement(
-            sid="CloudWatchPublishesAlarms",
-            principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-            actions=["kms:GenerateDataKey*", "kms:Decrypt"], resources=["*"],
-            conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
         self.log_group = logs.LogGroup(
             self, "NodeLogs", log_group_name=names.log_group_name(cluster_id),
             retention=retention, encryption_key=self.key,
             removal_policy=RemovalPolicy.DESTROY)
         self.alarm_topic = sns.Topic(self, "AlarmTopic", master_key=self.key, enforce_ssl=True,
                                      display_name=f"{cluster_id} cluster alarms")
+        # enforce_ssl's topic policy replaced SNS's default: the alarms' actions publish
+        # only because this names CloudWatch (constructs_lib/alarm_topic.py)
+        allow_publish(self.alarm_topic, self.key, "cloudwatch.amazonaws.com",
+                      source_arn=cloudwatch_alarms_arn())
         if alarm_email:
             self.alarm_topic.add_subscription(subs.EmailSubscription(alarm_email))
         self.alarms = self._alarms(groups)
@@ -165,18 +165,8 @@ class ClusterObservability(Construct):
     def allow_alarms_from(self, service: str) -> None:
         """Let AWS service principal ``service`` (e.g. ``budgets.amazonaws.com``) publish to
         the alarm topic and use its key for it, for this account only
-        (https://docs.aws.amazon.com/cost-management/latest/userguide/budgets-sns-policy.html)."""
-        principal = iam.ServicePrincipal(service)
-        name = service.split(".")[0].title()
-        self.alarm_topic.add_to_resource_policy(iam.PolicyStatement(
-            sid=f"Publish{name}", actions=["sns:Publish"], principals=[principal],
-            resources=[self.alarm_topic.topic_arn],
-            conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}))
-        self.key.add_to_resource_policy(iam.PolicyStatement(
-            sid=f"Encrypt{name}Alarms", actions=["kms:GenerateDataKey*", "kms:Decrypt"],
-            principals=[principal], resources=["*"], conditions={"StringEquals": {
-                "aws:SourceAccount": Aws.ACCOUNT_ID,
-                "kms:ViaService": f"sns.{Aws.REGION}.amazonaws.com"}}))
+        (``constructs_lib/alarm_topic.allow_publish``)."""
+        allow_publish(self.alarm_topic, self.key, service)
 
     @property
     def log_group_name(self) -> str:

@@ -61,12 +61,21 @@ WARM_HOOK_NAME = "warm-launch"
 
 
 def check(construct_path: str, size: int, *, spot_capacity: int,
-          instance_types: tuple[str, ...] | list[str]) -> int:
+          instance_types: tuple[str, ...] | list[str],
+          capacity_block_id: str | None = None) -> int:
     """``size`` if a warm pool of that size can go on the group, else ConfigError naming the
-    construct, the key and the value that AWS refuses it with."""
+    construct, the key and the value that AWS refuses it with (or, for a Capacity Block,
+    why a pool could only waste it)."""
     size = validation.positive_int("warm_pool_size", size, minimum=0)
     if not size:
         return 0
+    if capacity_block_id:
+        raise validation.ConfigError(
+            f"{construct_path}: warm_pool_size={size} cannot be used with "
+            f"capacity_block_id={capacity_block_id}: a Capacity Block is paid for its whole "
+            "duration and holds a fixed number of instances, so a warm pool's stopped "
+            "instances only keep block capacity idle, and EC2 terminates every instance of "
+            "the block, pooled ones too, before the block ends")
     if spot_capacity:
         raise validation.ConfigError(
             f"{construct_path}: warm_pool_size={size} cannot be used with "

@@ -24,50 +24,29 @@ so a bad value is refused here with the same message ``cdk synth`` would print.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from dlc import aws
 from dlc.errors import AwsError, DlcError, UsageError
 from dlc.target import Target
-from lambda_src.quota_classes import quota_class  # the product's one table of EC2 quotas
+from lambda_src import quota_classes  # the product's one table and sum of EC2 quotas
+from lambda_src.quota_classes import Need, Nodes, quota_class
+
+__all__ = ["Need", "check", "quota_class", "vcpu_needs"]
 
 Echo = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class Need:
-    """vCPUs of one quota the nodes need, and which keys ask for them."""
-
-    code: str
-    name: str
-    vcpus: int
-    keys: tuple[str, ...]
-
-
 def vcpu_needs(settings, vcpus: dict[str, int]) -> tuple[list[Need], list[str]]:
     """The vCPUs per quota for the nodes as first launched (the preferred types): the master,
-    ``workerCount`` On-Demand workers, ``spotWorkers`` Spot workers. Returns the needs and the
-    types whose quota is not known here."""
+    ``workerCount`` On-Demand workers, ``spotWorkers`` Spot workers
+    (``lambda_src.quota_classes.vcpu_needs``, the stack's own check's sum too). Returns the
+    needs and the types whose quota is not known here."""
     master = (settings.master_instance_types or (settings.master_instance_type or _default(),))
     worker = (settings.worker_instance_types or (settings.worker_instance_type or _default(),))
-    wanted = [("masterInstanceType", master[0], 1, False),
-              ("workerInstanceType", worker[0], settings.worker_count, False),
-              ("workerInstanceType", worker[0], settings.spot_workers, True)]
-    needs: dict[str, Need] = {}
-    unknown: list[str] = []
-    for key, itype, count, spot in wanted:
-        cls = quota_class(itype)
-        code = cls and (cls.spot if spot else cls.on_demand)
-        if not count or itype not in vcpus:
-            continue
-        if cls is None or code is None:
-            unknown.append(itype)
-            continue
-        name = cls.name.replace("Running On-Demand", "Spot") if spot else cls.name
-        old = needs.get(code, Need(code, name, 0, ()))
-        keys = old.keys if key in old.keys else (*old.keys, key)
-        needs[code] = Need(code, name, old.vcpus + count * vcpus[itype], keys)
-    return list(needs.values()), unknown
+    return quota_classes.vcpu_needs([
+        Nodes("masterInstanceType", master[0], 1),
+        Nodes("workerInstanceType", worker[0], settings.worker_count),
+        Nodes("workerInstanceType", worker[0], settings.spot_workers, spot=True)], vcpus)
 
 
 def _default() -> str:
@@ -216,12 +195,8 @@ def _check_quotas(target: Target, s, described: list[dict], echo: Echo) -> list[
         if value is None:
             echo(f"quota check skipped for {need.name} ({need.code}): Service Quotas does "
                  f"not report it here")
-        elif need.vcpus > value:
-            problems.append(
-                f"context keys {', '.join(repr(k) for k in need.keys)}: the nodes need "
-                f"{need.vcpus} vCPUs of '{need.name}' ({need.code}), the quota in "
-                f"{target.region} is {value:g}; request an increase in Service Quotas or "
-                f"ask for fewer or smaller nodes")
+        elif quota_classes.shortfall(need, value, target.region):
+            problems.append(quota_classes.shortfall(need, value, target.region))
     return problems
 
 

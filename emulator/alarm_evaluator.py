@@ -21,10 +21,15 @@ Scaling publish the group metrics a group collects. :class:`CloudWatchActs` play
    CloudWatch's words, and the new state's actions that are SNS topics get CloudWatch's
    alarm notification (Publish; its JSON fields as CloudWatch sends them).
 
+The publish is CloudWatch's, as the service principal ``cloudwatch.amazonaws.com``: it is
+made only if the topic's policy (and, for an encrypted topic, its key's policy) lets that
+principal publish for this alarm (``aws:SourceAccount``, ``aws:SourceArn``), as
+``emulator.service_policies`` decides; a refused one is not published and is kept in
+``refused`` and said, as CloudWatch records a failed action in the alarm's history.
+
 Differences from AWS (docs/emulator.md): the evaluation reads moto's data as it is when the
-tick runs (CloudWatch waits a little for late points); only SNS actions are run; the publish
-is made with the emulator's own credentials, where AWS publishes as the CloudWatch service
-(the topic's policy allows it: the stack grants ``cloudwatch.amazonaws.com``).
+tick runs (CloudWatch waits a little for late points); only SNS actions are run; the
+publish itself, once the policies allow it, is sent with the emulator's own credentials.
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from emulator import metric_math
+from emulator import metric_math, service_policies
 
+#: Who publishes an alarm's notification: CloudWatch's service principal.
+SERVICE = "cloudwatch.amazonaws.com"
 #: Auto Scaling publishes group metrics, and CloudWatch evaluates 1-minute alarms, each minute.
 MINUTE = 60.0
 GROUP_METRICS = {
@@ -201,6 +208,7 @@ class CloudWatchActs:
         self.cloudwatch = session.client("cloudwatch")
         self.asg = session.client("autoscaling")
         self.sns = session.client("sns")
+        self.kms = session.client("kms")
         self.region = session.region_name
         self.say = say
         self.every = every
@@ -208,6 +216,8 @@ class CloudWatchActs:
         #: (alarm name, old state, new state, reason) of every change, in order
         self.changes: list[tuple[str, str, str, str]] = []
         self.problems: list[str] = []  # alarms the evaluator could not play, said once
+        #: (alarm name, topic ARN, why) of every action the topic's or key's policy refused
+        self.refused: list[tuple[str, str, str]] = []
         self._running: threading.Thread | None = None
 
     def tick(self, now: datetime | None = None, *, force: bool = False,
@@ -274,5 +284,36 @@ class CloudWatchActs:
                "INSUFFICIENT_DATA": "InsufficientDataActions"}[new]
         subject, message = notification(alarm, old, new, reason, self.region, now)
         for arn in alarm.get(key, []):
-            if arn.startswith("arn:aws:sns:"):
-                self.sns.publish(TopicArn=arn, Subject=subject, Message=message)
+            if not arn.startswith("arn:aws:sns:"):
+                continue
+            why = self.refusal(alarm, arn)
+            if why:
+                self.refused.append((alarm["AlarmName"], arn, why))
+                self.say(f"alarm {alarm['AlarmName']}: failed to execute action {arn}: "
+                         f"CloudWatch is not authorized to perform SNS:Publish ({why})")
+                continue
+            self.sns.publish(TopicArn=arn, Subject=subject, Message=message)
+
+    def refusal(self, alarm: Mapping[str, Any], topic_arn: str) -> str:
+        """Why SNS would refuse CloudWatch's publish of ``alarm`` to the topic ("" if not)."""
+        account = topic_arn.split(":")[4]
+        context = {"aws:SourceAccount": account, "aws:SourceOwner": account,
+                   "aws:SourceArn": str(alarm.get("AlarmArn", "")),
+                   "aws:SecureTransport": "true"}
+        try:
+            attributes = self.sns.get_topic_attributes(TopicArn=topic_arn)["Attributes"]
+        except ClientError as exc:
+            return f"topic: {exc}"
+        why = service_policies.decide(attributes.get("Policy", "{}"), service=SERVICE,
+                                      action="sns:Publish", resource=topic_arn,
+                                      context=context)
+        if why or not attributes.get("KmsMasterKeyId"):
+            return f"topic policy: {why}" if why else ""
+        try:
+            key = self.kms.get_key_policy(KeyId=attributes["KmsMasterKeyId"],
+                                          PolicyName="default")["Policy"]
+        except ClientError as exc:
+            return f"key: {exc}"
+        why = service_policies.decide(key, service=SERVICE, action="kms:GenerateDataKey",
+                                      resource="*", context=context)
+        return f"key policy: {why}" if why else ""

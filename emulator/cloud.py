@@ -45,7 +45,14 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from emulator import capacity, iam_enforcement, lifecycle_hooks, moto_extensions, moto_publishing
+from emulator import (
+    capacity,
+    iam_enforcement,
+    lifecycle_hooks,
+    moto_custom_resources,
+    moto_extensions,
+    moto_publishing,
+)
 from emulator.wait_handle import parse_signal
 
 ACCOUNT = "123456789012"
@@ -190,6 +197,7 @@ class Cloud:
         threading.Thread(target=self._control.serve_forever, daemon=True,
                          name="control").start()
         self.endpoint = f"http://localhost:{port}"
+        moto_custom_resources.serve_at(self.endpoint)  # custom resources it answers call it
         self.control = f"http://localhost:{self._control.server_address[1]}"
 
     def reset(self) -> None:

@@ -28,15 +28,19 @@ its hooks, added to moto's models (part of ``emulator.moto_extensions``, which c
   termination hooks and launches a replacement (desired capacity unchanged), and EC2
   reclaims the instance two minutes after the notice whatever the hooks wait for
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
-- Deleting a group deletes its hooks and outstanding lifecycle actions first and terminates
-  all its instances, scale-in protected ones too, as ForceDelete does on AWS
-  (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_DeleteAutoScalingGroup.html):
-  moto deletes a stack's resources in no particular order, and a group deleted before its
-  drain hook would hold its instances in ``Terminating:Wait``.
+- Deleting a group deletes its hooks and outstanding lifecycle actions first, then:
+  DeleteAutoScalingGroup with ``ForceDelete`` terminates every instance, protected ones
+  too; without it, a group with instances is refused (``ResourceInUse``,
+  https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_DeleteAutoScalingGroup.html);
+  a stack's deletion (CloudFormation never force-deletes: it scales the group to 0 and
+  waits) terminates the unprotected instances and fails while an instance protected from
+  scale-in remains (:class:`ProtectedInstancesRemain`; ``emulator.cfn_deletion`` makes the
+  stack ``DELETE_FAILED``), where AWS waits for hours before failing.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 import uuid
@@ -54,6 +58,14 @@ CONTINUE, ABANDON = "CONTINUE", "ABANDON"
 _LOCK = threading.RLock()
 _ACTIONS: dict[str, LifecycleAction] = {}  # token -> the action waiting for it
 _RECLAIMS: dict[str, tuple[float, Any]] = {}  # instance id -> (monotonic time, group)
+#: How the group being deleted is deleted: "force" (ForceDelete, and direct backend calls),
+#: "api" (DeleteAutoScalingGroup without ForceDelete), "cloudformation" (a stack's deletion).
+_DELETE_MODE: contextvars.ContextVar[str] = contextvars.ContextVar("delete_mode",
+                                                                  default="force")
+
+
+class ProtectedInstancesRemain(RuntimeError):
+    """A stack's deletion of a group that still has instances protected from scale-in."""
 
 
 @dataclass
@@ -270,11 +282,16 @@ def _terminate_instance(self: Any, instance_id: str, should_decrement: bool) -> 
 def _wrap_delete_group(original: Any) -> Any:
     def delete_auto_scaling_group(self: Any, group_name: str) -> None:
         """Deleting a group deletes its lifecycle hooks and outstanding lifecycle actions
-        and terminates every instance (DeleteAutoScalingGroup's ForceDelete, "deleted along
-        with all instances associated with the group"; CloudFormation deletes a group's
-        hooks before the group), so its instances terminate instead of waiting in
-        Terminating:Wait or, protected from scale-in, running on without a group (and the
-        stack's VPC can be deleted after them)."""
+        (CloudFormation deletes a group's hooks before the group), then deletes it as the
+        caller asked (:data:`_DELETE_MODE`, see the module doc)."""
+        from moto.autoscaling.exceptions import AutoscalingClientError
+
+        group = self.autoscaling_groups.get(group_name)
+        mode = _DELETE_MODE.get()
+        if mode == "api" and group is not None and group.instance_states:
+            raise AutoscalingClientError(
+                "ResourceInUse", "You cannot delete an AutoScalingGroup while there are "
+                "instances or pending Spot instance request(s) still in the group.")
         for key in [k for k, h in self.lifecycle_hooks.items()
                     if h.auto_scaling_group_name == group_name]:
             del self.lifecycle_hooks[key]
@@ -285,14 +302,47 @@ def _wrap_delete_group(original: Any) -> Any:
                 _ACTIONS.pop(action.token, None)
         for action in {a.instance_id: a for a in waiting}.values():
             _terminate(action.group, action.instance_id)
-        group = self.autoscaling_groups.get(group_name)
-        # ForceDelete terminates every instance, scale-in protection or not; moto's delete
-        # lowers the capacity to 0, which spares protected ones (left running in EC2)
-        for state in list(group.instance_states if group is not None else []):
-            _terminate(group, state.instance.id)
+        states = list(group.instance_states if group is not None else [])
+        protected = [s for s in states if mode == "cloudformation"
+                     and s.protected_from_scale_in and s.lifecycle_state == "InService"]
+        for state in states:  # moto's own delete would spare protected ones, left running
+            if state not in protected:
+                _terminate(group, state.instance.id)
+        if protected:
+            group.min_size = group.max_size = group.desired_capacity = 0
+            raise ProtectedInstancesRemain(
+                f"AutoScalingGroup {group_name}: scaled to 0, but its instance(s) "
+                f"{', '.join(s.instance.id for s in protected)} are protected from scale-in "
+                f"(CloudFormation never force-deletes a group; lift the protection)")
         original(self, group_name)
 
     return delete_auto_scaling_group
+
+
+def _group_cfn_delete(self: Any, account_id: str, region_name: str) -> None:
+    """A stack's deletion of the group: CloudFormation's way (never ForceDelete)."""
+    from moto.autoscaling.models import autoscaling_backends
+
+    token = _DELETE_MODE.set("cloudformation")
+    try:
+        autoscaling_backends[account_id][region_name].delete_auto_scaling_group(self.name)
+    finally:
+        _DELETE_MODE.reset(token)
+
+
+def _delete_group_response(self: Any) -> Any:
+    """DeleteAutoScalingGroup: ``ForceDelete`` decides what happens to the instances."""
+    from moto.core.responses import ActionResult, EmptyResult
+
+    force = str(self._get_param("ForceDelete", False)).lower() == "true"
+    token = _DELETE_MODE.set("force" if force else "api")
+    try:
+        self.autoscaling_backend.delete_auto_scaling_group(
+            self._get_param("AutoScalingGroupName"))
+    finally:
+        _DELETE_MODE.reset(token)
+    result: ActionResult = EmptyResult()
+    return result
 
 
 # -- Spot interruptions and timeouts --------------------------------------------------------
@@ -349,6 +399,8 @@ def install() -> None:
     AutoScalingBackend.terminate_instance = _terminate_instance  # type: ignore[method-assign]
     AutoScalingBackend.delete_auto_scaling_group = _wrap_delete_group(  # type: ignore[method-assign]
         AutoScalingBackend.delete_auto_scaling_group)
+    FakeAutoScalingGroup.delete = _group_cfn_delete  # type: ignore[method-assign]
+    AutoScalingResponse.delete_auto_scaling_group = _delete_group_response  # type: ignore[method-assign]
     FakeAutoScalingGroup.set_desired_capacity = _wrap_set_desired_capacity(  # type: ignore[method-assign]
         FakeAutoScalingGroup.set_desired_capacity)
     AutoScalingResponse.put_lifecycle_hook = _put_lifecycle_hook  # type: ignore[method-assign]

@@ -50,6 +50,10 @@ Each gap is filled inside the emulator's moto server process, never by changing 
   the emulator enables the listed metrics (all of them when none are listed, as
   CloudFormation does) through moto's own EnableMetricsCollection, so the group metrics
   ``emulator.alarm_evaluator`` publishes are the ones the template asked for.
+- ``AWS::SNS::TopicPolicy`` (moto skips it, so a topic kept moto's default policy): the
+  document becomes the topics' policy, ``emulator.service_policies``.
+- A stack's deletion in CloudFormation's order (dependents first) and its failure
+  (``DELETE_FAILED``, the stack kept): ``emulator.cfn_deletion``.
 - ``AWS::CloudWatch::Alarm``: moto skips the type, so a dashboard showing an alarm cannot
   deploy; ``emulator.moto_alarms`` creates it through moto's CloudWatch backend.
 """
@@ -59,7 +63,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from emulator import moto_alarms
+from emulator import cfn_deletion, moto_alarms, service_policies
 from emulator.cfn_model import cfn_model
 
 # -- EFS ------------------------------------------------------------------------------------
@@ -266,8 +270,9 @@ def install() -> None:
         ResourceMap.build_resource_diff)
     CloudFormationBackend.execute_change_set = _wrap_execute_change_set(  # type: ignore[method-assign]
         CloudFormationBackend.execute_change_set)
-    CloudFormationBackend.delete_stack = _wrap_delete_stack(  # type: ignore[method-assign]
-        CloudFormationBackend.delete_stack)
+    CloudFormationBackend.delete_stack = cfn_deletion.wrap_delete_stack(  # type: ignore[method-assign]
+        _wrap_delete_stack(CloudFormationBackend.delete_stack))
+    ResourceMap.delete = cfn_deletion.ordered_delete  # type: ignore[method-assign]
     VPC.delete_from_cloudformation_json = _wrap_vpc_delete(  # type: ignore[method-assign]
         VPC.delete_from_cloudformation_json)
     if not getattr(FakeBucket.create_from_cloudformation_json, "_dl_wrapped", False):
@@ -282,3 +287,8 @@ def install() -> None:
         FakeAutoScalingGroup.create_from_cloudformation_json = wrapped  # type: ignore[method-assign]
     _event_invoke_config_model()  # a CloudFormationModel subclass: moto's model list finds it
     moto_alarms.alarm_model()  # the same for AWS::CloudWatch::Alarm
+    service_policies.install()  # and AWS::SNS::TopicPolicy
+    from moto.cloudformation import parsing
+
+    for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
+        cached.cache_clear()

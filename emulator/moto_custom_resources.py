@@ -14,19 +14,33 @@ Here the emulator plays that provider for the calls it knows (:data:`CALLS`), sy
 and against moto's own backends: an error whose code matches ``ignoreErrorCodesMatching`` is
 accepted as the handler accepts it; any other error fails the resource (and so the stack),
 and a call the emulator does not know fails it too, naming the call, rather than being
-skipped. Update and delete do nothing (the project declares neither). Other ``Custom::``
-types keep moto's own handling.
+skipped. Update and delete do nothing (the project declares neither).
+
+A custom resource whose ``ServiceToken`` is a function the emulator can run (the capacity
+adjuster, :data:`FUNCTION_HANDLERS`) is answered by the project's own request code
+(``lambda_src.custom_resources.respond``: ``Custom::ClusterRelease``,
+``Custom::QuotaCheck``) on Create and on Delete, with a boto3 client of
+this moto server (:func:`serve_at`; the harness's keys, which act as the account's
+administrator when IAM is enforced, not the function's role). The emulator plays
+CloudFormation's side: it reads the response object directly instead of through a
+presigned URL. A FAILED answer fails the create (the stack rolls back) or the delete (the
+stack is ``DELETE_FAILED``, ``emulator.cfn_deletion``). Other ``Custom::`` types keep moto's
+own handling.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 CUSTOM_AWS = "Custom::AWS"
+#: Lambda handlers whose custom-resource requests the emulator answers in-process.
+FUNCTION_HANDLERS = ("capacity_adjuster.handler",)
 _INSTALLED = False
+_ENDPOINT: list[str] = []  # this moto server's URL, once it serves
 
 
 class CustomResourceError(RuntimeError):
@@ -84,10 +98,108 @@ def play(logical_id: str, properties: dict, account: str, region: str) -> dict:
             from None
 
 
+def serve_at(endpoint: str) -> None:
+    """Where this process's moto server listens (``emulator.cloud.Cloud``)."""
+    _ENDPOINT[:] = [endpoint]
+
+
+def _function_handler(service_token: Any, account: str, region: str) -> str:
+    """The handler of the function ``service_token`` names ("" if none is known)."""
+    from moto.awslambda.utils import get_backend
+
+    if not isinstance(service_token, str):
+        return ""
+    try:
+        return str(get_backend(account, region).get_function(service_token).handler or "")
+    except Exception:
+        return ""
+
+
+class _Clients:
+    """boto3 clients of this moto server (the harness's keys), made on first use."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+
+    def _client(self, service: str) -> Any:
+        import boto3
+
+        if not _ENDPOINT:
+            raise CustomResourceError("the emulator's moto server has no endpoint to call")
+        return boto3.client(service, endpoint_url=_ENDPOINT[0], region_name=self.region,
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    @property
+    def autoscaling(self) -> Any:
+        return self._client("autoscaling")
+
+    @property
+    def ec2(self) -> Any:
+        return self._client("ec2")
+
+    @property
+    def service_quotas(self) -> Any:
+        return self._client("service-quotas")
+
+
+def answer(kind: str, resource: Any, region: str) -> dict:
+    """The function's response object to a ``kind`` request for ``resource``."""
+    from lambda_src import custom_resources
+
+    event = {**resource.emulator_request, "RequestType": kind,
+             "RequestId": str(uuid.uuid4())}
+    if kind != "Create":
+        event["PhysicalResourceId"] = resource.emulator_physical_id
+    return custom_resources.respond(event, _Clients(region))
+
+
+def _custom_delete(self: Any, account_id: str, region_name: str) -> None:
+    """A stack's deletion of a custom resource: the played function's Delete (a FAILED
+    answer fails it), nothing for the others."""
+    if getattr(self, "emulator_request", None) is None:
+        return
+    body = answer("Delete", self, region_name)
+    if body.get("Status") != "SUCCESS":
+        raise CustomResourceError(f"Received response status [FAILED] from custom resource. "
+                                  f"Message returned: {body.get('Reason', '')}")
+
+
+def _played_function(logical_id: str, resource_name: str, properties: dict, account: str,
+                     region: str, kwargs: dict) -> Any:
+    """Create a custom resource of a function the emulator runs (see the module doc)."""
+    from moto.cloudformation import cloudformation_backends
+    from moto.cloudformation.custom_model import CustomModel
+    from moto.cloudformation.exceptions import ValidationError
+
+    resource = CustomModel(region, "emulator", logical_id, resource_name)
+    resource.emulator_request = {  # type: ignore[attr-defined]
+        "ServiceToken": properties.get("ServiceToken"), "ResponseURL": "emulator:",
+        "StackId": kwargs["StackId"], "LogicalResourceId": logical_id,
+        "ResourceType": kwargs["ResourceType"], "ResourceProperties": properties}
+    try:
+        body = answer("Create", resource, region)
+    except CustomResourceError as exc:
+        body = {"Status": "FAILED", "Reason": str(exc)}
+    if body.get("Status") != "SUCCESS":
+        raise ValidationError(message=f"Received response status [FAILED] from custom "
+                              f"resource. Message returned: {body.get('Reason', '')}")
+    resource.emulator_physical_id = body["PhysicalResourceId"]  # type: ignore[attr-defined]
+    resource.resource_name = body["PhysicalResourceId"]
+    cloudformation_backends[account][region].get_stack(kwargs["StackId"]) \
+        .add_custom_resource(resource)
+    resource.set_data(dict(body.get("Data") or {}))
+    return resource
+
+
 def _wrap_create(original: Any) -> Any:
     def create_from_cloudformation_json(cls: Any, resource_name: str, cloudformation_json: Any,
                                         account_id: str, region_name: str,
                                         **kwargs: Any) -> Any:
+        properties = cloudformation_json.get("Properties") or {}
+        if kwargs.get("ResourceType") != CUSTOM_AWS and _function_handler(
+                properties.get("ServiceToken"), account_id, region_name) in FUNCTION_HANDLERS:
+            return _played_function(kwargs["LogicalId"], resource_name, properties,
+                                    account_id, region_name, kwargs)
         if kwargs.get("ResourceType") != CUSTOM_AWS:
             return original.__func__(cls, resource_name, cloudformation_json, account_id,
                                      region_name, **kwargs)
@@ -120,4 +232,5 @@ def install() -> None:
 
     CustomModel.create_from_cloudformation_json = _wrap_create(  # type: ignore[method-assign]
         CustomModel.__dict__["create_from_cloudformation_json"])
+    CustomModel.delete = _custom_delete  # type: ignore[attr-defined]
     _INSTALLED = True

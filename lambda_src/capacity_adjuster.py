@@ -35,7 +35,7 @@ from typing import Any
 
 try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
     from . import asg_notifications as notes
-    from . import launch_errors, setup_signal, zone_actions
+    from . import custom_resources, launch_errors, setup_signal, zone_actions
     from . import master_messages as messages
     from . import zone_fallback as zf
     from .aws_calls import AwsCallFailed, AwsClients, RetryableFailure
@@ -43,6 +43,7 @@ try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
     from .json_log import JsonLogger, get_logger
 except ImportError:  # imported as capacity_adjuster (Lambda: the asset root is on sys.path)
     import asg_notifications as notes  # type: ignore[no-redef]
+    import custom_resources  # type: ignore[no-redef]
     import launch_errors  # type: ignore[no-redef]
     import master_messages as messages  # type: ignore[no-redef]
     import setup_signal  # type: ignore[no-redef]
@@ -325,6 +326,38 @@ def process_event(
     return summary
 
 
+class _Clients:
+    """boto3 clients for the custom resources' answers, made on first use."""
+
+    def __init__(self) -> None:
+        import boto3
+
+        self._session = boto3.session.Session()
+
+    @property
+    def autoscaling(self) -> Any:
+        return AwsClients.from_environment().autoscaling
+
+    @property
+    def ec2(self) -> Any:
+        return self._session.client("ec2")
+
+    @property
+    def service_quotas(self) -> Any:
+        return self._session.client("service-quotas")
+
+
+def _custom_resource(event: dict[str, Any], log: JsonLogger) -> dict[str, Any]:
+    """CloudFormation's request for one of the stack's custom resources
+    (``custom_resources``): answered on its ``ResponseURL``."""
+    answer = custom_resources.handle(event, _Clients())
+    log.info("custom-resource", type=str(event.get("ResourceType")),
+             request=str(event.get("RequestType")), status=answer["Status"],
+             reason=answer.get("Reason", ""))
+    return {"records": 0, "outcomes": [], "retryable_failures": 0,
+            "error": "" if answer["Status"] == "SUCCESS" else answer.get("Reason", "")}
+
+
 def handler(event: Any, context: Any) -> dict[str, Any]:
     """Lambda entry point (``capacity_adjuster.handler``)."""
     log, level_warning = get_logger(os.environ.get("LOG_LEVEL"))
@@ -333,6 +366,8 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         log = log.bind(request_id=str(request_id))
     if level_warning:
         log.warning("config-warning", detail=level_warning)
+    if custom_resources.is_request(event):  # the stack's custom resources
+        return _custom_resource(event, log)
     try:
         config = Config.from_env(os.environ)
     except ConfigError as exc:

@@ -6,16 +6,18 @@ class and region, On-Demand and Spot apart, and refuses a launch above it with
 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-on-demand-instances.html#ec2-on-demand-instances-limits).
 No retry gets past it: only an increase does, which Service Quotas grants on request
 (https://docs.aws.amazon.com/servicequotas/latest/userguide/request-quota-increase.html).
-One table serves both sides of the product: ``dlc up``'s preflight (``dlc/preflight.py``)
-checks the nodes' vCPUs against it before deploying, and the capacity adjuster names the
-quota and the command that raises it when a launch failed anyway (:func:`increase_step`).
+One table and one sum serve every side of the product: ``dlc up``'s preflight
+(``dlc/preflight.py``) and the stack's own ``Custom::QuotaCheck`` (``lambda_src/quota_check.py``,
+before the groups launch) add up the nodes' vCPUs per quota (:func:`vcpu_needs`) and refuse
+a need above the quota (:func:`shortfall`), and the capacity adjuster names the quota and
+the command that raises it when a launch failed anyway (:func:`increase_step`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -68,3 +70,56 @@ def increase_step(instance_types: Iterable[str]) -> str:
     return (f"request an increase of the account's {quotas} vCPU quota in the cluster's "
             f"region to at least the nodes' total vCPUs: `{commands}` (`dlc up` checks the "
             f"quotas before deploying and names the vCPUs needed), then deploy again")
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """``count`` nodes of ``instance_type`` (On-Demand, or ``spot``), asked for by ``key``."""
+
+    key: str
+    instance_type: str
+    count: int
+    spot: bool = False
+
+
+@dataclass(frozen=True)
+class Need:
+    """vCPUs of one quota the nodes need, and which keys ask for them."""
+
+    code: str
+    name: str
+    vcpus: int
+    keys: tuple[str, ...] = field(default=())
+
+
+def vcpu_needs(nodes: Iterable[Nodes], vcpus: dict[str, int]) -> tuple[list[Need], list[str]]:
+    """The vCPUs per quota of ``nodes`` (``vcpus``: each type's vCPUs; a type without is
+    left out), Spot nodes against their class's Spot quota; also the types whose quota is
+    not known here."""
+    needs: dict[str, Need] = {}
+    unknown: list[str] = []
+    for n in nodes:
+        cls = quota_class(n.instance_type)
+        code = cls and (cls.spot if n.spot else cls.on_demand)
+        if not n.count or n.instance_type not in vcpus:
+            continue
+        if cls is None or code is None:
+            unknown.append(n.instance_type)
+            continue
+        name = cls.name.replace("Running On-Demand", "Spot") if n.spot else cls.name
+        old = needs.get(code, Need(code, name, 0, ()))
+        keys = old.keys if n.key in old.keys else (*old.keys, n.key)
+        needs[code] = Need(code, name, old.vcpus + n.count * vcpus[n.instance_type], keys)
+    return list(needs.values()), unknown
+
+
+def shortfall(need: Need, quota: float, region: str) -> str:
+    """Why ``need`` cannot launch under ``quota`` (its name, code, value, the need and the
+    command that requests more); "" when it fits."""
+    if need.vcpus <= quota:
+        return ""
+    command = REQUEST_COMMAND.format(code=need.code).replace("VCPUS", str(need.vcpus))
+    return (f"context keys {', '.join(repr(k) for k in need.keys)}: the nodes need "
+            f"{need.vcpus} vCPUs of '{need.name}' ({need.code}), the quota in {region} is "
+            f"{quota:g}; request an increase (`{command} --region {region}`) or ask for "
+            f"fewer or smaller nodes")

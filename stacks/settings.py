@@ -60,7 +60,8 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
 
 def _check_warm_pool(s: ClusterSettings) -> None:
     """AWS refuses a warm pool on a group that launches Spot or has a mixed instances
-    policy (constructs_lib/warm_pool.py): say so with the context keys."""
+    policy, and a pool only wastes a Capacity Block (constructs_lib/warm_pool.py): say so
+    with the context keys."""
     if not s.warm_pool_size:
         return
     if s.spot_workers:
@@ -74,6 +75,12 @@ def _check_warm_pool(s: ClusterSettings) -> None:
             f"'workerInstanceTypes' ({','.join(s.worker_instance_types)}): Auto Scaling has "
             "no warm pool for a group with a mixed instances policy; give one "
             "'workerInstanceType'")
+    if s.capacity_block_id:
+        raise validation.ConfigError(
+            f"context key 'warmPoolSize' ({s.warm_pool_size}) cannot be used with "
+            f"'capacityBlockId' ({s.capacity_block_id}): a Capacity Block is paid for its "
+            "whole duration and holds a fixed number of instances, so a warm pool only keeps "
+            "block capacity idle, and EC2 terminates the block's instances before it ends")
 
 
 def _check_existing_vpc(s: ClusterSettings) -> None:

@@ -56,6 +56,12 @@ def buckets(endpoint: str) -> set[str]:
     return {b["Name"] for b in s3.list_buckets()["Buckets"]}
 
 
+def running_instances(endpoint: str) -> set[str]:
+    ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
+    return {i["InstanceId"] for r in ec2.describe_instances()["Reservations"]
+            for i in r["Instances"] if i["State"]["Name"] not in ("terminated", "shutting-down")}
+
+
 def test_up_shows_progress_and_down_keeps_or_deletes_the_data(emulated_account, capsys):
     endpoint, state, ami = emulated_account
     assert main(up_args(state, ami)) == 0
@@ -86,7 +92,15 @@ def test_up_shows_progress_and_down_keeps_or_deletes_the_data(emulated_account, 
 
     first_fs = stack.outputs["FileSystemId"]
     first_bucket = stack.outputs["CheckpointBucketName"]
+    # what the master agent does at formation: the master and the base worker protected
+    # from scale-in; CloudFormation never force-deletes a group, the stack's release lifts it
+    asg = boto3.client("autoscaling", endpoint_url=endpoint, region_name="us-east-1")
+    for group in asg.describe_auto_scaling_groups()["AutoScalingGroups"]:
+        asg.set_instance_protection(
+            AutoScalingGroupName=group["AutoScalingGroupName"], ProtectedFromScaleIn=True,
+            InstanceIds=[i["InstanceId"] for i in group["Instances"]])
     assert main(["--emulator", str(state), "down"]) == 0
+    assert running_instances(endpoint) == set(), "dlc down leaves no instance running"
     out = capsys.readouterr().out
     assert f"kept checkpoint bucket {first_bucket}" in out
     assert first_bucket in buckets(endpoint), "checkpoints must outlive the stack by default"

@@ -52,16 +52,33 @@ def alarms_template() -> dict:
     alarms = {k: {"Type": v["Type"], "Properties": _resolve(v["Properties"], groups)}
               for k, v in resources.items() if v["Type"] == "AWS::CloudWatch::Alarm"}
     assert len(alarms) >= 5
-    return {"Resources": {topic: {"Type": "AWS::SNS::Topic", "Properties": {}}, **alarms}}
+    # the topic's policy as the stack writes it: CloudWatch publishes only if it allows it
+    (policy_id,) = [k for k, v in resources.items() if v["Type"] == "AWS::SNS::TopicPolicy"
+                    and v["Properties"]["Topics"] == [{"Ref": topic}]]
+    policy = {"Type": "AWS::SNS::TopicPolicy", "Properties": resources[policy_id]["Properties"]}
+    return {"Resources": {topic: {"Type": "AWS::SNS::Topic", "Properties": {}},
+                          "TopicPolicy": policy, **alarms}}
+
+
+def _without_cloudwatch(template: dict) -> dict:
+    """The template with the alarm topic's policy as it was before it named CloudWatch."""
+    out = json.loads(json.dumps(template))
+    document = out["Resources"]["TopicPolicy"]["Properties"]["PolicyDocument"]
+    document["Statement"] = [s for s in document["Statement"] if "cloudwatch" not in
+                             json.dumps(s.get("Principal", ""))]
+    return out
 
 
 @pytest.fixture()
-def cloud(alarms_template):
+def cloud(alarms_template, request):
     moto_cloudformation.install()
+    template = getattr(request, "param", alarms_template)
+    if template == "without-cloudwatch":
+        template = _without_cloudwatch(alarms_template)
     with mock_aws():
         session = boto3.session.Session(region_name=REGION)
         session.client("cloudformation").create_stack(
-            StackName=CLUSTER, TemplateBody=json.dumps(alarms_template))
+            StackName=CLUSTER, TemplateBody=json.dumps(template))
         sns, sqs = session.client("sns"), session.client("sqs")
         (topic,) = [t["TopicArn"] for t in sns.list_topics()["Topics"]]
         queue = sqs.create_queue(QueueName="alarm-mail")["QueueUrl"]
@@ -110,10 +127,11 @@ def _healthy(session, minutes: int = 20, *, but: str = "") -> None:
             _groups(session, m, desired=2, in_service=2)
 
 
-def _evaluate(session) -> tuple[dict[str, str], list[dict]]:
+def _evaluate(session, *, refused: bool = False) -> tuple[dict[str, str], list[dict]]:
     acts = alarm_evaluator.CloudWatchActs(session)
     acts.tick(NOW)
     assert not acts.problems
+    assert bool(acts.refused) == refused, acts.refused
     states = {a["AlarmName"]: a["StateValue"]
               for a in session.client("cloudwatch").describe_alarms()["MetricAlarms"]}
     sqs = session.client("sqs")
@@ -170,3 +188,16 @@ def test_one_unhealthy_minute_is_not_enough_for_the_node_alarm(cloud) -> None:
         _controller(session, m, new=1)  # two restarts: the restart alarm wants three
     states, _ = _evaluate(session)
     assert _alarming(states) == set(), states
+
+
+@pytest.mark.parametrize("cloud", ["without-cloudwatch"], indirect=True)
+def test_a_topic_policy_without_cloudwatch_refuses_the_alarms_mail(cloud) -> None:
+    """A topic policy replaces SNS's default one: without a statement for CloudWatch the
+    alarm still changes state, but SNS refuses its publish and no mail is sent."""
+    session, _evaluate.queue = cloud
+    _healthy(session)
+    _controller(session, 0, unhealthy=1)
+    _controller(session, 1, unhealthy=1)
+    states, mail = _evaluate(session, refused=True)
+    assert _alarming(states) == {"NodeUnhealthy"}, states
+    assert mail == []

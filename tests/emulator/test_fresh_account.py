@@ -19,6 +19,7 @@ from botocore.exceptions import ClientError
 from emulator import deploy as dp
 from emulator import iam_enforcement, moto_custom_resources, moto_kms
 from tests.conftest import REGION
+from tests.support.quotas import operator_quotas
 
 ACCOUNT = "123456789012"
 SLR_ARN = (f"arn:aws:iam::{ACCOUNT}:role/aws-service-role/autoscaling.amazonaws.com/"
@@ -123,17 +124,33 @@ def test_the_custom_aws_player_accepts_only_the_declared_error_codes(moto_reset)
 
 @pytest.mark.slow
 def test_the_stack_deploys_on_a_fresh_account(moto_reset, tmp_path: Path):
-    """``cdk deploy DLClusterStack`` on an account without Auto Scaling's service-linked
-    role: the stack creates the role before the topic's key, so KMS accepts the key."""
+    """``cdk deploy DLClusterStack`` on a fresh account: its G vCPU quota of 0 refuses the
+    deploy before any group launches (the stack's own check, not only ``dlc up``'s), naming
+    the quota, its value, the need and the request command; once the operator's increase
+    went through, the stack creates Auto Scaling's service-linked role before the topic's
+    key, so KMS accepts the key."""
     _kms, iam = clients(moto_reset)
     assert not [r for r in iam.list_roles()["Roles"] if r["RoleName"].startswith(
         "AWSServiceRoleForAutoScaling")]
     env = dp.cli_env(moto_reset)
     log, out = tmp_path / "cdk.log", tmp_path / "cdk.out"
     ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_reset)
-    dp.bootstrap(env, log, out)
-    dp.deploy(env, log, out, workers=1, ami=dp.pick_ami(ec2), context={"scheduler": "slurm"})
+    asg = boto3.client("autoscaling", region_name=REGION, endpoint_url=moto_reset)
     cfn = boto3.client("cloudformation", region_name=REGION, endpoint_url=moto_reset)
+    dp.bootstrap(env, log, out)
+    ami = dp.pick_ami(ec2)
+    slurm = {"scheduler": "slurm"}  # the munge key's readers are checked below
+    with pytest.raises(dp.DeployError) as refused:
+        dp.deploy(env, log, out, workers=1, ami=ami, context=slurm)
+    message = str(refused.value)
+    for part in ("'Running On-Demand G and VT instances' (L-DB2E81BA)", "the quota in "
+                 "us-east-1 is 0", "need 8 vCPUs", "request-service-quota-increase "
+                 "--service-code ec2 --quota-code L-DB2E81BA --desired-value 8"):
+        assert part in message, message
+    assert asg.describe_auto_scaling_groups()["AutoScalingGroups"] == []  # none launched
+    cfn.delete_stack(StackName=dp.STACK)  # what the refused change set left
+    operator_quotas(moto_reset)  # the operator's increase
+    dp.deploy(env, log, out, workers=1, ami=ami, context=slurm)
     assert cfn.describe_stacks(StackName=dp.STACK)["Stacks"][0]["StackStatus"] in (
         "CREATE_COMPLETE", "UPDATE_COMPLETE")
     role = iam.get_role(RoleName="AWSServiceRoleForAutoScaling")["Role"]

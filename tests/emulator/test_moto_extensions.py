@@ -155,9 +155,10 @@ def test_lower_desired_capacity_spares_protected_instances(stack):
     assert stack.ec2_state(free) == "terminated"
 
 
-def test_deleting_the_group_terminates_its_protected_instances_too(stack):
-    """ForceDelete (how the stack's deletion deletes a group) terminates every instance;
-    moto alone spares the scale-in protected ones, which then run on without a group."""
+def test_force_deleting_the_group_terminates_its_protected_instances_too(stack):
+    """ForceDelete terminates every instance; moto alone spares the scale-in protected ones,
+    which then run on without a group. (A stack's deletion never force-deletes:
+    tests/emulator/test_stack_deletion.py.)"""
     protected, free = sorted(stack.instances())
     stack.asg.set_instance_protection(InstanceIds=[protected], AutoScalingGroupName=stack.group,
                                       ProtectedFromScaleIn=True)

@@ -62,8 +62,10 @@ def test_the_alarm_topic_is_encrypted_and_lets_only_budgets_of_this_account_in(
     (budgets_on_key,) = [s for s in key["KeyPolicy"]["Statement"]
                          if s.get("Principal") == {"Service": "budgets.amazonaws.com"}]
     assert set(budgets_on_key["Action"]) == {"kms:GenerateDataKey*", "kms:Decrypt"}
-    assert set(budgets_on_key["Condition"]["StringEquals"]) == {"aws:SourceAccount",
-                                                               "kms:ViaService"}
+    # AWS's published example for a service publishing to an encrypted topic: no
+    # kms:ViaService (the service is the caller), this account only
+    assert budgets_on_key["Condition"] == {"StringEquals": {
+        "aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
     (policy,) = [p for p in template.find_resources("AWS::SNS::TopicPolicy").values()
                  if p["Properties"]["Topics"] == [{"Ref": topic_id}]]
     statements = policy["Properties"]["PolicyDocument"]["Statement"]
@@ -94,3 +96,16 @@ def test_a_bad_budget_is_refused_at_synth_naming_it(value: str) -> None:
     with pytest.raises(ConfigError, match="budgetPerDay") as err:
         cluster_template(budgetPerDay=value)
     assert repr(value) in str(err.value)
+
+
+def test_the_cost_tag_reaches_the_nodes_volumes_too(template: Template) -> None:
+    """The budget filters on the cluster's tag; an Auto Scaling group's tags reach its
+    instances only, so the nodes' EBS volumes carry it through the launch templates' tag
+    specifications, or their cost is outside the budget."""
+    (cluster_id,) = {t["Value"] for g in template.find_resources(
+        "AWS::AutoScaling::AutoScalingGroup").values()
+        for t in g["Properties"]["Tags"] if t["Key"] == "dl-cluster:id"}
+    for lt in template.find_resources("AWS::EC2::LaunchTemplate").values():
+        specs = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]}
+                 for s in lt["Properties"]["LaunchTemplateData"].get("TagSpecifications", [])}
+        assert specs.get("volume", {}).get("dl-cluster:id") == cluster_id, specs

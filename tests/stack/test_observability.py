@@ -101,6 +101,30 @@ def test_alarms_exist_and_notify_the_encrypted_topic(template) -> None:
     assert sub["Properties"]["Endpoint"] == "ops@example.com"
 
 
+def test_cloudwatch_may_publish_the_alarms_to_the_topic_and_use_its_key(template) -> None:
+    """enforce_ssl's topic policy replaces SNS's default: without a statement naming
+    CloudWatch every alarm action fails with "not authorized to perform SNS:Publish"."""
+    tpl = template.to_json()["Resources"]
+    (topic_id,) = [k for k, v in tpl.items() if v["Type"] == "AWS::SNS::Topic"
+                   and "AlarmTopic" in k]
+    (policy,) = [v for v in resources(template, "AWS::SNS::TopicPolicy").values()
+                 if v["Properties"]["Topics"] == [{"Ref": topic_id}]]
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    (publish,) = [s for s in statements
+                  if s.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}]
+    assert (publish["Effect"], publish["Action"]) == ("Allow", "sns:Publish")
+    assert publish["Resource"] == {"Ref": topic_id}
+    source = json.dumps(publish["Condition"]["ArnLike"]["aws:SourceArn"])
+    assert ":cloudwatch:" in source and ":alarm:*" in source
+    assert publish["Condition"]["StringEquals"] == {"aws:SourceAccount": {
+        "Ref": "AWS::AccountId"}}
+    key_id = tpl[topic_id]["Properties"]["KmsMasterKeyId"]["Fn::GetAtt"][0]
+    (on_key,) = [s for s in tpl[key_id]["Properties"]["KeyPolicy"]["Statement"]
+                 if s.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}]
+    assert set(on_key["Action"]) == {"kms:GenerateDataKey*", "kms:Decrypt"}
+    assert on_key["Condition"] == publish["Condition"]
+
+
 def test_user_data_hands_the_installer_the_log_group(template) -> None:
     body = json.dumps(resources(template, "AWS::EC2::LaunchTemplate"))
     assert "--log-group '/deeplearning/DLClusterStack'" in body

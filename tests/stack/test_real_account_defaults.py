@@ -200,6 +200,17 @@ def test_a_type_whose_card_0_has_no_efa_keeps_an_ena_primary() -> None:
     assert [(0, "interface")] + [(c, "efa-only") for c in range(1, 17)] in layouts
 
 
+def test_efa_on_a_type_without_it_is_refused_naming_the_types_with_it() -> None:
+    with pytest.raises(ConfigError) as err:
+        efa_templates({"worker_instance_type": "g5.xlarge",
+                       "master_instance_type": "g5.12xlarge"}, efa=True)
+    message = str(err.value)
+    assert "WorkerGroup: efa=True on g5.xlarge: no EFA on that instance type" in message
+    for named in ("g5.12xlarge (1)", "p5.48xlarge (32)", "p4d.24xlarge (4)",
+                  "trn1.32xlarge (8)"):
+        assert named in message
+
+
 def test_efa_refuses_what_one_launch_template_cannot_serve() -> None:
     with pytest.raises(ConfigError, match=r"same cards; got p5.48xlarge: 32 .*p4d.24xlarge: 4"):
         efa_templates({"worker_instance_types": ["p5.48xlarge", "p4d.24xlarge"],
@@ -215,15 +226,20 @@ def test_the_efa_table_is_what_describe_instance_types_says(moto_reset: str) -> 
     EfaInfo.MaximumEfaInterfaces), every accelerated EFA type of it."""
     import boto3
 
-    from constructs_lib.efa import ACCELERATED_FAMILIES, efa_cards
+    from constructs_lib.efa import EFA_CARDS, EFA_SINGLE_CARD, accelerated, efa_cards
 
     ec2 = boto3.client("ec2", endpoint_url=moto_reset, region_name="us-east-1")
     checked = 0
     for page in ec2.get_paginator("describe_instance_types").paginate():
         for it in page["InstanceTypes"]:
             net, name = it["NetworkInfo"], it["InstanceType"]
-            if not net.get("EfaSupported") or not any(
-                    name.startswith(f) and name[len(f)].isdigit() for f in ACCELERATED_FAMILIES):
+            if not accelerated(name):
+                continue
+            # the tables list exactly the accelerated types with EFA (efa=True on any other
+            # is refused at synth)
+            assert bool(net.get("EfaSupported")) == (
+                name in EFA_CARDS or name in EFA_SINGLE_CARD), name
+            if not net.get("EfaSupported"):
                 continue
             cards = sorted(c["NetworkCardIndex"] for c in net["NetworkCards"]
                            if "efa" in c.get("InterfaceTypes", ["efa"]))

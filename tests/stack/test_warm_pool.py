@@ -130,6 +130,9 @@ def test_workers_user_data_names_the_hook_and_the_queue(warm) -> None:
     ({"warmPoolSize": "2", "workerInstanceTypes": "p5.48xlarge,p4d.24xlarge"},
      "context key 'warmPoolSize' (2) cannot be used with 'workerInstanceTypes' "
      "(p5.48xlarge,p4d.24xlarge)"),
+    ({"warmPoolSize": "1", "capacityBlockId": "cr-0123456789abcdef0"},
+     "context key 'warmPoolSize' (1) cannot be used with 'capacityBlockId' "
+     "(cr-0123456789abcdef0)"),
     ({"warmPoolSize": "-1"}, "'warmPoolSize'"),
     ({"warmPoolSize": "1001"}, "context key 'warmPoolSize' must be at most 1000"),
     ({"warmPoolSize": "two"}, "'warmPoolSize'"),
@@ -138,6 +141,15 @@ def test_what_aws_refuses_is_refused_at_synth_naming_key_and_value(ctx, message)
     with pytest.raises(validation.ConfigError) as err:
         _settings(**ctx)
     assert message in str(err.value)
+
+
+def test_the_construct_refuses_a_pool_on_a_capacity_block() -> None:
+    from constructs_lib import warm_pool
+
+    with pytest.raises(validation.ConfigError, match=r"C/Workers: warm_pool_size=2 cannot be "
+                       r"used with capacity_block_id=cr-1"):
+        warm_pool.check("C/Workers", 2, spot_capacity=0, instance_types=("p5.48xlarge",),
+                        capacity_block_id="cr-1")
 
 
 def test_one_fallback_free_type_list_is_accepted() -> None:

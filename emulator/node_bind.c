@@ -12,6 +12,12 @@
  * what the wildcard reaches on an instance whose one private address is that. An IPv6
  * wildcard becomes the IPv4-mapped form of the address (a dual-stack socket). Every other
  * bind, and every bind without that variable, goes through unchanged.
+ *
+ * With DEEPLEARNING_NODE_CONNECT=1 as well, an IPv4 socket that connects before it was bound
+ * is first bound to the node's address (port 0): its connections leave from the node's own
+ * address, as an instance's leave from its private address, instead of from 127.0.0.1 (the
+ * kernel's choice for every loopback destination). Slurm's controller records a dynamic
+ * node's address from the connection its slurmd registers on.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -22,6 +28,7 @@
 #include <sys/socket.h>
 
 typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 
 int bind(int fd, const struct sockaddr *addr, socklen_t len) {
     static bind_fn real_bind;
@@ -52,4 +59,29 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
         }
     }
     return real_bind(fd, addr, len);
+}
+
+int connect(int fd, const struct sockaddr *addr, socklen_t len) {
+    static connect_fn real_connect;
+    if (real_connect == NULL) {
+        real_connect = (connect_fn)dlsym(RTLD_NEXT, "connect");
+    }
+    const char *node = getenv("DEEPLEARNING_NODE_ADDR");
+    const char *wanted = getenv("DEEPLEARNING_NODE_CONNECT");
+    struct in_addr v4;
+    if (addr != NULL && addr->sa_family == AF_INET && node != NULL && wanted != NULL
+        && strcmp(wanted, "1") == 0 && inet_pton(AF_INET, node, &v4) == 1) {
+        struct sockaddr_in mine;
+        socklen_t mine_len = sizeof mine;
+        if (getsockname(fd, (struct sockaddr *)&mine, &mine_len) == 0
+            && mine.sin_family == AF_INET && mine.sin_port == 0
+            && mine.sin_addr.s_addr == htonl(INADDR_ANY)) {
+            memset(&mine, 0, sizeof mine);
+            mine.sin_family = AF_INET;
+            mine.sin_addr = v4;
+            /* a failure leaves the socket unbound: the kernel's own choice, as without us */
+            (void)bind(fd, (const struct sockaddr *)&mine, sizeof mine);
+        }
+    }
+    return real_connect(fd, addr, len);
 }

@@ -1,0 +1,104 @@
+"""Slurm's daemons on an emulated node, started as systemd would start the installer's units.
+
+On EC2 a node's munged, slurmctld and slurmd are the installer's units (``dl-munged``,
+``dl-slurmctld`` on the master, ``dl-slurmd``), run by systemd on a machine of their own.
+The emulated nodes are processes of one host, so three things of a machine are played here,
+and nothing in the product changes for them:
+
+- **the node's own network stack**: each daemon runs with ``node_bind.c`` preloaded
+  (``emulator.node_network``): slurmd's and slurmctld's wildcard listeners bind the node's
+  127.x address (so every node's slurmd takes port 6818, as on separate instances), and,
+  with ``DEEPLEARNING_NODE_CONNECT=1``, their connections leave from it (slurmctld records a
+  dynamic node's address from the connection its slurmd registers on; from one host the
+  kernel would otherwise say 127.0.0.1 for every node);
+- **the node's host name**: each daemon runs in a UTS namespace of its own whose host name
+  is the node's EC2 host name (``ip-a-b-c-d``): slurmctld starts only on the host its
+  ``SlurmctldHost`` names, as it would on the master instance;
+- **the GPUs' device files**: a node's GRES names ``<root>/dev/nvidia<N>``; here they are
+  character devices with /dev/null's numbers (:func:`gpu_devices`), never a GPU.
+
+Every process of a node's Slurm carries ``DL_SHARE_TOKEN=slurm/<address>``, so
+:func:`stop` finds slurmstepd too (slurmd starts it in a session of its own) and a lost
+machine loses all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from bootstrap_scripts.procgroup import alive, descendants, pids_with_token
+from bootstrap_scripts.slurm import names
+
+#: The installer's Slurm units, and the daemon each runs.
+UNITS = {"dl-munged.service": "munged", "dl-slurmctld.service": "slurmctld",
+         "dl-slurmd.service": "slurmd"}
+TOKEN_ENV = "DL_SHARE_TOKEN"
+
+
+def token(address: str) -> str:
+    return f"slurm/{address}"
+
+
+def daemon_env(address: str, preload: Path) -> dict[str, str]:
+    """What a node's Slurm daemons run with here (added to the unit's environment)."""
+    return {"LD_PRELOAD": str(preload), "DEEPLEARNING_NODE_ADDR": address,
+            "DEEPLEARNING_NODE_CONNECT": "1", TOKEN_ENV: token(address)}
+
+
+def with_host_name(address: str, argv: list[str]) -> list[str]:
+    """``argv`` in a UTS namespace whose host name is the node's EC2 host name."""
+    return ["unshare", "--uts", "--", "/bin/sh", "-c", 'hostname "$0" && exec "$@"',
+            names.node_name(address), *argv]
+
+
+def gpu_devices(root: Path, gpus: int) -> list[Path]:
+    """``<root>/dev/nvidia0..N-1`` as character devices (/dev/null's numbers), which the
+    node's gres.conf names: Slurm takes only device files as GPUs."""
+    dev = root / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    made = []
+    for i in range(gpus):
+        path = dev / f"nvidia{i}"
+        if not path.exists():
+            os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
+        made.append(path)
+    return made
+
+
+def start(address: str, argv: list[str], env: dict[str, str], preload: Path, log: Path,
+          *, cwd: Path) -> subprocess.Popen:
+    """One daemon of the node at ``address`` (the unit's ``ExecStart`` as ``argv``), in a
+    process group of its own, its output appended to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(with_host_name(address, argv), cwd=cwd,
+                                env={**env, **daemon_env(address, preload)},
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                process_group=0)
+
+
+def processes(address: str) -> set[int]:
+    """Every process of the node's Slurm: the daemons, slurmstepd, and what they started."""
+    tagged = set(pids_with_token(token(address)))
+    return tagged | descendants(tagged)
+
+
+def stop(address: str, *, sig: int = signal.SIGTERM, grace: float = 10.0) -> set[int]:
+    """Stop the node's Slurm (``sig`` first, SIGKILL after ``grace``); the survivors."""
+    for s, wait in ((sig, grace), (signal.SIGKILL, 5.0)):
+        pids = processes(address)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, s)
+        deadline = time.monotonic() + wait
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            for pid in pids:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+    return {p for p in processes(address) if alive(p)}

@@ -33,6 +33,10 @@ from pathlib import Path
 
 from bootstrap_scripts.procgroup import alive, descendants, pids_with_token
 from bootstrap_scripts.slurm import names
+from emulator.node_network import bind_preload
+from emulator.units import NodeError, unit_exec, unit_output
+
+UNIT_DIR = "etc/systemd/system"
 
 #: The installer's Slurm units, and the daemon each runs.
 UNITS = {"dl-munged.service": "munged", "dl-slurmctld.service": "slurmctld",
@@ -73,13 +77,41 @@ def gpu_devices(root: Path, gpus: int) -> list[Path]:
 def start(address: str, argv: list[str], env: dict[str, str], preload: Path, log: Path,
           *, cwd: Path) -> subprocess.Popen:
     """One daemon of the node at ``address`` (the unit's ``ExecStart`` as ``argv``), in a
-    process group of its own, its output appended to ``log``."""
+    process group of its own, its output appended to ``log``. munged talks on its socket
+    only and runs as ``munge``: it gets the host name, not the preload."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    extra = daemon_env(address, preload)
+    if "munged" in argv:
+        extra = {k: v for k, v in extra.items() if k == TOKEN_ENV}
     with open(log, "ab") as out:
-        return subprocess.Popen(with_host_name(address, argv), cwd=cwd,
-                                env={**env, **daemon_env(address, preload)},
+        return subprocess.Popen(with_host_name(address, argv), cwd=cwd, env={**env, **extra},
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 process_group=0)
+
+
+def installed_units(root: Path) -> list[str]:
+    """The Slurm units the installer wrote on this node, in the order systemd starts them."""
+    return [u for u in UNITS if (root / UNIT_DIR / u).exists()]
+
+
+def check_traversable(root: Path) -> None:
+    """munged refuses a socket with a parent that not everyone may traverse (an instance's
+    ``/`` is 0755); an emulated node's root must sit in such a tree."""
+    for d in [root, *root.parents]:
+        if os.stat(d).st_mode & 0o011 != 0o011:
+            raise NodeError(f"{d} is not traversable by all (mode {os.stat(d).st_mode & 0o777:o}):"
+                            f" munged would refuse {root}'s socket; boot Slurm nodes under a "
+                            f"directory every user can traverse")
+
+
+def start_unit(root: Path, unit: str, address: str, env: dict[str, str], logs: Path
+               ) -> subprocess.Popen:
+    """What systemd starts for ``unit`` on the node at ``address`` under ``root``."""
+    text = (root / UNIT_DIR / unit).read_text()
+    argv, unit_env = unit_exec(text, unit)
+    preload = bind_preload(logs / "lib")
+    out = unit_output(text) or str(logs / f"{address}-{unit.removesuffix('.service')}.log")
+    return start(address, argv, {**env, **unit_env}, preload, Path(out), cwd=root)
 
 
 def processes(address: str) -> set[int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,6 +29,10 @@ from bootstrap_scripts.slurm import config, munge_key, names, reconcile
 log = logging.getLogger(__name__)
 
 
+class SlurmSetupError(RuntimeError):
+    """The node cannot take part in Slurm (no munge key); the message says why."""
+
+
 def read_munge_secret(arn: str, region: str) -> bytes:
     """The munge key's bytes from Secrets Manager (GetSecretValue with the node's role)."""
     import boto3
@@ -38,8 +43,14 @@ def read_munge_secret(arn: str, region: str) -> bytes:
 
 
 def install_munge_key(paths: SlurmPaths, arn: str, region: str) -> Path:
-    """Read the key and write it for munged; the path written."""
-    return munge_key.install_key(paths, read_munge_secret(arn, region))
+    """Read the key and write it for munged; the path written. SlurmSetupError when it
+    cannot be read or written (the node cannot join Slurm without it)."""
+    try:
+        return munge_key.install_key(paths, read_munge_secret(arn, region))
+    except munge_key.MungeKeyError as exc:
+        raise SlurmSetupError(str(exc)) from None
+    except Exception as exc:  # botocore's errors: no access, no such secret, no endpoint
+        raise SlurmSetupError(f"the munge key {arn} could not be read: {exc}") from None
 
 
 def write_config(paths: SlurmPaths, cluster_id: str, membership: Membership,
@@ -98,3 +109,46 @@ class Reconciler:
         actions = reconcile.plan(membership, listed, known=self.known,
                                  draining=draining_instances(self.cluster))
         return reconcile.apply(actions, self.scontrol, env)
+
+
+class NodeSlurm:
+    """The node agent's Slurm duties (``--scheduler slurm``), one object per agent.
+
+    ``boot``: the munge key; ``applied``: this node's files for a membership it applied
+    (and, on the master, a reconcile pass at once: a lost node is DOWN before the scheduler
+    would notice); ``tick``: the master's reconcile again on every heartbeat, for what a
+    pass could not do yet (slurmctld still starting, a node with a step still completing,
+    a drain that needs no new generation)."""
+
+    def __init__(self, *, root: str, efs: str, cluster_id: str, role: str,
+                 munge_key_secret: str, region: str, logger: logging.Logger | None = None
+                 ) -> None:
+        self.paths = SlurmPaths(root, efs)
+        self.cluster_id = cluster_id
+        self.role = role
+        self.secret = munge_key_secret
+        self.region = region
+        self.log = logger or log
+        self.reconciler = Reconciler(self.paths, ClusterPaths(efs)) if role == "master" \
+            else None
+        self._lock = threading.Lock()
+
+    def boot(self) -> None:
+        path = install_munge_key(self.paths, self.secret, self.region)
+        self.log.info("event=munge-key path=%s", path)
+
+    def applied(self, membership: Membership, gpus: int) -> None:
+        changed = write_config(self.paths, self.cluster_id, membership, gpus)
+        if changed:
+            self.log.info("event=slurm-config generation=%d changed=%s", membership.generation,
+                          ",".join(p.name for p in changed))
+        self.tick(membership)
+
+    def tick(self, membership: Membership | None) -> None:
+        if self.reconciler is None or membership is None:
+            return
+        with self._lock:
+            done = self.reconciler.run(membership)
+        for action in done or ():
+            self.log.info("event=slurm-%s node=%s generation=%d reason=%r", action.kind,
+                          action.node, membership.generation, action.reason)

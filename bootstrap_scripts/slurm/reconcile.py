@@ -114,7 +114,7 @@ def scontrol_args(action: Action) -> list[str]:
     return ["update", f"NodeName={action.node}", f"State={state}", f"Reason={action.reason}"]
 
 
-def list_nodes(scontrol: str, env: Mapping[str, str], *, timeout: float = 30.0
+def list_nodes(scontrol: str, env: Mapping[str, str], *, timeout: float = 10.0
                ) -> list[SlurmNode] | None:
     """Slurm's nodes, or None when slurmctld does not answer (the next pass tries again)."""
     try:
@@ -133,7 +133,7 @@ def list_nodes(scontrol: str, env: Mapping[str, str], *, timeout: float = 30.0
 
 
 def apply(actions: Sequence[Action], scontrol: str, env: Mapping[str, str], *,
-          timeout: float = 30.0) -> list[Action]:
+          timeout: float = 10.0) -> list[Action]:
     """Run each action; returns those that succeeded (each one logged either way)."""
     done = []
     for action in actions:
@@ -145,7 +145,7 @@ def apply(actions: Sequence[Action], scontrol: str, env: Mapping[str, str], *,
             ok, detail = False, repr(exc)
         if ok:
             done.append(action)
-            log.info("event=slurm-%s node=%s reason=%r", action.kind, action.node, action.reason)
+            log.debug("event=slurm-%s node=%s reason=%r", action.kind, action.node, action.reason)
         else:
             log.warning("event=slurm-%s-failed node=%s error=%r", action.kind, action.node,
                         detail)

@@ -245,7 +245,7 @@ class Node:
         units = slurm_node.installed_units(self.root) if units is None else units
         if not units:
             return
-        slurm_node.check_traversable(self.root)
+        slurm_node.check_node_root(self.root)
         slurm_node.gpu_devices(self.root, self.gpus or 0)
         for unit in units:
             p = slurm_node.start_unit(self.root, unit, self.address, self.env, self.logs)

@@ -14,6 +14,12 @@ and nothing in the product changes for them:
 - **the node's host name**: each daemon runs in a UTS namespace of its own whose host name
   is the node's EC2 host name (``ip-a-b-c-d``): slurmctld starts only on the host its
   ``SlurmctldHost`` names, as it would on the master instance;
+- **the VPC's DNS**: EC2 resolves every instance's host name (``ip-a-b-c-d``) to its address,
+  and jobs rely on it (``scontrol show hostnames`` gives names: a torchrun rendezvous
+  endpoint, gloo's own address). Each daemon runs in a mount namespace whose ``/etc/hosts``
+  is the cluster's hosts file (:func:`vpc_hosts`: the host's own lines, then one line per
+  node booted, appended in place so every namespace sees it grow); the tasks slurmstepd
+  starts inherit it;
 - **the GPUs' device files**: a node's GRES names ``<root>/dev/nvidia<N>``; here they are
   character devices with /dev/null's numbers (:func:`gpu_devices`), never a GPU.
 
@@ -25,6 +31,7 @@ machine loses all of them.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -54,10 +61,48 @@ def daemon_env(address: str, preload: Path) -> dict[str, str]:
             "DEEPLEARNING_NODE_CONNECT": "1", TOKEN_ENV: token(address)}
 
 
-def with_host_name(address: str, argv: list[str]) -> list[str]:
-    """``argv`` in a UTS namespace whose host name is the node's EC2 host name."""
-    return ["unshare", "--uts", "--", "/bin/sh", "-c", 'hostname "$0" && exec "$@"',
-            names.node_name(address), *argv]
+#: The cluster's hosts file (next to the nodes' logs), and the host's own it starts from.
+VPC_HOSTS = "vpc-dns.hosts"
+HOST_HOSTS = Path("/etc/hosts")
+
+
+def vpc_hosts(logs: Path, address: str) -> Path:
+    """The cluster's hosts file with the node at ``address`` in it (added once; appended in
+    place under a lock: nodes boot in parallel, and a renamed file would leave the running
+    namespaces on the old one)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / VPC_HOSTS
+    line = f"{address} {names.node_name(address)}\n"
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read()
+        if not text:
+            f.write(HOST_HOSTS.read_text().rstrip("\n") + "\n")
+        if line not in text:
+            f.write(line)
+    path.chmod(0o644)
+    return path
+
+
+def user_env(preload: Path) -> dict[str, str]:
+    """What a user's shell on an emulated node adds for Slurm jobs (``emulator.demo.shell``):
+    the preload, which in a task's namespace (host name ``ip-a-b-c-d``) keeps its wildcard
+    binds on its node and its connections leaving from it, as on an instance (srun inside a
+    batch script listens there for its steps' output; slurmd answers the address a request
+    came from). In the shell itself (this host's name) it changes nothing."""
+    return {"LD_PRELOAD": str(preload), "DEEPLEARNING_NODE_CONNECT": "1"}
+
+
+def with_host_name(address: str, argv: list[str], hosts: Path | None = None) -> list[str]:
+    """``argv`` in a UTS namespace whose host name is the node's EC2 host name, and with
+    ``hosts`` in a mount namespace of its own whose ``/etc/hosts`` it is."""
+    if hosts is None:
+        return ["unshare", "--uts", "--", "/bin/sh", "-c", 'hostname "$0" && exec "$@"',
+                names.node_name(address), *argv]
+    return ["unshare", "--uts", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+            'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"',
+            names.node_name(address), str(hosts), *argv]
 
 
 def gpu_devices(root: Path, gpus: int) -> list[Path]:
@@ -75,7 +120,7 @@ def gpu_devices(root: Path, gpus: int) -> list[Path]:
 
 
 def start(address: str, argv: list[str], env: dict[str, str], preload: Path, log: Path,
-          *, cwd: Path) -> subprocess.Popen:
+          *, cwd: Path, hosts: Path | None = None) -> subprocess.Popen:
     """One daemon of the node at ``address`` (the unit's ``ExecStart`` as ``argv``), in a
     process group of its own, its output appended to ``log``. munged talks on its socket
     only and runs as ``munge``: it gets the host name, not the preload."""
@@ -84,7 +129,8 @@ def start(address: str, argv: list[str], env: dict[str, str], preload: Path, log
     if "munged" in argv:
         extra = {k: v for k, v in extra.items() if k == TOKEN_ENV}
     with open(log, "ab") as out:
-        return subprocess.Popen(with_host_name(address, argv), cwd=cwd, env={**env, **extra},
+        return subprocess.Popen(with_host_name(address, argv, hosts), cwd=cwd,
+                                env={**env, **extra},
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 process_group=0)
 
@@ -94,9 +140,20 @@ def installed_units(root: Path) -> list[str]:
     return [u for u in UNITS if (root / UNIT_DIR / u).exists()]
 
 
-def check_traversable(root: Path) -> None:
-    """munged refuses a socket with a parent that not everyone may traverse (an instance's
-    ``/`` is 0755); an emulated node's root must sit in such a tree."""
+#: slurmstepd's longest socket below a node's root: ``var/spool/slurmd/<name>_<job>.<step>``
+#: (an 18-character name, 10-digit ids); a Unix socket's path has 107 bytes at most.
+SOCKET_TAIL = len("/var/spool/slurmd/") + 18 + 1 + 10 + 1 + 10
+MAX_SOCKET_PATH = 107
+
+
+def check_node_root(root: Path) -> None:
+    """An emulated node's root must be short (slurmstepd's sockets live under it; an
+    instance's root is ``/``) and sit in a tree everyone may traverse (munged refuses a
+    socket with a parent that is not; an instance's ``/`` is 0755)."""
+    if len(str(root)) + SOCKET_TAIL > MAX_SOCKET_PATH:
+        raise NodeError(f"{root}: too long a node root for Slurm ({len(str(root))} characters,"
+                        f" at most {MAX_SOCKET_PATH - SOCKET_TAIL}): slurmstepd's sockets "
+                        f"under it would exceed a Unix socket's path")
     for d in [root, *root.parents]:
         if os.stat(d).st_mode & 0o011 != 0o011:
             raise NodeError(f"{d} is not traversable by all (mode {os.stat(d).st_mode & 0o777:o}):"
@@ -111,7 +168,8 @@ def start_unit(root: Path, unit: str, address: str, env: dict[str, str], logs: P
     argv, unit_env = unit_exec(text, unit)
     preload = bind_preload(logs / "lib")
     out = unit_output(text) or str(logs / f"{address}-{unit.removesuffix('.service')}.log")
-    return start(address, argv, {**env, **unit_env}, preload, Path(out), cwd=root)
+    return start(address, argv, {**env, **unit_env}, preload, Path(out), cwd=root,
+                 hosts=vpc_hosts(logs, address))
 
 
 def processes(address: str) -> set[int]:

@@ -27,7 +27,8 @@ MUNGE_LOG = "var/log/munge/munged.log"
 MUNGE_SEED = "var/lib/munge/munged.seed"
 SLURM_RUN_DIR = "run/slurm"
 SLURM_LOG_DIR = "var/log/slurm"
-#: slurmd's spool, one directory per Slurm node name (``%n`` in slurm.conf).
+#: slurmd's spool (job scripts, slurmstepd's sockets: a Unix socket's path must stay under
+#: 108 bytes, so nothing more is added below it).
 SLURMD_SPOOL_DIR = "var/spool/slurmd"
 
 # -- on EFS, relative to the mount point --------------------------------------------------
@@ -38,7 +39,7 @@ SLURM_STATE_DIR = f"{SLURM_EFS_DIR}/state"
 
 SLURM_LAYOUT = (SLURM_CONF, GRES_CONF, CGROUP_CONF, MUNGE_KEY, MUNGE_SOCKET, MUNGE_PID,
                 MUNGE_LOG, MUNGE_SEED, f"{SLURM_RUN_DIR}/", f"{SLURM_LOG_DIR}/",
-                f"{SLURMD_SPOOL_DIR}/<node-name>/", f"{SLURM_STATE_DIR}/")
+                f"{SLURMD_SPOOL_DIR}/", f"{SLURM_STATE_DIR}/")
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,6 @@ class SlurmPaths:
     @property
     def spool_dir(self) -> Path:
         return self.root / SLURMD_SPOOL_DIR
-
-    def spool(self, node_name: str) -> Path:
-        """slurmd's spool of the Slurm node ``node_name`` (slurm.conf says ``.../%n``)."""
-        return self.spool_dir / node_name
 
     @property
     def efs_dir(self) -> Path:

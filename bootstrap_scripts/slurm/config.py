@@ -90,7 +90,7 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         f"AuthInfo=socket={p.munge_socket}",
         "CredType=cred/munge",
         f"StateSaveLocation={p.state_dir}",
-        f"SlurmdSpoolDir={p.spool_dir}/%n",
+        f"SlurmdSpoolDir={p.spool_dir}",
         f"SlurmctldPidFile={p.run_dir}/slurmctld.pid",
         f"SlurmdPidFile={p.run_dir}/slurmd-%n.pid",
         f"SlurmctldLogFile={p.log_dir}/slurmctld.log",

@@ -97,7 +97,8 @@ def prepare_slurmctld(p: SlurmPaths) -> None:
 
 
 def prepare_slurmd(p: SlurmPaths, name: str) -> None:
-    for d in (p.run_dir, p.log_dir, p.spool(name)):
+    del name  # one slurmd per node: its spool is the node's own
+    for d in (p.run_dir, p.log_dir, p.spool_dir):
         own_dir(d, "root", 0o755)
 
 

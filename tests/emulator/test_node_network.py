@@ -111,3 +111,22 @@ def test_connections_leave_from_the_nodes_address_when_asked(tmp_path):
             seen[connect] = (out.stdout.strip(), peer[0])
     assert seen["1"] == (node, node)
     assert seen[""] == ("127.0.0.1", "127.0.0.1")
+
+
+def test_an_ec2_host_name_names_the_node_without_the_variable(tmp_path):
+    """A Slurm task's environment is its submitter's; in an emulated node's UTS namespace
+    (host name ``ip-a-b-c-d``) the preload takes the node's address from the host name."""
+    lib = bind_preload(tmp_path)
+    (node,) = (i.address for i in loopback_instances(1))
+    name = "ip-" + node.replace(".", "-")
+    env = {k: v for k, v in os.environ.items() if k != "DEEPLEARNING_NODE_ADDR"}
+    bind = ("import socket; s = socket.socket(); s.bind(('0.0.0.0', 0)); "
+            "print(s.getsockname()[0])")
+    out = subprocess.run(["unshare", "--uts", "--", "/bin/sh", "-c",
+                          'hostname "$0" && exec "$@"', name, sys.executable, "-c", bind],
+                         env={**env, "LD_PRELOAD": str(lib)}, capture_output=True, text=True,
+                         timeout=30, check=True)
+    assert out.stdout.strip() == node
+    out = subprocess.run([sys.executable, "-c", bind], env={**env, "LD_PRELOAD": str(lib)},
+                         capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.strip() == "0.0.0.0"  # this host's own name is no node's

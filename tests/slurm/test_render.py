@@ -45,7 +45,7 @@ def test_slurm_conf_puts_every_node_local_path_under_the_root_and_state_on_efs()
     assert lines["SlurmctldParameters"] == "enable_configless"
     assert lines["AuthInfo"] == "socket=/nodes/a/run/munge/munge.socket.2"
     assert lines["StateSaveLocation"] == "/shared/cluster/slurm/state"
-    assert lines["SlurmdSpoolDir"] == "/nodes/a/var/spool/slurmd/%n"
+    assert lines["SlurmdSpoolDir"] == "/nodes/a/var/spool/slurmd"
     for key in ("SlurmctldPidFile", "SlurmdPidFile", "SlurmctldLogFile", "SlurmdLogFile"):
         assert lines[key].startswith("/nodes/a/"), key
     assert "NodeName=" not in text  # dynamic nodes only

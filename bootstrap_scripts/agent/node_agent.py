@@ -238,7 +238,7 @@ class NodeAgent:
             self._announce_key()
             if self.slurm is not None:
                 try:
-                    self.slurm.tick(self.current)
+                    self.slurm.tick(self.current or self._local_membership())
                 except Exception as exc:  # the heartbeat must go on
                     self.log.warning("event=slurm-reconcile-failed error=%r", exc)
             try:

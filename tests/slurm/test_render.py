@@ -160,3 +160,38 @@ def test_munge_key_is_0400_munges_and_never_half_written(tmp_path) -> None:
     with pytest.raises(munge_key.MungeKeyError):
         munge_key.key_bytes("short", None)
     assert munge_key.key_bytes(None, b"b" * 40) == b"b" * 40
+
+
+def test_the_units_slurmd_runs_under_the_nodes_name_with_its_gpus() -> None:
+    from bootstrap_scripts.agent.install import python_unit
+    from bootstrap_scripts.slurm import units
+    from emulator.units import restart_policy
+
+    def render(role: str) -> dict[str, str]:
+        return units.render_units(python_unit, python="/usr/bin/python3", package_dir="/opt/p",
+                                  root="/", efs="/efs", role=role, address="10.0.1.23",
+                                  instance_type="g5.12xlarge", gpus=4,
+                                  log_dir="/var/log/dl-cluster")
+
+    worker, master = render("worker"), render("master")
+    assert sorted(worker) == ["dl-munged.service", "dl-slurmd.service"]
+    assert sorted(master) == sorted([*worker, "dl-slurmctld.service"])
+    exec_start = next(line for line in worker["dl-slurmd.service"].splitlines()
+                      if line.startswith("ExecStart="))
+    argv = [a.strip('"') for a in exec_start.removeprefix("ExecStart=").split('" "')]
+    assert argv[argv.index("--name") + 1] == "ip-10-0-1-23"
+    assert argv[argv.index("--node-conf") + 1] == "Feature=worker,g5_12xlarge Gres=gpu:4"
+    assert "KillMode=process" in worker["dl-slurmd.service"]
+    assert restart_policy(master["dl-slurmctld.service"]).wants(1)
+
+
+def test_each_membership_rewrites_only_what_changed(tmp_path) -> None:
+    from bootstrap_scripts.slurm import node
+
+    p = SlurmPaths(tmp_path / "root", tmp_path / "efs")
+    first = node.write_config(p, "c1", membership("10.0.0.5", "10.0.0.6"), 2)
+    assert sorted(x.name for x in first) == ["cgroup.conf", "gres.conf", "slurm.conf"]
+    assert node.write_config(p, "c1", membership("10.0.0.5", "10.0.0.7", generation=4), 2) == []
+    moved = node.write_config(p, "c1", membership("10.0.0.9", "10.0.0.7", generation=5), 2)
+    assert [x.name for x in moved] == ["slurm.conf"]  # a new master: its address
+    assert "SlurmctldHost=ip-10-0-0-9(10.0.0.9)" in p.slurm_conf.read_text()

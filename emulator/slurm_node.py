@@ -23,9 +23,10 @@ and nothing in the product changes for them:
 - **the GPUs' device files**: a node's GRES names ``<root>/dev/nvidia<N>``; here they are
   character devices with /dev/null's numbers (:func:`gpu_devices`), never a GPU.
 
-Every process of a node's Slurm carries ``DL_SHARE_TOKEN=slurm/<address>``, so
-:func:`stop` finds slurmstepd too (slurmd starts it in a session of its own) and a lost
-machine loses all of them.
+Every daemon of a node's Slurm carries ``DL_SHARE_TOKEN=slurm/<address>``, and what they
+start stays in their UTS namespaces, so :func:`stop` finds slurmstepd and the job's tasks
+too (slurmd starts slurmstepd in a session of its own, with an environment of its own) and
+a lost machine loses all of them.
 """
 
 from __future__ import annotations
@@ -172,16 +173,41 @@ def start_unit(root: Path, unit: str, address: str, env: dict[str, str], logs: P
                  hosts=vpc_hosts(logs, address))
 
 
-def processes(address: str) -> set[int]:
-    """Every process of the node's Slurm: the daemons, slurmstepd, and what they started."""
+def _uts(pid: int | str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return ""
+
+
+def namespaces(address: str) -> set[str]:
+    """The UTS namespaces of the node's Slurm daemons (each daemon has its own)."""
+    return {_uts(p) for p in pids_with_token(token(address))} - {"", _uts("self")}
+
+
+def in_namespaces(spaces: set[str]) -> set[int]:
+    """Every process in one of the UTS namespaces ``spaces``."""
+    if not spaces:
+        return set()
+    return {int(e) for e in os.listdir("/proc") if e.isdigit() and _uts(e) in spaces}
+
+
+def processes(address: str, spaces: set[str] | None = None) -> set[int]:
+    """Every process of the node's Slurm: the daemons (their token), and everything in their
+    UTS namespaces (``spaces``, learnt while a daemon lives), the node's "machine":
+    slurmstepd (slurmd starts it with an environment of its own, in a session of its own)
+    and the job tasks it starts."""
     tagged = set(pids_with_token(token(address)))
-    return tagged | descendants(tagged)
+    found = tagged | in_namespaces((spaces or set()) | namespaces(address))
+    return found | descendants(found)
 
 
 def stop(address: str, *, sig: int = signal.SIGTERM, grace: float = 10.0) -> set[int]:
-    """Stop the node's Slurm (``sig`` first, SIGKILL after ``grace``); the survivors."""
+    """Stop the node's Slurm (``sig`` first, SIGKILL after ``grace``); the survivors. The
+    namespaces are learnt first: slurmstepd outlives a slurmd that took the signal."""
+    spaces = namespaces(address)
     for s, wait in ((sig, grace), (signal.SIGKILL, 5.0)):
-        pids = processes(address)
+        pids = processes(address, spaces)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, s)
@@ -191,4 +217,4 @@ def stop(address: str, *, sig: int = signal.SIGTERM, grace: float = 10.0) -> set
             for pid in pids:
                 with contextlib.suppress(ChildProcessError, OSError):
                     os.waitpid(pid, os.WNOHANG)
-    return {p for p in processes(address) if alive(p)}
+    return {p for p in processes(address, spaces) if alive(p)}

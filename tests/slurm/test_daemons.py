@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.slurm import reconcile
+from emulator import slurm_node
 from emulator.node_network import bind_preload
 from emulator.resources import loopback_instances
 from tests.support.slurm import SlurmNodes, slurm_work
@@ -71,9 +73,18 @@ def test_dynamic_nodes_register_run_a_users_srun_and_follow_the_membership(
     res = as_user(user, slurm, "srun", "-N1", "--gres=gpu:2", "sh", "-c", "hostname")
     assert (res.returncode, res.stdout.strip()) == (0, a.name), res.stderr
 
-    # b's machine is lost: it leaves the membership; the master's reconcile marks it DOWN
-    # with the reason and deletes it
+    # b's machine is lost, with a job running on it: every process of its Slurm goes with
+    # it (slurmstepd and the job's task too); it leaves the membership; the master's
+    # reconcile marks it DOWN with the reason and deletes it
+    res = as_user(user, slurm, "sbatch", "-w", b.name, "--wrap", "sleep 600", "--output",
+                  "/dev/null")
+    assert res.returncode == 0, res.stderr
+    slurm.wait_nodes(lambda listed: {"ALLOCATED", "MIXED"} & listed[b.name].states,
+                     "b running a job")
+    machine = slurm_node.processes(b.address)
+    assert any(Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep") for p in machine)
     slurm.lose(b)
+    assert not [p for p in machine if alive(p)], "a process of the lost machine lives on"
     m = slurm.publish()
     done = reconciler.run(m)
     assert done is not None
@@ -92,3 +103,9 @@ def test_dynamic_nodes_register_run_a_users_srun_and_follow_the_membership(
     assert reconciler.run(m) == []
     res = as_user(user, slurm, "srun", "-N2", "-p", "workers", "hostname")
     assert sorted(res.stdout.split()) == sorted([a.name, c.name]), res.stderr
+    # a job left running: the fixture's shutdown must stop its slurmstepd and task too
+    res = as_user(user, slurm, "sbatch", "-w", a.name, "--wrap", "sleep 600", "--output",
+                  "/dev/null")
+    assert res.returncode == 0, res.stderr
+    slurm.wait_nodes(lambda listed: {"ALLOCATED", "MIXED"} & listed[a.name].states,
+                     "a running a job")

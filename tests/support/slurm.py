@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bootstrap_scripts import node_region
 from bootstrap_scripts.agent.install import UNIT_DIR, python_unit
+from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol.membership import Membership, Node, alias_for
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
@@ -157,7 +158,10 @@ class SlurmNodes:
         return node.Reconciler(self.paths(self.master), ClusterPaths(self.efs))
 
     def stop(self) -> set[int]:
+        """Stop every node's Slurm; the survivors, looked for in every namespace the
+        daemons had (not only through what ``slurm_node.stop`` itself finds)."""
+        spaces = set().union(*(slurm_node.namespaces(a) for a in self.addresses))
         left: set[int] = set()
         for address in sorted(self.addresses):
             left |= slurm_node.stop(address, grace=5.0)
-        return left
+        return left | {p for p in slurm_node.in_namespaces(spaces) if alive(p)}

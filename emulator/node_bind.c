@@ -12,25 +12,59 @@
  * what the wildcard reaches on an instance whose one private address is that. An IPv6
  * wildcard becomes the IPv4-mapped form of the address (a dual-stack socket). Every other
  * bind, and every bind without that variable, goes through unchanged.
+ *
+ * Without DEEPLEARNING_NODE_ADDR, a process whose host name is an EC2 host name of the form
+ * ip-a-b-c-d (an emulated node's Slurm daemons and the tasks they start run in a UTS
+ * namespace named so) takes a.b.c.d as its node's address: a Slurm job's environment is its
+ * submitter's, which cannot know the address of the node each task lands on.
+ *
+ * With DEEPLEARNING_NODE_CONNECT=1 as well, an IPv4 socket that connects before it was bound
+ * is first bound to the node's address (port 0): its connections leave from the node's own
+ * address, as an instance's leave from its private address, instead of from 127.0.0.1 (the
+ * kernel's choice for every loopback destination). Slurm's controller records a dynamic
+ * node's address from the connection its slurmd registers on.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+/* The node's address: DEEPLEARNING_NODE_ADDR, else the one an ip-a-b-c-d host name names. */
+static int node_address(struct in_addr *out) {
+    const char *node = getenv("DEEPLEARNING_NODE_ADDR");
+    if (node != NULL) {
+        return inet_pton(AF_INET, node, out) == 1;
+    }
+    char host[256];
+    unsigned a, b, c, d;
+    char tail;
+    if (gethostname(host, sizeof host) != 0) {
+        return 0;
+    }
+    host[sizeof host - 1] = '\0';
+    if (sscanf(host, "ip-%u-%u-%u-%u%c", &a, &b, &c, &d, &tail) != 4
+        || a > 255 || b > 255 || c > 255 || d > 255) {
+        return 0;
+    }
+    out->s_addr = htonl((a << 24) | (b << 16) | (c << 8) | d);
+    return 1;
+}
 
 typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 
 int bind(int fd, const struct sockaddr *addr, socklen_t len) {
     static bind_fn real_bind;
     if (real_bind == NULL) {
         real_bind = (bind_fn)dlsym(RTLD_NEXT, "bind");
     }
-    const char *node = getenv("DEEPLEARNING_NODE_ADDR");
     struct in_addr v4;
-    if (addr == NULL || node == NULL || inet_pton(AF_INET, node, &v4) != 1) {
+    if (addr == NULL || !node_address(&v4)) {
         return real_bind(fd, addr, len);
     }
     if (addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
@@ -52,4 +86,28 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
         }
     }
     return real_bind(fd, addr, len);
+}
+
+int connect(int fd, const struct sockaddr *addr, socklen_t len) {
+    static connect_fn real_connect;
+    if (real_connect == NULL) {
+        real_connect = (connect_fn)dlsym(RTLD_NEXT, "connect");
+    }
+    const char *wanted = getenv("DEEPLEARNING_NODE_CONNECT");
+    struct in_addr v4;
+    if (addr != NULL && addr->sa_family == AF_INET && wanted != NULL
+        && strcmp(wanted, "1") == 0 && node_address(&v4)) {
+        struct sockaddr_in mine;
+        socklen_t mine_len = sizeof mine;
+        if (getsockname(fd, (struct sockaddr *)&mine, &mine_len) == 0
+            && mine.sin_family == AF_INET && mine.sin_port == 0
+            && mine.sin_addr.s_addr == htonl(INADDR_ANY)) {
+            memset(&mine, 0, sizeof mine);
+            mine.sin_family = AF_INET;
+            mine.sin_addr = v4;
+            /* a failure leaves the socket unbound: the kernel's own choice, as without us */
+            (void)bind(fd, (const struct sockaddr *)&mine, sizeof mine);
+        }
+    }
+    return real_connect(fd, addr, len);
 }

@@ -48,7 +48,7 @@ from bootstrap_scripts.node.procgroup import (
     start_time,
     stop_groups,
 )
-from emulator import ssm_agent
+from emulator import slurm_node, ssm_agent
 from emulator.deploy import REGION, REPO_ROOT, Instance
 from emulator.gpus import NODE_BIN_DIR, fake_nvidia_smi, instance_type_gpus
 
@@ -150,6 +150,7 @@ class Node:
         if (self.root / CONTROLLER_UNIT).exists():
             self.start_controller()
         self.start_cloudwatch_agent()
+        self.start_slurm_units()
         self.status = "running"
         # 4. the machine's SSM Agent registers it: Run Command reaches it (emulator.ssm_agent)
         try:
@@ -198,6 +199,7 @@ class Node:
         self.start_executor()
         if (self.root / CONTROLLER_UNIT).exists():
             self.start_controller()
+        self.start_slurm_units()
         self.status = "running"
 
     def install(self, install_args: list[str]) -> None:
@@ -237,6 +239,19 @@ class Node:
                 process_group=self.group.pid)
         self._track("cloudwatch-agent", p, leader=False)
         return p
+
+    def start_slurm_units(self, units: list[str] | None = None) -> None:
+        """The installer's Slurm units (``--scheduler slurm``), as ``emulator.slurm_node``
+        runs them: the node's address, host name and GPU device files played."""
+        units = slurm_node.installed_units(self.root) if units is None else units
+        if not units:
+            return
+        slurm_node.check_node_root(self.root)
+        slurm_node.gpu_devices(self.root, self.gpus or 0)
+        for unit in units:
+            p = slurm_node.start_unit(self.root, unit, self.address, self.env, self.logs)
+            self.popens.append(p)
+            self.procs[unit] = p
 
     def apply(self, membership):
         """What the node agent does with a published membership: the node's files, written
@@ -318,7 +333,8 @@ class Node:
         imds = self.procs.get("imds")
         if self.status != "running" or imds is None or imds.poll() is not None:
             return []
-        units = {"agent": AGENT_UNIT, "executor": EXECUTOR_UNIT, "controller": CONTROLLER_UNIT}
+        units = {"agent": AGENT_UNIT, "executor": EXECUTOR_UNIT, "controller": CONTROLLER_UNIT,
+                 **{u: f"{slurm_node.UNIT_DIR}/{u}" for u in slurm_node.installed_units(self.root)}}
         restarted = []
         for name, unit in units.items():
             p = self.procs.get(name)
@@ -330,7 +346,9 @@ class Node:
             if now - self.exited.setdefault(name, now) < policy.seconds:
                 continue
             del self.exited[name]
-            if name == "executor":
+            if name in slurm_node.UNITS:
+                self.start_slurm_units([name])
+            elif name == "executor":
                 self.start_executor()
             else:
                 started = self._start_unit(unit, name)
@@ -354,6 +372,7 @@ class Node:
         for pgid in pgids:
             signal_group(pgid, signal.SIGKILL)
         kill_pids(everything)
+        slurm_node.stop(self.address, sig=signal.SIGKILL, grace=0)
         for p in self.popens:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
@@ -383,6 +402,9 @@ def stop_nodes(nodes: Iterable[Node], *, grace: float = 10.0,
     executors stop their job shares), SIGKILL what is left after ``grace``, descendants
     that left their group included; returns the survivors (normally none)."""
     nodes = list(nodes)
+    for node in nodes:  # slurmstepd leaves its slurmd's group: found by its token
+        if slurm_node.installed_units(node.root):
+            slurm_node.stop(node.address, grace=grace)
     left = stop_groups([*(g for n in nodes for g in n.groups), *also], grace=grace)
     for node in nodes:
         for p in node.popens:

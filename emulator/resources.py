@@ -96,7 +96,8 @@ def agent_settings(role: str, *, cluster_id: str, master_queue_url: str = "",
                    setup_timeout: int | None = None, base_workers: int | None = None,
                    data_prep: str = "", max_replacements_per_hour: int | None = None,
                    membership_key: str = "",
-                   idle_stop_seconds: float | None = None) -> dict[str, str]:
+                   idle_stop_seconds: float | None = None, scheduler: str = "native",
+                   munge_key_secret: str = "") -> dict[str, str]:
     """The settings ``DeepLearningCluster`` renders into a group's user data, in its order
     (``mount_point``, ``setup_timeout`` and the master's ``max_replacements_per_hour`` and
     ``idle_stop_seconds`` default to the stack's)."""
@@ -124,6 +125,9 @@ def agent_settings(role: str, *, cluster_id: str, master_queue_url: str = "",
             if idle_stop_seconds is None else idle_stop_seconds)
     if membership_key:
         settings["membership-key"] = membership_key
+    if scheduler != "native":  # Slurm's daemons, authenticated by the munge key
+        settings["scheduler"] = scheduler
+        settings["munge-key-secret"] = munge_key_secret
     return settings
 
 
@@ -248,11 +252,13 @@ class ClusterResources:
 def create_cluster(endpoint: str, *, cluster_id: str = "dlc-test", workers: int = 3,
                    min_workers: int | None = None, max_workers: int | None = None,
                    instance_type: str = "p3.2xlarge", mount_point: str | None = None,
-                   wait_handle: str = "", data_prep: str = "") -> ClusterResources:
+                   wait_handle: str = "", data_prep: str = "",
+                   scheduler: str = "native") -> ClusterResources:
     """The stack's AWS side for ``workers`` workers (see the module docstring); unset
     ``min_workers`` and ``mount_point`` are the stack's defaults (:func:`stack_defaults`).
     ``instance_type`` is the tests' 1-GPU type (the one ``emulator.imds`` reports), not the
-    stack's default."""
+    stack's default. ``scheduler="slurm"``: the cluster's munge key made in Secrets Manager
+    as the stack makes it (generated text), its ARN in both groups' user data."""
     import boto3
 
     defaults = stack_defaults()
@@ -284,6 +290,12 @@ def create_cluster(endpoint: str, *, cluster_id: str = "dlc-test", workers: int 
     membership_key = client("kms").create_key(
         KeySpec="ECC_NIST_P256", KeyUsage="SIGN_VERIFY",
         Description=f"{cluster_id} membership")["KeyMetadata"]["Arn"]
+    munge_key_secret = ""
+    if scheduler != "native":
+        sm = client("secretsmanager")
+        key = sm.get_random_password(PasswordLength=1024, ExcludeCharacters=" ")["RandomPassword"]
+        munge_key_secret = sm.create_secret(Name=f"{cluster_id}-munge-key",
+                                            SecretString=key)["ARN"]
     names: dict[str, str] = {}
     templates: dict[str, str] = {}
     for role, (low, desired, high) in (("master", (1, 1, 1)),
@@ -292,7 +304,8 @@ def create_cluster(endpoint: str, *, cluster_id: str = "dlc-test", workers: int 
             role, cluster_id=cluster_id, master_queue_url=queue, mount_point=mount_point,
             wait_handle=wait_handle if role == "master" else "",
             base_workers=workers if role == "master" else None, data_prep=data_prep,
-            membership_key=membership_key)
+            membership_key=membership_key, scheduler=scheduler,
+            munge_key_secret=munge_key_secret)
         templates[role] = f"{cluster_id}-{role}-template"
         ec2.create_launch_template(LaunchTemplateName=templates[role], LaunchTemplateData={
             "ImageId": "ami-12c6146b", "InstanceType": instance_type,

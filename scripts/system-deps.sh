@@ -5,11 +5,14 @@
 # (bootstrap_scripts/agent/imds_guard.py), on an emulated node as on an instance.
 # chromium (Debian's, with no recommended packages): the TensorBoard browser test drives it
 # headless through Playwright (tests/ops/test_tensorboard_browser.py).
+# Slurm 22.05 and munge (scheduler=slurm): the emulated nodes run the real daemons
+# (tests/slurm/, docs/slurm-node.md).
 # Idempotent and quiet: installs only what is missing; does nothing when all is there.
 # With arguments, only those packages (`make demo` asks for iptables alone).
 set -euo pipefail
 
-PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc iptables chromium)
+PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc iptables chromium
+          slurmctld slurmd slurm-client munge)
 #: installed without their recommended packages (a browser recommends a desktop's worth)
 LEAN=(chromium)
 if [ "$#" -gt 0 ]; then

@@ -19,6 +19,9 @@ Written under ``--root`` (default ``/``):
 - ``etc/dl-cluster/membership-key`` (with ``--membership-key``): the key whose signature
   root's own jobs need (``bootstrap_scripts.jobs.engine.root_jobs``): ``dl-run`` signs
   them on the master, the executors and the controller check them;
+- with ``--scheduler slurm``: ``etc/systemd/system/dl-munged.service``,
+  ``dl-slurmctld.service`` (master) and ``dl-slurmd.service`` (``bootstrap_scripts.slurm.units``:
+  slurmd under the node's Slurm name, with its features and its GPUs as counted here);
 - ``etc/dl-cluster/data-checksums``: the cluster's default of ``dl-run --data-checksums``
   (``--data-checksums``, the stack's ``dataChecksums``; ``bootstrap_scripts.data.checksums``);
 - ``var/log/dl-cluster/{agent,executor,controller}.log``: where the units append their
@@ -41,12 +44,20 @@ import sys
 from pathlib import Path
 
 from bootstrap_scripts.agent import cloudwatch_config, imds_guard
+from bootstrap_scripts.agent.gpus import count_gpus
 from bootstrap_scripts.agent.identity import IdentityError
-from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
+from bootstrap_scripts.agent.settings import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    SLURM_SCHEDULER,
+    build_parser,
+    canonical_args,
+)
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.engine import gate_identity, root_jobs
 from bootstrap_scripts.node import node_region
 from bootstrap_scripts.protocol.store import atomic_write
+from bootstrap_scripts.slurm.units import render_units as render_slurm_units
 
 UNIT_DIR = "etc/systemd/system"
 BIN_DIR = "usr/local/bin"
@@ -217,6 +228,19 @@ exec '{python}' -m {module} "$@"
 """
 
 
+def slurm_units(opts: argparse.Namespace, ns: argparse.Namespace) -> dict[str, str]:
+    """The node's Slurm units: its name from its private address and its GPUs from its
+    driver, as the agent will register them (IdentityError if metadata does not answer)."""
+    from bootstrap_scripts.agent.identity import fetch_identity
+
+    identity = fetch_identity(deadline=IMDS_DEADLINE_SECONDS)
+    return render_slurm_units(
+        python_unit, python=opts.python, package_dir=opts.package_dir, root=ns.root,
+        efs=ns.mount_point, role=ns.role, address=identity.address,
+        instance_type=identity.instance_type, gpus=count_gpus(ns.nvidia_smi),
+        log_dir=str(Path(ns.root) / cloudwatch_config.LOG_DIR))
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:
     """The installer's own options and the node agent's (its parser, so a bad user data
     fails here); SystemExit 2 with the message on bad arguments."""
@@ -254,6 +278,10 @@ def install(argv: list[str] | None = None) -> list[Path]:
     if ns.membership_key:  # dl-run signs root's jobs with it, the executors check them
         files[root / root_jobs.KEY_FILE] = (root_jobs.render_key_file(ns.membership_key), 0o644)
     units = [AGENT_UNIT, EXECUTOR_UNIT]
+    if ns.scheduler == SLURM_SCHEDULER:
+        for name, text in slurm_units(opts, ns).items():
+            files[root / UNIT_DIR / name] = (text, 0o644)
+            units.append(name)
     if ns.role == "master":
         files[root / UNIT_DIR / CONTROLLER_UNIT] = (controller_unit(
             opts.python, opts.package_dir, ns.root, ns.mount_point, ns.region,

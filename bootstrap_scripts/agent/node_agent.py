@@ -49,6 +49,7 @@ from bootstrap_scripts.agent.settings import (
     EXIT_FAILED,
     EXIT_USAGE,
     LOCK_NAME,
+    SLURM_SCHEDULER,
     AgentConfig,
     build_parser,
     config_from_args,
@@ -59,6 +60,7 @@ from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import Registration
+from bootstrap_scripts.slurm.node import NodeSlurm, SlurmSetupError
 
 if TYPE_CHECKING:
     from bootstrap_scripts.agent.aws import MasterAws
@@ -97,6 +99,13 @@ class NodeAgent:
                                  cluster_id=config.cluster_id, stop=self.stop)
         self._file_handler: logging.Handler | None = None
         self._registration_lock = threading.Lock()
+        #: ``--scheduler slurm``: the munge key, slurm.conf, the master's reconcile.
+        self.slurm: NodeSlurm | None = None
+        if config.scheduler == SLURM_SCHEDULER:
+            self.slurm = NodeSlurm(root=config.root, efs=config.mount_point,
+                                   cluster_id=config.cluster_id, role=config.role,
+                                   munge_key_secret=config.munge_key_secret,
+                                   region=config.region, logger=self.log)
 
     @property
     def interruptible(self) -> bool:
@@ -126,7 +135,7 @@ class NodeAgent:
         try:
             if not self._boot():
                 return 0  # held in the warm pool until stopped, or leaving: never joined
-        except (IdentityError, MountError) as exc:
+        except (IdentityError, MountError, SlurmSetupError) as exc:
             self.log.error("event=boot-failed error=%s", exc)
             if self.config.role == "master":
                 self.signal(wc.FAILURE, f"node agent could not start: {exc}")
@@ -170,6 +179,9 @@ class NodeAgent:
                       self.gpus, self.cluster.efs, self.applied_generation)
         if c.launch_hook and c.role == "worker" and not self._await_service():
             return False
+        if self.slurm is not None:  # munged needs it before any Slurm daemon can talk
+            self.slurm.log = self.log
+            self.slurm.boot()
         self.node_key = NodeKey(self.paths, instance_id=self.identity.instance_id, log=self.log,
                                 queue_url=c.node_keys_queue_url if c.role == "worker" else "",
                                 region=c.region)
@@ -224,6 +236,11 @@ class NodeAgent:
             if self.draining:  # leaving: a heartbeat now would only leave a ghost behind
                 continue
             self._announce_key()
+            if self.slurm is not None:
+                try:
+                    self.slurm.tick(self.current or self._local_membership())
+                except Exception as exc:  # the heartbeat must go on
+                    self.log.warning("event=slurm-reconcile-failed error=%r", exc)
             try:
                 self._register()
             except OSError as exc:
@@ -249,6 +266,8 @@ class NodeAgent:
             return False
         self.applied_generation = m.generation
         self.current = m
+        if self.slurm is not None:
+            self.slurm.applied(m, self.gpus)
         self.log.info("event=applied generation=%d status=%s rank=%d nodes=%d master=%s "
                       "changed=%s", m.generation, result.status, result.node.rank,
                       len(m.nodes), m.master_addr, ",".join(result.changed) or "-")

@@ -22,6 +22,9 @@ On a node (relative to its root)::
                                       reads it)
     var/lib/dl-executor/job-credentials/<user>.<job-id>/  a running job's job role credentials
                                       (root's directory, files 0600 for the job's user)
+    etc/slurm/, etc/munge/, run/munge/, run/slurm/, var/log/slurm/, var/spool/slurmd/
+                                      scheduler=slurm: Slurm's and munge's files
+                                      (``protocol.slurm_paths``)
 
 On EFS (relative to the mount point)::
 
@@ -43,6 +46,7 @@ On EFS (relative to the mount point)::
     cluster/prices/<market>.<place>.<type>.json  an instance type's hourly price (the job
                                       controller's cache of the Price List / Spot history)
     cluster/controller.json           the job controller's heartbeat (master)
+    cluster/slurm/state/              scheduler=slurm: slurmctld's StateSaveLocation
     jobs/<user>/<job-id>/             one directory per job (see JobPaths); ``jobs/`` is
                                       root's (0755), ``jobs/<user>/`` made by root, the user's
     managed/<user>/<job-id>/          one managed job (see ManagedPaths); its attempts are
@@ -97,6 +101,10 @@ from bootstrap_scripts.protocol.node_paths import (  # noqa: F401 (re-exported: 
     SHARE_STATUS_DIR,
     WORKERS_FILE,
     NodePaths,
+)
+from bootstrap_scripts.protocol.slurm_paths import (  # noqa: F401 (re-exported: ask here)
+    SLURM_LAYOUT,
+    SlurmPaths,
 )
 
 # -- on EFS, relative to the mount point ---------------------------------------------------------
@@ -163,6 +171,7 @@ LAYOUT = (
     f"{ARCHIVE_DIR}/{MANAGED_DIR}/<user>/<job-id>/",
     f"{ARCHIVE_DIR}/{MANAGED_DIR}/<user>/<job-id>.controller.json",
     f"{ARCHIVE_DIR}/{JOBS_DIR}/<user>/<job-id>/",
+    *SLURM_LAYOUT,
 )
 
 @dataclass(frozen=True)

@@ -14,6 +14,11 @@ running, this module writes next to the demo's state:
 - ``<name>-shell``: an executable that sources the env file, then runs the command given as
   arguments, or an interactive ``$SHELL``.
 
+With ``scheduler=slurm`` the env file also sets ``SLURM_CONF`` to the node's own slurm.conf
+(Slurm's default, ``/etc/slurm/slurm.conf``, on an instance), so ``sbatch``, ``srun``,
+``squeue`` and ``scancel`` work as written, and ``emulator.slurm_node.user_env`` (the bind
+preload every task of a job inherits from its submitter).
+
 The product's commands are not changed and know nothing of the emulator.
 """
 
@@ -23,9 +28,11 @@ import shlex
 from pathlib import Path
 
 from bootstrap_scripts.agent.install import WRAPPERS
-from bootstrap_scripts.protocol.paths import NodePaths
+from bootstrap_scripts.protocol.paths import NodePaths, SlurmPaths
 from emulator import deploy as dp
+from emulator import slurm_node
 from emulator.demo.context import BIN_DIR
+from emulator.node_network import bind_preload
 from emulator.nodes import PYTHON
 
 #: Every command the installer puts on a node's PATH for people (each takes ``--root``); the
@@ -73,6 +80,10 @@ def write_node_shell(work: Path, name: str, root: Path, address: str,
             path.write_text(wrapper(target, root))
             path.chmod(0o755)
     env_file = work / f"{name}-env.sh"
+    slurm_conf = SlurmPaths(root).slurm_conf
+    if slurm_conf.exists():
+        env = {**env, "SLURM_CONF": str(slurm_conf),
+               **slurm_node.user_env(bind_preload(work / "lib"))}
     env_file.write_text(env_script(root, bin_dir, {**env, "PYTHONPATH": str(dp.REPO_ROOT)}))
     shell = work / f"{name}-shell"
     shell.write_text(shell_script(env_file, name, address))

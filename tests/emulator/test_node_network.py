@@ -80,3 +80,53 @@ def test_other_binds_and_processes_outside_a_node_are_untouched(tmp_path):
     assert res.stdout.strip() == "bound 0.0.0.0", res.stdout + res.stderr
     assert dl_run_args(lib) == ["--env", f"LD_PRELOAD={lib}"]
     assert bind_preload(tmp_path) == lib  # built once
+
+
+#: Connects to HOST:PORT without binding first and prints the address it left from.
+CLIENT = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+print(s.getsockname()[0], flush=True)
+"""
+
+
+def test_connections_leave_from_the_nodes_address_when_asked(tmp_path):
+    """``DEEPLEARNING_NODE_CONNECT=1``: an unbound socket's connection leaves from the node's
+    address (Slurm's controller records a dynamic node's address from it); without it, from
+    the kernel's choice for a loopback destination, 127.0.0.1."""
+    import socket
+
+    lib = bind_preload(tmp_path)
+    server_addr, node = (i.address for i in loopback_instances(2))
+    with socket.create_server((server_addr, 0)) as srv:
+        port = srv.getsockname()[1]
+        seen = {}
+        for connect in ("1", ""):
+            env = {**os.environ, "DEEPLEARNING_NODE_ADDR": node, "LD_PRELOAD": str(lib),
+                   "DEEPLEARNING_NODE_CONNECT": connect}
+            out = subprocess.run([sys.executable, "-c", CLIENT, server_addr, str(port)],
+                                 env=env, capture_output=True, text=True, timeout=30)
+            conn, peer = srv.accept()
+            conn.close()
+            seen[connect] = (out.stdout.strip(), peer[0])
+    assert seen["1"] == (node, node)
+    assert seen[""] == ("127.0.0.1", "127.0.0.1")
+
+
+def test_an_ec2_host_name_names_the_node_without_the_variable(tmp_path):
+    """A Slurm task's environment is its submitter's; in an emulated node's UTS namespace
+    (host name ``ip-a-b-c-d``) the preload takes the node's address from the host name."""
+    lib = bind_preload(tmp_path)
+    (node,) = (i.address for i in loopback_instances(1))
+    name = "ip-" + node.replace(".", "-")
+    env = {k: v for k, v in os.environ.items() if k != "DEEPLEARNING_NODE_ADDR"}
+    bind = ("import socket; s = socket.socket(); s.bind(('0.0.0.0', 0)); "
+            "print(s.getsockname()[0])")
+    out = subprocess.run(["unshare", "--uts", "--", "/bin/sh", "-c",
+                          'hostname "$0" && exec "$@"', name, sys.executable, "-c", bind],
+                         env={**env, "LD_PRELOAD": str(lib)}, capture_output=True, text=True,
+                         timeout=30, check=True)
+    assert out.stdout.strip() == node
+    out = subprocess.run([sys.executable, "-c", bind], env={**env, "LD_PRELOAD": str(lib)},
+                         capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.strip() == "0.0.0.0"  # this host's own name is no node's

@@ -1,0 +1,143 @@
+"""slurm.conf, gres.conf and cgroup.conf for the cluster's nodes (pure renderers).
+
+Every node renders the same slurm.conf from the same inputs: the cluster's id, the master's
+address in the signed membership, and the node's root and EFS mount point (``/`` and
+``/efs`` on EC2, so the files are byte-identical there and slurmctld's check of each
+registering node's configuration hash holds). slurmd reads the node's own copy (``-f``);
+the controller also serves it (``enable_configless``) to any client started with
+``--conf-server``.
+
+Nodes are Slurm dynamic nodes (22.05 and later: ``slurmd -Z``): slurm.conf lists none.
+``MaxNodeCount`` bounds how many may register, and the partitions take them through node sets
+by feature (each node's role and instance type, :mod:`.names`), so a replacement joins with no
+change here and no ``scontrol reconfigure``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
+from bootstrap_scripts.slurm import names
+
+SLURMCTLD_PORT = 6817
+SLURMD_PORT = 6818
+#: The daemons' unprivileged user (Debian's package makes it); slurmctld drops to it.
+SLURM_USER = "slurm"
+#: How many dynamic nodes the controller accepts; the cluster's node bound is far below.
+DEFAULT_MAX_NODES = 4096
+#: Slurm's partitions: every node that trains (the master trains too), and the workers only.
+PARTITIONS = (("train", ("masters", "workers"), True), ("workers", ("workers",), False))
+NODE_SETS = (("masters", "master"), ("workers", "worker"))
+_CLUSTER_NAME_RE = re.compile(r"[^a-z0-9_]")
+
+
+class ConfigError(ValueError):
+    """An input the renderers refuse; the message names it."""
+
+
+def cluster_name(cluster_id: str) -> str:
+    """Slurm's ``ClusterName``: lower case, letters, digits and ``_`` (Slurm lowers it and
+    accounting uses it as a table name), at most 40 characters."""
+    name = _CLUSTER_NAME_RE.sub("_", cluster_id.lower())[:40].strip("_")
+    if not name:
+        raise ConfigError(f"no Slurm cluster name in the cluster id {cluster_id!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """What slurm.conf is rendered from."""
+
+    cluster_id: str
+    #: The master's private address (the membership's rank 0).
+    controller_address: str
+    root: str = "/"
+    efs: str = "/efs"
+    max_nodes: int = DEFAULT_MAX_NODES
+
+    def __post_init__(self) -> None:
+        names.node_name(self.controller_address)  # refuses a malformed address
+        if not 1 <= self.max_nodes <= 65533:
+            raise ConfigError(f"max_nodes must be 1..65533, got {self.max_nodes}")
+
+    @property
+    def controller_name(self) -> str:
+        return names.node_name(self.controller_address)
+
+    @property
+    def paths(self) -> SlurmPaths:
+        return SlurmPaths(self.root, self.efs)
+
+
+def render_slurm_conf(c: SlurmConfig) -> str:
+    p = c.paths
+    node_sets = [f"NodeSet={name} Feature={feature}" for name, feature in NODE_SETS]
+    partitions = [f"PartitionName={name} Nodes={','.join(sets)} "
+                  f"Default={'YES' if default else 'NO'} MaxTime=INFINITE State=UP"
+                  for name, sets, default in PARTITIONS]
+    lines = [
+        "# Rendered by the node agent (bootstrap_scripts/slurm/config.py) from the signed",
+        "# membership; the same on every node. Nodes are dynamic (slurmd -Z): none listed.",
+        f"ClusterName={cluster_name(c.cluster_id)}",
+        f"SlurmctldHost={c.controller_name}({c.controller_address})",
+        "SlurmctldParameters=enable_configless",
+        f"SlurmctldPort={SLURMCTLD_PORT}",
+        f"SlurmdPort={SLURMD_PORT}",
+        f"SlurmUser={SLURM_USER}",
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={p.munge_socket}",
+        "CredType=cred/munge",
+        f"StateSaveLocation={p.state_dir}",
+        f"SlurmdSpoolDir={p.spool_dir}",
+        f"SlurmctldPidFile={p.run_dir}/slurmctld.pid",
+        f"SlurmdPidFile={p.run_dir}/slurmd-%n.pid",
+        f"SlurmctldLogFile={p.log_dir}/slurmctld.log",
+        f"SlurmdLogFile={p.log_dir}/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "GresTypes=gpu",
+        f"MaxNodeCount={c.max_nodes}",
+        "# dynamic nodes: the controller talks to each node directly (no slurmd fan-out tree)",
+        "TreeWidth=65533",
+        "# a node that registers again after a DOWN it did not cause returns to service",
+        "ReturnToService=2",
+        "MpiDefault=none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "MailProg=/bin/true",
+        *node_sets,
+        *partitions,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(gpus: int, root: str = "/") -> str:
+    """This node's GPUs as GRES: ``/dev/nvidia0`` .. ``/dev/nvidia<N-1>`` under its root.
+    Slurm 22.05 drops a GPU without a ``File`` from the node's GRES, so each is named."""
+    if gpus < 0:
+        raise ConfigError(f"gpus must be >= 0, got {gpus}")
+    head = "# Rendered by the node agent from the node's own GPU count (nvidia-smi -L).\n"
+    if gpus == 0:
+        return head
+    dev = SlurmPaths(root).root / "dev"
+    files = f"{dev}/nvidia0" if gpus == 1 else f"{dev}/nvidia[0-{gpus - 1}]"
+    return f"{head}Name=gpu File={files}\n"
+
+
+def render_cgroup_conf() -> str:
+    """Slurm 22.05 reads cgroup.conf even when no cgroup plugin confines jobs; ``autodetect``
+    picks the host's cgroup version (v2 on AL2023)."""
+    return "CgroupPlugin=autodetect\n"
+
+
+def slurmd_node_conf(role: str, instance_type: str, gpus: int) -> str:
+    """slurmd's ``--conf`` for a dynamic node: its features, and its GPUs as GRES."""
+    parts = [f"Feature={','.join(names.features(role, instance_type))}"]
+    if gpus > 0:
+        parts.append(f"Gres=gpu:{gpus}")
+    return " ".join(parts)

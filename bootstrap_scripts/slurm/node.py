@@ -1,0 +1,154 @@
+"""What the node agent does for Slurm (``--scheduler slurm``).
+
+- :func:`install_munge_key` at boot, before the node registers: the cluster's munge key read
+  from Secrets Manager with the node's role (the one AWS call of this package) and written
+  for munged (:mod:`.munge_key`);
+- :func:`write_config` each time the node applies a membership: slurm.conf (the master's
+  address is the membership's rank 0), gres.conf (this node's GPUs) and cgroup.conf, each
+  rewritten only when its bytes change; the Slurm units wait for them
+  (:mod:`.daemons`);
+- :class:`Reconciler` on the master, after each membership it applies: Slurm's node list
+  brought to the membership (:mod:`.reconcile`), with the names of earlier members kept so a
+  lost node's reason names its instance.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
+from bootstrap_scripts.protocol.store import atomic_write, read_text
+from bootstrap_scripts.slurm import config, munge_key, names, reconcile
+
+log = logging.getLogger(__name__)
+
+
+class SlurmSetupError(RuntimeError):
+    """The node cannot take part in Slurm (no munge key); the message says why."""
+
+
+def read_munge_secret(arn: str, region: str) -> bytes:
+    """The munge key's bytes from Secrets Manager (GetSecretValue with the node's role)."""
+    import boto3
+
+    answer = boto3.session.Session(region_name=region).client(
+        "secretsmanager").get_secret_value(SecretId=arn)
+    return munge_key.key_bytes(answer.get("SecretString"), answer.get("SecretBinary"))
+
+
+def install_munge_key(paths: SlurmPaths, arn: str, region: str) -> Path:
+    """Read the key and write it for munged; the path written. SlurmSetupError when it
+    cannot be read or written (the node cannot join Slurm without it)."""
+    try:
+        return munge_key.install_key(paths, read_munge_secret(arn, region))
+    except munge_key.MungeKeyError as exc:
+        raise SlurmSetupError(str(exc)) from None
+    except Exception as exc:  # botocore's errors: no access, no such secret, no endpoint
+        raise SlurmSetupError(f"the munge key {arn} could not be read: {exc}") from None
+
+
+def write_config(paths: SlurmPaths, cluster_id: str, membership: Membership,
+                 gpus: int) -> list[Path]:
+    """slurm.conf, gres.conf and cgroup.conf of this node for ``membership``; returns the
+    files whose bytes changed."""
+    c = config.SlurmConfig(cluster_id=cluster_id, controller_address=membership.master.address,
+                           root=str(paths.root), efs=str(paths.efs))
+    files = {paths.slurm_conf: config.render_slurm_conf(c),
+             paths.gres_conf: config.render_gres_conf(gpus, str(paths.root)),
+             paths.cgroup_conf: config.render_cgroup_conf()}
+    changed = []
+    for path, text in files.items():
+        if read_text(path) != text:
+            atomic_write(path, text, mode=0o644)
+            changed.append(path)
+    return changed
+
+
+def slurm_env(paths: SlurmPaths) -> dict[str, str]:
+    """The environment ``scontrol`` runs in: this node's slurm.conf (``/etc/slurm/slurm.conf``
+    on EC2, Slurm's own default)."""
+    return {**os.environ, "SLURM_CONF": str(paths.slurm_conf)}
+
+
+def draining_instances(cluster: ClusterPaths) -> set[str]:
+    """Instances with a drain request on EFS (``cluster/drain/<id>.json``)."""
+    try:
+        return {p.stem for p in cluster.drain_dir.iterdir() if p.suffix == ".json"}
+    except OSError:
+        return set()
+
+
+class Reconciler:
+    """The master's side: Slurm's nodes brought to each membership it applies."""
+
+    def __init__(self, paths: SlurmPaths, cluster: ClusterPaths, *,
+                 scontrol: str = "scontrol") -> None:
+        self.paths = paths
+        self.cluster = cluster
+        self.scontrol = scontrol
+        #: Slurm node name -> instance id, of every member seen (a lost node's reason).
+        self.known: dict[str, str] = {}
+
+    def remember(self, nodes: Iterable) -> None:
+        for n in nodes:
+            self.known[names.node_name(n.address)] = n.instance_id
+
+    def run(self, membership: Membership) -> list[reconcile.Action] | None:
+        """One pass; the actions done, or None when slurmctld did not answer."""
+        self.remember(membership.nodes)
+        env = slurm_env(self.paths)
+        listed = reconcile.list_nodes(self.scontrol, env)
+        if listed is None:
+            return None
+        actions = reconcile.plan(membership, listed, known=self.known,
+                                 draining=draining_instances(self.cluster))
+        return reconcile.apply(actions, self.scontrol, env)
+
+
+class NodeSlurm:
+    """The node agent's Slurm duties (``--scheduler slurm``), one object per agent.
+
+    ``boot``: the munge key; ``applied``: this node's files for a membership it applied
+    (and, on the master, a reconcile pass at once: a lost node is DOWN before the scheduler
+    would notice); ``tick``: the master's reconcile again on every heartbeat, for what a
+    pass could not do yet (slurmctld still starting, a node with a step still completing,
+    a drain that needs no new generation)."""
+
+    def __init__(self, *, root: str, efs: str, cluster_id: str, role: str,
+                 munge_key_secret: str, region: str, logger: logging.Logger | None = None
+                 ) -> None:
+        self.paths = SlurmPaths(root, efs)
+        self.cluster_id = cluster_id
+        self.role = role
+        self.secret = munge_key_secret
+        self.region = region
+        self.log = logger or log
+        self.reconciler = Reconciler(self.paths, ClusterPaths(efs)) if role == "master" \
+            else None
+        self._lock = threading.Lock()
+
+    def boot(self) -> None:
+        path = install_munge_key(self.paths, self.secret, self.region)
+        self.log.info("event=munge-key path=%s", path)
+
+    def applied(self, membership: Membership, gpus: int) -> None:
+        changed = write_config(self.paths, self.cluster_id, membership, gpus)
+        if changed:
+            self.log.info("event=slurm-config generation=%d changed=%s", membership.generation,
+                          ",".join(p.name for p in changed))
+        self.tick(membership)
+
+    def tick(self, membership: Membership | None) -> None:
+        if self.reconciler is None or membership is None:
+            return
+        with self._lock:
+            done = self.reconciler.run(membership)
+        for action in done or ():
+            self.log.info("event=slurm-%s node=%s generation=%d reason=%r", action.kind,
+                          action.node, membership.generation, action.reason)

@@ -1,0 +1,197 @@
+"""bootstrap_scripts/slurm: names, the renderers, the reconcile table, the daemons' argv and
+the munge key's file (no daemons: fast)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from types import SimpleNamespace
+
+import pytest
+
+from bootstrap_scripts.protocol.membership import Membership, Node
+from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
+from bootstrap_scripts.slurm import config, daemons, munge_key, names, reconcile
+from bootstrap_scripts.slurm.reconcile import DELETE, DOWN, DRAIN, Action, SlurmNode
+
+
+def membership(*addresses: str, generation: int = 3) -> Membership:
+    nodes = tuple(Node(rank=i, role="master" if i == 0 else "worker",
+                       instance_id=f"i-{i:017d}", address=a, alias=f"deeplearning-worker{i + 1}")
+                  for i, a in enumerate(addresses))
+    return Membership(cluster_id="c1", generation=generation, nodes=nodes)
+
+
+def test_node_names_are_ec2_host_names_and_back() -> None:
+    assert names.node_name("10.0.1.23") == "ip-10-0-1-23"
+    assert names.address_of("ip-10-0-1-23") == "10.0.1.23"
+    assert names.address_of("gpu-node-1") is None
+    assert names.address_of("ip-10-0-1-999") is None
+    with pytest.raises(names.SlurmNameError):
+        names.node_name("10.0.1")
+    assert names.features("worker", "p4d.24xlarge") == ("worker", "p4d_24xlarge")
+    with pytest.raises(names.SlurmNameError):
+        names.features("login")
+
+
+def test_slurm_conf_puts_every_node_local_path_under_the_root_and_state_on_efs() -> None:
+    c = config.SlurmConfig(cluster_id="My-Cluster.1", controller_address="10.0.0.5",
+                           root="/nodes/a", efs="/shared")
+    text = config.render_slurm_conf(c)
+    lines = dict(line.split("=", 1) for line in text.splitlines()
+                 if "=" in line and not line.startswith("#") and " " not in line.split("=")[0])
+    assert lines["ClusterName"] == "my_cluster_1"
+    assert lines["SlurmctldHost"] == "ip-10-0-0-5(10.0.0.5)"
+    assert lines["SlurmctldParameters"] == "enable_configless"
+    assert lines["AuthInfo"] == "socket=/nodes/a/run/munge/munge.socket.2"
+    assert lines["StateSaveLocation"] == "/shared/cluster/slurm/state"
+    assert lines["SlurmdSpoolDir"] == "/nodes/a/var/spool/slurmd"
+    for key in ("SlurmctldPidFile", "SlurmdPidFile", "SlurmctldLogFile", "SlurmdLogFile"):
+        assert lines[key].startswith("/nodes/a/"), key
+    assert "NodeName=" not in text  # dynamic nodes only
+    assert "NodeSet=workers Feature=worker" in text
+    assert "PartitionName=train Nodes=masters,workers Default=YES" in text
+    # the same inputs, the same bytes (slurmctld checks each node's configuration hash)
+    assert config.render_slurm_conf(c) == text
+
+
+def test_a_bad_controller_address_or_node_bound_is_refused() -> None:
+    with pytest.raises(ValueError):
+        config.SlurmConfig(cluster_id="c", controller_address="master")
+    with pytest.raises(config.ConfigError):
+        config.SlurmConfig(cluster_id="c", controller_address="10.0.0.1", max_nodes=0)
+    with pytest.raises(config.ConfigError):
+        config.cluster_name("---")
+
+
+@pytest.mark.parametrize(("gpus", "line"), [(0, None), (1, "Name=gpu File=/r/dev/nvidia0"),
+                                            (8, "Name=gpu File=/r/dev/nvidia[0-7]")])
+def test_gres_conf_names_each_gpu_device(gpus: int, line: str | None) -> None:
+    text = config.render_gres_conf(gpus, "/r")
+    body = [x for x in text.splitlines() if not x.startswith("#")]
+    assert body == ([line] if line else [])
+
+
+def test_slurmd_node_conf_has_features_and_gres() -> None:
+    assert config.slurmd_node_conf("worker", "g5.12xlarge", 4) == \
+        "Feature=worker,g5_12xlarge Gres=gpu:4"
+    assert config.slurmd_node_conf("master", "", 0) == "Feature=master"
+
+
+def test_reconcile_parses_scontrol_one_line_listing() -> None:
+    text = ("NodeName=ip-10-0-0-5 Arch=x86_64 CoresPerSocket=1 State=IDLE+DYNAMIC_NORM "
+            "Reason=none\nNodeName=ip-10-0-0-6 State=DOWN*+DRAIN+DYNAMIC_NORM Reason=lost: x "
+            "y\n\ngarbage\n")
+    nodes = reconcile.parse_nodes(text)
+    assert [n.name for n in nodes] == ["ip-10-0-0-5", "ip-10-0-0-6"]
+    assert not nodes[0].down and nodes[1].down and nodes[1].draining
+
+
+def node(name: str, *states: str) -> SlurmNode:
+    return SlurmNode(name, frozenset(states or ("IDLE", "DYNAMIC_NORM")))
+
+
+def test_reconcile_table() -> None:
+    m = membership("10.0.0.5", "10.0.0.6", "10.0.0.7", generation=7)
+    slurm = [node("ip-10-0-0-5"), node("ip-10-0-0-6"),  # members, registered
+             node("ip-10-0-0-9"),                      # left, still up in Slurm
+             node("ip-10-0-0-8", "DOWN", "DYNAMIC_NORM"),  # left, already DOWN
+             node("login1")]                           # not ours
+    actions = reconcile.plan(m, slurm, draining={"i-00000000000000001"},
+                             known={"ip-10-0-0-9": "i-0abc"})
+    assert actions == [
+        Action(DRAIN, "ip-10-0-0-6",
+               "drain: instance i-00000000000000001 is leaving the cluster (generation 7)"),
+        Action(DELETE, "ip-10-0-0-8"),
+        Action(DOWN, "ip-10-0-0-9", "lost: instance i-0abc left the membership (generation 7)"),
+        Action(DELETE, "ip-10-0-0-9"),
+    ]
+    # a member absent from Slurm (10.0.0.7): nothing, it registers itself; a node already
+    # draining is not drained again
+    again = reconcile.plan(m, [node("ip-10-0-0-6", "IDLE", "DRAIN")],
+                           draining={"i-00000000000000001"})
+    assert again == []
+
+
+def test_reconcile_names_an_unknown_instance_by_its_address() -> None:
+    actions = reconcile.plan(membership("10.0.0.5"), [node("ip-10-0-0-9")])
+    assert actions[0].reason == "lost: instance at 10.0.0.9 left the membership (generation 3)"
+
+
+def test_scontrol_arguments_keep_the_reason_one_argument() -> None:
+    assert reconcile.scontrol_args(Action(DOWN, "ip-1-2-3-4", "lost: a b")) == [
+        "update", "NodeName=ip-1-2-3-4", "State=DOWN", "Reason=lost: a b"]
+    assert reconcile.scontrol_args(Action(DELETE, "ip-1-2-3-4")) == [
+        "delete", "NodeName=ip-1-2-3-4"]
+
+
+def test_daemons_argv_and_what_each_waits_for(tmp_path) -> None:
+    p = SlurmPaths(tmp_path / "root", tmp_path / "efs")
+    ns = SimpleNamespace(root=str(p.root), efs=str(p.efs), daemon="slurmd",
+                         name="ip-10-0-0-6", node_conf="Feature=worker")
+    needs, argv = daemons.plan(ns)
+    assert needs == [p.slurm_conf, p.munge_socket]
+    assert argv[1:] == ["-D", "-Z", "-N", "ip-10-0-0-6", "-f", str(p.slurm_conf), "--conf",
+                        "Feature=worker"]
+    ns.daemon = "munged"
+    needs, argv = daemons.plan(ns)
+    assert needs == [p.munge_key] and f"--socket={p.munge_socket}" in argv
+    ns.daemon, ns.name = "slurmd", "node7"
+    with pytest.raises(daemons.DaemonError):
+        daemons.plan(ns)
+    with pytest.raises(daemons.DaemonError, match="still missing"):
+        daemons.wait_for([tmp_path / "never"], 0.0)
+
+
+def test_munge_key_is_0400_munges_and_never_half_written(tmp_path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the munge key is root's to write: run as root")
+    munge_key.munge_ids()  # munge is installed (scripts/system-deps.sh)
+    p = SlurmPaths(tmp_path)
+    key = munge_key.key_bytes("k" * 1024, None)
+    written = munge_key.install_key(p, key)
+    st = written.stat()
+    assert written == tmp_path / "etc/munge/munge.key"
+    assert stat.S_IMODE(st.st_mode) == 0o400
+    assert (st.st_uid, st.st_gid) == munge_key.munge_ids()
+    assert stat.S_IMODE(written.parent.stat().st_mode) == 0o700
+    assert written.read_bytes() == key
+    assert [x.name for x in written.parent.iterdir()] == ["munge.key"]
+    with pytest.raises(munge_key.MungeKeyError):
+        munge_key.key_bytes("short", None)
+    assert munge_key.key_bytes(None, b"b" * 40) == b"b" * 40
+
+
+def test_the_units_slurmd_runs_under_the_nodes_name_with_its_gpus() -> None:
+    from bootstrap_scripts.agent.install import python_unit
+    from bootstrap_scripts.slurm import units
+    from emulator.units import restart_policy
+
+    def render(role: str) -> dict[str, str]:
+        return units.render_units(python_unit, python="/usr/bin/python3", package_dir="/opt/p",
+                                  root="/", efs="/efs", role=role, address="10.0.1.23",
+                                  instance_type="g5.12xlarge", gpus=4,
+                                  log_dir="/var/log/dl-cluster")
+
+    worker, master = render("worker"), render("master")
+    assert sorted(worker) == ["dl-munged.service", "dl-slurmd.service"]
+    assert sorted(master) == sorted([*worker, "dl-slurmctld.service"])
+    exec_start = next(line for line in worker["dl-slurmd.service"].splitlines()
+                      if line.startswith("ExecStart="))
+    argv = [a.strip('"') for a in exec_start.removeprefix("ExecStart=").split('" "')]
+    assert argv[argv.index("--name") + 1] == "ip-10-0-1-23"
+    assert argv[argv.index("--node-conf") + 1] == "Feature=worker,g5_12xlarge Gres=gpu:4"
+    assert "KillMode=process" in worker["dl-slurmd.service"]
+    assert restart_policy(master["dl-slurmctld.service"]).wants(1)
+
+
+def test_each_membership_rewrites_only_what_changed(tmp_path) -> None:
+    from bootstrap_scripts.slurm import node
+
+    p = SlurmPaths(tmp_path / "root", tmp_path / "efs")
+    first = node.write_config(p, "c1", membership("10.0.0.5", "10.0.0.6"), 2)
+    assert sorted(x.name for x in first) == ["cgroup.conf", "gres.conf", "slurm.conf"]
+    assert node.write_config(p, "c1", membership("10.0.0.5", "10.0.0.7", generation=4), 2) == []
+    moved = node.write_config(p, "c1", membership("10.0.0.9", "10.0.0.7", generation=5), 2)
+    assert [x.name for x in moved] == ["slurm.conf"]  # a new master: its address
+    assert "SlurmctldHost=ip-10-0-0-9(10.0.0.9)" in p.slurm_conf.read_text()

@@ -13,6 +13,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -47,17 +48,21 @@ def _read(path: str) -> bytes:
 @dataclass
 class ProcWatch:
     """Every process seen holding ``needle`` (in its environ: only those with a uid of
-    ``uid``, None for any; on its command line: any process, when ``cmdline`` is set)."""
+    ``uid``, None for none; on its command line: any process, when ``cmdline`` is set)."""
 
     needle: bytes
     uid: int | None = 0
     cmdline: bool = True
     seen: set[Sighting] = field(default_factory=set)
     passes: int = 0
-    #: sightings count only while this is set (e.g. once the job runs)
+    #: sightings count only while this is set (e.g. once the job runs) ...
     armed: threading.Event = field(default_factory=threading.Event)
+    #: ... which it is as soon as this file exists, when given
+    arm_on: Path | None = None
 
     def look(self) -> None:
+        if self.arm_on is not None and self.arm_on.exists():
+            self.armed.set()
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) == os.getpid():
                 continue
@@ -68,7 +73,7 @@ class ProcWatch:
             shown = args.replace(b"\0", b" ").decode(errors="replace")[:300]
             if self.cmdline and self.needle in args and self.armed.is_set():
                 self.seen.add(Sighting(int(pid), uids, "cmdline", (), shown))
-            if self.uid is not None and self.uid not in uids:
+            if self.uid is None or self.uid not in uids:
                 continue
             env = _read(f"/proc/{pid}/environ")
             if self.needle in env and self.armed.is_set():

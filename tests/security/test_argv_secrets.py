@@ -27,25 +27,25 @@ pytestmark = [pytest.mark.slow]
 JOB = ": > {started}; tr '\\0' '\\n' < /proc/$$/environ | grep '^DL_DRILL_'; sleep 3"
 
 
-@pytest.mark.parametrize("managed", [False, True], ids=["unmanaged", "managed"])
-def test_env_values_are_on_no_command_line_while_the_job_runs(cluster, victim, shared_tmp,
-                                                              managed):
+def test_env_values_are_on_no_command_line_while_the_job_runs(cluster, victim, shared_tmp):
     c = cluster
     tag = f"s3cret{secrets.token_hex(8)}"
     env_file = shared_tmp / "job.env"
     env_file.write_text(f"# the job's secrets\nDL_DRILL_FILE={tag}-file\n")
     os.chown(env_file, victim.pw_uid, victim.pw_gid)
     env_file.chmod(0o600)
-    started = shared_tmp / "started"
-    args = [*(() if managed else ("--unmanaged",)), "--launcher", "each",
-            "--env", f"DL_DRILL_ARGV={tag}-argv", "--env", "DL_DRILL_ENV",
-            "--env-file", str(env_file),
-            "--", "/bin/sh", "-c", JOB.format(started=started)]
-    watch = ProcWatch(tag.encode(), uid=None, arm_on=started)
-    with watching(watch, armed=False):
-        rc, out = dl(c, victim, "dl-run", *args, extra_env={"DL_DRILL_ENV": f"{tag}-env"})
-    assert rc == 0, out + c.controller_log()
-    assert watch.armed.is_set() and watch.passes > 10, watch.passes  # it looked while it ran
-    assert sorted(watch.seen, key=lambda s: s.pid) == []
-    for how in ("argv", "env", "file"):  # the job had every value
-        assert f"DL_DRILL_{how.upper()}={tag}-{how}" in out, out
+    for managed in (False, True):
+        started = shared_tmp / f"started-{managed}"
+        args = [*(() if managed else ("--unmanaged",)), "--launcher", "each",
+                "--env", f"DL_DRILL_ARGV={tag}-argv", "--env", "DL_DRILL_ENV",
+                "--env-file", str(env_file),
+                "--", "/bin/sh", "-c", JOB.format(started=started)]
+        watch = ProcWatch(tag.encode(), uid=None, arm_on=started)
+        with watching(watch, armed=False):
+            rc, out = dl(c, victim, "dl-run", *args,
+                         extra_env={"DL_DRILL_ENV": f"{tag}-env"})
+        assert rc == 0, out + c.controller_log()
+        assert watch.armed.is_set() and watch.passes > 10, watch.passes  # it looked
+        assert sorted(watch.seen, key=lambda s: s.pid) == [], managed
+        for how in ("argv", "env", "file"):  # the job had every value
+            assert f"DL_DRILL_{how.upper()}={tag}-{how}" in out, (managed, out)

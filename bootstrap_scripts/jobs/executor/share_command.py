@@ -63,45 +63,51 @@ def launch_fd(launch: Launch) -> int:
     return fd
 
 
-def read_report(fd: int, timeout: float = EXEC_REPORT_SECONDS) -> str:
-    """What the wrapper's child reported on ``fd`` before its ``execve`` closed it: "" when
-    the command started (or nothing came within ``timeout``), else why it did not."""
+def exec_errors(reports: list[int], timeout: float = EXEC_REPORT_SECONDS) -> list[str]:
+    """What each wrapper's child reported on its descriptor in ``reports`` before its
+    ``execve`` closed it ("" when the command started, or when nothing came within
+    ``timeout`` for all of them together), else why it did not. Every descriptor is closed.
+    Read after every process of a share was started, so that their start-ups overlap."""
     deadline = time.monotonic() + timeout
-    chunks: list[bytes] = []
-    while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")[:1000]
+    chunks: dict[int, list[bytes]] = {fd: [] for fd in reports}
+    waiting = set(reports)
+    try:
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(sorted(waiting), [], [], left)
+            for fd in ready:
+                chunk = os.read(fd, 4096)
+                if chunk and sum(map(len, chunks[fd])) < 4096:
+                    chunks[fd].append(chunk)
+                elif not chunk:
+                    waiting.discard(fd)
+    finally:
+        for fd in reports:
+            os.close(fd)
+    return [b"".join(chunks[fd]).decode(errors="replace")[:1000] for fd in reports]
 
 
 def start_wrapped(launch: Launch, token: str, log: BinaryIO, pgid: int,
-                  pass_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, str]:
+                  pass_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int]:
     """Start ``launch`` under the wrapper: root's allowlisted environment (``root_env``)
     with the share's token, nothing of the job in its argv, in process group ``pgid`` (0:
-    a new one). (the wrapper, why the command could not start: "" when it did)."""
+    a new one). (the wrapper, the descriptor :func:`exec_errors` reads and closes)."""
     data = launch_fd(launch)
     report_r, report_w = os.pipe()
     try:
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, "-I", str(WRAPPER), str(data), str(report_w)], cwd="/",
-                env=root_env(DL_SHARE_TOKEN=token), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT,
-                # One new group for the whole share, in the executor's session: a later
-                # process can join a group only within its own session (setpgid), so the
-                # first must not start a session of its own.
-                process_group=pgid, pass_fds=(data, report_w, *pass_fds))
-        finally:
-            os.close(data)
-            os.close(report_w)
-        return popen, read_report(report_r)
-    finally:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", str(WRAPPER), str(data), str(report_w)], cwd="/",
+            env=root_env(DL_SHARE_TOKEN=token), stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT,
+            # One new group for the whole share, in the executor's session: a later
+            # process can join a group only within its own session (setpgid), so the
+            # first must not start a session of its own.
+            process_group=pgid, pass_fds=(data, report_w, *pass_fds)), report_r
+    except BaseException:
         os.close(report_r)
+        raise
+    finally:
+        os.close(data)
+        os.close(report_w)
 
 
 def job_owner(paths: JobPaths) -> tuple[int, int]:

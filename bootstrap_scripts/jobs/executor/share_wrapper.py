@@ -1,6 +1,6 @@
 """The parent of one process of a job's share: runs it, and records how it ended.
 
-``python3 -I share_wrapper.py LAUNCH_FD REPORT_FD``, started by the executor (root) with
+``python3 -I -S share_wrapper.py LAUNCH_FD REPORT_FD``, started by the executor (root) with
 the root allowlist as its whole environment (``engine/root_env.py``) and nothing of the job
 in its argv. What to run comes on descriptor ``LAUNCH_FD``, an anonymous in-memory file
 only this process can read: one JSON object ``{"status", "uid", "gid", "cwd", "fallback",
@@ -26,8 +26,9 @@ the executor that started it, the wrapper is indistinguishable from the process 
 
 Signals: SIGTERM/SIGINT/SIGHUP sent to the share's process group (or to every process with
 its token) reach the child directly, so the wrapper only waits through them. SIGKILL ends
-the wrapper too; the executor then records what it saw. Stdlib only, started with ``-I``:
-it must not import anything from the job's working directory.
+the wrapper too; the executor then records what it saw. Stdlib only, started with ``-I -S``:
+it must not import anything from the job's working directory, and starts faster without
+``site``.
 """
 
 from __future__ import annotations

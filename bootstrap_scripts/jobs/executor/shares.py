@@ -42,6 +42,7 @@ from bootstrap_scripts.jobs.executor.running import RunningProc, RunningShare, c
 from bootstrap_scripts.jobs.executor.s3_mounts import MountError, S3Mounts
 from bootstrap_scripts.jobs.executor.share_command import (
     Launch,
+    exec_errors,
     job_owner,
     job_writer,
     start_wrapped,
@@ -145,6 +146,7 @@ class Shares:
                                   dict(os.environ))
         except MountError as exc:
             refused = str(exc)
+        reports: list[int] = []
         for index, proc in enumerate(share.procs):
             env = job_env(self.child_env(spec, proc, paths, share.rank), creds)
             held = listening.get(index)
@@ -170,7 +172,7 @@ class Shares:
                 try:
                     if refused:
                         raise FileNotFoundError(refused)
-                    popen, error = start_wrapped(
+                    popen, report = start_wrapped(
                         launch, procgroup.share_token(paths.key, share.rank,
                                                       self.node.address), log, pgid,
                         (held.fileno(),) if held is not None else ())
@@ -180,8 +182,10 @@ class Shares:
                     break
             pgid = pgid or popen.pid
             started.append(RunningProc(proc, popen))
-            if error:  # the wrapper's child said why (in the log too) and exits 127
-                break
+            reports.append(report)
+        # a command that could not be executed: its wrapper's child said why (in the log
+        # too) and exits 127
+        error = error or next((why for why in exec_errors(reports) if why), "")
         for held in listening.values():
             held.close()  # the process it was for has it now (or nobody: the start failed)
         running = RunningShare(spec, share, paths, pgid, started, time.time(), uid=uid, gid=gid,

@@ -90,3 +90,10 @@ def test_root_env_refuses_any_other_name():
         root_env(LD_PRELOAD="/tmp/x.so")
     assert set(root_env()) == {"PATH", "LANG", "LC_ALL"}
     assert os.pathsep + "." not in root_env()["PATH"]
+
+
+def test_a_variable_no_environment_can_hold_fails_the_start_not_the_executor(tmp_path):
+    """A job's spec is its user's file: a variable name with ``=`` reaches only the
+    wrapper's child, which reports it; before, ``Popen`` raised in the executor itself."""
+    popen, error, _log = run(tmp_path, launch(tmp_path, "/bin/true", env={"A=B": "1"}))
+    assert popen.returncode == 127 and "illegal environment variable name" in error

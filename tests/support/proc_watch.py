@@ -93,7 +93,7 @@ def watching(watch: ProcWatch, *, armed: bool = True) -> Iterator[ProcWatch]:
     def loop() -> None:
         while not stop.is_set():
             watch.look()
-            stop.wait(0.005)
+            stop.wait(0.05)  # a pass costs CPU the watched job needs too
 
     thread = threading.Thread(target=loop, name="proc-watch", daemon=True)
     thread.start()

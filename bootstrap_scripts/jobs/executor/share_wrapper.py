@@ -100,10 +100,11 @@ def exec_child(launch: dict, report: int) -> None:
         drop_to(launch["uid"], launch["gid"])
         enter(launch["cwd"], launch["fallback"])
         os.execvpe(argv[0], argv, launch["env"])
-    except OSError as exc:
-        missing = exc.errno in (errno.ENOENT, errno.ENOTDIR)
+    except Exception as exc:  # whatever it was (an env name with "="): the child reports it
+        missing = isinstance(exc, OSError) and exc.errno in (errno.ENOENT, errno.ENOTDIR)
         why = ("not found in PATH" if missing and os.sep not in argv[0] else
-               "no such executable file" if missing else exc.strerror or str(exc))
+               "no such executable file" if missing else
+               (exc.strerror if isinstance(exc, OSError) else "") or str(exc))
         message = f"cannot start {argv[0]!r}: {why}"
         with contextlib.suppress(OSError):
             os.write(report, message.encode())

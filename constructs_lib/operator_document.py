@@ -23,9 +23,12 @@ Why it cannot be turned into a shell, in three layers:
    Linux user name; the numbers are digits;
 2. the values never become shell text: every parameter the script reads is passed as an
    environment variable (``interpolationType: ENV_VAR``, SSM Agent 3.3.2746.0 or later:
-   ``SSM_<name>``), the script splits ``arguments`` on spaces with globbing off, and an
-   agent too old to set the variables makes the script refuse (it has no fallback that
-   pastes the value into the script);
+   ``SSM_<name>``), the script splits ``arguments`` on spaces with globbing off (for a
+   command run as a user, that user's own shell does, from the environment ``runuser``
+   keeps: ``runuser`` stays root and the command's parent for its whole run, and its
+   command line, every user's to read, then holds no argument, e.g. no ``--env`` value),
+   and an agent too old to set the variables makes the script refuse (it has no fallback
+   that pastes the value into the script);
 3. the script itself: ``dl-run`` (submitting a job) runs as the named user only, never as a
    user below UID 1000 (root and system users); ``dl-jobs``, ``dl-health`` and ``dl-scale``
    are operator operations and run as the agent (root), so their own checks apply. A
@@ -134,11 +137,12 @@ def script(user: str | None = None) -> list[str]:
     plain word in the script); None: the any-user document's ``runAs``."""
     if user is None:
         who = ['user="${SSM_runAs:-}"', *_NEEDS_RUN_AS]
-        plain = ['  set -- "$SSM_command"']
+        plain = ['  set -- "$SSM_command"', '  words="$SSM_arguments"']
     else:
         check_cluster_user(user)
         who = ['user=""', f'if [ "$SSM_command" = dl-run ]; then user={user}; fi']
-        plain = [f'  set -- env {OPERATOR_USER_ENV}={user} "$SSM_command"']
+        plain = [f'  set -- env {OPERATOR_USER_ENV}={user} "$SSM_command"',
+                 '  words="$SSM_arguments"']
     return [*_HEAD, *who, *_SWITCH, *plain, *_TAIL]
 
 
@@ -159,6 +163,8 @@ _HEAD = [
     '  *) echo "dl-operate: not a cluster command: $SSM_command" >&2; exit 2 ;;',
     "esac",
 ]
+#: What the switched user's shell runs: the command with the arguments split as below.
+_AS_USER = "'set -f; IFS=\" \"; exec \"$@\" $SSM_arguments'"
 _SWITCH = [
     'if [ -n "$user" ]; then',
     '  entry=$(getent passwd "$user") || {',
@@ -173,8 +179,11 @@ _SWITCH = [
     '  switch=$(PATH="$PATH:/usr/sbin:/sbin" command -v runuser) || {',
     '    echo "dl-operate: runuser (util-linux) is not installed" >&2; exit 1; }',
     '  cd "$home" 2>/dev/null || cd /',
+    # the arguments are expanded by the user's own shell, from the environment runuser
+    # keeps: runuser (root) waits for the command, and its argv is every user's to read
     '  set -- "$switch" -u "$user" -- env HOME="$home" USER="$user" LOGNAME="$user"'
-    ' "$SSM_command"',
+    f" sh -c {_AS_USER} dl-operate \"$SSM_command\"",
+    '  words=""',
     "else",
 ]
 _TAIL = [
@@ -198,13 +207,13 @@ _TAIL = [
     'limit="${SSM_outputLimit:-0}"',
     'if [ "$limit" -gt 0 ]; then',
     '  f=$(mktemp) || exit 1',
-    '  "$@" $SSM_arguments > "$f"',
+    '  "$@" $words > "$f"',
     "  rc=$?",
     '  tail -c +$(( ${SSM_outputOffset:-0} + 1 )) "$f" | head -c "$limit"',
     '  rm -f "$f"',
     "  exit $rc",
     "fi",
-    'exec "$@" $SSM_arguments',
+    'exec "$@" $words',
 ]
 
 

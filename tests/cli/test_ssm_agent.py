@@ -246,6 +246,27 @@ def test_dl_run_runs_as_the_named_user(cluster_document) -> None:
         assert lines[0] == f"dl-run as {user.pw_name} home={user.pw_dir} n=6"
 
 
+
+@pytest.mark.skipif(not CAN_CREATE_USERS, reason="creating a user needs root")
+def test_dl_run_arguments_are_not_on_the_root_parents_command_line(cluster_document) -> None:
+    """``runuser`` (root) waits for dl-run for the job's whole life, and every user of the
+    node reads its ``/proc/<pid>/cmdline``: the arguments (a ``--env`` value among them)
+    reach dl-run through the user's own shell, never on runuser's command line."""
+    endpoint, root, doc = cluster_document
+    tool = root / "usr/local/bin/dl-run"
+    tool.write_text('#!/bin/sh\necho "parent=$(tr \'\\0\' \' \' < /proc/$PPID/cmdline)"\n'
+                    'for a in "$@"; do echo "arg=$a"; done\n')
+    tool.chmod(0o755)
+    with cluster_user() as user, reachable(tool):
+        inv = run_doc(endpoint, doc, command="dl-run", runAs=user.pw_name,
+                      arguments="--env DB_PASSWORD=s3cret-x1  --detach -- true")
+        assert inv["Status"] == "Success", (inv["StandardErrorContent"], inv["ResponseCode"])
+        lines = inv["StandardOutputContent"].splitlines()
+        assert lines[0].startswith("parent=") and "runuser" in lines[0], lines
+        assert "s3cret-x1" not in lines[0], lines
+        assert lines[1:] == ["arg=--env", "arg=DB_PASSWORD=s3cret-x1", "arg=--detach",
+                             "arg=--", "arg=true"]
+
 def test_an_agent_without_environment_parameters_refuses(tmp_path: Path) -> None:
     """An SSM Agent older than 3.3.2746.0 sets no SSM_<name>: the script has no fallback."""
     script = tmp_path / "s.sh"

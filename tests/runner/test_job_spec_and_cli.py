@@ -66,8 +66,11 @@ def test_split_command(argv, opts, cmd):
 def test_bad_env_and_missing_membership_are_usage_errors(tmp_path, capsys):
     assert runner.main(["--root", str(tmp_path), "--", "t.py"]) == runner.EXIT_USAGE
     assert "no membership at" in capsys.readouterr().err
-    parser_args = runner.build_parser().parse_args(["--env", "NOVALUE"])
-    with pytest.raises(runner.RunError, match="'NOVALUE'"):
+    parser_args = runner.build_parser().parse_args(["--env", "DL_TEST_NOT_SET_ANYWHERE"])
+    with pytest.raises(runner.RunError, match="DL_TEST_NOT_SET_ANYWHERE is not set"):
+        request_args.job_env(parser_args)
+    parser_args = runner.build_parser().parse_args(["--env", "=VALUE"])
+    with pytest.raises(runner.RunError, match="not a variable name"):
         request_args.job_env(parser_args)
 
 

@@ -150,11 +150,12 @@ def login_env(user: pwd.struct_passwd) -> dict[str, str]:
 
 
 def dl(c: LocalCluster, user: pwd.struct_passwd, program: str, *args: str,
-       timeout: float = 180) -> tuple[int, str]:
+       timeout: float = 180, extra_env: dict[str, str] | None = None) -> tuple[int, str]:
     """``dl-run`` / ``dl-jobs`` on the master as ``user``, with the environment a login
-    would give (output and errors together)."""
+    would give plus ``extra_env`` (output and errors together)."""
     p = subprocess.Popen([str(c.master_root / BIN_DIR / program), "--root", str(c.master_root),
-                          *args], cwd=REPO_ROOT, env=login_env(user), text=True,
+                          *args], cwd=REPO_ROOT, env={**login_env(user), **(extra_env or {})},
+                         text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True, user=user.pw_uid, group=user.pw_gid,
                          extra_groups=[])

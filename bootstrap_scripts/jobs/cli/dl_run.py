@@ -22,6 +22,7 @@ See docs/runner.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bootstrap_scripts.data import checksums
+from bootstrap_scripts.jobs.cli import env_args
 from bootstrap_scripts.jobs.cli.request_args import load_context, request_from_args
 from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.jobs.engine import managed, root_jobs
@@ -122,11 +124,20 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
           help="node root prefix where the agent wrote its files (default: /)")
     p.add("--membership", default="", help=f"membership to use (default: <root>/{MEMBERSHIP_FILE})")
     p.add("--mount-point", default="", help="EFS mount point (default: the membership's)")
-    p.add("--env", action="append", default=[], metavar="KEY=VALUE",
-          help="extra environment for every rank (repeatable). The values are stored in the "
-          "job's files on EFS, readable by you and by root only (mode 0600), and never "
-          "printed by dl-jobs; they are not a secret store beyond that (root, and your own "
-          "jobs, see them): prefer a credentials file or an IAM role for real secrets")
+    p.add("--env", action="append", default=[], metavar="KEY[=VALUE]",
+          help="extra environment for every rank (repeatable). KEY alone takes the value "
+          "from dl-run's own environment (as docker run -e KEY): on no command line, the "
+          "way for a secret. A KEY=VALUE given here is taken off dl-run's command line as "
+          "it starts (it runs itself again with the value in its environment), but every "
+          "user of the node can read it there until then, and your shell's history keeps "
+          "it. The values are stored in the job's files on EFS, readable by you and by root "
+          "only (mode 0600), and never printed by dl-jobs; they are not a secret store "
+          "beyond that (root, and your own jobs, see them): prefer a credentials file or an "
+          "IAM role for real secrets")
+    p.add("--env-file", action="append", default=[], metavar="FILE",
+          help="KEY=VALUE lines for every rank's environment (repeatable; blank lines and # "
+          "comments skipped, KEY alone as --env KEY; --env wins), read as you: the values "
+          "never appear on a command line")
     p.add("--forward", action="append", default=[], metavar="VAR",
           help="forward this variable of the runner's environment (repeatable)")
     p.add("--cwd", default="", help="working directory of every rank (default: current)")
@@ -280,7 +291,27 @@ def run(argv: list[str]) -> int:
                       root_jobs.signer(args.root)).exit_code
 
 
+def hide_env_values(argv: list[str]) -> None:
+    """When ``argv`` (this process's command line) holds ``--env KEY=VALUE``, run dl-run
+    again at once, in this process, with ``--env KEY`` instead and the values in its
+    environment (``env_args``): never returns then."""
+    options, command = split_command(argv)
+    hidden = env_args.hide_values(options)
+    if hidden is None:
+        return
+    options, values = hidden
+    cut = len(sys.orig_argv) - len(argv)
+    if cut < 1 or sys.orig_argv[cut:] != argv:  # not started as a program: nothing to hide
+        return
+    interpreter = sys.orig_argv[:cut]  # python [-I] -m <module>
+    os.execve(sys.executable, [*interpreter, *options, "--", *command],
+              {**os.environ, env_args.CARRIER: json.dumps(values)})
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        hide_env_values(sys.argv[1:])
+    env_args.carried()  # out of this environment before anything starts a process
     try:
         return run(list(sys.argv[1:] if argv is None else argv))
     except RunError as exc:

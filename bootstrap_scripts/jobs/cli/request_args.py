@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap_scripts.data import checksums
+from bootstrap_scripts.jobs.cli.env_args import given_env
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
 from bootstrap_scripts.ops.cost import parse_usd, plain
 from bootstrap_scripts.protocol.data_source import DataSourceError, check_data_options
@@ -39,14 +40,17 @@ def load_context(args: argparse.Namespace) -> Context:
     return Context(m, efs)
 
 
-def job_env(args: argparse.Namespace) -> dict[str, str]:
+def given(args: argparse.Namespace) -> dict[str, str]:
+    """The variables the job was given by ``--env-file`` and ``--env`` (``env_args``)."""
+    return given_env(args.env, getattr(args, "env_file", None) or [])
+
+
+def job_env(args: argparse.Namespace, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The ranks' environment: the forwarded variables, then ``extra`` (default:
+    :func:`given`; values from a file or from this environment stay off command lines)."""
     env = {k: os.environ[k] for k in (*FORWARDED_ENV, *args.forward) if k in os.environ}
     env["PYTHONUNBUFFERED"] = "1"  # lines reach the log (and the runner) as they are printed
-    for item in args.env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise RunError(f"--env expects KEY=VALUE, got {item!r}", EXIT_USAGE)
-        env[key] = value
+    env.update(given(args) if extra is None else extra)
     return env
 
 
@@ -71,9 +75,10 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         check_data_options(args.data, args.data_shard, args.data_checksums)
     except DataSourceError as exc:
         raise RunError(str(exc), EXIT_USAGE) from None
+    extra = given(args)
     return RunRequest(
-        job_id=job_id, command=tuple(command), launcher=args.launcher, env=job_env(args),
-        forward=tuple(args.forward) + tuple(e.partition("=")[0] for e in args.env),
+        job_id=job_id, command=tuple(command), launcher=args.launcher, env=job_env(args, extra),
+        forward=tuple(args.forward) + tuple(extra),
         cwd=os.path.abspath(args.cwd or os.getcwd()), python=args.python,
         nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
         torchrun_max_restarts=args.torchrun_max_restarts, rdzv_port=args.rdzv_port,

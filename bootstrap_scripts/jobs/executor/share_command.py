@@ -6,24 +6,108 @@ process starts.
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
+import select
+import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.jobs.engine.root_env import root_env
 from bootstrap_scripts.protocol.paths import JobPaths
 
 #: Every share process runs under this wrapper, which records its exit status on the node
-#: so that a restarted executor can still collect it (why: its docstring).
+#: so that a restarted executor can still collect it, and applies the job's argv,
+#: environment and working directory only once it runs as the job's user (its docstring).
 WRAPPER = Path(__file__).with_name("share_wrapper.py")
+#: How long a start waits for the wrapper's word that the command could not be executed
+#: (end-of-file, the usual answer, comes as soon as the ``execve`` succeeded); a command on
+#: a file system that hangs its ``execve`` does not hang the executor with it.
+EXEC_REPORT_SECONDS = 10.0
 
 
-def wrapped(argv: tuple[str, ...], status: Path, uid: int, gid: int, cwd: str) -> list[str]:
-    """``argv`` under the wrapper, which writes its exit status to ``status`` (root) and
-    runs ``argv`` as ``uid``/``gid`` (-1: unchanged) in ``cwd``, entered as that user."""
-    return [sys.executable, "-I", str(WRAPPER), str(status), str(uid), str(gid), cwd, "--",
-            *argv]
+@dataclass(frozen=True)
+class Launch:
+    """One share process as the wrapper receives it (never on a command line: the job's
+    argv and environment are the user's, and may hold secrets)."""
+
+    status: Path
+    uid: int
+    gid: int
+    cwd: str
+    fallback: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"status": str(self.status), "uid": self.uid, "gid": self.gid,
+                           "cwd": self.cwd, "fallback": self.fallback,
+                           "argv": list(self.argv), "env": self.env}).encode()
+
+
+def launch_fd(launch: Launch) -> int:
+    """An anonymous in-memory file holding ``launch`` (close-on-exec here; passed to the
+    wrapper alone): no name on any disk, readable only through this descriptor."""
+    fd = os.memfd_create("dl-share-launch", os.MFD_CLOEXEC)
+    try:
+        data = memoryview(launch.to_bytes())
+        while data:
+            data = data[os.write(fd, data):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def exec_errors(reports: list[int], timeout: float = EXEC_REPORT_SECONDS) -> list[str]:
+    """What each wrapper's child reported on its descriptor in ``reports`` before its
+    ``execve`` closed it ("" when the command started, or when nothing came within
+    ``timeout`` for all of them together), else why it did not. Every descriptor is closed.
+    Read after every process of a share was started, so that their start-ups overlap."""
+    deadline = time.monotonic() + timeout
+    chunks: dict[int, list[bytes]] = {fd: [] for fd in reports}
+    waiting = set(reports)
+    try:
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(sorted(waiting), [], [], left)
+            for fd in ready:
+                chunk = os.read(fd, 4096)
+                if chunk and sum(map(len, chunks[fd])) < 4096:
+                    chunks[fd].append(chunk)
+                elif not chunk:
+                    waiting.discard(fd)
+    finally:
+        for fd in reports:
+            os.close(fd)
+    return [b"".join(chunks[fd]).decode(errors="replace")[:1000] for fd in reports]
+
+
+def start_wrapped(launch: Launch, token: str, log: BinaryIO, pgid: int,
+                  pass_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int]:
+    """Start ``launch`` under the wrapper: root's allowlisted environment (``root_env``)
+    with the share's token, nothing of the job in its argv, in process group ``pgid`` (0:
+    a new one). (the wrapper, the descriptor :func:`exec_errors` reads and closes)."""
+    data = launch_fd(launch)
+    report_r, report_w = os.pipe()
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", str(WRAPPER), str(data), str(report_w)], cwd="/",
+            env=root_env(DL_SHARE_TOKEN=token), stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT,
+            # One new group for the whole share, in the executor's session: a later
+            # process can join a group only within its own session (setpgid), so the
+            # first must not start a session of its own.
+            process_group=pgid, pass_fds=(data, report_w, *pass_fds)), report_r
+    except BaseException:
+        os.close(report_r)
+        raise
+    finally:
+        os.close(data)
+        os.close(report_w)
 
 
 def job_owner(paths: JobPaths) -> tuple[int, int]:
@@ -48,21 +132,3 @@ def job_writer(paths: JobPaths) -> tuple[int, int]:
     if os.geteuid() != 0 or uid == 0:
         return -1, -1
     return uid, gid
-
-
-def missing_command(argv0: str, env: dict[str, str], cwd: str) -> str:
-    """Why ``argv0`` cannot be run ("" if it can): checked here, before the wrapper starts,
-    so that a typo still fails the start with a clear error instead of an exit code 127."""
-    if os.sep in argv0:
-        path = os.path.join(cwd, argv0)
-        return "" if os.path.isfile(path) and os.access(path, os.X_OK) else \
-            f"cannot start {argv0!r}: no such executable file"
-    if shutil.which(argv0, path=env.get("PATH", os.defpath)):
-        return ""
-    return f"cannot start {argv0!r}: not found in PATH"
-
-
-def usable_cwd(cwd: str, fallback: str) -> str:
-    """The spec's working directory if it is a directory (looked at with the rights of the
-    caller: under :func:`userfiles.as_user`, the job's user), else ``fallback``."""
-    return cwd if cwd and os.path.isdir(cwd) else fallback

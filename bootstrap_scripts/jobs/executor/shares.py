@@ -40,11 +40,11 @@ from bootstrap_scripts.jobs.executor.reattach import LOST_RETURNCODE, AdoptedPro
 from bootstrap_scripts.jobs.executor.running import RunningProc, RunningShare, cancel_text
 from bootstrap_scripts.jobs.executor.s3_mounts import MountError, S3Mounts
 from bootstrap_scripts.jobs.executor.share_command import (
+    Launch,
+    exec_errors,
     job_owner,
     job_writer,
-    missing_command,
-    usable_cwd,
-    wrapped,
+    start_wrapped,
 )
 from bootstrap_scripts.node import procgroup
 from bootstrap_scripts.protocol import liveness, store
@@ -178,6 +178,7 @@ class Shares:
                                   dict(os.environ))
         except MountError as exc:
             refused = str(exc)
+        reports: list[int] = []
         for index, proc in enumerate(share.procs):
             env = job_env(self.child_env(spec, proc, paths, share.rank), creds)
             held = listening.get(index)
@@ -189,33 +190,34 @@ class Shares:
             log_path = paths.log(share.rank, proc.label)
             try:
                 with as_user(uid, gid):  # the user's directory: the user's rights, no link
-                    cwd = usable_cwd(spec.cwd, str(self.node.paths.root))
-                    error = refused or missing_command(proc.argv[0], env, cwd)
                     log_fd = userfiles.open_append(log_path)
             except OSError as exc:  # e.g. a link planted where the log goes
                 error = f"cannot open the share's log {log_path.name}: {exc}"
                 break
+            # the job's argv, environment and directory reach only the wrapper's child,
+            # once it is the job's user (share_wrapper.py): root runs none of it
+            launch = Launch(status=status, uid=uid, gid=gid, cwd=spec.cwd,
+                            fallback=str(self.node.paths.root), argv=proc.argv, env=env)
             with os.fdopen(log_fd, "ab", buffering=0) as log:
                 if no_credentials and index == 0:
                     log.write(no_credentials.encode())
                 try:
-                    if error:
-                        raise FileNotFoundError(error)
-                    popen = subprocess.Popen(
-                        wrapped(proc.argv, status, uid, gid, cwd), cwd="/", env=env,
-                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                        # One new group for the whole share, in the executor's session:
-                        # a later process can join a group only within its own session
-                        # (setpgid), so the first must not start a session of its own.
-                        process_group=pgid,
-                        pass_fds=(held.fileno(),) if held is not None else (),
-                    )
+                    if refused:
+                        raise FileNotFoundError(refused)
+                    popen, report = start_wrapped(
+                        launch, procgroup.share_token(paths.key, share.rank,
+                                                      self.node.address), log, pgid,
+                        (held.fileno(),) if held is not None else ())
                 except OSError as exc:
-                    error = error or f"cannot start {proc.argv[0]!r}: {exc}"
+                    error = refused or f"cannot start {proc.argv[0]!r}: {exc}"
                     log.write(f"dl-executor: {error}\n".encode())
                     break
             pgid = pgid or popen.pid
             started.append(RunningProc(proc, popen))
+            reports.append(report)
+        # a command that could not be executed: its wrapper's child said why (in the log
+        # too) and exits 127
+        error = error or next((why for why in exec_errors(reports) if why), "")
         for held in listening.values():
             held.close()  # the process it was for has it now (or nobody: the start failed)
         running = RunningShare(spec, share, paths, pgid, started, time.time(), uid=uid, gid=gid,

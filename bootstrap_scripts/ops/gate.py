@@ -42,6 +42,7 @@ from bootstrap_scripts.ops import gate_report as gr
 from bootstrap_scripts.ops import instance_types as it
 from bootstrap_scripts.ops.node_checks import MARKER
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import (
     DEFAULT_RDZV_PORT,
     FORWARDED_ENV,
@@ -160,7 +161,10 @@ class GateJob:
                 continue
             if share.started_at is None and store.exists(self.paths.started(share.rank)):
                 share.started_at = now
-            text = store.read_text(self.paths.log(share.rank)) or ""
+            try:
+                text = store.read_text(self.paths.log(share.rank), errors="replace") or ""
+            except ProtocolError:  # no regular file of text, or too large: nothing found
+                text = ""
             share.found, share.error_line = parse_log(text)
             share.exit = store.read_record_or_none(self.paths.exit(share.rank), ShareExit)
 

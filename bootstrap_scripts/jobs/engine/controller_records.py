@@ -30,7 +30,6 @@ checks nothing, as the membership does.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from typing import TypeVar
 
 from bootstrap_scripts.agent.membership_key import MembershipKeyError
 from bootstrap_scripts.jobs.engine import root_jobs
-from bootstrap_scripts.protocol import membership_signature, store
+from bootstrap_scripts.protocol import membership_signature, record_base, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths
@@ -208,7 +207,7 @@ class ControllerSeal:
                 self.refuse(path, why)
                 return SealedRead(Trust.REFUSED, why=why)
         try:
-            data = json.loads(text)
+            data = record_base.loads(text)
             if isinstance(data, dict):
                 data.pop(membership_signature.FIELD, None)
             return SealedRead(Trust.SIGNED, cls.from_dict(data, source=str(path)))

@@ -144,7 +144,12 @@ def read_owned(directory: Path, name: str, *, limit: int = MAX_READ_BYTES,
         os.close(dfd)
     if len(data) > limit:
         raise UnsafeUserFile(0, f"{directory / name} is larger than {limit} bytes")
-    return Owned(data.decode(), st.st_uid, st.st_gid)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise UnsafeUserFile(0, f"{directory / name} is not UTF-8 text ({exc.reason} at byte "
+                                f"{exc.start})") from None
+    return Owned(text, st.st_uid, st.st_gid)
 
 
 def read_record(path: Path, cls: type[R], *, root_too: bool = False) -> R | None:

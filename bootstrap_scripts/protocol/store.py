@@ -126,11 +126,13 @@ def read_text(path: str | os.PathLike, *, limit: int | None = None,
             raise NotARecordFile(f"not a regular file ({os.strerror(exc.errno)})",
                                  source=str(path)) from None
         raise
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
+    try:
+        st = os.fstat(fd)  # before a file object: io refuses a directory with its own error
         if not stat.S_ISREG(st.st_mode):
             raise NotARecordFile(f"not a regular file (mode {st.st_mode:o})", source=str(path))
-        data = fh.read(bound + 1) if st.st_size <= bound else b""
+        data = _read_upto(fd, bound + 1) if st.st_size <= bound else b""
+    finally:
+        os.close(fd)
     if st.st_size > bound or len(data) > bound:
         raise RecordTooLarge(f"larger than {bound} bytes: not read", source=str(path))
     try:
@@ -138,6 +140,18 @@ def read_text(path: str | os.PathLike, *, limit: int | None = None,
     except UnicodeDecodeError as exc:
         raise NotARecordFile(f"not UTF-8 text ({exc.reason} at byte {exc.start})",
                              source=str(path)) from None
+
+
+def _read_upto(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``fd`` (fewer only at its end)."""
+    parts, got = [], 0
+    while got < limit:
+        part = os.read(fd, min(limit - got, 1 << 20))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def read_record(path: str | os.PathLike, cls: type[R], *,

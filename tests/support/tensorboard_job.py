@@ -72,7 +72,7 @@ class BoardJob:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.served["pid"], signal.SIGKILL)  # whatever --stop left
         with contextlib.suppress(OSError):
-            (tb.ROOT_STATE_DIR / f"{self.job_id}.json").unlink()
+            (tb.ROOT_STATE_DIR / self.paths.user / f"{self.paths.job_id}.json").unlink()
 
 
 @contextlib.contextmanager

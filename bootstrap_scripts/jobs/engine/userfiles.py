@@ -139,10 +139,11 @@ def read_owned(directory: Path, name: str, *, limit: int = MAX_READ_BYTES,
             if st.st_uid != dst.st_uid and not (root_too and st.st_uid == 0):
                 raise UnsafeUserFile(0, f"{directory / name} belongs to uid {st.st_uid} but "
                                         f"its directory to uid {dst.st_uid}: refusing it")
-            data = fh.read(limit + 1) if limit else b""
+            # a larger file is refused unread (its size first), one growing meanwhile cut
+            data = fh.read(limit + 1) if limit and st.st_size <= limit else b""
     finally:
         os.close(dfd)
-    if len(data) > limit:
+    if st.st_size > limit or len(data) > limit:
         raise UnsafeUserFile(0, f"{directory / name} is larger than {limit} bytes")
     try:
         text = data.decode()

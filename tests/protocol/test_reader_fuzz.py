@@ -76,7 +76,8 @@ def heartbeat_text() -> str:
 
 def manifest_text() -> str:
     return json.dumps({"format": "dl-checkpoint/1", "name": "step-1", "global_step": 1,
-                       "written_at": 1.0e9, "files": [{"path": "step-1.bin", "size": 4}], "meta": {"epoch": 1, "step": 1}})
+                       "written_at": 1.0e9, "files": [{"path": "step-1.bin", "size": 4}],
+                       "meta": {"epoch": 1, "step": 1}})
 
 
 # -- the readers, each as its daemon calls it -----------------------------------------------
@@ -136,7 +137,8 @@ READERS = [
     Reader("managed job.json", "managed/u/j/job.json", view_job, job_text),
     Reader("managed request.json", "managed/u/j/request.json", view_job, job_text,
            expect=lambda got: True),  # a job record is no request: only totality counts
-    Reader("controller's sealed job", on_efs(lambda c: c.controller_job("u/j")), sealed_job, job_text),
+    Reader("controller's sealed job", on_efs(lambda c: c.controller_job("u/j")), sealed_job,
+           job_text),
     Reader("membership", on_efs(lambda c: c.membership),
            lambda efs: Membership.load(ClusterPaths(efs).membership), membership_text,
            refusals=(OSError, ProtocolError)),

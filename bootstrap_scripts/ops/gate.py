@@ -24,7 +24,6 @@ Both jobs are stopped (cancel marker, then the runner) when the gate stops waiti
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -41,7 +40,7 @@ from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.ops import gate_report as gr
 from bootstrap_scripts.ops import instance_types as it
 from bootstrap_scripts.ops.node_checks import MARKER
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol import record_base, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import (
     DEFAULT_RDZV_PORT,
@@ -83,7 +82,7 @@ def parse_log(text: str) -> tuple[dict[str, dict], str]:
                 last = line.strip()
             continue
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            item = json.loads(line[i + len(MARKER):])
+            item = record_base.loads(line[i + len(MARKER):])
             found[str(item["check"])] = item
     return found, last[-300:]
 

@@ -208,7 +208,7 @@ def shares_started_at(paths: JobPaths) -> float | None:
         paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
     if any(s.rank not in started for s in spec.shares):
         return None
-    return max(started[s.rank].started_at for s in spec.shares)
+    return max((started[s.rank].started_at for s in spec.shares), default=None)
 
 
 def attempt_nnodes(paths: JobPaths, run: RunRequest, count: int) -> NodeRange:

@@ -31,6 +31,7 @@ from bootstrap_scripts.agent.aws import OUTCOME_LIMIT, MasterAws
 from bootstrap_scripts.agent.membership_key import MembershipKeyError
 from bootstrap_scripts.node.node_keys import RecordCheck
 from bootstrap_scripts.protocol import membership_signature, state, store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.membership import Node
 from bootstrap_scripts.protocol.membership_signature import Signer, Verifier
 from bootstrap_scripts.protocol.messages import DrainRequest
@@ -97,11 +98,14 @@ class Drains:
         if self.verify is None:
             return ""
         try:
-            text = self.cluster.drain_request(instance_id).read_text()
+            text = store.read_text(self.cluster.drain_request(instance_id),
+                                   limit=store.NODE_RECORD_LIMIT)
+            if text is None:
+                return "unreadable: there is none"
             return membership_signature.check(text, self.verify, "drain request")
         except MembershipKeyError as exc:
             return f"not checked (the membership key could not be had from KMS): {exc}"
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, ProtocolError) as exc:
             return f"unreadable: {exc}"
 
     def is_duplicate(self, msg: DrainRequest) -> bool:

@@ -30,6 +30,7 @@ from typing import Any
 from bootstrap_scripts.agent.sender_queue import SenderQueue, instance_of_sender
 from bootstrap_scripts.node import node_keys
 from bootstrap_scripts.protocol import node_signature as nsig
+from bootstrap_scripts.protocol import record_base
 from bootstrap_scripts.protocol.membership_signature import Signer
 from bootstrap_scripts.protocol.paths import NodePaths
 
@@ -104,7 +105,7 @@ class KeyServer(SenderQueue):
         if instance is None:
             return why
         try:
-            doc = json.loads(body)
+            doc = record_base.loads(body)
             named, pem = doc["instance"], doc["public_key"].encode()
         except (ValueError, KeyError, TypeError, AttributeError):
             return f"no key in the message of {instance}"

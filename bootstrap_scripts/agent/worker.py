@@ -31,7 +31,7 @@ from bootstrap_scripts.agent import data_prep
 from bootstrap_scripts.agent.membership_key import MembershipKeyError, membership_key
 from bootstrap_scripts.protocol import membership_signature, store
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.membership import Membership, MembershipError
+from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.membership_signature import Verifier
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import DrainRecord
@@ -88,7 +88,9 @@ def accept_drain(agent: AgentContext, verify: Verifier | None) -> bool | None:
     None: look again at the next check (gone meanwhile, or KMS could not be asked)."""
     path = agent.cluster.drain_request(agent.identity.instance_id)
     try:
-        text = path.read_text()
+        text = store.read_text(path, limit=store.NODE_RECORD_LIMIT)
+        if text is None:
+            return None
         if verify is not None:
             refused = membership_signature.check(text, verify, "drain request")
             if refused:
@@ -121,7 +123,9 @@ def apply_from_efs(agent: AgentContext, cluster: ClusterPaths,
     ``verify``, only a document the master signed is applied. False: look again at the
     next tick (KMS could not be asked)."""
     try:
-        text = cluster.membership.read_text()
+        text = store.read_text(cluster.membership)
+        if text is None:
+            return True
         if verify is not None:
             refused = membership_signature.check(text, verify)
             if refused:
@@ -135,7 +139,7 @@ def apply_from_efs(agent: AgentContext, cluster: ClusterPaths,
         agent.log.warning("event=membership-unverified path=%s error=%s (retrying)",
                           cluster.membership, exc)
         return False
-    except (OSError, UnicodeDecodeError, MembershipError) as exc:
+    except (OSError, ProtocolError) as exc:  # MembershipError is one
         agent.log.warning("event=bad-membership path=%s error=%s", cluster.membership, exc)
         return True
     agent.apply(m)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -57,6 +58,8 @@ from bootstrap_scripts.data.checkpoint_plan import (
 )
 from bootstrap_scripts.data.s3_errors import client_error
 from bootstrap_scripts.node import node_region
+from bootstrap_scripts.protocol import record_base, store
+from bootstrap_scripts.protocol.errors import ProtocolError
 
 #: The mirror's record of the last checkpoint it uploaded (hidden: never part of one).
 STATUS_FILE = ".dl-mirror.json"
@@ -84,7 +87,10 @@ def local_listing(directory: Path) -> tuple[dict[str, str], dict[str, int]]:
     only (links are not followed), hidden names (temporary files, our status) skipped."""
     manifests: dict[str, str] = {}
     sizes: dict[str, int] = {}
-    if not directory.is_dir():
+    try:
+        if not directory.is_dir():
+            return manifests, sizes
+    except OSError:  # another user's private directory (0700) on the way: nothing of ours
         return manifests, sizes
     for top, dirs, files in os.walk(directory):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -93,7 +99,8 @@ def local_listing(directory: Path) -> tuple[dict[str, str], dict[str, int]]:
             rel = path.relative_to(directory).as_posix()
             if name.startswith("."):
                 continue
-            with contextlib.suppress(OSError):  # pruned while we looked, or not ours to read
+            with contextlib.suppress(OSError):  # pruned while we looked, not ours to read,
+                #                                  or no regular file of text (read_local)
                 st = path.lstat()
                 if not stat.S_ISREG(st.st_mode):
                     continue
@@ -104,10 +111,22 @@ def local_listing(directory: Path) -> tuple[dict[str, str], dict[str, int]]:
     return manifests, sizes
 
 
+#: The largest manifest or status file read (a manifest lists a checkpoint's files).
+LOCAL_LIMIT = 1 << 20
+
+
 def read_local(path: Path) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd) as fh:
-        return fh.read(1 << 20)
+    """The text of a manifest or status file the job's user wrote, read as every record is
+    (:func:`store.read_text`: no link followed, no FIFO waited on, a regular file of at
+    most :data:`LOCAL_LIMIT` bytes); OSError for anything else, FileNotFoundError when
+    there is none."""
+    try:
+        text = store.read_text(path, limit=LOCAL_LIMIT, errors="replace")
+    except ProtocolError as exc:
+        raise OSError(errno.EINVAL, str(exc)) from None
+    if text is None:
+        raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+    return text
 
 
 def s3_listing(client, bucket: str, prefix: str) -> tuple[dict[str, str], dict[str, int]]:
@@ -185,7 +204,7 @@ def write_status(directory: Path, url: str, m: Manifest) -> None:
 def read_status(directory: Path) -> dict:
     """The mirror's record in ``directory`` ({} when there is none or it is unreadable)."""
     try:
-        data = json.loads(read_local(directory / STATUS_FILE))
+        data = record_base.loads(read_local(directory / STATUS_FILE))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -27,6 +27,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from bootstrap_scripts.protocol import record_base
+
 FORMAT = "dl-checkpoint/1"
 MANIFEST_SUFFIX = ".manifest.json"
 #: A checkpoint's name: a word (it names the manifest file), never a path.
@@ -125,7 +127,7 @@ def parse_manifest(text: str, file_name: str) -> Manifest:
     """The manifest in ``text``, read from ``file_name`` (which must be ``<name>`` +
     :data:`MANIFEST_SUFFIX`); CheckpointError naming the file and what is wrong."""
     try:
-        data = json.loads(text)
+        data = record_base.loads(text)
         if data.get("format") != FORMAT:
             raise CheckpointError(f"format {data.get('format')!r} is not {FORMAT!r}")
         m = new_manifest(str(data["name"]), int(data["global_step"]),
@@ -134,7 +136,7 @@ def parse_manifest(text: str, file_name: str) -> Manifest:
                          data.get("meta") if isinstance(data.get("meta"), dict) else {})
     except CheckpointError as exc:
         raise CheckpointError(f"manifest {file_name}: {exc}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         raise CheckpointError(f"manifest {file_name} is malformed: {exc!r}") from None
     if m.manifest_file != file_name.rsplit("/", 1)[-1]:
         raise CheckpointError(f"manifest {file_name} names checkpoint {m.name!r}, not its own")

@@ -66,6 +66,7 @@ from bootstrap_scripts.data.plan import (
 )
 from bootstrap_scripts.data.s3_errors import client_error, object_error
 from bootstrap_scripts.node import node_region
+from bootstrap_scripts.protocol import record_base
 
 #: Objects (and ranges of large objects) transferred at once: 4 per CPU, at most 32. S3
 #: needs many parallel requests per node (32 is near a 25 Gb/s NIC), but each request's
@@ -141,7 +142,7 @@ class State:
         """key -> (size, etag) of every object a previous copy completed."""
         known: dict[str, tuple[int, str]] = {}
         try:
-            manifest = json.loads((self.dir / MANIFEST).read_text())
+            manifest = record_base.loads((self.dir / MANIFEST).read_text())
             known.update({k: (int(v["size"]), str(v["etag"]))
                           for k, v in manifest["objects"].items()})
         except (OSError, ValueError, KeyError, TypeError):
@@ -149,7 +150,7 @@ class State:
         try:
             for line in (self.dir / JOURNAL).read_text().splitlines():
                 try:
-                    rec = json.loads(line)
+                    rec = record_base.loads(line)
                     known[str(rec["key"])] = (int(rec["size"]), str(rec["etag"]))
                 except (ValueError, KeyError, TypeError):
                     continue  # a line cut short by a kill: that object is fetched again

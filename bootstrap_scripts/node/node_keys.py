@@ -205,7 +205,7 @@ class RecordCheck:
         show why instead)."""
         try:
             text = store.read_text(path, limit=store.NODE_RECORD_LIMIT)
-        except store.RecordTooLarge as exc:
+        except ProtocolError as exc:  # too large, or no regular file of text: refused unread
             return None, str(exc)
         except OSError:
             return None, ""

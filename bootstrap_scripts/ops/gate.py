@@ -26,7 +26,6 @@ Both jobs are stopped (cancel marker, then the runner) when the gate stops waiti
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pwd
 import signal
@@ -45,7 +44,8 @@ from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.ops import gate_report as gr
 from bootstrap_scripts.ops import instance_types as it
 from bootstrap_scripts.ops.node_checks import MARKER
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol import record_base, store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import (
     DEFAULT_RDZV_PORT,
     FORWARDED_ENV,
@@ -86,7 +86,7 @@ def parse_log(text: str) -> tuple[dict[str, dict], str]:
                 last = line.strip()
             continue
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            item = json.loads(line[i + len(MARKER):])
+            item = record_base.loads(line[i + len(MARKER):])
             found[str(item["check"])] = item
     return found, last[-300:]
 
@@ -168,7 +168,10 @@ class GateJob:
                 continue
             if share.started_at is None and store.exists(self.paths.started(share.rank)):
                 share.started_at = now
-            text = store.read_text(self.paths.log(share.rank)) or ""
+            try:
+                text = store.read_text(self.paths.log(share.rank), errors="replace") or ""
+            except ProtocolError:  # no regular file of text, or too large: nothing found
+                text = ""
             share.found, share.error_line = parse_log(text)
             share.exit = store.read_record_or_none(self.paths.exit(share.rank), ShareExit)
 

@@ -16,14 +16,14 @@ within ``timeout`` simply has no line (its ranks show "no stack" in the report).
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
 from bootstrap_scripts.ops.gate import GateJob
 from bootstrap_scripts.ops.gate_report import GateSettings
 from bootstrap_scripts.ops.stack_dump import MARKER
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol import record_base, store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.membership import Membership
 
 DEFAULT_TIMEOUT = 45.0
@@ -38,7 +38,7 @@ def parse_stacks(text: str) -> list[dict]:
         if i < 0:
             continue
         with contextlib.suppress(ValueError):
-            item = json.loads(line[i + len(MARKER):])
+            item = record_base.loads(line[i + len(MARKER):])
             if isinstance(item, dict) and isinstance(item.get("rank"), int):
                 found.append(item)
     return found
@@ -67,7 +67,11 @@ def dump_stacks(root: Path, efs: Path, m: Membership, *, job_id: str, uid: int, 
             time.sleep(POLL_SECONDS)
         stacks: dict[int, dict] = {}
         for share in job.shares.values():
-            for item in parse_stacks(store.read_text(job.paths.log(share.rank)) or ""):
+            try:
+                log = store.read_text(job.paths.log(share.rank), errors="replace") or ""
+            except (OSError, ProtocolError):  # no regular file of text, or too large
+                log = ""
+            for item in parse_stacks(log):
                 item["address"] = share.node.address
                 stacks.setdefault(item["rank"], item)
     finally:

@@ -24,8 +24,10 @@ could read anyway.
 
 It lives ``--minutes`` (default 120; ``timeout`` ends it) in a session of its own; its pid,
 port and log are kept in a root-only directory (``/run/dl-tensorboard``; a user's own
-``$TMPDIR/dl-tensorboard-<uid>`` otherwise), so asking again for the same job answers with
-the running one, and ``--stop`` ends its whole process group.
+``$TMPDIR/dl-tensorboard-<uid>`` otherwise), under the job's user AND id
+(``<user>/<job-id>.json``: two users' jobs of the same id never share a record), so asking
+again for the same job answers with the running one, and ``--stop`` ends its whole process
+group, never another user's server.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.protocol import record_base, store
 from bootstrap_scripts.protocol.job_paths import ManagedPaths
 
 #: Jobs run as uid >= this (the executors refuse lower): TensorBoard too.
@@ -153,11 +156,24 @@ def _state_fd_dir() -> Path:
     return d
 
 
-def running(job_id: str) -> Served | None:
-    """The job's recorded TensorBoard if its process still runs."""
+def state_file(paths: ManagedPaths, suffix: str) -> Path:
+    """The record (``.json``) or output (``.log``) of the job's TensorBoard, keyed by the
+    job's user and id: ``<state dir>/<user>/<job-id><suffix>``."""
+    user_dir = _state_fd_dir() / paths.user
+    user_dir.mkdir(mode=0o700, exist_ok=True)
+    return user_dir / f"{paths.job_id}{suffix}"
+
+
+def running(paths: ManagedPaths) -> Served | None:
+    """The job's recorded TensorBoard if its process still runs and serves this very job's
+    directory (a record of another job, or a reused pid, is none)."""
     try:
-        served = Served(**json.loads((_state_fd_dir() / f"{job_id}.json").read_text()))
-    except (OSError, ValueError, TypeError):
+        text = store.read_text(state_file(paths, ".json"), limit=64 * 1024)
+        data = record_base.loads(text or "null")
+        served = Served(**data) if isinstance(data, dict) else None
+    except (OSError, ValueError, TypeError):  # ProtocolError is a ValueError
+        return None
+    if served is None or served.logdir != str(paths.tensorboard_dir):
         return None
     return served if _is_ours(served) else None
 
@@ -178,12 +194,11 @@ def start(paths: ManagedPaths, *, port: int = DEFAULT_PORT,
     """Start the job's TensorBoard (or return the running one) once it accepts connections."""
     uid, gid = job_owner(paths)
     run_as(uid, os.geteuid())
-    found = running(paths.job_id)
+    found = running(paths)
     if found is not None:
         return Served(**{**asdict(found), "already_running": True})
     port = pick_port(port)
     logdir = paths.tensorboard_dir
-    states = _state_fd_dir()
     as_user: dict = {}
     if os.geteuid() != uid:  # root: the job's user, their groups, nothing of root's
         as_user = {"user": uid, "group": gid, "extra_groups": userfiles.groups_of(uid, gid)}
@@ -194,7 +209,8 @@ def start(paths: ManagedPaths, *, port: int = DEFAULT_PORT,
            "PYTHONPATH": os.pathsep.join(p for p in (package_parent,
                                                      os.environ.get("PYTHONPATH", "")) if p)}
     prefix = new_prefix()
-    with open(states / f"{paths.job_id}.log", "ab") as log:
+    log_path, record_path = state_file(paths, ".log"), state_file(paths, ".json")
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(server_argv(logdir, port, minutes), cwd="/", env=env,
                                 stdin=subprocess.PIPE, stdout=log, stderr=log,
                                 start_new_session=True, **as_user)
@@ -208,11 +224,11 @@ def start(paths: ManagedPaths, *, port: int = DEFAULT_PORT,
     while not _accepts(port):
         if proc.poll() is not None or time.monotonic() > deadline:
             _kill_group(proc.pid)
-            tail = (states / f"{paths.job_id}.log").read_bytes()[-1500:].decode(errors="replace")
+            tail = log_path.read_bytes()[-1500:].decode(errors="replace")
             raise TensorBoardError(f"TensorBoard for job {paths.job_id} did not start "
                                    f"(exit {proc.poll()}):\n{tail}")
         time.sleep(0.2)
-    record = os.open(states / f"{paths.job_id}.json",  # holds the secret: root's (or ours) only
+    record = os.open(record_path,  # holds the secret: root's (or ours) only
                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(record, "w") as out:
         out.write(json.dumps(asdict(served)))
@@ -234,10 +250,10 @@ def stop(paths: ManagedPaths) -> str:
     """End the job's TensorBoard (its whole session) and forget it."""
     uid, _ = job_owner(paths)
     run_as(uid, os.geteuid())
-    found = running(paths.job_id)
+    found = running(paths)
     for suffix in (".json", ".log"):  # its record and its output: nothing left behind
         with contextlib.suppress(OSError):
-            (_state_fd_dir() / f"{paths.job_id}{suffix}").unlink()
+            state_file(paths, suffix).unlink()
     if found is None:
         return f"no TensorBoard runs for job {paths.job_id}"
     _kill_group(found.pid)

@@ -17,7 +17,8 @@ from typing import ClassVar
 
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
-from bootstrap_scripts.protocol.bounds import whole
+from bootstrap_scripts.protocol import record_base
+from bootstrap_scripts.protocol.bounds import MAX_GENERATION, MAX_TIME, real, whole
 from bootstrap_scripts.protocol.data_source import (
     DataSourceError,
     check_checksum_mode,
@@ -139,35 +140,39 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
+        """The spec in ``text``, every field checked for its type (a user writes this file
+        and root reads it: a wrong type is a :class:`JobSpecError`, never another
+        exception)."""
         try:
-            data = json.loads(text)
-            if int(data.get("schema", SPEC_SCHEMA)) != SPEC_SCHEMA:
+            data = _object(record_base.loads(text, source="job spec"), "")
+            if data.get("schema", SPEC_SCHEMA) != SPEC_SCHEMA:
                 raise JobSpecError(f"unsupported job spec schema {data.get('schema')!r}")
             shares = tuple(
                 Share(
-                    rank=_rank(s["rank"]),
-                    address=_address(str(s["address"])),
-                    procs=tuple(_proc(p) for p in s["procs"]),
+                    rank=_rank(_object(s, "shares").get("rank")),
+                    address=_address(_text(s.get("address"), "address")),
+                    procs=tuple(_proc(p) for p in _array(s.get("procs"), "procs")),
                 )
-                for s in data["shares"]
+                for s in _array(data.get("shares"), "shares")
             )
             template = data.get("join_template")
             spec = cls(
-                job_id=_job_id(str(data["job_id"])),
-                launcher=str(data["launcher"]),
+                job_id=_job_id(_text(data.get("job_id"), "job_id")),
+                launcher=_text(data.get("launcher"), "launcher"),
                 shares=shares,
-                env={str(k): str(v) for k, v in data.get("env", {}).items()},
-                cwd=str(data.get("cwd", "")),
-                created_at=float(data.get("created_at", 0.0)),
-                grace_seconds=float(data.get("grace_seconds", 5.0)),
-                orphan_timeout=float(data.get("orphan_timeout", 30.0)),
-                master_only=bool(data.get("master_only", False)),
-                elastic=bool(data.get("elastic", False)),
-                generation=int(data.get("generation", 0)),
+                env=_env(data.get("env", {}), "env"),
+                cwd=_text(data.get("cwd", ""), "cwd"),
+                created_at=_number(data.get("created_at", 0.0), "created_at"),
+                grace_seconds=_number(data.get("grace_seconds", 5.0), "grace_seconds"),
+                orphan_timeout=_number(data.get("orphan_timeout", 30.0), "orphan_timeout"),
+                master_only=_flag(data.get("master_only", False), "master_only"),
+                elastic=_flag(data.get("elastic", False), "elastic"),
+                generation=_whole(data.get("generation", 0), "generation"),
                 join_template=_proc(template) if template else None,
-                join_admission=bool(data.get("join_admission", False)),
-                mounts=tuple(str(m) for m in data.get("mounts", ())),
-                nnodes=str(data.get("nnodes", "")),
+                join_admission=_flag(data.get("join_admission", False), "join_admission"),
+                mounts=tuple(_text(m, "mounts") for m in _array(data.get("mounts", []),
+                                                                  "mounts")),
+                nnodes=_text(data.get("nnodes", ""), "nnodes"),
             )
             check_mounts(spec.mounts)
             if spec.nnodes:
@@ -203,15 +208,77 @@ def _check_listeners(share: Share) -> None:
                            field="listen")
 
 
-def _proc(p: dict) -> Proc:
+def _proc(p: object) -> Proc:
+    p = _object(p, "procs")
     listen = p.get("listen")
+    if listen:
+        listen = _object(listen, "listen")
     return Proc(
-        argv=tuple(str(a) for a in p["argv"]),
-        env={str(k): str(v) for k, v in p.get("env", {}).items()},
-        label=_label(str(p.get("label", ""))),
-        wait=bool(p.get("wait", True)),
-        listen=Listener(host=str(listen["host"]), port=listen["port"]) if listen else None,
+        argv=tuple(_text(a, "argv") for a in _array(p.get("argv"), "argv")),
+        env=_env(p.get("env", {}), "procs.env"),
+        label=_label(_text(p.get("label", ""), "label")),
+        wait=_flag(p.get("wait", True), "wait"),
+        listen=Listener(host=_text(listen.get("host"), "listen.host"),
+                        port=listen.get("port")) if listen else None,
     )
+
+
+# -- the shape of a spec's values: a wrong type is a JobSpecError naming the field --------
+#: A variable's name as a process environment can carry it: no '=' (it ends the name) and
+#: no NUL (it ends the string); ``execve`` and Python's ``subprocess`` refuse either.
+ENV_NAME_RE = re.compile(r"[^=\x00]{1,1024}")
+
+
+def _object(value: object, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise JobSpecError(f"expected a JSON object, got {type(value).__name__}", field=name)
+    return value
+
+
+def _array(value: object, name: str) -> list:
+    if not isinstance(value, list):
+        raise JobSpecError(f"expected a JSON array, got {type(value).__name__}", field=name)
+    return value
+
+
+def _text(value: object, name: str) -> str:
+    """A string a process may be given (argv, a path, a value): no NUL in it."""
+    if not isinstance(value, str) or "\x00" in value:
+        raise JobSpecError(f"expected a string without NUL, got {type(value).__name__}",
+                           field=name)
+    return value
+
+
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise JobSpecError(f"expected true or false, got {type(value).__name__}", field=name)
+    return value
+
+
+def _number(value: object, name: str) -> float:
+    try:
+        return real(value, field=name, low=-MAX_TIME, high=MAX_TIME)
+    except ProtocolError as exc:
+        raise JobSpecError(str(exc), field=name) from None
+
+
+def _whole(value: object, name: str) -> int:
+    try:
+        return whole(value, field=name, low=0, high=MAX_GENERATION)
+    except ProtocolError as exc:
+        raise JobSpecError(str(exc), field=name) from None
+
+
+def _env(value: object, name: str) -> dict[str, str]:
+    """A process environment: names a process can carry (:data:`ENV_NAME_RE`), string
+    values without NUL."""
+    env = _object(value, name)
+    for key, val in env.items():
+        if not ENV_NAME_RE.fullmatch(key):
+            raise JobSpecError(f"invalid variable name {key[:60]!r}: no '=' and no NUL",
+                               field=name)
+        _text(val, f"{name}.{key[:60]}")
+    return dict(env)
 
 
 #: A process label names a log file (``nodes/<rank>-<label>.log``) the root executor

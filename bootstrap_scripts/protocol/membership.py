@@ -9,14 +9,14 @@ Plain Python only: this module runs on nodes (no CDK, no boto3 imports).
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
-from bootstrap_scripts.protocol import bounds
+from bootstrap_scripts.protocol import bounds, record_base, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 
 SCHEMA_VERSION = 1
@@ -140,14 +140,23 @@ class Membership:
     @classmethod
     def from_json(cls, text: str) -> Membership:
         try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise MembershipError(f"membership is not valid JSON: {exc}") from exc
+            data = record_base.loads(text)
+        except ProtocolError as exc:
+            raise MembershipError(f"membership is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Membership:
-        """The membership at ``path``; MembershipError names the file when it is malformed."""
-        text = Path(path).read_text()
+        """The membership at ``path``; MembershipError names the file when it is malformed
+        or is no regular file of text (read as :func:`store.read_text` reads: a FIFO, a
+        link or a device in its place is refused without blocking); FileNotFoundError
+        when there is none."""
+        try:
+            text = store.read_text(path)
+        except ProtocolError as exc:
+            raise MembershipError(str(exc)) from None  # names the file
+        if text is None:
+            raise FileNotFoundError(errno.ENOENT, "no membership", str(path))
         try:
             return cls.from_json(text)
         except MembershipError as exc:

@@ -25,6 +25,8 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from bootstrap_scripts.protocol import record_base
+
 #: The member of ``membership.json`` that carries the master's signature.
 FIELD = "signature"
 ALGORITHM = "ECDSA_SHA_256"
@@ -61,7 +63,7 @@ def digest(doc: Mapping) -> bytes:
 def signed_text(text: str, sign: Signer) -> str:
     """``text`` (a membership document, or another record the master alone may write: a
     drain request) with the master's signature added."""
-    doc = json.loads(text)
+    doc = record_base.loads(text)
     sig = sign(digest(doc))
     doc[FIELD] = {"key": sig.key, "algorithm": sig.algorithm,
                   "value": base64.b64encode(sig.value).decode()}
@@ -83,7 +85,7 @@ def check(text: str, verify: Verifier, what: str = "membership") -> str:
     """Why ``text`` (a ``what``) must not be applied ("" when the master's signature
     holds)."""
     try:
-        doc = json.loads(text)
+        doc = record_base.loads(text)
         if not isinstance(doc, Mapping):
             return f"the {what} is not a JSON object"
         sig = signature_of(doc, what)

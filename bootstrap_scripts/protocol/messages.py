@@ -9,10 +9,9 @@ log and delete it instead of crashing or re-reading it forever.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 
-from bootstrap_scripts.protocol import bounds
+from bootstrap_scripts.protocol import bounds, record_base
 from bootstrap_scripts.protocol.errors import ProtocolError
 
 ROLES = ("master", "worker")
@@ -116,7 +115,7 @@ def _clip(body: object) -> str:
 
 def _parse(body: str) -> Message:
     try:
-        data = json.loads(body)
+        data = record_base.loads(body)
     except (ValueError, TypeError) as exc:  # ValueError: also a 5,000-digit number
         return BadMessage(f"not JSON: {exc}", _clip(body))
     if not isinstance(data, dict):

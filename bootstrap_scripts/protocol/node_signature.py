@@ -20,7 +20,6 @@ names. This module is pure: keys are given as objects or PEM bytes; the files ar
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 
@@ -29,6 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 
 from bootstrap_scripts.protocol import membership_signature as msig
+from bootstrap_scripts.protocol import record_base
 
 #: The curve of every node key (the membership key's, so the one signature form serves).
 CURVE = ec.SECP256R1
@@ -132,7 +132,7 @@ def check(text: str, *, instance_id: str, key_of: KeyLookup, what: str,
     if why:
         return why.replace("the master's", f"{instance_id}'s own")
     if fields:
-        doc = json.loads(text)
+        doc = record_base.loads(text)
         for name, want in fields.items():
             if doc.get(name) != want:
                 return (f"the {what}'s {name} is {doc.get(name)!r}, its place says "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -22,6 +23,55 @@ from typing import Any, ClassVar, TypeVar
 from bootstrap_scripts.protocol.errors import ProtocolError
 
 R = TypeVar("R", bound="Record")
+
+#: The deepest nesting (arrays and objects) a record may have. The deepest record of the
+#: protocol (a job spec: shares, procs, a listener) is 6 levels; a user's or a worker's
+#: root's file nested 100,000 deep would make ``json.loads``, which recurses, raise
+#: RecursionError from wherever it is called, so depth is counted before parsing.
+MAX_DEPTH = 64
+
+#: A JSON string, escapes included (the unrolled form: linear, no backtracking).
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_OPENERS = str.maketrans({"[": "(", "{": "("})
+_CLOSERS = str.maketrans({"]": ")", "}": ")"})
+
+
+def depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON ``text``, counted without
+    recursing (brackets inside strings do not count). For text that is not valid JSON the
+    count may be too high, never too low for the part a parser would read."""
+    bare = _STRING.sub("", text).translate(_OPENERS).translate(_CLOSERS)
+    deepest = level = 0
+    for part in re.findall(r"[()]+", bare):
+        for char in part:
+            level += 1 if char == "(" else -1
+            deepest = max(deepest, level)
+    return deepest
+
+
+def loads(text: str | bytes, *, source: str = "", max_depth: int = MAX_DEPTH) -> Any:
+    """Decode JSON ``text`` the one safe way: nesting deeper than ``max_depth`` is refused
+    before ``json.loads`` runs (it recurses), and every failure of decoding (bad UTF-8, bad
+    JSON, an integer of more digits than Python converts) is a
+    :class:`~bootstrap_scripts.protocol.errors.ProtocolError` naming ``source``: a reader
+    catches one error type and never dies of a record's shape."""
+    where = source or "document"
+    if isinstance(text, bytes | bytearray):
+        try:
+            text = bytes(text).decode()
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"not UTF-8 text: {exc.reason} at byte {exc.start}",
+                                source=where) from None
+    if not isinstance(text, str):
+        raise ProtocolError(f"expected JSON text, got {type(text).__name__}", source=where)
+    found = depth(text)
+    if found > max_depth:
+        raise ProtocolError(f"nested deeper than {max_depth} levels ({found}): not parsed",
+                            source=where)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"not valid JSON: {exc}", source=where) from None
 
 
 def _convert(value: Any, hint: Any, *, source: str, field: str) -> Any:
@@ -47,7 +97,10 @@ def _convert(value: Any, hint: Any, *, source: str, field: str) -> Any:
             return value
     elif hint is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer beyond any float: refused below
+                pass
     elif hint is str:
         if isinstance(value, str):
             return value
@@ -111,16 +164,12 @@ class Record:
             return cls(**kwargs)
         except ProtocolError:
             raise
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, ArithmeticError) as exc:
             raise ProtocolError(str(exc), source=source) from exc
 
     @classmethod
     def from_json(cls: type[R], text: str, *, source: str = "") -> R:
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ProtocolError(f"not valid JSON: {exc}", source=source or cls.KIND) from exc
-        return cls.from_dict(data, source=source)
+        return cls.from_dict(loads(text, source=source or cls.KIND), source=source)
 
 
 def record(cls: type[R]) -> type[R]:

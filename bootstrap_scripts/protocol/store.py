@@ -10,6 +10,7 @@ answered from the attribute cache for up to a minute.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -78,9 +79,11 @@ def write_record(path: str | os.PathLike, record: Record, *, mode: int = 0o644) 
     return atomic_write(path, record.to_json(), mode=mode)
 
 
-#: Every open for reading never blocks: a user may plant a FIFO where a record is expected
-#: in their job directory, and a root daemon blocked on it would stop serving every user.
-READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+#: Every open for reading never blocks and never follows a link in the file's place: a user
+#: may plant a FIFO where a record is expected in their job directory (root on a worker, in
+#: cluster/), and a root daemon blocked on it would stop serving every user; a link to a
+#: device or to a file of another's would be read as the record.
+READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 #: The most a record a node writes on EFS for others to read (a registration, an executor
@@ -89,27 +92,66 @@ READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 #: instead of holding it in memory (the master reads every node's).
 NODE_RECORD_LIMIT = 1024 * 1024
 
+#: The most any reader of this module reads when it names no smaller bound (a membership of
+#: 10,000 nodes is about 2 MiB).
+TEXT_LIMIT = 64 * 1024 * 1024
+
 
 class RecordTooLarge(ProtocolError):
     """A file larger than its reader's bound: refused, never read whole."""
 
 
-def read_text(path: str | os.PathLike, *, limit: int | None = None) -> str | None:
-    """The file's text, or None when it does not exist. With ``limit`` (bytes), a larger
-    file raises :class:`RecordTooLarge` naming it, having read at most ``limit`` + 1
-    characters (its size is looked at first; a file growing meanwhile is cut there)."""
+class NotARecordFile(ProtocolError):
+    """What is in a record's place is no regular file of text (a FIFO, a socket, a device,
+    a directory, a link, bytes that are not UTF-8): refused, never opened further."""
+
+
+def read_text(path: str | os.PathLike, *, limit: int | None = None,
+              errors: str = "strict") -> str | None:
+    """The file's text, or None when it does not exist. Total on whatever is in its place:
+    a link, a FIFO, a socket, a device or a directory raises :class:`NotARecordFile`
+    (without blocking: the open is ``O_NONBLOCK|O_NOFOLLOW`` and its type is taken from
+    ``fstat``), so does text that is not UTF-8; a file larger than ``limit`` bytes
+    (:data:`TEXT_LIMIT` when None) raises :class:`RecordTooLarge` naming it, having read at
+    most ``limit`` + 1 bytes (its size is looked at first; a file growing meanwhile is cut
+    there). Both are :class:`ProtocolError`; other failures to open are ``OSError``.
+    ``errors="replace"``: a log's bytes that are not UTF-8 are shown as U+FFFD instead."""
+    bound = TEXT_LIMIT if limit is None else limit
     try:
         fd = os.open(path, READ_FLAGS)
     except FileNotFoundError:
         return None
-    with os.fdopen(fd) as fh:
-        if limit is None:
-            return fh.read()
-        size = os.fstat(fh.fileno()).st_size
-        text = fh.read(limit + 1) if size <= limit else ""
-        if size > limit or len(text.encode()) > limit:
-            raise RecordTooLarge(f"larger than {limit} bytes: not read", source=str(path))
-        return text
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise NotARecordFile(f"not a regular file ({os.strerror(exc.errno)})",
+                                 source=str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)  # before a file object: io refuses a directory with its own error
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARecordFile(f"not a regular file (mode {st.st_mode:o})", source=str(path))
+        data = _read_upto(fd, bound + 1) if st.st_size <= bound else b""
+    finally:
+        os.close(fd)
+    if st.st_size > bound or len(data) > bound:
+        raise RecordTooLarge(f"larger than {bound} bytes: not read", source=str(path))
+    try:
+        return data.decode(errors=errors)
+    except UnicodeDecodeError as exc:
+        raise NotARecordFile(f"not UTF-8 text ({exc.reason} at byte {exc.start})",
+                             source=str(path)) from None
+
+
+def _read_upto(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``fd`` (fewer only at its end)."""
+    parts, got = [], 0
+    while got < limit:
+        part = os.read(fd, min(limit - got, 1 << 20))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def read_record(path: str | os.PathLike, cls: type[R], *,
@@ -182,8 +224,10 @@ def exists(path: str | os.PathLike) -> bool:
         os.close(os.open(path, READ_FLAGS))
     except FileNotFoundError:
         return False
-    except IsADirectoryError:
-        return True
+    except OSError as exc:  # a directory, a link, a FIFO without writer: something is there
+        if exc.errno in (errno.EISDIR, errno.ELOOP, errno.ENXIO):
+            return True
+        raise
     return True
 
 
@@ -202,6 +246,11 @@ def stamp(path: str | os.PathLike) -> FileStamp | None:
         fd = os.open(path, READ_FLAGS)
     except FileNotFoundError:
         return None
+    except OSError as exc:  # a link in the file's place: its own stamp, never its target's
+        if exc.errno != errno.ELOOP:
+            raise
+        st = os.lstat(path)
+        return FileStamp(st.st_ino, st.st_mtime_ns, st.st_size)
     try:
         st = os.fstat(fd)
     finally:

@@ -12,10 +12,14 @@ would see a leak. Root only; one TensorBoard process, no cluster.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +96,23 @@ def test_another_user_on_the_master_cannot_read_a_jobs_tensorboard(victim, attac
             tags = next(iter(scalars_tags(served["url"]).values()), {})
             time.sleep(0.5)
         assert "loss" in tags, tags
+
+
+def test_two_users_jobs_of_the_same_id_never_share_a_tensorboard(victim, attacker):
+    """The root service keys a TensorBoard by the job's user AND id: asked (by the operator
+    channel, as root) for the attacker's job of the same id, it neither answers with the
+    victim's server (logdir, secret URL) nor stops it."""
+    efs = Path(tempfile.mkdtemp(prefix="dl-tb-same-", dir="/tmp"))
+    try:
+        with tensorboard_job(victim, "same-id", prefix="", efs=efs) as mine, \
+                tensorboard_job(attacker, "same-id", prefix="", efs=efs) as theirs:
+            served = mine.start(17106)
+            stopped = theirs.dl_jobs("--stop")
+            assert stopped.returncode == 0, stopped.stderr
+            assert "no TensorBoard runs" in json.loads(stopped.stdout)["message"]
+            os.killpg(served["pid"], 0)  # the victim's server still runs (else: raises)
+            other = theirs.start(17206)
+            assert other["logdir"] == str(theirs.paths.tensorboard_dir) != served["logdir"]
+            assert other["url"] != served["url"] and not other["already_running"]
+    finally:
+        shutil.rmtree(efs, ignore_errors=True)

@@ -101,12 +101,13 @@ def test_user_dir_is_made_by_root_and_handed_to_the_user(tmp_path):
 
 def test_a_fifo_planted_as_a_record_does_not_block_a_reader(tmp_path):
     """A root daemon polls records in users' job directories: a FIFO there (no writer)
-    must read as empty at once, not hang the daemon for every user."""
+    is refused at once (no regular file), not hang the daemon for every user."""
     from bootstrap_scripts.protocol import store
 
     os.mkfifo(tmp_path / "cancel")
     assert store.exists(tmp_path / "cancel")
-    assert store.read_text(tmp_path / "cancel") == ""
+    with pytest.raises(store.NotARecordFile):
+        store.read_text(tmp_path / "cancel")
     assert store.stamp(tmp_path / "cancel") is not None
 
 

@@ -190,10 +190,11 @@ class LocalCluster:
         found: dict[str, int] = {}
         for jdir in self.job_dirs():
             paths = JobPaths(jdir)
-            text = store.read_text(paths.spec)
             try:
+                text = store.read_text(paths.spec)
                 shares = JobSpec.from_json(text).shares if text else ()
-            except ProtocolError:  # a spec the executors refuse (a drill's): nothing started
+            except ProtocolError:  # a spec the executors refuse (a drill's link, FIFO,
+                #                    garbage): nothing started
                 shares = ()
             for share in shares:
                 found.setdefault(share_token(paths.key, share.rank, share.address), 0)

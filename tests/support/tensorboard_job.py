@@ -3,7 +3,7 @@ starts it, for the tests that look at a job's TensorBoard (the browser test, the
 drill).
 
 :func:`tensorboard_job` makes a fresh EFS directory (``/tmp``, mode 755) holding
-``managed/<job>/`` as the controller leaves it for the job's user: the directory (0700) and
+``managed/<user>/<job>/`` as the controller leaves it for the job's user: the directory (0700) and
 its ``request.json``, both owned by that user. :meth:`BoardJob.start` runs ``dl-jobs
 tensorboard`` as root (as the operator channel runs it); on exit the board is stopped with
 ``dl-jobs tensorboard --stop``, whatever is left of its process group is killed, the root
@@ -53,7 +53,7 @@ class BoardJob:
     def dl_jobs(self, *args: str) -> subprocess.CompletedProcess:
         """``dl-jobs tensorboard <job> ARGS`` as root."""
         return subprocess.run([sys.executable, "-m", "bootstrap_scripts.jobs.cli.dl_jobs",
-                               "--mount-point", str(self.efs), "tensorboard", self.job_id,
+                               "--mount-point", str(self.efs), "tensorboard", self.paths.key,
                                *args], capture_output=True, text=True, timeout=90,
                               cwd=REPO_ROOT)
 
@@ -72,20 +72,22 @@ class BoardJob:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.served["pid"], signal.SIGKILL)  # whatever --stop left
         with contextlib.suppress(OSError):
-            (tb.ROOT_STATE_DIR / f"{self.job_id}.json").unlink()
+            (tb.ROOT_STATE_DIR / self.paths.user / f"{self.paths.job_id}.json").unlink()
 
 
 @contextlib.contextmanager
-def tensorboard_job(user: pwd.struct_passwd, job_id: str, *, prefix: str
-                    ) -> Iterator[BoardJob]:
-    """A managed job ``job_id`` of ``user`` on a fresh EFS directory (``prefix``: its name's
-    start in /tmp); its TensorBoard stopped and the directory removed on exit."""
-    efs = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+def tensorboard_job(user: pwd.struct_passwd, job_id: str, *, prefix: str,
+                    efs: Path | None = None) -> Iterator[BoardJob]:
+    """A managed job ``job_id`` of ``user`` (``managed/<user>/<job_id>/``) on a fresh EFS
+    directory (``prefix``: its name's start in /tmp), or on ``efs`` (another job's: the
+    caller removes it); its TensorBoard stopped and a fresh directory removed on exit."""
+    fresh = efs is None
+    efs = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")) if efs is None else efs
     job = None
     try:
         os.chmod(efs, 0o755)
-        paths = ClusterPaths(efs).managed(job_id)
-        paths.dir.parent.mkdir(parents=True)
+        paths = ClusterPaths(efs).managed(f"{user.pw_name}/{job_id}")
+        paths.dir.parent.mkdir(parents=True, exist_ok=True)
         paths.dir.mkdir(mode=0o700)
         paths.request.write_text("{}")
         for p in (paths.dir, paths.request):
@@ -95,4 +97,5 @@ def tensorboard_job(user: pwd.struct_passwd, job_id: str, *, prefix: str
     finally:
         if job is not None:
             job.stop()
-        shutil.rmtree(efs, ignore_errors=True)
+        if fresh:
+            shutil.rmtree(efs, ignore_errors=True)

@@ -17,6 +17,7 @@ from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.outcomes import say
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.jobs.engine.watch import LogTailer
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths, ManagedPaths
@@ -44,8 +45,13 @@ class AttemptPrinter:
             except OSError:  # not there yet, another user's (its --env is theirs), or unsafe
                 text = None
             if text:
-                self.tailer = LogTailer(self.job.nodes, JobSpec.from_json(text),
-                                        prefix=self.prefix, ranks=self.ranks)
+                try:
+                    spec = JobSpec.from_json(text)
+                except ProtocolError:  # garbled by its user: looked at again next poll
+                    spec = None
+                if spec is not None:
+                    self.tailer = LogTailer(self.job.nodes, spec, prefix=self.prefix,
+                                            ranks=self.ranks)
         if self.tailer is not None:
             self.tailer.poll(final=final)
         self.poll_runner(final=final)

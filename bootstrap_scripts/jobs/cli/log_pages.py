@@ -35,6 +35,7 @@ from bootstrap_scripts.jobs.cli.follow import restart_line
 from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.jobs.engine.watch import LogTailer
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import (
@@ -164,7 +165,10 @@ class AttemptFiles:
             except OSError:
                 text = ""
             if text:
-                self.tailer = LogTailer(self.job.nodes, JobSpec.from_json(text))
+                try:
+                    self.tailer = LogTailer(self.job.nodes, JobSpec.from_json(text))
+                except ProtocolError:  # garbled by its user: its lines go unprefixed
+                    self.tailer = None
         if self.tailer is None:
             return f"[{name.removesuffix(SHARE_LOG_SUFFIX)}] "
         return self.tailer.line_prefix(name)

@@ -200,16 +200,15 @@ def outcome(paths: JobPaths, runner_code: int | None) -> Failure | None:
 def shares_started_at(paths: JobPaths) -> float | None:
     """When the last of the attempt's shares started, once every share of its spec has;
     None before."""
-    try:  # the user's file: never through a link (``userfiles``)
-        spec_text = userfiles.read_owned(paths.dir, paths.spec.name).text
-    except FileNotFoundError:
+    try:  # the user's file: never through a link (``userfiles``); theirs to garble too
+        spec = JobSpec.from_json(userfiles.read_owned(paths.dir, paths.spec.name).text)
+    except (OSError, ProtocolError):
         return None
-    spec = JobSpec.from_json(spec_text)
     started = {rec.rank: rec for _s, rec in userfiles.scan(
         paths.nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX)}
     if any(s.rank not in started for s in spec.shares):
         return None
-    return max(started[s.rank].started_at for s in spec.shares)
+    return max((started[s.rank].started_at for s in spec.shares), default=None)
 
 
 def attempt_nnodes(paths: JobPaths, run: RunRequest, count: int) -> NodeRange:

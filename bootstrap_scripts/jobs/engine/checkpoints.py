@@ -26,7 +26,6 @@ checkpoint is (``data/checkpoint_plan.py``).
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import sys
@@ -34,11 +33,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import bootstrap_scripts
-from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_status
+from bootstrap_scripts.data.checkpoint_mirror import local_listing, read_local, read_status
 from bootstrap_scripts.data.checkpoint_plan import survey
 from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
+from bootstrap_scripts.protocol import record_base
 from bootstrap_scripts.protocol.jobs import Proc, RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
@@ -128,10 +128,11 @@ def checkpoint_position(ckdir: Path) -> tuple[int | None, int | None]:
     to its newest checkpoint); (None, None) when there is none."""
     newest = survey(*local_listing(ckdir)).newest
     try:
-        info = newest.meta if newest is not None else json.loads(
-            (ckdir / "latest.json").read_text())
+        info = newest.meta if newest is not None else record_base.loads(
+            read_local(ckdir / "latest.json"), source=str(ckdir / "latest.json"))
         return int(info["epoch"]), int(info["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, ArithmeticError):
+        # none, or no regular file of text (a FIFO is never waited on), or not a position
         return None, None
 
 

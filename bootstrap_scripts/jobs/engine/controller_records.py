@@ -30,9 +30,9 @@ checks nothing, as the membership does.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -41,7 +41,7 @@ from typing import TypeVar
 
 from bootstrap_scripts.agent.membership_key import MembershipKeyError
 from bootstrap_scripts.jobs.engine import root_jobs
-from bootstrap_scripts.protocol import membership_signature, store
+from bootstrap_scripts.protocol import membership_signature, record_base, store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths
@@ -52,6 +52,9 @@ R = TypeVar("R", bound=Record)
 #: The controller's tree of trusted job records is root's: no user writes in it.
 DIR_MODE = 0o755
 _LOGGED_LIMIT = 1000
+#: The largest controller record read: a job record with a long restart log and cost ledger
+#: is some KiB; root on a worker can plant any size in cluster/.
+RECORD_LIMIT = store.TEXT_LIMIT
 
 
 class Trust(StrEnum):
@@ -173,21 +176,27 @@ class ControllerSeal:
         """The record at ``path`` and whether it is the master's (UNCHECKED when KMS cannot
         be asked for the public key: look again, conclude nothing)."""
         try:
-            fd = os.open(path, store.READ_FLAGS | os.O_NOFOLLOW)
+            fd = os.open(path, store.READ_FLAGS)
         except FileNotFoundError:
             self._checked.pop(path, None)
             return SealedRead(Trust.ABSENT)
         except OSError as exc:
             self.refuse(path, f"cannot open: {exc}")
             return SealedRead(Trust.REFUSED, why=f"{path} cannot be opened ({exc})")
+        st = os.fstat(fd)  # before a file object: io refuses a directory with its own error
+        if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_LIMIT:
+            os.close(fd)
+            why = (f"not a regular file of at most {RECORD_LIMIT} bytes (mode "
+                   f"{st.st_mode:o}, {st.st_size} bytes)")
+            self.refuse(path, why)
+            return SealedRead(Trust.REFUSED, why=f"{path}: {why}")
         with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
             stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             seen = self._checked.get(path)
             if seen is not None and seen[0] == stamp:
                 return seen[1]
             try:
-                text = fh.read().decode()
+                text = fh.read(RECORD_LIMIT + 1).decode()
             except (OSError, UnicodeDecodeError) as exc:
                 self.refuse(path, f"cannot read: {exc}")
                 return SealedRead(Trust.REFUSED, why=f"{path} cannot be read ({exc})")
@@ -208,7 +217,7 @@ class ControllerSeal:
                 self.refuse(path, why)
                 return SealedRead(Trust.REFUSED, why=why)
         try:
-            data = json.loads(text)
+            data = record_base.loads(text)
             if isinstance(data, dict):
                 data.pop(membership_signature.FIELD, None)
             return SealedRead(Trust.SIGNED, cls.from_dict(data, source=str(path)))

@@ -8,6 +8,7 @@ program's modules to get it.
 from __future__ import annotations
 
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.node_files import parse_env_file
 from bootstrap_scripts.protocol.paths import NodePaths
 
@@ -16,6 +17,6 @@ def read_node_env(paths: NodePaths) -> dict[str, str]:
     """The node's ``DEEPLEARNING_*`` / ``EFS_MOUNT`` variables ({} before the agent wrote them)."""
     try:
         text = store.read_text(paths.env)
-    except OSError:
+    except (OSError, ProtocolError):
         return {}
     return parse_env_file(text) if text is not None else {}

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.node import node_region
+from bootstrap_scripts.protocol import record_base
 from bootstrap_scripts.protocol.membership_signature import ALGORITHM, Signature
 
 #: Under the node root: the membership key's ARN, written by the installer from user data.
@@ -71,7 +72,7 @@ def signature_text(sig: Signature) -> str:
 
 def parse_signature(text: str) -> Signature:
     try:
-        raw = json.loads(text)
+        raw = record_base.loads(text)
         return Signature(key=str(raw["key"]), algorithm=str(raw["algorithm"]),
                          value=base64.b64decode(str(raw["value"]), validate=True))
     except (ValueError, KeyError, TypeError, binascii.Error) as exc:

@@ -15,7 +15,6 @@ node's directory, bytes, seconds and GB/s.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -28,7 +27,8 @@ from bootstrap_scripts.data.checksums import WARN
 from bootstrap_scripts.data.plan import RESULT_MARKER, size_text
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
-from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol import record_base, store
+from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import RunRequest, StagedNode, StagingReport
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import JobPaths
@@ -75,7 +75,7 @@ def stage_results(paths: JobPaths, m: Membership) -> dict[int, dict]:
                 marker, _, body = line.strip().partition(" ")
                 if marker == RESULT_MARKER:
                     with contextlib.suppress(ValueError):
-                        out[node.rank] = json.loads(body)
+                        out[node.rank] = record_base.loads(body)
     return out
 
 
@@ -147,7 +147,7 @@ def cancel_forwarded(job: JobPaths, stage: JobPaths, poll: float = 0.5) -> Itera
     def forward() -> None:
         while not done.wait(poll):
             if store.exists(job.cancel):
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, ProtocolError):
                     store.atomic_write(stage.cancel, store.read_text(job.cancel) or
                                        "the job was cancelled while staging its data\n")
                 return

@@ -139,12 +139,18 @@ def read_owned(directory: Path, name: str, *, limit: int = MAX_READ_BYTES,
             if st.st_uid != dst.st_uid and not (root_too and st.st_uid == 0):
                 raise UnsafeUserFile(0, f"{directory / name} belongs to uid {st.st_uid} but "
                                         f"its directory to uid {dst.st_uid}: refusing it")
-            data = fh.read(limit + 1) if limit else b""
+            # a larger file is refused unread (its size first), one growing meanwhile cut
+            data = fh.read(limit + 1) if limit and st.st_size <= limit else b""
     finally:
         os.close(dfd)
-    if len(data) > limit:
+    if limit and (st.st_size > limit or len(data) > limit):  # 0: only looked at, not read
         raise UnsafeUserFile(0, f"{directory / name} is larger than {limit} bytes")
-    return Owned(data.decode(), st.st_uid, st.st_gid)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise UnsafeUserFile(0, f"{directory / name} is not UTF-8 text ({exc.reason} at byte "
+                                f"{exc.start})") from None
+    return Owned(text, st.st_uid, st.st_gid)
 
 
 def read_record(path: Path, cls: type[R], *, root_too: bool = False) -> R | None:

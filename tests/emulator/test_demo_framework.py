@@ -4,26 +4,15 @@ TF job on real emulated nodes is tests/runner/test_tensorflow.py)."""
 
 from __future__ import annotations
 
-import io
 import sys
 import types
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from emulator.demo import frameworks
-from emulator.demo.cli import build_parser, validate
 from emulator.demo.context import DemoError
-from emulator.demo.orchestration import Demo
-from emulator.resources import loopback_instances
-
-
-def parsed(*args: str):
-    parser = build_parser()
-    ns = parser.parse_args(list(args))
-    validate(ns, parser)
-    return ns
+from tests.support.demo_args import job_argv, parsed
 
 
 def test_framework_defaults_to_torch_and_takes_tf():
@@ -44,17 +33,6 @@ def test_what_tf_cannot_play_is_refused_before_anything_starts(args, capsys):
     assert "--framework" in err, err
 
 
-def job_argv(tmp_path: Path, monkeypatch, *args: str) -> list[str]:
-    """The ``dl-run`` command line the demo would run on the master."""
-    ns = parsed("--work-dir", str(tmp_path / "work"), *args)
-    demo = Demo(ns, Console(file=io.StringIO(), width=200))
-    master = types.SimpleNamespace(root=tmp_path / "node0",
-                                   address=loopback_instances(1)[0].address)
-    monkeypatch.setattr(demo, "master", lambda: master)
-    seen: list[list[str]] = []
-    monkeypatch.setattr(demo, "follow_job", lambda argv, *_: seen.append(argv))
-    demo.run_job(world_sizes=[3])
-    return seen[0]
 
 
 def test_tf_runs_the_tf_example_with_the_tf_launcher_and_the_nodes_own_binds(tmp_path,

@@ -214,6 +214,8 @@ class Demo(DemoContext):
         from emulator.demo import capacity  # --capacity-out / --context
 
         cluster.check_install(self)
+        if getattr(ns, "acc_note", ""):
+            self.info(ns.acc_note)
         if ns.framework == "tf":
             frameworks.ensure_tensorflow(self)
         cluster.start_cloud(self)

@@ -258,13 +258,16 @@ def cancel(ctx, job) -> None:
               help="remove one elastic worker (drained first)")
 @click.option("--replace", default=None, metavar="ADDRESS",
               help="replace one worker (a straggler) by a new instance (drained first)")
+@click.option("--status", "show_status", is_flag=True,
+              help="the nodes (base or elastic, joining, draining) and the worker group's "
+                   "desired, minimum, maximum and base counts")
 @click.pass_context
-def scale(ctx, workers, remove, replace) -> int:
+def scale(ctx, workers, remove, replace, show_status) -> int:
     """Grow or shrink the worker group, or replace a worker (dl-scale on the master)."""
-    argv = jobs_mod.scale_argv(workers, remove, replace)
+    argv = jobs_mod.scale_argv(workers, remove, replace, status=show_status)
     code, stdout, stderr = jobs_mod.run_passthrough(remote_of(ctx), argv, timeout=120)
-    click.echo(stdout, nl=False)
-    click.echo(stderr, nl=False, err=True)
+    click.echo(jobs_mod.laptop_terms(stdout), nl=False)
+    click.echo(jobs_mod.laptop_terms(stderr), nl=False, err=True)
     return 0 if code == 0 else errors.EXIT_FAILED
 
 

@@ -253,11 +253,13 @@ def cancel(remote: Remote, jid: str) -> str:
     return res.stdout.strip() or f"cancelled {jid}"
 
 
-def scale_argv(workers: int | None, remove: str | None, replace: str | None = None
-               ) -> list[str]:
-    if sum(x is not None for x in (workers, remove, replace)) != 1:
-        raise UsageError("give exactly one of --workers N, --remove ADDRESS or "
-                         "--replace ADDRESS")
+def scale_argv(workers: int | None, remove: str | None, replace: str | None = None, *,
+               status: bool = False) -> list[str]:
+    if sum(x is not None for x in (workers, remove, replace)) + status != 1:
+        raise UsageError("give exactly one of --workers N, --remove ADDRESS, "
+                         "--replace ADDRESS or --status")
+    if status:
+        return ["dl-scale", "--status"]
     if workers is not None:
         if workers < 0:
             raise UsageError(f"--workers must be >= 0, got {workers}")
@@ -265,6 +267,12 @@ def scale_argv(workers: int | None, remove: str | None, replace: str | None = No
     if replace is not None:
         return ["dl-scale", "--replace", str(replace)]
     return ["dl-scale", "--remove", str(remove)]
+
+
+def laptop_terms(text: str) -> str:
+    """``dl-scale``'s own output as ``dlc scale`` shows it: where it points to its own
+    options (``dl-scale --status``), the laptop's command that runs them."""
+    return text.replace("dl-scale --", "dlc scale --")
 
 
 def run_passthrough(remote: Remote, argv: list[str], timeout: int) -> tuple[int, str, str]:

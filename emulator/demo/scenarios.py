@@ -60,6 +60,9 @@ EPOCHS_AFTER_SCENARIO = 2
 #: After training continued without the removed node: how long Auto Scaling may take to
 #: terminate it (the master completes the action once the node's shares stopped).
 TERMINATION_WAIT_S = 60.0
+#: Workers a kept cluster may add above its base ones (its ``maxWorkers``, unless
+#: ``--context`` sets it): ``dlc scale --workers N`` has room both ways on it.
+KEPT_ROOM = 2
 #: The example's held-out accuracy target (``--require-acc``'s default): it reaches 0.96 to
 #: 0.975 in 20 epochs and about 0.958 in 8. A shorter run's default is the lower target,
 #: said before the demo starts (3 epochs reach about 0.92, 1 epoch about 0.86).
@@ -130,6 +133,8 @@ def deploy_context(ns: argparse.Namespace) -> dict[str, str]:
     context = {}
     if ns.add_worker_after is not None:
         context["maxWorkers"] = str(ns.workers + 1)  # room for the added worker
+    if getattr(ns, "keep", False):  # room for README's `dlc scale --workers N` on top
+        context["maxWorkers"] = str(ns.workers + KEPT_ROOM)
     if ns.data_prep or ns.fail_data_prep:
         context["dataPrepScript"] = ns.data_prep or PREP_COMMAND
     return context

@@ -1,5 +1,5 @@
 """dlc end to end against ONE kept emulated cluster (``make demo ARGS=--keep``: a master
-and two base workers, the worker group's maximum one more so it has room to scale out),
+and two base workers, the worker group's maximum two more so it has room to scale out),
 shared by this module and stopped at its end, always. Every command goes through AWS APIs
 only: CloudFormation, Auto Scaling, EC2, and SSM Run Command to the master's own CLIs,
 played by the emulator's SSM Agent. The node-killing test runs last."""
@@ -38,6 +38,7 @@ from tests.support.kept import (
     DATA_PREFIX,
     UNREACHABLE_ACC,
     demo_stop,
+    readme_dlc_line,
     state_groups,
 )
 
@@ -249,17 +250,21 @@ def test_status_and_health_tables(kept: dict, capsys) -> None:
 
 
 def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys, job_user) -> None:
+    """The README's ``dlc submit --as USER`` and ``dlc logs -f`` lines as written, by a new
+    cluster user, on the work dir the demo made (nothing but the interpreter opened)."""
     if not has_controller(kept):
         pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
-    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--json", "--", "python",
-                         "-m", "bootstrap_scripts.examples.train_digits", "--epochs", "2",
-                         "--require-acc", "0.3", "--global-batch-size", "64")
+    work = Path(kept["report"]["work_dir"])
+    assert work.stat().st_mode & 0o777 == 0o755, "cluster users cannot read the nodes' files"
+    code, out, err = dlc(kept, capsys, *readme_dlc_line("dlc submit --as USER -- python",
+                                                        job_user))
     assert code == 0, err
-    job = json.loads(out)["job_id"]
-    code, out, err = follow(kept, job)
+    job = out.strip()
+    assert readme_dlc_line("dlc logs -f", job=job) == ["logs", "-f", job]
+    code, out, err = follow(kept, job)  # the same words, in their own bounded process
     assert code == 0, out[-2000:] + err
     assert f"job {job} succeeded" in err
-    assert "final acc=" in out and "epoch=2" in out
+    assert "final acc=" in out and "epoch=20" in out
     code, out, _ = dlc(kept, capsys, "logs", job, "--node", "1")
     assert code == 0 and "[1 " in out and "[0 " not in out
     assert listed_jobs(kept, capsys)[job]["state"] == "succeeded"
@@ -756,10 +761,14 @@ def test_scale_out_and_in(kept: dict, capsys) -> None:
             time.sleep(0.5)
         raise AssertionError(f"{why}: never {n} healthy members: {st}")
 
-    assert workers()["DesiredCapacity"] == 2  # the base workers (maxWorkers: 3)
-    before = status_json(kept, capsys)["membership"]["generation"]
-    code, out, err = dlc(kept, capsys, "scale", "--workers", "3")
+    assert workers()["DesiredCapacity"] == 2  # the base workers (maxWorkers: 4)
+    code, out, err = dlc(kept, capsys, *readme_dlc_line("dlc scale --status"))
     assert code == 0, err
+    assert "workers desired 2 (min 1, max 4, base 2)" in out
+    before = status_json(kept, capsys)["membership"]["generation"]
+    code, out, err = dlc(kept, capsys, *readme_dlc_line("dlc scale --workers 3"))
+    assert code == 0, err
+    assert "watch with dlc scale --status" in out
     assert "workers 2 -> 3" in out
     group = workers()
     assert group["DesiredCapacity"] == 3 and len(group["Instances"]) == 3
@@ -774,7 +783,10 @@ def test_scale_out_and_in(kept: dict, capsys) -> None:
     st = members_become(3, "scale in to 2 workers")
     assert added.isdisjoint(x["instance_id"] for x in st["nodes"] if x.get("rank") is not None)
     code, _, err = dlc(kept, capsys, "scale", "--workers", "5")
-    assert code == 1 and "above the worker group's maximum 3" in err
+    assert code == 1 and "above the worker group's maximum 4" in err
+    code, _, err = dlc(kept, capsys, "scale", "--workers", "1")
+    assert code == 1 and "below the 2 base worker(s)" in err
+    assert "dlc scale --status shows the base, minimum, maximum" in err
     master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")
     code, _, err = dlc(kept, capsys, "scale", "--remove", master["address"])
     assert code == 1 and "is the master" in err

@@ -58,7 +58,8 @@ def test_bad_context_names_the_value(capsys) -> None:
 
 def test_scale_usage_names_both_options(capsys) -> None:
     assert main(["scale"]) == 2
-    assert "--workers N, --remove ADDRESS or --replace ADDRESS" in capsys.readouterr().err
+    assert "--workers N, --remove ADDRESS, --replace ADDRESS or --status" in \
+        capsys.readouterr().err
 
 
 def test_missing_emulator_state_is_not_found(tmp_path: Path, capsys) -> None:
@@ -258,6 +259,12 @@ def test_scale_and_logs_argv() -> None:
     remote.document_parameters(replace, timeout=9)  # within the operator document's pattern
     with pytest.raises(UsageError, match="exactly one"):
         jobs.scale_argv(None, "10.0.1.9", "10.0.1.7")
+    status = jobs.scale_argv(None, None, status=True)
+    assert status == ["dl-scale", "--status"]
+    remote.document_parameters(status, timeout=9)
+    with pytest.raises(UsageError, match="exactly one"):
+        jobs.scale_argv(3, None, status=True)
+    assert jobs.laptop_terms("watch with dl-scale --status") == "watch with dlc scale --status"
     assert jobs.page_argv("j1", "2:0=14", 2) == ["dl-jobs", "logs", "j1", "--cursor", "2:0=14",
                                                  "--node", "2"]
     remote.document_parameters(jobs.page_argv("j1", "2:0=14,1-ps=3,r=9", None), timeout=9)

@@ -38,3 +38,18 @@ def state_groups(state_path: Path) -> set[int]:
             groups.add(state["service"]["pid"])
         return groups
     return set()
+
+
+def readme_dlc_line(start: str, user: str = "", job: str = "") -> list[str]:
+    """The README's ``dlc`` command that starts with ``start`` (in its "From your laptop"
+    block), as written: its comment dropped, ``USER`` replaced by ``user`` and ``<job id>``
+    by ``job``; the words after ``dlc``."""
+    import shlex
+
+    readme = (Path(REPO_ROOT) / "README.md").read_text()
+    block = readme.split("### From your laptop: `dlc`", 1)[1].split("```bash", 1)[1]
+    block = block.split("```", 1)[0]
+    (line,) = [ln for ln in block.splitlines() if ln.startswith(start)]
+    words = shlex.split(line.split("  #", 1)[0].replace("<job id>", job or "JOB"))
+    assert words[0] == "dlc", line
+    return [user if w == "USER" else w for w in words[1:]]

@@ -102,8 +102,18 @@ def test_no_region_anywhere_is_a_usage_error(monkeypatch, tmp_path: Path) -> Non
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.delenv("AWS_REGION", raising=False)
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
-    with pytest.raises(UsageError, match="no AWS region"):
+    with pytest.raises(UsageError, match="no AWS region") as exc:
         resolve(environ={})
+    assert "export DLC_EMULATOR=" in str(exc.value)  # a new terminal that meant the emulator
+
+
+def test_no_credentials_mention_the_emulator(monkeypatch, tmp_path: Path) -> None:
+    from botocore.exceptions import NoCredentialsError
+
+    from dlc import aws as dlc_aws
+
+    err = dlc_aws.aws_error(NoCredentialsError(), "an AWS call")
+    assert "aws configure" in str(err) and "export DLC_EMULATOR=" in str(err)
 
 
 def test_state_of_an_older_demo_says_so(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.ops.cost import parse_usd, plain
@@ -121,6 +122,23 @@ def cost_cell(job: dict) -> str:
         spent = cost_usd(spent)
     cap = job.get("max_cost_usd") or ""
     return spent + (f"/{cap}" if cap else "")
+
+
+#: Decimal places of a cost in ``dlc jobs --json`` (a millionth of a dollar).
+COST_PLACES = 6
+
+
+def json_costs(job: dict) -> dict:
+    """A job of ``dl-jobs --json`` as ``dlc jobs --json`` prints it: its cost a JSON number
+    to :data:`COST_PLACES` places (the ledger's sums carry 30 digits), ``"unknown"`` kept."""
+    ledger = job.get("cost")
+    if not isinstance(ledger, dict):
+        return job
+    try:
+        usd = round(float(Decimal(str(ledger.get("usd")))), COST_PLACES)
+    except (InvalidOperation, ValueError):
+        return job
+    return {**job, "cost": {**ledger, "usd": usd}}
 
 
 def job_user(target: Target, as_user: str | None) -> str:

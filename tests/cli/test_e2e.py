@@ -571,7 +571,7 @@ def test_submit_with_max_cost_stops_the_job_at_its_cap(kept: dict, capsys, job_u
     (attempt,) = listed["usage"]
     assert {n["usd_per_hour"] for n in attempt["nodes"]} == {
         PRICES[("us-east-1", "g5.xlarge")].rstrip("0")}
-    spent = Decimal(listed["cost"]["usd"])
+    spent = Decimal(str(listed["cost"]["usd"]))  # a JSON number, to a millionth
     assert Decimal("0.01") <= spent < Decimal("0.02"), listed["cost"]
     code, out, _ = dlc(kept, capsys, "jobs")
     assert code == 0 and f"{cost_usd(str(spent))}/0.01" in out
@@ -593,7 +593,7 @@ def test_engine_metrics_reach_cloudwatch_with_the_dashboards_dimensions(kept: di
     members = [n for n in st["nodes"] if n["rank"] is not None]
     jobs = list(listed_jobs(kept, capsys).values())
     assert all(j["state"] not in ("queued", "running") for j in jobs), jobs
-    spent = sum(Decimal(j["cost"]["usd"]) for j in jobs if j["cost"]["usd"] != "unknown")
+    spent = sum(Decimal(str(j["cost"]["usd"])) for j in jobs if j["cost"]["usd"] != "unknown")
     capped = next(j for j in jobs if j["max_cost_usd"] == "0.01")
     c = {names.DIM_CLUSTER: cluster}
     j = {**c, names.DIM_JOB: capped["job_id"]}
@@ -618,7 +618,7 @@ def test_engine_metrics_reach_cloudwatch_with_the_dashboards_dimensions(kept: di
         seen = now_seen()
         costs_right = seen["cluster_usd"] is not None and seen["job_usd"] is not None and \
             abs(Decimal(str(seen["cluster_usd"])) - spent) < Decimal("0.001") and \
-            abs(Decimal(str(seen["job_usd"])) - Decimal(capped["cost"]["usd"])) < \
+            abs(Decimal(str(seen["job_usd"])) - Decimal(str(capped["cost"]["usd"]))) < \
             Decimal("0.001")
         if (costs_right and {k: seen[k] for k in wanted} == wanted) or \
                 time.monotonic() > deadline:

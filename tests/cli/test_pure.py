@@ -660,4 +660,28 @@ def test_dlc_jobs_shows_each_jobs_cost(monkeypatch, capsys) -> None:
     assert main(["jobs"]) == 0
     text = capsys.readouterr().out
     assert "cost USD" in text and "5.00/5" in text and "budget" in text
+
+
+def test_dlc_jobs_fits_120_columns_and_its_json_cost_is_a_number(monkeypatch, capsys) -> None:
+    ckpt = "/efs/checkpoints/alice/torchrun-20261207-192256-b3072e/step-000460/manifest.json"
+    listing = [{"job_id": "torchrun-20261207-192256-b3072e", "state": "failed",
+                "world_size": 3, "full_size": 3, "restarts": 2, "submitted_at": 1.8e9,
+                "usage": [{}], "cost": {"usd": "0.012345678901234567890123456789"},
+                "max_cost_usd": "5", "checkpoint": {"efs": ckpt, "s3": "s3://b/" + ckpt},
+                "last_failure": "node rank 0 (127.20.128.5) exited with code 1: error: final "
+                                "held-out accuracy 0.9222 is below --require-acc 0.95",
+                "stragglers": ["127.20.128.6 (rank 1) 2.1x the median step"]}]
+    monkeypatch.setattr(jobs, "master_remote", lambda target: None)
+    monkeypatch.setattr(jobs, "list_jobs", lambda remote: listing)
+    monkeypatch.setattr("dlc.cli.target_of", lambda ctx: None)
+    assert main(["jobs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 120, "\n".join(lines)
+    assert any("torchrun-20261207-192256-b3072e" in line for line in lines)
+    assert main(["jobs", "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)
+    assert job["cost"]["usd"] == 0.012346 and job["max_cost_usd"] == "5"
+    listing[0]["cost"] = {"usd": "unknown"}
+    assert main(["jobs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["cost"]["usd"] == "unknown"
     assert "budget" in status.FINISHED

@@ -367,6 +367,8 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
         console.print(f"--stop deletes the work directory {work} with everything in it:\n"
                       + report.work_contents(work)
                       + "\n  (to keep it: --stop STATE_FILE --keep-files)", highlight=False)
+    # what is actually running (a recorded group may have ended long ago)
+    running = [g for g in groups if g.same_process() and pids_in_groups([g.pid])]
     left = stop_groups(groups, grace=15)
     for node in state.get("nodes", []):  # the machines are gone, and their kernels' rules
         if node.get("imds_url"):
@@ -375,7 +377,9 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
     if left:
         console.print(f"[bold red]still alive:[/] {sorted(left)}")
         return 1
-    console.print(f"stopped {len(groups)} process group(s)")
+    console.print(f"stopped {len(running)} process group(s)" if running else
+                  f"nothing was running (the {len(groups)} recorded process group(s) had "
+                  f"ended)")
     if remove:
         shutil.rmtree(work, ignore_errors=True)
         console.print(f"removed {work}")

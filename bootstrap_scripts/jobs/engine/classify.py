@@ -184,7 +184,7 @@ def failing_nodes(result: JobResult, exits: Mapping[int, ShareExit]
 
 
 def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
-             runner_code: int | None = None) -> Failure | None:
+             runner_code: int | None = None, cancelled_by: str = "") -> Failure | None:
     """The failure of a finished attempt (None: it succeeded).
 
     ``result`` is the attempt's ``result.json`` and ``exits`` its shares' exit records;
@@ -192,7 +192,10 @@ def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
     (a node unreachable at its start: ``node-lost``; None, a runner that vanished (seen
     only through its heartbeat), or negative, one killed by a signal (``kill -9``, the OOM
     killer: the runner is the product's process, the job's code never runs in it):
-    ``runner-lost``; anything else, e.g. options the launcher refused: ``code``)."""
+    ``runner-lost``; anything else, e.g. options the launcher refused: ``code``).
+    ``cancelled_by``: the reason of a cancel sent from outside the runner (the job's cancel
+    marker: a user's cancel, the cost cap, the job controller): shares it stopped are that
+    cancel, not the code."""
     if result is None and runner_code is None:
         return Failure(FailureKind.RUNNER_LOST, "the attempt's runner stopped without a "
                        "result (its heartbeat went silent)")
@@ -213,6 +216,8 @@ def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
     if not failing:
         return Failure(FailureKind.CODE, "the attempt failed")
     kind, node = failing[0]
+    if kind is FailureKind.CANCELLED and cancelled_by:  # only nodes that cancel stopped
+        return Failure(FailureKind.CANCELLED, cancelled_by)
     if kind is FailureKind.CANCELLED:  # only stopped nodes: the one that failed first
         kind = FailureKind.CODE
     return Failure(kind, _detail(kind, node, exits.get(node.rank)), node.address,

@@ -20,6 +20,7 @@ from bootstrap_scripts.jobs.engine.classify import (
     failing_nodes,
 )
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, say
+from bootstrap_scripts.jobs.engine.userfiles import cancel_text
 from bootstrap_scripts.jobs.engine.watch import Watch
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import JobPaths
@@ -107,7 +108,15 @@ def summarize(w: Watch) -> Verdict:
             f"left the job (lost)")
         say(f"logs: {w.paths.nodes}")
         return Verdict(job_id, status, EXIT_FAILED, failure)
-    failure = classify(result, w.exits)
+    # a cancel this runner did not send (a user's, the cost cap's, the controller's)
+    outside = "" if w.cancelled_at is not None else \
+        (cancel_text(w.paths.cancel) or "").strip()
+    failure = classify(result, w.exits, cancelled_by=outside)
+    if failure is not None and failure.kind is FailureKind.CANCELLED:
+        say(f"job {job_id} cancelled: {failure.detail}")
+        say(f"cause: {failure.failure_class.value} ({failure.kind.value})")
+        say(f"logs: {w.paths.nodes}")
+        return Verdict(job_id, "cancelled", EXIT_FAILED, failure)
     if failure is None:
         extra = ""
         if w.spec.elastic:

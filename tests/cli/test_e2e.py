@@ -345,6 +345,13 @@ def test_tensorboard_of_a_job_runs_on_the_master_as_its_user(kept: dict, capsys,
                             ".includes(x))", arg=["loss", "accuracy"], timeout=25_000)
                     finally:
                         browser.close()
+            # Ctrl-C in dlc tensorboard's terminal: SIGINT to its process group (dlc became
+            # the AWS CLI, which ignores it while the plugin runs): the tunnel must end
+            os.killpg(tunnel.pid, signal.SIGINT)
+            try:
+                tunnel.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pytest.fail("Ctrl-C (SIGINT to its process group) did not stop dlc tensorboard")
         finally:
             stop_popen_group(tunnel)
     finally:

@@ -87,7 +87,7 @@ class Demo(DemoContext):
         launch = ["--rdzv-port", str(port)]
         if self.ns.framework == "tf":
             train[2] = frameworks.TF_EXAMPLE
-            launch = frameworks.tf_job_args(self.work, port)
+            launch = frameworks.tf_job_args(port)
         launch += demo_data.dl_run_args(self.ns)
         argv = [str(dl_run), "--root", str(master.root), *launch,
                 "--heartbeat-timeout", "4", "--fail-grace", "3", "--grace", "3",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -35,16 +34,16 @@ def test_what_tf_cannot_play_is_refused_before_anything_starts(args, capsys):
 
 
 
-def test_tf_runs_the_tf_example_with_the_tf_launcher_and_the_nodes_own_binds(tmp_path,
-                                                                             monkeypatch):
+def test_tf_runs_the_tf_example_with_the_tf_launcher_as_on_aws(tmp_path, monkeypatch):
+    """The job's command line is AWS's: the nodes' own wildcard binds are the emulated
+    nodes' (their executors'), never an option of the demo's job."""
     argv = job_argv(tmp_path, monkeypatch, "--framework", "tf", "--epochs", "3")
     sep = argv.index("--")
     options, command = argv[:sep], argv[sep + 1:]
     assert options[options.index("--launcher") + 1] == "tf"
     assert options[options.index("--tf-port") + 1].isdigit()
     assert "--rdzv-port" not in options
-    preload = options[options.index("--env") + 1]
-    assert preload.startswith("LD_PRELOAD=") and Path(preload.split("=", 1)[1]).is_file()
+    assert not any("LD_PRELOAD" in o for o in options) and "--env" not in options
     assert command[:3] == ["python", "-m", "bootstrap_scripts.examples.train_digits_tf"]
     assert command[command.index("--epochs") + 1] == "3"
 

@@ -7,7 +7,6 @@ process starts.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -48,18 +47,6 @@ def job_writer(paths: JobPaths) -> tuple[int, int]:
     if os.geteuid() != 0 or uid == 0:
         return -1, -1
     return uid, gid
-
-
-def missing_command(argv0: str, env: dict[str, str], cwd: str) -> str:
-    """Why ``argv0`` cannot be run ("" if it can): checked here, before the wrapper starts,
-    so that a typo still fails the start with a clear error instead of an exit code 127."""
-    if os.sep in argv0:
-        path = os.path.join(cwd, argv0)
-        return "" if os.path.isfile(path) and os.access(path, os.X_OK) else \
-            f"cannot start {argv0!r}: no such executable file"
-    if shutil.which(argv0, path=env.get("PATH", os.defpath)):
-        return ""
-    return f"cannot start {argv0!r}: not found in PATH"
 
 
 def usable_cwd(cwd: str, fallback: str) -> str:

@@ -26,6 +26,7 @@ import time
 
 from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
+from bootstrap_scripts.jobs.engine.command_check import missing_command
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user, cancel_text
 from bootstrap_scripts.jobs.executor import listeners, store_hold
@@ -43,7 +44,6 @@ from bootstrap_scripts.jobs.executor.s3_mounts import MountError, S3Mounts
 from bootstrap_scripts.jobs.executor.share_command import (
     job_owner,
     job_writer,
-    missing_command,
     usable_cwd,
     wrapped,
 )

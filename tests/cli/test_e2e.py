@@ -424,7 +424,11 @@ def test_submit_a_laptop_directory_with_workdir(kept: dict, capsys, job_user,
     (laptop / "build").mkdir()
     (laptop / "train.sh").write_text(
         "set -e\necho \"ran in $(pwd) as $(id -un)\"\ncat data/input.txt\n"
-        "for f in secret.txt build/big.bin; do test ! -e $f || echo \"shipped $f\"; done\n")
+        "for f in secret.txt build/big.bin; do test ! -e $f || echo \"shipped $f\"; done\n"
+        # a server that binds the wildcard (as TensorFlow's gRPC server does): on its own
+        # node's address, as on an instance of its own, however the job was submitted
+        "python -c \"import socket; s = socket.socket(); s.bind(('0.0.0.0', 0)); "
+        "print('bound', s.getsockname()[0])\"\n")
     (laptop / "data" / "input.txt").write_text("only-on-the-laptop\n")
     (laptop / ".gitignore").write_text("build/\n")
     (laptop / ".dlcignore").write_text("secret.txt\n")
@@ -444,6 +448,9 @@ def test_submit_a_laptop_directory_with_workdir(kept: dict, capsys, job_user,
     assert sum(ln.endswith("] only-on-the-laptop") for ln in lines) == 3, out
     assert "shipped" not in out
     assert (workdir / "train.sh").stat().st_uid == pwd.getpwnam(job_user).pw_uid
+    members = [n for n in status_json(kept, capsys)["nodes"] if n.get("rank") is not None]
+    for n in members:  # each rank bound its own node's address
+        assert f"[{n['rank']} {n['address']}] bound {n['address']}" in out, out
 
 
 def test_a_job_resumes_from_the_s3_mirror_after_its_efs_copy_was_deleted(
@@ -557,6 +564,8 @@ def test_submit_then_cancel(kept: dict, capsys, job_user) -> None:
     code, out, err = dlc(kept, capsys, "cancel", job)
     assert code == 0, err
     assert wait_until_over(kept, capsys, job, timeout=60)["state"] == "cancelled"
+    code, out, err = dlc(kept, capsys, "logs", job)  # the attempt's own lines name it
+    assert "user-code" not in out + err and "cancelled" in out + err, out + err
     code, _, err = dlc(kept, capsys, "cancel", "no-such-job")
     assert code == 3 and "job no-such-job not found" in err and job in err
 
@@ -573,6 +582,8 @@ def test_submit_with_max_cost_stops_the_job_at_its_cap(kept: dict, capsys, job_u
     job = json.loads(out)["job_id"]
     listed = wait_until_over(kept, capsys, job)
     assert listed["state"] == "budget", listed
+    code, out, err = dlc(kept, capsys, "logs", job)
+    assert "user-code" not in out + err, out + err
     assert listed["max_cost_usd"] == "0.01" and listed["restarts"] == 0
     assert "--max-cost 0.01 USD" in listed["message"], listed["message"]
     (attempt,) = listed["usage"]

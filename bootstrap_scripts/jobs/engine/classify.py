@@ -24,6 +24,9 @@ The classes (``FailureClass``), and who is to blame:
   vanished (or was killed by a signal) without a result, a job controller lost with its
   attempt. Retried like a node
   fault; no node is blamed;
+- ``input``: the job's input could not be made ready before its command ran: staging its
+  ``--data`` on the nodes, or restoring its checkpoint (a wrong prefix, AccessDenied). Not
+  the code's (the command never ran) nor a node's; retried no more than a code failure;
 - ``hang``: no rank made progress for the job's ``--hang-timeout`` (the job controller
   judged it, dumped every rank's stack and stopped the attempt). Neither the code's fault
   alone (a collective that never returns is often the network's) nor a node's on its own
@@ -64,6 +67,7 @@ class FailureClass(StrEnum):
     INFRASTRUCTURE = "infrastructure"
     BUDGET = "budget"
     HANG = "hang"
+    INPUT = "input"
 
 
 class FailureKind(StrEnum):
@@ -77,6 +81,7 @@ class FailureKind(StrEnum):
     CANCELLED = "cancelled"
     BUDGET = "budget"
     HANG = "hang"
+    INPUT = "input"
 
     @property
     def failure_class(self) -> FailureClass:
@@ -99,6 +104,7 @@ _CLASS_OF = {
     FailureKind.CANCELLED: FailureClass.CANCELLED,
     FailureKind.BUDGET: FailureClass.BUDGET,
     FailureKind.HANG: FailureClass.HANG,
+    FailureKind.INPUT: FailureClass.INPUT,
 }
 
 
@@ -222,6 +228,15 @@ def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
         kind = FailureKind.CODE
     return Failure(kind, _detail(kind, node, exits.get(node.rank)), node.address,
                    rank=node.rank)
+
+
+def as_input(failure: Failure | None, what: str) -> Failure | None:
+    """The failure of a job's input step (``what``: staging its data, restoring its
+    checkpoint) as the job's: ``input``, with the step's own cause quoted."""
+    if failure is None or failure.kind is FailureKind.CANCELLED:
+        return failure
+    return Failure(FailureKind.INPUT, f"{what} failed: {failure.detail}", failure.address,
+                   rank=failure.rank)
 
 
 def budget_stop(failure: Failure | None, reason: str) -> Failure | None:

@@ -12,10 +12,12 @@ import contextlib
 import re
 import signal
 
+from bootstrap_scripts.jobs.engine import checkpoints, staging
 from bootstrap_scripts.jobs.engine.classify import (
     Failure,
     FailureKind,
     Verdict,
+    as_input,
     classify,
     failing_nodes,
 )
@@ -80,6 +82,17 @@ def node_results(w: Watch) -> list[NodeResult]:
     return results
 
 
+#: The jobs that make another job's input ready before it runs, by the suffix of their job
+#: id (the job's own id plus it), and what each does.
+INPUT_STEPS = ((checkpoints.RESTORE_SUFFIX, "restoring its checkpoint"),
+               (staging.STAGE_SUFFIX, "staging its data"))
+
+
+def input_step(job_id: str) -> str:
+    """What a job of ``job_id`` does for another job's input ("" for a job of its own)."""
+    return next((what for suffix, what in INPUT_STEPS if job_id.endswith(suffix)), "")
+
+
 def summarize(w: Watch) -> Verdict:
     """Write the job's result and ``done`` marker, say how it went (the cause first, from
     the one classifier), return the verdict."""
@@ -112,6 +125,9 @@ def summarize(w: Watch) -> Verdict:
     outside = "" if w.cancelled_at is not None else \
         (cancel_text(w.paths.cancel) or "").strip()
     failure = classify(result, w.exits, cancelled_by=outside)
+    step = input_step(job_id)
+    if step:  # a restore or staging job: its failure is the job's input's, not code
+        failure = as_input(failure, step)
     if failure is not None and failure.kind is FailureKind.CANCELLED:
         say(f"job {job_id} cancelled: {failure.detail}")
         say(f"cause: {failure.failure_class.value} ({failure.kind.value})")

@@ -348,6 +348,8 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
         return 2
     # the background service first (emulator.demo.keeper): it must not replace or boot
     # nodes while they stop; then the state it kept current, with every node it booted
+    service = [Tracked.from_dict(state["service"])] if state.get("service") else []
+    service = [g for g in service if g.same_process() and pids_in_groups([g.pid])]
     if keeper.stop_service(state):
         console.print("[bold red]error:[/] the emulator service did not stop")
         return 1
@@ -368,7 +370,7 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
                       + report.work_contents(work)
                       + "\n  (to keep it: --stop STATE_FILE --keep-files)", highlight=False)
     # what is actually running (a recorded group may have ended long ago)
-    running = [g for g in groups if g.same_process() and pids_in_groups([g.pid])]
+    running = service + [g for g in groups if g.same_process() and pids_in_groups([g.pid])]
     left = stop_groups(groups, grace=15)
     for node in state.get("nodes", []):  # the machines are gone, and their kernels' rules
         if node.get("imds_url"):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CDK app: DLClusterStack, configured from CDK context (README "Settings").
+"""CDK app: DLClusterStack, configured from CDK context (docs/settings.md).
 
 Only this file reads context and the environment; stacks and constructs take typed settings.
 """

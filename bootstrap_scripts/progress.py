@@ -66,10 +66,16 @@ class Reporter:
 
     def __init__(self, directory: str | os.PathLike, rank: int, *, local_rank: int = -1,
                  interval: float = DEFAULT_INTERVAL,
-                 clock: object = time.time, catch_up: bool = True) -> None:
+                 clock: object = time.time, catch_up: bool = True,
+                 monotonic: object = None) -> None:
         self.path = Path(directory) / f"{int(rank)}.json"
         self.rank, self.local_rank, self.interval = int(rank), local_rank, interval
         self.clock = clock
+        #: durations (step times, the write interval) on a clock no wall-clock jump moves
+        #: (NTP, a VM resumed): the record's ``time`` stays the wall clock's, which other
+        #: nodes read. A test's own ``clock`` serves both.
+        self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
+        self.last_mono = 0.0
         self.host = socket.gethostname()
         self.started_at = 0.0
         self.last_step: int | None = None
@@ -93,15 +99,16 @@ class Reporter:
         compares these when every rank gives them); default: none."""
         with self.lock:
             now = float(self.clock())  # type: ignore[operator]
+            mono = float(self.monotonic())  # type: ignore[operator]
             if not self.started_at:
                 self.started_at = now
             if step_seconds is None and self.last_step is not None and step > self.last_step:
-                step_seconds = (now - self.last_time) / (step - self.last_step)
+                step_seconds = (mono - self.last_mono) / (step - self.last_step)
             if step_seconds is not None:
                 self.recent.append(round(float(step_seconds), 6))
             if compute_seconds is not None:
                 self.compute.append(round(float(compute_seconds), 6))
-            self.last_step, self.last_time = int(step), now
+            self.last_step, self.last_time, self.last_mono = int(step), now, mono
             rec = RankProgress(
                 rank=self.rank, step=int(step), time=now, pid=os.getpid(), host=self.host,
                 local_rank=self.local_rank, started_at=self.started_at,
@@ -110,9 +117,9 @@ class Reporter:
                 step_seconds=self.recent[-1] if self.recent else None,
                 recent_step_seconds=tuple(self.recent),
                 recent_compute_seconds=tuple(self.compute))
-            wait = self.interval - (now - self.written_at)
+            wait = self.interval - (mono - self.written_at)
             if wait <= 0:
-                self.write(rec, now)
+                self.write(rec, mono)
                 return True
             self.pending = rec
             if self.catch_up and self.timer is None:
@@ -135,7 +142,7 @@ class Reporter:
             self.timer = None
             if self.pending is not None:
                 with contextlib.suppress(OSError):
-                    self.write(self.pending, float(self.clock()))  # type: ignore[operator]
+                    self.write(self.pending, float(self.monotonic()))  # type: ignore[operator]
 
 
 _reporter: Reporter | None = None

@@ -25,6 +25,7 @@ from constructs_lib.cluster_services import add_cluster_services
 from constructs_lib.cluster_settings import (
     DEFAULT_DATA_CHECKSUMS,
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
+    DEFAULT_SCHEDULER,
     DEFAULT_SPOT_WORKERS,
     DEFAULT_WORKER_COUNT,
 )
@@ -119,6 +120,7 @@ class DeepLearningCluster(Construct):
         cluster_users: Sequence[str] = (),
         shared_storage: str = "efs",
         data_checksums: str = DEFAULT_DATA_CHECKSUMS,
+        scheduler: str = DEFAULT_SCHEDULER,
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -249,6 +251,8 @@ class DeepLearningCluster(Construct):
             (``warn`` or ``required``; installed on the node, ``data.checksums``): what a
             job's ``--data`` staging does with an object botocore cannot check against S3's
             checksum when the job does not say. :default: ``warn``
+        :param scheduler: ``native`` or ``slurm``: Slurm's daemons, with a munge key only the
+            node roles read (``munge_key``, ``constructs_lib/slurm.py``). :default: ``native``
         """
         super().__init__(scope, construct_id)
         p = check_cluster_props(
@@ -267,7 +271,7 @@ class DeepLearningCluster(Construct):
             pytorch_version=pytorch_version, machine_image=machine_image,
             file_system=file_system, efs_security_group=efs_security_group,
             efs_require_tls=efs_require_tls, efs_mount_point=efs_mount_point,
-            ssh_cidr=ssh_cidr, placement_group=placement_group,
+            ssh_cidr=ssh_cidr, placement_group=placement_group, scheduler=scheduler,
             create_placement_group=create_placement_group, data_checksums=data_checksums)
         self.capacity, self.efs_mount_point = p.capacity, p.efs_mount_point
         self.cluster_id = cluster_id or Stack.of(self).stack_name
@@ -344,6 +348,7 @@ class DeepLearningCluster(Construct):
             public_master=bool(ssh_cidr))
         self.node_scripts, self.wait_handle = nodes.node_scripts, nodes.wait_handle
         self.membership_key = nodes.membership_key
+        self.munge_key = nodes.munge_key  #: Slurm's munge key (None with ``native``)
         self.master_group: NodeGroup = nodes.master_group
         self.worker_group: NodeGroup = nodes.worker_group
         self.drain_hook = nodes.drain_hook

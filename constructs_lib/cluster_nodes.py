@@ -21,6 +21,8 @@ logical ids, are the cluster's own):
 - ``WorkerGroup``: ``min_workers`` to ``max_workers``, Spot above the on-demand base, with
   the ``drain`` termination hook so leaving workers are drained first (docs/protocol.md,
   "Elastic membership");
+- ``MungeKey`` (``scheduler=slurm`` only): the cluster's munge key in Secrets Manager, its
+  ARN in both groups' user data, read by both node roles (``slurm.py``);
 - ``NodeKeys``: the queue workers send their record-signing public keys on, the master
   alone receives (``node_keys.py``); the master's user data names the workers' role whose
   sessions it believes;
@@ -41,7 +43,8 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from bootstrap_scripts import metric_names as names
+from bootstrap_scripts.agent.settings import SLURM_SCHEDULER
+from bootstrap_scripts.metrics import metric_names as names
 from constructs_lib import launch, warm_pool
 from constructs_lib.capacity_adjuster import CapacityAdjuster
 from constructs_lib.cluster_props import ClusterProps
@@ -50,6 +53,7 @@ from constructs_lib.late import late_string
 from constructs_lib.node_group import NodeGroup
 from constructs_lib.node_keys import NodeKeysQueue
 from constructs_lib.package_paths import ASSET_EXCLUDES, node_scripts_dir
+from constructs_lib.slurm import MungeKey
 from constructs_lib.user_data import node_user_data
 
 
@@ -74,6 +78,8 @@ class ClusterNodes:
     warm_launch_hook: autoscaling.LifecycleHook | None
     #: where workers give the master their record-signing keys (``node_keys.py``)
     node_keys: NodeKeysQueue
+    #: Slurm's munge key (None unless ``scheduler=slurm``)
+    munge_key: MungeKey | None
 
 
 def add_node_groups(
@@ -114,6 +120,7 @@ def add_node_groups(
         cluster, Duration.seconds(props.node_boot_seconds)) if warm_pool_size else None
 
     node_keys = NodeKeysQueue(cluster, "NodeKeys")
+    munge_key = MungeKey(cluster, "MungeKey") if props.scheduler == SLURM_SCHEDULER else None
     family, lustre, capacity = props.family, storage.lustre, props.capacity
     # What every node boots with (``user_data.py``); the master's own settings below.
     boot = dict(
@@ -126,6 +133,9 @@ def add_node_groups(
         membership_key=membership_key.key_arn, job_role_arn=job_role_arn,
         checkpoint_url=storage.training_data.checkpoint_url,
         node_boot_seconds=props.node_boot_seconds, data_checksums=props.data_checksums,
+        scheduler=props.scheduler, munge_key_secret=munge_key.secret_arn if munge_key else "",
+        slurm_install=family.slurm_install if munge_key else "",
+        slurm_from_source=family.slurm_from_source and munge_key is not None,
         launch_hook=warm_pool.WARM_HOOK_NAME if warm_pool_size else "",
         warm_ready_queue_url=warm_ready_queue.queue_url if warm_ready_queue else "",
         log_group=names.log_group_name(cluster_id),
@@ -170,6 +180,9 @@ def add_node_groups(
     drain_hook = workers.add_drain_hook(topic)
     drain_hook.node.add_dependency(capacity_adjuster)
     node_keys.grant(workers=workers.role, master=master.role)
+    if munge_key is not None:  # the node roles alone read the munge key
+        for group in (master, workers):
+            munge_key.grant_read(group.role)
     warm_launch_hook = warm_pool.add_warm_pool(
         workers, warm_pool_size, cluster_id=cluster_id,
         heartbeat=Duration.seconds(props.node_boot_seconds), master=master,
@@ -178,4 +191,4 @@ def add_node_groups(
                         membership_key=membership_key, master_group=master,
                         worker_group=workers, drain_hook=drain_hook,
                         warm_ready_queue=warm_ready_queue, warm_launch_hook=warm_launch_hook,
-                        node_keys=node_keys)
+                        node_keys=node_keys, munge_key=munge_key)

@@ -4,7 +4,7 @@ Every prop the construct builds from is checked here, once, before anything is m
 order (the first bad one is the one named): the worker counts, the node boot budget, the
 boot command, the circuit breaker, idle stop, the capacity props (``launch.py``), the root
 volume, the image (``images.py``), the SSH range, the mount point, the storage and
-placement combinations and the nodes' default ``--data-checksums``. A bad one raises
+placement combinations, the nodes' default ``--data-checksums`` and the scheduler. A bad one raises
 :class:`validation.ConfigError` naming the prop and its value; the construct's
 ``reports_path`` puts its path in front. The construct keeps the checked values
 (:class:`ClusterProps`), never the raw ones.
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 
+from bootstrap_scripts.agent.settings import SCHEDULERS
 from constructs_lib import launch, validation
 from constructs_lib.cluster_settings import DEFAULT_INSTANCE_TYPE
 from constructs_lib.idle_stop import idle_stop_seconds
@@ -47,6 +48,8 @@ class ClusterProps:
     efs_mount_point: str
     #: the nodes' default ``dl-run --data-checksums`` (``dataChecksums``)
     data_checksums: str
+    #: ``native`` or ``slurm`` (``scheduler``: ``constructs_lib/slurm.py``)
+    scheduler: str
 
     @property
     def desired_workers(self) -> int:
@@ -69,7 +72,7 @@ def check_cluster_props(
     file_system: efs.IFileSystem | None, efs_security_group: ec2.ISecurityGroup | None,
     efs_require_tls: bool, efs_mount_point: str, ssh_cidr: str | None,
     placement_group: ec2.IPlacementGroup | None, create_placement_group: bool,
-    data_checksums: str,
+    data_checksums: str, scheduler: str,
 ) -> ClusterProps:
     """The cluster's props checked (each as the construct documents it); ConfigError
     naming the first bad one."""
@@ -128,10 +131,11 @@ def check_cluster_props(
             "give either placement_group or create_placement_group=True, not both"
         )
     data_checksums = validation.checksum_mode("data_checksums", data_checksums)
+    scheduler = validation.one_of("scheduler", scheduler, SCHEDULERS)
     return ClusterProps(
         worker_count=worker_count, min_workers=min_workers, spot_workers=spot_workers,
         max_workers=max_workers, node_boot_seconds=node_boot_seconds,
         data_prep_script=data_prep_script, max_replacements_per_hour=max_replacements_per_hour,
         idle_stop=idle_stop, capacity=capacity, root_volume_gib=root_volume_gib,
         family=family, pytorch_version=pytorch_version, efs_mount_point=efs_mount_point,
-        data_checksums=data_checksums)
+        data_checksums=data_checksums, scheduler=scheduler)

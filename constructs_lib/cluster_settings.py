@@ -3,7 +3,7 @@
 Each field is a :class:`~constructs_lib.setting.Setting`: context key, default, bounds, check
 and the README's text. ``DeepLearningCluster``'s props take their defaults from here (or from
 the constant of the construct that owns the default, imported below), app.py parses and checks
-the context with it, and README's "Settings" table is generated from it
+the context with it, and docs/settings.md table is generated from it
 (``python -m stacks.settings_doc``).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bootstrap_scripts.agent.settings import NATIVE_SCHEDULER, SCHEDULERS
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.controller.instance_health import (
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
@@ -62,9 +63,13 @@ def _text(_name: str, value: object) -> str:
     return str(value)
 
 
+def _scheduler(name: str, value: object) -> str:
+    return validation.one_of(name, str(value), SCHEDULERS)
+
+
 @dataclass(frozen=True)
 class ClusterSettings:
-    """DLClusterStack's settings; an unset key keeps the default here (README "Settings")."""
+    """DLClusterStack's settings; an unset key keeps the default here (docs/settings.md)."""
 
     worker_count: int = setting(
         "workerCount", 2, "worker nodes (the master trains too, so the cluster has "
@@ -268,8 +273,16 @@ class ClusterSettings:
         "(docs/security.md), \"Operators and cluster users\")", check_cluster_users,
         raw=True, default_doc="none", accepts="Linux user names, comma-separated, at most 100")
 
+    scheduler: str = setting(
+        "scheduler", NATIVE_SCHEDULER, "the cluster's scheduler: `native`, the product's own "
+        "job queue, or `slurm`: slurmctld on the master, slurmd on every node, and one munge "
+        "key per cluster made at deploy in Secrets Manager, encrypted with a key of the "
+        "cluster, readable by the node roles only ([docs/slurm-stack.md](docs/slurm-stack.md))",
+        _scheduler, accepts=" or ".join(f"`{k}`" for k in SCHEDULERS))
+
 
 #: The construct defaults that come from this description (``DeepLearningCluster``'s props).
 DEFAULT_WORKER_COUNT: int = default_of(ClusterSettings, "worker_count")
 DEFAULT_SPOT_WORKERS: int = default_of(ClusterSettings, "spot_workers")
 DEFAULT_DATA_CHECKSUMS: str = default_of(ClusterSettings, "data_checksums")
+DEFAULT_SCHEDULER: str = default_of(ClusterSettings, "scheduler")

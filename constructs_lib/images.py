@@ -53,6 +53,13 @@ class ImageFamily:
     #: installs the Lustre client (``sharedStorage=fsx-lustre``) the way AWS documents for
     #: the OS ("Installing the Lustre client", install-lustre-client.html)
     lustre_client_install: str = ""
+    #: installs Slurm's daemons and clients and munge (``scheduler=slurm``) where the image
+    #: has none, or (``slurm_from_source``) what building them needs (docs/slurm-stack.md,
+    #: "Slurm on the image")
+    slurm_install: str = ""
+    #: the OS has no Slurm package: ``bootstrap_scripts/agent/slurm_build.py`` builds munge and
+    #: Slurm from their pinned sources after ``slurm_install``
+    slurm_from_source: bool = False
 
     @property
     def mounts_tls(self) -> bool:
@@ -69,13 +76,24 @@ class ImageFamily:
 #: extension (``.rpm`` / ``.deb``): https://docs.aws.amazon.com/AmazonS3/latest/userguide/mountpoint-installation.html
 MOUNT_S3_URL = f"https://s3.amazonaws.com/mountpoint-s3-release/latest/{ARCHITECTURE}/mount-s3"
 
-#: PyTorch DLAMIs (OSS NVIDIA driver). `/opt/pytorch/bin/python` carries torch + torchrun
-#: (the release notes' ``python_location``).
+#: The DLAMIs' Python: ``/opt/pytorch/bin/python`` carries torch + torchrun (the release
+#: notes' ``python_location``).
+DLAMI_PYTHON = "/opt/pytorch/bin/python"
+#: Amazon Linux 2023 packages to build munge and Slurm from source
+#: (``bootstrap_scripts/agent/slurm_build.py``): compilers, and the libraries of the plugins the
+#: cluster uses (cgroup/v2 needs dbus, slurmdbd's MySQL plugin the MariaDB connector).
+#: ``strict=0``: a name a release lacks is skipped, and Slurm's configure then says what it
+#: disabled or what it needs.
+SLURM_BUILD_PACKAGES_AL2023 = (
+    "gcc make perl python3 bzip2 xz tar openssl-devel zlib-devel readline-devel pam-devel "
+    "dbus-devel json-c-devel lz4-devel hwloc-devel mariadb-connector-c-devel")
+
+#: PyTorch DLAMIs (OSS NVIDIA driver).
 IMAGE_FAMILIES: dict[str, ImageFamily] = {
     "amazon-linux-2023": ImageFamily(
         os_suffix="amazon-linux-2023",
         root_device_name="/dev/xvda",
-        python="/opt/pytorch/bin/python",
+        python=DLAMI_PYTHON,
         default_pytorch="2.13",
         # amazon-efs-utils is an Amazon Linux 2023 repository package: reachable from a
         # private subnet through its NAT gateway like any other AL2023 update.
@@ -88,11 +106,16 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # installs AWS's own RPM from its download URL instead.
         mount_s3_install=f"dnf install -y -q mount-s3 || dnf install -y -q {MOUNT_S3_URL}.rpm",
         lustre_client_install="dnf install -y -q lustre-client",
+        # No Slurm or munge package: the build tools, then munge and Slurm built from
+        # pinned, checksummed sources on the node's own disk (docs/slurm-stack.md, "Slurm on
+        # the image").
+        slurm_install=f"dnf install -y -q --setopt=strict=0 {SLURM_BUILD_PACKAGES_AL2023}",
+        slurm_from_source=True,
     ),
     "ubuntu": ImageFamily(
         os_suffix="ubuntu-24.04",
         root_device_name="/dev/sda1",
-        python="/opt/pytorch/bin/python",
+        python=DLAMI_PYTHON,
         default_pytorch="2.12",
         # Ubuntu's archive has no amazon-efs-utils (AWS documents building it from source);
         # without it the node mounts with plain NFS, which a TLS-only file system refuses.
@@ -117,6 +140,9 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
             "keyrings/fsx-ubuntu-public-key.gpg] https://fsx-lustre-client-repo.s3.amazonaws.com"
             "/ubuntu noble main' > /etc/apt/sources.list.d/fsxlustreclientrepo.list && "
             "apt-get update -q && apt-get install -y -q lustre-client-modules-$(uname -r)"),
+        # Ubuntu 24.04's own packages: Slurm 23.11 and munge 0.5.15, signed by the archive.
+        slurm_install=("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install "
+                       "-y -q munge slurmd slurmctld slurmdbd slurm-client"),
     ),
 }
 

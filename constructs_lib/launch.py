@@ -1,5 +1,5 @@
 """Where and on what the cluster's nodes launch: instance-type fallback lists, zones, and
-Capacity Reservations / Capacity Blocks for ML (README "When capacity is short").
+Capacity Reservations / Capacity Blocks for ML (docs/capacity.md).
 
 Pure planning and checking, kept out of ``cluster.py``: :func:`check_capacity` validates the
 capacity props together (errors name the props and values), :func:`zone_plan` picks the

@@ -84,6 +84,13 @@ PROVIDER_LOGS_REASON = (
     "Scaling's service-linked role on a fresh account (constructs_lib/service_linked_role.py) "
     "and its own role is limited to that call on that role's ARN."
 )
+MUNGE_KEY_ROTATION_REASON = (
+    "The munge key (scheduler=slurm) is not rotated by a Lambda: every munged of the cluster "
+    "must switch to a new key at the same moment or Slurm's daemons stop trusting each other "
+    "mid-job, and a rotation function could only change the secret, not restart the nodes' "
+    "daemons. The key lives as long as its cluster: a new stack makes a new one "
+    "(constructs_lib/slurm.py), and only the node roles can read it."
+)
 
 
 def _ack(construct: IConstruct, rule: str, reason: str) -> None:
@@ -103,6 +110,8 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
          "autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/*]",
          ELASTIC_CONTROL_REASON)
     _ack(cluster.node_keys.queue, "AwsSolutions-SQS3", NODE_KEYS_QUEUE_REASON)
+    if cluster.munge_key is not None:
+        _ack(cluster.munge_key.secret, "AwsSolutions-SMG4", MUNGE_KEY_ROTATION_REASON)
     if cluster.warm_ready_queue is not None:
         _ack(cluster.warm_ready_queue, "AwsSolutions-SQS3", WARM_READY_QUEUE_REASON)
     _ack(cluster.drain_hook.role, "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",

@@ -3,7 +3,7 @@
 Every node writes records on EFS that the master acts on (its registration, its job
 executor's heartbeat, its drain acknowledgement), and root on any worker can write any file
 on EFS. So each node signs its records with a key pair of its own, made at boot on its local
-disk (``bootstrap_scripts/node_keys.py``), and the master believes a record only with the
+disk (``bootstrap_scripts/node/node_keys.py``), and the master believes a record only with the
 signature of the node it names (docs/security.md). The master must learn each public key
 from its own instance, not from EFS: a worker sends it on this queue, and the master takes
 the instance from the message's ``SenderId``, which SQS sets from the request's signature

@@ -15,7 +15,7 @@
   the cost so far of the cluster's jobs and of each job, each job's step time, samples per
   second and loss: every metric the nodes' EMF lines carry, under the dimension sets they
   carry it (``tests/stack/test_dashboard_metrics.py`` checks both ways), in the namespace
-  and dimensions of ``bootstrap_scripts.metric_names``.
+  and dimensions of ``bootstrap_scripts.metrics.metric_names``.
 - **Alarms**, to an SNS topic (KMS-encrypted, TLS-only; ``alarm_email`` subscribes an
   address): a node unhealthy, nodes missing from a group for long, a job restarting
   repeatedly, GPUs idle while a job runs.
@@ -43,7 +43,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subs
 from constructs import Construct
 
-from bootstrap_scripts import metric_names as names
+from bootstrap_scripts.metrics import metric_names as names
 from constructs_lib.validation import ConfigError
 
 #: Days a log group may keep events (CloudWatch Logs' PutRetentionPolicy values).

@@ -14,10 +14,13 @@ from aws_cdk import Aws
 from aws_cdk import aws_ec2 as ec2
 
 from bootstrap_scripts.agent import cloudwatch_config
+from bootstrap_scripts.agent.settings import NATIVE_SCHEDULER
 from bootstrap_scripts.data import checksums
 from constructs_lib import validation
 
 INSTALL_MODULE = "bootstrap_scripts.agent.install"
+#: Builds munge and Slurm from their pinned sources (an image without their packages).
+SLURM_BUILD_MODULE = "bootstrap_scripts.agent.slurm_build"
 NODE_LIB_DIR = "/opt/deeplearning/lib"
 BOOTSTRAP_LOG = "/" + cloudwatch_config.BOOTSTRAP_LOG
 CLOUDWATCH_AGENT_CTL = cloudwatch_config.CTL_PATH
@@ -90,6 +93,8 @@ def render_bootstrap_commands(
     cloudwatch_agent_install: str = "",
     mount_s3_install: str = "",
     lustre_mount: tuple[str, str, str] | None = None,
+    slurm_install: str = "",
+    slurm_from_source: bool = False,
 ) -> list[str]:
     """Shell lines of the user data (after the shebang that CDK adds).
 
@@ -105,6 +110,12 @@ def render_bootstrap_commands(
     ``lustre_mount`` (install command, ``dns@tcp:/name``, mount point): the FSx for Lustre
     client is installed and the file system mounted (``constructs_lib/lustre_storage.py``);
     a failure is reported and not fatal (the node then has no Lustre data, and says so).
+    ``slurm_install`` (``scheduler=slurm``) installs Slurm and munge unless the image has
+    ``slurmd`` (``ImageFamily.slurm_install``), or with ``slurm_from_source`` what building
+    them needs, then builds them once (``SLURM_BUILD_MODULE``: its downloads retry on their
+    own, a bad checksum or a failed compile is not retried); a failure is fatal: a node
+    without Slurm cannot run a job of a Slurm cluster, so the boot stops and the master's
+    registration wait names the missing node.
     """
     args = " ".join(f"--{key} {_quote(value)}" for key, value in agent_settings.items())
     if efs_utils_install:
@@ -126,6 +137,13 @@ def render_bootstrap_commands(
         f"command -v mount-s3 >/dev/null || retry sh -c {_quote(mount_s3_install)} || "
         "echo 'dl-bootstrap: mount-s3 install failed; dl-run --mount fails on this node' >&2",
     ] if mount_s3_install else []
+    build = f' && PYTHONPATH={NODE_LIB_DIR} "$PY" -m {SLURM_BUILD_MODULE}' \
+        if slurm_from_source else ""
+    slurm = [
+        "# Slurm and munge (scheduler=slurm): the image's, or installed here "
+        "(docs/slurm-stack.md).",
+        f"command -v slurmd >/dev/null || {{ retry sh -c {_quote(slurm_install)}{build}; }}",
+    ] if slurm_install else []
     lustre = []
     if lustre_mount is not None:
         install, source, point = lustre_mount
@@ -151,6 +169,7 @@ def render_bootstrap_commands(
         *cloudwatch_agent,
         *mount_s3,
         *lustre,
+        *slurm,
         '"$PY" -c \'import boto3\' 2>/dev/null || retry "$PY" -m pip install -q boto3',
         f'"$PY" -m pip show -q cryptography >/dev/null 2>&1 || retry "$PY" -m pip install -q '
         f"{CRYPTOGRAPHY_REQUIREMENT}",
@@ -194,6 +213,10 @@ def node_user_data(
     mount_s3_install: str = "",
     lustre_mount: tuple[str, str, str] | None = None,
     data_checksums: str = checksums.WARN,
+    scheduler: str = NATIVE_SCHEDULER,
+    munge_key_secret: str = "",
+    slurm_install: str = "",
+    slurm_from_source: bool = False,
 ) -> ec2.UserData:
     """The user data of a master or worker node: the node agent's settings
     (docs/protocol.md, "The node agent's command line"). The master's registration wait is
@@ -206,7 +229,10 @@ def node_user_data(
     ``log_group``: the installer configures the CloudWatch agent to ship the node's logs
     there (``cloudwatch_agent_install`` installs it, ``{region}`` the stack's region).
     ``data_checksums``: every node's default ``dl-run --data-checksums`` (the installer
-    writes it where dl-run reads it, ``data.checksums.SETTING_FILE``)."""
+    writes it where dl-run reads it, ``data.checksums.SETTING_FILE``). ``scheduler``: with
+    ``slurm``, the agent's ``--scheduler slurm --munge-key-secret <ARN>`` (the node role
+    reads the key, ``constructs_lib/slurm.py``) and ``slurm_install`` before it; with
+    ``native`` neither option is written (the agent's default)."""
     settings = {
         "role": node_type,
         "cluster-id": cluster_id,
@@ -245,6 +271,9 @@ def node_user_data(
         settings["checkpoint-url"] = checkpoint_url
     if log_group:  # the installer's own option (not the agent's): its log destination
         settings["log-group"] = log_group
+    if scheduler != NATIVE_SCHEDULER:  # Slurm's daemons, authenticated by the munge key
+        settings["scheduler"] = scheduler
+        settings["munge-key-secret"] = munge_key_secret
     data = ec2.UserData.for_linux()
     data.add_commands(
         *render_bootstrap_commands(
@@ -253,6 +282,7 @@ def node_user_data(
             cloudwatch_agent_install=cloudwatch_agent_install.replace("{region}", Aws.REGION)
             if log_group else "",
             mount_s3_install=mount_s3_install, lustre_mount=lustre_mount,
+            slurm_install=slurm_install, slurm_from_source=slurm_from_source,
         )
     )
     return data

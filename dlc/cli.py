@@ -68,7 +68,7 @@ def cli(ctx: click.Context, stack, region, profile, emulator) -> None:
 
 @cli.command()
 @click.option("-c", "--context", "contexts", multiple=True, metavar="KEY=VALUE",
-              help="stack setting (README 'Settings'); repeatable")
+              help="stack setting (docs/settings.md); repeatable")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="follow nodes booting and the membership forming after the deploy")
 @click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True,
@@ -128,14 +128,14 @@ def status(ctx, as_json) -> None:
 @click.option("--resume-from", default=None, metavar="s3://BUCKET/PREFIX",
               help="start from the newest complete checkpoint under this S3 prefix (e.g. an "
                    "old cluster's mirror: s3://<CheckpointBucketName>/checkpoints/"
-                   "<cluster-id>/<user>/<job-id>/); README 'Data in S3'")
+                   "<cluster-id>/<user>/<job-id>/); docs/data.md")
 @click.option("--mount", "mounts", multiple=True, metavar="s3://BUCKET/PREFIX:/DIR",
               help="mount this S3 prefix read-only at DIR (a directory of the job's user) "
                    "on every node with Mountpoint for Amazon S3 while the job runs; "
-                   "repeatable; README 'Data in S3'")
+                   "repeatable; docs/data.md")
 @click.option("--data", default=None, metavar="s3://BUCKET/PREFIX[:/DIR]",
               help="before the job starts, copy this S3 prefix to every node's fastest "
-                   "local disk (or DIR); the ranks find it in $DL_DATA_DIR; README 'Data in S3'")
+                   "local disk (or DIR); the ranks find it in $DL_DATA_DIR; docs/data.md")
 @click.option("--data-shard", is_flag=True,
               help="with --data: each node copies only its share of the objects")
 @click.option("--data-checksums", default=None, metavar="warn|required",

@@ -1,7 +1,7 @@
 """``dlc logs --source cloudwatch`` and the dashboard's URL: the cluster's CloudWatch side.
 
 Every node ships its logs to the cluster's log group, one stream per node and source
-(``<instance-id>/<source>``, ``bootstrap_scripts/metric_names.py``); the jobs' output is in
+(``<instance-id>/<source>``, ``bootstrap_scripts/metrics/metric_names.py``); the jobs' output is in
 the ``<instance-id>/jobs`` streams, each line ``<user>/<attempt id> [<rank> <address>] <line>``
 (``bootstrap_scripts/jobs/executor/log_mirror.py``). Reading a job there needs neither the
 master nor EFS: the nodes may be gone, the lines stay for the log group's retention. Lines
@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 
-from bootstrap_scripts import metric_names as names
+from bootstrap_scripts.metrics import metric_names as names
 from dlc import aws
 from dlc.errors import DlcError, NotFound
 from dlc.target import Target

@@ -43,7 +43,7 @@ def context_pairs(pairs: tuple[str, ...] | list[str]) -> list[str]:
     for pair in pairs:
         key, sep, _value = pair.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"-c expects key=value (a stack setting, README 'Settings'), "
+            raise UsageError(f"-c expects key=value (a stack setting, docs/settings.md), "
                              f"got {pair!r}")
     return list(pairs)
 

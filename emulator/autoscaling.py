@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
-from bootstrap_scripts.procgroup import stop_groups
+from bootstrap_scripts.node.procgroup import stop_groups
 from emulator import notifications as nt
 from emulator.alarm_evaluator import CloudWatchActs
 from emulator.deploy import Instance

@@ -73,8 +73,12 @@ class Shipper:
 
     def _save(self, path: str, offset: int) -> None:
         tmp = self._state(path).with_suffix(".tmp")
-        tmp.write_text(f"{offset} {path}\n")
-        tmp.replace(self._state(path))
+        try:
+            tmp.write_text(f"{offset} {path}\n")
+            tmp.replace(self._state(path))
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def new_lines(self, path: str) -> tuple[list[str], int]:
         """Whole lines after the saved offset, and the offset just past them."""
@@ -136,8 +140,14 @@ class Shipper:
             except (ClientError, BotoCoreError) as exc:  # kept for the next pass, as the agent
                 print(f"cloudwatch-agent: {group}/{stream}: {exc}", file=sys.stderr, flush=True)
                 continue
-            self._save(path, end)
             shipped += len(lines)
+            try:
+                self._save(path, end)
+            except OSError as exc:  # a full disk (ENOSPC): the agent carries on, as systemd
+                # restarts the real one; these lines go again next pass (at least once)
+                print(f"cloudwatch-agent: cannot save the position in {path}: {exc}",
+                      file=sys.stderr, flush=True)
+                continue
             if self.metrics is not None:
                 try:
                     emf_extract.publish(self.metrics, lines)

@@ -4,7 +4,7 @@ On AWS, CloudWatch Logs turns every event it receives that is an EMF document in
 data points of the document's namespace, dimensions and units, by itself
 (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html):
 the nodes only append EMF lines to a file their CloudWatch agent ships
-(``bootstrap_scripts/metrics_emf.py``). moto stores such events as plain log events, so the
+(``bootstrap_scripts/metrics/metrics_emf.py``). moto stores such events as plain log events, so the
 dashboard's and the alarms' metrics would stay empty in the emulator. The emulated agent
 (``emulator.cloudwatch_agent``) therefore passes each line it uploaded to :func:`datums`
 and publishes what comes out with ``PutMetricData`` to moto's CloudWatch: AWS's side of

@@ -12,7 +12,7 @@ CPU. An emulated node gets this script first on its ``PATH``:
   a type without GPUs gets no script (like a machine without a driver).
 
 Readings: ``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`` (what the job
-executor's GPU metrics ask, ``bootstrap_scripts.gpu_metrics``) answers one line per GPU in
+executor's GPU metrics ask, ``bootstrap_scripts.metrics.gpu_metrics``) answers one line per GPU in
 the order asked, NVML-shaped values of a V100-SXM2-16GB (:data:`QUERY_FIELDS`): an idle GPU
 (0 %, 0 MiB used, 35 C, 40 W, no ECC error, no retired page pending) unless the file
 ``<node root>/emulator/gpu-utilization`` (:func:`set_gpu_utilization`) holds a percent,
@@ -23,7 +23,7 @@ nvidia-smi does (exit 2, ``Field "x" is not a valid field to query.``); another
 
 DCGM: the GPU DLAMIs ship it, so a node with a stand-in nvidia-smi (and a fault file, as
 every emulated node has) also gets a stand-in ``dcgmi`` answering ``dmon`` of the three
-profiling fields the GPU sampler asks (``bootstrap_scripts.dcgm_metrics``), its values a
+profiling fields the GPU sampler asks (``bootstrap_scripts.metrics.dcgm_metrics``), its values a
 fixed share of the same utilisation (:data:`DMON_FIELDS`), and ``diag -r 1 --json`` (the
 deep health gate's) with every level-1 test passed; both fail with the driver.
 

@@ -10,7 +10,7 @@ moto can check every request against the caller's IAM policies (``INITIAL_NO_AUT
   (the role) and a few IAM calls; every other call is checked against the resource ``*``, so
   a grant scoped to a KMS key, an Auto Scaling group, a log group, a stack or a Command
   document never matches (here: the key, the group, the log group / stream, the stack and
-  the document a call names);
+  the document a call names, the secret);
 - a trust policy's ``AWS`` principal must equal the caller's ARN, so the job role (trusted by
   the node roles' ARNs) cannot be assumed by a node's role session, which AWS allows
   (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_principal.html#principal-roles);
@@ -191,6 +191,28 @@ def _ssm_resource(self: Any) -> str:
     return f"arn:aws:ssm:{self.region}:{account}:document/{name}"
 
 
+def _secretsmanager_resource(self: Any) -> str:
+    """The secret a call names. Reading a secret's value also needs ``kms:Decrypt`` on its
+    customer-managed key (Secrets Manager decrypts with the caller's permissions,
+    https://docs.aws.amazon.com/secretsmanager/latest/userguide/security-encryption.html):
+    the key is noted for :func:`install`'s second check."""
+    from moto.kms.models import kms_backends
+
+    from emulator.moto_secrets import secret_key_arn
+
+    secret_id = self._get_param("SecretId")
+    if not secret_id:
+        return "*"
+    try:
+        arn = self.backend.describe_secret(secret_id).arn
+    except Exception:  # no such secret: Secrets Manager answers that itself after the check
+        return "*"
+    if self._get_action() == "GetSecretValue":
+        _LOCAL.decrypt_key = secret_key_arn(
+            self.backend, kms_backends[self.current_account][self.region], secret_id)
+    return arn
+
+
 def install() -> None:
     """Fill moto's gaps (idempotent); the checks stay off until :func:`enable`."""
     global _installed
@@ -202,6 +224,7 @@ def install() -> None:
     from moto.iam import access_control as ac
     from moto.kms.responses import KmsResponse
     from moto.logs.responses import LogsResponse
+    from moto.secretsmanager.responses import SecretsManagerResponse
     from moto.sqs.responses import SQSResponse
     from moto.ssm.responses import SimpleSystemManagerResponse
     from moto.sts.responses import TokenResponse as STSResponse
@@ -211,6 +234,7 @@ def install() -> None:
     LogsResponse._determine_resource = _only_enforced(_logs_resource)
     CloudFormationResponse._determine_resource = _only_enforced(_cloudformation_resource)
     SimpleSystemManagerResponse._determine_resource = _only_enforced(_ssm_resource)
+    SecretsManagerResponse._determine_resource = _only_enforced(_secretsmanager_resource)
     SQSResponse._determine_resource = _sqs_resource(SQSResponse._determine_resource)
 
     original_check = ac.IAMRequestBase.check_action_permitted
@@ -218,15 +242,22 @@ def install() -> None:
     def check_action_permitted(self: Any, resource: str) -> None:
         _LOCAL.variables = _variables(self._access_key, self.account_id)
         _LOCAL.account = self.account_id
+        decrypt_key, _LOCAL.decrypt_key = getattr(_LOCAL, "decrypt_key", ""), ""
+        action = original_action = self._action
         try:
             original_check(self, resource)
+            if decrypt_key:  # GetSecretValue of a secret with a customer-managed key
+                self._action = action = "kms:Decrypt"
+                resource = decrypt_key
+                original_check(self, decrypt_key)
         except Exception:
             # what CloudTrail would show: who was refused what, on which resource
-            _log(f"denied {self._access_key.arn} {self._action} on {resource} "
+            _log(f"denied {self._access_key.arn} {action} on {resource} "
                  f"(variables {sorted(_LOCAL.variables.items())})")
             raise
         finally:
             _LOCAL.variables = {}
+            self._action = original_action
 
     def match(pattern: str, string: str) -> bool | None:
         # moto tests the result with ``is not None`` as well as for truth

@@ -34,6 +34,9 @@ Filled gaps (each with the AWS behaviour it reproduces):
 - Insufficient capacity (``make demo --capacity-out TYPE[@ZONE]``), Auto Scaling's
   prioritized instance-type fallback and UpdateAutoScalingGroup keeping the mixed instances
   policy and refilling the group: ``emulator.capacity``, installed by :func:`install`.
+- CloudFormation's ``AWS::SecretsManager::Secret`` (a given or generated secret string, its
+  KMS key; scheduled for deletion with the stack): ``emulator.moto_secrets``, installed by
+  :func:`install`.
 - IAM authorization as AWS evaluates it for the stack's calls (resources of KMS, Auto Scaling
   and CloudWatch Logs calls, role-session principals, policy variables, session tags), off
   until the control endpoint's ``POST /iam-enforcement``: ``emulator.iam_enforcement``.
@@ -54,6 +57,7 @@ from emulator import (
     moto_emr,
     moto_kms,
     moto_publishing,
+    moto_secrets,
     moto_sqs_sender,
     pricing,
     service_quotas,
@@ -129,6 +133,7 @@ def install() -> None:
 
     warm_pool.install(raw_replace)  # warm pools and launch hooks (emulator/warm_pool.py)
     moto_cloudformation.install()  # before the model caches are cleared
+    moto_secrets.secret_model()  # AWS::SecretsManager::Secret (emulator/moto_secrets.py)
     moto_publishing.install()
     for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
         cached.cache_clear()

@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bootstrap_scripts.procgroup import pids_in_groups
+from bootstrap_scripts.node.procgroup import pids_in_groups
 from emulator.ssm_documents import (
     DEFAULT_EXECUTION_TIMEOUT,
     PLUGIN,

@@ -80,6 +80,7 @@ class DLClusterStack(Stack):
             cluster_users=s.cluster_users,
             shared_storage=s.shared_storage,
             data_checksums=s.data_checksums,
+            scheduler=s.scheduler,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster

@@ -84,5 +84,5 @@ def refuse_unknown_keys(given: Iterable[str], known: Iterable[str]) -> None:
             continue
         close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.6)
         hint = f"; did you mean '{by_lower[close[0]]}'?" if close else \
-            " (README \"Settings\" lists the keys)"
+            " (docs/settings.md lists the keys)"
         raise validation.ConfigError(f"unknown context key '{key}'{hint}")

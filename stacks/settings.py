@@ -19,7 +19,7 @@ from stacks.vpc_rules import ExistingVpc, ExistingVpcKeys, check_existing_vpc
 
 #: context key -> ClusterSettings field (derived from the field descriptions).
 CONTEXT_KEYS: dict[str, str] = context_keys(ClusterSettings)
-#: The keys of README "When capacity is short".
+#: The keys of docs/capacity.md.
 CAPACITY_CONTEXT_KEYS: dict[str, str] = {
     k: v for k, v in CONTEXT_KEYS.items()
     if k in ("workerInstanceTypes", "masterInstanceTypes", "capacityReservationId",

@@ -1,8 +1,8 @@
-"""README's settings table, generated from the one description of each setting.
+"""The settings table of docs/settings.md, generated from the one description of each setting.
 
 ``python -m stacks.settings_doc`` prints the table of ``ClusterSettings``' context keys;
-``--write`` replaces the table between README's ``settings-table`` markers with it.
-tests/stack/test_settings.py fails when the README's table differs from this one.
+``--write`` replaces the table between docs/settings.md's ``settings-table`` markers with it.
+tests/stack/test_settings.py fails when that table differs from this one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from constructs_lib.cluster_settings import ClusterSettings
 from constructs_lib.setting import described_fields
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 START = "<!-- settings-table:start (generated: python -m stacks.settings_doc --write) -->"
 END = "<!-- settings-table:end -->"
 
@@ -35,17 +35,18 @@ def settings_table(cls: type = ClusterSettings) -> str:
     for field, desc in described_fields(cls):
         default = desc.default_doc or _default(field.default)
         rows.append(f"| `{desc.key}` | {default} | {desc.limits} | {desc.doc} |")
-    return "\n".join(rows) + "\n"
+    # the table lives in docs/: the descriptions' links to docs/ pages are siblings there
+    return "\n".join(rows).replace("](docs/", "](") + "\n"
 
 
 def readme_table(text: str) -> str:
-    """The table between the markers of a README's text."""
+    """The table between the markers of a page's text."""
     start, end = text.index(START) + len(START) + 1, text.index(END)
     return text[start:end]
 
 
-def write_readme(path: Path = README) -> bool:
-    """Replace the README's table; True if it changed."""
+def write_readme(path: Path = PAGE) -> bool:
+    """Replace the page's table; True if it changed."""
     text = path.read_text()
     start, end = text.index(START) + len(START) + 1, text.index(END)
     new = text[:start] + settings_table() + text[end:]
@@ -55,10 +56,11 @@ def write_readme(path: Path = README) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update README.md in place")
+    parser.add_argument("--write", action="store_true", help="update docs/settings.md in place")
     args = parser.parse_args(argv)
     if args.write:
-        print("README.md updated" if write_readme() else "README.md already up to date")
+        changed = write_readme()
+        print("docs/settings.md " + ("updated" if changed else "already up to date"))
     else:
         sys.stdout.write(settings_table())
     return 0

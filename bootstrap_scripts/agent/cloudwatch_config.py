@@ -11,11 +11,12 @@ The file is the agent's own JSON format: ``agent`` (``run_as_user``), ``logs`` w
 ``log_group_name``, ``log_stream_name``, ``timezone``) and ``force_flush_interval``.
 
 Every node ships its own files to the cluster's one log group, each to the stream
-``<instance-id>/<source>`` (``bootstrap_scripts.metric_names``): the node agent's, the job
+``<instance-id>/<source>`` (``bootstrap_scripts.metrics.metric_names``): the node agent's, the job
 executor's and (the master's) the job controller's output as their systemd units append it
 (:data:`LOG_DIR`), the user data's boot log, and the jobs' output this node ran. The
 Metrics travel the same way: the executor and (the master's) controller append CloudWatch
-embedded metric format lines (``bootstrap_scripts.metrics_emf``) to ``<LOG_DIR>/metrics.log``,
+embedded metric format lines (``bootstrap_scripts.metrics.metrics_emf``) to
+``<LOG_DIR>/metrics.log``,
 shipped to ``<instance-id>/metrics`` like any file; CloudWatch Logs extracts the metrics
 from such events itself, with or without the ``x-amzn-logs-format: json/emf`` header
 (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Generation_PutLogEvents.html).
@@ -37,7 +38,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bootstrap_scripts.metric_names import (
+from bootstrap_scripts.metrics.metric_names import (
     SOURCE_AGENT,
     SOURCE_BOOTSTRAP,
     SOURCE_CONTROLLER,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bootstrap_scripts.agent.identity import NodeIdentity
 from bootstrap_scripts.agent.settings import AgentConfig
-from bootstrap_scripts.procgroup import stop_popen_group
+from bootstrap_scripts.node.procgroup import stop_popen_group
 from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import PrepResult

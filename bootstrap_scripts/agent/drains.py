@@ -29,7 +29,7 @@ import time
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import OUTCOME_LIMIT, MasterAws
 from bootstrap_scripts.agent.membership_key import MembershipKeyError
-from bootstrap_scripts.node_keys import RecordCheck
+from bootstrap_scripts.node.node_keys import RecordCheck
 from bootstrap_scripts.protocol import membership_signature, state, store
 from bootstrap_scripts.protocol.membership import Node
 from bootstrap_scripts.protocol.membership_signature import Signer, Verifier

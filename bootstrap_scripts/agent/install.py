@@ -15,7 +15,7 @@ Written under ``--root`` (default ``/``):
 - ``etc/dl-cluster/aws-region.env`` and ``etc/profile.d/dl-aws-region.sh``: the instance's
   region, read from instance metadata (IMDSv2 ``placement/region``), for every unit
   (``EnvironmentFile=``), wrapper and login shell: the AWS SDKs never ask the metadata
-  service for the region themselves (``bootstrap_scripts.node_region``).
+  service for the region themselves (``bootstrap_scripts.node.node_region``).
 - ``etc/dl-cluster/membership-key`` (with ``--membership-key``): the key whose signature
   root's own jobs need (``bootstrap_scripts.jobs.engine.root_jobs``): ``dl-run`` signs
   them on the master, the executors and the controller check them;
@@ -40,12 +40,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import cloudwatch_config, imds_guard
 from bootstrap_scripts.agent.identity import IdentityError
 from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
 from bootstrap_scripts.data import checksums
-from bootstrap_scripts.jobs.engine import root_jobs
+from bootstrap_scripts.jobs.engine import gate_identity, root_jobs
+from bootstrap_scripts.node import node_region
 from bootstrap_scripts.protocol.store import atomic_write
 
 UNIT_DIR = "etc/systemd/system"
@@ -276,6 +276,10 @@ def install(argv: list[str] | None = None) -> list[Path]:
     guarded = imds_guard.ensure()
     if guarded:
         print(f"dl-install: only root reaches instance metadata: {guarded}")
+    try:  # the health gate's all-reduce runs as this user on every node, not as root
+        print(f"dl-install: the health gate's user: {gate_identity.ensure()}")
+    except gate_identity.GateIdentityError as exc:
+        print(f"dl-install: {exc}: the health gate's all-reduce will run as root")
     if not opts.no_systemctl:
         for cmd in (["systemctl", "daemon-reload"],
                     ["systemctl", "enable", "--now", *units]):
@@ -293,7 +297,7 @@ DCGM_UNIT = "nvidia-dcgm.service"
 
 def start_dcgm() -> bool:
     """Start DCGM's host engine where the image has it, so the executor's GPU sampler gets
-    the profiling metrics (``bootstrap_scripts.dcgm_metrics``); an image without it, or a
+    the profiling metrics (``bootstrap_scripts.metrics.dcgm_metrics``); an image without it, or a
     host engine that will not start, costs only those metrics (said, never fatal)."""
     if subprocess.run(["systemctl", "cat", DCGM_UNIT], capture_output=True,
                       check=False).returncode != 0:

@@ -54,11 +54,11 @@ from bootstrap_scripts.agent.settings import (
     config_from_args,
 )
 from bootstrap_scripts.agent.worker import run_worker
+from bootstrap_scripts.node.single_instance import AlreadyRunning, UnsafeLockFile, acquire
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import Registration
-from bootstrap_scripts.single_instance import AlreadyRunning, UnsafeLockFile, acquire
 
 if TYPE_CHECKING:
     from bootstrap_scripts.agent.aws import MasterAws

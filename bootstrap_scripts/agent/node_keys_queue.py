@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bootstrap_scripts import node_keys
 from bootstrap_scripts.agent.sender_queue import SenderQueue, instance_of_sender
+from bootstrap_scripts.node import node_keys
 from bootstrap_scripts.protocol import node_signature as nsig
 from bootstrap_scripts.protocol.membership_signature import Signer
 from bootstrap_scripts.protocol.paths import NodePaths

@@ -17,7 +17,7 @@ from bootstrap_scripts.agent import discovery as disco
 from bootstrap_scripts.agent import policy
 from bootstrap_scripts.agent.aws import MasterAws
 from bootstrap_scripts.agent.membership_key import MembershipKey, membership_key
-from bootstrap_scripts.node_keys import RecordCheck
+from bootstrap_scripts.node.node_keys import RecordCheck
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.membership_signature import Signer, Verifier

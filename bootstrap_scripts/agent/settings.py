@@ -22,12 +22,16 @@ EXIT_FAILED = 2
 #: Exit status for bad arguments (systemd must not restart it either).
 EXIT_USAGE = 64
 #: Exit status when another ``dl-agent`` already holds this node's lock
-#: (:mod:`bootstrap_scripts.single_instance`). It is :data:`EXIT_FAILED`'s value on purpose:
+#: (:mod:`bootstrap_scripts.node.single_instance`). It is :data:`EXIT_FAILED`'s value on purpose:
 #: the unit's ``RestartPreventExitStatus`` lists that one, and restarting cannot help while
 #: the other agent runs (the unit's own agent keeps running undisturbed).
 EXIT_ALREADY_RUNNING = EXIT_FAILED
 #: The lock file name (``var/lib/dl-agent/dl-agent.lock``).
 LOCK_NAME = "dl-agent"
+#: The cluster's scheduler (the stack's ``scheduler`` setting): the product's own job queue,
+#: or Slurm's daemons (slurmctld on the master, slurmd on every node that trains).
+NATIVE_SCHEDULER, SLURM_SCHEDULER = "native", "slurm"
+SCHEDULERS = (NATIVE_SCHEDULER, SLURM_SCHEDULER)
 
 
 @dataclass
@@ -65,6 +69,8 @@ class AgentConfig:
     worker_role_id: str = ""
     node_keys_queue_url: str = ""
     data_checksums: str = checksums.WARN
+    scheduler: str = NATIVE_SCHEDULER
+    munge_key_secret: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ("master", "worker"):
@@ -99,6 +105,9 @@ class AgentConfig:
         if self.role == "master" and self.node_keys_queue_url and not self.worker_role_id:
             raise ValueError("--node-keys-queue-url on the master needs --worker-role-id "
                              "(whose keys it learns)")
+        if self.scheduler == SLURM_SCHEDULER and not self.munge_key_secret:
+            raise ValueError("--scheduler slurm needs --munge-key-secret (the cluster's munge "
+                             "key in Secrets Manager)")
         if self.base_workers < -1:
             raise ValueError(f"--base-workers must be >= 0 (or -1: all), got {self.base_workers}")
 
@@ -187,6 +196,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--data-checksums", "the cluster's default of dl-run --data-checksums (the "
            "stack's dataChecksums): the installer writes it to etc/dl-cluster/data-checksums "
            "for dl-run (default warn)", choices=checksums.MODES),
+    Option("--scheduler", "the cluster's scheduler (the stack's scheduler setting): native, "
+           "the product's own queue, or slurm: slurmctld on the master, slurmd on every node "
+           "(default native)", choices=SCHEDULERS),
+    Option("--munge-key-secret", "with --scheduler slurm: the ARN of the Secrets Manager "
+           "secret holding the cluster's munge key, read with the node's role ('' = none)"),
 )
 
 

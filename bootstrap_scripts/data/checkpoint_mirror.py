@@ -41,7 +41,6 @@ import threading
 import time
 from pathlib import Path
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.data import durable
 from bootstrap_scripts.data.checkpoint_plan import (
     MANIFEST_SUFFIX,
@@ -57,6 +56,7 @@ from bootstrap_scripts.data.checkpoint_plan import (
     uploads,
 )
 from bootstrap_scripts.data.s3_errors import client_error
+from bootstrap_scripts.node import node_region
 
 #: The mirror's record of the last checkpoint it uploaded (hidden: never part of one).
 STATUS_FILE = ".dl-mirror.json"

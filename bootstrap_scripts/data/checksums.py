@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bootstrap_scripts import node_region
+from bootstrap_scripts.node import node_region
 
 #: Why a response's body was not checked (``checksum_gap``), besides an algorithm's name.
 RANGED = "ranged"

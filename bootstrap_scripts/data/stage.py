@@ -53,7 +53,6 @@ import threading
 import time
 from pathlib import Path
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.data import disks, durable, fetch
 from bootstrap_scripts.data.checksums import MODES, REQUIRED, WARN, unverified_warning
 from bootstrap_scripts.data.plan import (
@@ -66,6 +65,7 @@ from bootstrap_scripts.data.plan import (
     size_text,
 )
 from bootstrap_scripts.data.s3_errors import client_error, object_error
+from bootstrap_scripts.node import node_region
 
 #: Objects (and ranges of large objects) transferred at once: 4 per CPU, at most 32. S3
 #: needs many parallel requests per node (32 is near a 25 Gb/s NIC), but each request's

@@ -217,7 +217,7 @@ def bootstrap(args: argparse.Namespace) -> int:
     sys.path.insert(0, args.lib_dir)
     from bootstrap_scripts.agent.install import instance_region
     from bootstrap_scripts.emr.services import install_node_services
-    from bootstrap_scripts.node_region import RegionError
+    from bootstrap_scripts.node.node_region import RegionError
 
     python = sys.executable  # the preferred interpreter, after the re-run above
     watch_args = ["--root", "/", "--efs-mount", args.efs_mount]

@@ -26,9 +26,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import install
 from bootstrap_scripts.data import checksums
+from bootstrap_scripts.node import node_region
 from bootstrap_scripts.protocol import store
 
 METADATA_MODULE = "bootstrap_scripts.emr.metadata"

@@ -16,7 +16,9 @@ with a failure is left out and marked unhealthy there. How it runs (no ssh anywh
    its share within ``budget_start`` fails ``executor`` with "timeout after N s"; a started
    node that has no answer for a check when that check's budget ran out fails that check.
 4. a timed all-reduce, one torchrun job ``health-allreduce-…`` across the nodes that passed
-   everything so far (``ops.allreduce``): each node's bus bandwidth against the floor.
+   everything so far (``ops.allreduce``): each node's bus bandwidth against the floor. It
+   runs as the gate's own system user, not root (``jobs.engine.gate_identity``: why, and
+   when it cannot).
 5. the verdicts (``ops.gate_report``): one cell per node and check, the failures.
 Both jobs are stopped (cancel marker, then the runner) when the gate stops waiting.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bootstrap_scripts
+from bootstrap_scripts.jobs.engine import gate_identity, userfiles
 from bootstrap_scripts.jobs.engine.reachability import MOVE_WITHIN_SECONDS, Executors
 from bootstrap_scripts.jobs.engine.run import nodes_membership
 from bootstrap_scripts.ops import gate_report as gr
@@ -94,13 +98,16 @@ def sub_membership(m: Membership, nodes: list[Node], efs: Path) -> Membership:
 
 
 class GateJob:
-    """One gate job through ``dl-run --unmanaged`` in a child process, followed on EFS."""
+    """One gate job through ``dl-run --unmanaged`` in a child process, followed on EFS; run
+    as ``user`` (None: as this process, root)."""
 
     def __init__(self, kind: str, root: Path, efs: Path, m: Membership, nodes: list[Node],
-                 s: GateSettings, window: float) -> None:
+                 s: GateSettings, window: float, user: pwd.struct_passwd | None = None) -> None:
         self.kind, self.root, self.efs, self.settings = kind, root, efs, s
+        self.user = user
         self.job_id = new_job_id(f"health-{kind}")
-        self.paths: JobPaths = ClusterPaths(efs).job(self.job_id)
+        self.paths: JobPaths = ClusterPaths(efs).job(self.job_id,
+                                                     user.pw_name if user else None)
         self.sub = sub_membership(m, nodes, efs)
         self.shares = {n.address: Share(n, self.sub.node_by_address(n.address).rank)
                        for n in nodes}
@@ -137,10 +144,11 @@ class GateJob:
                 "--request", "-", "--root", str(self.root), "--membership", str(membership),
                 "--mount-point", str(self.efs)]
         env = {**os.environ, "PYTHONPATH": request.env["PYTHONPATH"]}
+        ids = gate_identity.hand_over(self.user, self.efs, Path(self.tmp.name), env)
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out,
                                          stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True, cwd="/")
+                                         start_new_session=True, cwd="/", **ids)
         assert self.proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             self.proc.stdin.write(request.to_json().encode())
@@ -177,7 +185,9 @@ class GateJob:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(OSError):
                 if store.exists(self.paths.dir):
-                    store.atomic_write(self.paths.cancel, "health gate: done waiting\n")
+                    u = self.user
+                    with userfiles.as_user(u.pw_uid if u else -1, u.pw_gid if u else -1):
+                        store.atomic_write(self.paths.cancel, "health gate: done waiting\n")
             for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGINT, RUNNER_GRACE),
                               (signal.SIGKILL, RUNNER_GRACE)):
                 with contextlib.suppress(ProcessLookupError):
@@ -279,7 +289,7 @@ def run_gate(root: Path, mount_point: Path, membership: Membership, *,
                                                                   "the node failed a check"))
     if s.allreduce and healthy:
         say(f"all-reduce across {len(healthy)} node(s)")
-        run_allreduce(root, efs, membership, healthy, rows, s, deadline, report)
+        run_allreduce(root, efs, membership, healthy, rows, s, deadline, report, say)
     elif healthy:
         for n in healthy:
             rows[n.address].cells["allreduce"] = gr.Cell(gr.NA, "n/a", "disabled")
@@ -361,12 +371,15 @@ def fill_node_cells(row: gr.NodeReport, job: GateJob, expected: gr.Expected,
 
 def run_allreduce(root: Path, efs: Path, m: Membership, nodes: list[Node],
                   rows: dict[str, gr.NodeReport], s: GateSettings, deadline: float,
-                  report: GateReport) -> None:
+                  report: GateReport, say: Progress) -> None:
     command = ["python", "-m", "bootstrap_scripts.ops.allreduce", "--mib",
                f"{s.allreduce_mib:g}", "--iters", str(s.allreduce_iters),
                "--timeout", f"{s.budget_allreduce:g}"]
     window = s.budget_start + s.budget_allreduce + 5
-    job = GateJob("allreduce", root, efs, m, nodes, s, window)
+    user, why = gate_identity.collective_user(efs)
+    if why:
+        say(f"all-reduce as root: {why}")
+    job = GateJob("allreduce", root, efs, m, nodes, s, window, user)
     report.jobs["allreduce"] = job.job_id
     complete = False
     try:

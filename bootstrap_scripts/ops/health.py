@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.jobs.engine.reachability import MOVE_WITHIN_SECONDS, Executors
+from bootstrap_scripts.node import node_region
 from bootstrap_scripts.ops import deep_health
 from bootstrap_scripts.ops import node_records as nrec
 from bootstrap_scripts.protocol import launches, state, store

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bootstrap_scripts import node_region
+from bootstrap_scripts.node import node_region
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.paths import ClusterPaths

@@ -2,7 +2,7 @@
 
 Root on any worker can write any node's registration (``cluster/nodes/<id>.json``) and
 executor heartbeat (``cluster/executors/<address>.json``) on EFS. The master believes one only
-with the signature of the node it names (``bootstrap_scripts.node_keys``), with the keys its
+with the signature of the node it names (``bootstrap_scripts.node.node_keys``), with the keys its
 agent learnt from the instances themselves (``var/lib/dl-agent/node-keys/``, on the master's
 own disk). The operators' tools read the same records: on the master they check them the
 same way and say, per node, whether its record is its own; a decision they take (which
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from bootstrap_scripts.jobs.engine.reachability import LatestBeats, read_heartbeat
-from bootstrap_scripts.node_keys import KeyBook, RecordCheck
+from bootstrap_scripts.node.node_keys import KeyBook, RecordCheck
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.record_base import Record

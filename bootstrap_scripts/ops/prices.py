@@ -60,10 +60,19 @@ SPOT_LOOKBACK_SECONDS = 24 * 3600.0
 ClientFactory = Callable[[str, str], Any]
 
 
+#: botocore's settings for the price calls: they run in the job controller's loop (its
+#: heartbeat), so an AWS that does not answer costs at most about 2 x 5 s per call, not
+#: botocore's default 60 s read timeout times its retries (3 minutes seen in an outage).
+CLIENT_TIMEOUTS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 5,
+                                   "retries": {"total_max_attempts": 2, "mode": "standard"}}
+
+
 def boto3_client(service: str, region: str) -> Any:
     import boto3  # only the master's controller prices nodes
+    from botocore.config import Config
 
-    return boto3.session.Session(region_name=region or None).client(service)
+    return boto3.session.Session(region_name=region or None).client(
+        service, config=Config(**CLIENT_TIMEOUTS))
 
 
 def list_filters(instance_type: str, region: str, market: Market) -> list[dict[str, str]]:

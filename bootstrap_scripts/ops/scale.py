@@ -42,8 +42,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import discovery as disco
+from bootstrap_scripts.node import node_region
 from bootstrap_scripts.ops import node_records as nrec
 from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node

@@ -266,6 +266,11 @@ def join_share(template: Proc, rank: int, address: str) -> Share:
 #: The reason a job executor writes in the exit of a share it found running when it
 #: restarted (and stopped): the product's own fault, classified ``infrastructure``.
 EXECUTOR_RESTARTED_REASON = "the job executor restarted"
+#: How a job's cancel file begins when its user cancelled it (``dl-jobs cancel``, passed on
+#: by the job controller to the running attempt): the runner then records the job as
+#: ``cancelled``, not failed. Any other text in it (a hang, the cost cap, a controller
+#: stopping, an orphaned attempt) is the product stopping the job: its cause is its own.
+USER_CANCEL_REASON = "cancelled by the user"
 #: The interface flags the original Horovod cluster template passed to mpirun; right for real
 #: clusters, where ``lo`` and ``docker0`` must not carry traffic. The loopback emulator
 #: overrides them.

@@ -141,6 +141,9 @@ class ManagedJob(Record):
     stragglers: tuple[str, ...] = ()
     #: nodes lost while an elastic attempt trained on without them (each a NodeLoss)
     node_losses: tuple[NodeLoss, ...] = ()
+    #: while the running attempt's ranks make no progress (with or without --hang-timeout):
+    #: "no progress on any rank for <n> min" ("" while they do)
+    stalled: str = ""
 
 
 @record

@@ -15,7 +15,7 @@ The signed form is the membership's (:mod:`.membership_signature`): the record w
 signing key (``node:<fingerprint>``), for people: the checker uses the key of the node the
 record must come from (its path, its address in the membership), never the one the record
 names. This module is pure: keys are given as objects or PEM bytes; the files are
-:mod:`bootstrap_scripts.node_keys`'.
+:mod:`bootstrap_scripts.node.node_keys`'.
 """
 
 from __future__ import annotations

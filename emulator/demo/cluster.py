@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from bootstrap_scripts.procgroup import Tracked, start_time
+from bootstrap_scripts.node.procgroup import Tracked, start_time
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import NodePaths

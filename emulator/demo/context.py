@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bootstrap_scripts.procgroup import Tracked
+from bootstrap_scripts.node.procgroup import Tracked
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from emulator import deploy as dp

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from bootstrap_scripts.procgroup import Tracked, start_time
+from bootstrap_scripts.node.procgroup import Tracked, start_time
 
 
 class Demo(Protocol):
@@ -149,7 +149,7 @@ def serve(demo: Demo, code: int) -> int:
 
 def stop_service(state: dict) -> set[int]:
     """``--stop``'s first step: the service's group, if it recorded one; the survivors."""
-    from bootstrap_scripts.procgroup import stop_groups
+    from bootstrap_scripts.node.procgroup import stop_groups
 
     rec = state.get(STATE_KEY)
     if not rec:

@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from bootstrap_scripts.agent import imds_guard
-from bootstrap_scripts.procgroup import (
+from bootstrap_scripts.node.procgroup import (
     Tracked,
     descendants,
     pids_in_groups,

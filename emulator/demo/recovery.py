@@ -37,7 +37,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from bootstrap_scripts.procgroup import signal_group
+from bootstrap_scripts.node.procgroup import signal_group
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ControllerHeartbeat
 from emulator import deploy as dp

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from bootstrap_scripts.procgroup import start_time
+from bootstrap_scripts.node.procgroup import start_time
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import MEMBERSHIP_FILE
 

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from bootstrap_scripts import metric_names as names
-from bootstrap_scripts import metrics_emf
 from bootstrap_scripts.agent import cloudwatch_config, install
 from bootstrap_scripts.jobs.executor import log_mirror
+from bootstrap_scripts.metrics import metric_names as names
+from bootstrap_scripts.metrics import metrics_emf
 from emulator.units import unit_output
 
 

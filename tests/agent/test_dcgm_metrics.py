@@ -1,4 +1,4 @@
-"""DCGM's profiling activity as node metrics (bootstrap_scripts/dcgm_metrics.py): ``dcgmi
+"""DCGM's profiling activity as node metrics (bootstrap_scripts/metrics/dcgm_metrics.py): ``dcgmi
 dmon``'s rows parsed (N/A on a first sample, header and error lines skipped), the GPUs'
 mean in percent, and a node without DCGM (or with a host engine that does not answer)
 leaving the metrics out with the reason, never failing the GPU sample. The program run is a
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import dcgm_metrics, gpu_metrics
-from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.jobs.executor.gpu_sampler import sample_line
+from bootstrap_scripts.metrics import dcgm_metrics, gpu_metrics
+from bootstrap_scripts.metrics import metric_names as names
 
 DMON = """\
 #Entity   SMACT        TENSO        DRAMA

@@ -1,4 +1,4 @@
-"""EFA's counters as metrics (bootstrap_scripts/efa_counters.py): read from a sysfs laid out
+"""EFA's counters as metrics (bootstrap_scripts/metrics/efa_counters.py): read from a sysfs laid out
 as the EFA driver lays it out, what grew since the previous sample, summed over devices
 and ports; nothing on a node without EFA; other RDMA drivers and missing counters left out."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bootstrap_scripts import efa_counters, gpu_metrics
-from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.jobs.executor.gpu_sampler import sample_line
+from bootstrap_scripts.metrics import efa_counters, gpu_metrics
+from bootstrap_scripts.metrics import metric_names as names
 
 
 def device(root: Path, name: str, driver: str, counters: dict[str, int], port: str = "1") -> Path:

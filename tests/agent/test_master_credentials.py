@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.agent.aws import MasterAws
+from bootstrap_scripts.node import node_region
 
 
 def test_clients_wait_for_credentials_then_have_them(monkeypatch: pytest.MonkeyPatch,

@@ -1,5 +1,5 @@
-"""The node's metrics: EMF lines (bootstrap_scripts/metrics_emf.py), the GPU readings of
-nvidia-smi (bootstrap_scripts/gpu_metrics.py) and the executor's sampler
+"""The node's metrics: EMF lines (bootstrap_scripts/metrics/metrics_emf.py), the GPU readings of
+nvidia-smi (bootstrap_scripts/metrics/gpu_metrics.py) and the executor's sampler
 (bootstrap_scripts/jobs/executor/gpu_sampler.py), with a stand-in nvidia-smi on PATH."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import stat
 
 import pytest
 
-from bootstrap_scripts import gpu_metrics, metrics_emf, xid_errors
-from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.jobs.executor.gpu_sampler import GpuSampler, sample_line
+from bootstrap_scripts.metrics import gpu_metrics, metrics_emf, xid_errors
+from bootstrap_scripts.metrics import metric_names as names
 from emulator import gpus as emulated
 
 NODE = [names.DIM_CLUSTER, names.DIM_INSTANCE]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import install
+from bootstrap_scripts.node import node_region
 from emulator.deploy import REPO_ROOT, aws_env
 from emulator.imds import MetadataServer
 from emulator.nodes import base_env

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import single_instance
 from bootstrap_scripts.agent import install
 from bootstrap_scripts.agent.settings import EXIT_ALREADY_RUNNING, LOCK_NAME
+from bootstrap_scripts.node import single_instance
 from bootstrap_scripts.protocol.paths import NodePaths
 from tests.support.agents import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-HOLD = ("import sys, time; from bootstrap_scripts.single_instance import acquire; "
+HOLD = ("import sys, time; from bootstrap_scripts.node.single_instance import acquire; "
         "acquire(sys.argv[1]); print('held', flush=True); time.sleep(120)")
 
 

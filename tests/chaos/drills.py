@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap_scripts.procgroup import alive, pids_in_groups, pids_with_token, share_token
+from bootstrap_scripts.node.procgroup import alive, pids_in_groups, pids_with_token, share_token
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.node.procgroup import alive, pids_in_groups
 from tests.chaos.drills import assert_passed, drill, torchelastic_dirs
 from tests.support.demo import kill_everything, recorded_groups, run_demo
 

@@ -367,7 +367,7 @@ def cpu_seconds(pid: int) -> float:
 
 def idle_cpu(efs: Path, root: Path, address: str, window: float = 8.0) -> float:
     """CPU seconds per second of a real idle ``dl-executor`` over ``efs``."""
-    from bootstrap_scripts.procgroup import stop_popen_group
+    from bootstrap_scripts.node.procgroup import stop_popen_group
 
     p = subprocess.Popen([sys.executable, "-m", "bootstrap_scripts.jobs.executor", "--root",
                           str(root), "--mount-point", str(efs), "--no-mount", "--address",
@@ -426,7 +426,7 @@ def test_g_ten_thousand_finished_jobs(tmp_path):
             row.seconds = time.monotonic() - t0
             alive_after = ctl.poll() is None
         finally:
-            from bootstrap_scripts.procgroup import stop_popen_group
+            from bootstrap_scripts.node.procgroup import stop_popen_group
             stop_popen_group(ctl)
         moved_jobs = len(list((archive / "jobs").glob("*/*")))
         moved_managed = len(list((archive / "managed").glob("*/*")))

@@ -72,7 +72,7 @@ from tests.support.cluster import free_rdzv_port
 JOB = str(Path(__file__).parent / "jobs" / "digits_hooks.py")
 #: the replacement's boot: 240 s on AWS, scaled by SCALE for this run. ``GOODPUT_SCALE=1``
 #: runs it unscaled (with ``GOODPUT_EPOCHS`` for a job long enough to carry it: the waiting
-#: run then takes about 20 min, README "Measured figures").
+#: run then takes about 20 min, docs/testing.md ("Figures")).
 REALISTIC_BOOT = 240.0
 SCALE = float(os.environ.get("GOODPUT_SCALE") or 1 / 12)
 BOOT_DELAY = REALISTIC_BOOT * SCALE

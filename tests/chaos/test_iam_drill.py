@@ -35,7 +35,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.node.procgroup import alive, pids_in_groups
 from emulator.demo.context import BIN_DIR, STATE_FILE
 from emulator.demo.data import BUCKET
 from emulator.nodes import base_env

@@ -38,7 +38,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.node.procgroup import alive, pids_in_groups
 from emulator.address_space import vpc_cidr
 from emulator.demo.context import STATE_FILE
 from emulator.demo.data import BUCKET, PREFIX, SOURCE

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.node.procgroup import alive, pids_in_groups
 from emulator.demo.context import STATE_FILE
 from emulator.nodes import PYTHON
 from tests.conftest import REPO_ROOT

@@ -21,8 +21,8 @@ from typing import Any
 import boto3
 import pytest
 
-from bootstrap_scripts import metric_names as names
-from bootstrap_scripts.procgroup import alive, pids_in_groups, stop_popen_group
+from bootstrap_scripts.metrics import metric_names as names
+from bootstrap_scripts.node.procgroup import alive, pids_in_groups, stop_popen_group
 from bootstrap_scripts.protocol.jobs import StagingReport
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from dlc.cli import main
@@ -125,7 +125,7 @@ def test_every_member_speaks_to_the_master_with_its_own_signed_records(kept: dic
     the signature the master's check believes (a record another node signed would not)."""
     import logging
 
-    from bootstrap_scripts.node_keys import RecordCheck
+    from bootstrap_scripts.node.node_keys import RecordCheck
     from bootstrap_scripts.protocol.membership import Membership
     from bootstrap_scripts.protocol.paths import NodePaths
     from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Registration

@@ -12,8 +12,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.data import stage
+from bootstrap_scripts.node import node_region
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.procgroup import pids_in_groups
+from bootstrap_scripts.node.procgroup import pids_in_groups
 from bootstrap_scripts.protocol import paths as pp
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.membership import Membership

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.node.procgroup import alive, pids_in_groups
 from dlc.cli import main
 from emulator.demo.context import STATE_FILE
 from emulator.nodes import PYTHON

@@ -19,7 +19,6 @@ from pathlib import Path
 import boto3
 import pytest
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import node_files
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.emr import aws_cli, services
@@ -27,6 +26,7 @@ from bootstrap_scripts.emr import metadata as em
 from bootstrap_scripts.jobs.cli.dl_run import build_parser as dl_run_parser
 from bootstrap_scripts.jobs.cli.dl_run import split_command
 from bootstrap_scripts.jobs.cli.request_args import request_from_args
+from bootstrap_scripts.node import node_region
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.node_files import parse_env_file
 from bootstrap_scripts.protocol.paths import NodePaths

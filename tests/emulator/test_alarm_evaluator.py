@@ -18,10 +18,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from bootstrap_scripts import gpu_metrics
 from bootstrap_scripts.jobs.controller import metrics as controller_metrics
 from bootstrap_scripts.jobs.controller.engine_facts import Facts
 from bootstrap_scripts.jobs.executor.gpu_sampler import sample_line
+from bootstrap_scripts.metrics import gpu_metrics
 from emulator import alarm_evaluator, emf_extract, moto_cloudformation
 from tests.stack.synth import cluster_template
 

@@ -22,7 +22,7 @@ import pytest
 
 from bootstrap_scripts.agent import cloudwatch_config
 from bootstrap_scripts.jobs.executor.log_mirror import LogMirror, share_sources
-from bootstrap_scripts.procgroup import stop_popen_group
+from bootstrap_scripts.node.procgroup import stop_popen_group
 from emulator.deploy import REGION, REPO_ROOT
 
 SAMPLES = 8

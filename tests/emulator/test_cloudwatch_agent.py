@@ -155,9 +155,9 @@ def test_dlc_logs_falls_back_to_cloudwatch_when_the_master_cannot_answer(
 
 def test_an_emf_line_is_shipped_to_the_metrics_stream_and_becomes_a_metric(
         tmp_path, logs, moto_reset) -> None:
-    from bootstrap_scripts import metrics_emf
-    from bootstrap_scripts.gpu_metrics import parse
     from bootstrap_scripts.jobs.executor.gpu_sampler import sample_line
+    from bootstrap_scripts.metrics import metrics_emf
+    from bootstrap_scripts.metrics.gpu_metrics import parse
 
     root, config = node(tmp_path, "i-0aaa")
     line = sample_line(parse("0, 80, 100, 60, 200.00, 0, No\n1, 40, 100, 50, 100.00, 0, No"),

@@ -10,7 +10,7 @@ import sys
 
 from rich.console import Console
 
-from bootstrap_scripts.procgroup import Tracked, start_time, stop_popen_group
+from bootstrap_scripts.node.procgroup import Tracked, start_time, stop_popen_group
 from emulator.demo.orchestration import stop_from_state
 
 

@@ -1,5 +1,7 @@
 """A fresh account: KMS refuses a key policy naming a role that does not exist yet, and the
-stack creates Auto Scaling's service-linked role before the key that names it.
+stack creates Auto Scaling's service-linked role before the key that names it. The deploy is
+of a Slurm cluster (``scheduler=slurm``), so it also shows the munge key's secret made from
+the template and read, with IAM enforced, by the node roles and by no other principal.
 
 AWS: "The principals in the key policy must exist and be visible to KMS" (CreateKey,
 PutKeyPolicy); ``AWSServiceRoleForAutoScaling`` exists only once something created it.
@@ -15,7 +17,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from emulator import deploy as dp
-from emulator import moto_custom_resources, moto_kms
+from emulator import iam_enforcement, moto_custom_resources, moto_kms
 from tests.conftest import REGION
 
 ACCOUNT = "123456789012"
@@ -130,9 +132,47 @@ def test_the_stack_deploys_on_a_fresh_account(moto_reset, tmp_path: Path):
     log, out = tmp_path / "cdk.log", tmp_path / "cdk.out"
     ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_reset)
     dp.bootstrap(env, log, out)
-    dp.deploy(env, log, out, workers=1, ami=dp.pick_ami(ec2))
+    dp.deploy(env, log, out, workers=1, ami=dp.pick_ami(ec2), context={"scheduler": "slurm"})
     cfn = boto3.client("cloudformation", region_name=REGION, endpoint_url=moto_reset)
     assert cfn.describe_stacks(StackName=dp.STACK)["Stacks"][0]["StackStatus"] in (
         "CREATE_COMPLETE", "UPDATE_COMPLETE")
     role = iam.get_role(RoleName="AWSServiceRoleForAutoScaling")["Role"]
     assert role["Arn"] == SLR_ARN
+    assert munge_key_readers(moto_reset, cfn, iam) == {
+        "master": "read", "worker": "read", "capacity adjuster": "denied"}
+
+
+def munge_key_readers(endpoint: str, cfn, iam) -> dict[str, str]:
+    """Who of the deployed stack's roles reads the munge key with IAM enforced (each as a
+    session of its role, assumed by the emulator's admin session as AWS's services would)."""
+    resources = cfn.describe_stack_resources(StackName=dp.STACK)["StackResources"]
+    (secret,) = [r["PhysicalResourceId"] for r in resources
+                 if r.get("ResourceType") == "AWS::SecretsManager::Secret"]
+    sm = boto3.client("secretsmanager", region_name=REGION, endpoint_url=endpoint)
+    assert len(sm.get_secret_value(SecretId=secret)["SecretString"]) == 1024
+    roles = {name: next(r["PhysicalResourceId"] for r in resources
+                        if r.get("ResourceType") == "AWS::IAM::Role"
+                        and r.get("LogicalResourceId", "").startswith(prefix))
+             for name, prefix in (("master", "ClusterMasterGroupInstanceRole"),
+                                  ("worker", "ClusterWorkerGroupInstanceRole"),
+                                  ("capacity adjuster", "ClusterCapacityAdjusterRole"))}
+    arns = {name: iam.get_role(RoleName=r)["Role"]["Arn"] for name, r in roles.items()}
+    out = {}
+    iam_enforcement.enable(ACCOUNT)
+    try:
+        sts = boto3.client("sts", region_name=REGION, endpoint_url=endpoint)
+        for name, arn in arns.items():
+            c = sts.assume_role(RoleArn=arn, RoleSessionName="i-1")["Credentials"]
+            reader = boto3.client(
+                "secretsmanager", region_name=REGION, endpoint_url=endpoint,
+                aws_access_key_id=c["AccessKeyId"], aws_secret_access_key=c["SecretAccessKey"],
+                aws_session_token=c["SessionToken"])
+            try:
+                reader.get_secret_value(SecretId=secret)
+                out[name] = "read"
+            except ClientError as exc:
+                code = exc.response["Error"]["Code"]  # moto's JSON services answer 403
+                out[name] = "denied" if code in ("AccessDenied", "403") else code
+    finally:
+        iam_enforcement.disable()
+    return out

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.procgroup import alive
+from bootstrap_scripts.node.procgroup import alive
 from tests.conftest import REPO_ROOT
 
 CHILD = """

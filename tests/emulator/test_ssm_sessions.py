@@ -23,7 +23,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from bootstrap_scripts.procgroup import stop_popen_group
+from bootstrap_scripts.node.procgroup import stop_popen_group
 from emulator import session_plugin, ssm_agent
 from tests.conftest import free_port
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.procgroup import stop_popen_group
+from bootstrap_scripts.node.procgroup import stop_popen_group
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from tests.conftest import REPO_ROOT
 

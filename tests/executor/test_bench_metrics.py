@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from bootstrap_scripts import metric_names as names
-from bootstrap_scripts import metrics_emf
 from bootstrap_scripts.jobs.executor.gpu_sampler import SAMPLE_SECONDS, GpuSampler
+from bootstrap_scripts.metrics import metric_names as names
+from bootstrap_scripts.metrics import metrics_emf
 from emulator.gpus import NODE_BIN_DIR, fake_nvidia_smi
 
 SAMPLES = 40

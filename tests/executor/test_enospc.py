@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.executor.daemon import Executor
+from bootstrap_scripts.node import procgroup
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.paths import ClusterPaths

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from bootstrap_scripts import procgroup
+from bootstrap_scripts.node import procgroup
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import JobPaths
 from bootstrap_scripts.protocol.records import ShareExit, ShareStarted

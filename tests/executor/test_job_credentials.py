@@ -92,7 +92,9 @@ def test_credentials_are_renewed_before_they_expire_and_removed_with_the_job(tmp
     owners = {"j": ("bob", os.getuid(), os.getgid())}
     assert store.refresh_due(owners) == [] and len(sts.calls) == 1  # plenty left
     now[0] = creds.expiration - REFRESH_BEFORE_SECONDS + 1
-    assert store.refresh_due(owners) == [] and len(sts.calls) == 2
+    assert store.refresh_due(owners) == []  # the call is started on its thread
+    store.calls.calls["j"].done.wait(30)
+    assert store.refresh_due(owners) == [] and len(sts.calls) == 2  # its answer written
     store.forget("j")
     assert not creds.directory.exists() and "j" not in store.jobs
 
@@ -149,7 +151,12 @@ def test_a_job_that_stays_the_executors_user_is_tagged_with_that_users_name(tmp_
     shares = Shares.__new__(Shares)  # only its credentials are used here
     shares.credentials = JobCredentialStore(tmp_path / "job-credentials", role_arn, REGION,
                                             lambda: sts)
-    _creds, owner = shares.issue_credentials("train-1", -1, -1)
+    owner = Shares.owner_of(-1, -1)
+    shares.credentials.begin("train-1", *owner)
+    shares.credentials.calls.calls["train-1"].done.wait(30)
+    assert shares.credentials.settled("train-1")
+    creds, _owner = shares.issue_credentials("train-1", -1, -1)
+    assert creds is not None and creds.credentials_file.exists()
     me = pwd.getpwuid(os.geteuid()).pw_name
     assert sts.calls[0]["Tags"] == [{"Key": USER_TAG, "Value": me}]
     assert owner == (me, -1, -1)

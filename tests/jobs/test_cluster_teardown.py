@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 
 from bootstrap_scripts.jobs.controller.attempts import runner_argv
-from bootstrap_scripts.procgroup import alive, stop_popen_group
+from bootstrap_scripts.node.procgroup import alive, stop_popen_group
 from emulator.nodes import base_env
 from tests.conftest import REPO_ROOT
 from tests.support.cluster import start_local_cluster

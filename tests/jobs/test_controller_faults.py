@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import single_instance
 from bootstrap_scripts.jobs.cli import dl_jobs
 from bootstrap_scripts.jobs.controller import daemon, retention
 from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.node import single_instance
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest

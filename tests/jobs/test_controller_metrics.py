@@ -7,8 +7,6 @@ import json
 
 import pytest
 
-from bootstrap_scripts import metric_names as names
-from bootstrap_scripts import metrics_emf
 from bootstrap_scripts.jobs.controller.metrics import (
     PROGRESS_SECONDS,
     REPEAT_SECONDS,
@@ -18,6 +16,8 @@ from bootstrap_scripts.jobs.controller.metrics import (
     progress_metrics,
     unhealthy_nodes,
 )
+from bootstrap_scripts.metrics import metric_names as names
+from bootstrap_scripts.metrics import metrics_emf
 from bootstrap_scripts.protocol.records import RankProgress
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import metric_names as names
-from bootstrap_scripts import metrics_emf
 from bootstrap_scripts.jobs.controller.engine_facts import EngineFacts, Facts, priced_usd, tally
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics, Seen, cluster_line, decide
 from bootstrap_scripts.jobs.engine import managed
+from bootstrap_scripts.metrics import metric_names as names
+from bootstrap_scripts.metrics import metrics_emf
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import (

@@ -20,7 +20,7 @@ from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from bootstrap_scripts.protocol.records import ShareStarted
+from bootstrap_scripts.protocol.records import JobResult, ShareStarted
 
 pytestmark = pytest.mark.slow
 JOB = str(Path(__file__).parent / "jobs" / "managed_job.py")
@@ -133,6 +133,10 @@ def test_a_queue_runs_in_order_and_cancel_stops_queued_and_running_jobs(cluster)
     assert states[second].finished_at <= states[fourth].started_at
     again = c.dl_jobs("cancel", fourth)
     assert again.returncode == 2 and "already cancelled" in again.stderr
+    # the cancelled attempt's own result says so (not "failed")
+    result = wait_for("the attempt's result", lambda: store.read_record_or_none(
+        ClusterPaths(c.efs).job(f"{fourth}.1").result, JobResult), 60)
+    assert result.status == "cancelled", result
 
 
 def test_a_code_failure_is_not_retried_unless_asked(cluster):

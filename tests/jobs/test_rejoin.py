@@ -133,6 +133,9 @@ class FakeShares:
         self.started.append(share)
         return True
 
+    def credentials_ready(self, paths) -> bool:
+        return True  # no job role: nothing to wait for
+
 
 def test_a_replacement_executor_joins_only_once_admitted(tmp_path):
     node = ThisNode(NodePaths(tmp_path / "node"), ClusterPaths(tmp_path), address="10.0.1.9")
@@ -227,6 +230,34 @@ def test_an_admission_planted_as_a_link_admits_nothing(tmp_path):
     assert rejoin.Rejoin(paths, os.geteuid(), os.getegid()).admitted == {}
     store.atomic_write(paths.admitted("10.0.1.8"), "i-r passed the health gate\n")
     assert admitted(paths, "10.0.1.8")
+
+
+def test_nodes_joining_past_the_first_size_count_in_the_world_size(tmp_path):
+    """A scale-up while the elastic attempt runs: the record says what runs (5 nodes), not
+    the first size (4) it was capped at."""
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [])
+    sup.last_nodes_addresses = {"10.0.0.4", "10.0.1.1", "10.0.1.2", "10.0.1.3"}
+    sup.update(world_size=4, excluded=())
+    grow.admitted.update({"10.0.1.9": "i-r"})
+    store.write_record(grow.jpaths.started(4), ShareStarted(rank=4, address="10.0.1.9",
+                                                            started_at=time.time()))
+    sup.grow(grow)
+    assert sup.job.world_size == 5 and managed.load_job(sup.paths).world_size == 5
+
+
+def test_a_node_lost_while_the_generation_rises_is_recorded_and_leaves_the_world(tmp_path):
+    """A worker killed as a replacement is admitted: its loss is recorded, and the world
+    size is what trains on (the replacement counts once its share started)."""
+    sup, grow = grown(tmp_path, lambda root, efs, m, addresses: [])
+    sup.grow(grow)  # 10.0.1.9 admitted, not started yet
+    sup.executors = FakeExecutors({"10.0.0.4", "10.0.1.1", "10.0.1.9"})  # 10.0.1.2 killed
+    sup.mark_lost(grow)
+    assert [x.address for x in sup.job.node_losses] == ["10.0.1.2"]
+    assert sup.job.world_size == 2
+    store.write_record(grow.jpaths.started(4), ShareStarted(rank=4, address="10.0.1.9",
+                                                            started_at=time.time()))
+    sup.grow(grow)
+    assert sup.job.world_size == 3
 
 
 def test_a_worker_lost_inside_an_elastic_attempt_is_marked_unhealthy_at_once(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """A cluster of mixed instance types (an instance-type fallback list launched the next type
 for some nodes): every node's type and GPU count travel in the membership, and every
-launcher sizes each node by its own GPUs (README "When capacity is short")."""
+launcher sizes each node by its own GPUs (docs/capacity.md)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.procgroup import alive
+from bootstrap_scripts.node.procgroup import alive
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.procgroup import alive
+from bootstrap_scripts.node.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bootstrap_scripts import node_keys
 from bootstrap_scripts.jobs.controller import attempts, node_heartbeats
 from bootstrap_scripts.jobs.engine.reachability import read_heartbeat
+from bootstrap_scripts.node import node_keys
 from bootstrap_scripts.ops import health, scale
 from bootstrap_scripts.ops import node_records as nrec
 from bootstrap_scripts.protocol import node_signature as nsig

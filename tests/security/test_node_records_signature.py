@@ -28,7 +28,6 @@ from types import SimpleNamespace
 import boto3
 import pytest
 
-from bootstrap_scripts import node_keys
 from bootstrap_scripts.agent.drains import Drains
 from bootstrap_scripts.agent.node_keys_queue import KeyServer, NodeKey
 from bootstrap_scripts.agent.roster import Roster
@@ -36,6 +35,7 @@ from bootstrap_scripts.jobs.controller import node_evidence
 from bootstrap_scripts.jobs.controller.node_heartbeats import SignedHeartbeats
 from bootstrap_scripts.jobs.engine.reachability import read_heartbeat
 from bootstrap_scripts.jobs.executor.drain import Drain
+from bootstrap_scripts.node import node_keys
 from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths

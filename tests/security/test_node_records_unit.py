@@ -13,8 +13,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from bootstrap_scripts import node_keys
 from bootstrap_scripts.agent.node_keys_queue import KeyServer
+from bootstrap_scripts.node import node_keys
 from bootstrap_scripts.protocol import node_signature as nsig
 from bootstrap_scripts.protocol.paths import NodePaths
 from bootstrap_scripts.protocol.records import Registration

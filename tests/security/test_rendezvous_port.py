@@ -25,7 +25,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -43,7 +42,7 @@ from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths, NodePaths
 from bootstrap_scripts.protocol.records import ShareStarted
 from emulator.nodes import PYTHON
-from tests.security.conftest import user_env, wait_until
+from tests.security.conftest import as_user, user_env, wait_until
 
 pytestmark = [pytest.mark.slow]
 
@@ -59,6 +58,17 @@ except OSError as exc:
 s.listen()
 print("listening", flush=True)
 time.sleep(120)
+"""
+
+
+#: A client of the store at argv[1]:argv[2]: set a key, read it back.
+CLIENT = """
+import sys
+from datetime import timedelta
+from torch.distributed import TCPStore
+client = TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, timeout=timedelta(seconds=30))
+client.set("drill", "mine")
+print(client.get("drill").decode())
 """
 
 
@@ -131,6 +141,7 @@ def free_unprivileged_port(host: str) -> int:
 
 def stop_shares(shares: Shares) -> None:
     shares.stop_all("drill over")
+    shares.guards.release_all()  # no runner marks the job done here
 
 
 def test_a_user_cannot_take_the_default_rendezvous_port_and_the_job_is_served_by_its_own_store(
@@ -155,11 +166,9 @@ def test_a_user_cannot_take_the_default_rendezvous_port_and_the_job_is_served_by
     spec, share, paths = victims_job(this, victim, DEFAULT_RDZV_PORT, marker)
     try:
         assert shares.start(spec, share, paths)
-        from torch.distributed import TCPStore
-        client = TCPStore(this.address, DEFAULT_RDZV_PORT, is_master=False,
-                          timeout=timedelta(seconds=30))
-        client.set("drill", "mine")
-        assert client.get("drill") == b"mine"
+        # the job's own user reaches it (no one else does: test_rendezvous_store_guard.py)
+        res = as_user(victim, CLIENT, this.address, str(DEFAULT_RDZV_PORT))
+        assert res.stdout.strip() == "mine", res.stdout + res.stderr
         # the one socket listening there is root's, held by the victim's store alone
         (held,) = holders(this.address, DEFAULT_RDZV_PORT)
         store_pid = shares.running[paths.key].procs[1].popen.pid

@@ -38,6 +38,8 @@ SHAPES: dict[str, tuple[str, str]] = {
     "AWS::EC2::SecurityGroup": ("sg-0123456789abcdef0", ""),
     "AWS::EMR::Cluster": ("j-0123456789ABC", ""),
     "AWS::AutoScaling::AutoScalingGroup": ("{id}", ""),
+    "AWS::SecretsManager::Secret": (f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:{{id}}"
+                                    "-AbCdEf", ""),
 }
 
 

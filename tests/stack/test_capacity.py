@@ -1,6 +1,6 @@
 """Capacity that does not give up, in the template: instance-type fallback lists (prioritized
 mixed instances policy), multi-zone groups, single-zone groups with their zone-move order,
-Capacity Reservations and Capacity Blocks (README "When capacity is short")."""
+Capacity Reservations and Capacity Blocks (docs/capacity.md)."""
 
 from __future__ import annotations
 

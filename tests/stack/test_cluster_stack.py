@@ -185,7 +185,7 @@ def test_groups_notify_all_four_events_and_are_tagged(template: Template) -> Non
         or d.startswith("ClusterCapacityAdjusterFunctionTopic")
         for d in worker["DependsOn"]
     )
-    for g in (master, worker):  # no placement group: every zone (README "When capacity ...")
+    for g in (master, worker):  # no placement group: every zone (docs/capacity.md)
         assert len(g["Properties"]["VPCZoneIdentifier"]) == 2
 
 

@@ -24,6 +24,7 @@ CONTEXTS = {
         "keyName": "ops",
         "warmPoolSize": "2",  # the warm pool, its launch hook and the workers' grant
         "maxWorkers": "4",
+        "scheduler": "slurm",  # the munge key's secret, its key and the node roles' grant
     },
     "elastic-spot": {"spotWorkers": "2", "maxWorkers": "6", "dataPrepScript": "/efs/prep.sh",
                      "budgetPerDay": "250",

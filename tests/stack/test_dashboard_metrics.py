@@ -6,7 +6,7 @@ The runtime side is not a list kept by hand: the EMF lines the two emitters
 metrics.py``) actually write, for a GPU reporting every field and a job reporting every
 figure, are parsed as CloudWatch Logs would (``_aws.CloudWatchMetrics``). The stack side is
 the synthesized dashboard body: its metric arrays and its SEARCH expressions. Both name
-their namespace and dimensions from ``bootstrap_scripts/metric_names.py``; a name typed
+their namespace and dimensions from ``bootstrap_scripts/metrics/metric_names.py``; a name typed
 twice, a dimension set one side forgot, or a third emitter nobody graphed fails here.
 """
 
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts import dcgm_metrics, efa_counters, gpu_metrics, metrics_emf
-from bootstrap_scripts import metric_names as names
 from bootstrap_scripts.jobs.controller.engine_facts import Facts
 from bootstrap_scripts.jobs.controller.metrics import ControllerMetrics
 from bootstrap_scripts.jobs.executor.gpu_sampler import sample_line
+from bootstrap_scripts.metrics import dcgm_metrics, efa_counters, gpu_metrics, metrics_emf
+from bootstrap_scripts.metrics import metric_names as names
 from bootstrap_scripts.protocol.records import RankProgress
 from tests.stack.synth import REPO, cluster_template
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from aws_cdk.assertions import Template
 
-from bootstrap_scripts import metric_names as names
+from bootstrap_scripts.metrics import metric_names as names
 from constructs_lib.observability import check_retention, dashboard_name
 from constructs_lib.validation import ConfigError
 from tests.stack.synth import cluster_template

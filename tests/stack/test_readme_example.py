@@ -1,6 +1,6 @@
-"""README's "Use the constructs in your own CDK app" example, synthesized exactly as written
-and as a user without AWS credentials runs it (no ``CDK_DEFAULT_*`` variables), so the README
-cannot drift."""
+"""docs/constructs.md's example (linked from the README), synthesized exactly as written and
+as a user without AWS credentials runs it (no ``CDK_DEFAULT_*`` variables), so the page cannot
+drift."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ LOOKUP = re.compile(r"# .*vpc=ec2\.Vpc\.from_lookup\(stack, \"Vpc\", vpc_id=\"vp
 
 
 def readme_example() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "constructs.md").read_text()
     section = text[text.index(SECTION):]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
@@ -33,7 +33,7 @@ def test_readme_example_synthesizes(monkeypatch: pytest.MonkeyPatch) -> None:
                  "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/constructs.md", "exec"), namespace)
 
     template = Template.from_stack(namespace["stack"])
     workers = namespace["cluster"].worker_group

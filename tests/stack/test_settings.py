@@ -62,6 +62,7 @@ def test_every_documented_key_is_parsed() -> None:
         "clusterUsers": "alice, bob_2",
         "sharedStorage": "fsx-lustre",
         "resumeFrom": "s3://old-ckpts/checkpoints/old-cluster",
+        "scheduler": "slurm",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -100,6 +101,7 @@ def test_every_documented_key_is_parsed() -> None:
         cluster_users=("alice", "bob_2"),
         shared_storage="fsx-lustre",
         resume_from=("s3://old-ckpts/checkpoints/old-cluster/",),
+        scheduler="slurm",
     )
 
 
@@ -151,6 +153,8 @@ def test_every_documented_key_is_parsed() -> None:
         ("clusterUsers", "Alice"),
         ("clusterUsers", "alice,alice"),
         ("clusterUsers", "al ice"),
+        ("scheduler", "pbs"),
+        ("scheduler", "Slurm"),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:
@@ -183,7 +187,7 @@ def test_elastic_defaults_and_max_below_the_deployed_count() -> None:
 
 
 def test_context_errors_name_the_key_not_a_construct() -> None:
-    """app.py prints this after "error: " (README "Settings")."""
+    """app.py prints this after "error: " (docs/settings.md)."""
     with pytest.raises(ConfigError) as err:
         settings(workerCount="0")
     assert str(err.value) == "context key 'workerCount' must be an integer >= 1, got '0'"
@@ -217,7 +221,7 @@ def test_unknown_key_is_refused_with_the_closest_known_one() -> None:
     assert str(err.value) == "unknown context key 'workercount'; did you mean 'workerCount'?"
     with pytest.raises(ConfigError, match="did you mean 'efsMountPoint'"):
         refuse_unknown_keys({"efsMountPiont": "/x"}, known)
-    with pytest.raises(ConfigError, match="unknown context key 'zzz' \\(README"):
+    with pytest.raises(ConfigError, match=r"unknown context key 'zzz' \(docs/settings\.md"):
         refuse_unknown_keys({"zzz": "1"}, known)
 
 
@@ -300,11 +304,11 @@ def test_every_field_is_described_and_every_key_is_unique() -> None:
 
 
 def test_readme_settings_table_is_the_generated_one() -> None:
-    """README's table comes from ClusterSettings: regenerate it with
+    """docs/settings.md's table comes from ClusterSettings: regenerate it with
     `python -m stacks.settings_doc --write` after changing a setting."""
-    from stacks.settings_doc import README, readme_table, settings_table
+    from stacks.settings_doc import PAGE, readme_table, settings_table
 
-    assert readme_table(README.read_text()) == settings_table()
+    assert readme_table(PAGE.read_text()) == settings_table()
 
 
 def test_the_generated_table_follows_the_description(tmp_path) -> None:

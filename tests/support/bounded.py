@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.procgroup import stop_popen_group
+from bootstrap_scripts.node.procgroup import stop_popen_group
 from tests.conftest import REPO_ROOT
 from tests.support.demo import demo_env
 

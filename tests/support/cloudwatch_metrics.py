@@ -1,5 +1,5 @@
 """Reading a cluster's metrics back from (emulated) CloudWatch, as its dashboard reads them:
-namespace and dimension names from ``bootstrap_scripts/metric_names.py``, one exact
+namespace and dimension names from ``bootstrap_scripts/metrics/metric_names.py``, one exact
 dimension set per query (GetMetricData matches a metric's whole dimension set)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from bootstrap_scripts import metric_names as names
-from bootstrap_scripts.metrics_emf import METRICS_LOG
+from bootstrap_scripts.metrics import metric_names as names
+from bootstrap_scripts.metrics.metrics_emf import METRICS_LOG
 
 #: The per-node GPU metrics the executors' samplers publish (``gpu_metrics.node_metrics``).
 GPU_METRICS = (names.METRIC_GPU_UTILIZATION, names.METRIC_GPU_MEMORY_USED,

@@ -7,7 +7,7 @@ agent's own code: :meth:`LocalCluster.publish` applies a membership on every nod
 (``Node.apply``). ``dl-run`` is the master's installed wrapper (``--unmanaged`` unless a test
 asks for a managed job); :meth:`LocalCluster.start_controller` starts the master's job
 controller unit. Every process started here, every attempt runner a controller started, and
-every process of a job's shares, is stopped through ``bootstrap_scripts.procgroup``.
+every process of a job's shares, is stopped through ``bootstrap_scripts.node.procgroup``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootstrap_scripts.agent.install import BIN_DIR
-from bootstrap_scripts.procgroup import (
+from bootstrap_scripts.node.procgroup import (
     Tracked,
     alive,
     pids_in_groups,

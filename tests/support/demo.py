@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bootstrap_scripts.jobs.engine.checkpoints import FLUSH_SUFFIX, RESTORE_SUFFIX
 from bootstrap_scripts.jobs.engine.staging import STAGE_SUFFIX
-from bootstrap_scripts.procgroup import alive, pids_in_groups
+from bootstrap_scripts.node.procgroup import alive, pids_in_groups
 from bootstrap_scripts.protocol import paths as pp
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths

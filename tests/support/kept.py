@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,8 +48,9 @@ def readme_dlc_line(start: str, user: str = "", job: str = "") -> list[str]:
     import shlex
 
     readme = (Path(REPO_ROOT) / "README.md").read_text()
-    block = readme.split("### From your laptop: `dlc`", 1)[1].split("```bash", 1)[1]
-    block = block.split("```", 1)[0]
+    heading = re.search(r"^#+ From your laptop: `dlc`$", readme, re.M)
+    assert heading, "README has no \"From your laptop: `dlc`\" section"
+    block = readme[heading.end():].split("```bash", 1)[1].split("```", 1)[0]
     (line,) = [ln for ln in block.splitlines() if ln.startswith(start)]
     words = shlex.split(line.split("  #", 1)[0].replace("<job id>", job or "JOB"))
     assert words[0] == "dlc", line

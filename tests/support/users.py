@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.agent.install import BIN_DIR
-from bootstrap_scripts.procgroup import start_time, stop_popen_group
+from bootstrap_scripts.node.procgroup import start_time, stop_popen_group
 from emulator.nodes import PYTHON, base_env
 from tests.conftest import REPO_ROOT
 from tests.support.cluster import LocalCluster, start_local_cluster

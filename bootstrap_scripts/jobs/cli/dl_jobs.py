@@ -173,7 +173,7 @@ def print_list(efs: Path, as_json: bool, start: int | None = None) -> int:
         return 0
     rows = [("JOB", "STATE", "ATTEMPT", "RESTARTS", "NODES", "USER", "SUBMITTED",
              "COST USD", "CHECKPOINT", "STRAGGLERS", "LAST FAILURE")]
-    rows += [(j.job_id, j.state, str(j.attempt), str(j.restarts), str(j.world_size),
+    rows += [(j.job_id, state_cell(j), str(j.attempt), str(j.restarts), str(j.world_size),
               j.user or "-", when(j.submitted_at),
               cost_cell(j, now),
               checkpoint_text(checkpoints.last_checkpoint(efs, j)), stragglers_cell(j),
@@ -187,6 +187,14 @@ def print_list(efs: Path, as_json: bool, start: int | None = None) -> int:
 #: What to do about a straggler's node (``dl-scale --replace`` on the master).
 STRAGGLER_HINT = " (to replace a node: dlc scale --replace ADDRESS, or dl-scale --replace " \
     "ADDRESS on the master)"
+
+
+def state_cell(job: ManagedJob) -> str:
+    """The job's state, and ``(stalled N min)`` while its running attempt makes no
+    progress."""
+    if job.stalled and not JobState(job.state).terminal:
+        return f"{job.state} (stalled {job.stalled.rpartition(' for ')[2]})"
+    return job.state
 
 
 def stragglers_cell(job: ManagedJob) -> str:
@@ -247,6 +255,8 @@ def print_show(job: ManagedJob, as_json: bool, efs: Path) -> int:
             ("health gate", "; ".join(job.gate_failures) or "-"),
             ("stragglers", "; ".join(job.stragglers) + STRAGGLER_HINT
              if stragglers_cell(job) != "-" else "-"),
+            ("progress", job.stalled if job.stalled and not JobState(job.state).terminal
+             else "-"),
             ("message", job.message or "-"),
             ("checkpoint", where["efs"] or "-"), ("mirrored", where["s3"] or "-")):
         print(f"{label + ':':14}{value}")

@@ -27,7 +27,7 @@ from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, as_input, classify
 from bootstrap_scripts.jobs.engine.reachability import Executors, read_heartbeat
 from bootstrap_scripts.jobs.engine.summary import INPUT_STEPS
-from bootstrap_scripts.procgroup import alive
+from bootstrap_scripts.node.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest

@@ -35,7 +35,6 @@ import socket
 import time
 from pathlib import Path
 
-from bootstrap_scripts import single_instance
 from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention, sealed
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.engine_facts import EngineFacts
@@ -49,8 +48,9 @@ from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, rea
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.jobs.engine.userfiles import UnsafeUserFile
+from bootstrap_scripts.node import single_instance
+from bootstrap_scripts.node.procgroup import alive
 from bootstrap_scripts.ops.prices import PriceBook
-from bootstrap_scripts.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import (
     ControllerHeartbeat,

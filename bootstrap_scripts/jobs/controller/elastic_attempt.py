@@ -46,17 +46,24 @@ class ElasticAttempt:
                 attempts.attempt_nnodes(grow.jpaths, self.request.run,
                                         len(self.last_nodes_addresses)), before):
             self.watch.restart_clock()  # torchrun restarts every worker to take it in
-        if joined and self.job.world_size < self.job.full_size:  # grew back
-            self.update(world_size=min(self.job.full_size, self.job.world_size + len(joined)))
+        if joined:  # grew back, or past its first size (a scale-up): what runs now
+            self.update(world_size=len(self.running_nodes(grow)))
         if self.job.restart_log and (admitted or joined):
             self.update_last_restart(admitted_instance_ids=",".join(grow.admitted.values()),
                                      **({"joined_at": time.time()} if joined else {}))
+
+    def running_nodes(self, grow: rejoin.Rejoin) -> set[str]:
+        """The addresses the attempt runs on now, from what ran: its nodes and those that
+        joined, less those lost (the record's ``world_size``)."""
+        return (self.last_nodes_addresses | grow.joined) - grow.lost
 
     def mark_lost(self, grow: rejoin.Rejoin) -> None:
         """Elastic: a node of the running attempt whose executor heartbeat is lost is marked
         Unhealthy and excluded now (``node_evidence.losses``): the attempt trains on without
         it and never ends to say so; its replacement must not wait for EC2's checks alone."""
-        watched = (self.last_nodes_addresses | grow.joined) - grow.lost
+        # an admitted node that has not started its share yet is watched too: a loss while
+        # the generation rises is a loss
+        watched = (self.last_nodes_addresses | grow.joined | set(grow.admitted)) - grow.lost
         gone = self.executors.gone(watched)
         if not gone:
             return
@@ -77,6 +84,7 @@ class ElasticAttempt:
                         f" [{loss.health_error}]" if loss.health_error else "")
         marked = {x.instance_id for x in losses if x.marked_unhealthy}
         self.update(node_losses=(*self.job.node_losses, *losses),
+                    world_size=len(self.running_nodes(grow)),
                     excluded=tuple(sorted({*self.job.excluded, *marked})),
                     last_failure=f"node-lost: {losses[-1].address} ({losses[-1].instance_id})"
                     f": {losses[-1].detail}")

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
-from bootstrap_scripts.jobs.controller import instance_health, retention
+from bootstrap_scripts.jobs.controller import instance_health, node_evidence, retention
 from bootstrap_scripts.jobs.controller.daemon import LOG, Controller, ControllerError
 from bootstrap_scripts.jobs.controller.supervise import Gate
 from bootstrap_scripts.jobs.engine import service
@@ -30,7 +30,8 @@ def health_gate() -> Gate | None:
     def gate(root: Path, efs: Path, m: Membership, addresses: list[str]
              ) -> list[tuple[str, str, str]]:
         report = run_gate(root, efs, m, addresses=addresses)
-        return [(f.address, f.instance_id, f"{f.check}: {f.detail or f.value}")
+        return [(f.address, f.instance_id, node_evidence.gate_reason(f.check,
+                                                                      f.detail or f.value))
                 for f in report.failures]
 
     return gate

@@ -40,6 +40,12 @@ NO_STACK = ("no stack: the rank's process was not found on any node (or its node
 Dumper = Callable[[Membership, str, int], tuple[dict[int, dict], str]]
 
 
+#: No progress on any rank for this long shows in the job's record (``ManagedJob.stalled``,
+#: ``dl-jobs``) even without ``--hang-timeout``: a partition or a deadlock is seen while it
+#: lasts, not only when the attempt ends.
+STALL_SECONDS = 300.0
+
+
 class HangWatch:
     """One attempt's progress as the controller saw it."""
 
@@ -129,6 +135,15 @@ class HangWatch:
         return hang_rules.judge_hang(self.steps(), self.moved_at, now=self.clock(),
                                      timeout=self.hang_timeout, ranks=ranks,
                                      restarted_at=self.restarted_at)
+
+    def stall(self, after: float = STALL_SECONDS) -> str:
+        """The record's ``stalled`` line from the last read: no rank's step moved for
+        ``after`` s or more ("" otherwise; in whole minutes, so it changes once a minute)."""
+        found = hang_rules.judge_hang(self.steps(), self.moved_at, now=self.clock(),
+                                      timeout=after, restarted_at=self.restarted_at)
+        if found is None:
+            return ""
+        return f"no progress on any rank for {int(found.seconds // 60)} min"
 
     def stragglers(self) -> tuple[str, ...]:
         """``dl-jobs``' lines for the ranks that lag the others (from the last read)."""

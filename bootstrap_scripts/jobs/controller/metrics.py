@@ -1,7 +1,7 @@
 """The job controller's metrics: ``JobsRunning``, ``JobRestarts`` and ``UnhealthyNodes`` per
 cluster, the engine's facts (``engine_facts``: ``NodesJoined``, ``MembershipGeneration``,
 ``JobsQueued``, ``ClusterCostUSD``; per running job ``JobRestarts``, ``JobAttempts``,
-``JobCostUSD``), as EMF lines (``bootstrap_scripts.metrics_emf``) in the master's metrics
+``JobCostUSD``), as EMF lines (``bootstrap_scripts.metrics.metrics_emf``) in the master's metrics
 file, which its CloudWatch agent ships to ``<instance-id>/metrics`` and CloudWatch Logs
 makes metrics of.
 
@@ -51,9 +51,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
 
-from bootstrap_scripts import metric_names as names
-from bootstrap_scripts import metrics_emf
 from bootstrap_scripts.jobs.controller.engine_facts import Facts
+from bootstrap_scripts.metrics import metric_names as names
+from bootstrap_scripts.metrics import metrics_emf
 from bootstrap_scripts.protocol.records import RankProgress
 
 LOG = logging.getLogger("dl-controller.metrics")

@@ -11,7 +11,10 @@ written by the root executor on that node and judged by :mod:`bootstrap_scripts.
 liveness`): only an executor that stopped, or went silent while watched from here, is a
 lost node. The master is never marked by a job's outcome (the controller runs there: a
 lost master is seen by the capacity adjuster and EC2's checks, not by a job). The other
-root-side evidence, the health gate run by root, marks through ``supervise.run_gate``.
+root-side evidence, the health gate run by root, marks through ``supervise.run_gate`` what
+:func:`gate_verdicts` lets it: a node's own check names that node; a collective (the gate's
+all-reduce) that failed on several nodes says a link is bad, not which node, so it names
+none of them; the master is never marked by the gate either.
 
 :func:`verdict` is the decision table (pure); :func:`executor_gone` the one observation.
 :func:`losses` applies the same table to nodes lost while an elastic attempt runs on: the
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -34,6 +38,8 @@ from bootstrap_scripts.protocol.membership import Node
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
 
 POLL_SECONDS = 0.5
+#: The gate's checks that run across nodes at once: a failure names a link, not a node.
+COLLECTIVE_CHECKS = frozenset({"allreduce"})
 
 
 class Mark(StrEnum):
@@ -112,4 +118,57 @@ def losses(gone: dict[str, str], *, attempt: int, nodes: Iterable[Node], master_
                             detail=failure.detail,
                             marked_unhealthy=decided is Mark.MARK and not err,
                             health_error=err))
+    return out
+
+
+def gate_reason(check: str, detail: str) -> str:
+    """How a failed gate check reads in the job's record: ``<check>: <detail>``."""
+    return f"{check}: {detail}"
+
+
+def gate_check(why: str) -> str:
+    """The check a :func:`gate_reason` names."""
+    return why.partition(":")[0].strip()
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """One node the gate failed: mark it (and exclude it) or not, and why not."""
+
+    address: str
+    instance_id: str
+    why: str
+    mark: bool
+    note: str = ""
+
+
+def gate_verdicts(failures: Iterable[tuple[str, str, str]], *, master_instance: str,
+                  master_address: str = "", passed: int = 0) -> list[GateVerdict]:
+    """What the gate's failures (``(address, instance id, gate_reason)``) let the controller
+    mark (pure). A node failing a check of its own (GPUs, EFS, ...) is named by it. A node
+    failing only a collective is named only when it is the one node that failed it while
+    ``passed`` >= 1 other node of the gate passed everything: two or more nodes failing the
+    same collective is a bad link (or a peer that does not answer), and nobody is marked
+    for it. The master is never marked (the controller runs on it)."""
+    by_node: dict[str, tuple[str, list[str]]] = {}
+    for address, instance, why in failures:
+        by_node.setdefault(address, (instance, []))[1].append(why)
+    collective_only = [a for a, (_i, whys) in by_node.items()
+                       if all(gate_check(w) in COLLECTIVE_CHECKS for w in whys)]
+    out = []
+    for address, (instance, whys) in by_node.items():
+        why = "; ".join(whys)
+        if (instance and instance == master_instance) or address == master_address:
+            out.append(GateVerdict(address, instance, why, False,
+                                   "not marked: the master is never marked Unhealthy by the "
+                                   "gate"))
+        elif address in collective_only and (len(collective_only) > 1 or passed < 1):
+            out.append(GateVerdict(address, instance, why, False,
+                                   f"not marked: the collective failed on "
+                                   f"{len(collective_only)} node(s) and names no node (a "
+                                   f"link between them, not a node, on this evidence)"))
+        elif not instance:
+            out.append(GateVerdict(address, instance, why, False, "no instance id"))
+        else:
+            out.append(GateVerdict(address, instance, why, True))
     return out

@@ -5,7 +5,7 @@ heartbeat (``cluster/executors/<address>.json``), says the node is lost
 (:mod:`.node_evidence`), and gives attempts only to executors seen alive. Root on any worker
 can write that file on EFS: a forged heartbeat would keep a dead node "alive" (no mark, an
 attempt placed on it) or make a live one look stopped. So, on a master that learns node keys
-(``bootstrap_scripts.node_keys``), a heartbeat counts only when the node the membership puts
+(``bootstrap_scripts.node.node_keys``), a heartbeat counts only when the node the membership puts
 at that address signed it (the membership is the master's own, on its disk), and only when
 it is not older than one already seen (``started_at``, ``seq``; the rule is
 ``reachability.LatestBeats``, which ``dl-health`` follows too): a record of the node's own
@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine.reachability import REPLAY, LatestBeats, read_heartbeat
-from bootstrap_scripts.node_keys import RecordCheck
+from bootstrap_scripts.node.node_keys import RecordCheck
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat

@@ -31,6 +31,7 @@ from bootstrap_scripts.jobs.controller.elastic_attempt import ElasticAttempt
 from bootstrap_scripts.jobs.engine import managed, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure
 from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import USER_CANCEL_REASON
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import JobPaths
 
@@ -56,15 +57,17 @@ class RunningAttempt(ElasticAttempt):
         self.hang = None
         watch = self.watch = hangs.HangWatch(jpaths, uid=self.uid, gid=self.gid,
                                              hang_timeout=self.request.run.hang_timeout)
-        if self.job.stragglers:
-            self.update(stragglers=())
+        if self.job.stragglers or self.job.stalled:
+            self.update(stragglers=(), stalled="")
         next_look = 0.0
         while running():
             if not cancel_sent and not self.stopping():
                 self.budget.stopped = self.budget.stop_reason(self.job)
             if not cancel_sent and (managed.cancel_requested(self.paths) or self.stopping()
                                     or self.budget.stopped):
-                why = self.budget.stopped or "cancelled by the job controller"
+                why = self.budget.stopped or (
+                    USER_CANCEL_REASON if managed.cancel_requested(self.paths)
+                    else "cancelled by the job controller")
                 with userfiles.as_user(self.uid, self.gid):  # the user's job directory
                     store.atomic_write(jpaths.cancel, why + "\n")
                 if self.budget.stopped:
@@ -98,6 +101,9 @@ class RunningAttempt(ElasticAttempt):
         lagging = watch.stragglers()
         if lagging != self.job.stragglers:
             self.update(stragglers=lagging)
+        stalled = watch.stall() if hang is None else ""
+        if stalled != self.job.stalled:  # seen while it lasts, hang watch or not
+            self.update(stalled=stalled)
         if hang is None:
             return False
         LOG.warning("job %s: attempt %d made no progress for %.0f s: dumping stacks",

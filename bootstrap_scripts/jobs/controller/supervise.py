@@ -23,6 +23,8 @@ The controller (``controller.py``) hands a job to :class:`JobSupervisor`, which 
    node's executor heartbeat lost; never the master; within the cluster's circuit breaker,
    ``instance_health.breaker``), then back to 1.
 
+A user's cancel is final: looked at before the gate, after it and before an attempt is spawned.
+
 Every attempt is entered in the job's cost ledger (``budget.py``); with ``--max-cost`` the
 job is stopped like a cancel once the ledger reaches the cap, and ends ``budget``.
 """
@@ -186,7 +188,11 @@ class JobSupervisor(RunningAttempt):
                 self.finish(JobState.FAILED, choice.reason)
                 return None
             if choice.world is not World.WAIT:
+                if managed.cancel_requested(self.paths):
+                    return None  # cancelled while restarting: no gate, no attempt
                 failing = self.run_gate(m, ready)
+                if managed.cancel_requested(self.paths):
+                    return None  # cancelled while the gate ran
                 if not failing:
                     if choice.world is not World.FULL:
                         LOG.info("job %s: %s", self.job.job_id, choice.reason)
@@ -203,20 +209,29 @@ class JobSupervisor(RunningAttempt):
 
     # -- 2. health gate --------------------------------------------------------------------
     def run_gate(self, m: Membership, nodes: list[Node]) -> list[str]:
-        """Gate ``nodes``; mark every failing one Unhealthy and exclude it. Returns them."""
+        """Gate ``nodes``; mark Unhealthy and exclude each failing node the evidence names
+        (``node_evidence.gate_verdicts``: never the master, never a node for a collective
+        that failed on several). Returns every failing address (the choice starts again)."""
         if self.gate is None:
             return []
         failures = self.gate(self.root, self.efs, m, [n.address for n in nodes])
-        for address, instance_id, why in failures:
-            node = m.node_by_address(address)
-            instance = instance_id or (node.instance_id if node else "")
-            err = self.health.mark_unhealthy(instance) if instance else "no instance id"
-            LOG.warning("job %s: node %s (%s) failed the health gate: %s", self.job.job_id,
-                        address, instance, why)
-            self.update(excluded=tuple(sorted({*self.job.excluded, instance})),
-                        last_failure=f"node-unhealthy: {address} ({instance}): {why}"
+        failing = {a for a, _i, _w in failures}
+        decided = node_evidence.gate_verdicts(
+            [(a, i or (m.node_by_address(a).instance_id if m.node_by_address(a) else ""), w)
+             for a, i, w in failures],
+            master_instance=m.master.instance_id, master_address=m.master.address,
+            passed=sum(1 for n in nodes if n.address not in failing))
+        for v in decided:
+            err = self.health.mark_unhealthy(v.instance_id) if v.mark else v.note
+            LOG.warning("job %s: node %s (%s) failed the health gate: %s%s", self.job.job_id,
+                        v.address, v.instance_id, v.why, f" [{err}]" if err else "")
+            self.update(excluded=tuple(sorted({*self.job.excluded, v.instance_id}))
+                        if v.mark else self.job.excluded,
+                        last_failure=f"node-unhealthy: {v.address} ({v.instance_id}): {v.why}"
                         + (f" [{err}]" if err else ""),
-                        gate_failures=(*self.job.gate_failures, f"{address} ({instance}): {why}"))
+                        gate_failures=(*self.job.gate_failures,
+                                       f"{v.address} ({v.instance_id}): {v.why}"
+                                       + (f" [{v.note}]" if v.note else "")))
         return [a for a, _i, _w in failures]
 
     def membership(self) -> Membership | None:
@@ -273,6 +288,9 @@ class JobSupervisor(RunningAttempt):
         if unpriced:  # a cap that cannot be counted: the attempt does not start
             self.budget.stopped = unpriced
             return Failure(FailureKind.BUDGET, unpriced), time.time()
+        if managed.cancel_requested(self.paths):  # cancelled while it was priced: final
+            return Failure(FailureKind.CANCELLED, "cancelled before the attempt started"), \
+                time.time()
         proc = attempts.spawn(argv, run, self.paths.attempt_log(n), uid=self.uid, gid=self.gid)
         started = time.time()
         # The record says RUNNING at once: a controller that dies from here on must find the
@@ -330,6 +348,8 @@ class JobSupervisor(RunningAttempt):
             chosen = self.choose_nodes()
             if self.stopping():
                 return self.job
+            if chosen is not None and managed.cancel_requested(self.paths):
+                chosen = None  # a cancel is final: no later step starts an attempt
             if chosen is None:
                 if not JobState(self.job.state).terminal:
                     self.finish(JobState.CANCELLED, "cancelled by the user")

@@ -24,6 +24,11 @@ The classes (``FailureClass``), and who is to blame:
   vanished (or was killed by a signal) without a result, a job controller lost with its
   attempt. Retried like a node
   fault; no node is blamed;
+- ``infrastructure`` (``network``) too: a node's ranks failed on the network between them,
+  not on their code: its last error line is torchrun's rendezvous store out of reach, a gloo
+  connection reset or closed by its peer, NCCL's remote error (:func:`network_error`; the
+  runner notes it in the node's result). A code failure on any node wins over it (its peers
+  then lose their connections by consequence);
 - ``input``: the job's input could not be made ready before its command ran: staging its
   ``--data`` on the nodes, or restoring its checkpoint (a wrong prefix, AccessDenied). Not
   the code's (the command never ran) nor a node's; retried no more than a code failure;
@@ -39,6 +44,7 @@ A ``FailureKind`` is the precise cause recorded in a restart record (``signalled
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,6 +63,20 @@ from bootstrap_scripts.protocol.records import (
 #: likely cause when several shares failed (their peers then fail by consequence), but the
 #: job's own failure all the same (a user's process can send them to itself).
 KILL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGBUS})
+#: A rank's last error line that says the network between the ranks failed, not its code:
+#: torchrun's rendezvous store out of reach, c10d's own network errors, a gloo pair reset or
+#: closed by its peer, NCCL's remote error.
+NETWORK_ERROR_RE = re.compile(
+    r"RendezvousConnectionError|DistNetworkError|Connection reset by peer|"
+    r"Connection closed by peer|ncclRemoteError|remote process exited or there was a "
+    r"network error|NCCL communicator was aborted", re.IGNORECASE)
+#: How the runner begins the result's reason of a node whose ranks failed on the network.
+NETWORK_REASON = "network error"
+
+
+def network_error(line: str) -> bool:
+    """Whether a rank's last error line is the network's failure (pure)."""
+    return bool(NETWORK_ERROR_RE.search(line))
 
 
 class FailureClass(StrEnum):
@@ -81,6 +101,7 @@ class FailureKind(StrEnum):
     CANCELLED = "cancelled"
     BUDGET = "budget"
     HANG = "hang"
+    NETWORK = "network"
     INPUT = "input"
 
     @property
@@ -104,6 +125,7 @@ _CLASS_OF = {
     FailureKind.CANCELLED: FailureClass.CANCELLED,
     FailureKind.BUDGET: FailureClass.BUDGET,
     FailureKind.HANG: FailureClass.HANG,
+    FailureKind.NETWORK: FailureClass.INFRASTRUCTURE,
     FailureKind.INPUT: FailureClass.INPUT,
 }
 
@@ -149,6 +171,8 @@ def node_kind(node: NodeResult, exit_rec: ShareExit | None) -> FailureKind | Non
         return FailureKind.CANCELLED
     if exit_rec is not None and exit_rec.signal in KILL_SIGNALS:
         return FailureKind.SIGNALLED
+    if node.reason.startswith(NETWORK_REASON):
+        return FailureKind.NETWORK
     return FailureKind.CODE
 
 
@@ -156,7 +180,7 @@ def node_kind(node: NodeResult, exit_rec: ShareExit | None) -> FailureKind | Non
 #: product) wins over a code failure (when a node is lost or killed, its peers fail too,
 #: by consequence), and a node stopped by the cancel is a cause only when nothing else is.
 _PRECEDENCE = (FailureKind.NODE_LOST, FailureKind.EXECUTOR_RESTARTED, FailureKind.SIGNALLED,
-               FailureKind.CODE, FailureKind.CANCELLED)
+               FailureKind.CODE, FailureKind.NETWORK, FailureKind.CANCELLED)
 
 
 def _detail(kind: FailureKind, node: NodeResult, exit_rec: ShareExit | None) -> str:

@@ -24,6 +24,7 @@ from bootstrap_scripts.jobs.engine import controller_records, root_jobs, user_di
 from bootstrap_scripts.jobs.engine.restart_policy import JobState
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
+from bootstrap_scripts.protocol.jobs import USER_CANCEL_REASON
 from bootstrap_scripts.protocol.managed_records import (
     ControllerHeartbeat,
     IdleStopRecord,
@@ -299,7 +300,7 @@ def cancel(efs: Path, job_id: str, *, for_user: str | None = None) -> str:
     if job is not None and job.attempt and job.state == JobState.RUNNING.value:
         attempt = ClusterPaths(efs).job(paths.attempt_key(job.attempt))
         with contextlib.suppress(OSError), userfiles.as_owner_of(attempt.dir):
-            store.atomic_write(attempt.cancel, "cancelled by the user (dl-jobs cancel)\n")
+            store.atomic_write(attempt.cancel, f"{USER_CANCEL_REASON} (dl-jobs cancel)\n")
         return f"cancelling job {job_id}: stopping attempt {job.attempt} on every node"
     return f"cancelled job {job_id} ({job.state if job else 'queued'}): it will not run"
 

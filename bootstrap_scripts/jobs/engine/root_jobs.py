@@ -34,8 +34,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.jobs.engine import userfiles
+from bootstrap_scripts.node import node_region
 from bootstrap_scripts.protocol.membership_signature import ALGORITHM, Signature
 
 #: Under the node root: the membership key's ARN, written by the installer from user data.

@@ -14,12 +14,14 @@ import signal
 
 from bootstrap_scripts.jobs.engine import checkpoints, staging
 from bootstrap_scripts.jobs.engine.classify import (
+    NETWORK_REASON,
     Failure,
     FailureKind,
     Verdict,
     as_input,
     classify,
     failing_nodes,
+    network_error,
 )
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, say
 from bootstrap_scripts.jobs.engine.userfiles import cancel_text
@@ -76,6 +78,10 @@ def node_results(w: Watch) -> list[NodeResult]:
         rc = rec.returncode if rec else None
         reason = rec.reason if rec else (w.lost.get(share.rank) or
                                          w.left.get(share.rank, "no exit recorded"))
+        if rec is not None and rc not in (0, None) and not rec.cancelled and not rec.reason:
+            line = last_error_line(w.paths, share.rank)
+            if network_error(line):  # the network between the ranks, not their code
+                reason = f"{NETWORK_REASON}: {line}"
         results.append(NodeResult(rank=share.rank, address=share.address, returncode=rc,
                                   reason=reason if rc != 0 else "", left=share.rank in w.left,
                                   joined=share.rank not in spec_ranks))
@@ -102,13 +108,16 @@ def summarize(w: Watch) -> Verdict:
     failing = [r for r in results if r.returncode != 0 and not r.left]
     everyone_left = w.spec.elastic and not failing and not ok_exits and not w.signal_received
     status = "succeeded" if not failing and not everyone_left else "failed"
-    if w.signal_received:
+    if w.signal_received or w.user_cancelled:
         status = "cancelled"
     result = JobResult(job_id=job_id, status=status, launcher=w.spec.launcher,
                        elastic=w.spec.elastic, nodes=tuple(results))
     store.write_record(w.paths.result, result)
     with contextlib.suppress(OSError):
         store.atomic_write(w.paths.done, status + "\n")
+    if w.user_cancelled and not w.signal_received:
+        say(f"job {job_id} cancelled (by its user)")
+        return Verdict(job_id, status, EXIT_SIGTERM, classify(result, w.exits))
     if w.signal_received:
         say(f"job {job_id} cancelled ({signal.Signals(w.signal_received).name})")
         code = EXIT_SIGINT if w.signal_received == signal.SIGINT else EXIT_SIGTERM

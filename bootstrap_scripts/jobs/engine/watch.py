@@ -18,7 +18,7 @@ from pathlib import Path
 from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.outcomes import say
 from bootstrap_scripts.protocol import liveness, store
-from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest, Share
+from bootstrap_scripts.protocol.jobs import USER_CANCEL_REASON, JobSpec, RunRequest, Share
 from bootstrap_scripts.protocol.liveness import Liveness, Sighting
 from bootstrap_scripts.protocol.paths import (
     SHARE_LOG_SUFFIX,
@@ -117,6 +117,9 @@ class Watch:
     #: every share of the job: the spec's, plus (elastic) those of nodes that joined
     shares: list[Share] = field(default_factory=list)
     left: dict[int, str] = field(default_factory=dict)  # elastic: drained / lost, tolerated
+    #: the job's user cancelled it through its cancel file (``USER_CANCEL_REASON``): the
+    #: result says ``cancelled``
+    user_cancelled: bool = False
 
     def __post_init__(self) -> None:
         self.shares = list(self.spec.shares)
@@ -189,11 +192,15 @@ def watch(w: Watch, old_handlers: dict) -> Watch:
                 beat(w.paths, beat_seq)
                 next_beat = now + 1.0
                 check_nodes(w, hb_seen, acked, started_at)
+                if w.cancelled_at is None:
+                    noticed_user_cancel(w, now)
             if w.signal_received and w.cancelled_at is None:
                 w.cancel(f"runner got {signal.Signals(w.signal_received).name}")
             tailer.poll()
             collect_exits(w, now)
             if w.shares and all(w.settled(s.rank) for s in w.shares):
+                if w.cancelled_at is None:  # the shares may end before a look at it
+                    noticed_user_cancel(w, now)
                 break
             if w.lost and w.cancelled_at is None:
                 w.cancel("lost node(s): " + ", ".join(w.lost.values()))
@@ -212,6 +219,16 @@ def watch(w: Watch, old_handlers: dict) -> Watch:
             signal.signal(s, h)
         tailer.poll(final=True)
     return w
+
+
+def noticed_user_cancel(w: Watch, now: float) -> None:
+    """Someone else wrote the job's cancel file: its user (``USER_CANCEL_REASON``), through
+    ``dl-jobs cancel`` or the job controller. The executors stop the shares by themselves;
+    the runner takes it as its own cancel (no second reason written over it)."""
+    text = store.read_text(w.paths.cancel)
+    if text is not None and text.startswith(USER_CANCEL_REASON):
+        w.cancelled_at, w.user_cancelled = now, True
+        say(f"stopping the job on every node ({text.strip()})")
 
 
 def check_nodes(w: Watch, hb_seen: dict[str, Sighting], acked: set[int],

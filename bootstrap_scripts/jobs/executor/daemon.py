@@ -31,12 +31,13 @@ import os
 import socket
 import stat
 import sys
+import threading
 import time
 from pathlib import Path
 
-from bootstrap_scripts import node_region
 from bootstrap_scripts.agent import imds_guard
 from bootstrap_scripts.jobs.engine import service, user_dirs
+from bootstrap_scripts.jobs.executor.aws_calls import CLIENT_CONFIG
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
@@ -45,6 +46,8 @@ from bootstrap_scripts.jobs.executor.job_credentials import JobCredentialStore
 from bootstrap_scripts.jobs.executor.log_mirror import LogMirror, share_sources
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
+from bootstrap_scripts.node import node_region
+from bootstrap_scripts.node.single_instance import AlreadyRunning, UnsafeLockFile, acquire
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import (
     PER_USER_DIRS,
@@ -52,7 +55,6 @@ from bootstrap_scripts.protocol.paths import (
     NodePaths,
 )
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
-from bootstrap_scripts.single_instance import AlreadyRunning, UnsafeLockFile, acquire
 
 LOG = logging.getLogger("dl-executor")
 
@@ -76,12 +78,16 @@ def job_credential_store(root: Path, role_arn: str) -> JobCredentialStore:
     region = node_region.client_region(root) or ""
 
     clients: list[object] = []
+    making = threading.Lock()
 
     def sts() -> object:
-        if not clients:  # made once, on the first job: a client costs ~0.5 s of CPU
-            import boto3  # only on nodes whose stack has a job role
+        with making:  # called from the calls' threads (``aws_calls``): one client for all
+            if not clients:  # made once, on the first job: a client costs ~0.5 s of CPU
+                import boto3  # only on nodes whose stack has a job role
+                from botocore.config import Config
 
-            clients.append(boto3.client("sts", region_name=region or None))
+                clients.append(boto3.client("sts", region_name=region or None,
+                                            config=Config(**CLIENT_CONFIG)))
         return clients[0]
 
     return JobCredentialStore(NodePaths(root).job_credentials_dir, role_arn, region, sts)
@@ -271,6 +277,7 @@ class Executor:
         self.gpu_sampler.stop()
         with contextlib.suppress(OSError):
             self.shares.stop_all("executor stopped")
+        self.shares.guards.release_all()
         with contextlib.suppress(OSError):
             self.heartbeat(state="stopped")
 

@@ -29,11 +29,12 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts.jobs.engine import root_jobs, user_dirs, userfiles
-from bootstrap_scripts.jobs.executor import listeners
+from bootstrap_scripts.jobs.executor import listeners, store_guard
 from bootstrap_scripts.jobs.executor.drain import Drain
 from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import STARTUP_LIVENESS_SECONDS, RunnerProbation
+from bootstrap_scripts.jobs.executor.share_command import job_owner
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol.errors import ProtocolError
 from bootstrap_scripts.protocol.jobs import JobSpec, Share
@@ -188,8 +189,11 @@ class JobScanner:
         self.consider(spec, paths)
 
     def consider(self, spec: JobSpec, paths: JobPaths) -> None:
-        """Start this node's share of ``spec`` if it has one and nothing speaks against it."""
+        """Start this node's share of ``spec`` if it has one and nothing speaks against it.
+        Every node, with a share or not, first keeps other users away from the job's
+        store (``store_guard``): every node's connections leave through its own kernel."""
         job_id = paths.key
+        self.guard_store(spec, paths)
         share = spec.share_for(self.node.address) or self.joins.joined_share(spec, paths)
         if share is None and spec.elastic and spec.join_template is not None:
             self.joins.wait(spec, paths)
@@ -215,8 +219,22 @@ class JobScanner:
                 return
         if not self.listener_ready(spec, share, paths):
             return
+        if not self.shares.credentials_ready(paths):
+            return  # STS answers on its thread; a cancel meanwhile settles the job above
         if not self.shares.start(spec, share, paths):
             self.seen.add(job_id)
+
+    def guard_store(self, spec: JobSpec, paths: JobPaths) -> None:
+        """Guard the job's store from this node (a share's start guards it again, and is
+        refused when it cannot be; a node without a share can only say so)."""
+        if store_guard.endpoint(spec) is None:
+            return
+        try:
+            uid, _gid = job_owner(paths)
+            self.shares.guards.guard(spec, paths, uid)
+        except (OSError, store_guard.GuardError) as exc:
+            LOG.error("job %s: cannot guard its rendezvous store from this node: %s",
+                      paths.key, exc)
 
     def listener_ready(self, spec: JobSpec, share: Share, paths: JobPaths) -> bool:
         """Whether this share may start as far as the job's listener goes: a share of a job

@@ -15,9 +15,9 @@ import logging
 import os
 import time
 
-from bootstrap_scripts import node_keys
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
+from bootstrap_scripts.node import node_keys
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.records import DrainDone, DrainRecord
 

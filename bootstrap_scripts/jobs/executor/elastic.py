@@ -84,6 +84,8 @@ class ElasticJoins:
                 continue
             if verdict == RunnerProbation.WAITING:
                 continue
+            if not self.shares.credentials_ready(paths):
+                continue  # STS answers on its thread: the loop never waits on AWS
             del self.waiting[job_id]
             assert spec.join_template is not None
             try:

@@ -1,5 +1,5 @@
 """The executor's GPU sampler: every :data:`SAMPLE_SECONDS`, this node's GPU readings as
-one EMF line (``bootstrap_scripts.metrics_emf``) in the node's metrics file, which the
+one EMF line (``bootstrap_scripts.metrics.metrics_emf``) in the node's metrics file, which the
 CloudWatch agent ships to ``<instance-id>/metrics`` and CloudWatch Logs turns into metrics.
 
 Why a thread: ``nvidia-smi`` takes tens of milliseconds on a healthy node and can hang for
@@ -13,9 +13,9 @@ every node's samples is the cluster's figure the dashboard and the idle alarm re
 XID alarm sums every node's.
 
 ``GPUXidErrors``: the XID records the driver wrote to the kernel log since the last sample
-(``bootstrap_scripts.xid_errors``), per node; left out where ``/dev/kmsg`` cannot be read.
+(``bootstrap_scripts.metrics.xid_errors``), per node; left out where ``/dev/kmsg`` cannot be read.
 ``EFA*``: what the node's EFA counters grew since the last sample
-(``bootstrap_scripts.efa_counters``), per node; only on a node with EFA.
+(``bootstrap_scripts.metrics.efa_counters``), per node; only on a node with EFA.
 
 Failure-tolerant: no nvidia-smi, a failing driver, an unknown identity or an unwritable
 file cost one log line (again only once the cause changes) and no metric; the next
@@ -30,8 +30,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts import dcgm_metrics, efa_counters, gpu_metrics, metrics_emf, xid_errors
-from bootstrap_scripts import metric_names as names
+from bootstrap_scripts.metrics import (
+    dcgm_metrics,
+    efa_counters,
+    gpu_metrics,
+    metrics_emf,
+    xid_errors,
+)
+from bootstrap_scripts.metrics import metric_names as names
 
 LOG = logging.getLogger("dl-executor.gpu-metrics")
 

@@ -22,6 +22,14 @@ ECS hands a task its task role:
 
 The node's own credentials never reach the job's environment: the executor removes every
 ``AWS_*`` credential variable from it and turns the SDKs' metadata lookup off.
+
+No call to STS runs in the executor's loop (it writes the node's heartbeat): the executor
+starts the call (:meth:`JobCredentialStore.begin`) on a thread (``aws_calls.py``), starts the
+share only once the call has ended (:meth:`JobCredentialStore.collect`), and renews the
+credentials of running jobs the same way (:meth:`JobCredentialStore.refresh_due`). A call
+AWS does not answer within :data:`WAIT_SECONDS` is an outage (``CredentialsError.outage``):
+the share is not started and its exit says so, an infrastructure fault, never the node's
+nor the job's.
 """
 
 from __future__ import annotations
@@ -40,12 +48,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bootstrap_scripts.jobs.executor.aws_calls import Calls, Outage
+
 LOG = logging.getLogger("dl-executor")
 
 #: Seconds a job role session lasts (the most role chaining allows).
 SESSION_SECONDS = 3600
 #: Rewrite a job's credentials when they have less than this left.
 REFRESH_BEFORE_SECONDS = 20 * 60
+#: How long a share waits for its job's credentials before AWS's silence is called an
+#: outage: below the runner's default ``--start-timeout`` (30 s), so the runner reads the
+#: share's own exit (the outage named) rather than a node that never started its share.
+WAIT_SECONDS = 15.0
 #: The session tag the job role's policy scopes by.
 USER_TAG = "dl-user"
 #: Environment variables that would hand a job credentials other than its own.
@@ -59,7 +73,12 @@ _SESSION_CHARS = re.compile(r"[^\w+=,.@-]")
 
 
 class CredentialsError(RuntimeError):
-    """The job's credentials could not be made (STS refused, a bad job id, a disk error)."""
+    """The job's credentials could not be made (STS refused, a bad job id, a disk error);
+    ``outage``: AWS did not answer (``aws_calls.is_outage``), nobody's fault on the node."""
+
+    def __init__(self, message: str, *, outage: bool = False) -> None:
+        super().__init__(message)
+        self.outage = outage
 
 
 @dataclass(frozen=True)
@@ -135,6 +154,9 @@ class JobCredentialStore:
         self.base, self.role_arn, self.region = base, role_arn, region
         self.sts, self.clock = sts, clock
         self.jobs: dict[str, JobCredentials] = {}
+        #: STS calls under way on their threads, and whose each one is (user, uid, gid)
+        self.calls = Calls()
+        self.owners: dict[str, tuple[str, int, int]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -148,12 +170,9 @@ class JobCredentialStore:
             raise CredentialsError(f"job id {job_id!r} cannot name a credentials directory")
         return self.base / name
 
-    def issue(self, job_id: str, user: str, uid: int, gid: int) -> JobCredentials | None:
-        """Assume the job role for ``job_id`` and write its files for ``uid``; None when the
-        cluster has no job role."""
-        if not self.enabled:
-            return None
-        directory = self.job_dir(job_id)
+    def assume(self, job_id: str, user: str) -> dict[str, Any]:
+        """The STS call (the only one): the job role's session for ``user``, in the
+        ``credential_process`` format. CredentialsError when STS fails or refuses."""
         try:
             response = self.sts().assume_role(
                 RoleArn=self.role_arn, RoleSessionName=session_name(user, job_id),
@@ -161,7 +180,12 @@ class JobCredentialStore:
         except Exception as exc:  # botocore's errors: the message names the call and cause
             raise CredentialsError(f"sts:AssumeRole on the job role {self.role_arn} for job "
                                    f"{job_id} failed: {exc}") from exc
-        output = process_output(response)
+        return process_output(response)
+
+    def install(self, job_id: str, output: dict[str, Any], uid: int, gid: int
+                ) -> JobCredentials:
+        """Write the session ``output`` for ``uid`` (local disk only, no AWS)."""
+        directory = self.job_dir(job_id)
         self._prepare(directory)
         creds = JobCredentials(directory, expiration_of(output))
         _write_private(creds.credentials_file, json.dumps(output), uid, gid)
@@ -176,18 +200,73 @@ class JobCredentialStore:
         self.jobs[job_id] = creds
         return creds
 
+    def issue(self, job_id: str, user: str, uid: int, gid: int) -> JobCredentials | None:
+        """Assume the job role for ``job_id`` and write its files for ``uid``, waiting for
+        STS (never from the executor's loop: :meth:`begin` and :meth:`collect` there);
+        None when the cluster has no job role."""
+        if not self.enabled:
+            return None
+        self.job_dir(job_id)  # a bad id fails before AWS is asked
+        return self.install(job_id, self.assume(job_id, user), uid, gid)
+
+    def begin(self, job_id: str, user: str, uid: int, gid: int) -> None:
+        """Start the STS call for ``job_id`` on its thread (once; nothing without a job
+        role): :meth:`settled` says when :meth:`collect` has its answer."""
+        if not self.enabled or self.calls.under_way(job_id):
+            return
+        self.job_dir(job_id)  # a bad id fails here, in the loop, before AWS is asked
+        self.owners[job_id] = (user, uid, gid)
+        self.calls.start(job_id, lambda: self.assume(job_id, user), WAIT_SECONDS)
+
+    def settled(self, job_id: str) -> bool:
+        """Whether :meth:`collect` would return (or raise) now rather than wait."""
+        call = self.calls.calls.get(job_id)
+        return call is None or call.done.is_set() or \
+            self.calls.clock() - call.started > call.wait
+
+    def collect(self, job_id: str) -> JobCredentials | None:
+        """The credentials :meth:`begin` asked for, written for their user; None without a
+        job role or a call. CredentialsError (``outage`` when AWS did not answer)."""
+        if not self.enabled or not self.calls.under_way(job_id):
+            return None
+        try:
+            ended, output = self.calls.poll(job_id)
+        except Outage as exc:
+            self.owners.pop(job_id, None)
+            text = str(exc) if exc.__cause__ is not None else (
+                f"sts:AssumeRole on the job role {self.role_arn} for job {job_id}: {exc}")
+            raise CredentialsError(text, outage=True) from exc
+        except CredentialsError:
+            self.owners.pop(job_id, None)
+            raise
+        if not ended:  # asked before it settled: the caller checks :meth:`settled` first
+            raise CredentialsError(f"job {job_id}: its credentials are still being made")
+        _user, uid, gid = self.owners.pop(job_id)
+        return self.install(job_id, output, uid, gid)
+
     def refresh_due(self, owners: dict[str, tuple[str, int, int]]) -> list[str]:
-        """Re-issue the credentials of every job in ``owners`` (job id -> user, uid, gid)
-        that has less than :data:`REFRESH_BEFORE_SECONDS` left; the ids that failed."""
+        """Renew the credentials of every job in ``owners`` (job id -> user, uid, gid)
+        that has less than :data:`REFRESH_BEFORE_SECONDS` left: the call starts on its
+        thread, and a later pass writes its answer. Also collects the credentials
+        :meth:`begin` asked for a running job (one re-attached). The ids that failed."""
         failed = []
         for job_id, (user, uid, gid) in owners.items():
+            if self.calls.under_way(job_id):
+                if not self.settled(job_id):
+                    continue
+                try:
+                    self.collect(job_id)
+                    LOG.info("job %s: job role credentials renewed", job_id)
+                except (CredentialsError, OSError) as exc:
+                    LOG.error("job %s: %s", job_id, exc)
+                    failed.append(job_id)
+                continue
             creds = self.jobs.get(job_id)
             if creds is None or creds.expiration - self.clock() > REFRESH_BEFORE_SECONDS:
                 continue
             try:
-                self.issue(job_id, user, uid, gid)
-                LOG.info("job %s: job role credentials renewed", job_id)
-            except (CredentialsError, OSError) as exc:
+                self.begin(job_id, user, uid, gid)
+            except CredentialsError as exc:
                 LOG.error("job %s: %s", job_id, exc)
                 failed.append(job_id)
         return failed
@@ -195,6 +274,8 @@ class JobCredentialStore:
     def forget(self, job_id: str) -> None:
         """The job's share ended: its credentials go from the disk."""
         self.jobs.pop(job_id, None)
+        self.calls.drop(job_id)
+        self.owners.pop(job_id, None)
         with contextlib.suppress(CredentialsError):
             shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
 

@@ -22,7 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bootstrap_scripts import procgroup
+from bootstrap_scripts.node import procgroup
 
 #: The returncode recorded when a process's exit status is lost (with ``fault`` set).
 LOST_RETURNCODE = 1

@@ -9,9 +9,9 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, field
 
-from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.executor.reattach import AdoptedProcess
+from bootstrap_scripts.node import procgroup
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.liveness import Sighting
 from bootstrap_scripts.protocol.paths import JobPaths
@@ -52,6 +52,8 @@ class RunningShare:
     gid: int = -1
     #: the job's user (name, uid, gid): whose job role credentials this share holds
     owner: tuple[str, int, int] = ("", -1, -1)
+    #: the node's OOM kill counter as the share started (``oom.py``; None: not known)
+    oom_kills: int | None = None
 
     @property
     def grace(self) -> float:

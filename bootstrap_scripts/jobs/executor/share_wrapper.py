@@ -40,14 +40,20 @@ RESET_IN_CHILD = (signal.SIGPIPE, signal.SIGXFSZ)
 
 
 def write_status(path: str, returncode: int, pid: int) -> None:
-    """Atomically (tmp + rename): a reader sees the whole record or none."""
+    """Atomically (tmp + rename): a reader sees the whole record or none. A write that
+    fails (a full local disk: ENOSPC) leaves no temporary file behind."""
     tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"returncode": returncode, "pid": pid, "finished_at": time.time()}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"returncode": returncode, "pid": pid, "finished_at": time.time()}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def drop_to(uid: int, gid: int) -> None:

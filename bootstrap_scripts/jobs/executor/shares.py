@@ -3,7 +3,7 @@
 Each share runs in a process group of its own, and every process of it carries the share's
 ``DL_SHARE_TOKEN`` in its environment (torchrun moves its workers to sessions of their own,
 out of the group): stopping a share is a ``killpg`` plus a signal to every process with the
-token, never a search by name (:mod:`bootstrap_scripts.procgroup`).
+token, never a search by name (:mod:`bootstrap_scripts.node.procgroup`).
 
 A torchrun job's rendezvous store is a helper process of the master's share
 (``rdzv_store.RDZV_STORE_LABEL``). Once the master's agent has succeeded, that share stays
@@ -24,12 +24,11 @@ import socket
 import subprocess
 import time
 
-from bootstrap_scripts import procgroup
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.command_check import missing_command
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user, cancel_text
-from bootstrap_scripts.jobs.executor import listeners, store_hold
+from bootstrap_scripts.jobs.executor import listeners, oom, store_guard, store_hold
 from bootstrap_scripts.jobs.executor.job_credentials import (
     CredentialsError,
     JobCredentials,
@@ -47,6 +46,7 @@ from bootstrap_scripts.jobs.executor.share_command import (
     usable_cwd,
     wrapped,
 )
+from bootstrap_scripts.node import procgroup
 from bootstrap_scripts.protocol import liveness, store
 from bootstrap_scripts.protocol.jobs import LISTEN_FD_VARIABLE, JobSpec, Proc, Share
 from bootstrap_scripts.protocol.paths import JobPaths
@@ -70,11 +70,12 @@ class Shares:
         #: root's jobs whose spec the master signed (``root_jobs``; the scanner adds them);
         #: None on a node without the key, where nothing is checked
         self.root_specs: set[str] | None = None
+        #: the netfilter guards that keep other users away from the jobs' stores
+        self.guards = store_guard.StoreGuards(node)
 
-    def issue_credentials(self, job_id: str, uid: int, gid: int
-                          ) -> tuple[JobCredentials | None, tuple[str, int, int]]:
-        """The job role credentials for a share of ``job_id`` run by ``uid`` (None without
-        a job role), and its owner. CredentialsError when STS or the disk refuses."""
+    @staticmethod
+    def owner_of(uid: int, gid: int) -> tuple[str, int, int]:
+        """Whose job role session a share run by ``uid`` holds: (user name, uid, gid)."""
         # (-1: the share stays who the executor is, root for root's own jobs) the session's
         # dl-user tag must be that user's name, the one dl-run put in the job's checkpoint
         # URL, else IAM refuses the job its own checkpoints
@@ -83,10 +84,31 @@ class Shares:
             user = pwd.getpwuid(effective).pw_name
         except KeyError:
             user = str(effective)
-        owner = (user, uid, gid)
+        return (user, uid, gid)
+
+    def credentials_ready(self, paths: JobPaths) -> bool:
+        """Whether the share of ``paths``'s job may start as far as its job role credentials
+        go: their STS call is started on its thread (``job_credentials.begin``) and the share
+        waits, pass after pass, until it has ended (or was given up as an outage); the
+        executor's loop, and so the node's heartbeat, never waits on AWS."""
+        if self.credentials is None or not self.credentials.enabled:
+            return True
+        try:
+            uid, gid = job_owner(paths)
+            self.credentials.begin(paths.key, *self.owner_of(uid, gid))
+        except (OSError, CredentialsError):
+            return True  # start() refuses the job, or starts it without, saying why
+        return self.credentials.settled(paths.key)
+
+    def issue_credentials(self, job_id: str, uid: int, gid: int
+                          ) -> tuple[JobCredentials | None, tuple[str, int, int]]:
+        """The job role credentials :meth:`credentials_ready` asked for (None without a job
+        role), and the share's owner. CredentialsError when STS or the disk refused, with
+        ``outage`` when AWS did not answer."""
+        owner = self.owner_of(uid, gid)
         if self.credentials is None or not self.credentials.enabled:
             return None, owner
-        return self.credentials.issue(job_id, user, uid, gid), owner
+        return self.credentials.collect(job_id), owner
 
     def forget_credentials(self, job_id: str) -> None:
         """The job's share ended (or never started): its mounts and credentials go."""
@@ -125,21 +147,31 @@ class Shares:
         started: list[RunningProc] = []
         pgid = 0
         error = ""
+        outage = ""
         try:
             creds, owner = self.issue_credentials(paths.key, uid, gid)
         except (CredentialsError, OSError) as exc:
             # The job still runs (most jobs never call AWS); one that does fails with "no
-            # credentials", and its log says why.
+            # credentials", and its log says why. AWS not answering is no answer: the
+            # share does not start, an infrastructure fault that names the outage.
             creds, owner = None, ("", uid, gid)
             no_credentials = f"dl-executor: no AWS credentials for this job: {exc}\n"
+            if isinstance(exc, CredentialsError) and exc.outage:
+                outage, no_credentials = f"no AWS credentials for this job: {exc}", ""
             LOG.error("job %s: %s", paths.key, exc)
         else:
             no_credentials = ""
         self.node.paths.share_status_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:  # before any process starts: none may meet another user's listener
-            listening, refused = listeners.bind_for(share, self.node.address), ""
+            listening, refused = ({}, outage) if outage else (
+                listeners.bind_for(share, self.node.address), "")
         except listeners.ListenerRefused as exc:
             listening, refused = {}, str(exc)
+        try:  # before any process starts: only the job's user may reach its store
+            if not refused:
+                self.guards.guard(spec, paths, uid)
+        except store_guard.GuardError as exc:
+            refused = str(exc)
         try:  # the job's S3 mounts, made by root for its user, before any process starts
             if not refused:
                 self.mounts.mount(paths.key, spec.mounts, share.rank, paths, uid, gid, creds,
@@ -187,7 +219,7 @@ class Shares:
         for held in listening.values():
             held.close()  # the process it was for has it now (or nobody: the start failed)
         running = RunningShare(spec, share, paths, pgid, started, time.time(), uid=uid, gid=gid,
-                               owner=owner)
+                               owner=owner, oom_kills=oom.oom_kills())
         try:
             with as_user(uid, gid):
                 store.write_record(paths.started(share.rank), ShareStarted(
@@ -203,7 +235,8 @@ class Shares:
             running.signal(signal.SIGKILL)
             for p in started:
                 p.popen.wait()
-            self.finish(running, 127, reason=error)
+            fault = FAULT_INFRASTRUCTURE if outage and error == outage else ""
+            self.finish(running, LOST_RETURNCODE if fault else 127, reason=error, fault=fault)
             self.forget_credentials(paths.key)
             return False
         LOG.info("job %s: started share of node rank %d (pgid %d)", paths.key, share.rank, pgid)
@@ -224,6 +257,8 @@ class Shares:
 
     def finish(self, r: RunningShare, returncode: int, *, reason: str = "",
                fault: str = "", left_alive: int = 0) -> None:
+        if not (reason or r.cancel_reason or fault):  # the kernel's OOM killer, if it ran
+            reason = oom.oom_reason(r.oom_kills, oom.oom_kills(), returncode)
         record = ShareExit(
             rank=r.share.rank, address=self.node.address, returncode=returncode,
             signal=-returncode if returncode < 0 else 0,
@@ -308,6 +343,7 @@ class Shares:
                 del self.running[job_id]
                 self.forget_credentials(job_id)
                 ended.append(job_id)
+        self.guards.tick(set(self.running), now)
         if self.credentials is not None and self.credentials.enabled:
             self.credentials.refresh_due({j: r.owner for j, r in self.running.items()
                                           if r.owner[1] >= 0})
@@ -345,10 +381,20 @@ class Shares:
                         reason="the job executor restarted and found no record of the "
                                "share's processes")
             return
-        try:  # the previous executor's credentials were in its memory: issue new ones
-            _creds, r.owner = self.issue_credentials(paths.key, uid, gid)
-        except (CredentialsError, OSError) as exc:
-            LOG.error("job %s: no job role credentials after re-attaching: %s", paths.key, exc)
+        try:  # the kernel kept its guard; this executor holds it from now on
+            self.guards.guard(spec, paths, uid)
+        except store_guard.GuardError as exc:
+            LOG.error("job %s: cannot guard its rendezvous store after re-attaching: %s",
+                      paths.key, exc)
+        # the previous executor's credentials were in its memory: new ones are asked for
+        # (on their thread), written when STS answers (``refresh_due`` collects them)
+        r.owner = self.owner_of(uid, gid)
+        if self.credentials is not None and self.credentials.enabled and uid >= 0:
+            try:
+                self.credentials.begin(paths.key, *r.owner)
+            except CredentialsError as exc:
+                LOG.error("job %s: no job role credentials after re-attaching: %s",
+                          paths.key, exc)
         self.running[paths.key] = r
         LOG.warning("job %s: re-attached to the share of node rank %d left running by a "
                     "previous executor (pgid %d, pids %s)", paths.key, share.rank, r.pgid,

@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from statistics import fmean
 
-from bootstrap_scripts import metric_names as names
+from bootstrap_scripts.metrics import metric_names as names
 
 #: The fields asked, in this order (the names ``nvidia-smi --help-query-gpu`` lists).
 FIELDS = ("index", "utilization.gpu", "memory.used", "temperature.gpu", "power.draw",

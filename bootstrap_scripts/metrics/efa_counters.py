@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bootstrap_scripts import metric_names as names
+from bootstrap_scripts.metrics import metric_names as names
 
 #: Where the RDMA devices are, under a node's root.
 SYSFS_DIR = "sys/class/infiniband"

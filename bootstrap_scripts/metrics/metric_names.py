@@ -4,9 +4,10 @@ and the log sources every node ships to the cluster's log group.
 Both sides read this module: the stack (``constructs_lib/observability.py``: the dashboard,
 the alarms, the node role's permission) and the nodes (the installer's CloudWatch agent
 configuration, ``bootstrap_scripts/agent/cloudwatch_config.py``; the EMF lines of the
-executor's GPU sampler and the controller's job metrics, ``bootstrap_scripts/metrics_emf.py``).
+executor's GPU sampler and the controller's job metrics,
+``bootstrap_scripts/metrics/metrics_emf.py``).
 It imports nothing, so runtime code and constructs can share it without either importing
-the other's libraries. README "Observability" lists the names.
+the other's libraries. docs/observability.md lists the names.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ METRIC_JOB_ATTEMPTS = "JobAttempts"
 METRIC_JOB_COST = "JobCostUSD"
 
 # Per node (ClusterId, InstanceId), from the job executor's nvidia-smi samples
-# (``bootstrap_scripts.gpu_metrics``): what a failing or overheating GPU shows first.
+# (``bootstrap_scripts.metrics.gpu_metrics``): what a failing or overheating GPU shows first.
 #: The node's GPUs' memory in use, summed (Megabytes: nvidia-smi's MiB).
 METRIC_GPU_MEMORY_USED = "GPUMemoryUsed"
 #: The node's hottest GPU, in degrees Celsius (unit None).
@@ -60,7 +61,7 @@ METRIC_GPU_ECC_UNCORRECTED = "GPUEccErrorsUncorrected"
 #: GPUs of the node with retired memory pages waiting for a GPU reset (a count).
 METRIC_GPU_RETIRED_PAGES_PENDING = "GPURetiredPagesPending"
 # Per node (ClusterId, InstanceId), from DCGM's profiling fields where the image has DCGM
-# (``bootstrap_scripts.dcgm_metrics``): what the GPUs' hardware did, in percent of the time
+# (``bootstrap_scripts.metrics.dcgm_metrics``): what the GPUs' hardware did, in percent of the time
 # (the GPUs' mean), where nvidia-smi's utilisation only says a kernel ran.
 #: Streaming multiprocessors with work resident (``DCGM_FI_PROF_SM_ACTIVE``).
 METRIC_GPU_SM_ACTIVE = "GPUSMActive"
@@ -70,12 +71,12 @@ METRIC_GPU_TENSOR_ACTIVE = "GPUTensorActive"
 #: Device memory interface active (``DCGM_FI_PROF_DRAM_ACTIVE``).
 METRIC_GPU_DRAM_ACTIVE = "GPUDramActive"
 #: XID errors the node's NVIDIA driver reported in the kernel log since the last sample
-#: (``bootstrap_scripts.xid_errors``; a count; only where the executor can read
+#: (``bootstrap_scripts.metrics.xid_errors``; a count; only where the executor can read
 #: ``/dev/kmsg``).
 METRIC_GPU_XID_ERRORS = "GPUXidErrors"
 
 # Per node (ClusterId, InstanceId), from the job executor's reads of the EFA driver's
-# counters (``bootstrap_scripts.efa_counters``): growth since the previous sample, summed
+# counters (``bootstrap_scripts.metrics.efa_counters``): growth since the previous sample, summed
 # over the node's EFA devices; only on nodes with EFA.
 #: Bytes the node's EFAs sent / received (every kind of traffic).
 METRIC_EFA_TX_BYTES = "EFATxBytes"
@@ -106,7 +107,7 @@ SOURCE_EXECUTOR = "executor"
 SOURCE_CONTROLLER = "controller"  # the master's only
 SOURCE_BOOTSTRAP = "bootstrap"
 SOURCE_JOBS = "jobs"
-#: The metrics' EMF lines (``bootstrap_scripts.metrics_emf``), from the executor and the
+#: The metrics' EMF lines (``bootstrap_scripts.metrics.metrics_emf``), from the executor and the
 #: controller; CloudWatch Logs makes them metrics of :data:`NAMESPACE`.
 SOURCE_METRICS = "metrics"
 LOG_SOURCES = (SOURCE_AGENT, SOURCE_EXECUTOR, SOURCE_CONTROLLER, SOURCE_BOOTSTRAP, SOURCE_JOBS,

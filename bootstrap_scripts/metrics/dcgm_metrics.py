@@ -23,7 +23,7 @@ import shutil
 import subprocess
 from statistics import fmean
 
-from bootstrap_scripts import metric_names as names
+from bootstrap_scripts.metrics import metric_names as names
 
 #: DCGM field id -> the metric it becomes (percent of time, the GPUs' mean).
 FIELDS = {1002: names.METRIC_GPU_SM_ACTIVE, 1004: names.METRIC_GPU_TENSOR_ACTIVE,

@@ -5,6 +5,17 @@
 Each construct is usable on its own; ``DeepLearningCluster`` composes them.
 """
 
+import os
+
+# jsii relays Node's warnings to Python's stderr as raw bytes (b'!!  Node 20 is end-of-life…')
+# when the first construct module starts its Node process; the README says which Node to
+# use, so a tool that merely reads the settings (dlc up's preflight, the demo's check of its
+# --context) does not print it as noise. Set before aws_cdk is imported below.
+for _name, _value in (("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "18,20"),
+                      ("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1"),
+                      ("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")):
+    os.environ.setdefault(_name, _value)
+
 from constructs_lib.capacity_adjuster import CapacityAdjuster
 from constructs_lib.cluster import DeepLearningCluster
 from constructs_lib.emr_cluster import EmrDeepLearningCluster

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from dlc.errors import AwsError, NotFound, listing
-from dlc.target import Target
+from dlc.target import EMULATOR_HINT, Target
 
 #: The stack outputs dlc reads.
 MASTER_GROUP_OUTPUT = "MasterGroupName"
@@ -32,7 +32,8 @@ NEXT_STEP = {
     **dict.fromkeys(("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"),
                     "attach the stack's OperatorPolicyArn policy to your role or user"),
     "NoCredentialsError": "no AWS credentials found: run `aws configure` (or `aws sso login "
-                          "--profile NAME`) and pass `--profile NAME` or set AWS_PROFILE",
+                          "--profile NAME`) and pass `--profile NAME` or set AWS_PROFILE; "
+                          + EMULATOR_HINT,
     **dict.fromkeys(("ExpiredToken", "ExpiredTokenException", "RequestExpired",
                      "TokenRetrievalError", "SSOTokenLoadError"),
                     "your session expired: renew it (`aws sso login --profile NAME`, or new "
@@ -41,7 +42,7 @@ NEXT_STEP = {
                      "SignatureDoesNotMatch", "AuthFailure"),
                     "AWS does not accept these credentials: check which identity they are "
                     "with `aws sts get-caller-identity` (and --profile / AWS_PROFILE)"),
-    "NoRegionError": "no region: pass --region REGION (or set AWS_REGION)",
+    "NoRegionError": f"no region: pass --region REGION (or set AWS_REGION); {EMULATOR_HINT}",
     "EndpointConnectionError": "AWS's endpoint is unreachable from here: check the network, "
                                "a proxy, or --region",
     "ProfileNotFound": "that profile is not in ~/.aws/config: `aws configure list-profiles` "

@@ -24,6 +24,10 @@ from dlc.target import DEFAULT_STACK, EMULATOR_ENV, Target, resolve
 LOG_SOURCES = ("auto", "efs", "cloudwatch")
 
 
+#: The widest ``dlc jobs`` table (columns).
+JOBS_WIDTH = 120
+
+
 def out() -> Console:
     """stdout for people; piped output is not cut to 80 columns."""
     return Console(highlight=False, soft_wrap=True,
@@ -187,14 +191,19 @@ def jobs_cmd(ctx, as_json) -> None:
     """Every job the master's controller knows, newest last."""
     listing = jobs_mod.list_jobs(remote_of(ctx))
     if as_json:
-        emit_json(listing)
+        emit_json([jobs_mod.json_costs(j) for j in listing])
         return
     from rich.table import Table
 
-    t = Table(title="jobs")
-    for col in ("job", "state", "nodes", "restarts", "submitted", "cost USD", "checkpoint",
-                "message", "stragglers"):
+    console = out()
+    # at most JOBS_WIDTH columns (a terminal's usual width) even when piped: the long cells
+    # (checkpoint paths, the message) wrap inside their columns, the job id never does
+    t = Table(title="jobs", width=min(console.width, JOBS_WIDTH), pad_edge=False)
+    t.add_column("job", no_wrap=True)
+    for col in ("state", "nodes", "restarts", "submitted", "cost USD"):
         t.add_column(col)
+    for col in ("checkpoint", "message", "stragglers"):
+        t.add_column(col, overflow="fold", ratio=1)
     for j in listing:
         t.add_row(status_mod.job_id(j), str(j.get("state", "")),
                   f"{j.get('world_size', '-')}/{j.get('full_size', '-')}",
@@ -203,7 +212,7 @@ def jobs_cmd(ctx, as_json) -> None:
                   jobs_mod.checkpoint_text(j),
                   str(j.get("last_failure") or j.get("message") or ""),
                   "; ".join(j.get("stragglers") or ()) or "-")
-    out().print(t)
+    console.print(t)
 
 
 @cli.command()
@@ -258,13 +267,16 @@ def cancel(ctx, job) -> None:
               help="remove one elastic worker (drained first)")
 @click.option("--replace", default=None, metavar="ADDRESS",
               help="replace one worker (a straggler) by a new instance (drained first)")
+@click.option("--status", "show_status", is_flag=True,
+              help="the nodes (base or elastic, joining, draining) and the worker group's "
+                   "desired, minimum, maximum and base counts")
 @click.pass_context
-def scale(ctx, workers, remove, replace) -> int:
+def scale(ctx, workers, remove, replace, show_status) -> int:
     """Grow or shrink the worker group, or replace a worker (dl-scale on the master)."""
-    argv = jobs_mod.scale_argv(workers, remove, replace)
+    argv = jobs_mod.scale_argv(workers, remove, replace, status=show_status)
     code, stdout, stderr = jobs_mod.run_passthrough(remote_of(ctx), argv, timeout=120)
-    click.echo(stdout, nl=False)
-    click.echo(stderr, nl=False, err=True)
+    click.echo(jobs_mod.laptop_terms(stdout), nl=False)
+    click.echo(jobs_mod.laptop_terms(stderr), nl=False, err=True)
     return 0 if code == 0 else errors.EXIT_FAILED
 
 

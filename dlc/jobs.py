@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.ops.cost import parse_usd, plain
@@ -121,6 +122,23 @@ def cost_cell(job: dict) -> str:
         spent = cost_usd(spent)
     cap = job.get("max_cost_usd") or ""
     return spent + (f"/{cap}" if cap else "")
+
+
+#: Decimal places of a cost in ``dlc jobs --json`` (a millionth of a dollar).
+COST_PLACES = 6
+
+
+def json_costs(job: dict) -> dict:
+    """A job of ``dl-jobs --json`` as ``dlc jobs --json`` prints it: its cost a JSON number
+    to :data:`COST_PLACES` places (the ledger's sums carry 30 digits), ``"unknown"`` kept."""
+    ledger = job.get("cost")
+    if not isinstance(ledger, dict):
+        return job
+    try:
+        usd = round(float(Decimal(str(ledger.get("usd")))), COST_PLACES)
+    except (InvalidOperation, ValueError):
+        return job
+    return {**job, "cost": {**ledger, "usd": usd}}
 
 
 def job_user(target: Target, as_user: str | None) -> str:
@@ -253,11 +271,13 @@ def cancel(remote: Remote, jid: str) -> str:
     return res.stdout.strip() or f"cancelled {jid}"
 
 
-def scale_argv(workers: int | None, remove: str | None, replace: str | None = None
-               ) -> list[str]:
-    if sum(x is not None for x in (workers, remove, replace)) != 1:
-        raise UsageError("give exactly one of --workers N, --remove ADDRESS or "
-                         "--replace ADDRESS")
+def scale_argv(workers: int | None, remove: str | None, replace: str | None = None, *,
+               status: bool = False) -> list[str]:
+    if sum(x is not None for x in (workers, remove, replace)) + status != 1:
+        raise UsageError("give exactly one of --workers N, --remove ADDRESS, "
+                         "--replace ADDRESS or --status")
+    if status:
+        return ["dl-scale", "--status"]
     if workers is not None:
         if workers < 0:
             raise UsageError(f"--workers must be >= 0, got {workers}")
@@ -265,6 +285,12 @@ def scale_argv(workers: int | None, remove: str | None, replace: str | None = No
     if replace is not None:
         return ["dl-scale", "--replace", str(replace)]
     return ["dl-scale", "--remove", str(remove)]
+
+
+def laptop_terms(text: str) -> str:
+    """``dl-scale``'s own output as ``dlc scale`` shows it: where it points to its own
+    options (``dl-scale --status``), the laptop's command that runs them."""
+    return text.replace("dl-scale --", "dlc scale --")
 
 
 def run_passthrough(remote: Remote, argv: list[str], timeout: int) -> tuple[int, str, str]:

@@ -20,6 +20,10 @@ from dlc.errors import NotFound, UsageError
 DEFAULT_STACK = "DLClusterStack"
 #: The environment variable that names an emulator state file (same as ``--emulator``).
 EMULATOR_ENV = "DLC_EMULATOR"
+#: What a new terminal without ``DLC_EMULATOR`` lacks when it meant the emulated cluster:
+#: said wherever dlc finds no region or no credentials.
+EMULATOR_HINT = (f"for the emulated cluster of make demo ARGS=--keep: export {EMULATOR_ENV}="
+                 f"/tmp/dl-demo-…/state.json (the line the demo printed)")
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ def resolve(*, stack: str | None = None, region: str | None = None,
         region = _profile_region(profile)
     if not region:
         raise UsageError("no AWS region: pass --region, set AWS_REGION, or give the profile "
-                         "a region (aws configure set region REGION)")
+                         f"a region (aws configure set region REGION); {EMULATOR_HINT}")
     return Target(stack=stack, region=region, profile=profile,
                   endpoint=environ.get("AWS_ENDPOINT_URL", ""),
                   source=f"profile {profile}" if profile else "")

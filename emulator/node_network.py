@@ -12,8 +12,11 @@ second node with "Could not start gRPC server".
 ``node_bind.c``, preloaded into a job's processes, gives each node that part of its own
 stack back: a wildcard bind becomes a bind to the node's address (``DEEPLEARNING_NODE_ADDR``,
 which the executor sets for every rank), what the wildcard reaches on an instance with that
-one private address. The job itself, its TF_CONFIG and the launcher are unchanged; the
-emulator passes the preload with dl-run's own ``--env`` option (:func:`dl_run_args`).
+one private address. It belongs to the emulated node, not to a way of starting a job: every
+emulated node's job executor runs with it preloaded (:func:`executor_env`, used by
+``emulator/nodes.py``), so every process it starts for a job (``dl-run``, ``dlc submit``, the
+demo) inherits it. The executor itself has no ``DEEPLEARNING_NODE_ADDR``, so its own binds go
+through unchanged; the job, its TF_CONFIG, the launcher and the product never know.
 """
 
 from __future__ import annotations
@@ -54,5 +57,19 @@ def bind_preload(out_dir: Path) -> Path:
 
 
 def dl_run_args(lib: Path) -> list[str]:
-    """The ``dl-run`` options that run a job's ranks with the preload."""
+    """The ``dl-run`` options that run a job's ranks with the preload (a job on nodes that
+    are not the emulator's, e.g. a test's executors without ``executor_env``)."""
     return ["--env", f"LD_PRELOAD={lib}"]
+
+
+def executor_env(lib_dir: Path) -> tuple[dict[str, str], str]:
+    """(the environment an emulated node's executor adds: ``LD_PRELOAD`` of the library
+    built in ``lib_dir``, a directory of the emulator's own (root's, never one another user
+    could write: root's executor loads it), "") or ({}, why not) when it cannot be built:
+    the node then binds as one host does, and only jobs that bind the wildcard on several
+    nodes at once (TensorFlow) notice."""
+    try:
+        lib = bind_preload(lib_dir)
+    except NodeNetworkError as exc:
+        return {}, str(exc)
+    return {"LD_PRELOAD": str(lib)}, ""

@@ -55,6 +55,7 @@ from emulator.gpus import NODE_BIN_DIR, fake_nvidia_smi, instance_type_gpus
 # A node process's environment and the installer's arguments (``node_inputs.py``); ``PYTHON``
 # and ``base_env`` stay importable from here, where the demo and the tests take them.
 from emulator.node_inputs import PYTHON, STATIC_CREDENTIALS, base_env, emulator_args
+from emulator.node_network import executor_env
 from emulator.units import (
     AGENT_UNIT,
     CONTROLLER_UNIT,
@@ -65,6 +66,9 @@ from emulator.units import (
     unit_output,
 )
 
+#: Beside the nodes' roots: the emulator's library every node's executor preloads
+#: (``emulator/node_network.py``), built once per cluster, root's.
+NODE_LIB_DIR = "node-lib"
 #: The CloudWatch agent's configuration and state folder (under the node's root).
 CLOUDWATCH_CONFIG = cloudwatch_config.CONFIG_PATH
 CLOUDWATCH_STATE = "opt/aws/amazon-cloudwatch-agent/logs/state"
@@ -300,6 +304,12 @@ class Node:
         argv, unit_env = unit_exec((self.root / unit).read_text(), unit)
         if unit == EXECUTOR_UNIT and "--no-mount" not in argv:
             argv.append("--no-mount")
+        if unit == EXECUTOR_UNIT:  # the node's own wildcard binds, for every job it starts
+            preload, why = executor_env(self.root.parent / NODE_LIB_DIR)
+            unit_env = {**unit_env, **preload}
+            if why:
+                with open(self.log_path("install"), "a") as note:
+                    note.write(f"emulator: jobs bind as on one host: {why}\n")
         join = self.group is not None and bool(pids_in_groups([self.group.pid]))
         out = self.log_path(Path(unit).stem)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -91,6 +92,18 @@ def forward(listener: socket.socket, remote_port: int, session_id: str) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # The AWS CLI ignores SIGINT while the plugin runs, so Ctrl-C reaches the plugin alone;
+    # AWS's plugin ends the session on it. An ignored SIGINT is inherited through exec and
+    # Python then installs no handler of its own: take it back, as AWS's plugin does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return serve(argv)
+    except KeyboardInterrupt:
+        print("\n\nExiting session (interrupted).", flush=True)
+        return 0
+
+
+def serve(argv: list[str]) -> int:
     if argv[:1] == ["--version"]:
         print(VERSION)
         return 0

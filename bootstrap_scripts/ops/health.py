@@ -103,7 +103,15 @@ def signed_cell(reg: nrec.NodeRead, hb: nrec.NodeRead) -> tuple[bool, str]:
     return (False, "; ".join(bad)) if bad else (True, nrec.CHECKED)
 
 
-def check_node(node: Node, efs: Path, generation: int, server_now: float, local_offset: float,
+def age_of(mtime: float, local_offset: float, now: float | None = None) -> float:
+    """Seconds since the file server stamped ``mtime``, by its clock (this node's clock
+    minus ``local_offset``), read now: a heartbeat written while the table was being made
+    is 0 s old, never negative (the offset is measured to the millisecond at best)."""
+    server_now = (time.time() if now is None else now) - local_offset
+    return max(0.0, server_now - mtime)
+
+
+def check_node(node: Node, efs: Path, generation: int, local_offset: float,
                args: argparse.Namespace, not_alive: dict[str, str],
                records: nrec.NodeRecords) -> Row:
     row = Row(node)
@@ -120,14 +128,14 @@ def check_node(node: Node, efs: Path, generation: int, server_now: float, local_
     elif hb.state == "stopped":
         row.cells["reachable"] = (False, "executor stopped")
     else:  # alive by the one rule (seen to move); the age is shown, not judged
-        age = server_now - hb_mtime
+        age = age_of(hb_mtime, local_offset)
         row.cells["reachable"] = (node.address not in not_alive,
                                   not_alive.get(node.address, f"{age:.1f}s ago"))
 
     if reg is None:
         row.cells["agent"] = (False, "not registered")
     else:
-        age = server_now - reg_mtime
+        age = age_of(reg_mtime, local_offset)
         row.cells["agent"] = (age <= args.agent_timeout, f"{age:.0f}s ago (pid {reg.agent_pid})")
 
     # The agent's registration is the authority; the executor's heartbeat is the fallback.
@@ -219,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     ok_here, detail_here, t_local, t_server = probe_efs(efs)
     mounted_here = os.path.ismount(efs)
     local_offset = t_local - t_server
-    server_now = time.time() - local_offset
     try:  # the shared copy may be newer than this node's
         current = state.read_current(efs)
     except (OSError, MembershipError):
@@ -232,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     not_alive = Executors(efs, args.heartbeat_timeout,
                           read=lambda _efs, a: records.heartbeat(a, at[a]).record).wait(
         [n.address for n in m.nodes], timeout=min(args.heartbeat_timeout, MOVE_WITHIN_SECONDS))
-    rows = [check_node(n, efs, generation, server_now, local_offset, args, not_alive, records)
+    rows = [check_node(n, efs, generation, local_offset, args, not_alive, records)
             for n in m.nodes]
     no_key = waiting_for_keys(records, m) if records.checked else []
     here_ok = ok_here and (mounted_here or not args.require_mount)

@@ -122,6 +122,10 @@ def load_cluster(root: str, mount_point: str, autoscaling) -> Cluster:
     return Cluster(local, efs, group, root)
 
 
+#: Where a refused ``--workers`` points: the command that shows every bound at once.
+BOUNDS_HINT = "dl-scale --status shows the base, minimum, maximum and desired counts"
+
+
 def set_workers(cluster: Cluster, count: int, autoscaling) -> str:
     base = len(cluster.base_workers)
     maximum = int(cluster.worker_group["MaxSize"])
@@ -130,13 +134,14 @@ def set_workers(cluster: Cluster, count: int, autoscaling) -> str:
         raise Refused(f"--workers {count} is below the {base} base worker(s) of cluster "
                       f"{cluster.cluster_id}: base workers are protected from scale-in "
                       f"(they are the capacity the cluster was deployed with); use {base} "
-                      f"or more")
+                      f"or more ({BOUNDS_HINT})")
     if count < minimum:
-        raise Refused(f"--workers {count} is below the worker group's minimum {minimum}")
+        raise Refused(f"--workers {count} is below the worker group's minimum {minimum} "
+                      f"({BOUNDS_HINT})")
     if count > maximum:
         raise Refused(f"--workers {count} is above the worker group's maximum {maximum} "
                       f"(stack setting maxWorkers); redeploy with -c maxWorkers={count} "
-                      "to allow more")
+                      f"to allow more ({BOUNDS_HINT})")
     before = int(cluster.worker_group["DesiredCapacity"])
     autoscaling.set_desired_capacity(AutoScalingGroupName=cluster.group_name,
                                      DesiredCapacity=count, HonorCooldown=False)

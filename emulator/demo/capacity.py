@@ -81,6 +81,12 @@ def deploy_context(ctx: DemoContext) -> dict[str, str]:
                   {"count": ns.flaky_launches, "tag": WORKER_TAG})
         ctx.info(f"the first {ns.flaky_launches} worker launch(es) fail with "
                  f"InsufficientInstanceCapacity, then capacity frees (emulator.capacity)")
+    return stack_context(ns)
+
+
+def stack_context(ns: argparse.Namespace) -> dict[str, str]:
+    """The ``-c`` settings ``--context`` asks for (and the retry window ``--capacity-out``
+    wants), as the deploy passes them."""
     pairs = [p.partition("=") for p in ns.context]
     context = {k.strip(): v.strip() for k, _sep, v in pairs}
     if ns.capacity_out:

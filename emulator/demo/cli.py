@@ -58,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=None,
                    help="training epochs (default: 20, or with --add-worker-after as many as "
                         "the scenario needs while the job trains)")
-    p.add_argument("--require-acc", type=float, default=0.95,
-                   help="held-out accuracy the job must reach "
-                        "(default: 0.95, the example's target)")
+    p.add_argument("--require-acc", type=float, default=None,
+                   help="held-out accuracy the job must reach (default: 0.95, the example's "
+                        "target; 0.80 with --epochs below 10, said before starting)")
     p.add_argument("--framework", choices=("torch", "tf"), default="torch",
                    help="the example job: torch (PyTorch DDP, torchrun; default) or tf "
                         "(TensorFlow MultiWorkerMirroredStrategy, dl-run --launcher tf; first "
@@ -109,10 +109,12 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if ns.stop:
         return
     from emulator.demo.capacity import validate as validate_capacity
-    from emulator.demo.scenarios import job_epochs
+    from emulator.demo.scenarios import job_epochs, require_acc
 
     validate_capacity(ns, parser)
 
+    if ns.epochs is not None and ns.epochs < 1:
+        parser.error(f"--epochs must be >= 1, got {ns.epochs}")
     ns.epochs_sized = ns.elastic and ns.epochs is None  # the job then ends when told to
     ns.epochs, why = job_epochs(ns)
     if why:
@@ -176,8 +178,30 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                      "--framework tf")
     if ns.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {ns.epochs}")
-    if not 0 <= ns.require_acc <= 1:
+    if ns.require_acc is not None and not 0 <= ns.require_acc <= 1:
         parser.error(f"--require-acc must be within 0..1, got {ns.require_acc}")
+    ns.require_acc, ns.acc_note = require_acc(ns)
+    check_stack_settings(ns, parser)
+
+
+def check_stack_settings(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The stack settings the deploy will pass (``--context``, ``--workers`` and what the
+    scenario adds), checked as ``cdk synth`` checks them (stacks/settings.py: an unknown key
+    with the closest known one, a value out of its bounds), before anything starts."""
+    from constructs_lib.validation import ConfigError
+    from emulator.demo import capacity, scenarios
+    from emulator.demo import data as demo_data
+    from stacks.context import refuse_unknown_keys
+    from stacks.emr_stack import EMR_CONTEXT_KEYS
+    from stacks.settings import CONTEXT_KEYS, settings_from_context
+
+    context = {"workerCount": str(ns.workers), **scenarios.deploy_context(ns),
+               **capacity.stack_context(ns), **demo_data.deploy_context(ns)}
+    try:
+        refuse_unknown_keys(context, {*CONTEXT_KEYS, *EMR_CONTEXT_KEYS})
+        settings_from_context(context.get)
+    except ConfigError as exc:
+        parser.error(f"--context: {exc}")
     if ns.port and not 1024 <= ns.port <= 65535:
         parser.error(f"--port must be 1024..65535, got {ns.port}")
 

@@ -59,6 +59,13 @@ def check_install(ctx: DemoContext) -> None:
                         "`make demo`, which runs it first).")
     ctx.ok(f"python {sys.version.split()[0]}, torch, moto, boto3, CDK CLI "
            f"({cdk.relative_to(dp.REPO_ROOT)})")
+    if ctx.ns.keep:  # the kept cluster's jobs run as cluster users (dlc submit --as)
+        from emulator.demo import user_access
+
+        ctx.user_access = user_access.problem()
+        if ctx.user_access:
+            ctx.console.print(f"    [bold yellow]note[/] {escape(ctx.user_access)}",
+                              highlight=False, soft_wrap=True)
 
 
 def start_cloud(ctx: DemoContext) -> None:

@@ -91,6 +91,13 @@ class DemoContext:
         self.created_work = not ns.work_dir
         self.work = Path(ns.work_dir or tempfile.mkdtemp(prefix="dl-demo-")).resolve()
         self.work.mkdir(parents=True, exist_ok=True)
+        if self.created_work:
+            # mkdtemp's 0700 would keep cluster users out of the nodes' files (membership,
+            # node files, EFS), which a real node's users read: each file keeps its own mode
+            self.work.chmod(0o755)
+        #: what keeps a cluster user's job from running here ("" if nothing), said at once
+        #: and again next to ``dlc submit --as`` (emulator/demo/user_access.py)
+        self.user_access = ""
         self.efs = self.work / "efs"
         self.cluster_paths = ClusterPaths(self.efs)
         self.logs = self.work / "logs"

@@ -3,13 +3,13 @@
 What changes is only the job: ``dl-run --launcher tf`` (one MultiWorkerMirroredStrategy
 worker per node, each with the ``TF_CONFIG`` the launcher writes) runs
 ``bootstrap_scripts.examples.train_digits_tf``, which prints the PyTorch example's epoch and
-final lines, so the demo follows it the same way. Two things come first:
+final lines, so the demo follows it the same way. TensorFlow itself comes first:
+``scripts/tf-deps.sh`` (``make tf-deps``) installs ``tensorflow-cpu`` into the interpreter
+the demo and its nodes run with, without changing any installed package; it is opt-in
+because it is large (about 1.3 GB).
 
-- TensorFlow itself: ``scripts/tf-deps.sh`` (``make tf-deps``) installs ``tensorflow-cpu``
-  into the interpreter the demo and its nodes run with, without changing any installed
-  package; it is opt-in because it is large (about 1.3 GB).
-- the emulated nodes' own wildcard binds (``emulator/node_network.py``): TensorFlow's gRPC
-  server binds ``0.0.0.0:<port>``, which on one host would take the port on every node.
+The emulated nodes' own wildcard binds (TensorFlow's gRPC server binds ``0.0.0.0:<port>``)
+are the emulated node's (``emulator/node_network.py``), for every job, not this option's.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 from emulator import deploy as dp
 from emulator.demo.context import DemoContext, DemoError
-from emulator.node_network import NodeNetworkError, bind_preload, dl_run_args
 
 TF_DEPS = dp.REPO_ROOT / "scripts" / "tf-deps.sh"
 TF_EXAMPLE = "bootstrap_scripts.examples.train_digits_tf"
@@ -41,10 +39,7 @@ def ensure_tensorflow(ctx: DemoContext) -> None:
                         f"{res.returncode}; its output is above)")
 
 
-def tf_job_args(work: Path, port: int) -> list[str]:
-    """The ``dl-run`` options of the TF job: the launcher, its port, the nodes' binds."""
-    try:
-        lib = bind_preload(work / "lib")
-    except NodeNetworkError as exc:
-        raise DemoError(str(exc)) from None
-    return ["--launcher", "tf", "--tf-port", str(port), *dl_run_args(lib)]
+def tf_job_args(port: int) -> list[str]:
+    """The ``dl-run`` options of the TF job: the launcher and its port, as on AWS (the
+    emulated nodes bind the wildcard as separate instances do by themselves)."""
+    return ["--launcher", "tf", "--tf-port", str(port)]

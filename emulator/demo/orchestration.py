@@ -87,7 +87,7 @@ class Demo(DemoContext):
         launch = ["--rdzv-port", str(port)]
         if self.ns.framework == "tf":
             train[2] = frameworks.TF_EXAMPLE
-            launch = frameworks.tf_job_args(self.work, port)
+            launch = frameworks.tf_job_args(port)
         launch += demo_data.dl_run_args(self.ns)
         argv = [str(dl_run), "--root", str(master.root), *launch,
                 "--heartbeat-timeout", "4", "--fail-grace", "3", "--grace", "3",
@@ -214,6 +214,8 @@ class Demo(DemoContext):
         from emulator.demo import capacity  # --capacity-out / --context
 
         cluster.check_install(self)
+        if getattr(ns, "acc_note", ""):
+            self.info(ns.acc_note)
         if ns.framework == "tf":
             frameworks.ensure_tensorflow(self)
         cluster.start_cloud(self)
@@ -346,6 +348,8 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
         return 2
     # the background service first (emulator.demo.keeper): it must not replace or boot
     # nodes while they stop; then the state it kept current, with every node it booted
+    service = [Tracked.from_dict(state["service"])] if state.get("service") else []
+    service = [g for g in service if g.same_process() and pids_in_groups([g.pid])]
     if keeper.stop_service(state):
         console.print("[bold red]error:[/] the emulator service did not stop")
         return 1
@@ -365,6 +369,8 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
         console.print(f"--stop deletes the work directory {work} with everything in it:\n"
                       + report.work_contents(work)
                       + "\n  (to keep it: --stop STATE_FILE --keep-files)", highlight=False)
+    # what is actually running (a recorded group may have ended long ago)
+    running = service + [g for g in groups if g.same_process() and pids_in_groups([g.pid])]
     left = stop_groups(groups, grace=15)
     for node in state.get("nodes", []):  # the machines are gone, and their kernels' rules
         if node.get("imds_url"):
@@ -373,7 +379,9 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
     if left:
         console.print(f"[bold red]still alive:[/] {sorted(left)}")
         return 1
-    console.print(f"stopped {len(groups)} process group(s)")
+    console.print(f"stopped {len(running)} process group(s)" if running else
+                  f"nothing was running (the {len(groups)} recorded process group(s) had "
+                  f"ended)")
     if remove:
         shutil.rmtree(work, ignore_errors=True)
         console.print(f"removed {work}")

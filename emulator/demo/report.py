@@ -254,9 +254,11 @@ def keep_instructions(ctx: DemoContext) -> None:
         f"    dlc submit --as {job_user()} -- python -m bootstrap_scripts.examples.train_digits\n"
         f"      (jobs never run as root: --as names a user of this machine with uid >= 1000)\n"
         f"    dlc logs -f <job id>\n"
+        f"    dlc scale --status   (base, desired and maximum workers; dlc scale --workers N)\n"
         f"    PATH={plugin_dir}:$PATH dlc tensorboard <job id>   (through the emulated\n"
         f"      Session Manager; that directory holds its stand-in of AWS's plugin)\n"
         f"  (every command: docs/dlc.md)\n"
+        + (f"  [bold yellow]note[/] {escape(ctx.user_access)}\n" if ctx.user_access else "") +
         f"  a shell on the master, where the README's commands work as written:\n"
         f"    {shell_path}\n"
         f"  then, for example:\n"

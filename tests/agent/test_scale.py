@@ -54,8 +54,11 @@ def test_workers_below_base_or_above_max_is_refused_naming_the_values(cloud, cap
     assert run(root, "--workers", "1") == scale.EXIT_REFUSED
     err = capsys.readouterr().err
     assert "--workers 1 is below the 2 base worker(s)" in err and "protected" in err
+    assert "dl-scale --status shows the base, minimum, maximum" in err
     assert run(root, "--workers", "6") == scale.EXIT_REFUSED
-    assert "--workers 6 is above the worker group's maximum 5" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--workers 6 is above the worker group's maximum 5" in err
+    assert "dl-scale --status shows the base, minimum, maximum" in err
     assert desired(cluster) == 3
 
 

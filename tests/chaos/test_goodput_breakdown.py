@@ -8,7 +8,7 @@ import pytest
 
 from tests.chaos import goodput_breakdown as bd
 from tests.chaos.goodput import generations
-from tests.chaos.test_goodput_figures import run, schedule
+from tests.support.goodput_samples import run, schedule
 
 
 def elastic_breakdown() -> bd.Breakdown:

@@ -33,8 +33,8 @@ from bootstrap_scripts.protocol.records import ShareStarted
 from emulator.resources import create_cluster
 from tests.chaos.drills import drill, wait_for
 from tests.conftest import REGION
-from tests.runner.test_elastic import START_RE, Lines
 from tests.support.cluster import free_rdzv_port
+from tests.support.elastic_output import START_RE, Lines
 
 #: the replacement's emulated boot (AWS: minutes; kept short so the drill stays short)
 BOOT_DELAY = 20.0

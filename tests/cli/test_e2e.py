@@ -1,5 +1,5 @@
 """dlc end to end against ONE kept emulated cluster (``make demo ARGS=--keep``: a master
-and two base workers, the worker group's maximum one more so it has room to scale out),
+and two base workers, the worker group's maximum two more so it has room to scale out),
 shared by this module and stopped at its end, always. Every command goes through AWS APIs
 only: CloudFormation, Auto Scaling, EC2, and SSM Run Command to the master's own CLIs,
 played by the emulator's SSM Agent. The node-killing test runs last."""
@@ -38,6 +38,7 @@ from tests.support.kept import (
     DATA_PREFIX,
     UNREACHABLE_ACC,
     demo_stop,
+    readme_dlc_line,
     state_groups,
 )
 
@@ -249,17 +250,21 @@ def test_status_and_health_tables(kept: dict, capsys) -> None:
 
 
 def test_submit_the_example_and_follow_it_to_the_end(kept: dict, capsys, job_user) -> None:
+    """The README's ``dlc submit --as USER`` and ``dlc logs -f`` lines as written, by a new
+    cluster user, on the work dir the demo made (nothing but the interpreter opened)."""
     if not has_controller(kept):
         pytest.skip("the master has no dl-jobs yet (the job controller, contract C1)")
-    code, out, err = dlc(kept, capsys, "submit", "--as", job_user, "--json", "--", "python",
-                         "-m", "bootstrap_scripts.examples.train_digits", "--epochs", "2",
-                         "--require-acc", "0.3", "--global-batch-size", "64")
+    work = Path(kept["report"]["work_dir"])
+    assert work.stat().st_mode & 0o777 == 0o755, "cluster users cannot read the nodes' files"
+    code, out, err = dlc(kept, capsys, *readme_dlc_line("dlc submit --as USER -- python",
+                                                        job_user))
     assert code == 0, err
-    job = json.loads(out)["job_id"]
-    code, out, err = follow(kept, job)
+    job = out.strip()
+    assert readme_dlc_line("dlc logs -f", job=job) == ["logs", "-f", job]
+    code, out, err = follow(kept, job)  # the same words, in their own bounded process
     assert code == 0, out[-2000:] + err
     assert f"job {job} succeeded" in err
-    assert "final acc=" in out and "epoch=2" in out
+    assert "final acc=" in out and "epoch=20" in out
     code, out, _ = dlc(kept, capsys, "logs", job, "--node", "1")
     assert code == 0 and "[1 " in out and "[0 " not in out
     assert listed_jobs(kept, capsys)[job]["state"] == "succeeded"
@@ -340,6 +345,13 @@ def test_tensorboard_of_a_job_runs_on_the_master_as_its_user(kept: dict, capsys,
                             ".includes(x))", arg=["loss", "accuracy"], timeout=25_000)
                     finally:
                         browser.close()
+            # Ctrl-C in dlc tensorboard's terminal: SIGINT to its process group (dlc became
+            # the AWS CLI, which ignores it while the plugin runs): the tunnel must end
+            os.killpg(tunnel.pid, signal.SIGINT)
+            try:
+                tunnel.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pytest.fail("Ctrl-C (SIGINT to its process group) did not stop dlc tensorboard")
         finally:
             stop_popen_group(tunnel)
     finally:
@@ -412,7 +424,11 @@ def test_submit_a_laptop_directory_with_workdir(kept: dict, capsys, job_user,
     (laptop / "build").mkdir()
     (laptop / "train.sh").write_text(
         "set -e\necho \"ran in $(pwd) as $(id -un)\"\ncat data/input.txt\n"
-        "for f in secret.txt build/big.bin; do test ! -e $f || echo \"shipped $f\"; done\n")
+        "for f in secret.txt build/big.bin; do test ! -e $f || echo \"shipped $f\"; done\n"
+        # a server that binds the wildcard (as TensorFlow's gRPC server does): on its own
+        # node's address, as on an instance of its own, however the job was submitted
+        "python -c \"import socket; s = socket.socket(); s.bind(('0.0.0.0', 0)); "
+        "print('bound', s.getsockname()[0])\"\n")
     (laptop / "data" / "input.txt").write_text("only-on-the-laptop\n")
     (laptop / ".gitignore").write_text("build/\n")
     (laptop / ".dlcignore").write_text("secret.txt\n")
@@ -432,6 +448,9 @@ def test_submit_a_laptop_directory_with_workdir(kept: dict, capsys, job_user,
     assert sum(ln.endswith("] only-on-the-laptop") for ln in lines) == 3, out
     assert "shipped" not in out
     assert (workdir / "train.sh").stat().st_uid == pwd.getpwnam(job_user).pw_uid
+    members = [n for n in status_json(kept, capsys)["nodes"] if n.get("rank") is not None]
+    for n in members:  # each rank bound its own node's address
+        assert f"[{n['rank']} {n['address']}] bound {n['address']}" in out, out
 
 
 def test_a_job_resumes_from_the_s3_mirror_after_its_efs_copy_was_deleted(
@@ -566,7 +585,7 @@ def test_submit_with_max_cost_stops_the_job_at_its_cap(kept: dict, capsys, job_u
     (attempt,) = listed["usage"]
     assert {n["usd_per_hour"] for n in attempt["nodes"]} == {
         PRICES[("us-east-1", "g5.xlarge")].rstrip("0")}
-    spent = Decimal(listed["cost"]["usd"])
+    spent = Decimal(str(listed["cost"]["usd"]))  # a JSON number, to a millionth
     assert Decimal("0.01") <= spent < Decimal("0.02"), listed["cost"]
     code, out, _ = dlc(kept, capsys, "jobs")
     assert code == 0 and f"{cost_usd(str(spent))}/0.01" in out
@@ -588,7 +607,7 @@ def test_engine_metrics_reach_cloudwatch_with_the_dashboards_dimensions(kept: di
     members = [n for n in st["nodes"] if n["rank"] is not None]
     jobs = list(listed_jobs(kept, capsys).values())
     assert all(j["state"] not in ("queued", "running") for j in jobs), jobs
-    spent = sum(Decimal(j["cost"]["usd"]) for j in jobs if j["cost"]["usd"] != "unknown")
+    spent = sum(Decimal(str(j["cost"]["usd"])) for j in jobs if j["cost"]["usd"] != "unknown")
     capped = next(j for j in jobs if j["max_cost_usd"] == "0.01")
     c = {names.DIM_CLUSTER: cluster}
     j = {**c, names.DIM_JOB: capped["job_id"]}
@@ -613,7 +632,7 @@ def test_engine_metrics_reach_cloudwatch_with_the_dashboards_dimensions(kept: di
         seen = now_seen()
         costs_right = seen["cluster_usd"] is not None and seen["job_usd"] is not None and \
             abs(Decimal(str(seen["cluster_usd"])) - spent) < Decimal("0.001") and \
-            abs(Decimal(str(seen["job_usd"])) - Decimal(capped["cost"]["usd"])) < \
+            abs(Decimal(str(seen["job_usd"])) - Decimal(str(capped["cost"]["usd"]))) < \
             Decimal("0.001")
         if (costs_right and {k: seen[k] for k in wanted} == wanted) or \
                 time.monotonic() > deadline:
@@ -756,10 +775,14 @@ def test_scale_out_and_in(kept: dict, capsys) -> None:
             time.sleep(0.5)
         raise AssertionError(f"{why}: never {n} healthy members: {st}")
 
-    assert workers()["DesiredCapacity"] == 2  # the base workers (maxWorkers: 3)
-    before = status_json(kept, capsys)["membership"]["generation"]
-    code, out, err = dlc(kept, capsys, "scale", "--workers", "3")
+    assert workers()["DesiredCapacity"] == 2  # the base workers (maxWorkers: 4)
+    code, out, err = dlc(kept, capsys, *readme_dlc_line("dlc scale --status"))
     assert code == 0, err
+    assert "workers desired 2 (min 1, max 4, base 2)" in out
+    before = status_json(kept, capsys)["membership"]["generation"]
+    code, out, err = dlc(kept, capsys, *readme_dlc_line("dlc scale --workers 3"))
+    assert code == 0, err
+    assert "watch with dlc scale --status" in out
     assert "workers 2 -> 3" in out
     group = workers()
     assert group["DesiredCapacity"] == 3 and len(group["Instances"]) == 3
@@ -774,7 +797,10 @@ def test_scale_out_and_in(kept: dict, capsys) -> None:
     st = members_become(3, "scale in to 2 workers")
     assert added.isdisjoint(x["instance_id"] for x in st["nodes"] if x.get("rank") is not None)
     code, _, err = dlc(kept, capsys, "scale", "--workers", "5")
-    assert code == 1 and "above the worker group's maximum 3" in err
+    assert code == 1 and "above the worker group's maximum 4" in err
+    code, _, err = dlc(kept, capsys, "scale", "--workers", "1")
+    assert code == 1 and "below the 2 base worker(s)" in err
+    assert "dlc scale --status shows the base, minimum, maximum" in err
     master = next(n for n in kept["state"]["nodes"] if n["role"] == "master")
     code, _, err = dlc(kept, capsys, "scale", "--remove", master["address"])
     assert code == 1 and "is the master" in err

@@ -58,7 +58,8 @@ def test_bad_context_names_the_value(capsys) -> None:
 
 def test_scale_usage_names_both_options(capsys) -> None:
     assert main(["scale"]) == 2
-    assert "--workers N, --remove ADDRESS or --replace ADDRESS" in capsys.readouterr().err
+    assert "--workers N, --remove ADDRESS, --replace ADDRESS or --status" in \
+        capsys.readouterr().err
 
 
 def test_missing_emulator_state_is_not_found(tmp_path: Path, capsys) -> None:
@@ -101,8 +102,18 @@ def test_no_region_anywhere_is_a_usage_error(monkeypatch, tmp_path: Path) -> Non
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.delenv("AWS_REGION", raising=False)
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
-    with pytest.raises(UsageError, match="no AWS region"):
+    with pytest.raises(UsageError, match="no AWS region") as exc:
         resolve(environ={})
+    assert "export DLC_EMULATOR=" in str(exc.value)  # a new terminal that meant the emulator
+
+
+def test_no_credentials_mention_the_emulator(monkeypatch, tmp_path: Path) -> None:
+    from botocore.exceptions import NoCredentialsError
+
+    from dlc import aws as dlc_aws
+
+    err = dlc_aws.aws_error(NoCredentialsError(), "an AWS call")
+    assert "aws configure" in str(err) and "export DLC_EMULATOR=" in str(err)
 
 
 def test_state_of_an_older_demo_says_so(tmp_path: Path) -> None:
@@ -258,6 +269,12 @@ def test_scale_and_logs_argv() -> None:
     remote.document_parameters(replace, timeout=9)  # within the operator document's pattern
     with pytest.raises(UsageError, match="exactly one"):
         jobs.scale_argv(None, "10.0.1.9", "10.0.1.7")
+    status = jobs.scale_argv(None, None, status=True)
+    assert status == ["dl-scale", "--status"]
+    remote.document_parameters(status, timeout=9)
+    with pytest.raises(UsageError, match="exactly one"):
+        jobs.scale_argv(3, None, status=True)
+    assert jobs.laptop_terms("watch with dl-scale --status") == "watch with dlc scale --status"
     assert jobs.page_argv("j1", "2:0=14", 2) == ["dl-jobs", "logs", "j1", "--cursor", "2:0=14",
                                                  "--node", "2"]
     remote.document_parameters(jobs.page_argv("j1", "2:0=14,1-ps=3,r=9", None), timeout=9)
@@ -643,4 +660,28 @@ def test_dlc_jobs_shows_each_jobs_cost(monkeypatch, capsys) -> None:
     assert main(["jobs"]) == 0
     text = capsys.readouterr().out
     assert "cost USD" in text and "5.00/5" in text and "budget" in text
+
+
+def test_dlc_jobs_fits_120_columns_and_its_json_cost_is_a_number(monkeypatch, capsys) -> None:
+    ckpt = "/efs/checkpoints/alice/torchrun-20261207-192256-b3072e/step-000460/manifest.json"
+    listing = [{"job_id": "torchrun-20261207-192256-b3072e", "state": "failed",
+                "world_size": 3, "full_size": 3, "restarts": 2, "submitted_at": 1.8e9,
+                "usage": [{}], "cost": {"usd": "0.012345678901234567890123456789"},
+                "max_cost_usd": "5", "checkpoint": {"efs": ckpt, "s3": "s3://b/" + ckpt},
+                "last_failure": "node rank 0 (127.20.128.5) exited with code 1: error: final "
+                                "held-out accuracy 0.9222 is below --require-acc 0.95",
+                "stragglers": ["127.20.128.6 (rank 1) 2.1x the median step"]}]
+    monkeypatch.setattr(jobs, "master_remote", lambda target: None)
+    monkeypatch.setattr(jobs, "list_jobs", lambda remote: listing)
+    monkeypatch.setattr("dlc.cli.target_of", lambda ctx: None)
+    assert main(["jobs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 120, "\n".join(lines)
+    assert any("torchrun-20261207-192256-b3072e" in line for line in lines)
+    assert main(["jobs", "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)
+    assert job["cost"]["usd"] == 0.012346 and job["max_cost_usd"] == "5"
+    listing[0]["cost"] = {"usd": "unknown"}
+    assert main(["jobs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["cost"]["usd"] == "unknown"
     assert "budget" in status.FINISHED

@@ -4,26 +4,14 @@ TF job on real emulated nodes is tests/runner/test_tensorflow.py)."""
 
 from __future__ import annotations
 
-import io
 import sys
 import types
-from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from emulator.demo import frameworks
-from emulator.demo.cli import build_parser, validate
 from emulator.demo.context import DemoError
-from emulator.demo.orchestration import Demo
-from emulator.resources import loopback_instances
-
-
-def parsed(*args: str):
-    parser = build_parser()
-    ns = parser.parse_args(list(args))
-    validate(ns, parser)
-    return ns
+from tests.support.demo_args import job_argv, parsed
 
 
 def test_framework_defaults_to_torch_and_takes_tf():
@@ -44,29 +32,18 @@ def test_what_tf_cannot_play_is_refused_before_anything_starts(args, capsys):
     assert "--framework" in err, err
 
 
-def job_argv(tmp_path: Path, monkeypatch, *args: str) -> list[str]:
-    """The ``dl-run`` command line the demo would run on the master."""
-    ns = parsed("--work-dir", str(tmp_path / "work"), *args)
-    demo = Demo(ns, Console(file=io.StringIO(), width=200))
-    master = types.SimpleNamespace(root=tmp_path / "node0",
-                                   address=loopback_instances(1)[0].address)
-    monkeypatch.setattr(demo, "master", lambda: master)
-    seen: list[list[str]] = []
-    monkeypatch.setattr(demo, "follow_job", lambda argv, *_: seen.append(argv))
-    demo.run_job(world_sizes=[3])
-    return seen[0]
 
 
-def test_tf_runs_the_tf_example_with_the_tf_launcher_and_the_nodes_own_binds(tmp_path,
-                                                                             monkeypatch):
+def test_tf_runs_the_tf_example_with_the_tf_launcher_as_on_aws(tmp_path, monkeypatch):
+    """The job's command line is AWS's: the nodes' own wildcard binds are the emulated
+    nodes' (their executors'), never an option of the demo's job."""
     argv = job_argv(tmp_path, monkeypatch, "--framework", "tf", "--epochs", "3")
     sep = argv.index("--")
     options, command = argv[:sep], argv[sep + 1:]
     assert options[options.index("--launcher") + 1] == "tf"
     assert options[options.index("--tf-port") + 1].isdigit()
     assert "--rdzv-port" not in options
-    preload = options[options.index("--env") + 1]
-    assert preload.startswith("LD_PRELOAD=") and Path(preload.split("=", 1)[1]).is_file()
+    assert not any("LD_PRELOAD" in o for o in options) and "--env" not in options
     assert command[:3] == ["python", "-m", "bootstrap_scripts.examples.train_digits_tf"]
     assert command[command.index("--epochs") + 1] == "3"
 

@@ -10,7 +10,7 @@ import pytest
 
 from emulator.demo.context import DemoError
 from emulator.demo.recovery import note_start, survivors_line
-from tests.emulator.test_demo_framework import job_argv, parsed
+from tests.support.demo_args import job_argv, parsed
 
 
 def test_elastic_and_kill_node_after_go_together_and_the_job_is_elastic(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """emulator/node_bind.c: a wildcard bind on one emulated node leaves the port free on the
-others, as on separate instances; without it, the second node's bind fails."""
+others, as on separate instances; without it, the second node's bind fails. Every emulated
+node's executor preloads it, so a job started the product's way binds as on AWS."""
 
 from __future__ import annotations
 
@@ -130,3 +131,34 @@ def test_an_ec2_host_name_names_the_node_without_the_variable(tmp_path):
     out = subprocess.run([sys.executable, "-c", bind], env={**env, "LD_PRELOAD": str(lib)},
                          capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.strip() == "0.0.0.0"  # this host's own name is no node's
+
+
+#: A job's command: bind the wildcard on PORT, hold it until every node holds it (a file per
+#: node in DIR), print the address the bind got.
+HOLDER = """
+import os, socket, sys, time
+port, d = int(sys.argv[1]), sys.argv[2]
+s = socket.socket()
+s.bind(("0.0.0.0", port))
+s.listen()
+open(os.path.join(d, os.environ["DEEPLEARNING_NODE_ADDR"]), "w").close()
+deadline = time.monotonic() + 60
+while len(os.listdir(d)) < int(sys.argv[3]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+print("bound", s.getsockname()[0], flush=True)
+"""
+
+
+def test_a_job_on_emulated_nodes_binds_the_wildcard_to_each_nodes_own_address(emu, tmp_path):
+    """dl-run as on AWS (no option of the emulator's): two nodes' ranks bind 0.0.0.0 on the
+    same port at the same time, each getting its own node's address."""
+    c = emu(2)
+    c.start_executors()
+    held = tmp_path / "held"
+    held.mkdir()
+    port = free_port(c.addresses[0])
+    res = c.run("--launcher", "each", "--", sys.executable, "-c", HOLDER, str(port), str(held),
+                "2", timeout=240)
+    assert res.returncode == 0, res.stdout
+    for rank, address in enumerate(c.addresses):
+        assert f"[{rank} {address}] bound {address}" in res.stdout, res.stdout

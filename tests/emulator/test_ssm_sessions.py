@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -96,8 +97,20 @@ def test_aws_start_session_forwards_a_local_port_to_the_instance(node, web, tmp_
         assert any(f"Port {local} opened for sessionId" in line for line in lines), lines
         with urllib.request.urlopen(f"http://127.0.0.1:{local}/through", timeout=10) as page:
             assert page.read() == b"hello /through"
+        # Ctrl-C: SIGINT to the terminal's foreground group. The AWS CLI ignores it while
+        # the plugin runs; the plugin ends the session, then the CLI exits.
+        interrupted(p)
     finally:
         stop_popen_group(p)
+
+
+def interrupted(p: subprocess.Popen) -> None:
+    """SIGINT to ``p``'s process group, as Ctrl-C in its terminal: ``p`` must end."""
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("SIGINT to its process group (Ctrl-C) did not end the session")
 
 
 def test_a_target_without_a_connected_agent_is_refused(moto_reset):

@@ -12,8 +12,9 @@ import time
 import pytest
 
 from bootstrap_scripts.jobs.engine import hang_rules
+from bootstrap_scripts.jobs.engine.userfiles import cancel_text
 from bootstrap_scripts.jobs.executor.node import ThisNode
-from bootstrap_scripts.jobs.executor.running import RunningShare, cancel_text
+from bootstrap_scripts.jobs.executor.running import RunningShare
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.jobs.cli.dl_run import build_parser, split_command
+from bootstrap_scripts.jobs.cli.dl_run import build_parser
 from bootstrap_scripts.jobs.cli.request_args import request_from_args
 from bootstrap_scripts.jobs.controller.attempts import (
     attempt_request,
@@ -16,9 +16,9 @@ from bootstrap_scripts.jobs.controller.attempts import (
 )
 from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.jobs.engine import run as engine
-from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
+from tests.support.attempt_request import request
 
 EFS = Path("/efs")
 MEMBERSHIP = build_membership(
@@ -27,11 +27,6 @@ MEMBERSHIP = build_membership(
     workers=[{"instance_id": "i-w", "address": "10.0.1.5", "gpus": 2}])
 
 
-def request(*options: str) -> ManagedRequest:
-    """The managed request ``dl-run [options] -- python train.py`` submits."""
-    opts, command = split_command([*options, "--cwd", "/efs/code", "--", "python", "train.py"])
-    run = request_from_args(build_parser().parse_args(opts), command, "train-1")
-    return ManagedRequest(job_id="train-1", run=run, submitted_at=1.0)
 
 
 def test_first_attempt_env_has_the_checkpoint_dir_but_no_resume():

@@ -24,7 +24,7 @@ from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.nnodes import NodeRange
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import ShareStarted
-from tests.jobs.test_rejoin import FakeExecutors, grown
+from tests.support.rejoin import FakeExecutors, grown
 
 BIG = 70  # nodes: more than the elastic default MAX of 64
 

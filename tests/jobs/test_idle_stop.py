@@ -17,6 +17,7 @@ from bootstrap_scripts.protocol import state, store
 from bootstrap_scripts.protocol.managed_records import IdleStopRecord
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat, Registration
+from tests.support.idle_stop import Clocks, group
 
 HOUR = 3600.0
 
@@ -63,15 +64,6 @@ def test_the_idle_stop_rule(case: str, kwargs: dict, expected: Decision) -> None
     assert decide(**kwargs) == expected, case
 
 
-class Clocks:
-    """A wall clock and a monotonic one the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.wall, self.mono = 1_000_000.0, 100.0
-
-    def advance(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
 
 
 def controller_side(efs: Path, clocks: Clocks, idle_seconds: float, calls: list
@@ -240,9 +232,6 @@ def cloud(moto_reset, monkeypatch, tmp_path):
     return cluster, root, efs
 
 
-def group(cluster) -> dict:
-    return cluster.client("autoscaling").describe_auto_scaling_groups(
-        AutoScalingGroupNames=[cluster.worker_asg])["AutoScalingGroups"][0]
 
 
 def test_stop_lifts_protection_and_takes_the_group_to_zero_then_restore_puts_it_back(cloud):

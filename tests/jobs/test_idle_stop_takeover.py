@@ -33,7 +33,7 @@ from bootstrap_scripts.protocol import state
 from bootstrap_scripts.protocol.managed_records import IdleStopRecord
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from tests.conftest import REGION
-from tests.jobs.test_idle_stop import Clocks, group
+from tests.support.idle_stop import Clocks, group
 
 IDLE = 10.0
 

@@ -70,3 +70,34 @@ def test_the_verdict_is_the_classifiers_answer_on_the_written_result(tmp_path, c
     err = capsys.readouterr().err
     assert f"job j.1 FAILED: node rank {rank} " in err
     assert f"cause: {cls.value} ({kind.value})" in err
+
+
+@pytest.mark.parametrize("why", ["cancelled by the job controller",
+                                 "--max-cost 0.01 USD reached: spent 0.0101 USD"])
+def test_shares_stopped_by_a_cancel_from_outside_are_that_cancel_not_user_code(
+        tmp_path, capsys, why):
+    """A user's cancel and the cost cap reach the attempt as its cancel marker (written by
+    the job controller, not by this runner): every share then ends stopped (-9, -15), and
+    the cause is the cancel, quoted, never ``user-code``."""
+    exits = {0: exit_rec(0, -9, at=2, cancelled=True),
+             1: exit_rec(1, -15, at=3, cancelled=True)}
+    w = watch(tmp_path, exits)
+    store.atomic_write(w.paths.cancel, why + "\n")
+    verdict = summarize(w)
+    assert (verdict.status, verdict.failure.failure_class, verdict.failure.kind) == (
+        "cancelled", FailureClass.CANCELLED, FailureKind.CANCELLED)
+    assert verdict.failure.detail == why
+    err = capsys.readouterr().err
+    assert f"job j.1 cancelled: {why}" in err and "cause: cancelled (cancelled)" in err
+    assert "user-code" not in err and "FAILED" not in err
+
+
+def test_shares_stopped_without_a_cancel_from_outside_still_name_the_first_to_end(
+        tmp_path, capsys):
+    """Without a cancel from outside, only stopped shares: the first to end is the cause
+    (as before: the runner stopped the others after it)."""
+    exits = {0: exit_rec(0, -15, at=2, cancelled=True),
+             1: exit_rec(1, -15, at=3, cancelled=True)}
+    verdict = summarize(watch(tmp_path, exits))
+    assert (verdict.status, verdict.failure.kind, verdict.failure.rank) == (
+        "failed", FailureKind.CODE, 0)

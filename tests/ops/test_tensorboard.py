@@ -13,7 +13,7 @@ from bootstrap_scripts.jobs.cli import dl_jobs
 from bootstrap_scripts.jobs.controller.attempts import attempt_request
 from bootstrap_scripts.ops import tensorboard_server as tb
 from bootstrap_scripts.protocol.paths import ClusterPaths
-from tests.jobs.test_attempt_commands import request
+from tests.support.attempt_request import request
 
 
 @pytest.mark.parametrize(("owner", "euid", "expected"), [

@@ -7,10 +7,8 @@ executor stops a share it finds running without a recorded exit."""
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -27,64 +25,12 @@ from bootstrap_scripts.protocol.records import (
     ShareStarted,
 )
 from tests.support.cluster import LocalCluster, free_rdzv_port
+from tests.support.elastic_output import EPOCH_RE, FIRST_RE, START_RE, Lines
 
 pytestmark = pytest.mark.slow
 JOBS = Path(__file__).parent / "jobs"
-START_RE = re.compile(r"^\[(\d+) (\S+)\] start world_size=(\d+) restart=(\d+) step=(\d+) "
-                      r"epoch=(\d+) resumed_from=(\S+)")
-EPOCH_RE = re.compile(r"^\[(\d+) (\S+)\] epoch=(\d+) acc=([\d.]+) .*world_size=(\d+)")
-FIRST_RE = re.compile(r"^\[(\d+) (\S+)\] first_step rank=(\d+) world_size=(\d+) step=(\d+)")
 
 
-class Lines:
-    """The runner's output, line by line, with the time each line arrived."""
-
-    def __init__(self, p) -> None:
-        self.q: queue.Queue = queue.Queue()
-        self.all: list[tuple[float, str]] = []
-        threading.Thread(target=self._read, args=(p,), daemon=True).start()
-
-    def _read(self, p) -> None:
-        for line in p.stdout:
-            self.q.put((time.monotonic(), line.rstrip("\n")))
-        self.q.put(None)
-
-    def mark(self) -> int:
-        return len(self.all)
-
-    def wait_for(self, pattern: re.Pattern, pred=lambda m: True, timeout: float = 120,
-                 since: int = 0):
-        """The first line from index ``since`` on (lines of different nodes arrive in any
-        order) matching ``pattern`` and ``pred``: (arrival time, match)."""
-        deadline = time.monotonic() + timeout
-        i = since
-        while True:
-            while i < len(self.all):
-                t, line = self.all[i]
-                i += 1
-                m = pattern.match(line)
-                if m and pred(m):
-                    return t, m
-            if time.monotonic() > deadline:
-                break
-            try:
-                item = self.q.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if item is None:
-                self.q.put(None)
-                if i >= len(self.all):
-                    break
-                continue
-            self.all.append(item)
-        raise AssertionError(f"no line matching {pattern.pattern} in time; output:\n"
-                             + "\n".join(x[1] for x in self.all[-60:]))
-
-    def rest(self) -> str:
-        while (item := self.q.get(timeout=120)) is not None:
-            self.all.append(item)
-        self.q.put(None)
-        return "\n".join(x[1] for x in self.all)
 
 
 def test_node_joins_and_drains_while_an_elastic_job_trains(emu):

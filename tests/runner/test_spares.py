@@ -21,8 +21,8 @@ from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.paths import JobPaths, NodePaths
 from bootstrap_scripts.protocol.records import JobResult, ShareStarted
-from tests.runner.test_elastic import EPOCH_RE, FIRST_RE, START_RE, Lines
 from tests.support.cluster import free_rdzv_port
+from tests.support.elastic_output import EPOCH_RE, FIRST_RE, START_RE, Lines
 
 pytestmark = pytest.mark.slow
 EPOCHS = 30

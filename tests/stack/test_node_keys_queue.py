@@ -11,7 +11,7 @@ import pytest
 from aws_cdk.assertions import Template
 
 from tests.stack.synth import cluster_template
-from tests.stack.test_queue_access import CONSUME, actions_on
+from tests.support.iam_statements import CONSUME, actions_on
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ import pytest
 from aws_cdk.assertions import Template
 
 from tests.stack.synth import cluster_template
-
-CONSUME = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"}
+from tests.support.iam_statements import CONSUME, actions_on
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +22,6 @@ def template() -> Template:
     return cluster_template()
 
 
-def actions_on(t: Template, policy_fragment: str, resource: dict) -> set[str]:
-    found = [p for k, p in t.find_resources("AWS::IAM::Policy").items() if policy_fragment in k]
-    assert len(found) == 1, policy_fragment
-    out: set[str] = set()
-    for st in found[0]["Properties"]["PolicyDocument"]["Statement"]:
-        res = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
-        if resource in res or "*" in res:
-            acts = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
-            out |= {a for a in acts if a.startswith("sqs:")}
-    return out
 
 
 def master_queue_arn(t: Template) -> dict:

@@ -12,7 +12,7 @@ from aws_cdk.assertions import Template
 from constructs_lib.resume_sources import parse_source_urls, split_url
 from constructs_lib.validation import ConfigError
 from tests.stack.synth import cluster_template
-from tests.stack.test_training_data import s3_statements
+from tests.support.iam_statements import s3_statements
 
 OLD = "s3://old-ckpts/checkpoints/old-cluster/"
 

@@ -10,6 +10,7 @@ from aws_cdk.assertions import Match, Template
 
 from constructs_lib.validation import ConfigError
 from tests.stack.synth import cluster_template
+from tests.support.iam_statements import s3_statements
 
 
 @pytest.fixture(scope="module")
@@ -63,18 +64,6 @@ def test_s3_traffic_goes_through_a_gateway_endpoint_not_the_nat(plain: Template)
     assert private_tables and set(private_tables) <= routed
 
 
-def s3_statements(t: Template, role_fragment: str) -> list[dict]:
-    (policy,) = [p for k, p in t.find_resources("AWS::IAM::Policy").items()
-                 if role_fragment in k and ("InstanceRole" in k or "JobRole" in k)]
-    out = []
-    for st in policy["Properties"]["PolicyDocument"]["Statement"]:
-        actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
-        if any(a.startswith(("s3:", "kms:")) for a in actions) and st.get("Sid") != \
-                "ReadNodeScripts" and "Topic" not in json.dumps(st["Resource"]):
-            out.append({"Sid": st.get("Sid"), "Action": sorted(actions),
-                        "Resource": json.dumps(st["Resource"]),
-                        "Condition": st.get("Condition")})
-    return out
 
 
 def test_jobs_read_the_data_prefix_and_write_their_users_checkpoint_prefix_only(

@@ -12,6 +12,7 @@ every process of a job's shares, is stopped through ``bootstrap_scripts.node.pro
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -214,20 +215,26 @@ class LocalCluster:
             pid for _, token in shares for pid in pids_with_token(token) if alive(pid)}
 
     def attempt_runners(self) -> set[int]:
-        """Live runners of any job (a controller's attempts run in sessions of their own)."""
+        """Live runners of any job (a controller's attempts run in sessions of their own):
+        those that beat, and those started on this cluster's EFS that have not beaten yet
+        (a runner writes its first heartbeat only once its spec is out)."""
         pids = set()
         for jdir in self.job_dirs():
             beat = store.read_record_or_none(JobPaths(jdir).runner_heartbeat, RunnerHeartbeat)
             if beat and beat.pid and alive(beat.pid):
                 pids.add(beat.pid)
-        return pids
+        return pids | runners_on(self.efs)
 
     def stop(self) -> None:
         """dl-run processes, then every node (its executor stops its shares, its controller
-        its attempt), then whatever a share or a test left; everything by PID or group."""
+        its attempt), then whatever a share or a test left; everything by PID or group.
+        Attempt runners are looked for again once the controller stopped: one it started
+        while it was being stopped (its runner outlives it, by design, for the next
+        controller to take over) would otherwise be left running."""
         attempts = self.attempt_runners()
         stop_nodes(self.nodes, grace=20, also=[
             Tracked("dl-run", p.pid, None) for p in self.runners if p.poll() is None])
+        attempts |= self.attempt_runners()
         stop_groups([Tracked("attempt runner", pid, None) for pid in attempts
                      if alive(pid)], grace=10)
         for pgid, token in self._shares():
@@ -239,6 +246,25 @@ class LocalCluster:
             p.pid for p in self.runners}
         return ({p for p in self.pids if alive(p)} | pids_in_groups(groups) | self.job_pids()
                 | self.attempt_runners())
+
+
+def runners_on(efs: Path) -> set[int]:
+    """Live attempt runners (``dl-run --unmanaged ... --mount-point EFS``, as the job
+    controller starts them) of the cluster whose EFS is ``efs``: its path is this test's own
+    temporary directory, so no other test's process matches."""
+    needle = f"\0--mount-point\0{efs}\0".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = b"\0" + fh.read()
+        except OSError:
+            continue
+        if b"bootstrap_scripts.jobs.cli.dl_run" in cmdline and needle in cmdline:
+            found.add(int(entry))
+    return {pid for pid in found if alive(pid)}
 
 
 def start_local_cluster(tmp: Path, n_nodes: int, gpus: int = 0, *,

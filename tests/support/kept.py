@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,19 @@ def state_groups(state_path: Path) -> set[int]:
             groups.add(state["service"]["pid"])
         return groups
     return set()
+
+
+def readme_dlc_line(start: str, user: str = "", job: str = "") -> list[str]:
+    """The README's ``dlc`` command that starts with ``start`` (in its "From your laptop"
+    block), as written: its comment dropped, ``USER`` replaced by ``user`` and ``<job id>``
+    by ``job``; the words after ``dlc``."""
+    import shlex
+
+    readme = (Path(REPO_ROOT) / "README.md").read_text()
+    heading = re.search(r"^#+ From your laptop: `dlc`$", readme, re.M)
+    assert heading, "README has no \"From your laptop: `dlc`\" section"
+    block = readme[heading.end():].split("```bash", 1)[1].split("```", 1)[0]
+    (line,) = [ln for ln in block.splitlines() if ln.startswith(start)]
+    words = shlex.split(line.split("  #", 1)[0].replace("<job id>", job or "JOB"))
+    assert words[0] == "dlc", line
+    return [user if w == "USER" else w for w in words[1:]]

@@ -28,6 +28,7 @@ from bootstrap_scripts.jobs.cli.request_args import (
 from bootstrap_scripts.jobs.cli.workdir import unpack, workdir_of
 from bootstrap_scripts.jobs.engine import managed, root_jobs
 from bootstrap_scripts.jobs.engine import run as engine
+from bootstrap_scripts.jobs.engine.command_check import submit_problem
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.reachability import check_reachable
 from bootstrap_scripts.jobs.engine.restart_policy import (
@@ -99,6 +100,10 @@ def submit_and_follow(args: argparse.Namespace, command: list[str]) -> int:
         raise RunError("no command given: put the training command after the options",
                        EXIT_USAGE)
     request, cluster = build_request(args, command)
+    why = submit_problem(request.run.command, request.run.env, request.run.cwd)
+    if why:  # as the submitting user, on the master: no node could start it either
+        raise RunError(f"{why} (looked for on the master as {getpass.getuser()}, with the "
+                       f"job's PATH): nothing was submitted", EXIT_USAGE)
     status = managed.controller_status(cluster.efs)
     if status.heartbeat is None:
         raise RunError(f"{status.text}: this cluster has no job controller; run the job "

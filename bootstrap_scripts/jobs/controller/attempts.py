@@ -24,8 +24,9 @@ from bootstrap_scripts import progress
 from bootstrap_scripts.data.checkpoint_plan import join_url
 from bootstrap_scripts.jobs.controller import node_heartbeats
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
-from bootstrap_scripts.jobs.engine.classify import Failure, classify
+from bootstrap_scripts.jobs.engine.classify import Failure, as_input, classify
 from bootstrap_scripts.jobs.engine.reachability import Executors, read_heartbeat
+from bootstrap_scripts.jobs.engine.summary import INPUT_STEPS
 from bootstrap_scripts.node.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
@@ -194,6 +195,13 @@ def outcome(paths: JobPaths, runner_code: int | None) -> Failure | None:
     """How the attempt ended: the one classifier (:func:`classify.classify`) on the
     attempt's result and exits, as its runner's summary saw them."""
     result = userfiles.read_record_or_none(paths.result, JobResult)
+    if result is None and runner_code is not None and runner_code > 0:
+        # the job never started: did its input step (restore, staging) fail first?
+        for suffix, what in INPUT_STEPS:
+            step = JobPaths(paths.dir.with_name(paths.dir.name + suffix))
+            done = userfiles.read_record_or_none(step.result, JobResult)
+            if done is not None and done.status == "failed":
+                return as_input(classify(done, exits(step)), what)
     return classify(result, exits(paths), runner_code=runner_code)
 
 

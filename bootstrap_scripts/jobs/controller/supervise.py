@@ -400,6 +400,6 @@ class JobSupervisor(RunningAttempt):
                     f" [{err}]" if err else "")
         self.update(state=JobState.RESTARTING.value, restarts=self.job.restarts + 1,
                     code_restarts=self.job.code_restarts + (
-                        failure.failure_class is FailureClass.USER_CODE),
+                        failure.failure_class in (FailureClass.USER_CODE, FailureClass.INPUT)),
                     excluded=excluded, last_failure=f"{failure.kind.value}: {failure.detail}",
                     restart_log=(*self.job.restart_log, rec))

@@ -29,6 +29,9 @@ The classes (``FailureClass``), and who is to blame:
   connection reset or closed by its peer, NCCL's remote error (:func:`network_error`; the
   runner notes it in the node's result). A code failure on any node wins over it (its peers
   then lose their connections by consequence);
+- ``input``: the job's input could not be made ready before its command ran: staging its
+  ``--data`` on the nodes, or restoring its checkpoint (a wrong prefix, AccessDenied). Not
+  the code's (the command never ran) nor a node's; retried no more than a code failure;
 - ``hang``: no rank made progress for the job's ``--hang-timeout`` (the job controller
   judged it, dumped every rank's stack and stopped the attempt). Neither the code's fault
   alone (a collective that never returns is often the network's) nor a node's on its own
@@ -84,6 +87,7 @@ class FailureClass(StrEnum):
     INFRASTRUCTURE = "infrastructure"
     BUDGET = "budget"
     HANG = "hang"
+    INPUT = "input"
 
 
 class FailureKind(StrEnum):
@@ -98,6 +102,7 @@ class FailureKind(StrEnum):
     BUDGET = "budget"
     HANG = "hang"
     NETWORK = "network"
+    INPUT = "input"
 
     @property
     def failure_class(self) -> FailureClass:
@@ -121,6 +126,7 @@ _CLASS_OF = {
     FailureKind.BUDGET: FailureClass.BUDGET,
     FailureKind.HANG: FailureClass.HANG,
     FailureKind.NETWORK: FailureClass.INFRASTRUCTURE,
+    FailureKind.INPUT: FailureClass.INPUT,
 }
 
 
@@ -208,7 +214,7 @@ def failing_nodes(result: JobResult, exits: Mapping[int, ShareExit]
 
 
 def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
-             runner_code: int | None = None) -> Failure | None:
+             runner_code: int | None = None, cancelled_by: str = "") -> Failure | None:
     """The failure of a finished attempt (None: it succeeded).
 
     ``result`` is the attempt's ``result.json`` and ``exits`` its shares' exit records;
@@ -216,7 +222,10 @@ def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
     (a node unreachable at its start: ``node-lost``; None, a runner that vanished (seen
     only through its heartbeat), or negative, one killed by a signal (``kill -9``, the OOM
     killer: the runner is the product's process, the job's code never runs in it):
-    ``runner-lost``; anything else, e.g. options the launcher refused: ``code``)."""
+    ``runner-lost``; anything else, e.g. options the launcher refused: ``code``).
+    ``cancelled_by``: the reason of a cancel sent from outside the runner (the job's cancel
+    marker: a user's cancel, the cost cap, the job controller): shares it stopped are that
+    cancel, not the code."""
     if result is None and runner_code is None:
         return Failure(FailureKind.RUNNER_LOST, "the attempt's runner stopped without a "
                        "result (its heartbeat went silent)")
@@ -237,10 +246,21 @@ def classify(result: JobResult | None, exits: Mapping[int, ShareExit], *,
     if not failing:
         return Failure(FailureKind.CODE, "the attempt failed")
     kind, node = failing[0]
+    if kind is FailureKind.CANCELLED and cancelled_by:  # only nodes that cancel stopped
+        return Failure(FailureKind.CANCELLED, cancelled_by)
     if kind is FailureKind.CANCELLED:  # only stopped nodes: the one that failed first
         kind = FailureKind.CODE
     return Failure(kind, _detail(kind, node, exits.get(node.rank)), node.address,
                    rank=node.rank)
+
+
+def as_input(failure: Failure | None, what: str) -> Failure | None:
+    """The failure of a job's input step (``what``: staging its data, restoring its
+    checkpoint) as the job's: ``input``, with the step's own cause quoted."""
+    if failure is None or failure.kind is FailureKind.CANCELLED:
+        return failure
+    return Failure(FailureKind.INPUT, f"{what} failed: {failure.detail}", failure.address,
+                   rank=failure.rank)
 
 
 def budget_stop(failure: Failure | None, reason: str) -> Failure | None:

@@ -142,7 +142,7 @@ def decide(failure: Failure | None, *, restarts: int, code_restarts: int, policy
         return Decision(Action.FAIL, JobState.FAILED,
                         f"{describe(failure)}; no restart left "
                         f"({restarts} of --max-restarts {policy.max_restarts} used)")
-    if failure.failure_class is FailureClass.USER_CODE and \
+    if failure.failure_class in (FailureClass.USER_CODE, FailureClass.INPUT) and \
             code_restarts >= policy.max_code_restarts:
         return Decision(Action.FAIL, JobState.FAILED,
                         f"{describe(failure)}; a failure of the command on healthy nodes "

@@ -12,16 +12,19 @@ import contextlib
 import re
 import signal
 
+from bootstrap_scripts.jobs.engine import checkpoints, staging
 from bootstrap_scripts.jobs.engine.classify import (
     NETWORK_REASON,
     Failure,
     FailureKind,
     Verdict,
+    as_input,
     classify,
     failing_nodes,
     network_error,
 )
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, say
+from bootstrap_scripts.jobs.engine.userfiles import cancel_text
 from bootstrap_scripts.jobs.engine.watch import Watch
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.paths import JobPaths
@@ -85,6 +88,17 @@ def node_results(w: Watch) -> list[NodeResult]:
     return results
 
 
+#: The jobs that make another job's input ready before it runs, by the suffix of their job
+#: id (the job's own id plus it), and what each does.
+INPUT_STEPS = ((checkpoints.RESTORE_SUFFIX, "restoring its checkpoint"),
+               (staging.STAGE_SUFFIX, "staging its data"))
+
+
+def input_step(job_id: str) -> str:
+    """What a job of ``job_id`` does for another job's input ("" for a job of its own)."""
+    return next((what for suffix, what in INPUT_STEPS if job_id.endswith(suffix)), "")
+
+
 def summarize(w: Watch) -> Verdict:
     """Write the job's result and ``done`` marker, say how it went (the cause first, from
     the one classifier), return the verdict."""
@@ -116,7 +130,18 @@ def summarize(w: Watch) -> Verdict:
             f"left the job (lost)")
         say(f"logs: {w.paths.nodes}")
         return Verdict(job_id, status, EXIT_FAILED, failure)
-    failure = classify(result, w.exits)
+    # a cancel this runner did not send (a user's, the cost cap's, the controller's)
+    outside = "" if w.cancelled_at is not None else \
+        (cancel_text(w.paths.cancel) or "").strip()
+    failure = classify(result, w.exits, cancelled_by=outside)
+    step = input_step(job_id)
+    if step:  # a restore or staging job: its failure is the job's input's, not code
+        failure = as_input(failure, step)
+    if failure is not None and failure.kind is FailureKind.CANCELLED:
+        say(f"job {job_id} cancelled: {failure.detail}")
+        say(f"cause: {failure.failure_class.value} ({failure.kind.value})")
+        say(f"logs: {w.paths.nodes}")
+        return Verdict(job_id, "cancelled", EXIT_FAILED, failure)
     if failure is None:
         extra = ""
         if w.spec.elastic:

@@ -312,3 +312,17 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def cancel_text(path: Path) -> str | None:
+    """The job's ``cancel`` marker's text (its first 1 KiB; None: no marker), read as
+    ``exists`` judges the marker: a regular file of the directory's owner (or of
+    root's), never through a link."""
+    try:
+        return read_owned(path.parent, path.name, limit=1024, root_too=True).text
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, UnicodeDecodeError):
+        # a link or another user's file is no marker; an oversized or undecodable one of
+        # theirs is a marker without a reason
+        return "" if exists(path) else None

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.executor.reattach import AdoptedProcess
 from bootstrap_scripts.node import procgroup
@@ -99,15 +97,3 @@ class RunningShare:
                      if p.proc.label == RDZV_STORE_LABEL and not p.proc.wait), None)
 
 
-def cancel_text(path: Path) -> str | None:
-    """The job's ``cancel`` marker's text (its first 1 KiB; None: no marker), read as
-    ``userfiles.exists`` judges the marker: a regular file of the directory's owner (or of
-    root's), never through a link."""
-    try:
-        return userfiles.read_owned(path.parent, path.name, limit=1024, root_too=True).text
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except (OSError, UnicodeDecodeError):
-        # a link or another user's file is no marker; an oversized or undecodable one of
-        # theirs is a marker without a reason
-        return "" if userfiles.exists(path) else None

@@ -26,7 +26,7 @@ import time
 
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
-from bootstrap_scripts.jobs.engine.userfiles import as_user
+from bootstrap_scripts.jobs.engine.userfiles import as_user, cancel_text
 from bootstrap_scripts.jobs.executor import listeners, oom, store_guard, store_hold
 from bootstrap_scripts.jobs.executor.job_credentials import (
     CredentialsError,
@@ -37,7 +37,7 @@ from bootstrap_scripts.jobs.executor.job_credentials import (
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import runner_beat
 from bootstrap_scripts.jobs.executor.reattach import LOST_RETURNCODE, AdoptedProcess, live_group
-from bootstrap_scripts.jobs.executor.running import RunningProc, RunningShare, cancel_text
+from bootstrap_scripts.jobs.executor.running import RunningProc, RunningShare
 from bootstrap_scripts.jobs.executor.s3_mounts import MountError, S3Mounts
 from bootstrap_scripts.jobs.executor.share_command import (
     Launch,

@@ -25,7 +25,7 @@ NODE_LIB_DIR = "/opt/deeplearning/lib"
 BOOTSTRAP_LOG = "/" + cloudwatch_config.BOOTSTRAP_LOG
 CLOUDWATCH_AGENT_CTL = cloudwatch_config.CTL_PATH
 #: py-spy, which the job controller runs as root on every node of a hung job to dump its
-#: ranks' Python stacks (docs/runner.md, "Hangs and stragglers"); the pin of requirements.txt.
+#: ranks' Python stacks (docs/managed-jobs.md, "Hangs and stragglers"); the pin of requirements.txt.
 PY_SPY_REQUIREMENT = "py-spy==0.4.2"
 #: TensorBoard: rank 0 of the example writes its scalars with it (bootstrap_scripts/
 #: tensorboard_log.py, on whichever node rank 0 lands), ``dl-jobs tensorboard`` serves them

@@ -15,5 +15,5 @@ class ProtocolError(ValueError):
     def __init__(self, message: str, *, source: str = "", field: str = "") -> None:
         self.source = source
         self.field = field
-        where = source + (f" field {field!r}" if field else "")
+        where = " ".join(part for part in (source, f"field {field!r}" if field else "") if part)
         super().__init__(f"{where}: {message}" if where else message)

@@ -50,7 +50,11 @@ UNPRIVILEGED_PORTS = range(1024, 65536)
 
 
 class JobSpecError(ProtocolError):
-    """A job spec or job id is malformed; the message names the offending value."""
+    """A job spec or job id is malformed; the message names the offending value (and, for a
+    field of a spec, says it is the job spec's)."""
+
+    def __init__(self, message: str, *, source: str = "", field: str = "") -> None:
+        super().__init__(message, source=source or ("job spec" if field else ""), field=field)
 
 
 @dataclass(frozen=True)
@@ -401,7 +405,7 @@ class RunRequest(Record):
     prefix: bool = True
     #: managed jobs: seconds without progress on any rank (``bootstrap_scripts.progress``)
     #: before the job controller calls the attempt hung, dumps its stacks and restarts it;
-    #: 0: never (docs/runner.md, "Hangs and stragglers")
+    #: 0: never (docs/managed-jobs.md, "Hangs and stragglers")
     hang_timeout: float = 0.0
     # data in S3 (``dl-run --data``): staged on every node before the job starts
     #: ``s3://bucket/prefix[:/local/dir]``, "" for none

@@ -43,7 +43,8 @@ def test_generated_job_ids_are_valid_and_unique():
 
 
 def test_malformed_spec_names_the_problem():
-    with pytest.raises(js.JobSpecError, match="malformed job spec"):
+    with pytest.raises(js.JobSpecError,
+                       match=r"^job spec field 'shares': expected a JSON array, got NoneType$"):
         js.JobSpec.from_json('{"job_id": "a", "launcher": "each"}')
     with pytest.raises(js.JobSpecError, match="empty command"):
         js.JobSpec.from_json('{"job_id": "a", "launcher": "each", "shares": '

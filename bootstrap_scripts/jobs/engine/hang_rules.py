@@ -175,7 +175,7 @@ def collective_timeout(hang_timeout: float) -> float:
 
 
 def watchdog_env(hang_timeout: float, flight_prefix: str) -> dict[str, str]:
-    """The ranks' torch watchdog settings (docs/runner.md, "Hangs and stragglers"); none
+    """The ranks' torch watchdog settings (docs/managed-jobs.md, "Hangs and stragglers"); none
     when the job has no hang timeout. ``flight_prefix``: the flight recorder's file prefix
     (torch appends the rank)."""
     if hang_timeout <= 0:

@@ -224,6 +224,7 @@ class AutoScaling:
                 node.forget_kernel_rules()
                 self.stopped.add(node.instance_id)
                 state = inst["State"]["Name"]
+                node.ec2_state = "stopped" if state in ("stopping", "stopped") else "terminated"
                 if node.status == "running":  # a killed node stays "killed" in reports
                     node.status = "stopped" if state in ("stopping", "stopped") else "removed"
                 self.record("node-stopped", node.instance_id, node.role,

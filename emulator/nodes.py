@@ -88,7 +88,11 @@ class Node:
     groups: list[Tracked] = field(default_factory=list)  # every group the node ever led
     agent_pid: int = 0
     executor_pid: int = 0
-    status: str = "created"  # running | killed | stopped | launch-failed
+    status: str = "created"  # running | killed | stopped | removed | launch-failed
+    #: What EC2 last said of the instance once the machine stopped running there: "stopped"
+    #: or "terminated" ("" while it runs). ``status`` says what happened to the machine (a
+    #: killed one stays "killed"); this says what the instance is now, as EC2 lists it.
+    ec2_state: str = ""
     popens: list[subprocess.Popen] = field(default_factory=list)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # imds, agent, executor
     env: dict[str, str] = field(default_factory=dict)
@@ -204,7 +208,7 @@ class Node:
         if (self.root / CONTROLLER_UNIT).exists():
             self.start_controller()
         self.start_slurm_units()
-        self.status = "running"
+        self.status, self.ec2_state = "running", ""
 
     def install(self, install_args: list[str]) -> None:
         """Executor-only, step 1: the root and the installer (no IMDS, no agent, no AWS)."""
@@ -403,6 +407,7 @@ class Node:
     def to_state(self) -> dict:
         return {"instance_id": self.instance_id, "role": self.role, "address": self.address,
                 "root": str(self.root), "imds_url": self.imds_url, "status": self.status,
+                "ec2_state": self.ec2_state or ("running" if self.status == "running" else ""),
                 "group": self.group.to_dict() if self.group else None}
 
 

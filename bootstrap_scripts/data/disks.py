@@ -93,6 +93,22 @@ def node_mounts(mounts_file: str = "/proc/self/mounts") -> list[Mount]:
     return out
 
 
+def free_mib(path: str | os.PathLike) -> int:
+    """Free MiB on ``path``'s filesystem as a non-root writer may use it (``f_bavail``: the
+    reserved blocks left out); -1 when it cannot be measured. The node-local disk's figure
+    the executor heartbeat and the health gate's ``disk`` check report. A directory not made
+    yet is measured on the nearest one above it that exists (the same filesystem it will be
+    on, unless something is mounted there later)."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize // (1 << 20)
+
+
 def default_destination(root: str, bucket: str, prefix: str) -> Path:
     """``<fastest disk>/dl-data-<user>/<bucket>/<prefix>``."""
     disk, why = choose_disk(node_mounts(), root)

@@ -307,9 +307,9 @@ def run_node_checks(root: Path, efs: Path, m: Membership, nodes: list[Node],
     command = ["python", "-m", "bootstrap_scripts.ops.node_checks", "--json", "--efs", str(efs),
                "--efs-mib", str(s.efs_mib), "--budget-nvidia-smi", f"{s.budget_nvidia_smi:g}",
                "--budget-dcgm", f"{s.budget_dcgm:g}", "--budget-efa", f"{s.budget_efa:g}",
-               "--budget-efs", f"{s.budget_efs:g}", *(["--imds", "--budget-imds",
-                                                       f"{s.budget_imds:g}"] if need_imds else [])]
-    checks = ("nvidia-smi", "dcgm", "efa", "efs", *(("imds",) if need_imds else ()))
+               "--budget-efs", f"{s.budget_efs:g}", "--budget-disk", f"{s.budget_disk:g}",
+               *(["--imds", "--budget-imds", f"{s.budget_imds:g}"] if need_imds else [])]
+    checks = ("nvidia-smi", "dcgm", "efa", "efs", "disk", *(("imds",) if need_imds else ()))
     window = s.budget_start + max(s.node_budget(c) for c in checks) + 5
     job = GateJob("checks", root, efs, m, nodes, s, window)
     report.jobs["checks"] = job.job_id
@@ -365,7 +365,8 @@ def fill_node_cells(row: gr.NodeReport, job: GateJob, expected: gr.Expected,
         row.cells["gpus"] = gr.decide_gpus(nvidia, expected, row.node.gpus)
     for check, decide in (("dcgm", lambda f: gr.decide_dcgm(f, expected, row.node.gpus)),
                           ("efa", lambda f: gr.decide_efa(f, expected)),
-                          ("efs", lambda f: gr.decide_efs(f, s.efs_floor_mbps))):
+                          ("efs", lambda f: gr.decide_efs(f, s.efs_floor_mbps)),
+                          ("disk", lambda f: gr.decide_disk(f, s.disk_floor_mib))):
         row.cells[check] = decide(found[check]) if check in found else late_cell(
             job, share, check)
     if gr.gpus_wanted(expected, row.node.gpus) == 0 and "dcgm" not in found:

@@ -15,7 +15,7 @@ from bootstrap_scripts.protocol.jobs import RDZV_PORTS, listen_port_allowed
 from bootstrap_scripts.protocol.membership import Node
 
 #: The table's columns, in order: one per check.
-CHECKS = ("executor", "gpus", "nvidia-smi", "dcgm", "efa", "efs", "allreduce")
+CHECKS = ("executor", "gpus", "nvidia-smi", "dcgm", "efa", "efs", "disk", "allreduce")
 OK, FAIL, NA, SKIP = "ok", "fail", "n/a", "skip"
 
 
@@ -28,6 +28,7 @@ class GateSettings:
     budget_dcgm: float = 120.0
     budget_efa: float = 10.0
     budget_efs: float = 20.0
+    budget_disk: float = 5.0
     budget_imds: float = 3.0
     budget_allreduce: float = 120.0
     #: for a node's executor to start the checks (poll + interpreter start)
@@ -39,6 +40,9 @@ class GateSettings:
     executor_stale: float = 10.0
     efs_mib: int = 8
     efs_floor_mbps: float = 5.0
+    #: free MiB the node's local disk must have: below it a job's status files, logs and
+    #: checkpoints' local copies fail to be written
+    disk_floor_mib: float = 1024.0
     allreduce: bool = True
     allreduce_mib: float = 32.0
     allreduce_iters: int = 5
@@ -56,9 +60,10 @@ class GateSettings:
         if self.efs_mib < 1 or self.allreduce_mib <= 0 or self.allreduce_iters < 1:
             raise ValueError(f"efs_mib, allreduce_mib and allreduce_iters must be positive, got "
                              f"{self.efs_mib}, {self.allreduce_mib}, {self.allreduce_iters}")
-        if self.efs_floor_mbps < 0 or self.allreduce_floor_gbps < 0:
+        if self.efs_floor_mbps < 0 or self.allreduce_floor_gbps < 0 or self.disk_floor_mib < 0:
             raise ValueError(f"floors must be >= 0, got efs {self.efs_floor_mbps} MB/s, "
-                             f"all-reduce {self.allreduce_floor_gbps} GB/s")
+                             f"all-reduce {self.allreduce_floor_gbps} GB/s, "
+                             f"disk {self.disk_floor_mib} MiB")
         if not listen_port_allowed(self.rdzv_port):
             raise ValueError(f"rdzv_port must be in the rendezvous window {RDZV_PORTS[0]}-"
                              f"{RDZV_PORTS[-1]} or 1024-65535, got {self.rdzv_port}")
@@ -67,7 +72,8 @@ class GateSettings:
         """Seconds a started node has for ``check`` (dcgm waits for nvidia-smi first)."""
         return {"nvidia-smi": self.budget_nvidia_smi, "gpus": self.budget_nvidia_smi,
                 "dcgm": self.budget_nvidia_smi + 1 + self.budget_dcgm,
-                "efa": self.budget_efa, "efs": self.budget_efs, "imds": self.budget_imds,
+                "efa": self.budget_efa, "efs": self.budget_efs, "disk": self.budget_disk,
+                "imds": self.budget_imds,
                 "allreduce": self.budget_allreduce}[check]
 
 
@@ -235,6 +241,17 @@ def decide_efs(found: dict, floor_mbps: float) -> Cell:
     detail = (f"write {found.get('write_mbps')} MB/s, read {found.get('read_mbps')} MB/s "
               f"({found.get('mib')} MiB); floor {floor_mbps:g} MB/s")
     return Cell(OK if mbps >= floor_mbps else FAIL, f"{mbps:g} MB/s", detail)
+
+
+def decide_disk(found: dict, floor_mib: float) -> Cell:
+    """The node's local disk has at least ``floor_mib`` MiB free (a full disk fails every
+    job's status and log writes on that node, whatever the job is)."""
+    if found["status"] != "ok":
+        return Cell(FAIL, str(found.get("value", "")), found.get("detail", ""))
+    free = int(found["value"])
+    detail = (f"{free} of {found.get('total_mib', '?')} MiB free on {found.get('detail', '?')}; "
+              f"floor {floor_mib:g} MiB")
+    return Cell(OK if free >= floor_mib else FAIL, f"{free} MiB free", detail)
 
 
 def decide_allreduce(found: dict, floor_gbps: float) -> Cell:

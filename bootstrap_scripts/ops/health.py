@@ -10,6 +10,8 @@ read from EFS, so it needs no SSH and works the same on EC2, EMR and the local e
 - gpus        the GPU count the node reports equals the membership's
 - efs         EFS is writable from the node (the executor writes and reads back every beat)
               and, from here, a probe file can be written, read and deleted
+- disk        the node's local disk has ``--disk-floor-mib`` free, as its executor measures
+              it every beat (the gate's ``disk`` check measures it on the node)
 - clock       the node's clock agrees with this one
 - signed      on the master: the node's registration and heartbeat are its own (signed with
               the key the master learnt from it, ``ops.node_records``), else "not signed by
@@ -18,8 +20,8 @@ read from EFS, so it needs no SSH and works the same on EC2, EMR and the local e
               the output says so
 
 ``--deep`` runs the health gate instead (``ops.gate``, docs/health.md): GPUs against the
-instance type, nvidia-smi, DCGM, EFA, EFS throughput and a timed all-reduce, each on the
-nodes themselves and within its time budget.
+instance type, nvidia-smi, DCGM, EFA, EFS throughput, local disk space and a timed
+all-reduce, each on the nodes themselves and within its time budget.
 
 The agent's registration age and the clock skew are measured against the file server's
 clock (file mtimes), not by subtracting two machines' clocks, so a skewed clock is reported
@@ -47,10 +49,11 @@ from bootstrap_scripts.protocol import launches, state, store
 from bootstrap_scripts.protocol.membership import Membership, MembershipError, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.record_base import Record
+from bootstrap_scripts.protocol.records import ExecutorHeartbeat
 
 RecordT = TypeVar("RecordT", bound=Record)
 
-CHECKS = ("reachable", "agent", "generation", "gpus", "efs", "clock", "signed")
+CHECKS = ("reachable", "agent", "generation", "gpus", "efs", "disk", "clock", "signed")
 
 
 @dataclass
@@ -111,6 +114,16 @@ def age_of(mtime: float, local_offset: float, now: float | None = None) -> float
     return max(0.0, server_now - mtime)
 
 
+def disk_cell(hb: ExecutorHeartbeat | None, floor_mib: float) -> tuple[bool, str]:
+    """The node's local disk free space, as its executor last measured it, against the
+    gate's floor (``--disk-floor-mib``); an executor that does not report it is not failed."""
+    if hb is None:
+        return False, "unknown"
+    if hb.disk_free_mib < 0:
+        return True, "not reported"
+    return hb.disk_free_mib >= floor_mib, f"{hb.disk_free_mib} MiB free"
+
+
 def check_node(node: Node, efs: Path, generation: int, local_offset: float,
                args: argparse.Namespace, not_alive: dict[str, str],
                records: nrec.NodeRecords) -> Row:
@@ -160,6 +173,8 @@ def check_node(node: Node, efs: Path, generation: int, local_offset: float,
         row.cells["efs"] = (False, f"{hb.efs_mount} not mounted")
     else:
         row.cells["efs"] = (True, "writable")
+
+    row.cells["disk"] = disk_cell(hb, args.gate_disk_floor_mib)
 
     if hb is None or not hb_mtime:
         row.cells["clock"] = (False, "unknown")

@@ -16,6 +16,9 @@ Checks (name: what is measured):
 - ``efa``         EFA devices: ``/sys/class/infiniband`` entries driven by ``efa``, else
                   the domains ``fi_info -p efa`` lists
 - ``efs``         write + fsync + read back ``--efs-mib`` MiB on EFS: write and read MB/s
+- ``disk``        free space (MiB, as an unprivileged writer sees it) on the node's local
+                  disk: the filesystem of the executor's state (``--disk-path``, default
+                  found from the job's ``DEEPLEARNING_MEMBERSHIP_PATH``, else ``/``)
 Exit status 0 whatever the checks found (the findings are the output); 2 on bad usage.
 """
 
@@ -34,11 +37,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 
 #: Prefix of every result line in the share's log.
 MARKER = "DL-HEALTH "
-NODE_CHECKS = ("nvidia-smi", "dcgm", "efa", "efs")
+NODE_CHECKS = ("nvidia-smi", "dcgm", "efa", "efs", "disk")
 SYS_INFINIBAND = "/sys/class/infiniband"
 CHUNK = 1 << 20
 
@@ -218,6 +221,33 @@ def check_efs(efs: Path, mib: int, tag: str) -> dict:
                   read_mbps=round(mb / max(t2 - t1, 1e-6), 1), mib=mib)
 
 
+def local_disk_path(env: dict[str, str]) -> Path:
+    """The node-local directory whose filesystem ``disk`` measures: the executor's state
+    directory (share status files land there), else the nearest parent that exists."""
+    try:
+        path = NodePaths.of_membership_file(env["DEEPLEARNING_MEMBERSHIP_PATH"]
+                                            ).executor_state_dir
+    except (KeyError, ValueError):
+        path = NodePaths("/").executor_state_dir
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_disk(path: Path) -> dict:
+    """Free MiB on ``path``'s filesystem (``f_bavail``: what a non-root writer may still use,
+    the reserved blocks left out) and the total; the floor is the master's to apply."""
+    t0 = time.monotonic()
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        return result("disk", "error", "cannot stat", f"{path}: {exc}", time.monotonic() - t0)
+    free_mib = st.f_bavail * st.f_frsize // CHUNK
+    total_mib = st.f_blocks * st.f_frsize // CHUNK
+    return result("disk", "ok", free_mib, str(path), time.monotonic() - t0,
+                  total_mib=total_mib)
+
+
 def instance_type_from_imds(budget: float) -> dict:
     from bootstrap_scripts.agent.identity import IdentityError, fetch_identity
 
@@ -277,6 +307,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-dcgm", type=float, default=120.0)
     p.add_argument("--budget-efa", type=float, default=10.0)
     p.add_argument("--budget-efs", type=float, default=20.0)
+    p.add_argument("--budget-disk", type=float, default=5.0)
+    p.add_argument("--disk-path", default="", help="a directory on the local disk to measure "
+                   "(default: the executor's state directory of this node)")
     p.add_argument("--imds", action="store_true", help="also read the instance type from IMDS")
     p.add_argument("--budget-imds", type=float, default=3.0)
     p.add_argument("--sys-infiniband", default=SYS_INFINIBAND, help=argparse.SUPPRESS)
@@ -312,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         ("dcgm", ns.budget_nvidia_smi + 1 + ns.budget_dcgm, dcgm_check),
         ("efa", ns.budget_efa, lambda: check_efa(ns.budget_efa, Path(ns.sys_infiniband))),
         ("efs", ns.budget_efs, lambda: check_efs(Path(ns.efs), ns.efs_mib, tag)),
+        ("disk", ns.budget_disk, lambda: check_disk(Path(ns.disk_path) if ns.disk_path
+                                                     else local_disk_path(dict(os.environ)))),
     ]
     if ns.imds:
         checks.append(("imds", ns.budget_imds, lambda: instance_type_from_imds(ns.budget_imds)))

@@ -41,6 +41,16 @@ class NodePaths:
     def __init__(self, root: str | os.PathLike = "/") -> None:
         object.__setattr__(self, "root", Path(root))
 
+    @classmethod
+    def of_membership_file(cls, path: str | os.PathLike) -> NodePaths:
+        """The node whose applied membership is ``path`` (``DEEPLEARNING_MEMBERSHIP_PATH`` in a
+        job's environment): how a process the executor started finds its node's root."""
+        p = Path(path)
+        depth = len(Path(MEMBERSHIP_FILE).parts)
+        if tuple(p.parts[-depth:]) != Path(MEMBERSHIP_FILE).parts:
+            raise ValueError(f"{path} is not a node's {MEMBERSHIP_FILE}")
+        return cls(p.parents[depth - 1])
+
     @property
     def deeplearning_dir(self) -> Path:
         return self.root / DEEPLEARNING_DIR
@@ -98,6 +108,12 @@ class NodePaths:
     @property
     def executor_lock(self) -> Path:
         return self.lock("dl-executor")
+
+    @property
+    def executor_state_dir(self) -> Path:
+        """The executor's node-local state (share status files, job credentials): on the
+        node's own disk, which the health gate's ``disk`` check measures."""
+        return self.root / EXECUTOR_STATE_DIR
 
     @property
     def share_status_dir(self) -> Path:

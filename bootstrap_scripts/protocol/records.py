@@ -119,6 +119,9 @@ class ExecutorHeartbeat(Record):
     gpus: int = 0
     generation: int = 0
     running: tuple[str, ...] = ()
+    #: free MiB on the node's local disk (the filesystem of the executor's state); -1: not
+    #: measured (an executor from before this field, or statvfs failed)
+    disk_free_mib: int = -1
 
 
 @record

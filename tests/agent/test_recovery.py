@@ -94,6 +94,9 @@ def test_unhealthy_and_lost_nodes_are_replaced_and_the_master_taken_over(
         m2 = cloud.run_until(lambda: sick.status == "removed" and healed(nodes, 1, 3),
                              HEAL_TIMEOUT, "the unhealthy worker replaced")
         assert sick.instance_id not in [n.instance_id for n in m2.nodes]
+        # the state lists the instance as EC2 does: terminated (its machine: removed)
+        assert sick.to_state()["ec2_state"] == "terminated"
+        assert nodes[0].to_state()["ec2_state"] == "running"
         (replacement,) = cloud.events_of("node-booted")
         assert replacement.role == "worker"
         assert replacement.instance_id in [n.instance_id for n in m2.nodes]
@@ -112,6 +115,8 @@ def test_unhealthy_and_lost_nodes_are_replaced_and_the_master_taken_over(
         assert lost.instance_id in [e.instance_id for e in cloud.events_of(
             "unhealthy-terminated")]
         assert lost.instance_id not in [n.instance_id for n in m3.nodes]
+        # a killed machine stays "killed" in the state, whatever EC2 says of its instance
+        assert lost.to_state()["status"] == "killed"
         assert len(cloud.events_of("node-booted")) == 2
 
         # 3. the master's machine dies: replaced, and the new master takes over -------------

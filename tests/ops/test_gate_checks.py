@@ -17,7 +17,7 @@ from bootstrap_scripts.ops.allreduce import alg_bandwidth, bus_bandwidth
 from bootstrap_scripts.ops.gate import parse_log, sub_membership
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.membership import build_membership
-from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import InstanceTypeFacts
 from tests.conftest import REGION
 from tests.support.quotas import operator_quotas
@@ -154,6 +154,36 @@ def test_floors_of_efs_and_allreduce():
     ar = found("allreduce", value=0.25, detail="gloo, 2 rank(s)")
     assert gr.decide_allreduce(ar, 0).status == "ok"
     assert gr.decide_allreduce(ar, 10).status == "fail"
+
+
+def test_local_disk_free_space_against_its_floor(tmp_path):
+    disk = found("disk", value=700, detail="/var/lib/dl-executor", total_mib=8000)
+    assert gr.decide_disk(disk, 1024) == gr.Cell(
+        "fail", "700 MiB free", "700 of 8000 MiB free on /var/lib/dl-executor; floor 1024 MiB")
+    assert gr.decide_disk(disk, 700).status == "ok"
+    assert gr.decide_disk(found("disk", "error", "cannot stat", "ENOENT"), 0).status == "fail"
+    assert gr.GateSettings().disk_floor_mib == 1024
+    with pytest.raises(ValueError, match="disk"):
+        gr.GateSettings(disk_floor_mib=-1)
+    line = nc.check_disk(tmp_path)
+    assert line["check"] == "disk" and line["status"] == "ok"
+    assert 0 < line["value"] <= line["total_mib"] and line["detail"] == str(tmp_path)
+    assert nc.check_disk(tmp_path / "absent")["status"] == "error"
+
+
+def test_the_disk_measured_is_the_executors_state_on_the_jobs_node(tmp_path):
+    """A share finds its node's root from the membership path the executor gives it (in
+    the emulator every node has its own root); the nearest existing directory is measured."""
+    root = tmp_path / "node-1"
+    (root / "var/lib").mkdir(parents=True)
+    env = {"DEEPLEARNING_MEMBERSHIP_PATH": str(root / "opt/deeplearning/membership.json")}
+    assert nc.local_disk_path(env) == root / "var/lib"
+    (root / "var/lib/dl-executor").mkdir()
+    assert nc.local_disk_path(env) == root / "var/lib/dl-executor"
+    assert NodePaths.of_membership_file(env["DEEPLEARNING_MEMBERSHIP_PATH"]).root == root
+    with pytest.raises(ValueError):
+        NodePaths.of_membership_file(root / "membership.json")
+    assert nc.local_disk_path({}).is_relative_to("/")
 
 
 def test_busbw_is_algbw_times_two_n_minus_one_over_n():

@@ -50,6 +50,9 @@ def test_healthy_cluster_reports_every_node_and_leaves_no_probe(emu):
     data = json.loads(health(c, "--json").stdout)
     assert data["healthy"] is True and len(data["nodes"]) == 3
     assert all(n["clock"]["ok"] and n["efs"]["ok"] for n in data["nodes"])
+    # each executor measured its node's local disk (the node's own root here)
+    assert all(n["disk"]["ok"] and n["disk"]["detail"].endswith(" MiB free")
+               for n in data["nodes"]), data["nodes"]
 
 
 def test_each_failing_check_names_the_node(emu):
@@ -73,7 +76,7 @@ def test_each_failing_check_names_the_node(emu):
     assert "UNHEALTHY: 2 node(s) failing" in res.stdout
 
 
-def test_skewed_clock_and_unwritable_efs_are_reported(emu):
+def test_skewed_clock_unwritable_efs_and_a_full_disk_are_reported(emu):
     c = emu(2)
     c.start_executors([c.addresses[0]])
     for node in c.membership.nodes:
@@ -82,12 +85,13 @@ def test_skewed_clock_and_unwritable_efs_are_reported(emu):
     worker = c.membership.nodes[1]
     store.write_record(ClusterPaths(c.efs).executor_heartbeat(worker.address), ExecutorHeartbeat(
         address=worker.address, state="running", seq=1, heartbeat=time.time() + 30,
-        efs_ok=False, efs_mounted=False, gpus=0, generation=1))
+        efs_ok=False, efs_mounted=False, gpus=0, generation=1, disk_free_mib=100))
     res = health(c)
     assert res.returncode == 1, res.stdout
     failed = [line for line in res.stdout.splitlines() if " FAILED:" in line]
     assert len(failed) == 1 and worker.address in failed[0]
     assert "efs: not writable" in failed[0]
+    assert "disk: 100 MiB free" in failed[0]  # under the default floor, 1024 MiB
     assert "clock: +30." in failed[0] or "clock: +29." in failed[0]
 
 

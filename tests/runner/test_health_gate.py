@@ -18,7 +18,7 @@ from bootstrap_scripts.jobs.engine.reachability import MOVE_WITHIN_SECONDS
 from bootstrap_scripts.ops.gate import GateSettings, run_gate
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.membership import Membership, build_membership
-from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import InstanceTypeFacts
 from emulator.gpus import give_gpus, inject_gpu_fault
 from emulator.nodes import PYTHON, base_env
@@ -75,14 +75,15 @@ def test_every_node_passes_and_dl_health_deep_prints_the_table(emu, aws):
     header, *rows = [ln for ln in res.stdout.splitlines()
                      if ln.startswith(("RANK", "0 ", "1 ", "2 "))]
     assert header.split() == ["RANK", "ADDRESS", "TYPE", "EXECUTOR", "GPUS", "NVIDIA-SMI",
-                              "DCGM", "EFA", "EFS", "ALLREDUCE"]
+                              "DCGM", "EFA", "EFS", "DISK", "ALLREDUCE"]
     assert len(rows) == 3
     for row in rows:
         cells = row.split()
         # DCGM's level-1 diagnostic passes: the GPU DLAMIs ship DCGM, as the emulated GPU
         assert cells[2:13] == [ITYPE, "ok", "answers", "ok", "1", "ok", "answers", "ok",
                                "pass", "n/a", "ok"], row
-        assert cells[14:] == ["MB/s", "ok", cells[16], "GB/s"] and float(cells[16]) >= 0, row
+        assert cells[14:18] == ["MB/s", "ok", cells[16], "MiB"] and int(cells[16]) >= 1024, row
+        assert cells[18:] == ["free", "ok", cells[20], "GB/s"] and float(cells[20]) >= 0, row
     assert "healthy: 3 node(s) passed every check" in res.stdout
     # the instance type was asked once and is cached on EFS
     facts = store.read_record(ClusterPaths(c.efs).instance_type(ITYPE), InstanceTypeFacts)
@@ -138,6 +139,27 @@ def test_a_node_with_fewer_gpus_than_its_type_fails_the_gpu_count(emu, aws):
     assert [(f.address, f.check, f.value) for f in report.failures] == [
         (short.address, "gpus", "0 (expected 1)")]
     assert "g5.xlarge (DescribeInstanceTypes)" in report.failures[0].detail
+
+
+def test_a_node_whose_local_disk_is_nearly_full_fails_the_disk_check(emu, aws):
+    """A real small filesystem (a 64 MiB tmpfs) as one node's local disk, under a 128 MiB
+    floor: that node fails ``disk``, named with its free space; the others pass."""
+    c, m = gpu_cluster(emu, 2)
+    small = c.nodes[1]
+    state = NodePaths(small.root).executor_state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(state)], check=True)
+    try:
+        report = run_gate(c.master_root, c.efs, m,
+                          settings=settings(c, allreduce=False, disk_floor_mib=128))
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+    failures = [(f.address, f.check) for f in report.failures]
+    assert failures == [(small.address, "disk")], report.to_json()
+    assert report.failures[0].value.endswith(" MiB free")
+    assert int(report.failures[0].value.split()[0]) <= 64
+    assert "floor 128 MiB" in report.failures[0].detail
+    assert report.nodes[0].cells["disk"].status == "ok"
 
 
 def test_a_membership_without_instance_types_is_judged_on_the_registered_counts(emu):

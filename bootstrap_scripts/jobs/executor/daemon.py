@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from bootstrap_scripts.agent import imds_guard
+from bootstrap_scripts.data.disks import free_mib
 from bootstrap_scripts.jobs.engine import service, user_dirs
 from bootstrap_scripts.jobs.executor.aws_calls import CLIENT_CONFIG
 from bootstrap_scripts.jobs.executor.discovery import JobScanner
@@ -197,6 +198,7 @@ class Executor:
             generation=m.generation if m else 0,
             running=tuple(sorted(self.shares.running)),
             efs_ok=self.efs_ok,  # result of the previous write + read-back
+            disk_free_mib=free_mib(self.node.paths.executor_state_dir),
         )
         path = self.node.cluster.executor_heartbeat(self.node.address)
         try:

@@ -10,7 +10,7 @@ Written under ``--root`` (default ``/``):
 - ``etc/systemd/system/dl-executor.service``: the per-node job executor;
 - ``etc/systemd/system/dl-controller.service`` (master only): the job controller, which runs
   managed jobs and restarts them after node faults (``bootstrap_scripts.jobs.controller``);
-- ``usr/local/bin/{dl-run,dl-jobs,dl-health,dl-agent,dl-scale,dl-fetch-workdir}``:
+- ``usr/local/bin/{dl-run,dl-jobs,dl-health,dl-agent,dl-scale,dl-fetch-workdir,dl-container}``:
   wrappers that find this package wherever the user data unpacked it;
 - ``etc/dl-cluster/aws-region.env`` and ``etc/profile.d/dl-aws-region.sh``: the instance's
   region, read from instance metadata (IMDSv2 ``placement/region``), for every unit
@@ -58,7 +58,8 @@ WRAPPERS = {"dl-run": "bootstrap_scripts.jobs.cli.dl_run",
             "dl-health": "bootstrap_scripts.ops.health",
             "dl-agent": "bootstrap_scripts.agent.node_agent",
             "dl-scale": "bootstrap_scripts.ops.scale",
-            "dl-fetch-workdir": "bootstrap_scripts.jobs.cli.fetch_workdir"}
+            "dl-fetch-workdir": "bootstrap_scripts.jobs.cli.fetch_workdir",
+            "dl-container": "bootstrap_scripts.containers.run"}
 #: Seconds the installer waits for instance metadata before it falls back to the user
 #: data's ``--region`` (IMDS answers within milliseconds on a running instance).
 IMDS_DEADLINE_SECONDS = 30.0

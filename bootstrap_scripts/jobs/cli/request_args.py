@@ -88,7 +88,7 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         data_shard=args.data_shard, data_checksums=data_checksums(args),
         resume_from=args.resume_from,
         mounts=tuple(getattr(args, "mount", ())),
-        hang_timeout=getattr(args, "hang_timeout", 0.0))
+        hang_timeout=getattr(args, "hang_timeout", 0.0), image=getattr(args, "image", ""))
 
 
 def max_cost_from_args(args: argparse.Namespace) -> str:

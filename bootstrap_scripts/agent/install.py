@@ -19,6 +19,8 @@ Written under ``--root`` (default ``/``):
 - ``etc/dl-cluster/membership-key`` (with ``--membership-key``): the key whose signature
   root's own jobs need (``bootstrap_scripts.jobs.engine.root_jobs``): ``dl-run`` signs
   them on the master, the executors and the controller check them;
+- ``etc/dl-cluster/allowed-images``: the repositories ``dl-run --image`` accepts
+  (``--allowed-images``, the stack's ``allowedImages``; ``bootstrap_scripts.containers.allow``);
 - ``etc/dl-cluster/data-checksums``: the cluster's default of ``dl-run --data-checksums``
   (``--data-checksums``, the stack's ``dataChecksums``; ``bootstrap_scripts.data.checksums``);
 - ``var/log/dl-cluster/{agent,executor,controller}.log``: where the units append their
@@ -43,6 +45,7 @@ from pathlib import Path
 from bootstrap_scripts.agent import cloudwatch_config, imds_guard
 from bootstrap_scripts.agent.identity import IdentityError
 from bootstrap_scripts.agent.settings import EXIT_FAILED, EXIT_USAGE, build_parser, canonical_args
+from bootstrap_scripts.containers import allow
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.engine import gate_identity, root_jobs
 from bootstrap_scripts.node import node_region
@@ -228,7 +231,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
     pre.add_argument("--log-group", default="",
                      help="ship the node's logs to this CloudWatch Logs group")
     opts, agent_argv = pre.parse_known_args(argv)
-    return opts, build_parser().parse_args(agent_argv)
+    parser = build_parser()
+    ns = parser.parse_args(agent_argv)
+    try:
+        allow.check_entries(allow.parse_entries(ns.allowed_images))
+    except ValueError as exc:
+        parser.error(f"--allowed-images: {exc}")
+    return opts, ns
 
 
 def install(argv: list[str] | None = None) -> list[Path]:
@@ -251,6 +260,9 @@ def install(argv: list[str] | None = None) -> list[Path]:
         root / LOGROTATE_FILE: (logrotate_conf(root), 0o644),
         # dl-run's default --data-checksums on this node (the stack's dataChecksums)
         root / checksums.SETTING_FILE: (checksums.render_setting(ns.data_checksums), 0o644),
+        # the repositories dl-run --image accepts on this node (the stack's allowedImages)
+        root / allow.SETTING_FILE: (allow.render_setting(allow.parse_entries(
+            ns.allowed_images)), 0o644),
     }
     if ns.membership_key:  # dl-run signs root's jobs with it, the executors check them
         files[root / root_jobs.KEY_FILE] = (root_jobs.render_key_file(ns.membership_key), 0o644)

@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootstrap_scripts.containers import allow
+from bootstrap_scripts.containers.reference import BadReference
+from bootstrap_scripts.containers.reference import parse as parse_image
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
 from bootstrap_scripts.ops.cost import parse_usd, plain
@@ -60,6 +63,22 @@ def data_checksums(args: argparse.Namespace) -> str:
     return checksums.node_default(args.root) if args.data else checksums.WARN
 
 
+def check_image_allowed(image: str, root: str) -> None:
+    """``--image`` from a repository the stack allows (the node's copy of ``allowedImages``),
+    else RunError naming the repository and the setting; a malformed reference is left to
+    the request's own check, which names it."""
+    if not image:
+        return
+    try:
+        ref = parse_image(image)
+    except BadReference:
+        return
+    try:
+        allow.check(allow.node_entries(root), ref)
+    except allow.ImageNotAllowed as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
+
+
 def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
                       ) -> RunRequest:
     """The run request of these options: what ``--unmanaged`` runs and what a managed job's
@@ -71,6 +90,7 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         check_data_options(args.data, args.data_shard, args.data_checksums)
     except DataSourceError as exc:
         raise RunError(str(exc), EXIT_USAGE) from None
+    check_image_allowed(getattr(args, "image", ""), getattr(args, "root", "/"))
     return RunRequest(
         job_id=job_id, command=tuple(command), launcher=args.launcher, env=job_env(args),
         forward=tuple(args.forward) + tuple(e.partition("=")[0] for e in args.env),

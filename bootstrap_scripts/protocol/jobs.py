@@ -362,7 +362,7 @@ class RunRequest(Record):
     def __post_init__(self) -> None:
         _job_id(self.job_id)
         if self.image:
-            _check_image(self.image, self.launcher)
+            check_image(self.image, self.launcher)
         if self.hang_timeout < 0:
             raise JobSpecError(f"--hang-timeout must be >= 0 s (0: off), got "
                                f"{self.hang_timeout}", field="hang_timeout")
@@ -385,7 +385,9 @@ class RunRequest(Record):
                                field="command")
 
 
-def _check_image(image: str, launcher: str) -> None:
+def check_image(image: str, launcher: str) -> None:
+    """``--image`` as a request carries it: a well-formed reference pinned to a digest, with
+    torchrun; JobSpecError naming what is wrong (``dlc submit`` checks it on the laptop)."""
     try:
         pinned = parse_image(image).pinned
     except BadReference as exc:

@@ -122,6 +122,7 @@ class DeepLearningCluster(Construct):
         shared_storage: str = "efs",
         data_checksums: str = DEFAULT_DATA_CHECKSUMS,
         scheduler: str = DEFAULT_SCHEDULER,
+        allowed_images: Sequence[str] = (),
     ) -> None:
         """
         :param vpc: the VPC to run in; it needs private subnets with egress (and a public
@@ -254,6 +255,8 @@ class DeepLearningCluster(Construct):
             checksum when the job does not say. :default: ``warn``
         :param scheduler: ``native`` or ``slurm``: Slurm's daemons, with a munge key only the
             node roles read (``munge_key``, ``constructs_lib/slurm.py``). :default: ``native``
+        :param allowed_images: repositories jobs may run images from; the node roles pull
+            from the ECR ones (``constructs_lib/allowed_images.py``). :default: ``()``
         """
         super().__init__(scope, construct_id)
         p = check_cluster_props(
@@ -273,7 +276,8 @@ class DeepLearningCluster(Construct):
             file_system=file_system, efs_security_group=efs_security_group,
             efs_require_tls=efs_require_tls, efs_mount_point=efs_mount_point,
             ssh_cidr=ssh_cidr, placement_group=placement_group, scheduler=scheduler,
-            create_placement_group=create_placement_group, data_checksums=data_checksums)
+            create_placement_group=create_placement_group, data_checksums=data_checksums,
+            allowed_images=allowed_images)
         self.capacity, self.efs_mount_point = p.capacity, p.efs_mount_point
         self.cluster_id = cluster_id or Stack.of(self).stack_name
         self.worker_count, self.spot_workers = p.worker_count, p.spot_workers

@@ -46,6 +46,7 @@ from constructs import Construct
 from bootstrap_scripts.agent.settings import SLURM_SCHEDULER
 from bootstrap_scripts.metrics import metric_names as names
 from constructs_lib import launch, warm_pool
+from constructs_lib.allowed_images import grant_image_pulls
 from constructs_lib.capacity_adjuster import CapacityAdjuster
 from constructs_lib.cluster_props import ClusterProps
 from constructs_lib.cluster_storage import ClusterStorage
@@ -135,6 +136,7 @@ def add_node_groups(
         membership_key=membership_key.key_arn, job_role_arn=job_role_arn,
         checkpoint_url=storage.training_data.checkpoint_url,
         node_boot_seconds=props.node_boot_seconds, data_checksums=props.data_checksums,
+        allowed_images=",".join(props.allowed_images),
         scheduler=props.scheduler, munge_key_secret=munge_key.secret_arn if munge_key else "",
         slurm_install=family.slurm_install if munge_key else "",
         slurm_from_source=family.slurm_from_source and munge_key is not None,
@@ -185,6 +187,7 @@ def add_node_groups(
     drain_hook = workers.add_drain_hook(topic)
     drain_hook.node.add_dependency(capacity_adjuster)
     node_keys.grant(workers=workers.role, master=master.role)
+    grant_image_pulls([master.role, workers.role], props.allowed_images)
     if munge_key is not None:  # the node roles alone read the munge key
         for group in (master, workers):
             munge_key.grant_read(group.role)

@@ -20,6 +20,7 @@ from aws_cdk import aws_efs as efs
 
 from bootstrap_scripts.agent.settings import SCHEDULERS
 from constructs_lib import launch, validation
+from constructs_lib.allowed_images import check_allowed_images
 from constructs_lib.cluster_settings import DEFAULT_INSTANCE_TYPE
 from constructs_lib.idle_stop import idle_stop_seconds
 from constructs_lib.images import ImageFamily, check_image, image_family
@@ -50,6 +51,8 @@ class ClusterProps:
     data_checksums: str
     #: ``native`` or ``slurm`` (``scheduler``: ``constructs_lib/slurm.py``)
     scheduler: str
+    #: repositories jobs may run images from (``allowedImages``: ``allowed_images.py``)
+    allowed_images: tuple[str, ...] = ()
 
     @property
     def desired_workers(self) -> int:
@@ -72,7 +75,7 @@ def check_cluster_props(
     file_system: efs.IFileSystem | None, efs_security_group: ec2.ISecurityGroup | None,
     efs_require_tls: bool, efs_mount_point: str, ssh_cidr: str | None,
     placement_group: ec2.IPlacementGroup | None, create_placement_group: bool,
-    data_checksums: str, scheduler: str,
+    data_checksums: str, scheduler: str, allowed_images: Sequence[str] = (),
 ) -> ClusterProps:
     """The cluster's props checked (each as the construct documents it); ConfigError
     naming the first bad one."""
@@ -138,4 +141,5 @@ def check_cluster_props(
         data_prep_script=data_prep_script, max_replacements_per_hour=max_replacements_per_hour,
         idle_stop=idle_stop, capacity=capacity, root_volume_gib=root_volume_gib,
         family=family, pytorch_version=pytorch_version, efs_mount_point=efs_mount_point,
-        data_checksums=data_checksums, scheduler=scheduler)
+        data_checksums=data_checksums, scheduler=scheduler,
+        allowed_images=check_allowed_images("allowed_images", list(allowed_images)))

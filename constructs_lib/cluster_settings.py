@@ -17,6 +17,7 @@ from bootstrap_scripts.jobs.controller.instance_health import (
     DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
 )
 from constructs_lib import validation
+from constructs_lib.allowed_images import check_allowed_images
 from constructs_lib.capacity_adjuster import (
     DEFAULT_LAUNCH_RETRY_SECONDS,
     MAX_LAUNCH_RETRY_SECONDS,
@@ -272,6 +273,15 @@ class ClusterSettings:
         "only `AdminSessionPolicyArn` does (as any user) ([docs/security.md]"
         "(docs/security.md), \"Operators and cluster users\")", check_cluster_users,
         raw=True, default_doc="none", accepts="Linux user names, comma-separated, at most 100")
+
+    allowed_images: tuple[str, ...] = setting(
+        "allowedImages", (), "the container image repositories jobs may run from "
+        "(`dl-run --image`): registries or repository prefixes, comma-separated, such as "
+        "`123456789012.dkr.ecr.us-east-1.amazonaws.com/team`; any other is refused at submit; "
+        "the node roles may pull from the ECR repositories listed and no other "
+        "([docs/containers.md](docs/containers.md))", check_allowed_images, raw=True,
+        default_doc="none: images refused", accepts="registries or repository prefixes, "
+        "comma-separated")
 
     scheduler: str = setting(
         "scheduler", NATIVE_SCHEDULER, "the cluster's scheduler: `native`, the product's own "

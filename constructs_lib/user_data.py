@@ -213,6 +213,7 @@ def node_user_data(
     mount_s3_install: str = "",
     lustre_mount: tuple[str, str, str] | None = None,
     data_checksums: str = checksums.WARN,
+    allowed_images: str = "",
     scheduler: str = NATIVE_SCHEDULER,
     munge_key_secret: str = "",
     slurm_install: str = "",
@@ -246,6 +247,8 @@ def node_user_data(
         "mount-timeout": str(MOUNT_TIMEOUT_SECONDS),
         "data-checksums": data_checksums,
     }
+    if allowed_images:  # the repositories dl-run --image accepts (the stack's allowedImages)
+        settings["allowed-images"] = allowed_images
     if base_workers is not None:  # the master's: it decides who is a protected base worker
         settings["base-workers"] = str(base_workers)
     if node_type == "master":  # only the master waits for registrations

@@ -152,11 +152,15 @@ def status(ctx, as_json) -> None:
               help="torchrun's node count (default: every node); with --elastic, the nodes "
                    "beyond MAX wait as spares that take a lost node's place "
                    "(docs/elastic-training.md \"Spare nodes\")")
+@click.option("--image", default=None, metavar="REPOSITORY[:TAG]@sha256:DIGEST",
+              help="run every rank in this container image, as the job's user, from a "
+                   "repository the cluster's allowedImages lists (docs/containers.md)")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, workdir, cwd,
            as_json, resume_from, hang_timeout, command, mounts=(), data=None,
-           data_shard=False, data_checksums=None, elastic=False, nnodes=None) -> None:
+           data_shard=False, data_checksums=None, elastic=False, nnodes=None,
+           image=None) -> None:
     """Submit COMMAND (after --) as a job on every node, as USER; prints the job id."""
     if workdir is not None and cwd is not None:
         raise errors.UsageError("--workdir ships a directory and runs the job in it: no "
@@ -166,7 +170,7 @@ def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, work
                                 resume_from=resume_from, hang_timeout=hang_timeout,
                                 mounts=mounts, data=data, data_shard=data_shard,
                                 data_checksums=data_checksums, elastic=elastic,
-                                nnodes=nnodes)
+                                nnodes=nnodes, image=image)
     user = jobs_mod.job_user(target_of(ctx), as_user)
     remote = remote_of(ctx)
     staged = None

@@ -19,7 +19,8 @@ from bootstrap_scripts.protocol.data_source import (
     check_mounts,
     parse_data_source,
 )
-from bootstrap_scripts.protocol.nnodes import NodeRangeError, check_torchrun_options
+from bootstrap_scripts.protocol.jobs import JobSpecError, check_image
+from bootstrap_scripts.protocol.nnodes import TORCHRUN, NodeRangeError, check_torchrun_options
 from dlc import aws
 from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
@@ -43,7 +44,7 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
                 hang_timeout: float | None = None, mounts: tuple[str, ...] = (),
                 data: str | None = None, data_shard: bool = False,
                 data_checksums: str | None = None, elastic: bool = False,
-                nnodes: str | None = None) -> list[str]:
+                nnodes: str | None = None, image: str | None = None) -> list[str]:
     """``dl-run --detach --json [options] -- CMD``. ``nnodes`` (torchrun's ``N`` or
     ``MIN:MAX``; with ``elastic``, nodes beyond MAX wait as spares) and ``elastic`` (only
     with torchrun) are checked here with dl-run's own rules. ``max_cost``: ``--max-cost`` in USD,
@@ -86,6 +87,12 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
         argv += ["--elastic"]
     if nnodes is not None:
         argv += ["--nnodes", nnodes]
+    if image is not None:
+        try:  # the request's own rule, so a tag alone or a bad reference never leaves here
+            check_image(image, launcher or TORCHRUN)
+        except JobSpecError as exc:
+            raise UsageError(str(exc).removeprefix(" field 'image': ")) from None
+        argv += ["--image", image]
     try:  # checked here too, so a bad one never reaches the master
         check_mounts(tuple(mounts))
     except DataSourceError as exc:

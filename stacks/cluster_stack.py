@@ -81,6 +81,7 @@ class DLClusterStack(Stack):
             shared_storage=s.shared_storage,
             data_checksums=s.data_checksums,
             scheduler=s.scheduler,
+            allowed_images=s.allowed_images,
         )
         acknowledge_cluster_findings(self.cluster)
         c = self.cluster

@@ -13,6 +13,13 @@ file, else ``http://169.254.169.254/``): the endpoint the node's own code uses, 
 and the agents cannot disagree about which service to guard. Rules live in the kernel, not on
 disk: they are installed at boot by the installer and again by every executor start (before
 it runs any job), both idempotent (``iptables -C`` first; the nft table is replaced whole).
+Forwarded traffic is the other way in: a container on a bridge network (Docker's bridge
+exists on the DLAMI) sends its packets through the host's FORWARD chain, not OUTPUT, and
+IMDS's hop limit of 2 lets them reach it as if they were the node's own; the owner match
+cannot see them. A second rule, ``-d <IMDS> -j DROP`` in FORWARD (the ``forward`` chain of
+the same nft table), drops every forwarded packet to the metadata address, whoever sent it:
+nothing that is routed through a node ever needs the node's metadata. Jobs' containers use
+the host's network (``bootstrap_scripts/containers``) and stay under the owner match.
 When metadata is switched off (``AWS_EC2_METADATA_DISABLED=true``, botocore's own switch)
 there is no service to guard and nothing is installed.
 
@@ -32,6 +39,8 @@ from urllib.parse import urlsplit
 
 #: The comment (iptables) / table name (nft) that marks the product's rule.
 COMMENT = "dl-imds-root-only"
+#: The comment of the FORWARD rule (bridged containers' traffic to IMDS dropped).
+FORWARD_COMMENT = "dl-imds-no-forward"
 NFT_TABLE = "dl_imds_guard"
 #: The uid allowed through: root, which runs the node's agents.
 ROOT_UID = 0
@@ -68,6 +77,11 @@ def rule(address: str, port: int) -> list[str]:
             "--reject-with", "tcp-reset"]
 
 
+def forward_rule(address: str) -> list[str]:
+    """The FORWARD chain rule: every forwarded packet to IMDS dropped (any port, any owner)."""
+    return ["-d", f"{address}/32", "-m", "comment", "--comment", FORWARD_COMMENT, "-j", "DROP"]
+
+
 def nft_script(address: str, port: int) -> str:
     """The same in nftables: a table of its own, replaced whole (``nft -f -``)."""
     return (f"table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n"
@@ -76,6 +90,10 @@ def nft_script(address: str, port: int) -> str:
             f"    type filter hook output priority 0; policy accept;\n"
             f"    ip daddr {address} tcp dport {port} meta skuid != {ROOT_UID} "
             f"reject with tcp reset\n"
+            f"  }}\n"
+            f"  chain forward {{\n"
+            f"    type filter hook forward priority 0; policy accept;\n"
+            f"    ip daddr {address} drop\n"
             f"  }}\n"
             f"}}\n")
 
@@ -86,6 +104,17 @@ def _run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProce
                               check=False)
     except OSError as exc:
         raise GuardError(f"{argv[0]}: {exc}") from None
+
+
+def _insert(iptables: str, chain: str, spec: list[str], what: str) -> bool:
+    """Insert ``spec`` first in ``chain`` unless it is there; True when it was added."""
+    if _run([iptables, "-w", "-C", chain, *spec]).returncode == 0:
+        return False
+    res = _run([iptables, "-w", "-I", chain, "1", *spec])
+    if res.returncode != 0:
+        raise GuardError(f"iptables -I {chain} for {what} failed: "
+                         f"{(res.stderr or res.stdout).strip()}")
+    return True
 
 
 def ensure(endpoint: str | None = None) -> str:
@@ -100,14 +129,10 @@ def ensure(endpoint: str | None = None) -> str:
     address, port = target(endpoint)
     iptables = shutil.which("iptables")
     if iptables:
-        spec = rule(address, port)
-        if _run([iptables, "-w", "-C", "OUTPUT", *spec]).returncode == 0:
-            return f"iptables rule for {address}:{port} (already there)"
-        res = _run([iptables, "-w", "-I", "OUTPUT", "1", *spec])
-        if res.returncode != 0:
-            raise GuardError(f"iptables -I OUTPUT for {address}:{port} failed: "
-                             f"{(res.stderr or res.stdout).strip()}")
-        return f"iptables rule for {address}:{port}"
+        added = [chain for chain, spec in (("OUTPUT", rule(address, port)),
+                                           ("FORWARD", forward_rule(address)))
+                 if _insert(iptables, chain, spec, f"{address}:{port}")]
+        return f"iptables rule for {address}:{port}" + ("" if added else " (already there)")
     nft = shutil.which("nft")
     if nft:
         res = _run([nft, "-f", "-"], nft_script(address, port))
@@ -125,10 +150,10 @@ def remove(endpoint: str) -> None:
     address, port = target(endpoint)
     iptables = shutil.which("iptables")
     if iptables:
-        spec = rule(address, port)
-        while _run([iptables, "-w", "-C", "OUTPUT", *spec]).returncode == 0:
-            if _run([iptables, "-w", "-D", "OUTPUT", *spec]).returncode != 0:
-                break
+        for chain, spec in (("OUTPUT", rule(address, port)), ("FORWARD", forward_rule(address))):
+            while _run([iptables, "-w", "-C", chain, *spec]).returncode == 0:
+                if _run([iptables, "-w", "-D", chain, *spec]).returncode != 0:
+                    break
 
 
 def main(argv: list[str] | None = None) -> int:

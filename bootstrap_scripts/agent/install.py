@@ -10,7 +10,7 @@ Written under ``--root`` (default ``/``):
 - ``etc/systemd/system/dl-executor.service``: the per-node job executor;
 - ``etc/systemd/system/dl-controller.service`` (master only): the job controller, which runs
   managed jobs and restarts them after node faults (``bootstrap_scripts.jobs.controller``);
-- ``usr/local/bin/{dl-run,dl-jobs,dl-health,dl-agent,dl-scale,dl-fetch-workdir}``:
+- ``usr/local/bin/{dl-run,dl-jobs,dl-health,dl-agent,dl-scale,dl-fetch-workdir,dl-container}``:
   wrappers that find this package wherever the user data unpacked it;
 - ``etc/dl-cluster/aws-region.env`` and ``etc/profile.d/dl-aws-region.sh``: the instance's
   region, read from instance metadata (IMDSv2 ``placement/region``), for every unit
@@ -22,6 +22,8 @@ Written under ``--root`` (default ``/``):
 - with ``--scheduler slurm``: ``etc/systemd/system/dl-munged.service``,
   ``dl-slurmctld.service`` (master) and ``dl-slurmd.service`` (``bootstrap_scripts.slurm.units``:
   slurmd under the node's Slurm name, with its features and its GPUs as counted here);
+- ``etc/dl-cluster/allowed-images``: the repositories ``dl-run --image`` accepts
+  (``--allowed-images``, the stack's ``allowedImages``; ``bootstrap_scripts.containers.allow``);
 - ``etc/dl-cluster/data-checksums``: the cluster's default of ``dl-run --data-checksums``
   (``--data-checksums``, the stack's ``dataChecksums``; ``bootstrap_scripts.data.checksums``);
 - ``var/log/dl-cluster/{agent,executor,controller}.log``: where the units append their
@@ -53,6 +55,7 @@ from bootstrap_scripts.agent.settings import (
     build_parser,
     canonical_args,
 )
+from bootstrap_scripts.containers import allow
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.engine import gate_identity, root_jobs
 from bootstrap_scripts.node import node_region
@@ -69,7 +72,8 @@ WRAPPERS = {"dl-run": "bootstrap_scripts.jobs.cli.dl_run",
             "dl-health": "bootstrap_scripts.ops.health",
             "dl-agent": "bootstrap_scripts.agent.node_agent",
             "dl-scale": "bootstrap_scripts.ops.scale",
-            "dl-fetch-workdir": "bootstrap_scripts.jobs.cli.fetch_workdir"}
+            "dl-fetch-workdir": "bootstrap_scripts.jobs.cli.fetch_workdir",
+            "dl-container": "bootstrap_scripts.containers.run"}
 #: Seconds the installer waits for instance metadata before it falls back to the user
 #: data's ``--region`` (IMDS answers within milliseconds on a running instance).
 IMDS_DEADLINE_SECONDS = 30.0
@@ -251,7 +255,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
     pre.add_argument("--log-group", default="",
                      help="ship the node's logs to this CloudWatch Logs group")
     opts, agent_argv = pre.parse_known_args(argv)
-    return opts, build_parser().parse_args(agent_argv)
+    parser = build_parser()
+    ns = parser.parse_args(agent_argv)
+    try:
+        allow.check_entries(allow.parse_entries(ns.allowed_images))
+    except ValueError as exc:
+        parser.error(f"--allowed-images: {exc}")
+    return opts, ns
 
 
 def install(argv: list[str] | None = None) -> list[Path]:
@@ -274,6 +284,9 @@ def install(argv: list[str] | None = None) -> list[Path]:
         root / LOGROTATE_FILE: (logrotate_conf(root), 0o644),
         # dl-run's default --data-checksums on this node (the stack's dataChecksums)
         root / checksums.SETTING_FILE: (checksums.render_setting(ns.data_checksums), 0o644),
+        # the repositories dl-run --image accepts on this node (the stack's allowedImages)
+        root / allow.SETTING_FILE: (allow.render_setting(allow.parse_entries(
+            ns.allowed_images)), 0o644),
     }
     if ns.membership_key:  # dl-run signs root's jobs with it, the executors check them
         files[root / root_jobs.KEY_FILE] = (root_jobs.render_key_file(ns.membership_key), 0o644)

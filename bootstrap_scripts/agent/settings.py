@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bootstrap_scripts.containers import allow
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.controller.instance_health import DEFAULT_MAX_REPLACEMENTS_PER_HOUR
 
@@ -69,6 +70,8 @@ class AgentConfig:
     worker_role_id: str = ""
     node_keys_queue_url: str = ""
     data_checksums: str = checksums.WARN
+    #: the stack's ``allowedImages``: comma-separated registries / repository prefixes
+    allowed_images: str = ""
     scheduler: str = NATIVE_SCHEDULER
     munge_key_secret: str = ""
 
@@ -77,6 +80,7 @@ class AgentConfig:
             raise ValueError(f"--role must be master or worker, got {self.role!r}")
         if not self.cluster_id:
             raise ValueError("--cluster-id must not be empty")
+        allow.check_entries(allow.parse_entries(self.allowed_images))
         if self.role == "master" and not self.master_queue_url:
             raise ValueError("--master-queue-url is required on the master")
         if not 0 <= self.poll_wait <= 20:
@@ -196,6 +200,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--data-checksums", "the cluster's default of dl-run --data-checksums (the "
            "stack's dataChecksums): the installer writes it to etc/dl-cluster/data-checksums "
            "for dl-run (default warn)", choices=checksums.MODES),
+    Option("--allowed-images", "the stack's allowedImages: comma-separated registries or "
+           "repository prefixes dl-run --image accepts; the installer writes them to "
+           "etc/dl-cluster/allowed-images ('' = none: images refused)"),
     Option("--scheduler", "the cluster's scheduler (the stack's scheduler setting): native, "
            "the product's own queue, or slurm: slurmctld on the master, slurmd on every node "
            "(default native)", choices=SCHEDULERS),

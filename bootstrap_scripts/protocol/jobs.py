@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
+from bootstrap_scripts.containers.reference import BadReference
+from bootstrap_scripts.containers.reference import parse as parse_image
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.data.checkpoint_plan import CheckpointError, parse_s3_url
 from bootstrap_scripts.protocol import record_base
@@ -424,9 +426,14 @@ class RunRequest(Record):
     checkpoint_url: str = ""
     #: ``s3://bucket/prefix`` (``--resume-from``): another place the job may resume from
     resume_from: str = ""
+    #: ``registry/repository[:tag]@sha256:...`` (``--image``): every rank runs in this image,
+    #: pinned to its digest so every node and every restart runs the same bits ("": none)
+    image: str = ""
 
     def __post_init__(self) -> None:
         _job_id(self.job_id)
+        if self.image:
+            check_image(self.image, self.launcher)
         if self.hang_timeout < 0:
             raise JobSpecError(f"--hang-timeout must be >= 0 s (0: off), got "
                                f"{self.hang_timeout}", field="hang_timeout")
@@ -447,6 +454,21 @@ class RunRequest(Record):
         if not self.command:
             raise JobSpecError("no command given: put the training command after the options",
                                field="command")
+
+
+def check_image(image: str, launcher: str) -> None:
+    """``--image`` as a request carries it: a well-formed reference pinned to a digest, with
+    torchrun; JobSpecError naming what is wrong (``dlc submit`` checks it on the laptop)."""
+    try:
+        pinned = parse_image(image).pinned
+    except BadReference as exc:
+        raise JobSpecError(str(exc), field="image") from None
+    if not pinned:
+        raise JobSpecError(f"--image {image!r} is not pinned: give it as "
+                           f"REPOSITORY[:TAG]@sha256:<digest>", field="image")
+    if launcher != TORCHRUN:
+        raise JobSpecError(f"--image runs with the torchrun launcher only, not {launcher}",
+                           field="image")
 
 
 @record

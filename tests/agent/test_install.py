@@ -33,9 +33,10 @@ def test_units_and_wrappers_are_written(tmp_path):
                                "--python", "/usr/bin/python3", "--package-dir", "/opt/dl"])
     # a worker: the region file and its login-shell snippet, the agent and executor units
     # (no job controller: the master's only), the log files' rotation, dl-run's default
-    # --data-checksums (tests/data/test_checksums_default.py) and every wrapper (no
+    # --data-checksums (tests/data/test_checksums_default.py), the images dl-run --image
+    # accepts (tests/containers/test_allowed_images_node.py) and every wrapper (no
     # CloudWatch agent configuration without --log-group)
-    assert len(written) == 2 + 2 + 1 + 1 + len(install.WRAPPERS)
+    assert len(written) == 2 + 2 + 1 + 1 + 1 + len(install.WRAPPERS)
     assert not (tmp_path / cloudwatch_config.CONFIG_PATH).exists()
     assert not (tmp_path / "etc/systemd/system/dl-controller.service").exists()
     unit = (tmp_path / "etc/systemd/system/dl-agent.service").read_text()
@@ -51,7 +52,7 @@ def test_units_and_wrappers_are_written(tmp_path):
                                          "bootstrap_scripts.jobs.executor",
                                          "--root", str(tmp_path), "--mount-point", "/efs",
                                          "--guard-imds"]
-    for name in ("dl-run", "dl-jobs", "dl-health", "dl-agent", "dl-scale"):
+    for name in ("dl-run", "dl-jobs", "dl-health", "dl-agent", "dl-scale", "dl-container"):
         wrapper = tmp_path / "usr/local/bin" / name
         assert wrapper.stat().st_mode & 0o111
         assert "PYTHONPATH='/opt/dl'" in wrapper.read_text()

@@ -355,3 +355,22 @@ print("ok")
                        timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
     assert "was a spare" in p.stderr
+
+
+IMAGE = "nvcr.io/nvidia/pytorch:24.05@sha256:" + "ef" * 32
+
+
+@pytest.mark.parametrize(("command", "inside"), [
+    (["train.py", "--lr", "1"], ["python", "train.py", "--lr", "1"]),
+    (["python3", "-m", "pkg.train"], ["python3", "-m", "pkg.train"]),
+    (["-m", "pkg.train"], ["python", "-m", "pkg.train"]),
+])
+def test_an_image_jobs_ranks_each_run_in_dl_container(command, inside):
+    """torchrun stays on the host (the rendezvous, the elastic agent); each rank it starts is
+    ``dl-container run IMAGE -- CMD``, the command run by the image's interpreter."""
+    m = cluster(2, 8)
+    plan = ln.plan("torchrun", m, command, opts(image=IMAGE, elastic=True))
+    for argv in [*(s.procs[0].argv for s in plan.shares), plan.join_template.argv]:
+        worker = list(argv[argv.index("--no-python"):])
+        assert worker == ["--no-python", "dl-container", "run", IMAGE, "--", *inside]
+        assert argv[0] == "/usr/bin/python3"  # the agent: the node's interpreter, outside

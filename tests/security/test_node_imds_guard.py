@@ -97,6 +97,33 @@ def test_a_users_job_gets_no_token_from_its_nodes_imds_root_still_does(
     after = ask_as(job_user, url)
     assert after.returncode == 3 and "refused" in after.stdout, after
     assert fetch_identity(url, deadline=10).region == "us-east-1"  # root's agents: untouched
+    # bridged containers' packets are forwarded, not sent: the FORWARD rule is in the kernel
+    assert forward_rule_installed(url)
+
+
+def forward_rule_installed(url: str) -> bool:
+    address, _port = imds_guard.target(url)
+    return subprocess.run(["iptables", "-w", "-C", "FORWARD", *imds_guard.forward_rule(address)],
+                          capture_output=True, check=False).returncode == 0
+
+
+@pytest.mark.skipif(bool(netfilter_usable()), reason=netfilter_usable() or "-")
+def test_forwarded_traffic_to_imds_is_dropped_and_the_rule_goes_with_the_node():
+    """A container on a bridge reaches IMDS through FORWARD, where no owner match applies:
+    the guard drops every forwarded packet to the metadata address, installed once however
+    often the guard runs, and taken away with the node."""
+    url = "http://127.20.255.254:41999/"
+    try:
+        assert not forward_rule_installed(url)
+        imds_guard.ensure(url)
+        assert imds_guard.ensure(url).endswith("(already there)")
+        assert forward_rule_installed(url)
+        rules = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True,
+                               text=True, check=True).stdout
+        assert sum("127.20.255.254/32" in line for line in rules.splitlines()) == 1
+    finally:
+        imds_guard.remove(url)
+    assert not forward_rule_installed(url)
 
 
 def test_the_rule_is_an_owner_match_that_lets_only_root_through():
@@ -109,6 +136,16 @@ def test_the_rule_is_an_owner_match_that_lets_only_root_through():
     assert "ip daddr 169.254.169.254 tcp dport 80 meta skuid != 0 reject with tcp reset" \
         in script
     assert script.startswith("table inet dl_imds_guard\ndelete table inet dl_imds_guard\n")
+
+
+def test_the_forward_rule_drops_every_forwarded_packet_to_imds():
+    assert imds_guard.forward_rule("169.254.169.254") == [
+        "-d", "169.254.169.254/32", "-m", "comment", "--comment", "dl-imds-no-forward",
+        "-j", "DROP"]
+    script = imds_guard.nft_script("169.254.169.254", 80)
+    forward = script[script.index("chain forward"):]
+    assert "type filter hook forward priority 0;" in forward
+    assert "ip daddr 169.254.169.254 drop" in forward
 
 
 @pytest.mark.parametrize(("endpoint", "target"), [

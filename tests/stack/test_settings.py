@@ -63,6 +63,7 @@ def test_every_documented_key_is_parsed() -> None:
         "sharedStorage": "fsx-lustre",
         "resumeFrom": "s3://old-ckpts/checkpoints/old-cluster",
         "scheduler": "slurm",
+        "allowedImages": "123456789012.dkr.ecr.us-east-1.amazonaws.com/team, nvcr.io/nvidia",
     }
     # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
     assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
@@ -102,6 +103,7 @@ def test_every_documented_key_is_parsed() -> None:
         shared_storage="fsx-lustre",
         resume_from=("s3://old-ckpts/checkpoints/old-cluster/",),
         scheduler="slurm",
+        allowed_images=("123456789012.dkr.ecr.us-east-1.amazonaws.com/team", "nvcr.io/nvidia"),
     )
 
 
@@ -155,6 +157,7 @@ def test_every_documented_key_is_parsed() -> None:
         ("clusterUsers", "al ice"),
         ("scheduler", "pbs"),
         ("scheduler", "Slurm"),
+        ("allowedImages", "https://nvcr.io/nvidia"),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:

@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootstrap_scripts.containers import allow
+from bootstrap_scripts.containers.reference import BadReference
+from bootstrap_scripts.containers.reference import parse as parse_image
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.cli.env_args import given_env
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
@@ -64,6 +67,22 @@ def data_checksums(args: argparse.Namespace) -> str:
     return checksums.node_default(args.root) if args.data else checksums.WARN
 
 
+def check_image_allowed(image: str, root: str) -> None:
+    """``--image`` from a repository the stack allows (the node's copy of ``allowedImages``),
+    else RunError naming the repository and the setting; a malformed reference is left to
+    the request's own check, which names it."""
+    if not image:
+        return
+    try:
+        ref = parse_image(image)
+    except BadReference:
+        return
+    try:
+        allow.check(allow.node_entries(root), ref)
+    except allow.ImageNotAllowed as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
+
+
 def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
                       ) -> RunRequest:
     """The run request of these options: what ``--unmanaged`` runs and what a managed job's
@@ -75,6 +94,7 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         check_data_options(args.data, args.data_shard, args.data_checksums)
     except DataSourceError as exc:
         raise RunError(str(exc), EXIT_USAGE) from None
+    check_image_allowed(getattr(args, "image", ""), getattr(args, "root", "/"))
     extra = given(args)
     return RunRequest(
         job_id=job_id, command=tuple(command), launcher=args.launcher, env=job_env(args, extra),
@@ -93,7 +113,7 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         data_shard=args.data_shard, data_checksums=data_checksums(args),
         resume_from=args.resume_from,
         mounts=tuple(getattr(args, "mount", ())),
-        hang_timeout=getattr(args, "hang_timeout", 0.0))
+        hang_timeout=getattr(args, "hang_timeout", 0.0), image=getattr(args, "image", ""))
 
 
 def max_cost_from_args(args: argparse.Namespace) -> str:

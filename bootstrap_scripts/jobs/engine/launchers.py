@@ -55,7 +55,9 @@ def plan(launcher: str, m: Membership, command: list[str], opts: LaunchOptions) 
         raise LaunchError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
     if not command:
         raise LaunchError("no command given: put the training command after the options")
-    return _PLANNERS[launcher](m, node_python(list(command), opts.python), opts)
+    # An image's interpreter is the image's: a leading ``python`` stays for dl-container.
+    command = list(command) if opts.image else node_python(list(command), opts.python)
+    return _PLANNERS[launcher](m, command, opts)
 
 
 def _job_path(opts: LaunchOptions, name: str) -> str:
@@ -85,6 +87,20 @@ def strip_python(command: list[str], python: str) -> list[str]:
                               f"({python}), not {command[0]}: pass --python {command[0]}")
         return command[1:]
     return command
+
+
+#: The wrapper of every rank of an image job (``bootstrap_scripts/containers/run.py``), by
+#: the name the node installer gives it on every node's PATH.
+DL_CONTAINER = "dl-container"
+
+
+def in_image(command: list[str], image: str) -> list[str]:
+    """torchrun's worker command for an image job: ``--no-python`` (torchrun starts the
+    entry itself) ``dl-container run IMAGE -- CMD``, each rank in the image with torchrun's
+    variables passed in; a command without an interpreter runs with the image's ``python``."""
+    if not command or not PYTHON_NAME.fullmatch(os.path.basename(command[0])):
+        command = ["python", *command]
+    return ["--no-python", DL_CONTAINER, "run", image, "--", *command]
 
 
 # -- torchrun ------------------------------------------------------------------------------
@@ -181,7 +197,7 @@ def torchrun_plan(m: Membership, command: list[str], opts: LaunchOptions) -> Lau
     if opts.elastic:
         max_restarts = opts.max_restarts or ELASTIC_MAX_RESTARTS
         opts = opts if opts.rdzv_last_call else replace(opts, rdzv_last_call=ELASTIC_LAST_CALL)
-    script = strip_python(command, opts.python)
+    script = in_image(command, opts.image) if opts.image else strip_python(command, opts.python)
     # torch 2.x shares the rendezvous TCPStore with the workers and publishes its address
     # only in the FIRST round: a node joining a later round waits for a key that the
     # (unchanged) rank 0 never writes again, and the round times out. Without sharing,

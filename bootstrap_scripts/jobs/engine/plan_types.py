@@ -52,6 +52,8 @@ class LaunchOptions:
     tf_worker_base_port: int = 2230
     # mxnet
     mxnet_launch: str = "launch.py"
+    #: a pinned image every rank runs in (``dl-container``); "" for the node's own Python
+    image: str = ""
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,8 @@ def launch_options(request: RunRequest, paths: JobPaths) -> ln.LaunchOptions:
         mpi_if_exclude=request.mpi_if_exclude, nccl_socket_ifname=request.nccl_socket_ifname,
         mpi_rsh_agent=request.mpi_rsh_agent, mpi_extra=request.mpi_args,
         forward_env=request.forward, allow_run_as_root=os.geteuid() == 0,
-        tf_mode=request.tf_mode, tf_port=request.tf_port, mxnet_launch=request.mxnet_launch)
+        tf_mode=request.tf_mode, tf_port=request.tf_port, mxnet_launch=request.mxnet_launch,
+        image=request.image)
 
 
 def build_plan(request: RunRequest, m: Membership, paths: JobPaths) -> ln.LaunchPlan:

@@ -19,8 +19,9 @@ from bootstrap_scripts.protocol.data_source import (
     check_mounts,
     parse_data_source,
 )
-from bootstrap_scripts.protocol.jobs import JobSpecError, check_image
+from bootstrap_scripts.protocol.jobs import JobSpecError
 from bootstrap_scripts.protocol.nnodes import TORCHRUN, NodeRangeError, check_torchrun_options
+from bootstrap_scripts.protocol.run_request import check_image
 from dlc import aws
 from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing

@@ -46,15 +46,11 @@ from bootstrap_scripts.ops import instance_types as it
 from bootstrap_scripts.ops.node_checks import MARKER
 from bootstrap_scripts.protocol import record_base, store
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.jobs import (
-    DEFAULT_RDZV_PORT,
-    FORWARDED_ENV,
-    RunRequest,
-    new_job_id,
-)
+from bootstrap_scripts.protocol.jobs import DEFAULT_RDZV_PORT, new_job_id
 from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import InstanceTypeFacts, ShareExit
+from bootstrap_scripts.protocol.run_request import FORWARDED_ENV, RunRequest
 
 GateReport, GateSettings, NodeFailure = gr.GateReport, gr.GateSettings, gr.NodeFailure
 POLL_SECONDS = 0.2

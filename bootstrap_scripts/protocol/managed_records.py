@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.record_base import Record, record
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 # -- managed jobs (under managed/<job-id>/, and the controller's heartbeat) ------------------------
 

@@ -401,8 +401,8 @@ def test_g_ten_thousand_finished_jobs(tmp_path):
             (d / "nodes" / "0.exit").write_text("{}\n")
             os.utime(d / "done", (old, old))
         from bootstrap_scripts.jobs.engine import managed
-        from bootstrap_scripts.protocol.jobs import RunRequest
         from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
+        from bootstrap_scripts.protocol.run_request import RunRequest
         for k in range(100):
             jid = f"done-{k:03d}"
             req = ManagedRequest(job_id=jid, run=RunRequest(job_id=jid, command=("true",)),

@@ -23,8 +23,8 @@ import pytest
 
 from bootstrap_scripts.metrics import metric_names as names
 from bootstrap_scripts.node.procgroup import alive, pids_in_groups, stop_popen_group
-from bootstrap_scripts.protocol.jobs import StagingReport
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
+from bootstrap_scripts.protocol.run_request import StagingReport
 from dlc.cli import main
 from dlc.cost import usd as cost_usd
 from emulator.demo.context import BIN_DIR

@@ -15,9 +15,9 @@ import pytest
 
 from bootstrap_scripts.jobs.cli import dl_jobs
 from bootstrap_scripts.jobs.engine import managed
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.run_request import RunRequest
 from dlc import cli
 from dlc import jobs as jobs_mod
 from dlc.errors import DlcError

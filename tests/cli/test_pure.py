@@ -178,8 +178,8 @@ def test_submit_elastic_is_refused_on_the_laptop_by_dl_runs_own_rule(
     the master: the rule has one home (``protocol.nnodes.check_torchrun_options``)."""
     from bootstrap_scripts.jobs.engine import run as engine
     from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
-    from bootstrap_scripts.protocol.jobs import RunRequest
     from bootstrap_scripts.protocol.membership import build_membership
+    from bootstrap_scripts.protocol.run_request import RunRequest
 
     with pytest.raises(UsageError, match=re.escape(named)) as laptop:
         jobs.submit_argv(("t",), launcher=launcher, max_restarts=None, min_nodes=None,

@@ -14,7 +14,7 @@ from bootstrap_scripts.containers import allow
 from bootstrap_scripts.jobs.cli.dl_run import build_parser, split_command
 from bootstrap_scripts.jobs.cli.request_args import request_from_args
 from bootstrap_scripts.jobs.engine.outcomes import RunError
-from bootstrap_scripts.protocol.jobs import RunRequest
+from bootstrap_scripts.protocol.run_request import RunRequest
 from emulator.deploy import REPO_ROOT
 
 ECR = "123456789012.dkr.ecr.us-east-1.amazonaws.com"

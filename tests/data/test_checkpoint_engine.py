@@ -18,9 +18,10 @@ from bootstrap_scripts.jobs.engine import checkpoints
 from bootstrap_scripts.jobs.engine.outcomes import RunError
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.jobs import Proc, RunRequest, Share
+from bootstrap_scripts.protocol.jobs import Proc, Share
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.membership import build_membership
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 BASE = "s3://ck-bucket/checkpoints/c1/"
 

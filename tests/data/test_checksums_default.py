@@ -17,7 +17,7 @@ from bootstrap_scripts.agent import install
 from bootstrap_scripts.data import checksums
 from bootstrap_scripts.jobs.cli.dl_run import build_parser, split_command
 from bootstrap_scripts.jobs.cli.request_args import request_from_args
-from bootstrap_scripts.protocol.jobs import RunRequest
+from bootstrap_scripts.protocol.run_request import RunRequest
 from emulator.deploy import REPO_ROOT
 
 

@@ -18,8 +18,9 @@ from bootstrap_scripts.jobs.engine.outcomes import RunError
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
 from bootstrap_scripts.protocol.data_source import DataSource, parse_data_source
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.jobs import Proc, RunRequest, Share, StagedNode, StagingReport
+from bootstrap_scripts.protocol.jobs import Proc, Share
 from bootstrap_scripts.protocol.membership import build_membership
+from bootstrap_scripts.protocol.run_request import RunRequest, StagedNode, StagingReport
 
 
 @pytest.mark.parametrize(("text", "expected"), [

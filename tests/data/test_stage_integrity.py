@@ -18,9 +18,9 @@ from botocore.compat import HAS_CRT
 from bootstrap_scripts.data import checksums, durable, fetch, stage
 from bootstrap_scripts.data.plan import StageError
 from bootstrap_scripts.jobs.engine import staging
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.run_request import RunRequest
 from tests.data.conftest import S3Env, crc64nvme, put_raw, run_stage
 
 

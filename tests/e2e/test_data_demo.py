@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import StagingReport
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import JobResult
+from bootstrap_scripts.protocol.run_request import StagingReport
 from tests.support.demo import assert_nothing_left, check_common, run_demo, training_attempts
 
 pytestmark = pytest.mark.slow

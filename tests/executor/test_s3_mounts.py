@@ -31,8 +31,9 @@ from bootstrap_scripts.protocol.data_source import (
     check_mounts,
     parse_mount_source,
 )
-from bootstrap_scripts.protocol.jobs import JobSpec, JobSpecError, Proc, RunRequest, Share
+from bootstrap_scripts.protocol.jobs import JobSpec, JobSpecError, Proc, Share
 from bootstrap_scripts.protocol.paths import JobPaths
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 
 def test_the_mount_command_line_is_read_only_for_the_jobs_user_only():

@@ -19,11 +19,12 @@ from bootstrap_scripts.jobs.controller import attempts
 from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.jobs.engine.restart_policy import join_restarts_workers
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import JobSpec, JobSpecError, RunRequest
+from bootstrap_scripts.protocol.jobs import JobSpec, JobSpecError
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.nnodes import NodeRange
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import ShareStarted
+from bootstrap_scripts.protocol.run_request import RunRequest
 from tests.support.rejoin import FakeExecutors, grown
 
 BIG = 70  # nodes: more than the elastic default MAX of 64

@@ -19,9 +19,9 @@ from bootstrap_scripts.jobs.controller import daemon, retention
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.node import single_instance
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths, own_user
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 

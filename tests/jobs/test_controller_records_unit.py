@@ -113,8 +113,8 @@ def test_retention_moves_the_copy_with_the_job_and_a_reused_id_runs(tmp_path: Pa
     user's job.json saying the job ended long ago archives nothing the copy says runs."""
     from bootstrap_scripts.jobs.controller import retention
     from bootstrap_scripts.jobs.engine import controller_records, managed, user_dirs
-    from bootstrap_scripts.protocol.jobs import RunRequest
     from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
+    from bootstrap_scripts.protocol.run_request import RunRequest
 
     seal = ControllerSeal(kms.sign, kms.verify)
     ClusterPaths(tmp_path).managed_dir.mkdir(parents=True)

@@ -28,7 +28,6 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
 from bootstrap_scripts.ops import cost
 from bootstrap_scripts.ops.prices import PriceBook, list_filters
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import (
     AttemptUsage,
     ManagedJob,
@@ -38,6 +37,7 @@ from bootstrap_scripts.protocol.managed_records import (
 from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import InstancePrice
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 # -- pure: how an instance was bought ------------------------------------------------------
 

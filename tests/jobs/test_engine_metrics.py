@@ -16,7 +16,6 @@ from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.metrics import metric_names as names
 from bootstrap_scripts.metrics import metrics_emf
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import (
     AttemptUsage,
     ManagedJob,
@@ -31,6 +30,7 @@ from bootstrap_scripts.protocol.paths import (
     NodePaths,
     own_user,
 )
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 RATE = "1.2"  # USD an hour: one node-hour is 1.2 USD, one node-second 1/3000 USD
 

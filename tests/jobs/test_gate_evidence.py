@@ -11,9 +11,9 @@ import pytest
 from bootstrap_scripts.jobs.controller.node_evidence import gate_reason, gate_verdicts
 from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
 from bootstrap_scripts.jobs.engine import managed
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
 from bootstrap_scripts.protocol.membership import build_membership
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 MASTER, W1, W2 = ("10.0.0.4", "i-m"), ("10.0.1.5", "i-w1"), ("10.0.1.6", "i-w2")
 M = build_membership(cluster_id="c", generation=1, efs_mount="/efs",

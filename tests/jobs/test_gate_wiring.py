@@ -7,9 +7,9 @@ from pathlib import Path
 
 from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
 from bootstrap_scripts.jobs.engine import managed
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
 from bootstrap_scripts.protocol.membership import build_membership
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 M = build_membership(cluster_id="c", generation=1, efs_mount="/efs",
                      master={"instance_id": "i-m", "address": "10.0.0.4"},

@@ -240,9 +240,9 @@ def test_the_supervisor_restarts_a_hung_attempt_but_never_one_whose_share_ended(
     from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
     from bootstrap_scripts.jobs.engine import managed
     from bootstrap_scripts.protocol import store
-    from bootstrap_scripts.protocol.jobs import RunRequest
     from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
     from bootstrap_scripts.protocol.records import ShareExit
+    from bootstrap_scripts.protocol.run_request import RunRequest
 
     req = ManagedRequest(job_id="j", run=RunRequest(job_id="j", command=("true",),
                                                     hang_timeout=5), submitted_at=1.0)

@@ -12,9 +12,10 @@ from bootstrap_scripts.jobs.engine.restart_policy import Action, Policy, decide
 from bootstrap_scripts.jobs.engine.summary import summarize
 from bootstrap_scripts.jobs.engine.watch import Watch
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import JobSpec, Proc, RunRequest, Share
+from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import JobResult, NodeResult, ShareExit
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 DENIED = "error: AccessDenied reading s3://ckpts/old/ (the job role may read its own prefix)"
 

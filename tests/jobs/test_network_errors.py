@@ -18,9 +18,10 @@ from bootstrap_scripts.jobs.engine.restart_policy import Action, Policy, decide
 from bootstrap_scripts.jobs.engine.summary import summarize
 from bootstrap_scripts.jobs.engine.watch import Watch
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import JobSpec, Proc, RunRequest, Share
+from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import JobResult, ShareExit
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 RDZV = ("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection "
         "to the C10d store has failed. See inner exception for details.")

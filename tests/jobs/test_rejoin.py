@@ -20,10 +20,11 @@ from bootstrap_scripts.jobs.executor.elastic import ElasticJoins
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.probation import RunnerProbation
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import JobSpec, Proc, RunRequest, Share
+from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.records import ShareStarted
+from bootstrap_scripts.protocol.run_request import RunRequest
 from tests.support.rejoin import (
     REPLACEMENT,
     FakeExecutors,

@@ -129,9 +129,9 @@ def test_a_root_request_is_checked_over_the_very_bytes_that_are_parsed(tmp_path,
     signed one back for another cannot run. Here every read after the first returns the
     signed request, the first the forged one (the attacker's best timing)."""
     from bootstrap_scripts.jobs.engine import managed, userfiles
-    from bootstrap_scripts.protocol.jobs import RunRequest
     from bootstrap_scripts.protocol.managed_records import ManagedRequest
     from bootstrap_scripts.protocol.paths import ClusterPaths
+    from bootstrap_scripts.protocol.run_request import RunRequest
 
     paths = ClusterPaths(tmp_path).managed("j", "root")
     paths.dir.mkdir(parents=True)

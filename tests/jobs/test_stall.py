@@ -13,9 +13,9 @@ from bootstrap_scripts.jobs.controller.hangs import STALL_SECONDS, HangWatch
 from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.progress import Reporter
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 
 class Clock:

@@ -11,15 +11,10 @@ from bootstrap_scripts.jobs.engine.classify import FailureClass, FailureKind, cl
 from bootstrap_scripts.jobs.engine.summary import summarize
 from bootstrap_scripts.jobs.engine.watch import Watch
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import (
-    EXECUTOR_RESTARTED_REASON,
-    JobSpec,
-    Proc,
-    RunRequest,
-    Share,
-)
+from bootstrap_scripts.protocol.jobs import EXECUTOR_RESTARTED_REASON, JobSpec, Proc, Share
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import JobResult, ShareExit
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 
 def watch(tmp_path, exits: dict[int, ShareExit], lost: dict[int, str] | None = None) -> Watch:

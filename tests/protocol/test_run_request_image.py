@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bootstrap_scripts.protocol.jobs import JobSpecError, RunRequest
+from bootstrap_scripts.protocol.jobs import JobSpecError
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 PINNED = "127.0.0.1:5000/team/train:v1@sha256:" + "0a" * 32
 

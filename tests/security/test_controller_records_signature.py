@@ -39,7 +39,6 @@ from bootstrap_scripts.jobs.controller.idle import IdleStop
 from bootstrap_scripts.jobs.engine import controller_records, managed, root_jobs
 from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, Trust
 from bootstrap_scripts.protocol import membership_signature, store
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import (
     AttemptUsage,
     BreakerMarks,
@@ -48,6 +47,7 @@ from bootstrap_scripts.protocol.managed_records import (
     NodeUsage,
 )
 from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.run_request import RunRequest
 from tests.conftest import REGION
 from tests.security.conftest import as_user
 

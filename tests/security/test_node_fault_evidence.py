@@ -33,7 +33,6 @@ from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.jobs.engine.classify import Failure, FailureKind
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import (
     BreakerMarks,
     ControllerHeartbeat,
@@ -43,6 +42,7 @@ from bootstrap_scripts.protocol.managed_records import (
 from bootstrap_scripts.protocol.membership import build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
 from bootstrap_scripts.protocol.records import ExecutorHeartbeat
+from bootstrap_scripts.protocol.run_request import RunRequest
 from emulator.resources import create_cluster
 from tests.conftest import REGION
 from tests.security.node_fixtures import (  # noqa: F401 - fixtures

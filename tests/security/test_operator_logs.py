@@ -21,8 +21,9 @@ import pytest
 
 from bootstrap_scripts.jobs.cli import dl_jobs
 from bootstrap_scripts.jobs.engine import user_dirs
-from bootstrap_scripts.protocol.jobs import JobSpec, Proc, RunRequest, Share
+from bootstrap_scripts.protocol.jobs import JobSpec, Proc, Share
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
+from bootstrap_scripts.protocol.run_request import RunRequest
 from tests.security.conftest import as_user
 
 SECRET = "root:$6$not-for-users$secret-line"

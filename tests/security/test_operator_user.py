@@ -16,9 +16,9 @@ import pytest
 from bootstrap_scripts.jobs.cli import dl_jobs
 from bootstrap_scripts.jobs.engine import user_dirs
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.run_request import RunRequest
 from tests.support.users import CAN_CREATE_USERS, cluster_user, reachable
 
 pytestmark = pytest.mark.skipif(not CAN_CREATE_USERS, reason="creating users needs root")

@@ -11,10 +11,10 @@ from bootstrap_scripts.jobs.controller import rejoin
 from bootstrap_scripts.jobs.controller.supervise import JobSupervisor
 from bootstrap_scripts.jobs.engine import managed
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import RunRequest
 from bootstrap_scripts.protocol.managed_records import ManagedJob, ManagedRequest, RestartRecord
 from bootstrap_scripts.protocol.membership import Membership, build_membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 MASTER = {"instance_id": "i-m", "address": "10.0.0.4"}
 

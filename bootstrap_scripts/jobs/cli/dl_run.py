@@ -9,7 +9,7 @@ output (``follow.py``); Ctrl-C detaches and the job keeps running. ``--unmanaged
 job from this process, as described below (the controller runs each attempt that way).
 
 ``--unmanaged`` turns the options and the command into a
-:class:`~bootstrap_scripts.protocol.jobs.RunRequest` (or reads one, ``--request FILE``/``-``:
+:class:`~bootstrap_scripts.protocol.run_request.RunRequest` (or reads one, ``--request FILE``/``-``:
 how the job controller and the health gate hand theirs over) and runs it on the nodes of
 the membership the node agent wrote (``<root>/opt/deeplearning/``) through the engine's
 front door, :func:`bootstrap_scripts.jobs.engine.run.run`: the launch plan, the executors'
@@ -41,9 +41,10 @@ from bootstrap_scripts.jobs.engine.restart_policy import (
     DEFAULT_REPLACE_TIMEOUT,
 )
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.jobs import RunRequest, new_job_id
+from bootstrap_scripts.protocol.jobs import new_job_id
 from bootstrap_scripts.protocol.nnodes import ELASTIC_MAX_NODES
 from bootstrap_scripts.protocol.paths import MEMBERSHIP_FILE, validate_job_id
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 #: A run request's defaults are dl-run's: the request is the one definition of a job's options.
 DEFAULTS = RunRequest(job_id="job", command=("true",))

@@ -19,9 +19,9 @@ from bootstrap_scripts.jobs.cli.env_args import given_env
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
 from bootstrap_scripts.ops.cost import parse_usd, plain
 from bootstrap_scripts.protocol.data_source import DataSourceError, check_data_options
-from bootstrap_scripts.protocol.jobs import FORWARDED_ENV, RunRequest
 from bootstrap_scripts.protocol.membership import Membership, MembershipError
 from bootstrap_scripts.protocol.paths import NodePaths
+from bootstrap_scripts.protocol.run_request import FORWARDED_ENV, RunRequest
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Everything that can be wrong with the command line or the cluster is checked here, before
 the job is queued, with today's exit statuses: 2 for a bad option or launcher plan, 3 for a
 node whose executor is unreachable. The request then carries the job's
-:class:`~bootstrap_scripts.protocol.jobs.RunRequest` (the command, the working directory,
+:class:`~bootstrap_scripts.protocol.run_request.RunRequest` (the command, the working directory,
 the variables ``dl-run`` forwards to the ranks: PATH, the venv, ...; the launcher's and the
 runner's options), so that each attempt runs as if the user had started ``dl-run
 --unmanaged`` themselves.

@@ -30,7 +30,7 @@ from bootstrap_scripts.jobs.engine.summary import INPUT_STEPS
 from bootstrap_scripts.node.procgroup import alive
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest
+from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.managed_records import ManagedRequest
 from bootstrap_scripts.protocol.nnodes import NodeRange, NodeRangeError, node_range, parse_nnodes
 from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, JobPaths
@@ -40,6 +40,7 @@ from bootstrap_scripts.protocol.records import (
     ShareExit,
     ShareStarted,
 )
+from bootstrap_scripts.protocol.run_request import RunRequest
 from bootstrap_scripts.tensorboard_log import DIR_ENV as TENSORBOARD_ENV
 
 LOG = logging.getLogger("dl-controller")

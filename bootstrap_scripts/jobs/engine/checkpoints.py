@@ -39,10 +39,11 @@ from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
 from bootstrap_scripts.protocol import record_base
-from bootstrap_scripts.protocol.jobs import Proc, RunRequest
+from bootstrap_scripts.protocol.jobs import Proc
 from bootstrap_scripts.protocol.managed_records import ManagedJob
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 #: The variable naming a job's checkpoint directory (a managed job's: ``attempts``).
 DIR_VARIABLE = "DL_CHECKPOINT_DIR"

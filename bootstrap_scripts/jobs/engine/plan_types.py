@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bootstrap_scripts.protocol.jobs import (
+from bootstrap_scripts.protocol.jobs import DEFAULT_RDZV_PORT, Proc, Share
+from bootstrap_scripts.protocol.run_request import (
     DEFAULT_MPI_IF_EXCLUDE,
     DEFAULT_NCCL_SOCKET_IFNAME,
-    DEFAULT_RDZV_PORT,
-    Proc,
-    Share,
 )
 
 

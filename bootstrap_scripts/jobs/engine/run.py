@@ -29,11 +29,12 @@ from bootstrap_scripts.jobs.engine.reachability import check_reachable
 from bootstrap_scripts.jobs.engine.summary import summarize
 from bootstrap_scripts.jobs.engine.watch import Watch, install_signal_handlers, watch
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import JobSpec, RunRequest, StagingReport
+from bootstrap_scripts.protocol.jobs import JobSpec
 from bootstrap_scripts.protocol.membership import Membership, Node, build_membership
 from bootstrap_scripts.protocol.nnodes import NodeRangeError, check_torchrun_options
 from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths
 from bootstrap_scripts.protocol.records import RunnerHeartbeat
+from bootstrap_scripts.protocol.run_request import RunRequest, StagingReport
 from bootstrap_scripts.protocol.store import OWNER_ONLY
 
 

@@ -29,9 +29,9 @@ from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
 from bootstrap_scripts.jobs.engine.plan_types import LaunchPlan
 from bootstrap_scripts.protocol import record_base, store
 from bootstrap_scripts.protocol.errors import ProtocolError
-from bootstrap_scripts.protocol.jobs import RunRequest, StagedNode, StagingReport
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import JobPaths
+from bootstrap_scripts.protocol.run_request import RunRequest, StagedNode, StagingReport
 
 #: The staging job's id: the job's, with this suffix.
 STAGE_SUFFIX = ".stage"

@@ -18,7 +18,7 @@ from pathlib import Path
 from bootstrap_scripts.jobs.engine import userfiles
 from bootstrap_scripts.jobs.engine.outcomes import say
 from bootstrap_scripts.protocol import liveness, store
-from bootstrap_scripts.protocol.jobs import USER_CANCEL_REASON, JobSpec, RunRequest, Share
+from bootstrap_scripts.protocol.jobs import USER_CANCEL_REASON, JobSpec, Share
 from bootstrap_scripts.protocol.liveness import Liveness, Sighting
 from bootstrap_scripts.protocol.paths import (
     SHARE_LOG_SUFFIX,
@@ -33,6 +33,7 @@ from bootstrap_scripts.protocol.records import (
     ShareExit,
     ShareStarted,
 )
+from bootstrap_scripts.protocol.run_request import RunRequest
 
 #: An executor that says it stopped while its share runs may be restarting (systemd brings
 #: it back and it re-attaches to the share): lost only if it still says so this much later.

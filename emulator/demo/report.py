@@ -74,6 +74,8 @@ def build_report(ctx: DemoContext, status: str, exit_code: int, error: str = "")
                     "unhealthy_node": ns.unhealthy_node, "epochs": ns.epochs,
                     "require_acc": ns.require_acc, "keep": ns.keep},
         "endpoint": ctx.endpoint,
+        "scheduler": getattr(ns, "scheduler", "native"),
+        "slurm_job": ctx.slurm.get("job"),
         "stack": {"name": dp.STACK, "resources": c.resource_count if c else 0,
                   "cluster_id": c.cluster_id if c else "",
                   "groups": {r: {"name": g.name, "desired": g.desired, "min": g.min_size,
@@ -264,10 +266,24 @@ def keep_instructions(ctx: DemoContext) -> None:
         f"--epochs {ctx.ns.epochs + 5}\n"
         f"    dl-health\n"
         f"  (or in the shell you are in: . {env_file})\n"
+        f"{slurm_lines(ctx, shell_path)}"
         f"  node files: {ctx.work}/nodes/<instance-id>/{DEEPLEARNING_DIR}/, EFS: {ctx.efs},"
         f" logs: {ctx.logs}\n"
         f"  stop everything (it lists what it deletes first; --keep-files keeps the files):\n"
         f"    {stop_command(ctx)}", highlight=False, soft_wrap=True)
+
+
+def slurm_lines(ctx: DemoContext, shell_path: Path) -> str:
+    """With ``--scheduler slurm``: Slurm's commands in that shell, as the demo's user."""
+    user = ctx.slurm.get("user")
+    if not user:
+        return ""
+    return (f"  Slurm's commands work in that shell as on the node (sacct: accounting is not\n"
+            f"  configured yet, docs/demo.md); jobs as the demo's user {user}:\n"
+            f"    runuser -u {user} -- {shell_path} sinfo\n"
+            f"    cd ~{user} && runuser -u {user} -- {shell_path} sbatch "
+            f"{dp.REPO_ROOT}/bootstrap_scripts/examples/train_digits.sbatch --epochs 5\n"
+            f"    runuser -u {user} -- {shell_path} squeue\n")
 
 
 def record_aws(ctx: DemoContext) -> Path:

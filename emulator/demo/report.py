@@ -26,6 +26,7 @@ INTERNAL_KEYS = ("t", "wall", "agent_started", "first_step_t")
 TIMING_LABELS = {"moto_start_s": "moto start", "bootstrap_s": "cdk bootstrap",
                  "deploy_s": "cdk deploy (synth + deploy)",
                  "boot_to_membership_s": "boot to membership", "job_s": "training job",
+                 "slurm_idle_s": "membership to every node idle in Slurm",
                  "resume_job_s": "resumed job", "total_s": "whole demo"}
 
 
@@ -181,6 +182,9 @@ def summary_table(console, report: dict) -> None:
     tm.add_row("workers requested / launched / running",
                f"{cnt['workers_requested']} / {cnt['workers_launched']} / "
                f"{cnt['workers_running']}")
+    ran = report.get("slurm_job")
+    tm.add_row("scheduler", f"Slurm: job {ran['job_id']} as {ran['user']} on "
+               f"{ran['num_nodes']} nodes" if ran else report.get("scheduler", "native"))
     flaky = (report.get("capacity") or {}).get("flaky")
     if flaky:
         tm.add_row("flaky launches: failed / left to retries / workers at the end",

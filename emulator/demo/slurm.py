@@ -39,8 +39,9 @@ from emulator.nodes import PYTHON
 SBATCH = dp.REPO_ROOT / "bootstrap_scripts/examples/train_digits.sbatch"
 #: how long the members may take to be idle in Slurm once the cluster formed
 IDLE_TIMEOUT_S = 120
-#: a bound on the whole job (the example takes seconds per epoch; a hang must end the demo)
-JOB_TIMEOUT_S = 900
+#: a bound on the whole job (the example takes seconds per epoch; a hang must end the demo,
+#: with its teardown, before a caller's own bound on the demo kills it)
+JOB_TIMEOUT_S = 240
 #: ``srun -l`` puts the task's number before each line of its output; the demo reads it as
 #: it reads dl-run's ``[rank host]`` prefix (one task per node: task N on the Nth node)
 LABEL_RE = re.compile(r"^\s*(\d+): ")

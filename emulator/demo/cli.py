@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the example job: torch (PyTorch DDP, torchrun; default) or tf "
                         "(TensorFlow MultiWorkerMirroredStrategy, dl-run --launcher tf; first "
                         "installs tensorflow-cpu 2.21.0 into .venv, about 1.3 GB)")
+    p.add_argument("--scheduler", choices=("native", "slurm"), default="native",
+                   help="the cluster's scheduler (-c scheduler=...): native (dl-run and the "
+                        "job controller; default) or slurm (a real user submits the DDP "
+                        "recipe with sbatch; docs/demo.md)")
     p.add_argument("--keep", action="store_true",
                    help="leave the emulated cluster running and print how to use and stop it")
     p.add_argument("--report", default="demo-report.json", help="report path "
@@ -176,6 +180,12 @@ def validate(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--data stages the dataset for the PyTorch example's plain or recovery "
                      "runs: not with --elastic (joining nodes would not have it) or "
                      "--framework tf")
+    if ns.scheduler == "slurm" and (
+            ns.elastic or ns.unhealthy_node or ns.data or ns.framework == "tf"
+            or ns.kill_node_after is not None or ns.kill_master_after is not None):
+        parser.error("--scheduler slurm runs the plain job (the sbatch recipe): not with "
+                     "--elastic, --kill-node-after, --kill-master-after, --unhealthy-node, "
+                     "--data or --framework tf, which play dl-run's job controller")
     if ns.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {ns.epochs}")
     if ns.require_acc is not None and not 0 <= ns.require_acc <= 1:

@@ -129,6 +129,9 @@ class DemoContext:
         #: Auto Scaling and EC2 for it (emulator.demo.keeper) once it runs
         self.kept = False
         self.service: Tracked | None = None
+        #: --scheduler slurm (emulator.demo.slurm): the user made for the job, the
+        #: directories opened for it ({dir: old mode}), the master shell, the job's record
+        self.slurm: dict = {"opened": {}}
 
     # -- output --------------------------------------------------------------------------
     def step(self, text: str) -> None:
@@ -155,7 +158,8 @@ class DemoContext:
                  "cloud": self.cloud.to_dict() if self.cloud else None,
                  "nodes": [n.to_state() for n in self.nodes],
                  "runners": [r.to_dict() for r in self.runners],
-                 "service": self.service.to_dict() if self.service else None}
+                 "service": self.service.to_dict() if self.service else None,
+                 "slurm": {k: v for k, v in self.slurm.items() if k in ("user", "opened")}}
         path = self.work / STATE_FILE
         try:  # what --keep added for dlc --emulator (report.record_aws) stays
             aws = json.loads(path.read_text()).get("aws")

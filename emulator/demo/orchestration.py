@@ -29,6 +29,7 @@ from bootstrap_scripts.node.procgroup import (
     stop_groups,
 )
 from emulator import deploy as dp
+from emulator import slurm_node
 from emulator.demo import (
     cluster,
     frameworks,
@@ -38,6 +39,7 @@ from emulator.demo import (
     report,
     scenarios,
     signals,
+    slurm,
 )
 from emulator.demo import data as demo_data
 from emulator.demo.context import BIN_DIR, DemoContext, DemoError, free_port
@@ -194,7 +196,9 @@ class Demo(DemoContext):
         groups = self.groups()
         members = pids_in_groups(g.pid for g in groups)
         seen = sorted(members | descendants(members))
-        survivors = stop_groups(groups, grace=15)
+        left_slurm = slurm.stop_daemons(self)  # before the groups: slurmstepd left them
+        survivors = stop_groups(groups, grace=15) | left_slurm
+        slurm.cleanup(self)
         for n in self.nodes:
             for p in n.popens:
                 with contextlib.suppress(Exception):
@@ -218,11 +222,13 @@ class Demo(DemoContext):
             self.info(ns.acc_note)
         if ns.framework == "tf":
             frameworks.ensure_tensorflow(self)
+        if slurm.wanted(ns):
+            slurm.prepare(self)  # before the deploy: a work dir Slurm cannot use stops here
         cluster.start_cloud(self)
         if ns.data:
             demo_data.upload(self)
         cluster.deploy(self, {**scenarios.deploy_context(ns), **capacity.deploy_context(self),
-                              **demo_data.deploy_context(ns)})
+                              **demo_data.deploy_context(ns), **slurm.deploy_context(ns)})
         scenarios.fail_launches(self)
         scenarios.enforce_iam(self)  # --enforce-iam: from here on IAM decides every call
         cluster.boot_nodes(self)
@@ -233,7 +239,10 @@ class Demo(DemoContext):
         # From here on AWS acts by itself: unhealthy instances are replaced, new instances
         # boot, lost machines fail their status checks (emulator.autoscaling).
         self.autoscaling = self.autoscaling or cluster.autoscaling(self)
-        if recovery.wanted(ns):
+        if slurm.wanted(ns):
+            job = slurm.run_job(self, self.show_job_line)
+            self.jobs.append(job)
+        elif recovery.wanted(ns):
             drill = recovery.Recovery(self)
             job = drill.finish(self.run_job(world_sizes=[world], scenario=drill))
         else:
@@ -272,8 +281,11 @@ class Demo(DemoContext):
                                 f"{cause or chr(10).join(job.output_tail[-10:])}")
             if self.ns.data:
                 demo_data.check(self, job.managed_id or job.job_id)
+            ran = self.slurm.get("job")
+            how = (f" (Slurm, as {ran['user']} on {ran['num_nodes']} nodes: {ran['nodes']})"
+                   if ran else "")
             self.ok(f"job {job.job_id} succeeded: accuracy {job.final_acc}, world size "
-                    f"{job.world_size}")
+                    f"{job.world_size}{how}")
             status, code = "succeeded", 0
         except (DemoError, dp.DeployError, NodeError) as exc:
             error = str(exc)
@@ -371,7 +383,11 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
                       + "\n  (to keep it: --stop STATE_FILE --keep-files)", highlight=False)
     # what is actually running (a recorded group may have ended long ago)
     running = service + [g for g in groups if g.same_process() and pids_in_groups([g.pid])]
-    left = stop_groups(groups, grace=15)
+    left = set()
+    for node in state.get("nodes", []):  # Slurm's daemons, and the steps that left their group
+        left |= slurm_node.stop(node["address"], grace=10)
+    left |= stop_groups(groups, grace=15)
+    slurm.cleanup_from_state(state)
     for node in state.get("nodes", []):  # the machines are gone, and their kernels' rules
         if node.get("imds_url"):
             with contextlib.suppress(imds_guard.GuardError):

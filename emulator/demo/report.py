@@ -26,6 +26,7 @@ INTERNAL_KEYS = ("t", "wall", "agent_started", "first_step_t")
 TIMING_LABELS = {"moto_start_s": "moto start", "bootstrap_s": "cdk bootstrap",
                  "deploy_s": "cdk deploy (synth + deploy)",
                  "boot_to_membership_s": "boot to membership", "job_s": "training job",
+                 "slurm_idle_s": "membership to every node idle in Slurm",
                  "resume_job_s": "resumed job", "total_s": "whole demo"}
 
 
@@ -74,6 +75,8 @@ def build_report(ctx: DemoContext, status: str, exit_code: int, error: str = "")
                     "unhealthy_node": ns.unhealthy_node, "epochs": ns.epochs,
                     "require_acc": ns.require_acc, "keep": ns.keep},
         "endpoint": ctx.endpoint,
+        "scheduler": getattr(ns, "scheduler", "native"),
+        "slurm_job": ctx.slurm.get("job"),
         "stack": {"name": dp.STACK, "resources": c.resource_count if c else 0,
                   "cluster_id": c.cluster_id if c else "",
                   "groups": {r: {"name": g.name, "desired": g.desired, "min": g.min_size,
@@ -179,6 +182,9 @@ def summary_table(console, report: dict) -> None:
     tm.add_row("workers requested / launched / running",
                f"{cnt['workers_requested']} / {cnt['workers_launched']} / "
                f"{cnt['workers_running']}")
+    ran = report.get("slurm_job")
+    tm.add_row("scheduler", f"Slurm: job {ran['job_id']} as {ran['user']} on "
+               f"{ran['num_nodes']} nodes" if ran else report.get("scheduler", "native"))
     flaky = (report.get("capacity") or {}).get("flaky")
     if flaky:
         tm.add_row("flaky launches: failed / left to retries / workers at the end",
@@ -266,10 +272,24 @@ def keep_instructions(ctx: DemoContext) -> None:
         f"--epochs {ctx.ns.epochs + 5}\n"
         f"    dl-health\n"
         f"  (or in the shell you are in: . {env_file})\n"
+        f"{slurm_lines(ctx, shell_path)}"
         f"  node files: {ctx.work}/nodes/<instance-id>/{DEEPLEARNING_DIR}/, EFS: {ctx.efs},"
         f" logs: {ctx.logs}\n"
         f"  stop everything (it lists what it deletes first; --keep-files keeps the files):\n"
         f"    {stop_command(ctx)}", highlight=False, soft_wrap=True)
+
+
+def slurm_lines(ctx: DemoContext, shell_path: Path) -> str:
+    """With ``--scheduler slurm``: Slurm's commands in that shell, as the demo's user."""
+    user = ctx.slurm.get("user")
+    if not user:
+        return ""
+    return (f"  Slurm's commands work in that shell as on the node (sacct: accounting is not\n"
+            f"  configured yet, docs/demo.md); jobs as the demo's user {user}:\n"
+            f"    runuser -u {user} -- {shell_path} sinfo\n"
+            f"    cd ~{user} && runuser -u {user} -- {shell_path} sbatch "
+            f"{dp.REPO_ROOT}/bootstrap_scripts/examples/train_digits.sbatch --epochs 5\n"
+            f"    runuser -u {user} -- {shell_path} squeue\n")
 
 
 def record_aws(ctx: DemoContext) -> Path:

@@ -385,7 +385,8 @@ def stop_from_state(path: str, console, *, keep_files: bool = False) -> int:
     running = service + [g for g in groups if g.same_process() and pids_in_groups([g.pid])]
     left = set()
     for node in state.get("nodes", []):  # Slurm's daemons, and the steps that left their group
-        left |= slurm_node.stop(node["address"], grace=10)
+        if node.get("address"):
+            left |= slurm_node.stop(node["address"], grace=10)
     left |= stop_groups(groups, grace=15)
     slurm.cleanup_from_state(state)
     for node in state.get("nodes", []):  # the machines are gone, and their kernels' rules

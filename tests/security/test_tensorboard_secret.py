@@ -98,7 +98,8 @@ def test_another_user_on_the_master_cannot_read_a_jobs_tensorboard(victim, attac
         assert "loss" in tags, tags
 
 
-def test_two_users_jobs_of_the_same_id_never_share_a_tensorboard(victim, attacker):
+def test_two_users_jobs_of_the_same_id_never_share_a_tensorboard(victim, attacker,
+                                                                 reachable_python):
     """The root service keys a TensorBoard by the job's user AND id: asked (by the operator
     channel, as root) for the attacker's job of the same id, it neither answers with the
     victim's server (logdir, secret URL) nor stops it."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from aws_cdk import Acknowledgment, Aws, Validations
+from aws_cdk import Aws
 from aws_cdk import aws_iam as iam
 
 from bootstrap_scripts.containers.allow import check_entries, parse_entries
@@ -37,12 +37,6 @@ def check_allowed_images(name: str, value: object) -> tuple[str, ...]:
         raise ConfigError(f"{name}: {exc}") from None
 
 
-PREFIX_REASON = (
-    "A prefix of allowedImages names the ECR repository of that name and every repository "
-    "under it (repository/<prefix>/*): the administrator listed the prefix, and the pull "
-    "actions only read images; ecr:GetAuthorizationToken names no resource (ECR's own rule).")
-
-
 def ecr_repository_arns(entries: Iterable[str], partition: str = Aws.PARTITION) -> list[str]:
     """The ARNs (patterns) of the ECR repositories ``entries`` name, in order."""
     arns: list[str] = []
@@ -61,13 +55,13 @@ def grant_image_pulls(roles: Sequence[iam.IRole], entries: Iterable[str]) -> Non
     arns = ecr_repository_arns(entries)
     if not arns:
         return
-    wildcards = [arn for arn in ecr_repository_arns(entries, "<AWS::Partition>")
-                 if arn.endswith("*")]
     for role in roles:
         role.add_to_principal_policy(iam.PolicyStatement(
             actions=["ecr:GetAuthorizationToken"], resources=["*"]))
         role.add_to_principal_policy(iam.PolicyStatement(actions=list(PULL_ACTIONS),
                                                          resources=arns))
-        for arn in wildcards:  # cdk-nag's finding for each prefix, acknowledged with why
-            Validations.of(role).acknowledge(Acknowledgment(
-                id=f"AwsSolutions-IAM5[Resource::{arn}]", reason=PREFIX_REASON))
+
+
+def prefix_patterns(entries: Iterable[str]) -> list[str]:
+    """The wildcard ARNs as cdk-nag names them in its findings (one per prefix entry)."""
+    return [arn for arn in ecr_repository_arns(entries, "<AWS::Partition>") if arn.endswith("*")]

@@ -282,6 +282,7 @@ class DeepLearningCluster(Construct):
         self.cluster_id = cluster_id or Stack.of(self).stack_name
         self.worker_count, self.spot_workers = p.worker_count, p.spot_workers
         self.max_workers, self.data_prep_script = p.max_workers, p.data_prep_script
+        self.allowed_images = p.allowed_images  #: repositories jobs may run images from
 
         # -- network, storage, queue ---------------------------------------------------------
         self.network = ClusterNetwork(self, "Network", vpc=vpc, cidr=vpc_cidr,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from aws_cdk import Acknowledgment, Validations
 from constructs import IConstruct
 
+from constructs_lib.allowed_images import prefix_patterns
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,6 +92,10 @@ MUNGE_KEY_ROTATION_REASON = (
     "daemons. The key lives as long as its cluster: a new stack makes a new one "
     "(constructs_lib/slurm.py), and only the node roles can read it."
 )
+IMAGE_PREFIX_REASON = (
+    "A prefix of allowedImages names the ECR repository of that name and every repository "
+    "under it (repository/<prefix>/*): the administrator listed the prefix, and the pull "
+    "actions only read images; ecr:GetAuthorizationToken names no resource (ECR's own rule).")
 
 
 def _ack(construct: IConstruct, rule: str, reason: str) -> None:
@@ -123,6 +128,9 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
                  "asserted by tests/stack); with Spot workers or an instance-type fallback "
                  "list the group names that template inside a MixedInstancesPolicy, which "
                  "cdk-nag 3's EC26 rule cannot follow (it errors on the intrinsic reference).")
+    for pattern in prefix_patterns(cluster.allowed_images):
+        for group in (cluster.master_group, cluster.worker_group):
+            _ack(group.role, f"AwsSolutions-IAM5[Resource::{pattern}]", IMAGE_PREFIX_REASON)
     adjuster = cluster.capacity_adjuster
     _ack(adjuster.role, "AwsSolutions-IAM5[Resource::*]", DESCRIBE_APIS_REASON)
     _ack(adjuster.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:"

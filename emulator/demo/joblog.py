@@ -38,6 +38,13 @@ FIRST_STEP_RE = re.compile(r"^\[(\d+) (\S+)\] first_step rank=(\d+) world_size=(
 RUNNER_WORDS = ("FAILED", "error", "succeeded", "stopping", "exited")
 #: Lines of the job's own output shown dimmed (resumption, tracebacks).
 DETAIL_WORDS = ("resumed from", "Traceback", "Error")
+#: A Python exception's own line (``RuntimeError: ...``, ``torch.distributed.DistNetworkError:
+#: ...``) after an optional ``[<rank> <where>]`` label: the line a failure's story starts at,
+#: even when dozens of C++ frames follow it.
+EXCEPTION_RE = re.compile(r"^(?:\[[^\]]*\]\s*)?(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*"
+                          r"(?:Error|Exception)(?::\s.*)?$")
+#: Exceptions that only report another's failure (torchrun's summary of a failed child).
+WRAPPER_EXCEPTIONS = ("ChildFailedError",)
 #: Of those, the ones always shown at once; the others (errors) are held back until it is known
 #: whether the attempt they belong to was restarted (see :meth:`JobRun.hold_error`).
 SHOWN_AT_ONCE = ("resumed from",)
@@ -74,6 +81,8 @@ class JobRun:
         held, self.held_errors = self.held_errors, []
         return held
     how: str = "dl-run"  # or "dl-jobs logs -f" (re-attached)
+    #: the first exception line of the job's output (``EXCEPTION_RE``), whatever followed it
+    first_exception: str = ""
 
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "exit_code": self.exit_code, "resumed": self.resumed,
@@ -85,8 +94,11 @@ class JobRun:
                 "restarts": list((self.record or {}).get("restart_log", ()))}
 
     def keep_line(self, line: str) -> None:
-        """Remember the last 40 lines (for failure messages)."""
+        """Remember the last 40 lines and the first exception line (for failure messages)."""
         self.output_tail = [*self.output_tail, line][-40:]
+        if not self.first_exception and EXCEPTION_RE.match(line) \
+                and not any(w in line for w in WRAPPER_EXCEPTIONS):
+            self.first_exception = line
 
     def finish(self, exit_code: int, seconds: float) -> None:
         self.exit_code = exit_code
@@ -190,15 +202,16 @@ def failure_line(lines: list[str]) -> str:
     return failed[-1] if failed else ""
 
 
-def failure_cause(lines: list[str]) -> str:
+def failure_cause(lines: list[str], first_exception: str = "") -> str:
     """Why the job failed, in the runner's words: its verdict without the ``[dl-run] job <id>
     FAILED:`` prefix (the failing node first, with its own last error line), else the
-    runner's last ``error:`` line (a job that never started), else ""."""
+    runner's last ``error:`` line (a job that never started), else the output's first
+    exception line (a job no dl-run ran, e.g. Slurm's), else ""."""
     verdict = failure_line([ln for ln in lines if ln.startswith("[dl-run]")])
     if verdict:
         return verdict.split("FAILED:", 1)[1].strip()
     errors = [ln for ln in lines if ln.startswith("[dl-run] error:")]
-    return errors[-1].removeprefix("[dl-run] ").strip() if errors else ""
+    return errors[-1].removeprefix("[dl-run] ").strip() if errors else first_exception
 
 
 # -- the job's share records on EFS ----------------------------------------------------------

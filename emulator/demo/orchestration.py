@@ -275,7 +275,7 @@ class Demo(DemoContext):
                 raise DemoError(f"job {job.job_id} exited 0 but trained no epoch (nothing "
                                 f"left to resume?): see {self.logs}")
             if job.exit_code != 0:
-                cause = joblog.failure_cause(job.output_tail)
+                cause = joblog.failure_cause(job.output_tail, job.first_exception)
                 raise DemoError(f"the training job {job.job_id} failed (dl-run exit status "
                                 f"{job.exit_code}): "
                                 f"{cause or chr(10).join(job.output_tail[-10:])}")

@@ -44,3 +44,25 @@ def test_errors_of_the_last_attempt_are_kept_for_the_end(tmp_path):
         d.show_job_line(line, res)
     assert "resumed from epoch 4" in out.getvalue()  # shown at once
     assert res.release_errors() == PEER_LOST  # what follow_job prints when the job ends
+
+
+def test_a_failure_no_runner_summed_up_is_told_by_its_first_exception_line():
+    """A Slurm job's output has no [dl-run] verdict, and an agent's TCPStore failure ends in
+    dozens of C++ frames: the cause quoted is the exception's own line, not the last frame."""
+    from emulator.demo.joblog import failure_cause
+
+    run = JobRun(job_id="1", how="sbatch")
+    lines = ["[0 task0] Traceback (most recent call last):",
+             '[0 task0]   File "x.py", line 1, in <module>',
+             "[0 task0] torch.distributed.DistNetworkError: The server socket has failed to "
+             "listen on any local network address. port: 29500, name: EADDRINUSE",
+             *[f"[0 task0] frame #{i}: <unknown function> + 0x{i:x}" for i in range(40)],
+             "[1 task1] torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]
+    for line in lines:
+        run.keep_line(line)
+    assert not any("DistNetworkError" in ln for ln in run.output_tail)  # scrolled out
+    cause = failure_cause(run.output_tail, run.first_exception)
+    assert cause.startswith("[0 task0] torch.distributed.DistNetworkError: The server socket")
+    # a runner's own verdict still wins
+    assert failure_cause(["[dl-run] job 1 FAILED: node 2 lost"], run.first_exception) \
+        == "node 2 lost"

@@ -13,10 +13,12 @@
  * wildcard becomes the IPv4-mapped form of the address (a dual-stack socket). Every other
  * bind, and every bind without that variable, goes through unchanged.
  *
- * Without DEEPLEARNING_NODE_ADDR, a process whose host name is an EC2 host name of the form
- * ip-a-b-c-d (an emulated node's Slurm daemons and the tasks they start run in a UTS
- * namespace named so) takes a.b.c.d as its node's address: a Slurm job's environment is its
- * submitter's, which cannot know the address of the node each task lands on.
+ * A process whose host name is an EC2 host name of the form ip-a-b-c-d (an emulated node's
+ * Slurm daemons and the tasks they start run in a UTS namespace named so) takes a.b.c.d as
+ * its node's address, whatever DEEPLEARNING_NODE_ADDR says: the host name is the machine a
+ * process is on, while a Slurm task's environment is its submitter's (sbatch exports it
+ * all), whose DEEPLEARNING_NODE_ADDR names the node the user submitted from, not the one the
+ * task landed on. DEEPLEARNING_NODE_ADDR is read only where the host name is not a node's.
  *
  * With DEEPLEARNING_NODE_CONNECT=1 as well, an IPv4 socket that connects before it was bound
  * is first bound to the node's address (port 0): its connections leave from the node's own
@@ -34,25 +36,21 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* The node's address: DEEPLEARNING_NODE_ADDR, else the one an ip-a-b-c-d host name names. */
+/* The node's address: the one an ip-a-b-c-d host name names, else DEEPLEARNING_NODE_ADDR. */
 static int node_address(struct in_addr *out) {
-    const char *node = getenv("DEEPLEARNING_NODE_ADDR");
-    if (node != NULL) {
-        return inet_pton(AF_INET, node, out) == 1;
-    }
     char host[256];
     unsigned a, b, c, d;
     char tail;
-    if (gethostname(host, sizeof host) != 0) {
-        return 0;
+    if (gethostname(host, sizeof host) == 0) {
+        host[sizeof host - 1] = '\0';
+        if (sscanf(host, "ip-%u-%u-%u-%u%c", &a, &b, &c, &d, &tail) == 4
+            && a <= 255 && b <= 255 && c <= 255 && d <= 255) {
+            out->s_addr = htonl((a << 24) | (b << 16) | (c << 8) | d);
+            return 1;
+        }
     }
-    host[sizeof host - 1] = '\0';
-    if (sscanf(host, "ip-%u-%u-%u-%u%c", &a, &b, &c, &d, &tail) != 4
-        || a > 255 || b > 255 || c > 255 || d > 255) {
-        return 0;
-    }
-    out->s_addr = htonl((a << 24) | (b << 16) | (c << 8) | d);
-    return 1;
+    const char *node = getenv("DEEPLEARNING_NODE_ADDR");
+    return node != NULL && inet_pton(AF_INET, node, out) == 1;
 }
 
 typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);

@@ -97,6 +97,7 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         f"SlurmdLogFile={p.log_dir}/slurmd-%n.log",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
+        f"TaskProlog={p.task_prolog}",
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
@@ -127,6 +128,24 @@ def render_gres_conf(gpus: int, root: str = "/") -> str:
     dev = SlurmPaths(root).root / "dev"
     files = f"{dev}/nvidia0" if gpus == 1 else f"{dev}/nvidia[0-{gpus - 1}]"
     return f"{head}Name=gpu File={files}\n"
+
+
+def render_task_prolog(env_file: str) -> str:
+    """Slurm's ``TaskProlog``: its ``export NAME=value`` lines set the task's environment.
+
+    sbatch and srun hand every task the submitter's environment, and a login shell on the
+    master holds the master's DEEPLEARNING_* variables (``/etc/profile.d/deeplearning.sh``):
+    without this, a task on a worker would be told it is node rank 0 at the master's address.
+    The script runs as the job's user and reads only the node's own root-written
+    ``env_file`` (the same variables dl-run's ranks get); a node without it yet exports
+    nothing (a failing TaskProlog would fail the task)."""
+    quoted = "'" + env_file.replace("'", "'\\''") + "'"
+    return ("#!/bin/sh\n"
+            "# Rendered by the node agent (bootstrap_scripts/slurm/config.py): Slurm's "
+            "TaskProlog.\n"
+            f"[ -r {quoted} ] || exit 0\n"
+            "exec /usr/bin/sed -n 's/^\\(DEEPLEARNING_[A-Z0-9_]*\\|EFS_MOUNT\\)=\\(.*\\)$/"
+            f"export \\1=\\2/p' {quoted}\n")
 
 
 def render_cgroup_conf() -> str:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bootstrap_scripts.protocol.membership import Membership
-from bootstrap_scripts.protocol.paths import ClusterPaths
+from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
 from bootstrap_scripts.protocol.store import atomic_write, read_text
 from bootstrap_scripts.slurm import config, munge_key, names, reconcile
@@ -62,10 +62,12 @@ def write_config(paths: SlurmPaths, cluster_id: str, membership: Membership,
     files = {paths.slurm_conf: config.render_slurm_conf(c),
              paths.gres_conf: config.render_gres_conf(gpus, str(paths.root)),
              paths.cgroup_conf: config.render_cgroup_conf()}
+    prolog = config.render_task_prolog(str(NodePaths(paths.root).env))
     changed = []
-    for path, text in files.items():
+    for path, text, mode in [*((p, t, 0o644) for p, t in files.items()),
+                             (paths.task_prolog, prolog, 0o755)]:
         if read_text(path) != text:
-            atomic_write(path, text, mode=0o644)
+            atomic_write(path, text, mode=mode)
             changed.append(path)
     return changed
 

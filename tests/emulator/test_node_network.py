@@ -133,6 +133,25 @@ def test_an_ec2_host_name_names_the_node_without_the_variable(tmp_path):
     assert out.stdout.strip() == "0.0.0.0"  # this host's own name is no node's
 
 
+def test_the_host_name_wins_over_a_submitters_node_address(tmp_path):
+    """sbatch exports the submitter's whole environment, DEEPLEARNING_NODE_ADDR (the master's)
+    included, to every task: a task in another node's namespace must still bind that node's
+    address (before, the head task's store bound the master's and every client timed out)."""
+    lib = bind_preload(tmp_path)
+    submitter, node = (i.address for i in loopback_instances(2))
+    bind = ("import socket; s = socket.socket(); s.bind(('0.0.0.0', 0)); "
+            "print(s.getsockname()[0])")
+    env = {**os.environ, "LD_PRELOAD": str(lib), "DEEPLEARNING_NODE_ADDR": submitter}
+    out = subprocess.run(["unshare", "--uts", "--", "/bin/sh", "-c",
+                          'hostname "$0" && exec "$@"', "ip-" + node.replace(".", "-"),
+                          sys.executable, "-c", bind],
+                         env=env, capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.strip() == node
+    out = subprocess.run([sys.executable, "-c", bind], env=env, capture_output=True,
+                         text=True, timeout=30, check=True)
+    assert out.stdout.strip() == submitter  # outside a node's namespace: the variable
+
+
 #: A job's command: bind the wildcard on PORT, hold it until every node holds it (a file per
 #: node in DIR), print the address the bind got.
 HOLDER = """

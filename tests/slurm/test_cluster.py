@@ -144,10 +144,14 @@ def test_a_users_srun_runs_on_every_node_under_its_name(
     c = slurm_cluster
     key = SlurmPaths(c.master.root).munge_key
     assert oct(key.stat().st_mode & 0o777) == "0o400"
-    res = as_user(c, user, "srun", "-N3", "sh", "-c", 'echo "$(hostname) $(id -un)"')
+    # submitted from the master's login shell, which holds the master's DEEPLEARNING_* (srun
+    # hands them to every task): each task still gets its own node's (the TaskProlog)
+    res = as_user(c, user, "env", f"DEEPLEARNING_NODE_ADDR={c.master.address}",
+                  "DEEPLEARNING_NODE_RANK=0", "srun", "-N3", "sh", "-c",
+                  'echo "$(hostname) $(id -un) $DEEPLEARNING_NODE_ADDR"')
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.splitlines()) == sorted(
-        f"{names.node_name(n.address)} {user.pw_name}" for n in c.nodes)
+        f"{names.node_name(n.address)} {user.pw_name} {n.address}" for n in c.nodes)
 
 
 def test_the_ddp_sbatch_recipe_trains_the_example_unchanged(

@@ -190,8 +190,34 @@ def test_each_membership_rewrites_only_what_changed(tmp_path) -> None:
 
     p = SlurmPaths(tmp_path / "root", tmp_path / "efs")
     first = node.write_config(p, "c1", membership("10.0.0.5", "10.0.0.6"), 2)
-    assert sorted(x.name for x in first) == ["cgroup.conf", "gres.conf", "slurm.conf"]
+    assert sorted(x.name for x in first) == ["cgroup.conf", "gres.conf", "slurm.conf",
+                                             "task_prolog.sh"]
+    assert p.task_prolog.stat().st_mode & 0o777 == 0o755
+    assert f"TaskProlog={p.task_prolog}" in p.slurm_conf.read_text()
     assert node.write_config(p, "c1", membership("10.0.0.5", "10.0.0.7", generation=4), 2) == []
     moved = node.write_config(p, "c1", membership("10.0.0.9", "10.0.0.7", generation=5), 2)
     assert [x.name for x in moved] == ["slurm.conf"]  # a new master: its address
     assert "SlurmctldHost=ip-10-0-0-9(10.0.0.9)" in p.slurm_conf.read_text()
+
+
+def test_the_task_prolog_gives_a_task_its_own_nodes_variables(tmp_path) -> None:
+    """sbatch hands every task the submitter's environment (the master's DEEPLEARNING_*
+    from its login shell): the TaskProlog's exports put the task's own node's back, and
+    nothing else of the node's environment file."""
+    import subprocess
+
+    from bootstrap_scripts.slurm import config
+
+    env = tmp_path / "it's env"
+    env.write_text("DEEPLEARNING_NODE_ADDR=10.0.0.6\nDEEPLEARNING_NODE_RANK=1\n"
+                   "EFS_MOUNT=/efs\nAWS_REGION=us-east-1\nPATH=/x\n")
+    script = tmp_path / "prolog.sh"
+    script.write_text(config.render_task_prolog(str(env)))
+    script.chmod(0o755)
+    out = subprocess.run([str(script)], capture_output=True, text=True, timeout=10)
+    assert (out.returncode, out.stdout.splitlines()) == (0, [
+        "export DEEPLEARNING_NODE_ADDR=10.0.0.6", "export DEEPLEARNING_NODE_RANK=1",
+        "export EFS_MOUNT=/efs"])
+    env.unlink()  # a node that has not applied a membership yet: no export, no failure
+    out = subprocess.run([str(script)], capture_output=True, text=True, timeout=10)
+    assert (out.returncode, out.stdout) == (0, "")

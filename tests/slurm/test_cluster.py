@@ -138,8 +138,10 @@ def test_another_user_can_neither_touch_nor_read_a_users_job(
         out = c.submit_dir(user) / f"private_{running}.out"
         wait_until(lambda: out.exists() and secret in out.read_text(), 30, 0.1,
                    "A's output written")
-        assert (c.submit_dir(user).stat().st_mode & 0o777, out.stat().st_uid) == (
-            0o700, user.pw_uid)
+        # Slurm makes the output readable by all (the submitter's umask): A's 0700
+        # directory is what keeps it from B
+        assert (c.submit_dir(user).stat().st_mode & 0o777, out.stat().st_mode & 0o777,
+                out.stat().st_uid) == (0o700, 0o644, user.pw_uid)
 
         mine = as_user(c, user, "srun", f"--jobid={running}", "--overlap", "id", "-un")
         assert (mine.returncode, mine.stdout.strip()) == (0, user.pw_name), mine.stderr

@@ -116,11 +116,11 @@ def as_user(c: SlurmCluster, u: pwd.struct_passwd, *argv: str, timeout: float = 
             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``argv`` as ``u`` on the master, in their submit directory, with what a login shell
     on the emulated master has (emulator/demo/shell.py): slurm.conf and the bind preload,
-    plus ``extra_env``."""
+    plus ``extra_env``; a login's usual umask (022), which sbatch hands its job."""
     return subprocess.run(list(argv), env={**login_env(u), **c.user_env(), **(extra_env or {})},
                           cwd=c.submit_dir(u), user=u.pw_uid, group=u.pw_gid,
-                          extra_groups=[], text=True, capture_output=True, timeout=timeout,
-                          check=False)
+                          extra_groups=[], umask=0o022, text=True, capture_output=True,
+                          timeout=timeout, check=False)
 
 
 def private_submit_dir(c: SlurmCluster, u: pwd.struct_passwd) -> Path:

@@ -27,6 +27,9 @@ SLURMD_PORT = 6818
 SLURM_USER = "slurm"
 #: How many dynamic nodes the controller accepts; the cluster's node bound is far below.
 DEFAULT_MAX_NODES = 4096
+#: The priority every job starts from (``PriorityWeightPartition``: each partition's factor
+#: is 1); ``sbatch --nice=N`` takes N off it, down to 1.
+PRIORITY_BASE = 10000
 #: Slurm's partitions: every node that trains (the master trains too), and the workers only.
 PARTITIONS = (("train", ("masters", "workers"), True), ("workers", ("workers",), False))
 NODE_SETS = (("masters", "master"), ("workers", "worker"))
@@ -99,6 +102,11 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         "TaskPlugin=task/none",
         f"TaskProlog={p.task_prolog}",
         "SchedulerType=sched/backfill",
+        "# a queue by priority, not by arrival alone: every job starts from the partition's",
+        "# weight, so a user's --nice puts their job behind others'; job age and fair share",
+        "# weigh in once slurmdbd keeps usage (without it Slurm ignores their weights)",
+        "PriorityType=priority/multifactor",
+        f"PriorityWeightPartition={PRIORITY_BASE}",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         "GresTypes=gpu",

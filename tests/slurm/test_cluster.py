@@ -4,12 +4,14 @@ boots an instance (its IMDS, the real installer writing the Slurm units, the rea
 reading the key and writing slurm.conf from the membership it applies), the units run as
 ``emulator.slurm_node`` runs them. The master's agent keeps Slurm's node list to the signed
 membership: a worker's machine lost is DOWN with the reason and deleted; its replacement
-registers with no person."""
+registers with no person. Two real users share it: neither can touch nor read the other's
+job, their jobs queue by priority, and their half-node GPU jobs share a node."""
 
 from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,83 +19,34 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.protocol.membership import Membership
-from bootstrap_scripts.protocol.paths import NodePaths
 from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
-from bootstrap_scripts.slurm import names, node, reconcile
-from emulator import slurm_node
+from bootstrap_scripts.slurm import config, names
 from emulator.deploy import aws_env
 from emulator.node_inputs import PYTHON
-from emulator.node_network import bind_preload
-from emulator.nodes import Node, stop_nodes
-from emulator.resources import ClusterResources, create_cluster
+from emulator.nodes import stop_nodes
+from emulator.resources import create_cluster
 from tests.conftest import REPO_ROOT
 from tests.support.agents import wait_until
 from tests.support.slurm import slurm_work
-from tests.support.users import cluster_user, login_env, reachable
+from tests.support.slurm_cluster import (
+    SlurmCluster,
+    as_user,
+    jobs,
+    private_submit_dir,
+    submit,
+)
+from tests.support.users import cluster_user, reachable
 
 SBATCH = Path(REPO_ROOT) / "bootstrap_scripts/examples/train_digits.sbatch"
-
-
-class SlurmCluster:
-    """The nodes of one emulated cluster booted under ``work`` (every parent traversable:
-    ``slurm_work``)."""
-
-    def __init__(self, work: Path, cluster: ClusterResources) -> None:
-        self.work, self.cluster = work, cluster
-        self.nodes: list[Node] = []
-
-    def boot(self, role: str, instance) -> Node:
-        n = Node(instance, role, self.work / "n" / instance.instance_id, self.work / "efs",
-                 self.work / "logs")
-        self.nodes.append(n)
-        n.boot(self.cluster.install_args(role), aws_env(self.cluster.endpoint), "")
-        return n
-
-    @property
-    def master(self) -> Node:
-        return next(n for n in self.nodes if n.role == "master")
-
-    def env(self) -> dict[str, str]:
-        return node.slurm_env(SlurmPaths(self.master.root, self.work / "efs"))
-
-    def slurm(self) -> dict[str, reconcile.SlurmNode]:
-        return {x.name: x for x in reconcile.list_nodes("scontrol", self.env()) or []}
-
-    def user_env(self) -> dict[str, str]:
-        return {"SLURM_CONF": self.env()["SLURM_CONF"],
-                **slurm_node.user_env(bind_preload(self.work / "logs" / "lib"))}
-
-    def wait_idle(self, nodes: list[Node]) -> None:
-        want = [names.node_name(n.address) for n in nodes]
-        wait_until(lambda: all("IDLE" in getattr(self.slurm().get(x), "states", ())
-                               for x in want), 90, 0.25, f"{want} idle in Slurm")
-
-    def job_ended(self, job: str) -> str:
-        """The job's state once it ended ("" while it has not); a job Slurm held after a
-        failed launch has ended for a test (it would wait for a person)."""
-        res = subprocess.run(["scontrol", "show", "job", job, "-o"], env=self.env(),
-                             capture_output=True, text=True, timeout=30, check=False)
-        state = res.stdout.split("JobState=")[1].split()[0] if "JobState=" in res.stdout \
-            else ""
-        if state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", ""):
-            return "HELD" if "launch failed" in res.stdout else ""
-        return state
-
-    def slurmd_logs(self) -> str:
-        return "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for n in self.nodes
-                         for p in (n.root / "var/log/slurm").glob("slurmd*.log"))
-
-    def applied(self, n: Node) -> int:
-        try:
-            return Membership.load(NodePaths(n.root).membership).generation
-        except (OSError, ValueError):
-            return 0
+#: The cluster's instance type: 4 GPUs (as EC2 describes a g5.12xlarge), so two half-node
+#: jobs can share a node.
+INSTANCE_TYPE = "g5.12xlarge"
+GPUS = 4
 
 
 @pytest.fixture(scope="module")
 def slurm_cluster(emulator_cloud) -> Iterator[SlurmCluster]:
-    """Three nodes (the master and two workers, one GPU each), formed, every one idle in
+    """Three nodes (the master and two workers, four GPUs each), formed, every one idle in
     Slurm; shared by the tests below, which leave three nodes idle."""
     emulator_cloud.reset()
     with slurm_work() as work, pytest.MonkeyPatch.context() as mp:
@@ -101,7 +54,7 @@ def slurm_cluster(emulator_cloud) -> Iterator[SlurmCluster]:
             mp.setenv(k, v)
         mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
         c = SlurmCluster(work, create_cluster(emulator_cloud.endpoint, workers=2,
-                                              scheduler="slurm"))
+                                              scheduler="slurm", instance_type=INSTANCE_TYPE))
         try:
             cluster = c.cluster
             cluster.send(cluster.setup_message("master"))
@@ -120,23 +73,19 @@ def slurm_cluster(emulator_cloud) -> Iterator[SlurmCluster]:
 
 @pytest.fixture(scope="module")
 def user(slurm_cluster: SlurmCluster) -> Iterator[pwd.struct_passwd]:
-    """A real user of the master, with a directory of their own to submit from (a stand-in
-    for theirs on EFS), who can run this checkout's Python (as on a DLAMI)."""
+    """A real user of the master, with a private directory of their own to submit from (a
+    stand-in for theirs on EFS), who can run this checkout's Python (as on a DLAMI)."""
     with cluster_user("dlslurm") as u, reachable(os.path.realpath(PYTHON), PYTHON, REPO_ROOT):
-        home = slurm_cluster.work / "submit" / u.pw_name
-        home.mkdir(parents=True)
-        os.chown(home, u.pw_uid, u.pw_gid)
+        private_submit_dir(slurm_cluster, u)
         yield u
 
 
-def as_user(c: SlurmCluster, u: pwd.struct_passwd, *argv: str, timeout: float = 60
-            ) -> subprocess.CompletedProcess:
-    """``argv`` as ``u`` on the master, in their submit directory, with what a login shell
-    on the emulated master has (emulator/demo/shell.py): slurm.conf and the bind preload."""
-    return subprocess.run(list(argv), env={**login_env(u), **c.user_env()},
-                          cwd=c.work / "submit" / u.pw_name, user=u.pw_uid, group=u.pw_gid,
-                          extra_groups=[], text=True, capture_output=True, timeout=timeout,
-                          check=False)
+@pytest.fixture(scope="module")
+def other(slurm_cluster: SlurmCluster) -> Iterator[pwd.struct_passwd]:
+    """A second real user of the master, with a private submit directory of their own."""
+    with cluster_user("dlslurmb") as u:
+        private_submit_dir(slurm_cluster, u)
+        yield u
 
 
 def test_a_users_srun_runs_on_every_node_under_its_name(
@@ -174,6 +123,128 @@ def test_the_ddp_sbatch_recipe_trains_the_example_unchanged(
     assert final, text
     acc = float(final[0].split("final acc=")[1].split()[0])
     assert acc >= 0.9, text
+
+
+def test_another_user_can_neither_touch_nor_read_a_users_job(
+        slurm_cluster: SlurmCluster, user: pwd.struct_passwd, other: pwd.struct_passwd) -> None:
+    """docs/security.md L43: user B tries user A's running and pending jobs with every
+    client a user has; each is refused by slurmctld (or the file system) and A's jobs are
+    as they were. A's own ``srun --jobid`` into the same job works, and root and the
+    SlurmUser can do what B could not."""
+    c = slurm_cluster
+    secret = f"tok-{secrets.token_hex(8)}"
+    with jobs(c) as ids:
+        running = submit(c, user, ids, "--job-name=private", "--output=private_%j.out",
+                         "--wrap", 'echo "token=$A_TOKEN"; sleep 120',
+                         extra_env={"A_TOKEN": secret})
+        pending = submit(c, user, ids, "--begin=now+3600", "--wrap", "true")
+        before = c.wait_state(running, "RUNNING")
+        out = c.submit_dir(user) / f"private_{running}.out"
+        wait_until(lambda: out.exists() and secret in out.read_text(), 30, 0.1,
+                   "A's output written")
+        # Slurm makes the output readable by all (the submitter's umask): A's 0700
+        # directory is what keeps it from B
+        assert (c.submit_dir(user).stat().st_mode & 0o777, out.stat().st_mode & 0o777,
+                out.stat().st_uid) == (0o700, 0o644, user.pw_uid)
+
+        mine = as_user(c, user, "srun", f"--jobid={running}", "--overlap", "id", "-un")
+        assert (mine.returncode, mine.stdout.strip()) == (0, user.pw_name), mine.stderr
+
+        denied = "Access/permission denied"
+        attempts = {
+            "scancel running": (("scancel", running), denied),
+            "scancel pending": (("scancel", pending), denied),
+            "hold": (("scontrol", "hold", pending), "Invalid user id"),
+            "update": (("scontrol", "update", f"JobId={running}", "TimeLimit=1"),
+                       "Invalid user id"),
+            "requeue": (("scontrol", "requeue", running), denied),
+            "srun into": (("srun", f"--jobid={running}", "--overlap", "id", "-un"), denied),
+            "batch script": (("scontrol", "write", "batch_script", running, "stolen.sh"),
+                             "retrieval failed: Invalid user id"),
+            "output": (("cat", str(out)), "Permission denied"),
+        }
+        tried = {what: as_user(c, other, *argv, timeout=30)
+                 for what, (argv, _) in attempts.items()}
+        # 22.05's `scontrol write batch_script` exits 0 on a refusal: its message and the
+        # file it did not write say it
+        assert all((res.returncode != 0 or what == "batch script")
+                   and attempts[what][1] in res.stderr and secret not in res.stdout + res.stderr
+                   for what, res in tried.items()), "\n".join(
+            f"{what}: {r.returncode} {r.stdout!r} {r.stderr!r}" for what, r in tried.items())
+        assert not (c.submit_dir(other) / "stolen.sh").exists()
+        shown = as_user(c, other, "scontrol", "-dd", "show", "job", running)
+        assert shown.returncode == 0 and secret not in shown.stdout, shown
+
+        after = c.job(running)
+        assert {k: after.get(k) for k in ("JobState", "StartTime", "TimeLimit", "Restarts")} \
+            == {k: before.get(k) for k in ("JobState", "StartTime", "TimeLimit", "Restarts")}
+        assert c.job(pending).get("JobState") == "PENDING"
+        assert c.job(pending).get("Priority") != "0", "B's hold took"
+
+        script = c.work / "root-read.sh"
+        assert c.root("scontrol", "write", "batch_script", running, str(script)).returncode == 0
+        assert "sleep 120" in script.read_text()
+        assert c.root("scontrol", "hold", pending).returncode == 0
+        assert c.job(pending).get("Priority") == "0"
+        released = subprocess.run(["scontrol", "release", pending], env=c.env(),
+                                  user=config.SLURM_USER, capture_output=True, text=True,
+                                  timeout=30, check=False)
+        assert released.returncode == 0, released.stderr
+        assert c.job(pending).get("Priority") != "0"
+        assert c.root("scancel", running, pending).returncode == 0
+        assert c.wait_state(running, "CANCELLED")
+
+
+def test_two_users_jobs_queue_and_run_by_priority(
+        slurm_cluster: SlurmCluster, user: pwd.struct_passwd, other: pwd.struct_passwd) -> None:
+    """With every node held, A submits a job with ``--nice`` and then B one without: ``sprio``
+    shows B's ahead, and when the holder ends B's starts first, though A's came first
+    (Slurm's own start and end times)."""
+    c = slurm_cluster
+    whole = ("-N", str(len(c.nodes)), "--exclusive")
+    with jobs(c) as ids:
+        holder = submit(c, user, ids, *whole, "--output=/dev/null", "--wrap", "sleep 120")
+        c.wait_state(holder, "RUNNING")
+        first = submit(c, user, ids, *whole, "--nice=100", "--output=/dev/null",
+                       "--wrap", "sleep 1")
+        second = submit(c, other, ids, *whole, "--output=/dev/null", "--wrap", "sleep 1")
+        # what either user sees of why the queue is in this order (priority/multifactor's)
+        shown = as_user(c, other, "sprio", "-h", "-o", "%i %Y")
+        assert shown.returncode == 0, shown.stderr
+        prio = dict(line.split() for line in shown.stdout.splitlines())
+        assert int(prio[second]) > int(prio[first]), prio
+        assert as_user(c, user, "scancel", holder).returncode == 0
+        done = {j: c.wait_state(j, "COMPLETED") for j in (second, first)}
+    starts = {j: done[j]["StartTime"] for j in done}
+    assert done[second]["StartTime"] < done[first]["StartTime"], starts
+    assert done[first]["StartTime"] >= done[second]["EndTime"], done
+
+
+def test_two_users_half_node_gpu_jobs_share_one_node(
+        slurm_cluster: SlurmCluster, user: pwd.struct_passwd, other: pwd.struct_passwd) -> None:
+    """Two users' jobs of half a node's GPUs each run at once on one node, each with GPUs of
+    its own (Slurm's allocation, and the CUDA_VISIBLE_DEVICES the job sees)."""
+    c = slurm_cluster
+    target = names.node_name(c.workers[0].address)
+    half = f"--gres=gpu:{GPUS // 2}"
+    show = 'echo "gpus=$CUDA_VISIBLE_DEVICES"; sleep 60'
+    with jobs(c) as ids:
+        a = submit(c, user, ids, "-w", target, half, "--output=gpus_%j.out", "--wrap", show)
+        b = submit(c, other, ids, "-w", target, half, "--output=gpus_%j.out", "--wrap", show)
+        records = {j: c.wait_state(j, "RUNNING") for j in (a, b)}
+        assert all(r["JobState"] == "RUNNING" for r in map(c.job, (a, b)))  # at once
+        assert {r["NodeList"] for r in records.values()} == {target}
+        seen = {}
+        for j, u in ((a, user), (b, other)):
+            out = c.submit_dir(u) / f"gpus_{j}.out"
+            wait_until(lambda out=out: out.exists() and "gpus=" in out.read_text(), 30, 0.1,
+                       f"job {j}'s output")
+            seen[j] = out.read_text().split("gpus=")[1].split()[0].split(",")
+        assert all(len(g) == GPUS // 2 for g in seen.values()), seen
+        assert sorted(seen[a] + seen[b]) == [str(i) for i in range(GPUS)], seen
+        detail = {j: c.root("scontrol", "-d", "show", "job", j).stdout for j in (a, b)}
+        idx = {j: t.split("(IDX:")[1].split(")")[0] for j, t in detail.items()}
+        assert idx[a] != idx[b], idx
 
 
 def test_a_lost_worker_is_down_with_the_reason_and_its_replacement_joins(

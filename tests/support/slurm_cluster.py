@@ -1,0 +1,159 @@
+"""An emulated cluster with ``scheduler=slurm`` booted as the product boots it (the stack's
+AWS side in moto, every node booted as the emulator boots an instance), and what its tests
+do on it: run Slurm's clients as a real user of the master, read Slurm's own job records,
+and cancel what they submitted so the next test finds every node idle.
+
+The boot itself is ``tests/slurm/test_cluster.py``'s module fixture: one cluster for every
+test of that module (a boot is a third of a minute on two cores)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.paths import NodePaths
+from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
+from bootstrap_scripts.slurm import names, node, reconcile
+from emulator import slurm_node
+from emulator.deploy import aws_env
+from emulator.node_network import bind_preload
+from emulator.nodes import Node
+from emulator.resources import ClusterResources
+from tests.support.agents import wait_until
+from tests.support.users import login_env
+
+#: The job states Slurm has not finished with.
+LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")
+
+
+class SlurmCluster:
+    """The nodes of one emulated cluster booted under ``work`` (every parent traversable:
+    ``tests.support.slurm.slurm_work``)."""
+
+    def __init__(self, work: Path, cluster: ClusterResources) -> None:
+        self.work, self.cluster = work, cluster
+        self.nodes: list[Node] = []
+
+    def boot(self, role: str, instance) -> Node:
+        n = Node(instance, role, self.work / "n" / instance.instance_id, self.work / "efs",
+                 self.work / "logs")
+        self.nodes.append(n)
+        n.boot(self.cluster.install_args(role), aws_env(self.cluster.endpoint), "")
+        return n
+
+    @property
+    def master(self) -> Node:
+        return next(n for n in self.nodes if n.role == "master")
+
+    @property
+    def workers(self) -> list[Node]:
+        return [n for n in self.nodes if n.role == "worker"]
+
+    def env(self) -> dict[str, str]:
+        """Root's client environment on the master (its slurm.conf)."""
+        return node.slurm_env(SlurmPaths(self.master.root, self.work / "efs"))
+
+    def slurm(self) -> dict[str, reconcile.SlurmNode]:
+        return {x.name: x for x in reconcile.list_nodes("scontrol", self.env()) or []}
+
+    def user_env(self) -> dict[str, str]:
+        return {"SLURM_CONF": self.env()["SLURM_CONF"],
+                **slurm_node.user_env(bind_preload(self.work / "logs" / "lib"))}
+
+    def wait_idle(self, nodes: list[Node]) -> None:
+        want = [names.node_name(n.address) for n in nodes]
+        wait_until(lambda: all("IDLE" in getattr(self.slurm().get(x), "states", ())
+                               for x in want), 90, 0.25, f"{want} idle in Slurm")
+
+    def root(self, *argv: str) -> subprocess.CompletedProcess:
+        """A Slurm client as root on the master."""
+        return subprocess.run(list(argv), env=self.env(), capture_output=True, text=True,
+                              timeout=30, check=False)
+
+    def job(self, job: str) -> dict[str, str]:
+        """Slurm's record of ``job`` (``scontrol show job -o``, as root) by field; {} once
+        Slurm has forgotten it. Values with spaces (a Command's arguments) are cut at the
+        first: the fields read here have none."""
+        res = self.root("scontrol", "show", "job", job, "-o")
+        return dict(f.split("=", 1) for f in res.stdout.split() if "=" in f)
+
+    def job_ended(self, job: str) -> str:
+        """The job's state once it ended ("" while it has not); a job Slurm held after a
+        failed launch has ended for a test (it would wait for a person)."""
+        res = self.root("scontrol", "show", "job", job, "-o")
+        state = res.stdout.split("JobState=")[1].split()[0] if "JobState=" in res.stdout \
+            else ""
+        if state in LIVE_STATES or not state:
+            return "HELD" if "launch failed" in res.stdout else ""
+        return state
+
+    def wait_state(self, job: str, state: str, timeout: float = 30) -> dict[str, str]:
+        wait_until(lambda: self.job(job).get("JobState") == state, timeout, 0.1,
+                   f"job {job} {state}")
+        return self.job(job)
+
+    def slurmd_logs(self) -> str:
+        return "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for n in self.nodes
+                         for p in (n.root / "var/log/slurm").glob("slurmd*.log"))
+
+    def applied(self, n: Node) -> int:
+        try:
+            return Membership.load(NodePaths(n.root).membership).generation
+        except (OSError, ValueError):
+            return 0
+
+    def submit_dir(self, u: pwd.struct_passwd) -> Path:
+        return self.work / "submit" / u.pw_name
+
+
+def as_user(c: SlurmCluster, u: pwd.struct_passwd, *argv: str, timeout: float = 60,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``argv`` as ``u`` on the master, in their submit directory, with what a login shell
+    on the emulated master has (emulator/demo/shell.py): slurm.conf and the bind preload,
+    plus ``extra_env``; a login's usual umask (022), which sbatch hands its job."""
+    return subprocess.run(list(argv), env={**login_env(u), **c.user_env(), **(extra_env or {})},
+                          cwd=c.submit_dir(u), user=u.pw_uid, group=u.pw_gid,
+                          extra_groups=[], umask=0o022, text=True, capture_output=True,
+                          timeout=timeout, check=False)
+
+
+def private_submit_dir(c: SlurmCluster, u: pwd.struct_passwd) -> Path:
+    """``u``'s own directory to submit from, 0700 (a stand-in for theirs on EFS)."""
+    home = c.submit_dir(u)
+    home.mkdir(mode=0o700, parents=True)
+    os.chown(home, u.pw_uid, u.pw_gid)
+    return home
+
+
+@contextlib.contextmanager
+def jobs(c: SlurmCluster) -> Iterator[list[str]]:
+    """A list to put the ids of the jobs a test submits in: on exit, pass or fail, root
+    cancels every one still live and waits until each has left the nodes, so the next test
+    finds the cluster idle (the shared fixture's contract)."""
+    ids: list[str] = []
+    try:
+        yield ids
+    finally:
+        if ids:
+            c.root("scancel", *ids)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and any(
+                    c.job(j).get("JobState") in LIVE_STATES for j in ids):
+                time.sleep(0.1)
+            c.wait_idle(c.nodes)
+
+
+def submit(c: SlurmCluster, u: pwd.struct_passwd, ids: list[str], *sbatch: str,
+           extra_env: dict[str, str] | None = None) -> str:
+    """``sbatch --parsable ...`` as ``u``; the job id, also added to ``ids``."""
+    res = as_user(c, u, "sbatch", "--parsable", *sbatch, extra_env=extra_env)
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().split(";")[0]
+    ids.append(job)
+    return job

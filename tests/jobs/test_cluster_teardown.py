@@ -11,6 +11,7 @@ from bootstrap_scripts.jobs.controller.attempts import runner_argv
 from bootstrap_scripts.node.procgroup import alive, stop_popen_group
 from emulator.nodes import base_env
 from tests.conftest import REPO_ROOT
+from tests.support.agents import wait_until
 from tests.support.cluster import start_local_cluster
 
 
@@ -22,7 +23,9 @@ def test_a_runner_that_never_beat_is_stopped_with_the_cluster(tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
-        assert runner.pid in c.attempt_runners()
+        # found by its command line in /proc, which can read empty for a moment while the
+        # new program replaces the old (seen once under load in a whole-suite run)
+        wait_until(lambda: runner.pid in c.attempt_runners(), 30, 0.1, "the runner seen")
         c.stop()
         assert runner.wait(timeout=30) is not None and not alive(runner.pid)
         assert not c.leftovers()

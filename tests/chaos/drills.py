@@ -164,8 +164,11 @@ def torchelastic_dirs() -> set[str]:
 
 
 def leftovers(efs: Path, job_id: str, node_roots: dict[str, Path],
-              status_dir: Callable[[Path], Path], elastic_before: set[str]) -> list[str]:
-    """The *nothing left* invariant: what the job left behind (empty when nothing)."""
+              status_dir: Callable[[Path], Path], elastic_before: set[str], *,
+              owners: set[int] | None = None) -> list[str]:
+    """The *nothing left* invariant: what the job left behind (empty when nothing).
+    ``owners``: the uids the job's processes ran as; a new ``/tmp/torchelastic_*`` of any
+    other user is another run's on this machine (``make test`` beside ``make chaos``)."""
     left: list[str] = []
     for a in attempts(efs, job_id):
         groups: set[int] = set()
@@ -181,9 +184,17 @@ def leftovers(efs: Path, job_id: str, node_roots: dict[str, Path],
         for address, root in node_roots.items():
             left += [f"{address}: status file {p.name}"
                      for p in status_dir(root).glob(f"{a.job_id}.*")]
-    new = torchelastic_dirs() - elastic_before
+    new = {d for d in torchelastic_dirs() - elastic_before
+           if owners is None or _owner(d) in owners}
     left += [f"new {d}" for d in sorted(new)]
     return left
+
+
+def _owner(path: str) -> int | None:
+    try:
+        return Path(path).stat().st_uid
+    except OSError:
+        return None
 
 
 # -- the table -----------------------------------------------------------------------------

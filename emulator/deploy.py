@@ -93,8 +93,11 @@ def pick_ami(ec2) -> str:
 
 
 def bootstrap(env: dict[str, str], log: Path, outdir: Path) -> float:
-    return run_cli(["bootstrap", f"aws://{ACCOUNT}/{REGION}", "--output", str(outdir)],
-                   env=env, log=log, what="cdk bootstrap")
+    """``cdk bootstrap`` of the one account and region, named: with an app configured the CLI
+    would synthesize the whole app first only to list its environments (``--app ""``
+    leaves cdk.json's context, the qualifier included, in force)."""
+    return run_cli(["bootstrap", f"aws://{ACCOUNT}/{REGION}", "--app", "", "--output",
+                    str(outdir)], env=env, log=log, what="cdk bootstrap")
 
 
 def deploy(env: dict[str, str], log: Path, outdir: Path, *, workers: int, ami: str,

@@ -37,7 +37,9 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 #: pytest-xdist (`make test`) they run one after another on one worker, starting first (the
 #: longest share of the run); every other file runs whole on whichever worker is free. One
 #: demo cluster at a time keeps their timings what they are without xdist.
-DEMO_CLUSTER_FILES = ("tests/e2e/", "tests/cli/test_e2e.py", "tests/cli/test_up_down.py")
+#: (``tests/cli/test_up_down.py`` deploys and deletes the stack but boots no node: it runs
+#: on the other worker, beside them.)
+DEMO_CLUSTER_FILES = ("tests/e2e/", "tests/cli/test_e2e.py")
 DEMO_CLUSTERS = "demo-clusters"
 
 

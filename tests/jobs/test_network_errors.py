@@ -37,6 +37,15 @@ CODE = "ValueError: shapes (3,) and (4,) not aligned"
 @pytest.mark.parametrize(("line", "network"), [
     (RDZV, True), (GLOO, True), (RESET, True), (NCCL, True),
     ("torch.distributed.DistNetworkError: Connection reset by peer", True),
+    # a partitioned peer: the kernel's own words, and gloo's when the mesh cannot form
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:799] connect "
+     "[127.21.0.3]:4711: No route to host", True),
+    ("OSError: [Errno 101] Network is unreachable", True),
+    ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/"
+     "tcp/pair.cc:144] no error", True),
+    # a collective's timeout says a peer did not answer, not why: its code may be the cause
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+     "waiting 1800000ms for recv operation to complete", False),
     (CODE, False), ("RuntimeError: CUDA out of memory", False),
     ("KeyError: 'loss'", False), ("", False),
 ])

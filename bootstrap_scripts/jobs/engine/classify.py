@@ -69,7 +69,8 @@ KILL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGBUS})
 NETWORK_ERROR_RE = re.compile(
     r"RendezvousConnectionError|DistNetworkError|Connection reset by peer|"
     r"Connection closed by peer|ncclRemoteError|remote process exited or there was a "
-    r"network error|NCCL communicator was aborted", re.IGNORECASE)
+    r"network error|NCCL communicator was aborted|No route to host|Network is unreachable|"
+    r"connectFullMesh failed", re.IGNORECASE)
 #: How the runner begins the result's reason of a node whose ranks failed on the network.
 NETWORK_REASON = "network error"
 

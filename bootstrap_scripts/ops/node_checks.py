@@ -320,14 +320,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ns
 
 
-def main(argv: list[str] | None = None) -> int:
-    ns = parse_args(argv)
-    address = os.environ.get("DEEPLEARNING_NODE_ADDR", "")
-    emit(result("node", "ok", address, socket.gethostname(), pid=os.getpid()))
-    r = Runner()
-    tag = f"deep-{address or socket.gethostname()}-{os.getpid()}"
+def plan(ns: argparse.Namespace) -> list[tuple[str, float, Callable[[], dict]]]:
+    """Each check of ``ns`` as (name, budget, function): what :func:`main` runs here, and
+    what Slurm's prolog runs on its node (``bootstrap_scripts.slurm.prolog``)."""
     nvidia = threading.Event()
     listed: list[int | None] = [None]
+    tag = f"deep-{os.environ.get('DEEPLEARNING_NODE_ADDR', '') or socket.gethostname()}-" \
+        f"{os.getpid()}"
 
     def nvidia_check() -> dict:
         line = check_nvidia_smi(ns.budget_nvidia_smi)
@@ -350,7 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if ns.imds:
         checks.append(("imds", ns.budget_imds, lambda: instance_type_from_imds(ns.budget_imds)))
-    for name, budget, fn in checks:
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    address = os.environ.get("DEEPLEARNING_NODE_ADDR", "")
+    emit(result("node", "ok", address, socket.gethostname(), pid=os.getpid()))
+    r = Runner()
+    for name, budget, fn in plan(ns):
         r.start(name, budget, fn)
     r.wait()
     emit(result("done", "ok"))

@@ -20,6 +20,8 @@ GRES_CONF = f"{SLURM_ETC_DIR}/gres.conf"
 CGROUP_CONF = f"{SLURM_ETC_DIR}/cgroup.conf"
 #: ``TaskProlog``: gives every task the DEEPLEARNING_* variables of the node it runs on.
 TASK_PROLOG = f"{SLURM_ETC_DIR}/task_prolog.sh"
+#: ``Prolog``: the health gate's node-local checks, run by slurmd as root before each job.
+PROLOG = f"{SLURM_ETC_DIR}/prolog.sh"
 #: The cluster's munge key: root writes it from Secrets Manager, 0400 owned by ``munge``.
 MUNGE_KEY = "etc/munge/munge.key"
 MUNGE_RUN_DIR = "run/munge"
@@ -39,8 +41,8 @@ SLURM_EFS_DIR = "cluster/slurm"
 #: ``StateSaveLocation``: the queue and the jobs' records, owned by SlurmUser, 0700.
 SLURM_STATE_DIR = f"{SLURM_EFS_DIR}/state"
 
-SLURM_LAYOUT = (SLURM_CONF, GRES_CONF, CGROUP_CONF, TASK_PROLOG, MUNGE_KEY, MUNGE_SOCKET, MUNGE_PID,
-                MUNGE_LOG, MUNGE_SEED, f"{SLURM_RUN_DIR}/", f"{SLURM_LOG_DIR}/",
+SLURM_LAYOUT = (SLURM_CONF, GRES_CONF, CGROUP_CONF, TASK_PROLOG, PROLOG, MUNGE_KEY, MUNGE_SOCKET,
+                MUNGE_PID, MUNGE_LOG, MUNGE_SEED, f"{SLURM_RUN_DIR}/", f"{SLURM_LOG_DIR}/",
                 f"{SLURMD_SPOOL_DIR}/", f"{SLURM_STATE_DIR}/")
 
 
@@ -71,6 +73,10 @@ class SlurmPaths:
     @property
     def task_prolog(self) -> Path:
         return self.root / TASK_PROLOG
+
+    @property
+    def prolog(self) -> Path:
+        return self.root / PROLOG
 
     @property
     def munge_key(self) -> Path:

@@ -16,8 +16,10 @@ change here and no ``scontrol reconfigure``.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
+from bootstrap_scripts.jobs.engine.root_env import SYSTEM_PATH
 from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
 from bootstrap_scripts.slurm import names
 
@@ -34,6 +36,17 @@ PRIORITY_BASE = 10000
 PARTITIONS = (("train", ("masters", "workers"), True), ("workers", ("workers",), False))
 NODE_SETS = (("masters", "master"), ("workers", "worker"))
 _CLUSTER_NAME_RE = re.compile(r"[^a-z0-9_]")
+#: Seconds a job step's credential is valid (``AuthInfo=cred_expire``), which is also how
+#: long a requeued job waits before it may start again (plus 1 s): Slurm's default, 120 s,
+#: would keep a job requeued after a failed prolog or a lost node off the cluster for two
+#: minutes. A credential is made when a batch script or a step is launched, after the
+#: prolog ran on every node (``PrologFlags=Alloc,DeferBatch``), and slurmd checks it on
+#: receipt: seconds, not tens of seconds, even on a loaded node.
+CRED_EXPIRE = 30
+#: Seconds Slurm lets the prolog run before it kills it, drains the node and requeues the
+#: job: above the prolog's own bound (``prolog.bound()``: the longest check budget, dcgm's,
+#: plus slack), so the prolog's own verdict, naming the check, is the one that counts.
+PROLOG_EPILOG_TIMEOUT = 180
 
 
 class ConfigError(ValueError):
@@ -90,7 +103,9 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         f"SlurmdPort={SLURMD_PORT}",
         f"SlurmUser={SLURM_USER}",
         "AuthType=auth/munge",
-        f"AuthInfo=socket={p.munge_socket}",
+        "# a step credential lives cred_expire s; a requeued job waits as long + 1 s before it",
+        "# may start again (Slurm's default 120 s: two minutes of a cluster idle per fault)",
+        f"AuthInfo=socket={p.munge_socket},cred_expire={CRED_EXPIRE}",
         "CredType=cred/munge",
         f"StateSaveLocation={p.state_dir}",
         f"SlurmdSpoolDir={p.spool_dir}",
@@ -101,6 +116,13 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         f"TaskProlog={p.task_prolog}",
+        "# the health gate: the node's checks as root when a job is allocated, on every node",
+        "# of it, and the batch script only once all passed; a failing node drains itself",
+        "# (its reason names the check) and the job is requeued, not held, onto other nodes",
+        f"Prolog={p.prolog}",
+        "PrologFlags=Alloc,DeferBatch",
+        f"PrologEpilogTimeout={PROLOG_EPILOG_TIMEOUT}",
+        "SchedulerParameters=nohold_on_prolog_fail",
         "SchedulerType=sched/backfill",
         "# a queue by priority, not by arrival alone: every job starts from the partition's",
         "# weight, so a user's --nice puts their job behind others'; job age and fair share",
@@ -154,6 +176,27 @@ def render_task_prolog(env_file: str) -> str:
             f"[ -r {quoted} ] || exit 0\n"
             "exec /usr/bin/sed -n 's/^\\(DEEPLEARNING_[A-Z0-9_]*\\|EFS_MOUNT\\)=\\(.*\\)$/"
             f"export \\1=\\2/p' {quoted}\n")
+
+
+def render_prolog(*, python: str, package_dir: str, root: str, efs: str) -> str:
+    """Slurm's ``Prolog`` (run by slurmd as root): ``bootstrap_scripts.slurm.prolog`` with a
+    fixed environment. slurmd gives a prolog variables of its own (``SLURM_JOB_ID``,
+    ``SLURM_JOB_USER``, the job's working directory and output paths, ...), never the job's
+    environment; still nothing of what it is given reaches the program but the job id (a
+    number, for the log): ``env -i`` with a system PATH (the node's own tool directories
+    under its root first), the agent's own interpreter by absolute path with ``-I`` (no
+    ``PYTHON*`` variable, no user site, no working directory on ``sys.path``), the package
+    from the agent's own directory."""
+    bins = [f"{root.rstrip('/')}/{d}" for d in ("usr/bin", "usr/sbin")] if root != "/" else []
+    path = ":".join([*bins, SYSTEM_PATH])
+    boot = (f"import sys; sys.path.insert(0, {package_dir!r}); "
+            "from bootstrap_scripts.slurm.prolog import main; sys.exit(main(sys.argv[1:]))")
+    argv = ["/usr/bin/env", "-i", f"PATH={path}", "LANG=C.UTF-8", "LC_ALL=C.UTF-8",
+            python, "-I", "-c", boot, "--root", root, "--efs", efs]
+    return ("#!/bin/sh\n"
+            "# Rendered by the node agent (bootstrap_scripts/slurm/config.py): Slurm's Prolog, "
+            "the health gate.\n"
+            f"exec {' '.join(shlex.quote(a) for a in argv)} --job \"${{SLURM_JOB_ID:-}}\"\n")
 
 
 def render_cgroup_conf() -> str:

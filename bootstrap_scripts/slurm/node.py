@@ -9,17 +9,20 @@
   (:mod:`.daemons`);
 - :class:`Reconciler` on the master, after each membership it applies: Slurm's node list
   brought to the membership (:mod:`.reconcile`), with the names of earlier members kept so a
-  lost node's reason names its instance.
+  lost node's reason names its instance; and :class:`HealthMarks`: a worker the health
+  gate's prolog drained (:mod:`.prolog`) marked Unhealthy, so Auto Scaling replaces it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+import bootstrap_scripts
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
 from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
@@ -53,19 +56,28 @@ def install_munge_key(paths: SlurmPaths, arn: str, region: str) -> Path:
         raise SlurmSetupError(f"the munge key {arn} could not be read: {exc}") from None
 
 
+def package_dir() -> str:
+    """The directory this package is installed in (root's: the agent runs from it)."""
+    return str(Path(bootstrap_scripts.__file__).resolve().parent.parent)
+
+
 def write_config(paths: SlurmPaths, cluster_id: str, membership: Membership,
-                 gpus: int) -> list[Path]:
-    """slurm.conf, gres.conf and cgroup.conf of this node for ``membership``; returns the
-    files whose bytes changed."""
+                 gpus: int, *, python: str = "") -> list[Path]:
+    """slurm.conf, gres.conf, cgroup.conf, the TaskProlog and the Prolog of this node for
+    ``membership``; returns the files whose bytes changed. The Prolog runs ``python`` (the
+    agent's own interpreter by default) on this package's own directory."""
     c = config.SlurmConfig(cluster_id=cluster_id, controller_address=membership.master.address,
                            root=str(paths.root), efs=str(paths.efs))
     files = {paths.slurm_conf: config.render_slurm_conf(c),
              paths.gres_conf: config.render_gres_conf(gpus, str(paths.root)),
              paths.cgroup_conf: config.render_cgroup_conf()}
-    prolog = config.render_task_prolog(str(NodePaths(paths.root).env))
+    scripts = {paths.task_prolog: config.render_task_prolog(str(NodePaths(paths.root).env)),
+               paths.prolog: config.render_prolog(
+                   python=python or sys.executable, package_dir=package_dir(),
+                   root=str(paths.root), efs=str(paths.efs))}
     changed = []
     for path, text, mode in [*((p, t, 0o644) for p, t in files.items()),
-                             (paths.task_prolog, prolog, 0o755)]:
+                             *((p, t, 0o755) for p, t in scripts.items())]:
         if read_text(path) != text:
             atomic_write(path, text, mode=mode)
             changed.append(path)
@@ -96,6 +108,8 @@ class Reconciler:
         self.scontrol = scontrol
         #: Slurm node name -> instance id, of every member seen (a lost node's reason).
         self.known: dict[str, str] = {}
+        #: Slurm's node list as the last pass read it (before its actions).
+        self.listed: list[reconcile.SlurmNode] = []
 
     def remember(self, nodes: Iterable) -> None:
         for n in nodes:
@@ -108,9 +122,56 @@ class Reconciler:
         listed = reconcile.list_nodes(self.scontrol, env)
         if listed is None:
             return None
+        self.listed = listed
         actions = reconcile.plan(membership, listed, known=self.known,
                                  draining=draining_instances(self.cluster))
         return reconcile.apply(actions, self.scontrol, env)
+
+
+class HealthMarks:
+    """The master's side of the health gate in Slurm: each worker Slurm lists as drained by
+    the prolog (``reconcile.health_drained``: a ``dl-health:`` reason set by root, a member,
+    never the master) marked Unhealthy once through the job controller's own path
+    (``node_evidence.gate_verdicts`` decides, ``instance_health.InstanceHealth`` calls
+    ``SetInstanceHealth`` within its circuit breaker). The node's own prolog is the
+    evidence: its checks ran on that node and it drained that node."""
+
+    def __init__(self, region: str, *, health=None) -> None:
+        self.region = region
+        self._health = health
+        #: (instance id, reason) already acted on: one mark per drain, not per heartbeat
+        self.done: set[tuple[str, str]] = set()
+
+    @property
+    def health(self):
+        if self._health is None:  # boto3 only once a node actually failed
+            from bootstrap_scripts.jobs.controller.instance_health import InstanceHealth
+
+            self._health = InstanceHealth(self.region)
+        return self._health
+
+    def run(self, membership: Membership, listed: Iterable[reconcile.SlurmNode]
+            ) -> list[tuple[str, str, str]]:
+        """Mark what the listing shows; (instance id, why, "" or why not marked) of each
+        node acted on in this pass."""
+        drained = [(n, why) for n, why in reconcile.health_drained(membership, listed)
+                   if (n.instance_id, why) not in self.done]
+        # a node that left the drain (resumed, replaced) may be marked again if it drains
+        still = {(n.instance_id, why) for n, why in reconcile.health_drained(membership, listed)}
+        self.done &= still
+        if not drained:
+            return []
+        from bootstrap_scripts.jobs.controller import node_evidence
+
+        out = []
+        for v in node_evidence.gate_verdicts(
+                [(n.address, n.instance_id, why) for n, why in drained],
+                master_instance=membership.master.instance_id,
+                master_address=membership.master.address):
+            err = self.health.mark_unhealthy(v.instance_id) if v.mark else v.note
+            self.done.add((v.instance_id, v.why))
+            out.append((v.instance_id, v.why, err))
+        return out
 
 
 class NodeSlurm:
@@ -133,6 +194,7 @@ class NodeSlurm:
         self.log = logger or log
         self.reconciler = Reconciler(self.paths, ClusterPaths(efs)) if role == "master" \
             else None
+        self.health = HealthMarks(region) if role == "master" else None
         self._lock = threading.Lock()
 
     def boot(self) -> None:
@@ -151,6 +213,11 @@ class NodeSlurm:
             return
         with self._lock:
             done = self.reconciler.run(membership)
+            marked = self.health.run(membership, self.reconciler.listed) \
+                if self.health is not None and done is not None else []
         for action in done or ():
             self.log.info("event=slurm-%s node=%s generation=%d reason=%r", action.kind,
                           action.node, membership.generation, action.reason)
+        for instance, why, err in marked:
+            self.log.warning("event=slurm-health-drained instance=%s reason=%r %s", instance,
+                             why, f"not-marked={err!r}" if err else "marked=Unhealthy")

@@ -12,6 +12,9 @@ run by the master agent after each membership it publishes and on its resync:
   then delete; already DOWN: delete;
 - a name not of our form (``ip-a-b-c-d``): nothing, an operator added it by hand.
 
+:func:`health_drained` is the second table: the members the health gate's prolog drained
+(``bootstrap_scripts.slurm.prolog``), which the master agent marks Unhealthy.
+
 :func:`apply` runs the actions with ``scontrol``; a failure (a node with a step still
 completing cannot be deleted yet) is logged and the next pass tries again.
 """
@@ -24,7 +27,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bootstrap_scripts.protocol.membership import Membership
+from bootstrap_scripts.protocol.membership import Membership, Node
 from bootstrap_scripts.slurm import names
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,13 @@ DOWN, DRAIN, DELETE = "down", "drain", "delete"
 MAX_LISTING = 16 * 1024 * 1024
 _NODE_RE = re.compile(r"(?:^|\s)NodeName=(\S+)")
 _STATE_RE = re.compile(r"(?:^|\s)State=(\S+)")
+#: ``Reason=<text> [<user>@<time>]``: Slurm keeps who set a node's reason and when.
+_REASON_RE = re.compile(r"(?:^|\s)Reason=(.*?) \[([^\]@\s]*)@[^\]]*\]")
+#: How a drain reason of the health gate's prolog starts (``slurm.prolog.REASON_PREFIX``).
+HEALTH_PREFIX = "dl-health:"
+#: Who may set a node's reason that the master acts on: root (the prolog runs as root on
+#: the node) or SlurmUser. Slurm lets no one else update a node (no user is an operator).
+REASON_SETTERS = frozenset({"root", "slurm"})
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,9 @@ class SlurmNode:
 
     name: str
     states: frozenset[str]
+    #: the node's reason, and the user Slurm says set it ("" when none)
+    reason: str = ""
+    reason_user: str = ""
 
     @property
     def down(self) -> bool:
@@ -70,7 +83,8 @@ def parse_nodes(text: str) -> list[SlurmNode]:
         state = _STATE_RE.search(line)
         flags = frozenset(state.group(1).upper().replace("*", "").split("+")) if state \
             else frozenset()
-        nodes.append(SlurmNode(name.group(1), flags))
+        reason = _REASON_RE.search(line)
+        nodes.append(SlurmNode(name.group(1), flags, *(reason.groups() if reason else ())))
     return nodes
 
 
@@ -104,6 +118,24 @@ def plan(membership: Membership, slurm_nodes: Iterable[SlurmNode], *,
             actions.append(Action(DOWN, node.name, lost_reason(who, membership.generation)))
         actions.append(Action(DELETE, node.name))
     return actions
+
+
+def health_drained(membership: Membership, slurm_nodes: Iterable[SlurmNode]
+                   ) -> list[tuple[Node, str]]:
+    """Members the health gate's prolog drained, each with the reason's words after the
+    prefix (``nvidia-smi exit 9``) (pure): a member of ``membership`` that Slurm lists as
+    drained with a ``dl-health:`` reason set by root or SlurmUser; never the master (the
+    master agent runs there, and the product never marks it by a job's evidence)."""
+    members = {names.node_name(n.address): n for n in membership.nodes}
+    out = []
+    for node in sorted(slurm_nodes, key=lambda n: n.name):
+        member = members.get(node.name)
+        if (member is None or member.role == "master" or not node.draining
+                or node.reason_user not in REASON_SETTERS
+                or not node.reason.startswith(HEALTH_PREFIX)):
+            continue
+        out.append((member, node.reason[len(HEALTH_PREFIX):].strip()))
+    return out
 
 
 def scontrol_args(action: Action) -> list[str]:

@@ -15,6 +15,7 @@ import secrets
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ import pytest
 from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
 from bootstrap_scripts.slurm import config, names
 from emulator.deploy import aws_env
+from emulator.gpus import inject_gpu_fault
 from emulator.node_inputs import PYTHON
 from emulator.nodes import stop_nodes
 from emulator.resources import create_cluster
@@ -31,6 +33,7 @@ from tests.support.slurm import slurm_work
 from tests.support.slurm_cluster import (
     SlurmCluster,
     as_user,
+    health,
     jobs,
     private_submit_dir,
     submit,
@@ -245,6 +248,77 @@ def test_two_users_half_node_gpu_jobs_share_one_node(
         detail = {j: c.root("scontrol", "-d", "show", "job", j).stdout for j in (a, b)}
         idx = {j: t.split("(IDX:")[1].split(")")[0] for j, t in detail.items()}
         assert idx[a] != idx[b], idx
+
+
+def test_a_node_failing_the_prolog_is_drained_with_the_check_named_and_the_job_runs(
+        slurm_cluster: SlurmCluster, user: pwd.struct_passwd) -> None:
+    """A worker's GPU driver fails (its stand-in nvidia-smi, as the demo's
+    ``--unhealthy-node``). A two-node job is allocated on it: the Prolog's checks fail there,
+    the node drains itself with the check named, Slurm requeues the job (not held) and it
+    runs to COMPLETED on two healthy nodes; the master agent marks the sick instance, and
+    no other, Unhealthy in Auto Scaling. The master is held by another job while the first
+    allocation is made, so that it takes the sick worker (the test's only hand in the
+    scheduling); the holder's end frees the master for the requeued job.
+
+    docs/security.md L44: the job is submitted with an environment and a working directory
+    that would run the user's code in any Python that trusted them (``PYTHONPATH``, a
+    ``sitecustomize.py`` where it starts): the root prolog on every node loads none of it;
+    and the user cannot drain a node with a health reason of their own. The node is healed
+    and resumed at the end (the fixture's three idle nodes)."""
+    c = slurm_cluster
+    sick, healthy = c.workers[-1], c.workers[0]
+    sick_name, master_name = names.node_name(sick.address), names.node_name(c.master.address)
+    asg = c.cluster.client("autoscaling")
+    bait = c.submit_dir(user) / "sitecustomize.py"
+    bait.write_text("import os, pathlib\npathlib.Path(__file__).with_name("
+                    "f'loaded-by-{os.getuid()}').touch()\n")
+    os.chown(bait, user.pw_uid, user.pw_gid)
+    lure = {"PYTHONPATH": str(bait.parent), "PYTHONSTARTUP": str(bait),
+            "BASH_ENV": str(bait), "ENV": str(bait)}
+    fake = as_user(c, user, "scontrol", "update", f"NodeName={names.node_name(healthy.address)}",
+                   "State=DRAIN", "Reason=dl-health: nvidia-smi exit 9")
+    assert fake.returncode != 0 and not c.slurm()[names.node_name(healthy.address)].draining, \
+        fake
+    fault = inject_gpu_fault(sick.root, "the prolog drill")
+    try:
+        with jobs(c) as ids:
+            holder = submit(c, user, ids, "-w", master_name, "--exclusive",
+                            "--output=/dev/null", "--wrap", "sleep 300")
+            c.wait_state(holder, "RUNNING")
+            job = submit(c, user, ids, "-N2", "--output=prolog_%j.out", "--wrap",
+                         "srun -l hostname", extra_env=lure)
+            wait_until(lambda: c.slurm()[sick_name].draining, 60, 0.2, "the sick worker drained")
+            drained = c.slurm()[sick_name]
+            assert (drained.reason, drained.reason_user) == (
+                "dl-health: nvidia-smi exit 9; dcgm exit 9", "root"), drained
+            wait_until(lambda: c.job(job).get("JobState") == "PENDING"
+                       and c.job(job).get("Restarts") == "1", 60, 0.2, "the job requeued")
+            assert c.job(job).get("Priority") != "0", "the requeued job was held"
+            wait_until(lambda: health(asg, sick.instance_id) == "Unhealthy", 60, 0.25,
+                       "the sick instance marked Unhealthy")
+            assert {health(asg, n.instance_id) for n in c.nodes if n is not sick} \
+                == {"Healthy"}
+            # Slurm starts a requeued job no sooner than cred_expire + 1 s after the requeue
+            # (config.CRED_EXPIRE); the holder ends after that, so its end's scheduling
+            # pass starts the job (else the next periodic pass would, up to 30 s later)
+            eligible = datetime.fromisoformat(c.job(job)["EligibleTime"]).timestamp()
+            time.sleep(max(0.0, eligible + 1 - time.time()))
+            assert as_user(c, user, "scancel", holder).returncode == 0
+            done = c.wait_state(job, "COMPLETED", timeout=90)
+            out = (c.submit_dir(user) / f"prolog_{job}.out").read_text()
+        assert sorted(line.split()[-1] for line in out.splitlines()) == sorted(
+            [master_name, names.node_name(healthy.address)]), out
+        assert done["Restarts"] == "1", done
+        runs = {n.role + n.address: (n.root / "var/log/slurm/dl-health-prolog.log").read_text()
+                for n in (sick, c.master)}
+        assert f"job={job} FAIL" in runs["worker" + sick.address], runs
+        assert f"job={job} ok" in runs["master" + c.master.address], runs
+        assert not (bait.parent / "loaded-by-0").exists(), "a root prolog ran the user's code"
+    finally:
+        fault.unlink(missing_ok=True)
+        asg.set_instance_health(InstanceId=sick.instance_id, HealthStatus="Healthy")
+        c.root("scontrol", "update", f"NodeName={sick_name}", "State=RESUME")
+        c.wait_idle(c.nodes)
 
 
 def test_a_lost_worker_is_down_with_the_reason_and_its_replacement_joins(

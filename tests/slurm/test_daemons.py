@@ -18,6 +18,7 @@ from bootstrap_scripts.slurm import reconcile
 from emulator import slurm_node
 from emulator.node_network import bind_preload
 from emulator.resources import loopback_instances
+from tests.support.agents import wait_until
 from tests.support.slurm import SlurmNodes, slurm_work
 from tests.support.users import cluster_user, login_env
 
@@ -43,6 +44,19 @@ def as_user(u: pwd.struct_passwd, slurm: SlurmNodes, *argv: str, timeout: float 
     return subprocess.run(list(argv), env={**login_env(u), **slurm.env()}, cwd="/tmp",
                           user=u.pw_uid, group=u.pw_gid, extra_groups=[], text=True,
                           capture_output=True, timeout=timeout, check=False)
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def running_job(address: str) -> set[int] | None:
+    """The node's Slurm processes once its job's ``sleep`` runs among them, else None."""
+    procs = slurm_node.processes(address)
+    return procs if any(cmdline(p).startswith(b"sleep") for p in procs) else None
 
 
 def idle(*names: str):
@@ -81,8 +95,8 @@ def test_dynamic_nodes_register_run_a_users_srun_and_follow_the_membership(
     assert res.returncode == 0, res.stderr
     slurm.wait_nodes(lambda listed: {"ALLOCATED", "MIXED"} & listed[b.name].states,
                      "b running a job")
-    machine = slurm_node.processes(b.address)
-    assert any(Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep") for p in machine)
+    # allocated first, then the prolog on the node, then the batch script (DeferBatch)
+    machine = wait_until(lambda: running_job(b.address), 30, 0.1, "b's job running")
     slurm.lose(b)
     assert not [p for p in machine if alive(p)], "a process of the lost machine lives on"
     m = slurm.publish()

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from bootstrap_scripts.protocol.membership import Membership, Node
+from bootstrap_scripts.protocol.membership import Membership, Node, alias_for
 from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
-from bootstrap_scripts.slurm import config, daemons, munge_key, names, reconcile
+from bootstrap_scripts.slurm import config, daemons, munge_key, names, prolog, reconcile
 from bootstrap_scripts.slurm.reconcile import DELETE, DOWN, DRAIN, Action, SlurmNode
 
 
@@ -43,7 +45,8 @@ def test_slurm_conf_puts_every_node_local_path_under_the_root_and_state_on_efs()
     assert lines["ClusterName"] == "my_cluster_1"
     assert lines["SlurmctldHost"] == "ip-10-0-0-5(10.0.0.5)"
     assert lines["SlurmctldParameters"] == "enable_configless"
-    assert lines["AuthInfo"] == "socket=/nodes/a/run/munge/munge.socket.2"
+    assert lines["AuthInfo"] == ("socket=/nodes/a/run/munge/munge.socket.2,"
+                                 f"cred_expire={config.CRED_EXPIRE}")
     assert lines["StateSaveLocation"] == "/shared/cluster/slurm/state"
     assert lines["SlurmdSpoolDir"] == "/nodes/a/var/spool/slurmd"
     for key in ("SlurmctldPidFile", "SlurmdPidFile", "SlurmctldLogFile", "SlurmdLogFile"):
@@ -190,9 +193,10 @@ def test_each_membership_rewrites_only_what_changed(tmp_path) -> None:
 
     p = SlurmPaths(tmp_path / "root", tmp_path / "efs")
     first = node.write_config(p, "c1", membership("10.0.0.5", "10.0.0.6"), 2)
-    assert sorted(x.name for x in first) == ["cgroup.conf", "gres.conf", "slurm.conf",
-                                             "task_prolog.sh"]
+    assert sorted(x.name for x in first) == ["cgroup.conf", "gres.conf", "prolog.sh",
+                                             "slurm.conf", "task_prolog.sh"]
     assert p.task_prolog.stat().st_mode & 0o777 == 0o755
+    assert (p.prolog.stat().st_mode & 0o777, p.prolog.stat().st_uid) == (0o755, os.getuid())
     assert f"TaskProlog={p.task_prolog}" in p.slurm_conf.read_text()
     assert node.write_config(p, "c1", membership("10.0.0.5", "10.0.0.7", generation=4), 2) == []
     moved = node.write_config(p, "c1", membership("10.0.0.9", "10.0.0.7", generation=5), 2)
@@ -221,3 +225,164 @@ def test_the_task_prolog_gives_a_task_its_own_nodes_variables(tmp_path) -> None:
     env.unlink()  # a node that has not applied a membership yet: no export, no failure
     out = subprocess.run([str(script)], capture_output=True, text=True, timeout=10)
     assert (out.returncode, out.stdout) == (0, "")
+
+
+# -- the health gate as Slurm's Prolog --------------------------------------------------------
+
+
+def test_slurm_conf_runs_the_prolog_on_every_node_at_allocation_bounded_and_unheld() -> None:
+    text = config.render_slurm_conf(config.SlurmConfig(
+        cluster_id="c", controller_address="10.0.0.5", root="/nodes/a"))
+    lines = dict(line.split("=", 1) for line in text.splitlines()
+                 if "=" in line and not line.startswith("#") and " " not in line.split("=")[0])
+    assert lines["Prolog"] == "/nodes/a/etc/slurm/prolog.sh"
+    assert lines["PrologFlags"] == "Alloc,DeferBatch"
+    assert lines["SchedulerParameters"] == "nohold_on_prolog_fail"
+    # Slurm's own bound is above the prolog's: the prolog's verdict names the check
+    assert int(lines["PrologEpilogTimeout"]) > prolog.bound() > 120
+
+
+def good(check: str, value: object, **extra: object) -> dict:
+    return {"check": check, "status": "ok", "value": value, "detail": "", **extra}
+
+
+HEALTHY = {"nvidia-smi": good("nvidia-smi", 4), "dcgm": good("dcgm", "pass"),
+           "efa": good("efa", 0), "efs": good("efs", 80.0, write_mbps=80, read_mbps=90, mib=8),
+           "disk": good("disk", 50_000, total_mib=100_000)}
+
+
+@pytest.mark.parametrize(("change", "gpus", "failed"), [
+    ({}, 4, []),
+    ({"nvidia-smi": {"check": "nvidia-smi", "status": "error", "value": "exit 9"}}, 4,
+     [("nvidia-smi", "exit 9")]),
+    ({"nvidia-smi": good("nvidia-smi", 3)}, 4, [("gpus", "3 (expected 4)")]),
+    ({"nvidia-smi": None}, 4, [("gpus", "timeout after 10 s"),
+                               ("nvidia-smi", "timeout after 10 s")]),
+    ({"dcgm": None}, 4, [("dcgm", "timeout after 131 s")]),
+    ({"efs": good("efs", 1.5)}, 4, [("efs", "1.5 MB/s")]),
+    ({"disk": good("disk", 100)}, 4, [("disk", "100 MiB free")]),
+    # a node without GPUs: no driver is no fault
+    ({"nvidia-smi": {"check": "nvidia-smi", "status": "absent", "value": "n/a"},
+      "dcgm": {"check": "dcgm", "status": "absent", "value": "n/a"}}, 0, []),
+])
+def test_the_prolog_judges_each_finding_as_the_gate_does(change, gpus, failed) -> None:
+    found = {k: v for k, v in {**HEALTHY, **change}.items() if v is not None}
+    assert [(f.check, f.value) for f in prolog.decide(found, gpus)] == failed
+
+
+def test_the_drain_reason_names_the_checks_in_one_printable_bounded_argument() -> None:
+    fs = [prolog.Failure("nvidia-smi", "exit 9"), prolog.Failure("efs", "not\nwritable")]
+    reason = prolog.drain_reason(fs)
+    assert reason == "dl-health: nvidia-smi exit 9; efs not?writable"
+    assert len(prolog.drain_reason([prolog.Failure("x", "y" * 500)])) == prolog.MAX_REASON
+    assert prolog.drain_args("ip-1-2-3-4", reason) == [
+        "update", "NodeName=ip-1-2-3-4", "State=DRAIN", f"Reason={reason}"]
+
+
+def prolog_node(tmp_path, *, fault: bool) -> tuple[SlurmPaths, Path]:
+    """A node root with a membership applied (4 GPUs registered), its stand-in driver (failing
+    with ``fault``) and a stand-in ``scontrol`` recording its argv and environment."""
+    from bootstrap_scripts.protocol.node_files import render_env_file
+    from bootstrap_scripts.protocol.paths import NodePaths
+    from bootstrap_scripts.slurm import node as slurm_node
+    from emulator.gpus import fake_nvidia_smi, inject_gpu_fault
+
+    root, efs = tmp_path / "root", tmp_path / "efs"
+    m = Membership(cluster_id="c1", generation=1, nodes=(
+        Node(rank=0, role="master", instance_id="i-0", address="10.0.0.5", alias=alias_for(0),
+             gpus=4),
+        Node(rank=1, role="worker", instance_id="i-1", address="10.0.0.6", alias=alias_for(1),
+             gpus=4)))
+    paths = NodePaths(root)
+    paths.membership.parent.mkdir(parents=True)
+    paths.membership.write_text(m.to_json())
+    paths.env.write_text(render_env_file({"DEEPLEARNING_NODE_ADDR": "10.0.0.6"}))
+    (root / "var/log/slurm").mkdir(parents=True)
+    efs.mkdir()
+    bindir = fake_nvidia_smi(root / "usr/bin", 4)
+    if fault:
+        inject_gpu_fault(root)
+    calls = tmp_path / "scontrol.calls"
+    (bindir / "scontrol").write_text(f'#!/bin/sh\n{{ echo "$@"; env; }} > {calls}\n')
+    (bindir / "scontrol").chmod(0o755)
+    sp = SlurmPaths(root, efs)
+    slurm_node.write_config(sp, "c1", m, 4)
+    return sp, calls
+
+
+def run_prolog(sp: SlurmPaths, bait) -> subprocess.CompletedProcess:
+    """The rendered prolog as slurmd runs it, with a hostile environment and working
+    directory besides slurmd's own variables."""
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_USER": "alice", "PATH": str(bait),
+           "PYTHONPATH": str(bait), "PYTHONSTARTUP": str(bait / "sitecustomize.py"),
+           "PYTHONHOME": str(bait), "BASH_ENV": str(bait / "x.sh"), "ENV": str(bait / "x.sh")}
+    return subprocess.run([str(sp.prolog)], env=env, cwd=bait, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_the_rendered_prolog_passes_or_drains_its_own_node_and_reads_nothing_of_the_job(
+        tmp_path, fault: bool) -> None:
+    """docs/security.md L44, on one node without daemons: the prolog runs the node's own
+    stand-in driver (under its root, first on its fixed PATH), never a ``python`` or
+    ``sitecustomize.py`` of the caller's; on a failure it drains its own node (the name from
+    its own membership, the reason naming the check) with nothing of the environment it was
+    given, and exits 1; healthy, it exits 0 and drains nothing."""
+    sp, calls = prolog_node(tmp_path, fault=fault)
+    bait = tmp_path / "bait"
+    bait.mkdir()
+    for name in ("sitecustomize.py", "usercustomize.py"):
+        (bait / name).write_text("import os, pathlib\npathlib.Path(__file__).with_name("
+                                 "'loaded').touch()\n")
+    (bait / "x.sh").write_text(f"touch {bait / 'loaded'}\n")
+    for tool in ("python3", "nvidia-smi", "env"):
+        (bait / tool).write_text(f"#!/bin/sh\ntouch {bait / 'loaded'}\n")
+        (bait / tool).chmod(0o755)
+    res = run_prolog(sp, bait)
+    assert not (bait / "loaded").exists(), "the prolog ran what its caller chose"
+    log = (sp.log_dir / prolog.LOG_NAME).read_text()
+    if not fault:
+        assert (res.returncode, calls.exists()) == (0, False), (res, log)
+        assert "job=42 ok" in log
+        return
+    assert res.returncode == 1, (res, log)
+    argv, _, env = calls.read_text().partition("\n")
+    assert argv == ("update NodeName=ip-10-0-0-6 State=DRAIN Reason=dl-health: nvidia-smi "
+                    "exit 9; dcgm exit 9")
+    names_seen = {line.split("=", 1)[0] for line in env.splitlines() if "=" in line}
+    assert names_seen <= {"PATH", "SLURM_CONF", "PWD", "SHLVL", "_"}, env
+    assert f"SLURM_CONF={sp.slurm_conf}" in env
+    assert "job=42 FAIL" in log and "dl-health: nvidia-smi exit 9" in log
+
+
+def test_the_master_marks_only_a_workers_own_health_drain_once() -> None:
+    from bootstrap_scripts.slurm.node import HealthMarks
+
+    m = membership("10.0.0.5", "10.0.0.6", "10.0.0.7", "10.0.0.8")
+    listing = (
+        "NodeName=ip-10-0-0-5 State=IDLE+DRAIN Reason=dl-health: disk 9 MiB free "
+        "[root@2026-01-01T00:00:00]\n"  # the master: never
+        "NodeName=ip-10-0-0-6 State=IDLE+DRAIN+DYNAMIC_NORM Reason=dl-health: nvidia-smi "
+        "exit 9; dcgm exit 9 [root@2026-01-01T00:00:00]\n"
+        "NodeName=ip-10-0-0-7 State=IDLE+DRAIN Reason=drain: instance i-7 is leaving "
+        "[root@2026-01-01T00:00:00]\n"  # not the gate's
+        "NodeName=ip-10-0-0-8 State=IDLE Reason=dl-health: efs 1 MB/s [root@2026-01-01T0]\n"
+        "NodeName=ip-10-0-0-9 State=IDLE+DRAIN Reason=dl-health: disk 1 MiB free "
+        "[root@2026-01-01T00:00:00]\n")  # not a member
+    listed = reconcile.parse_nodes(listing)
+    assert listed[1].reason == "dl-health: nvidia-smi exit 9; dcgm exit 9"
+    assert listed[1].reason_user == "root"
+    assert [(n.instance_id, why) for n, why in reconcile.health_drained(m, listed)] == [
+        ("i-00000000000000001", "nvidia-smi exit 9; dcgm exit 9")]
+    by_user = reconcile.parse_nodes(listing.replace("[root@", "[alice@"))
+    assert reconcile.health_drained(m, by_user) == []
+
+    marked: list[str] = []
+    health = SimpleNamespace(mark_unhealthy=lambda i: marked.append(i) or "")
+    marks = HealthMarks("us-east-1", health=health)
+    assert marks.run(m, listed) == [("i-00000000000000001", "nvidia-smi exit 9; dcgm exit 9",
+                                     "")]
+    assert marks.run(m, listed) == [] and marked == ["i-00000000000000001"]  # once per drain
+    marks.run(m, reconcile.parse_nodes("NodeName=ip-10-0-0-6 State=IDLE"))  # resumed
+    marks.run(m, listed)  # and drained again
+    assert marked == ["i-00000000000000001"] * 2

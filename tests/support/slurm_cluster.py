@@ -157,3 +157,10 @@ def submit(c: SlurmCluster, u: pwd.struct_passwd, ids: list[str], *sbatch: str,
     job = res.stdout.strip().split(";")[0]
     ids.append(job)
     return job
+
+
+def health(asg, instance_id: str) -> str:
+    """The instance's health as Auto Scaling records it (``Healthy`` / ``Unhealthy``)."""
+    found = asg.describe_auto_scaling_instances(InstanceIds=[instance_id])
+    return found["AutoScalingInstances"][0]["HealthStatus"] if \
+        found["AutoScalingInstances"] else ""

@@ -346,6 +346,10 @@ class _Clients:
     def service_quotas(self) -> Any:
         return self._session.client("service-quotas")
 
+    @property
+    def kms(self) -> Any:
+        return self._session.client("kms")
+
 
 def _custom_resource(event: dict[str, Any], log: JsonLogger) -> dict[str, Any]:
     """CloudFormation's request for one of the stack's custom resources

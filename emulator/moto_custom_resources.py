@@ -19,8 +19,8 @@ skipped. Update and delete do nothing (the project declares neither).
 A custom resource whose ``ServiceToken`` is a function the emulator can run (the capacity
 adjuster, :data:`FUNCTION_HANDLERS`) is answered by the project's own request code
 (``lambda_src.custom_resources.respond``: ``Custom::ClusterRelease``,
-``Custom::QuotaCheck``) on Create and on Delete, with a boto3 client of
-this moto server (:func:`serve_at`; the harness's keys, which act as the account's
+``Custom::QuotaCheck``, ``Custom::ServiceRoleGrant``) on Create and on Delete, with a
+boto3 client of this moto server (:func:`serve_at`; the harness's keys, which act as the account's
 administrator when IAM is enforced, not the function's role). The emulator plays
 CloudFormation's side: it reads the response object directly instead of through a
 presigned URL. A FAILED answer fails the create (the stack rolls back) or the delete (the
@@ -140,6 +140,10 @@ class _Clients:
     @property
     def service_quotas(self) -> Any:
         return self._client("service-quotas")
+
+    @property
+    def kms(self) -> Any:
+        return self._client("kms")
 
 
 def answer(kind: str, resource: Any, region: str) -> dict:

@@ -17,10 +17,11 @@ and a call the emulator does not know fails it too, naming the call, rather than
 skipped. Update and delete do nothing (the project declares neither).
 
 A custom resource whose ``ServiceToken`` is a function the emulator can run (the capacity
-adjuster, :data:`FUNCTION_HANDLERS`) is answered by the project's own request code
-(``lambda_src.custom_resources.respond``: ``Custom::ClusterRelease``,
-``Custom::QuotaCheck``, ``Custom::ServiceRoleGrant``) on Create and on Delete, with a
-boto3 client of this moto server (:func:`serve_at`; the harness's keys, which act as the account's
+adjuster, the EMR stack's ``emr_teardown``: :data:`FUNCTION_HANDLERS`) is answered by the
+project's own request code (``lambda_src.custom_resources.respond``:
+``Custom::ClusterRelease``, ``Custom::QuotaCheck``, ``Custom::ServiceRoleGrant``,
+``Custom::EmrSecurityGroupRelease``) on Create and on Delete, with a boto3 client of this
+moto server (:func:`serve_at`; the harness's keys, which act as the account's
 administrator when IAM is enforced, not the function's role). The emulator plays
 CloudFormation's side: it reads the response object directly instead of through a
 presigned URL. A FAILED answer fails the create (the stack rolls back) or the delete (the
@@ -38,7 +39,7 @@ from typing import Any
 
 CUSTOM_AWS = "Custom::AWS"
 #: Lambda handlers whose custom-resource requests the emulator answers in-process.
-FUNCTION_HANDLERS = ("capacity_adjuster.handler",)
+FUNCTION_HANDLERS = ("capacity_adjuster.handler", "emr_teardown.handler")
 _INSTALLED = False
 _ENDPOINT: list[str] = []  # this moto server's URL, once it serves
 

@@ -8,7 +8,7 @@ policy whose principals are not yet "visible to KMS" (CreateKey,
 https://docs.aws.amazon.com/kms/latest/APIReference/API_CreateKey.html; IAM is eventually
 consistent, https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_general.html#troubleshoot_general_eventual-consistency),
 and CloudFormation's ``AWS::KMS::Key`` fails once, with no retry. So the key's policy does not
-name the role; the stack's ``Custom::ServiceRoleGrant`` (``constructs_lib/service_role_grant.py``)
+name the role; the stack's ``Custom::ServiceRoleGrant`` (its ``ServiceRoleGrant`` construct)
 gives it the two operations with ``kms:CreateGrant`` instead (the way AWS's Auto Scaling guide
 gives its service-linked role a key it does not name,
 https://docs.aws.amazon.com/autoscaling/ec2/userguide/key-policy-requirements-EBS-encryption.html),

@@ -20,9 +20,10 @@ A custom resource whose ``ServiceToken`` is a function the emulator can run (the
 adjuster, the EMR stack's ``emr_teardown``: :data:`FUNCTION_HANDLERS`) is answered by the
 project's own request code (``lambda_src.custom_resources.respond``:
 ``Custom::ClusterRelease``, ``Custom::QuotaCheck``, ``Custom::ServiceRoleGrant``,
-``Custom::EmrSecurityGroupRelease``) on Create and on Delete, with a boto3 client of this
-moto server (:func:`serve_at`; the harness's keys, which act as the account's
-administrator when IAM is enforced, not the function's role). The emulator plays
+``Custom::EfsAccessCheck``, ``Custom::EmrSecurityGroupRelease``) on Create and on Delete,
+with a boto3 client of this moto server (:func:`serve_at`; the harness's keys, which act
+as the account's administrator when IAM is enforced, not the function's role). The
+emulator plays
 CloudFormation's side: it reads the response object directly instead of through a
 presigned URL. A FAILED answer fails the create (the stack rolls back) or the delete (the
 stack is ``DELETE_FAILED``, ``emulator.cfn_deletion``). Other ``Custom::`` types keep moto's
@@ -145,6 +146,10 @@ class _Clients:
     @property
     def kms(self) -> Any:
         return self._client("kms")
+
+    @property
+    def efs(self) -> Any:
+        return self._client("efs")
 
 
 def answer(kind: str, resource: Any, region: str) -> dict:

@@ -357,6 +357,10 @@ class _Clients:
     def kms(self) -> Any:
         return self._session.client("kms")
 
+    @property
+    def efs(self) -> Any:
+        return self._session.client("efs")
+
 
 def _custom_resource(event: dict[str, Any], log: JsonLogger) -> dict[str, Any]:
     """CloudFormation's request for one of the stack's custom resources

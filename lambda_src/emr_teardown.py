@@ -37,6 +37,10 @@ class _Clients:
     def kms(self) -> Any:
         return self._session.client("kms")
 
+    @property
+    def efs(self) -> Any:
+        return self._session.client("efs")
+
 
 def handler(event: Any, _context: Any) -> dict[str, Any]:
     """Lambda entry point: CloudFormation's request, answered on its ``ResponseURL``."""

@@ -17,6 +17,7 @@ from constructs import Construct
 
 from constructs_lib.package_paths import ASSET_EXCLUDES, lambda_source_dir
 from constructs_lib.service_linked_role import auto_scaling_service_linked_role
+from constructs_lib.service_role_grant import ServiceRoleGrant
 from constructs_lib.validation import ConfigError, reports_path
 
 CLUSTER_TAG_KEY = "dl-cluster:id"
@@ -119,18 +120,9 @@ class CapacityAdjuster(Construct):
             f"adjuster's logs of cluster {cluster_id}",
             removal_policy=RemovalPolicy.DESTROY,
         )
-        # KMS refuses a policy naming a role that does not exist yet (a fresh account)
+        # Auto Scaling's role (new on a fresh account) is not named in the key's policy:
+        # KMS may not see it yet. It gets a grant once it can (ServiceRoleGrant, below).
         service_role = auto_scaling_service_linked_role(self)
-        self.key.node.add_dependency(service_role)
-        autoscaling_role = iam.ArnPrincipal(service_role.role_arn)
-        self.key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="AutoScalingPublishesNotifications",
-                principals=[autoscaling_role],
-                actions=["kms:GenerateDataKey*", "kms:Decrypt"],
-                resources=["*"],
-            )
-        )
         self.topic = sns.Topic(
             self,
             "Topic",
@@ -224,6 +216,11 @@ class CapacityAdjuster(Construct):
                 "LAUNCH_RETRY_SECONDS": str(launch_retry_seconds),
             },
         )
+        # Auto Scaling may publish to the topic once its role may use the key.
+        self.service_role_grant = ServiceRoleGrant(
+            self, "AutoScalingMayUseTheKey", key=self.key, grantee_arn=service_role.role_arn,
+            function=self.function, role=self.role, after=[service_role])
+        self.topic.node.add_dependency(self.service_role_grant.resource)
         # Decrypting the notification is SNS's job; the function needs no key access.
         self.topic.add_subscription(subs.LambdaSubscription(self.function))
 

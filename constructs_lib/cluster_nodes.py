@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from aws_cdk import CfnWaitConditionHandle, Duration, RemovalPolicy
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_efs as efs
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sqs as sqs
@@ -50,6 +51,7 @@ from constructs_lib.allowed_images import grant_image_pulls
 from constructs_lib.capacity_adjuster import CapacityAdjuster
 from constructs_lib.cluster_props import ClusterProps
 from constructs_lib.cluster_storage import ClusterStorage
+from constructs_lib.efs_access_check import EfsAccessCheck
 from constructs_lib.late import late_string
 from constructs_lib.node_group import NodeGroup
 from constructs_lib.node_keys import NodeKeysQueue
@@ -180,6 +182,14 @@ def add_node_groups(
         max_capacity=props.max_workers, desired_capacity=props.desired_workers,
         spot_capacity=props.spot_workers, **common,
     )
+    if storage.storage is None and not isinstance(storage.file_system, efs.FileSystem):
+        # an existing EFS: NFS from every zone the nodes may use, before either group launches
+        EfsAccessCheck(
+            cluster, "EfsAccessCheck", file_system_id=storage.file_system.file_system_id,
+            node_security_group=node_security_group, adjuster=capacity_adjuster,
+            subnets=[*(zones.node_subnets.subnets or ()), *(zones.master_subnets.subnets or ()),
+                     *(s for _z, s in zones.choices)],
+            groups=[master, workers])
     if not capacity.capacity_block_id:  # the vCPU quotas, before either group launches
         QuotaCheck(cluster, "QuotaCheck", props=props, adjuster=capacity_adjuster,
                    groups=[master, workers])

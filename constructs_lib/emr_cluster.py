@@ -26,6 +26,7 @@ from bootstrap_scripts.data import checksums
 from constructs_lib import emr_config, validation
 from constructs_lib.capacity_adjuster import CLUSTER_TAG_KEY
 from constructs_lib.emr_roles import add_emr_roles
+from constructs_lib.emr_teardown import EmrSecurityGroupRelease
 from constructs_lib.images import deep_learning_ami, image_family
 from constructs_lib.log_buckets import access_log_bucket
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork
@@ -361,6 +362,11 @@ class EmrDeepLearningCluster(Construct):
                 self.cluster.node.add_dependency(policy)
         self.cluster.node.add_dependency(self.file_system.mount_targets_available)
         self.cluster_id = self.cluster.ref
+        # EMR's rules between its managed groups would fail the groups' deletion.
+        self.security_group_release = EmrSecurityGroupRelease(
+            self, "SecurityGroupRelease", cluster=self.cluster,
+            groups=[self.primary_security_group, self.core_security_group,
+                    self.service_access_security_group])
 
     @property
     def connections(self) -> ec2.Connections:

@@ -11,9 +11,15 @@ reads at high throughput:
   250 MB/s/TiB = 293 MB/s (https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-throughput-capacity.html,
   https://docs.aws.amazon.com/fsx/latest/LustreGuide/performance.html);
 - encrypted at rest with a customer-managed KMS key of its own (rotating);
-- its security group admits Lustre (TCP 988 and 1018-1023) from the node groups given to
-  :meth:`allow_from` and from itself (the file system's own interfaces talk to each other),
-  nothing else (https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html);
+- Lustre (TCP 988 and 1018-1023) both ways between the file system and the node groups
+  given to :meth:`allow_from` (its servers also open connections to the clients, so the
+  clients' groups admit the file system's, and its group may send to theirs), and within
+  its own group (the file system's interfaces talk to each other); nothing else
+  (https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html);
+- Lustre 2.15 (``FileSystemTypeVersion``): PERSISTENT_2 offers 2.12 and 2.15, and the nodes'
+  Amazon Linux 2023 Lustre client is 2.15 (https://docs.aws.amazon.com/fsx/latest/LustreGuide/install-lustre-client.html).
+  The version is fixed at creation: a cluster deployed with 2.12 whose stack is updated gets
+  a new file system (a cache of S3: re-imported); ``lustre_version="2.12"`` keeps the old one;
 - with a data bucket, a data repository association links ``/fsx/data`` to
   ``s3://bucket/prefix``: the objects' metadata is imported when it is created, new, changed
   and deleted objects are imported as S3 reports them, and file contents load from S3 on
@@ -45,6 +51,9 @@ DEFAULT_THROUGHPUT_PER_TIB = 250
 THROUGHPUT_TIERS = (125, 250, 500, 1000)
 #: Lustre's ports: LNet (988) and the range its servers and clients also use.
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
+#: Lustre versions PERSISTENT_2 file systems offer; new ones get the newest.
+LUSTRE_VERSIONS = ("2.12", "2.15")
+DEFAULT_LUSTRE_VERSION = "2.15"
 #: Where the data repository association puts the data bucket's prefix in the file system.
 DATA_PATH = "/data"
 #: The values ``sharedStorage`` takes.
@@ -93,6 +102,7 @@ class LustreStorage(Construct):
         data_bucket: s3.IBucket | None = None,
         data_prefix: str = "",
         removal_policy: RemovalPolicy = RemovalPolicy.DESTROY,
+        lustre_version: str = DEFAULT_LUSTRE_VERSION,
     ) -> None:
         """
         :param vpc: the VPC of the file system.
@@ -107,6 +117,9 @@ class LustreStorage(Construct):
         :param data_prefix: the part of ``data_bucket`` linked. :default: ``""`` (all of it)
         :param removal_policy: what happens to the file system when its stack is deleted.
             :default: ``RemovalPolicy.DESTROY`` (it caches S3 data and exports nothing)
+        :param lustre_version: the file system's Lustre version, ``2.12`` or ``2.15`` (fixed
+            at creation: changing it replaces the file system).
+            :default: ``2.15``
         """
         super().__init__(scope, construct_id)
         storage_capacity_gib = check_storage_gib("storage_capacity_gib", storage_capacity_gib)
@@ -114,6 +127,10 @@ class LustreStorage(Construct):
             raise validation.ConfigError(
                 f"throughput_per_tib must be one of {THROUGHPUT_TIERS} MB/s/TiB "
                 f"(PERSISTENT_2), got {throughput_per_tib!r}")
+        if lustre_version not in LUSTRE_VERSIONS:
+            raise validation.ConfigError(
+                f"LustreStorage {construct_id}: lustre_version must be one of "
+                f"{', '.join(LUSTRE_VERSIONS)} (PERSISTENT_2), got {lustre_version!r}")
         self.mount_point = validation.mount_point("mount_point", mount_point)
         data_prefix = validation.key_prefix("data_prefix", data_prefix)
         self.key = kms.Key(self, "Key", enable_key_rotation=True, removal_policy=removal_policy,
@@ -132,7 +149,7 @@ class LustreStorage(Construct):
             self, "FileSystem", file_system_type="LUSTRE",
             storage_capacity=storage_capacity_gib, subnet_ids=[subnet.subnet_id],
             security_group_ids=[self.security_group.security_group_id],
-            kms_key_id=self.key.key_id,
+            kms_key_id=self.key.key_id, file_system_type_version=lustre_version,
             lustre_configuration=fsx.CfnFileSystem.LustreConfigurationProperty(
                 deployment_type="PERSISTENT_2", per_unit_storage_throughput=throughput_per_tib,
                 data_compression_type="LZ4"))
@@ -173,6 +190,9 @@ class LustreStorage(Construct):
         return f"{self.dns_name}@tcp:/{self.mount_name}"
 
     def allow_from(self, peer: ec2.IConnectable) -> None:
-        """Let ``peer`` (the node groups) reach Lustre's ports, and nothing else."""
+        """Lustre's ports both ways between ``peer`` (the node groups) and the file system,
+        and nothing else: the clients reach its servers, and its servers reach the clients
+        (their groups admit the file system's)."""
         for port in LUSTRE_PORTS:
             self.connections.allow_from(peer, port, "Lustre from cluster nodes")
+            self.connections.allow_to(peer, port, "Lustre from the file system to its clients")

@@ -239,6 +239,10 @@ def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:
          "emr-logs/*]",
          "EMR's log pusher writes objects with generated names under the log prefix; only "
          "s3:PutObject under emr-logs/ of the cluster's own log bucket is allowed.")
+    _ack(cluster.security_group_release.role, "AwsSolutions-IAM5[Resource::*]",
+         "ec2:DescribeSecurityGroups supports no resource-level permissions; it only reads. "
+         "The function's revokes are limited to the cluster's three managed groups "
+         "(constructs_lib/emr_teardown.py).")
     _ack(cluster.service_role, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
          "service-role/AmazonEMRServicePolicy_v2]",
          "AmazonEMRServicePolicy_v2 is AWS's scoped-down EMR service policy (the broad v1 "

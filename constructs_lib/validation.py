@@ -117,7 +117,11 @@ def root_volume(name: str, value: object) -> int:
     if size < MIN_ROOT_VOLUME_GIB:
         raise ConfigError(
             f"{name} must be at least {MIN_ROOT_VOLUME_GIB} GiB (the Deep Learning AMI's "
-            f"root file system does not fit in less), got {value!r}"
+            f"root file system does not fit in less; EC2 also refuses any size below the "
+            f"AMI's root snapshot, which only the deploy knows: aws ec2 describe-images "
+            f"--image-ids <ami> --query 'Images[0].BlockDeviceMappings', the root device's "
+            f"Ebs.VolumeSize), "
+            f"got {value!r}"
         )
     if size > MAX_ROOT_VOLUME_GIB:
         raise ConfigError(f"{name} must be at most {MAX_ROOT_VOLUME_GIB} GiB (gp3's largest "

@@ -17,11 +17,13 @@ and a call the emulator does not know fails it too, naming the call, rather than
 skipped. Update and delete do nothing (the project declares neither).
 
 A custom resource whose ``ServiceToken`` is a function the emulator can run (the capacity
-adjuster, :data:`FUNCTION_HANDLERS`) is answered by the project's own request code
-(``lambda_src.custom_resources.respond``: ``Custom::ClusterRelease``,
-``Custom::QuotaCheck``) on Create and on Delete, with a boto3 client of
-this moto server (:func:`serve_at`; the harness's keys, which act as the account's
-administrator when IAM is enforced, not the function's role). The emulator plays
+adjuster, the EMR stack's ``emr_teardown``: :data:`FUNCTION_HANDLERS`) is answered by the
+project's own request code (``lambda_src.custom_resources.respond``:
+``Custom::ClusterRelease``, ``Custom::QuotaCheck``, ``Custom::ServiceRoleGrant``,
+``Custom::EfsAccessCheck``, ``Custom::EmrSecurityGroupRelease``) on Create and on Delete,
+with a boto3 client of this moto server (:func:`serve_at`; the harness's keys, which act
+as the account's administrator when IAM is enforced, not the function's role). The
+emulator plays
 CloudFormation's side: it reads the response object directly instead of through a
 presigned URL. A FAILED answer fails the create (the stack rolls back) or the delete (the
 stack is ``DELETE_FAILED``, ``emulator.cfn_deletion``). Other ``Custom::`` types keep moto's
@@ -38,7 +40,7 @@ from typing import Any
 
 CUSTOM_AWS = "Custom::AWS"
 #: Lambda handlers whose custom-resource requests the emulator answers in-process.
-FUNCTION_HANDLERS = ("capacity_adjuster.handler",)
+FUNCTION_HANDLERS = ("capacity_adjuster.handler", "emr_teardown.handler")
 _INSTALLED = False
 _ENDPOINT: list[str] = []  # this moto server's URL, once it serves
 
@@ -140,6 +142,14 @@ class _Clients:
     @property
     def service_quotas(self) -> Any:
         return self._client("service-quotas")
+
+    @property
+    def kms(self) -> Any:
+        return self._client("kms")
+
+    @property
+    def efs(self) -> Any:
+        return self._client("efs")
 
 
 def answer(kind: str, resource: Any, region: str) -> dict:

@@ -25,6 +25,19 @@ Lifecycle-hook notifications (the worker group's ``drain`` hook, docs/elastic.md
      "AWS Auto Scaling", "Time": "...", "EC2InstanceId": "i-...", "LifecycleActionToken":
      "<uuid>"}  (+ "NotificationMetadata" when the hook has metadata)
 
+With a warm pool (``warmPoolSize``), ``Origin`` and ``Destination`` say where the instance
+goes (https://docs.aws.amazon.com/autoscaling/ec2/userguide/warm-pool-instance-lifecycle.html,
+"Lifecycle hooks" and the event examples of
+https://docs.aws.amazon.com/autoscaling/ec2/userguide/warm-pools-eventbridge-events.html):
+``EC2`` -> ``WarmPool`` (launched into the pool, to be stopped there), ``WarmPool`` ->
+``AutoScalingGroup`` (leaving the pool into service), ``WarmPool`` -> ``EC2`` (a pool
+instance terminated), ``AutoScalingGroup`` -> ``WarmPool`` (scale-in back to the pool, which
+this stack never configures). Only the group's in-service side is the cluster: an instance
+launched into the pool, its launch error, and a pool instance's termination are not a node
+joining, failing or leaving (:attr:`Notification.warm_pool_only`). The field values are read
+as AWS's documentation spells them; the emulator sends no warm-pool notification, so they are
+tested against hand-written records (``tests/lambda/test_warm_pool_notifications.py``).
+
 Examples of every type live in ``tests/lambda/fixtures/``.
 
 Everything that comes in is untrusted: each check below turns a bad record into a
@@ -43,6 +56,8 @@ LAUNCH_ERROR = "autoscaling:EC2_INSTANCE_LAUNCH_ERROR"
 TERMINATE = "autoscaling:EC2_INSTANCE_TERMINATE"
 TERMINATE_ERROR = "autoscaling:EC2_INSTANCE_TERMINATE_ERROR"
 TEST_NOTIFICATION = "autoscaling:TEST_NOTIFICATION"
+#: ``Origin`` / ``Destination`` of an instance on its way into or out of a warm pool.
+WARM_POOL = "WarmPool"
 #: Lifecycle transitions (the ``LifecycleTransition`` of a lifecycle-hook notification).
 INSTANCE_TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 INSTANCE_LAUNCHING = "autoscaling:EC2_INSTANCE_LAUNCHING"
@@ -93,6 +108,20 @@ class Notification:
     #: ``Details`` of an instance notification: where the launch was ("" when absent).
     zone: str = ""
     subnet: str = ""
+    #: Where the instance comes from and goes to (``EC2``, ``AutoScalingGroup``,
+    #: ``WarmPool``; "" when absent, as in test notifications).
+    origin: str = ""
+    destination: str = ""
+
+    @property
+    def warm_pool_only(self) -> bool:
+        """The instance is not a cluster node here: launched into the warm pool (or failed
+        to), or terminated from it. Leaving the pool into service is a launch like any."""
+        if self.event in (LAUNCH, LAUNCH_ERROR):
+            return self.destination == WARM_POOL
+        if self.event in (TERMINATE, TERMINATE_ERROR):
+            return self.origin == WARM_POOL
+        return False
 
     @property
     def is_test(self) -> bool:
@@ -167,6 +196,8 @@ def parse_record(record: Any) -> Notification:
         cause=_text(message, "Cause"),
         description=_text(message, "Description"),
         activity_id=_text(message, "ActivityId"),
+        origin=_text(message, "Origin")[:64],
+        destination=_text(message, "Destination")[:64],
         **_details(message),
     )
 
@@ -217,4 +248,6 @@ def _parse_lifecycle(message: dict[str, Any]) -> Notification:
         activity_id=_text(message, "RequestId"),
         lifecycle_hook=hook,
         lifecycle_action_token=token,
+        origin=_text(message, "Origin")[:64],
+        destination=_text(message, "Destination")[:64],
     )

@@ -299,6 +299,13 @@ def process_event(
             record_log.info("record-skipped", reason="test-notification")
             outcomes.append("test-notification")
             continue
+        if note.warm_pool_only:
+            # Into the warm pool, or out of it to be terminated: no node joins, fails or
+            # leaves (the group's desired capacity does not count the pool).
+            record_log.info("record-skipped", reason="warm-pool", origin=note.origin,
+                            destination=note.destination)
+            outcomes.append("warm-pool")
+            continue
         if note.event == notes.INSTANCE_LAUNCHING:
             # The stack installs no launch hook; someone else's must not be answered by us.
             record_log.info("record-skipped", reason="launch-hook-not-ours")
@@ -345,6 +352,14 @@ class _Clients:
     @property
     def service_quotas(self) -> Any:
         return self._session.client("service-quotas")
+
+    @property
+    def kms(self) -> Any:
+        return self._session.client("kms")
+
+    @property
+    def efs(self) -> Any:
+        return self._session.client("efs")
 
 
 def _custom_resource(event: dict[str, Any], log: JsonLogger) -> dict[str, Any]:

@@ -297,8 +297,10 @@ def test_cluster_waits_for_policies_and_mount_targets(default_synth: Synth) -> N
     _, cluster = default_synth.only("AWS::EMR::Cluster")
     depends = set(cluster["DependsOn"])
     assert set(default_synth.template.find_resources("AWS::EFS::MountTarget")) <= depends
+    # (not the teardown function's: it acts only after the cluster is deleted)
     assert set(default_synth.template.find_resources("AWS::IAM::Policy")) - {
-        k for k in default_synth.template.find_resources("AWS::IAM::Policy") if "Vpc" in k
+        k for k in default_synth.template.find_resources("AWS::IAM::Policy")
+        if "Vpc" in k or "SecurityGroupRelease" in k
     } <= depends
 
 

@@ -63,8 +63,11 @@ def test_cfn_lint_reports_no_errors(default_synth: Synth, custom_synth: Synth) -
         findings = cfn_lint(synth.outdir / "DLEmrClusterStack.template.json")
         errors = [f for f in findings if f["Level"] == "Error"]
         assert errors == []
-        # Warnings only on what CDK generates itself (the default-SG custom resource).
-        ours = [f for f in findings if "CustomVpcRestrictDefaultSG" not in json.dumps(f)]
+        # Warnings only on what CDK generates itself (the default-SG custom resource, and
+        # the DependsOn on its role that aws-lambda's Function always adds).
+        ours = [f for f in findings if "CustomVpcRestrictDefaultSG" not in json.dumps(f)
+                and not (f["Rule"]["Id"] == "W3005"
+                         and "/Properties/Role'" in f["Message"])]
         assert ours == []
 
 

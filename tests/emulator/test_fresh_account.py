@@ -1,5 +1,6 @@
-"""A fresh account: KMS refuses a key policy naming a role that does not exist yet, and the
-stack creates Auto Scaling's service-linked role before the key that names it. The deploy is
+"""A fresh account: KMS refuses a key policy naming a role that does not exist yet, so the
+stack creates Auto Scaling's service-linked role and names it in no key policy: a grant made
+after the role (``Custom::ServiceRoleGrant``) gives it the topic's key. The deploy is
 of a Slurm cluster (``scheduler=slurm``), so it also shows the munge key's secret made from
 the template and read, with IAM enforced, by the node roles and by no other principal.
 
@@ -127,8 +128,8 @@ def test_the_stack_deploys_on_a_fresh_account(moto_reset, tmp_path: Path):
     """``cdk deploy DLClusterStack`` on a fresh account: its G vCPU quota of 0 refuses the
     deploy before any group launches (the stack's own check, not only ``dlc up``'s), naming
     the quota, its value, the need and the request command; once the operator's increase
-    went through, the stack creates Auto Scaling's service-linked role before the topic's
-    key, so KMS accepts the key."""
+    went through, the stack creates Auto Scaling's service-linked role and grants it the
+    topic's key once KMS accepts it as a grantee."""
     _kms, iam = clients(moto_reset)
     assert not [r for r in iam.list_roles()["Roles"] if r["RoleName"].startswith(
         "AWSServiceRoleForAutoScaling")]
@@ -155,6 +156,10 @@ def test_the_stack_deploys_on_a_fresh_account(moto_reset, tmp_path: Path):
         "CREATE_COMPLETE", "UPDATE_COMPLETE")
     role = iam.get_role(RoleName="AWSServiceRoleForAutoScaling")["Role"]
     assert role["Arn"] == SLR_ARN
+    kms = boto3.client("kms", region_name=REGION, endpoint_url=moto_reset)
+    grantees = [g["GranteePrincipal"] for k in kms.list_keys()["Keys"]
+                for g in kms.list_grants(KeyId=k["KeyId"])["Grants"]]
+    assert grantees == [SLR_ARN]  # the topic's key, granted by the stack's custom resource
     assert munge_key_readers(moto_reset, cfn, iam) == {
         "master": "read", "worker": "read", "capacity adjuster": "denied"}
 

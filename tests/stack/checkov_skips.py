@@ -24,6 +24,8 @@ DEFAULT_CHECKOV = REPO_ROOT / ".venv-checkov" / "bin" / "checkov"
 CDK_PROVIDER = (r"AWS::Lambda::Function\.CustomVpcRestrictDefaultSGCustomResourceProvider"
                 r"Handler[0-9A-F]+")
 ADJUSTER = r"AWS::Lambda::Function\.ClusterCapacityAdjusterFunction[0-9A-F]+"
+#: The EMR stack's custom-resource function (constructs_lib/emr_teardown.py).
+EMR_TEARDOWN = r"AWS::Lambda::Function\.EmrClusterSecurityGroupReleaseFunction[0-9A-F]+"
 #: CDK's singleton provider of AwsCustomResource (constructs_lib/service_linked_role.py).
 SDK_CALL_PROVIDER = r"AWS::Lambda::Function\.AWS679f53fac002430cb0da5b7982bd2287[0-9A-F]*"
 
@@ -92,6 +94,21 @@ SKIPS = (
          "CloudWatch Logs with its own keys by default (https://docs.aws.amazon.com/"
          "AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html); a customer key would "
          "need a key policy for a function that lives for one call."),
+    Skip("CKV_AWS_116", EMR_TEARDOWN,
+         "The EMR stack's custom-resource function (Custom::EmrSecurityGroupRelease), "
+         "invoked by CloudFormation at deploy and delete time only: a failure fails the "
+         "stack operation, naming the call; there is nothing to queue."),
+    Skip("CKV_AWS_117", EMR_TEARDOWN,
+         "It calls only the EC2 API (DescribeSecurityGroups, RevokeSecurityGroup*) and "
+         "reaches nothing inside the VPC; in the VPC it would need NAT or an endpoint."),
+    Skip("CKV_AWS_115", EMR_TEARDOWN,
+         "It runs once per create, update and delete of the stack."),
+    Skip("CKV_AWS_158", r"AWS::Logs::LogGroup\.EmrClusterSecurityGroupReleaseLogs[0-9A-F]+",
+         "The log group of the EMR stack's custom-resource function: it records the security "
+         "group rules it revoked at deletion (ids and ports, no secret) and is encrypted by "
+         "CloudWatch Logs with its own keys by default (https://docs.aws.amazon.com/"
+         "AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html); a customer key would need "
+         "a key policy for a function that runs at deploy and delete time only."),
     Skip("CKV_AWS_18", r"AWS::S3::Bucket\.ClusterTrainingDataAccessLogs[0-9A-F]+",
          "This bucket IS the checkpoint bucket's access-log destination "
          "(constructs_lib/log_buckets.py); logging its own deliveries would need yet "

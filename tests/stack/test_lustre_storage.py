@@ -39,6 +39,7 @@ def test_a_persistent_2_file_system_encrypted_with_its_own_rotating_key(template
     _, fs = only(template, "AWS::FSx::FileSystem")
     props = fs["Properties"]
     assert props["FileSystemType"] == "LUSTRE" and props["StorageCapacity"] == 1200
+    assert props["FileSystemTypeVersion"] == "2.15"  # new file systems: the newest Lustre
     assert props["LustreConfiguration"] == {"DeploymentType": "PERSISTENT_2",
                                             "PerUnitStorageThroughput": 250,
                                             "DataCompressionType": "LZ4"}
@@ -62,6 +63,20 @@ def test_only_the_nodes_and_the_file_system_itself_reach_lustres_ports(template)
     assert ingress == sorted([(nodes, 988, 988), (nodes, 1018, 1023),
                               (group, 988, 988), (group, 1018, 1023)])
     assert "SecurityGroupIngress" not in tpl[group]["Properties"]  # no inline (CIDR) rules
+    # both ways: Lustre's servers open connections to the clients too (AWS's client rules)
+    to_nodes = sorted((r["Properties"]["SourceSecurityGroupId"]["Fn::GetAtt"][0],
+                       r["Properties"]["FromPort"], r["Properties"]["ToPort"])
+                      for r in tpl.values() if r["Type"] == "AWS::EC2::SecurityGroupIngress"
+                      and r["Properties"]["GroupId"] == {"Fn::GetAtt": [nodes, "GroupId"]}
+                      and "SourceSecurityGroupId" in r["Properties"]
+                      and r["Properties"]["SourceSecurityGroupId"]["Fn::GetAtt"][0] == group)
+    assert to_nodes == [(group, 988, 988), (group, 1018, 1023)]
+    egress = sorted((r["Properties"]["DestinationSecurityGroupId"]["Fn::GetAtt"][0],
+                     r["Properties"]["FromPort"], r["Properties"]["ToPort"])
+                    for r in tpl.values() if r["Type"] == "AWS::EC2::SecurityGroupEgress"
+                    and r["Properties"]["GroupId"] == {"Fn::GetAtt": [group, "GroupId"]})
+    assert egress == sorted([(nodes, 988, 988), (nodes, 1018, 1023),
+                             (group, 988, 988), (group, 1018, 1023)])
     assert not [e for e in tpl[group]["Properties"].get("SecurityGroupEgress", [])
                 if e.get("CidrIp") == "0.0.0.0/0"]
 
@@ -90,6 +105,7 @@ def test_every_node_installs_the_client_and_mounts_it(template) -> None:
     ({"storage_capacity_gib": 1000}, "storage_capacity_gib"),
     ({"throughput_per_tib": 200}, "throughput_per_tib"),
     ({"mount_point": "/etc/fsx"}, "mount_point"),
+    ({"lustre_version": "2.10"}, "lustre_version"),
 ])
 def test_bad_props_are_refused_naming_them(props, key) -> None:
     stack = Stack(App(), "S")

@@ -286,3 +286,19 @@ def test_the_functions_log_group_is_encrypted_with_the_cluster_key(default: Temp
     key = default.find_resources("AWS::KMS::Key")[key_id]["Properties"]["KeyPolicy"]
     (logs,) = [s for s in key["Statement"] if s.get("Sid") == "CloudWatchLogsEncryptsLogGroups"]
     assert "kms:EncryptionContext:aws:logs:arn" in json.dumps(logs["Condition"]["StringLike"])
+
+
+def test_a_root_volume_below_the_floor_is_refused_naming_the_ami_snapshot_caveat():
+    """EC2 refuses a root volume smaller than the AMI's root snapshot; synth cannot know the
+    snapshot (the AMI is resolved at deploy time), so the floor's message says how to look."""
+    from constructs_lib.validation import MIN_ROOT_VOLUME_GIB, root_volume
+
+    assert root_volume("rootVolumeGiB", MIN_ROOT_VOLUME_GIB) == MIN_ROOT_VOLUME_GIB
+    with pytest.raises(ConfigError) as refused:
+        root_volume("rootVolumeGiB", MIN_ROOT_VOLUME_GIB - 1)
+    message = str(refused.value)
+    assert message.startswith(f"rootVolumeGiB must be at least {MIN_ROOT_VOLUME_GIB} GiB")
+    assert "root snapshot" in message
+    assert "aws ec2 describe-images --image-ids <ami> --query " \
+           "'Images[0].BlockDeviceMappings', the root device's Ebs.VolumeSize" in message
+    assert message.endswith(f"got {MIN_ROOT_VOLUME_GIB - 1}")

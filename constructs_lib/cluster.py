@@ -13,6 +13,7 @@ from constructs import Construct
 
 from constructs_lib import launch, validation
 from constructs_lib.capacity_adjuster import (
+    CLUSTER_TAG_KEY,
     DEFAULT_LAUNCH_RETRY_SECONDS,
     CapacityAdjuster,
     grant_elastic_control,
@@ -31,6 +32,7 @@ from constructs_lib.cluster_settings import (
     DEFAULT_WORKER_COUNT,
 )
 from constructs_lib.cluster_storage import add_cluster_storage
+from constructs_lib.cost_tags import tag_cost_bearing
 from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, grant_idle_stop
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
@@ -403,6 +405,7 @@ class DeepLearningCluster(Construct):
         #: the cluster's daily cost budget (``constructs_lib/cluster_budget``), notifying the
         #: one alarm topic of the cluster
         self.budget: ClusterBudget | None = services.budget
+        tag_cost_bearing(self, CLUSTER_TAG_KEY, self.cluster_id)  # Budgets' and Cost Explorer's
 
     @property
     def connections(self) -> ec2.Connections:

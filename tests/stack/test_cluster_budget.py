@@ -109,3 +109,27 @@ def test_the_cost_tag_reaches_the_nodes_volumes_too(template: Template) -> None:
         specs = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]}
                  for s in lt["Properties"]["LaunchTemplateData"].get("TagSpecifications", [])}
         assert specs.get("volume", {}).get("dl-cluster:id") == cluster_id, specs
+
+
+def test_every_cost_line_of_the_cluster_carries_its_tag(template: Template) -> None:
+    """A cost counts under ``dl-cluster:id`` only if what incurs it is tagged: the file
+    system, the NAT gateways and their addresses, the checkpoint bucket, the log groups
+    (Budgets and Cost Explorer would miss them otherwise). The stack's one AwsCustomResource
+    provider (a singleton of the stack, not of the cluster) keeps its own log group untagged."""
+    from constructs_lib.cost_tags import COST_BEARING_TYPES
+
+    (cluster_id,) = {t["Value"] for g in template.find_resources(
+        "AWS::AutoScaling::AutoScalingGroup").values()
+        for t in g["Properties"]["Tags"] if t["Key"] == "dl-cluster:id"}
+    resources = template.to_json()["Resources"]
+
+    def tags(r: dict) -> dict:
+        raw = r.get("Properties", {}).get("Tags") or r.get("Properties", {}).get(
+            "FileSystemTags") or []
+        return {t["Key"]: t["Value"] for t in raw} if isinstance(raw, list) else raw
+
+    seen = {r["Type"] for r in resources.values() if r["Type"] in COST_BEARING_TYPES}
+    assert {"AWS::EFS::FileSystem", "AWS::EC2::NatGateway", "AWS::S3::Bucket"} <= seen, seen
+    for name, r in resources.items():
+        if r["Type"] in COST_BEARING_TYPES and name.startswith("Cluster"):
+            assert tags(r).get("dl-cluster:id") == cluster_id, (name, r["Type"])

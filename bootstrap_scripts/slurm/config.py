@@ -30,6 +30,16 @@ DEFAULT_MAX_NODES = 4096
 #: The priority every job starts from (``PriorityWeightPartition``: each partition's factor
 #: is 1); ``sbatch --nice=N`` takes N off it, down to 1.
 PRIORITY_BASE = 10000
+#: Seconds a job's step credential stays valid (``AuthInfo=cred_expire``), which is also how
+#: long Slurm holds a requeued job back before it may start again (22.05 sets its begin time
+#: to now + this + 1 s). Slurm's default is 120 s, ParallelCluster sets 70 s; 30 s is what
+#: SchedMD's own test suite runs with. It must stay above how long a credential can take
+#: from slurmctld to a node's slurmd, the prolog included.
+CRED_EXPIRE_S = 30
+#: The main scheduler's full pass (``sched_interval``, Slurm's default 60 s): a requeued job
+#: whose begin time passes is started by the next one (no event does it), each pass bounded
+#: by ``max_sched_time``.
+SCHED_INTERVAL_S = 10
 #: Slurm's partitions: every node that trains (the master trains too), and the workers only.
 PARTITIONS = (("train", ("masters", "workers"), True), ("workers", ("workers",), False))
 NODE_SETS = (("masters", "master"), ("workers", "worker"))
@@ -90,7 +100,7 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         f"SlurmdPort={SLURMD_PORT}",
         f"SlurmUser={SLURM_USER}",
         "AuthType=auth/munge",
-        f"AuthInfo=socket={p.munge_socket}",
+        f"AuthInfo=socket={p.munge_socket},cred_expire={CRED_EXPIRE_S}",
         "CredType=cred/munge",
         f"StateSaveLocation={p.state_dir}",
         f"SlurmdSpoolDir={p.spool_dir}",
@@ -102,6 +112,7 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         "TaskPlugin=task/none",
         f"TaskProlog={p.task_prolog}",
         "SchedulerType=sched/backfill",
+        f"SchedulerParameters=sched_interval={SCHED_INTERVAL_S}",
         "# a queue by priority, not by arrival alone: every job starts from the partition's",
         "# weight, so a user's --nice puts their job behind others'; job age and fair share",
         "# weigh in once slurmdbd keeps usage (without it Slurm ignores their weights)",
@@ -115,6 +126,10 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         "TreeWidth=65533",
         "# a node that registers again after a DOWN it did not cause returns to service",
         "ReturnToService=2",
+        "# auto-resume is asked for: only a batch job submitted with --requeue runs again",
+        "# (from the top, same job id) when a node of its allocation fails; any other ends",
+        "# NODE_FAIL, so a script not written to resume never runs its steps twice",
+        "JobRequeue=0",
         "MpiDefault=none",
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",

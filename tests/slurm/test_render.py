@@ -43,7 +43,7 @@ def test_slurm_conf_puts_every_node_local_path_under_the_root_and_state_on_efs()
     assert lines["ClusterName"] == "my_cluster_1"
     assert lines["SlurmctldHost"] == "ip-10-0-0-5(10.0.0.5)"
     assert lines["SlurmctldParameters"] == "enable_configless"
-    assert lines["AuthInfo"] == "socket=/nodes/a/run/munge/munge.socket.2"
+    assert lines["AuthInfo"] == "socket=/nodes/a/run/munge/munge.socket.2,cred_expire=30"
     assert lines["StateSaveLocation"] == "/shared/cluster/slurm/state"
     assert lines["SlurmdSpoolDir"] == "/nodes/a/var/spool/slurmd"
     for key in ("SlurmctldPidFile", "SlurmdPidFile", "SlurmctldLogFile", "SlurmdLogFile"):

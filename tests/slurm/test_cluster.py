@@ -281,15 +281,18 @@ def test_a_requeue_job_resumes_from_its_checkpoint_when_its_rendezvous_host_is_l
     when that is the node lost) is killed -9 and terminated. The master agent marks it DOWN
     with the reason; Slurm requeues the job, not held, under the same id; the replacement
     joins and the job runs again on the survivor and the replacement (the recipe computes
-    its rendezvous host from that allocation), and resumes from the checkpoint: epoch 1 is not trained again; it completes at
-    the accuracy; one job record, ``Restarts=1``. A job submitted without ``--requeue`` is
-    not one Slurm would run again (``JobRequeue=0``)."""
+    its rendezvous host from that allocation) and resumes from the checkpoint: epoch 1 is not
+    trained again; it completes at the accuracy; one job record, ``Restarts=1``. A job
+    submitted without ``--requeue`` is not one Slurm would run again (``JobRequeue=0``).
+    docs/slurm.md, "A lost node", says what "no step runs twice" means for a requeued job."""
     c = slurm_cluster
     ctld_log = c.master.root / "var/log/slurm/slurmctld.log"
     with jobs(c) as ids:
         plain = submit(c, user, ids, "--hold", "--output=/dev/null", "--wrap", "true")
         assert c.job(plain).get("Requeue") == "0", c.job(plain)
         assert c.root("scancel", plain).returncode == 0
+        # on the workers only, so its rendezvous host is a worker (the drill does not lose
+        # the master); sbatch's options override the script's #SBATCH lines
         job = submit(c, user, ids, "--requeue", "--partition=workers", "--nodes=2",
                      str(SBATCH), "--epochs", "5", "--step-delay", "0.05")
         first = c.wait_state(job, "RUNNING", 60)

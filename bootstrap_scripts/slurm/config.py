@@ -32,17 +32,23 @@ DEFAULT_MAX_NODES = 4096
 #: The priority every job starts from (``PriorityWeightPartition``: each partition's factor
 #: is 1); ``sbatch --nice=N`` takes N off it, down to 1.
 PRIORITY_BASE = 10000
+#: Seconds a job's step credential stays valid (``AuthInfo=cred_expire``), which is also how
+#: long Slurm holds a requeued job back before it may start again (22.05 sets its begin time
+#: to now + this + 1 s: Slurm's default, 120 s, would keep a job requeued after a failed
+#: prolog or a lost node off the cluster for two minutes). ParallelCluster sets 70 s; 30 s is
+#: what SchedMD's own test suite runs with. It must stay above how long a credential takes
+#: from slurmctld to a node's slurmd: a credential is made when a batch script or a step is
+#: launched, after the prolog ran on every node (``PrologFlags=Alloc,DeferBatch``), and
+#: slurmd checks it on receipt, seconds later even on a loaded node.
+CRED_EXPIRE_S = 30
+#: The main scheduler's full pass (``sched_interval``, Slurm's default 60 s): a requeued job
+#: whose begin time passes is started by the next one (no event does it), each pass bounded
+#: by ``max_sched_time``.
+SCHED_INTERVAL_S = 10
 #: Slurm's partitions: every node that trains (the master trains too), and the workers only.
 PARTITIONS = (("train", ("masters", "workers"), True), ("workers", ("workers",), False))
 NODE_SETS = (("masters", "master"), ("workers", "worker"))
 _CLUSTER_NAME_RE = re.compile(r"[^a-z0-9_]")
-#: Seconds a job step's credential is valid (``AuthInfo=cred_expire``), which is also how
-#: long a requeued job waits before it may start again (plus 1 s): Slurm's default, 120 s,
-#: would keep a job requeued after a failed prolog or a lost node off the cluster for two
-#: minutes. A credential is made when a batch script or a step is launched, after the
-#: prolog ran on every node (``PrologFlags=Alloc,DeferBatch``), and slurmd checks it on
-#: receipt: seconds, not tens of seconds, even on a loaded node.
-CRED_EXPIRE = 30
 #: Seconds Slurm lets the prolog run before it kills it, drains the node and requeues the
 #: job: above the prolog's own bound (``prolog.bound()``: the longest check budget, dcgm's,
 #: plus slack), so the prolog's own verdict, naming the check, is the one that counts.
@@ -105,7 +111,7 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         "AuthType=auth/munge",
         "# a step credential lives cred_expire s; a requeued job waits as long + 1 s before it",
         "# may start again (Slurm's default 120 s: two minutes of a cluster idle per fault)",
-        f"AuthInfo=socket={p.munge_socket},cred_expire={CRED_EXPIRE}",
+        f"AuthInfo=socket={p.munge_socket},cred_expire={CRED_EXPIRE_S}",
         "CredType=cred/munge",
         f"StateSaveLocation={p.state_dir}",
         f"SlurmdSpoolDir={p.spool_dir}",
@@ -122,8 +128,11 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         f"Prolog={p.prolog}",
         "PrologFlags=Alloc,DeferBatch",
         f"PrologEpilogTimeout={PROLOG_EPILOG_TIMEOUT}",
-        "SchedulerParameters=nohold_on_prolog_fail",
         "SchedulerType=sched/backfill",
+        "# one line (Slurm reads the last): a job requeued by a failed prolog is pending, not",
+        "# held; the main scheduler's pass every sched_interval s starts a requeued job whose",
+        "# hold ran out (no event does)",
+        f"SchedulerParameters=nohold_on_prolog_fail,sched_interval={SCHED_INTERVAL_S}",
         "# a queue by priority, not by arrival alone: every job starts from the partition's",
         "# weight, so a user's --nice puts their job behind others'; job age and fair share",
         "# weigh in once slurmdbd keeps usage (without it Slurm ignores their weights)",
@@ -137,6 +146,10 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         "TreeWidth=65533",
         "# a node that registers again after a DOWN it did not cause returns to service",
         "ReturnToService=2",
+        "# auto-resume is asked for: only a batch job submitted with --requeue runs again",
+        "# (from the top, same job id) when a node of its allocation fails; any other ends",
+        "# NODE_FAIL, so a script not written to resume never runs its steps twice",
+        "JobRequeue=0",
         "MpiDefault=none",
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",

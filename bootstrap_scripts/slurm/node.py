@@ -102,10 +102,10 @@ class Reconciler:
     """The master's side: Slurm's nodes brought to each membership it applies."""
 
     def __init__(self, paths: SlurmPaths, cluster: ClusterPaths, *,
-                 scontrol: str = "scontrol") -> None:
+                 scontrol: str = "scontrol", squeue: str = "squeue") -> None:
         self.paths = paths
         self.cluster = cluster
-        self.scontrol = scontrol
+        self.scontrol, self.squeue = scontrol, squeue
         #: Slurm node name -> instance id, of every member seen (a lost node's reason).
         self.known: dict[str, str] = {}
         #: Slurm's node list as the last pass read it (before its actions).
@@ -125,7 +125,17 @@ class Reconciler:
         self.listed = listed
         actions = reconcile.plan(membership, listed, known=self.known,
                                  draining=draining_instances(self.cluster))
-        return reconcile.apply(actions, self.scontrol, env)
+        deletes = [a for a in actions if a.kind == reconcile.DELETE]
+        done = reconcile.apply([a for a in actions if a.kind != reconcile.DELETE],
+                               self.scontrol, env)
+        if deletes:  # after the DOWNs: the jobs they ended are COMPLETING now
+            completing = reconcile.completing_jobs(self.squeue, env)
+            if completing == []:
+                done += reconcile.apply(deletes, self.scontrol, env)
+            else:
+                log.info("event=slurm-delete-deferred nodes=%s completing=%s",
+                         ",".join(a.node for a in deletes), ",".join(completing or ["?"]))
+        return done
 
 
 class HealthMarks:

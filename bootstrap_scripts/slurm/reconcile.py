@@ -17,6 +17,13 @@ run by the master agent after each membership it publishes and on its resync:
 
 :func:`apply` runs the actions with ``scontrol``; a failure (a node with a step still
 completing cannot be deleted yet) is logged and the next pass tries again.
+
+A delete waits while any job is COMPLETING (:func:`completing_jobs`): marking a node DOWN
+ends (or requeues) the jobs on it, and a job that also had other nodes stays COMPLETING
+until their slurmd report its end; a node deleted meanwhile is still in that job's
+resources, and 22.05's slurmctld then dies with a segmentation fault when the job's end
+frees them (seen here: a requeued two-node job whose other node was still completing). The
+next pass, on the next heartbeat, deletes it.
 """
 
 from __future__ import annotations
@@ -162,6 +169,24 @@ def list_nodes(scontrol: str, env: Mapping[str, str], *, timeout: float = 10.0
                     res.stderr.strip()[-300:])
         return None
     return parse_nodes(res.stdout[:MAX_LISTING])
+
+
+def completing_jobs(squeue: str, env: Mapping[str, str], *, timeout: float = 10.0
+                    ) -> list[str] | None:
+    """The ids of the jobs Slurm is still ending (``COMPLETING``), or None when slurmctld
+    does not answer (then nothing is deleted either)."""
+    try:
+        res = subprocess.run([squeue, "--noheader", "--states=COMPLETING", "--format=%i"],
+                             capture_output=True, text=True, env=dict(env), timeout=timeout,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("event=slurm-squeue-failed error=%r", exc)
+        return None
+    if res.returncode != 0:
+        log.warning("event=slurm-squeue-failed status=%d error=%r", res.returncode,
+                    res.stderr.strip()[-300:])
+        return None
+    return res.stdout[:MAX_LISTING].split()
 
 
 def apply(actions: Sequence[Action], scontrol: str, env: Mapping[str, str], *,

@@ -9,6 +9,7 @@ job, their jobs queue by priority, and their half-node GPU jobs share a node."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import secrets
@@ -33,8 +34,11 @@ from tests.support.slurm import slurm_work
 from tests.support.slurm_cluster import (
     SlurmCluster,
     as_user,
+    digits_runs,
     health,
     jobs,
+    join_replacement,
+    lose_worker,
     private_submit_dir,
     submit,
 )
@@ -204,13 +208,13 @@ def test_two_users_jobs_queue_and_run_by_priority(
     shows B's ahead, and when the holder ends B's starts first, though A's came first
     (Slurm's own start and end times)."""
     c = slurm_cluster
-    whole = ("-N", str(len(c.nodes)), "--exclusive")
+    text = ("-N", str(len(c.nodes)), "--exclusive")
     with jobs(c) as ids:
-        holder = submit(c, user, ids, *whole, "--output=/dev/null", "--wrap", "sleep 120")
+        holder = submit(c, user, ids, *text, "--output=/dev/null", "--wrap", "sleep 120")
         c.wait_state(holder, "RUNNING")
-        first = submit(c, user, ids, *whole, "--nice=100", "--output=/dev/null",
+        first = submit(c, user, ids, *text, "--nice=100", "--output=/dev/null",
                        "--wrap", "sleep 1")
-        second = submit(c, other, ids, *whole, "--output=/dev/null", "--wrap", "sleep 1")
+        second = submit(c, other, ids, *text, "--output=/dev/null", "--wrap", "sleep 1")
         # what either user sees of why the queue is in this order (priority/multifactor's)
         shown = as_user(c, other, "sprio", "-h", "-o", "%i %Y")
         assert shown.returncode == 0, shown.stderr
@@ -299,7 +303,7 @@ def test_a_node_failing_the_prolog_is_drained_with_the_check_named_and_the_job_r
             assert {health(asg, n.instance_id) for n in c.nodes if n is not sick} \
                 == {"Healthy"}
             # Slurm starts a requeued job no sooner than cred_expire + 1 s after the requeue
-            # (config.CRED_EXPIRE); the holder ends after that, so its end's scheduling
+            # (config.CRED_EXPIRE_S); the holder ends after that, so its end's scheduling
             # pass starts the job (else the next periodic pass would, up to 30 s later)
             eligible = datetime.fromisoformat(c.job(job)["EligibleTime"]).timestamp()
             time.sleep(max(0.0, eligible + 1 - time.time()))
@@ -340,3 +344,85 @@ def test_a_lost_worker_is_down_with_the_reason_and_its_replacement_joins(
     replacement = c.boot("worker", new_i)
     cluster.send(cluster.change_message("worker", "launch", new_i.instance_id))
     c.wait_idle([replacement])
+
+
+
+def test_a_requeue_job_resumes_from_its_checkpoint_when_its_rendezvous_host_is_lost(
+        slurm_cluster: SlurmCluster, user: pwd.struct_passwd) -> None:
+    """Auto-resume (issue 43): the DDP recipe submitted unchanged with ``sbatch --requeue``
+    on the two workers; once its first epoch's checkpoint is on disk, the machine of the
+    allocation's first node (the torchrun rendezvous host: HyperPod's auto-resume breaks
+    when that is the node lost) is killed -9 and terminated. The master agent marks it DOWN
+    with the reason; Slurm requeues the job, not held, under the same id; the replacement
+    joins and the job runs again on the survivor and the replacement (the recipe computes
+    its rendezvous host from that allocation) and resumes from the checkpoint: epoch 1 is not
+    trained again; it completes at the accuracy; one job record, ``Restarts=1``. A job
+    submitted without ``--requeue`` is not one Slurm would run again (``JobRequeue=0``).
+    docs/slurm.md, "A lost node", says what "no step runs twice" means for a requeued job."""
+    c = slurm_cluster
+    ctld_log = c.master.root / "var/log/slurm/slurmctld.log"
+    with jobs(c) as ids:
+        plain = submit(c, user, ids, "--hold", "--output=/dev/null", "--wrap", "true")
+        assert c.job(plain).get("Requeue") == "0", c.job(plain)
+        assert c.root("scancel", plain).returncode == 0
+        # on the workers only, so its rendezvous host is a worker (the drill does not lose
+        # the master); sbatch's options override the script's #SBATCH lines
+        job = submit(c, user, ids, "--requeue", "--partition=workers", "--nodes=2",
+                     str(SBATCH), "--epochs", "5", "--step-delay", "0.05")
+        first = c.wait_state(job, "RUNNING", 60)
+        assert (first["Requeue"], first["Restarts"]) == ("1", "0"), first
+        hosts = c.root("scontrol", "show", "hostnames", first["NodeList"]).stdout.split()
+        head = hosts[0]  # the recipe's rendezvous host
+        victim = next(n for n in c.workers if names.node_name(n.address) == head)
+        out = c.submit_dir(user) / f"digits-ddp_{job}.out"
+        latest = c.submit_dir(user) / "checkpoints" / f"digits-ddp-{job}" / "latest.json"
+
+        def saved() -> dict:
+            try:
+                return json.loads(latest.read_text())
+            except (OSError, ValueError):
+                return {}
+        # mid-training: epoch 1 finished and its checkpoint is on disk (a bound for a hang)
+        wait_until(lambda: saved().get("file") == "epoch-0001.pt" or saved().get("epoch", 0) > 1
+                   or bool(c.job_ended(job)), 240, 0.05, "epoch 1's checkpoint")
+        kept = saved()
+        assert not c.job_ended(job), out.read_text()
+        new_i = lose_worker(c, victim)
+
+        wait_until(lambda: c.job(job).get("Restarts") == "1", 60, 0.1, "the job requeued")
+        requeued = c.wait_state(job, "PENDING", 60)
+        assert requeued["JobId"] == job and requeued["Priority"] != "0", requeued  # not held
+        log = ctld_log.read_text()
+        assert (f"node {head} reason set to: lost: instance {victim.instance_id} left the "
+                f"membership") in log
+        assert f"requeue job JobId={job} due to failure of node {head}" in log
+        before = out.read_text()  # the first run's output, before the second starts
+
+        replacement = join_replacement(c, new_i)
+        deadline = time.monotonic() + 240  # a bound for a hang, not a speed goal
+        while not (state := c.job_ended(job)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        text = out.read_text() if out.exists() else "(no output file)"
+        assert state == "COMPLETED", f"{state or 'still running'}\n{before}\n--\n{text}\n" \
+            f"{c.slurmd_logs()}"
+        done = c.job(job)
+        again = set(c.root("scontrol", "show", "hostnames", done["NodeList"]).stdout.split())
+        survivor = next(n for n in c.workers if n is not replacement)
+        assert (done["JobId"], done["Restarts"]) == (job, "1"), done
+        assert again == {names.node_name(n.address) for n in (survivor, replacement)}, done
+        listed = c.root("squeue", "--states=all", "--noheader", "--format=%i",
+                        f"--user={user.pw_name}").stdout.split()
+        assert listed.count(job) == 1, listed  # one record, no second job
+
+    # the recipe's --open-mode=append: the first run's output is kept
+    assert text.startswith(before), f"{before}\n--\n{text}"
+    runs = digits_runs(text)
+    assert [r.world_size for r in runs] == [2, 2], text
+    assert (runs[0].step, runs[0].resumed_from) == (0, "-"), text
+    # the second run started from a checkpoint at least as new as the one on disk before
+    # the loss: nothing that was checkpointed is trained again, epoch 1 not at all
+    assert runs[1].resumed_from != "-" and runs[1].step >= kept["global_step"], (kept, text)
+    assert 1 in runs[0].epochs and 1 not in runs[1].epochs, text
+    assert runs[1].epochs == tuple(range(runs[1].epochs[0], 6)), text
+    final = [line for line in text.splitlines() if "final acc=" in line]
+    assert len(final) == 1 and float(final[0].split("final acc=")[1].split()[0]) >= 0.9, text

@@ -87,27 +87,36 @@ def test_dynamic_nodes_register_run_a_users_srun_and_follow_the_membership(
     res = as_user(user, slurm, "srun", "-N1", "--gres=gpu:2", "sh", "-c", "hostname")
     assert (res.returncode, res.stdout.strip()) == (0, a.name), res.stderr
 
-    # b's machine is lost, with a job running on it: every process of its Slurm goes with
-    # it (slurmstepd and the job's task too); it leaves the membership; the master's
-    # reconcile marks it DOWN with the reason and deletes it
-    res = as_user(user, slurm, "sbatch", "-w", b.name, "--wrap", "sleep 600", "--output",
-                  "/dev/null")
+    # b's machine is lost in the middle of a job on a and b whose task on a takes 3 s to end
+    # after Slurm's SIGTERM: every process of b's Slurm goes with it (slurmstepd and the
+    # job's task too); it leaves the membership; the master's reconcile marks it DOWN with
+    # the reason at once, and deletes it only once the job has ended on a (22.05's
+    # slurmctld dies of a node deleted while a job that had it is still COMPLETING)
+    lingers = "trap 'sleep 3; exit 0' TERM; sleep 600 & wait"
+    res = as_user(user, slurm, "sbatch", "-N2", "-w", f"{a.name},{b.name}", "--output",
+                  "/dev/null", "--wrap", f"trap 'sleep 3' TERM; srun sh -c \"{lingers}\"")
     assert res.returncode == 0, res.stderr
-    slurm.wait_nodes(lambda listed: {"ALLOCATED", "MIXED"} & listed[b.name].states,
-                     "b running a job")
-    # allocated first, then the prolog on the node, then the batch script (DeferBatch)
-    machine = wait_until(lambda: running_job(b.address), 30, 0.1, "b's job running")
+    job = res.stdout.split()[-1]
+
+    # allocated first, then the prolog on each node, then the batch script (DeferBatch)
+    wait_until(lambda: running_job(a.address) and running_job(b.address), 60, 0.1,
+               "the job's tasks on a and b")
+    machine = slurm_node.processes(b.address)
     slurm.lose(b)
     assert not [p for p in machine if alive(p)], "a process of the lost machine lives on"
     m = slurm.publish()
     done = reconciler.run(m)
-    assert done is not None
     reason = f"lost: instance {b.instance_id} left the membership (generation {m.generation})"
-    assert [(x.kind, x.node, x.reason) for x in done] == [
-        (reconcile.DOWN, b.name, reason), (reconcile.DELETE, b.name, "")]
+    assert [(x.kind, x.node, x.reason) for x in done or []] == [
+        (reconcile.DOWN, b.name, reason)]
+    listed = slurm.wait_nodes(lambda listed: b.name in listed, "b listed")
+    assert "DOWN" in listed[b.name].states
+    assert reason in (master.root / "var/log/slurm/slurmctld.log").read_text()
+    def state() -> str:
+        return as_user(user, slurm, "squeue", "-h", "-t", "all", "-j", job, "-o", "%T").stdout
+    wait_until(lambda: state().strip() == "NODE_FAIL", 60, 0.2, "the job ended")
+    assert [(x.kind, x.node) for x in reconciler.run(m) or []] == [(reconcile.DELETE, b.name)]
     assert b.name not in {x.name for x in slurm.slurm_nodes() or []}
-    log = (master.root / "var/log/slurm/slurmctld.log").read_text()
-    assert reason in log
 
     # a replacement joins with no person: it registers as a dynamic node
     c = slurm.add("worker", c_i.address)

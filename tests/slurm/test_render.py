@@ -45,8 +45,7 @@ def test_slurm_conf_puts_every_node_local_path_under_the_root_and_state_on_efs()
     assert lines["ClusterName"] == "my_cluster_1"
     assert lines["SlurmctldHost"] == "ip-10-0-0-5(10.0.0.5)"
     assert lines["SlurmctldParameters"] == "enable_configless"
-    assert lines["AuthInfo"] == ("socket=/nodes/a/run/munge/munge.socket.2,"
-                                 f"cred_expire={config.CRED_EXPIRE}")
+    assert lines["AuthInfo"] == "socket=/nodes/a/run/munge/munge.socket.2,cred_expire=30"
     assert lines["StateSaveLocation"] == "/shared/cluster/slurm/state"
     assert lines["SlurmdSpoolDir"] == "/nodes/a/var/spool/slurmd"
     for key in ("SlurmctldPidFile", "SlurmdPidFile", "SlurmctldLogFile", "SlurmdLogFile"):
@@ -237,7 +236,9 @@ def test_slurm_conf_runs_the_prolog_on_every_node_at_allocation_bounded_and_unhe
                  if "=" in line and not line.startswith("#") and " " not in line.split("=")[0])
     assert lines["Prolog"] == "/nodes/a/etc/slurm/prolog.sh"
     assert lines["PrologFlags"] == "Alloc,DeferBatch"
-    assert lines["SchedulerParameters"] == "nohold_on_prolog_fail"
+    # one line, both settings (Slurm reads the last SchedulerParameters line only)
+    assert text.count("\nSchedulerParameters=") == 1
+    assert lines["SchedulerParameters"].split(",") == ["nohold_on_prolog_fail", "sched_interval=10"]
     # Slurm's own bound is above the prolog's: the prolog's verdict names the check
     assert int(lines["PrologEpilogTimeout"]) > prolog.bound() > 120
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap_scripts.protocol.membership import Membership
@@ -164,3 +166,57 @@ def health(asg, instance_id: str) -> str:
     found = asg.describe_auto_scaling_instances(InstanceIds=[instance_id])
     return found["AutoScalingInstances"][0]["HealthStatus"] if \
         found["AutoScalingInstances"] else ""
+
+
+def lose_worker(c: SlurmCluster, victim: Node):
+    """``victim``'s machine lost as a kill -9 of everything on it loses it (its agent, its
+    munged and slurmd, slurmstepd and the job's tasks), then what AWS does after: the
+    instance terminated in its Auto Scaling group without lowering the desired capacity (so
+    the group launches a replacement) and the lifecycle message the cluster gets. Returns the
+    replacement's instance, not booted yet (:func:`join_replacement`)."""
+    cluster = c.cluster
+    before = {n.instance_id for n in c.nodes}
+    victim.kill([])
+    c.nodes.remove(victim)
+    cluster.client("autoscaling").terminate_instance_in_auto_scaling_group(
+        InstanceId=victim.instance_id, ShouldDecrementDesiredCapacity=False)
+    (new_i,) = [i for i in cluster.node_instances("worker") if i.instance_id not in before]
+    cluster.send(cluster.change_message("worker", "terminate", victim.instance_id))
+    return new_i
+
+
+def join_replacement(c: SlurmCluster, instance) -> Node:
+    """The replacement booted as EC2 boots it, and its launch told to the cluster (its slurmd
+    then registers by itself)."""
+    replacement = c.boot("worker", instance)
+    c.cluster.send(c.cluster.change_message("worker", "launch", instance.instance_id))
+    return replacement
+
+
+#: train_digits' rank-0 lines (``srun -l`` puts ``<task>: `` in front of each).
+START_RE = re.compile(r"start world_size=(\d+) restart=\d+ step=(\d+) epoch=(\d+) "
+                      r"resumed_from=(\S+)")
+EPOCH_RE = re.compile(r"\bepoch=(\d+) acc=")
+
+
+@dataclass(frozen=True)
+class DigitsRun:
+    """One start of train_digits in a job's output, and the epochs it finished."""
+
+    world_size: int
+    step: int  # the global step it started from (0: from scratch)
+    resumed_from: str  # the checkpoint's file name, "-" for none
+    epochs: tuple[int, ...]
+
+
+def digits_runs(text: str) -> list[DigitsRun]:
+    """Each (re)start of the example in ``text``, in order, with the epochs it printed."""
+    runs: list[DigitsRun] = []
+    for line in text.splitlines():
+        if m := START_RE.search(line):
+            runs.append(DigitsRun(int(m[1]), int(m[2]), m[4], ()))
+        elif (m := EPOCH_RE.search(line)) and runs:
+            last = runs[-1]
+            runs[-1] = DigitsRun(last.world_size, last.step, last.resumed_from,
+                                 (*last.epochs, int(m[1])))
+    return runs

@@ -356,15 +356,18 @@ def test_a_requeue_job_resumes_from_its_checkpoint_when_its_rendezvous_host_is_l
     with the reason; Slurm requeues the job, not held, under the same id; the replacement
     joins and the job runs again on the survivor and the replacement (the recipe computes
     its rendezvous host from that allocation) and resumes from the checkpoint: epoch 1 is not
-    trained again; it completes at the accuracy; one job record, ``Restarts=1``. A job
-    submitted without ``--requeue`` is not one Slurm would run again (``JobRequeue=0``).
+    trained again; it completes at the accuracy; one job record, ``Restarts=1``. A batch
+    job is one Slurm would run again by default (``JobRequeue=1``), and ``--no-requeue``
+    opts one out.
     docs/slurm.md, "A lost node", says what "no step runs twice" means for a requeued job."""
     c = slurm_cluster
     ctld_log = c.master.root / "var/log/slurm/slurmctld.log"
     with jobs(c) as ids:
         plain = submit(c, user, ids, "--hold", "--output=/dev/null", "--wrap", "true")
-        assert c.job(plain).get("Requeue") == "0", c.job(plain)
-        assert c.root("scancel", plain).returncode == 0
+        opted_out = submit(c, user, ids, "--hold", "--no-requeue", "--output=/dev/null",
+                           "--wrap", "true")
+        assert (c.job(plain).get("Requeue"), c.job(opted_out).get("Requeue")) == ("1", "0")
+        assert c.root("scancel", plain, opted_out).returncode == 0
         # on the workers only, so its rendezvous host is a worker (the drill does not lose
         # the master); sbatch's options override the script's #SBATCH lines
         job = submit(c, user, ids, "--requeue", "--partition=workers", "--nodes=2",

@@ -93,8 +93,9 @@ def test_dynamic_nodes_register_run_a_users_srun_and_follow_the_membership(
     # the reason at once, and deletes it only once the job has ended on a (22.05's
     # slurmctld dies of a node deleted while a job that had it is still COMPLETING)
     lingers = "trap 'sleep 3; exit 0' TERM; sleep 600 & wait"
-    res = as_user(user, slurm, "sbatch", "-N2", "-w", f"{a.name},{b.name}", "--output",
-                  "/dev/null", "--wrap", f"trap 'sleep 3' TERM; srun sh -c \"{lingers}\"")
+    res = as_user(user, slurm, "sbatch", "-N2", "-w", f"{a.name},{b.name}", "--no-requeue",
+                  "--output", "/dev/null", "--wrap",
+                  f"trap 'sleep 3' TERM; srun sh -c \"{lingers}\"")
     assert res.returncode == 0, res.stderr
     job = res.stdout.split()[-1]
 

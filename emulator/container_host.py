@@ -15,9 +15,12 @@ product's code (docs/emulator.md, "Container images"):
   created on the host's ``/dev`` if missing, an empty mount point).
 - **the registry**: ``emulator.registry`` speaks plain HTTP on loopback; the node's podman
   is told that address is insecure (:func:`registries_conf`); ECR is HTTPS only.
-- **one machine, many nodes**: each user's image store and runtime directory (where
-  podman's pause process keeps its pid) are the node's own (under its root), so an image
-  pulled on one emulated node is not on another, as on separate instances.
+- **one machine, many nodes**: each user's image store (under the node's root) and runtime
+  directory (where podman's pause process keeps its pid; :func:`runtime_base`) are the
+  node's own, so an image pulled on one emulated node is not on another, as on separate
+  instances. The runtime directory has a short path of its own in the temporary directory:
+  with a runtime directory path past about 40 characters (a node's root is longer), every
+  ``podman run`` here waited 20 s for conmon's exit file ("Exceeded conmon timeout").
 
 The node's ``podman`` is a wrapper first on the node's PATH (the directory of the stand-in
 ``nvidia-smi``, ``emulator.gpus``) that points podman at these files and execs the real one.
@@ -25,14 +28,16 @@ The node's ``podman`` is a wrapper first on the node's PATH (the directory of th
 
 from __future__ import annotations
 
+import hashlib
 import shlex
+import shutil
+import tempfile
 from pathlib import Path
 
 REAL_PODMAN = "/usr/bin/podman"
 #: Relative to a node's root.
 CONF_DIR = "emulator/containers"
 STORE_DIR = "var/lib/containers-users"
-RUNTIME_DIR = "run/user"
 #: The limits crun cannot leave as inherited without CAP_SYS_RESOURCE.
 ULIMITS = ("nofile=1024:1024", "nproc=1000:1000")
 
@@ -64,6 +69,18 @@ def storage_conf(root: Path) -> str:
             f'rootless_storage_path = "{root / STORE_DIR}/$UID"\n')
 
 
+def runtime_base(root: Path) -> Path:
+    """The node's parent of its users' ``XDG_RUNTIME_DIR``s: short (see the module's note)."""
+    tag = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"dl-podman-{tag}"
+
+
+def remove_podman(root: Path) -> None:
+    """Remove what :func:`install_podman` put outside the node's root (its users' podman
+    processes must be stopped first)."""
+    shutil.rmtree(runtime_base(root), ignore_errors=True)
+
+
 def install_podman(root: Path, bin_dir: Path, insecure_registries: list[str]) -> Path:
     """Write the node's container settings under ``root`` and its ``podman`` wrapper in
     ``bin_dir`` (first on the node's PATH); returns the wrapper's path."""
@@ -72,10 +89,10 @@ def install_podman(root: Path, bin_dir: Path, insecure_registries: list[str]) ->
     (conf / "containers.conf").write_text(containers_conf())
     (conf / "registries.conf").write_text(registries_conf(insecure_registries))
     (conf / "storage.conf").write_text(storage_conf(root))
-    for shared in (root / STORE_DIR, root / RUNTIME_DIR):
+    for shared in (root / STORE_DIR, runtime_base(root)):
         shared.mkdir(parents=True, exist_ok=True)
         shared.chmod(0o1777)  # each user makes its own directory in it, as /run/user is
-    runtime = shlex.quote(str(root / RUNTIME_DIR))
+    runtime = shlex.quote(str(runtime_base(root)))
     bin_dir.mkdir(parents=True, exist_ok=True)
     wrapper = bin_dir / "podman"
     wrapper.write_text(

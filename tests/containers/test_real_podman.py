@@ -88,7 +88,6 @@ def test_a_user_runs_a_command_in_a_pinned_image_as_itself(
         assert again.returncode == 0, again.stderr
         assert f"{image} present" in again.stdout  # a second pull fetches nothing
 
-        # one run (each costs the emulated node's podman ~20 s, docs/emulator.md)
         ran = dl_container(job_user, node, job, "run", image, "--", "sh", "-c",
                            "id -u; id -g; pwd; cat msg; echo written > out; "
                            "test -e /usr/bin/python3 || echo no-host-python; exit 7")
@@ -101,6 +100,7 @@ def test_a_user_runs_a_command_in_a_pinned_image_as_itself(
         assert (job / "out").stat().st_uid == job_user.pw_uid
     finally:
         stop_processes_of(job_user.pw_uid)
+        container_host.remove_podman(node)
 
 
 def test_a_missing_image_fails_the_pull_naming_it(image: str, place: Path, job_user,
@@ -114,3 +114,4 @@ def test_a_missing_image_fails_the_pull_naming_it(image: str, place: Path, job_u
         assert f"pulling {missing} failed" in done.stderr
     finally:
         stop_processes_of(job_user.pw_uid)
+        container_host.remove_podman(node)

@@ -24,9 +24,7 @@ PULL_TIMEOUT = 3600
 def pull(image: ImageRef, *, podman: str = podman_argv.PODMAN) -> int:
     """Pull ``image`` (pinned) unless present; returns the exit status for ``dl-container``."""
     if not image.pinned:
-        print(f"dl-container: image {image} is not pinned to a digest: resolve it at submit",
-              file=sys.stderr)
-        return EXIT_PULL_FAILED
+        raise ValueError(f"image {image} is not pinned to a digest")
     ref = image.pinned_name()
     if subprocess.run([podman, "image", "exists", ref], check=False,
                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:

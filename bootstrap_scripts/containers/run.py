@@ -83,10 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_REFUSED
     if args.verb == "pull":
         try:
-            return pull.pull(parse(args.image))
+            image = parse(args.image)
         except BadReference as exc:
             print(f"dl-container: {exc}", file=sys.stderr)
             return EXIT_REFUSED
+        if not image.pinned:
+            print(f"dl-container: image {image} is not pinned to a digest: resolve it at "
+                  "submit", file=sys.stderr)
+            return EXIT_REFUSED
+        return pull.pull(image)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]

@@ -7,12 +7,17 @@
 # headless through Playwright (tests/ops/test_tensorboard_browser.py).
 # Slurm 22.05 and munge (scheduler=slurm): the emulated nodes run the real daemons
 # (tests/slurm/, docs/slurm-node.md).
+# podman, skopeo and docker-registry (jobs from container images, docs/containers.md): an
+# emulated node's rootless podman, the test's image push, and the registry the emulator runs
+# as the account's ECR endpoint (emulator/registry.py). About 11 s on the offline mirror.
+# Debian's docker-registry package enables a system service on :5000 (all addresses): it is
+# stopped and disabled here, the emulator starts its own on loopback.
 # Idempotent and quiet: installs only what is missing; does nothing when all is there.
 # With arguments, only those packages (`make demo` asks for iptables alone).
 set -euo pipefail
 
 PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc iptables chromium
-          slurmctld slurmd slurm-client munge)
+          slurmctld slurmd slurm-client munge podman skopeo docker-registry)
 #: installed without their recommended packages (a browser recommends a desktop's worth)
 LEAN=(chromium)
 if [ "$#" -gt 0 ]; then
@@ -46,4 +51,7 @@ if [ "${#full[@]}" -gt 0 ]; then
 fi
 if [ "${#lean[@]}" -gt 0 ]; then
     $SUDO apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
+fi
+if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
 fi

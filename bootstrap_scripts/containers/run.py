@@ -1,5 +1,8 @@
 """``dl-container run IMAGE@DIGEST -- CMD ...``: one rank's command inside the job's image.
 
+``dl-container pull IMAGE@DIGEST`` puts the image in the user's store first
+(:mod:`bootstrap_scripts.containers.pull`): ranks never fetch (``--pull=never``).
+
 The launchers wrap each rank's command in this (and a Slurm script writes
 ``srun dl-container run IMAGE -- CMD``). It runs as the job's own user, never as root: it
 only turns the rank's environment into a rootless ``podman run`` argv
@@ -23,7 +26,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from bootstrap_scripts.containers import podman_argv
+from bootstrap_scripts.containers import podman_argv, pull
 from bootstrap_scripts.containers.reference import BadReference, parse
 
 #: Where ``nvidia-ctk cdi generate`` writes the GPUs' specification (static and generated).
@@ -66,18 +69,32 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a command in a pinned image as the calling user")
     run.add_argument("image", help="registry/repository[:tag]@sha256:<digest>")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    pull = sub.add_parser("pull", help="put a pinned image in the calling user's store "
+                          "(before any rank; nothing fetched when it is there)")
+    pull.add_argument("image", help="registry/repository[:tag]@sha256:<digest>")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
     if os.geteuid() == 0:
         print("dl-container: refusing to run as root: an image runs as the job's own user "
               "(rootless podman)", file=sys.stderr)
         return EXIT_REFUSED
+    if args.verb == "pull":
+        try:
+            image = parse(args.image)
+        except BadReference as exc:
+            print(f"dl-container: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
+        if not image.pinned:
+            print(f"dl-container: image {image} is not pinned to a digest: resolve it at "
+                  "submit", file=sys.stderr)
+            return EXIT_REFUSED
+        return pull.pull(image)
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
     try:
         rank = rank_container(args.image, command, os.environ, str(Path.cwd()),
                               efa=sorted(glob.glob(EFA_DEVICES)))

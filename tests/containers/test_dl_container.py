@@ -96,3 +96,13 @@ def test_an_unpinned_or_malformed_image_is_refused_before_podman(monkeypatch, ca
     assert "not pinned" in capsys.readouterr().err
     assert run.main(["run", "127.0.0.1:5000/Team/train@" + DIGEST, "--", "true"]) == 2
     assert "'Team'" in capsys.readouterr().err
+
+
+def test_pull_refuses_an_unpinned_image_and_root_before_podman(monkeypatch, capsys):
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("podman started"))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert run.main(["pull", f"127.0.0.1:5000/team/train@{DIGEST}"]) == run.EXIT_REFUSED
+    assert "refusing to run as root" in capsys.readouterr().err
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert run.main(["pull", "127.0.0.1:5000/team/train:v1"]) == run.EXIT_REFUSED
+    assert "not pinned" in capsys.readouterr().err

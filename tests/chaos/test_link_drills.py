@@ -26,7 +26,8 @@ import pytest
 from bootstrap_scripts.jobs.engine import gate_identity
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.managed_records import ControllerHeartbeat
-from bootstrap_scripts.protocol.paths import ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.paths import SHARE_STARTED_SUFFIX, ClusterPaths, NodePaths
+from bootstrap_scripts.protocol.records import ShareStarted
 from emulator.resources import create_cluster
 from tests.chaos.drills import attempts, drill, leftovers, record, torchelastic_dirs, wait_for
 from tests.conftest import REGION
@@ -146,6 +147,78 @@ def test_a_one_way_link_during_a_hang_restart_marks_no_node(link_cluster, moto_e
         row.check("record", rec.state == "succeeded" and rec.world_size == 3
                   and [r.kind for r in rec.restart_log] == ["hang"],
                   f"{rec.state}: {rec.message}")
+        left = leftovers(c.efs, job_id, c.roots,
+                         lambda root: NodePaths(root).share_status_dir, elastic,
+                         owners=owners())
+        row.check("nothing left", not left, "; ".join(left[:4]))
+
+
+# -- a loss while an elastic job grows -----------------------------------------------------
+
+
+def share_pgid(c, job_id: str, attempt: int, address: str) -> int:
+    """The process group of ``address``'s share of ``attempt`` (its ``.started`` record)."""
+    nodes = ClusterPaths(c.efs).job(f"{job_id}.{attempt}").nodes
+    for _stem, rec in store.scan_records(nodes, ShareStarted, suffix=SHARE_STARTED_SUFFIX):
+        if rec.address == address:
+            return rec.pgid
+    return 0
+
+
+def test_a_loss_while_an_elastic_job_grows_is_recorded(link_cluster, moto_endpoint):
+    """(47.4) An ``--elastic --nnodes 2:3`` job trains on the master and worker 1; worker 2
+    enters the membership (a scale-up: the generation rises) and, once the controller has
+    admitted it, worker 1 is lost as a machine is (its executor and share killed). The job
+    trains on and ends; its record says what ran: the world size at the end (2: the master
+    and worker 2), worker 1 lost, and the attempt's cost charged to the nodes that ran (worker
+    2 included). Last in this module: it loses a node (restarted after, the membership
+    restored)."""
+    c = link_cluster
+    master, w1, w2 = c.addresses
+    ids = {n.address: n.instance_id for n in c.membership.nodes}
+    with drill("loss during an elastic join", "worker 1 killed (executor and share) once "
+               "the controller admitted worker 2 into a running --elastic --nnodes 2:3 "
+               "job") as row:
+        elastic = torchelastic_dirs()
+        c.publish(2, [master, w1], "worker 2 not yet joined")
+        NodePaths(c.roots[w2]).membership.unlink()
+        try:
+            res = c.run("--detach", "--json", "--elastic", "--nnodes", "2:3", "--rdzv-port",
+                        free_rdzv_port(c), "--", "-m", "bootstrap_scripts.examples.train_digits",
+                        "--epochs", "16", "--checkpoint-every", "2", "--step-delay", "0.2",
+                        managed=True, timeout=60)
+            assert res.returncode == 0, res.stdout
+            job_id = json.loads(res.stdout.strip().splitlines()[-1])["job_id"]
+            first = ClusterPaths(c.efs).job(f"{job_id}.1")
+            wait_for(f"job {job_id}'s shares on 2 nodes: {c.controller_log()[-1500:]}",
+                     lambda: share_pgid(c, job_id, 1, w1) and share_pgid(c, job_id, 1, master),
+                     240)
+            time.sleep(5)  # training, not starting
+            c.publish(3, [master, w1, w2], "scale-up: worker 2 registered")
+            wait_for(f"worker 2 admitted: {c.controller_log()[-1500:]}",
+                     lambda: store.exists(first.admitted(w2))
+                     or ((r := record(c.efs, job_id)) and r.state in TERMINAL), 300)
+            c.node(w1).kill([share_pgid(c, job_id, 1, w1)])
+            t0 = time.monotonic()
+            rec = wait_for(f"job {job_id} to end: {c.controller_log()[-2000:]}",
+                           lambda: (r := record(c.efs, job_id)) and r.state in TERMINAL and r,
+                           600)
+            row.seconds = time.monotonic() - t0
+        finally:
+            c.start_executors([w1])  # the machine back (a new one, as Auto Scaling's)
+            c.publish(4, [master, w1, w2], "restored")
+        last = rec.usage[-1] if rec.usage else None
+        charged = sorted(n.instance_id for n in last.nodes) if last else []
+        lost = [(x.address, x.instance_id) for x in rec.node_losses]
+        names = {ids[master]: "master", ids[w1]: "w1", ids[w2]: "w2"}
+        row.did = (f"{rec.state}; world size {rec.world_size}; lost {lost or 'none'}; "
+                   f"attempt {rec.attempt} charged to "
+                   + ", ".join(names.get(i, i) for i in charged)
+                   + f"; restarts {len(rec.restart_log)}")
+        row.check("record", rec.state == "succeeded", f"{rec.state}: {rec.message}")
+        row.check("world size at the end", rec.world_size == 2, row.did)
+        row.check("the lost node", lost == [(w1, ids[w1])], row.did)
+        row.check("cost to the nodes that ran", ids[w2] in charged, row.did)
         left = leftovers(c.efs, job_id, c.roots,
                          lambda root: NodePaths(root).share_status_dir, elastic,
                          owners=owners())

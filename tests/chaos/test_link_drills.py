@@ -184,7 +184,8 @@ def test_a_loss_while_an_elastic_job_grows_is_recorded(link_cluster, moto_endpoi
         NodePaths(c.roots[w2]).membership.unlink()
         try:
             res = c.run("--detach", "--json", "--elastic", "--nnodes", "2:3", "--rdzv-port",
-                        free_rdzv_port(c), "--", "-m", "bootstrap_scripts.examples.train_digits",
+                        free_rdzv_port(c), "--", "python", "-m",
+                        "bootstrap_scripts.examples.train_digits",
                         "--epochs", "16", "--checkpoint-every", "2", "--step-delay", "0.2",
                         managed=True, timeout=60)
             assert res.returncode == 0, res.stdout
@@ -209,16 +210,21 @@ def test_a_loss_while_an_elastic_job_grows_is_recorded(link_cluster, moto_endpoi
             c.publish(4, [master, w1, w2], "restored")
         last = rec.usage[-1] if rec.usage else None
         charged = sorted(n.instance_id for n in last.nodes) if last else []
+        spans = {n.instance_id: (n.joined_at, n.left_at) for n in (last.nodes if last else ())}
         lost = [(x.address, x.instance_id) for x in rec.node_losses]
         names = {ids[master]: "master", ids[w1]: "w1", ids[w2]: "w2"}
         row.did = (f"{rec.state}; world size {rec.world_size}; lost {lost or 'none'}; "
                    f"attempt {rec.attempt} charged to "
-                   + ", ".join(names.get(i, i) for i in charged)
+                   + ", ".join(f"{names.get(i, i)}"
+                               + (" from its join" if spans[i][0] else "")
+                               + (" to its loss" if spans[i][1] else "") for i in charged)
                    + f"; restarts {len(rec.restart_log)}")
         row.check("record", rec.state == "succeeded", f"{rec.state}: {rec.message}")
         row.check("world size at the end", rec.world_size == 2, row.did)
         row.check("the lost node", lost == [(w1, ids[w1])], row.did)
-        row.check("cost to the nodes that ran", ids[w2] in charged, row.did)
+        row.check("cost to the nodes that ran", ids[w2] in charged
+                  and spans[ids[w2]][0] is not None and spans.get(ids[w1], (None, None))[1]
+                  is not None and spans[ids[master]] == (None, None), row.did)
         left = leftovers(c.efs, job_id, c.roots,
                          lambda root: NodePaths(root).share_status_dir, elastic,
                          owners=owners())

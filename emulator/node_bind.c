@@ -20,8 +20,9 @@
  * all), whose DEEPLEARNING_NODE_ADDR names the node the user submitted from, not the one the
  * task landed on. DEEPLEARNING_NODE_ADDR is read only where the host name is not a node's.
  *
- * With DEEPLEARNING_NODE_CONNECT=1 as well, an IPv4 socket that connects before it was bound
- * is first bound to the node's address (port 0): its connections leave from the node's own
+ * With DEEPLEARNING_NODE_CONNECT=1 as well, a socket that connects before it was bound is
+ * first bound to the node's address (port 0; a dual-stack IPv6 socket to an IPv4-mapped peer
+ * to the mapped form of it): its connections leave from the node's own
  * address, as an instance's leave from its private address, instead of from 127.0.0.1 (the
  * kernel's choice for every loopback destination). Slurm's controller records a dynamic
  * node's address from the connection its slurmd registers on.
@@ -93,8 +94,10 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len) {
     }
     const char *wanted = getenv("DEEPLEARNING_NODE_CONNECT");
     struct in_addr v4;
-    if (addr != NULL && addr->sa_family == AF_INET && wanted != NULL
-        && strcmp(wanted, "1") == 0 && node_address(&v4)) {
+    if (addr == NULL || wanted == NULL || strcmp(wanted, "1") != 0 || !node_address(&v4)) {
+        return real_connect(fd, addr, len);
+    }
+    if (addr->sa_family == AF_INET) {
         struct sockaddr_in mine;
         socklen_t mine_len = sizeof mine;
         if (getsockname(fd, (struct sockaddr *)&mine, &mine_len) == 0
@@ -104,6 +107,24 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len) {
             mine.sin_family = AF_INET;
             mine.sin_addr = v4;
             /* a failure leaves the socket unbound: the kernel's own choice, as without us */
+            (void)bind(fd, (const struct sockaddr *)&mine, sizeof mine);
+        }
+    } else if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        /* A dual-stack socket to an IPv4 peer (::ffff:a.b.c.d), as PyTorch's TCPStore
+         * client connects: it leaves from the node's address in the same mapped form. */
+        struct sockaddr_in6 peer;
+        memcpy(&peer, addr, sizeof peer);
+        struct sockaddr_in6 mine;
+        socklen_t mine_len = sizeof mine;
+        if (IN6_IS_ADDR_V4MAPPED(&peer.sin6_addr)
+            && getsockname(fd, (struct sockaddr *)&mine, &mine_len) == 0
+            && mine.sin6_family == AF_INET6 && mine.sin6_port == 0
+            && IN6_IS_ADDR_UNSPECIFIED(&mine.sin6_addr)) {
+            memset(&mine, 0, sizeof mine);
+            mine.sin6_family = AF_INET6;
+            mine.sin6_addr.s6_addr[10] = 0xff;
+            mine.sin6_addr.s6_addr[11] = 0xff;
+            memcpy(&mine.sin6_addr.s6_addr[12], &v4, 4);
             (void)bind(fd, (const struct sockaddr *)&mine, sizeof mine);
         }
     }

@@ -162,10 +162,19 @@ def unpriced(instance_id: str, instance_type: str, why: str) -> NodeUsage:
     return NodeUsage(instance_id=instance_id, instance_type=instance_type, price_note=why)
 
 
+def node_span(usage: AttemptUsage, node: NodeUsage, now: float) -> float:
+    """Seconds ``node`` was one of the attempt's nodes: from the attempt's start or when it
+    joined, to the attempt's end (``now`` while it runs) or when it was lost."""
+    end = usage.ended_at if usage.ended_at is not None else now
+    if node.left_at is not None:
+        end = min(end, node.left_at)
+    start = max(usage.started_at, node.joined_at or usage.started_at)
+    return max(0.0, end - start)
+
+
 def node_seconds(usage: AttemptUsage, now: float) -> float:
     """Seconds the attempt's nodes ran, summed (a running attempt counts up to ``now``)."""
-    end = usage.ended_at if usage.ended_at is not None else now
-    return max(0.0, end - usage.started_at) * len(usage.nodes)
+    return sum(node_span(usage, node, now) for node in usage.nodes)
 
 
 def node_cost(seconds: float, node: NodeUsage) -> Decimal | None:
@@ -200,12 +209,10 @@ def job_cost(usages: Iterable[AttemptUsage], now: float) -> Cost:
     unknown: list[str] = []
     per: list[tuple[int, Decimal | None]] = []
     for usage in usages:
-        end = usage.ended_at if usage.ended_at is not None else now
-        span = max(0.0, end - usage.started_at)
-        seconds += span * len(usage.nodes)
+        seconds += node_seconds(usage, now)
         attempt: Decimal | None = Decimal(0)
         for node in usage.nodes:
-            c = node_cost(span, node)
+            c = node_cost(node_span(usage, node, now), node)
             if c is None:
                 attempt = None
                 why = f"{node.instance_id} ({node.instance_type}, {node.market or '?'})"

@@ -94,6 +94,12 @@ class NodeUsage(Record):
     zone: str = ""
     usd_per_hour: str = ""  # exact decimal; "" = unknown (price_note says why)
     price_note: str = ""
+    #: an elastic attempt's node that joined it while it ran: charged from then, not from
+    #: the attempt's start (None: one of the nodes it started on)
+    joined_at: float | None = None
+    #: a node lost while the attempt trained on without it: charged until then, not to the
+    #: attempt's end (None: it ran to the end)
+    left_at: float | None = None
 
 
 @record

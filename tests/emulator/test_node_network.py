@@ -114,6 +114,40 @@ def test_connections_leave_from_the_nodes_address_when_asked(tmp_path):
     assert seen[""] == ("127.0.0.1", "127.0.0.1")
 
 
+#: Connects to HOST:PORT from a dual-stack IPv6 socket (the peer IPv4-mapped, as PyTorch's
+#: TCPStore client does) without binding first and prints the address it left from.
+CLIENT6 = """
+import socket, sys
+s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+s.settimeout(10)
+s.connect(("::ffff:" + sys.argv[1], int(sys.argv[2])))
+print(s.getsockname()[0], flush=True)
+"""
+
+
+def test_a_dual_stack_connection_leaves_from_the_nodes_address_too(tmp_path):
+    """``DEEPLEARNING_NODE_CONNECT=1`` on an IPv6 socket to an IPv4-mapped peer (PyTorch's
+    rendezvous store client): it leaves from the node's address in its mapped form, so a
+    partition between two nodes' addresses cuts it as it cuts an IPv4 socket's."""
+    import socket
+
+    lib = bind_preload(tmp_path)
+    server_addr, node = (i.address for i in loopback_instances(2))
+    with socket.create_server((server_addr, 0)) as srv:
+        port = srv.getsockname()[1]
+        seen = {}
+        for connect in ("1", ""):
+            env = {**os.environ, "DEEPLEARNING_NODE_ADDR": node, "LD_PRELOAD": str(lib),
+                   "DEEPLEARNING_NODE_CONNECT": connect}
+            out = subprocess.run([sys.executable, "-c", CLIENT6, server_addr, str(port)],
+                                 env=env, capture_output=True, text=True, timeout=30)
+            conn, peer = srv.accept()
+            conn.close()
+            seen[connect] = (out.stdout.strip(), peer[0])
+    assert seen["1"] == (f"::ffff:{node}", node)
+    assert seen[""] == ("::ffff:127.0.0.1", "127.0.0.1")
+
+
 def test_an_ec2_host_name_names_the_node_without_the_variable(tmp_path):
     """A Slurm task's environment is its submitter's; in an emulated node's UTS namespace
     (host name ``ip-a-b-c-d``) the preload takes the node's address from the host name."""

@@ -3,6 +3,7 @@ controller's ``--max-cost`` stop (``controller/budget`` + ``supervise``), in pro
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import time
@@ -137,6 +138,34 @@ def test_the_ledger_is_node_seconds_times_each_nodes_price():
     assert ledger.by_attempt == ((1, Decimal("0.703")), (2, Decimal("1.006")))
     assert cost.usd(ledger.usd) == "1.71"
     assert ledger.to_dict()["usd"] == "1.709"
+
+
+def test_an_elastic_attempt_charges_a_joined_node_from_its_join_and_a_lost_one_to_its_loss():
+    """(47.4) The nodes that ran, each for the time it ran: a node that joined the running
+    attempt is charged from its join, a node lost while it trained on until the loss."""
+    usages = (AttemptUsage(attempt=1, started_at=0.0, ended_at=3600.0, nodes=(
+        node("i-1", "1.0"), dataclasses.replace(node("i-2", "1.0"), left_at=900.0),
+        dataclasses.replace(node("i-3", "1.0"), joined_at=1800.0))),)
+    ledger = cost.job_cost(usages, now=3600.0)
+    assert ledger.node_seconds == 3600 + 900 + 1800
+    assert ledger.usd == Decimal("1.75")
+
+
+def test_the_budget_adds_a_joined_node_and_ends_a_lost_one_in_the_running_attempt():
+    job = ManagedJob(job_id="j", state="running", attempt=1, usage=(AttemptUsage(
+        attempt=1, started_at=0.0, nodes=(node("i-1", "1.0"), node("i-2", "1.0"))),))
+    budget = JobBudget(ManagedRequest(job_id="j", submitted_at=0.0,
+                                      run=RunRequest(job_id="j", command=("x",))), None)
+    joined = Node(rank=2, role="worker", instance_id="i-3", address="10.0.0.3", gpus=0,
+                  alias="worker-2", instance_type="g5.xlarge")
+    job = dataclasses.replace(job, usage=budget.joined(job, [joined], at=1800.0))
+    job = dataclasses.replace(job, usage=JobBudget.left(job, ["i-2"], at=900.0))
+    (last,) = job.usage
+    assert [(n.instance_id, n.joined_at, n.left_at) for n in last.nodes] == [
+        ("i-1", None, None), ("i-2", None, 900.0), ("i-3", 1800.0, None)]
+    assert budget.joined(job, [joined], at=2000.0) == job.usage  # already there
+    ended = dataclasses.replace(job, usage=JobBudget.end(job, 1, at=3600.0))
+    assert JobBudget.left(ended, ["i-1"], at=3700.0) == ended.usage  # an ended attempt: as is
 
 
 def test_one_unknown_price_makes_the_total_unknown_and_says_why():

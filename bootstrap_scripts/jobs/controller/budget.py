@@ -19,7 +19,12 @@ from decimal import Decimal
 
 from bootstrap_scripts.ops import cost
 from bootstrap_scripts.ops.prices import PriceBook
-from bootstrap_scripts.protocol.managed_records import AttemptUsage, ManagedJob, ManagedRequest
+from bootstrap_scripts.protocol.managed_records import (
+    AttemptUsage,
+    ManagedJob,
+    ManagedRequest,
+    NodeUsage,
+)
 from bootstrap_scripts.protocol.membership import Node
 
 
@@ -43,14 +48,47 @@ class JobBudget:
               at: float | None = None) -> tuple[AttemptUsage, ...]:
         """The job's usage with attempt ``attempt`` started now on ``nodes``, priced."""
         at = time.time() if at is None else at
+        return (*job.usage, AttemptUsage(attempt=attempt, started_at=at,
+                                         nodes=self.price(nodes, at)))
+
+    def price(self, nodes: Iterable[Node], at: float) -> tuple[NodeUsage, ...]:
+        """``nodes`` priced at ``at`` (unpriced, saying why, without a price book)."""
         nodes = list(nodes)
         if self.prices is not None:
-            priced = self.prices.node_usage(nodes, at)
-        else:
-            priced = tuple(cost.unpriced(n.instance_id, n.instance_type,
-                                         "the job controller prices no node (no price book)")
-                           for n in nodes)
-        return (*job.usage, AttemptUsage(attempt=attempt, started_at=at, nodes=priced))
+            return self.prices.node_usage(nodes, at)
+        return tuple(cost.unpriced(n.instance_id, n.instance_type,
+                                   "the job controller prices no node (no price book)")
+                     for n in nodes)
+
+    def joined(self, job: ManagedJob, nodes: Iterable[Node], at: float | None = None
+               ) -> tuple[AttemptUsage, ...]:
+        """The job's usage with ``nodes`` joined its running (last) attempt at ``at`` (an
+        elastic join): charged from then on. Nodes already in it are left as they are."""
+        if not job.usage or job.usage[-1].ended_at is not None:
+            return job.usage
+        at = time.time() if at is None else at
+        last = job.usage[-1]
+        there = {n.instance_id for n in last.nodes if n.left_at is None}
+        new = [n for n in nodes if n.instance_id not in there]
+        if not new:
+            return job.usage
+        priced = tuple(dataclasses.replace(u, joined_at=at) for u in self.price(new, at))
+        return (*job.usage[:-1], dataclasses.replace(last, nodes=(*last.nodes, *priced)))
+
+    @staticmethod
+    def left(job: ManagedJob, instance_ids: Iterable[str], at: float | None = None
+             ) -> tuple[AttemptUsage, ...]:
+        """The job's usage with ``instance_ids`` lost from its running (last) attempt at
+        ``at`` (it trained on without them): charged until then."""
+        if not job.usage or job.usage[-1].ended_at is not None:
+            return job.usage
+        at = time.time() if at is None else at
+        gone = set(instance_ids)
+        last = job.usage[-1]
+        nodes = tuple(dataclasses.replace(n, left_at=at)
+                      if n.instance_id in gone and n.left_at is None else n
+                      for n in last.nodes)
+        return (*job.usage[:-1], dataclasses.replace(last, nodes=nodes))
 
     @staticmethod
     def end(job: ManagedJob, attempt: int, at: float | None = None

@@ -15,7 +15,7 @@ look :meth:`running_attempt.RunningAttempt.follow` takes while the attempt runs:
 
 :class:`ElasticAttempt` is a part of :class:`supervise.JobSupervisor` (a base class of it,
 through ``running_attempt.RunningAttempt``): it works on the supervisor's record and nodes
-(``job``, ``efs``, ``executors``, ``health``, ``watch``, ``last_nodes_addresses``,
+(``job``, ``efs``, ``executors``, ``health``, ``budget``, ``watch``, ``last_nodes_addresses``,
 ``update``, ``update_last_restart``, ``ready_nodes``, ``membership``, ``run_gate``), which
 the supervisor defines.
 """
@@ -46,8 +46,12 @@ class ElasticAttempt:
                 attempts.attempt_nnodes(grow.jpaths, self.request.run,
                                         len(self.last_nodes_addresses)), before):
             self.watch.restart_clock()  # torchrun restarts every worker to take it in
-        if joined:  # grew back, or past its first size (a scale-up): what runs now
-            self.update(world_size=len(self.running_nodes(grow)))
+        if joined:  # grew back, or past its first size (a scale-up): what runs now, and
+            # the joined nodes charged from now (the ledger's nodes are those that ran)
+            m = self.ready_nodes()[0] or self.membership()
+            new = [n for n in (m.nodes if m else ()) if n.address in set(joined)]
+            self.update(world_size=len(self.running_nodes(grow)),
+                        usage=self.budget.joined(self.job, new))
         if self.job.restart_log and (admitted or joined):
             self.update_last_restart(admitted_instance_ids=",".join(grow.admitted.values()),
                                      **({"joined_at": time.time()} if joined else {}))
@@ -85,6 +89,7 @@ class ElasticAttempt:
         marked = {x.instance_id for x in losses if x.marked_unhealthy}
         self.update(node_losses=(*self.job.node_losses, *losses),
                     world_size=len(self.running_nodes(grow)),
+                    usage=self.budget.left(self.job, (x.instance_id for x in losses)),
                     excluded=tuple(sorted({*self.job.excluded, *marked})),
                     last_failure=f"node-lost: {losses[-1].address} ({losses[-1].instance_id})"
                     f": {losses[-1].detail}")

@@ -425,7 +425,10 @@ def test_a_requeue_job_resumes_from_its_checkpoint_when_its_rendezvous_host_is_l
     # the second run started from a checkpoint at least as new as the one on disk before
     # the loss: nothing that was checkpointed is trained again, epoch 1 not at all
     assert runs[1].resumed_from != "-" and runs[1].step >= kept["global_step"], (kept, text)
-    assert 1 in runs[0].epochs and 1 not in runs[1].epochs, text
+    # (the first run's own "epoch=1" line may be lost with the node: its rank 0 can be the
+    # killed head's task, whose last output dies with it; the checkpoint on disk is the proof
+    # that epoch 1 was trained)
+    assert 1 not in runs[1].epochs, text
     assert runs[1].epochs == tuple(range(runs[1].epochs[0], 6)), text
     final = [line for line in text.splitlines() if "final acc=" in line]
     assert len(final) == 1 and float(final[0].split("final acc=")[1].split()[0]) >= 0.9, text

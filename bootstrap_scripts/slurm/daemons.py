@@ -73,11 +73,20 @@ def wait_for(paths: Sequence[Path], seconds: float) -> None:
         time.sleep(POLL_SECONDS)
 
 
+def _real_dir(path: Path) -> None:
+    """Refuse a link or non-directory in ``path``'s place: root chowns and chmods it, and a
+    link (EFS is writable by every worker's root) would hand that to its target."""
+    if path.is_symlink() or not path.is_dir():
+        raise DaemonError(f"{path} is not a directory of its own (a link or a file is in its "
+                          f"place): refusing to hand it over")
+
+
 def own_dir(path: Path, user: str, mode: int) -> None:
     """``path`` made (with root-owned parents) and handed to ``user`` with ``mode``."""
     path.mkdir(parents=True, exist_ok=True)
+    _real_dir(path)
     entry = pwd.getpwnam(user)
-    os.chown(path, entry.pw_uid, entry.pw_gid)
+    os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
     path.chmod(mode)
 
 
@@ -91,7 +100,8 @@ def prepare_slurmctld(p: SlurmPaths) -> None:
     own_dir(p.run_dir, config.SLURM_USER, 0o755)
     own_dir(p.log_dir, config.SLURM_USER, 0o755)
     p.efs_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-    os.chown(p.efs_dir, 0, 0)
+    _real_dir(p.efs_dir)
+    os.chown(p.efs_dir, 0, 0, follow_symlinks=False)
     p.efs_dir.chmod(0o755)
     own_dir(p.state_dir, config.SLURM_USER, 0o700)
 

@@ -387,3 +387,20 @@ def test_the_master_marks_only_a_workers_own_health_drain_once() -> None:
     marks.run(m, reconcile.parse_nodes("NodeName=ip-10-0-0-6 State=IDLE"))  # resumed
     marks.run(m, listed)  # and drained again
     assert marked == ["i-00000000000000001"] * 2
+
+
+def test_a_link_in_a_daemon_directorys_place_is_refused_not_followed(tmp_path) -> None:
+    """Root hands the daemons' directories over (chown, chmod); slurmctld's state is on EFS,
+    which every worker's root can write: a link there must not pass the hand-over on."""
+    import pytest
+
+    from bootstrap_scripts.slurm import daemons
+
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    target.chmod(0o700)
+    link = tmp_path / "state"
+    link.symlink_to(target)
+    with pytest.raises(daemons.DaemonError, match="not a directory of its own"):
+        daemons.own_dir(link, "root", 0o755)
+    assert target.stat().st_mode & 0o777 == 0o700  # untouched

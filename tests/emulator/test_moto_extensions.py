@@ -176,7 +176,9 @@ def test_scale_out_publishes_the_launch(stack):
 
 
 def test_heartbeat_timeout_applies_the_default_result(moto_reset):
-    stack = Stack(moto_reset, heartbeat=1, default="ABANDON")
+    # Long enough that the heartbeat below lands before the timeout on a loaded machine
+    # (a 1 s timeout expired between two calls once in CI), short enough to wait out.
+    stack = Stack(moto_reset, heartbeat=5, default="ABANDON")
     victim, other = sorted(stack.instances())
     stack.asg.terminate_instance_in_auto_scaling_group(InstanceId=victim,
                                                        ShouldDecrementDesiredCapacity=True)
@@ -185,7 +187,7 @@ def test_heartbeat_timeout_applies_the_default_result(moto_reset):
     stack.asg.record_lifecycle_action_heartbeat(
         LifecycleHookName="drain", AutoScalingGroupName=stack.group,
         LifecycleActionToken=token, InstanceId=victim)
-    wait_until(lambda: victim not in stack.instances(), 20, what="the timeout's termination")
+    wait_until(lambda: victim not in stack.instances(), 30, what="the timeout's termination")
     assert stack.ec2_state(victim) == "terminated"
     assert stack.instances() == {other: "InService"}
     with pytest.raises(ClientError) as err:

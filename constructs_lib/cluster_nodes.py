@@ -146,7 +146,7 @@ def add_node_groups(
         warm_ready_queue_url=warm_ready_queue.queue_url if warm_ready_queue else "",
         log_group=names.log_group_name(cluster_id),
         cloudwatch_agent_install=family.cloudwatch_agent_install,
-        mount_s3_install=family.mount_s3_install,
+        mount_s3_install=family.mount_s3_install, nftables_install=family.nftables_install,
         lustre_mount=(family.lustre_client_install, lustre.mount_source,
                       lustre.mount_point) if lustre else None,
     )

@@ -50,6 +50,10 @@ class ImageFamily:
     #: installs Mountpoint for Amazon S3 (``mount-s3``, for ``dl-run --mount``) the way AWS
     #: documents for the OS ("Installing Mountpoint", mountpoint-installation.html)
     mount_s3_install: str = ""
+    #: installs ``nft`` (nftables) unless the image has it: each node's executor keeps other
+    #: users away from what a job listens on with an nftables table of its own
+    #: (``bootstrap_scripts/jobs/executor/listen_guard.py``)
+    nftables_install: str = ""
     #: installs the Lustre client (``sharedStorage=fsx-lustre``) the way AWS documents for
     #: the OS ("Installing the Lustre client", install-lustre-client.html)
     lustre_client_install: str = ""
@@ -106,6 +110,7 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # installs AWS's own RPM from its download URL instead.
         mount_s3_install=f"dnf install -y -q mount-s3 || dnf install -y -q {MOUNT_S3_URL}.rpm",
         lustre_client_install="dnf install -y -q lustre-client",
+        nftables_install="dnf install -y -q nftables",
         # No Slurm or munge package: the build tools, then munge and Slurm built from
         # pinned, checksummed sources on the node's own disk (docs/slurm-stack.md, "Slurm on
         # the image").
@@ -143,6 +148,8 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
         # Ubuntu 24.04's own packages: Slurm 23.11 and munge 0.5.15, signed by the archive.
         slurm_install=("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install "
                        "-y -q munge slurmd slurmctld slurmdbd slurm-client"),
+        nftables_install=("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get "
+                          "install -y -q nftables"),
     ),
 }
 

@@ -95,6 +95,7 @@ def render_bootstrap_commands(
     lustre_mount: tuple[str, str, str] | None = None,
     slurm_install: str = "",
     slurm_from_source: bool = False,
+    nftables_install: str = "",
 ) -> list[str]:
     """Shell lines of the user data (after the shebang that CDK adds).
 
@@ -107,6 +108,9 @@ def render_bootstrap_commands(
     logs then stay on the node). ``mount_s3_install`` installs Mountpoint for Amazon S3
     (``dl-run --mount``) unless the image has it; a failed install is reported and not
     fatal (a job's ``--mount`` then fails on that node, saying mount-s3 is missing).
+    ``nftables_install`` installs ``nft`` unless the image has it; a failure is reported and
+    not fatal (the node's executor then refuses jobs, naming the missing ``nft``, rather than
+    run them with their ports open to every user).
     ``lustre_mount`` (install command, ``dns@tcp:/name``, mount point): the FSx for Lustre
     client is installed and the file system mounted (``constructs_lib/lustre_storage.py``);
     a failure is reported and not fatal (the node then has no Lustre data, and says so).
@@ -137,6 +141,11 @@ def render_bootstrap_commands(
         f"command -v mount-s3 >/dev/null || retry sh -c {_quote(mount_s3_install)} || "
         "echo 'dl-bootstrap: mount-s3 install failed; dl-run --mount fails on this node' >&2",
     ] if mount_s3_install else []
+    nftables = [
+        "# nft: what a job listens on is kept from other users (jobs/executor/listen_guard.py).",
+        f"command -v nft >/dev/null || retry sh -c {_quote(nftables_install)} || "
+        "echo 'dl-bootstrap: nftables install failed; this node refuses jobs' >&2",
+    ] if nftables_install else []
     build = f' && PYTHONPATH={NODE_LIB_DIR} "$PY" -m {SLURM_BUILD_MODULE}' \
         if slurm_from_source else ""
     slurm = [
@@ -168,6 +177,7 @@ def render_bootstrap_commands(
         *efs_utils,
         *cloudwatch_agent,
         *mount_s3,
+        *nftables,
         *lustre,
         *slurm,
         '"$PY" -c \'import boto3\' 2>/dev/null || retry "$PY" -m pip install -q boto3',
@@ -211,6 +221,7 @@ def node_user_data(
     log_group: str = "",
     cloudwatch_agent_install: str = "",
     mount_s3_install: str = "",
+    nftables_install: str = "",
     lustre_mount: tuple[str, str, str] | None = None,
     data_checksums: str = checksums.WARN,
     allowed_images: str = "",
@@ -286,6 +297,7 @@ def node_user_data(
             if log_group else "",
             mount_s3_install=mount_s3_install, lustre_mount=lustre_mount,
             slurm_install=slurm_install, slurm_from_source=slurm_from_source,
+            nftables_install=nftables_install,
         )
     )
     return data

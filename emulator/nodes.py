@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootstrap_scripts.agent import cloudwatch_config, imds_guard
-from bootstrap_scripts.jobs.executor import store_guard
+from bootstrap_scripts.jobs.executor import listen_guard, store_guard
 from bootstrap_scripts.node.procgroup import (
     Tracked,
     descendants,
@@ -395,14 +395,17 @@ class Node:
 
     def forget_kernel_rules(self) -> None:
         """The machine is gone, and with it its kernel's netfilter rules (the installer's
-        IMDS guard, :mod:`bootstrap_scripts.agent.imds_guard`, and its executor's rendezvous
-        store guards, :mod:`bootstrap_scripts.jobs.executor.store_guard`). The emulated
+        IMDS guard, :mod:`bootstrap_scripts.agent.imds_guard`, its executor's rendezvous
+        store guards, :mod:`bootstrap_scripts.jobs.executor.store_guard`, and its table of
+        what jobs listen on, :mod:`bootstrap_scripts.jobs.executor.listen_guard`). The emulated
         nodes share the host's kernel, so the emulator takes this node's rules away itself."""
         if self.imds_url:
             with contextlib.suppress(imds_guard.GuardError):
                 imds_guard.remove(self.imds_url)
         with contextlib.suppress(store_guard.GuardError):  # its executor's store guards
             store_guard.forget(self.address)
+        with contextlib.suppress(listen_guard.GuardError):  # and its listener table
+            listen_guard.forget(self.address)
 
     def to_state(self) -> dict:
         return {"instance_id": self.instance_id, "role": self.role, "address": self.address,

@@ -2,7 +2,9 @@
 # System packages the runner tests need (Debian/Ubuntu): a real sshd per emulated node and
 # Open MPI for the MPI path (tests/runner/test_mpi.py), plus a C compiler for mpicc, and
 # iptables: every node's boot keeps non-root processes away from its instance metadata
-# (bootstrap_scripts/agent/imds_guard.py), on an emulated node as on an instance.
+# (bootstrap_scripts/agent/imds_guard.py), on an emulated node as on an instance, and
+# nftables: each node's executor keeps other users away from what a job listens on with a
+# table of its own (bootstrap_scripts/jobs/executor/listen_guard.py).
 # chromium (Debian's, with no recommended packages): the TensorBoard browser test drives it
 # headless through Playwright (tests/ops/test_tensorboard_browser.py).
 # Slurm 22.05 and munge (scheduler=slurm): the emulated nodes run the real daemons
@@ -17,7 +19,7 @@
 set -euo pipefail
 
 PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev gcc iptables chromium
-          slurmctld slurmd slurm-client munge podman skopeo docker-registry)
+          slurmctld slurmd slurm-client munge podman skopeo docker-registry nftables)
 #: installed without their recommended packages (a browser recommends a desktop's worth)
 LEAN=(chromium)
 if [ "$#" -gt 0 ]; then

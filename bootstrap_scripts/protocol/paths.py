@@ -115,6 +115,7 @@ MEMBERSHIP_LOG = f"{CLUSTER_DIR}/membership.log"
 NODES_DIR = f"{CLUSTER_DIR}/nodes"
 LOGS_DIR = f"{CLUSTER_DIR}/logs"
 EXECUTORS_DIR = f"{CLUSTER_DIR}/executors"
+LISTENERS_DIR = f"{CLUSTER_DIR}/listeners"
 DRAIN_DIR = f"{CLUSTER_DIR}/drain"
 PREPARED_DIR = f"{CLUSTER_DIR}/prepared"
 HEALTH_DIR = f"{CLUSTER_DIR}/health"
@@ -222,6 +223,16 @@ class ClusterPaths:
 
     def executor_heartbeat(self, address: str) -> Path:
         return self.executors_dir / f"{address}.json"
+
+    @property
+    def listeners_dir(self) -> Path:
+        """``<address>.<seq>.json`` (:class:`~bootstrap_scripts.protocol.records.NodeListeners`):
+        what each node's jobs listen on; the sequence number in the name tells a reader
+        which files changed from one directory listing."""
+        return self.efs / LISTENERS_DIR
+
+    def listeners(self, address: str, seq: int) -> Path:
+        return self.listeners_dir / f"{address}.{seq}.json"
 
     @property
     def drain_dir(self) -> Path:

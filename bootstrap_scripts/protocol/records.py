@@ -125,6 +125,28 @@ class ExecutorHeartbeat(Record):
 
 
 @record
+class Listening(Record):
+    """One TCP socket a job listens on: who may connect to it (its ``uid``, the job's)."""
+
+    KIND: ClassVar[str] = "listening socket"
+    host: str
+    port: int
+    uid: int
+
+
+@record
+class NodeListeners(Record):
+    """``cluster/listeners/<address>.<seq>.json``: what the jobs on one node listen on at
+    its address, as its root executor found it in its own kernel (written when it changes);
+    every node's executor keeps every other user away from each (``listen_guard``)."""
+
+    KIND: ClassVar[str] = "node listeners"
+    address: str
+    seq: int
+    listening: tuple[Listening, ...] = ()
+
+
+@record
 class InstanceTypeFacts(Record):
     """``cluster/instance-types/<type>.json``: what EC2's DescribeInstanceTypes says about
     one instance type, cached by the health gate (a type's hardware never changes)."""

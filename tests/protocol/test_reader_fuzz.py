@@ -32,6 +32,8 @@ from bootstrap_scripts.jobs.controller import attempts
 from bootstrap_scripts.jobs.engine import checkpoints, managed, userfiles
 from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, Trust
 from bootstrap_scripts.jobs.engine.node_env import read_node_env
+from bootstrap_scripts.jobs.executor.listen_guard import ListenGuard
+from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.node import node_keys
 from bootstrap_scripts.protocol import managed_records, records, state, store
 from bootstrap_scripts.protocol import node_signature as nsig
@@ -118,6 +120,19 @@ def checkpoint_survey(efs: Path) -> object:
     return survey(*local_listing(ckdir)).newest
 
 
+def node_listeners(efs: Path) -> object:
+    """What another node's executor takes from a node's record of its jobs' listeners."""
+    guard = ListenGuard(ThisNode(NodePaths(efs / "node"), ClusterPaths(efs), "10.0.0.9"))
+    guard.read_others()
+    seen = guard.others.get(ADDRESS)
+    return seen[1] if seen else None
+
+
+def listeners_text() -> str:
+    return records.NodeListeners(address=ADDRESS, seq=5, listening=(
+        records.Listening(host=ADDRESS, port=41234, uid=1001),)).to_json()
+
+
 def ANY(got: object) -> bool:
     """The ``expect`` of a reader whose value cannot tell a read from a refusal."""
     return True
@@ -169,6 +184,8 @@ READERS = [
     Reader("checkpoint mirror status", f"checkpoints/u/j/{STATUS_FILE}",
            lambda efs: read_status(efs / "checkpoints/u/j"),
            lambda: '{"manifest": "s3://b/p/step-1.manifest.json"}', expect=bool),
+    Reader("node listeners (listen guard)", on_efs(lambda c: c.listeners(ADDRESS, 5)),
+           node_listeners, listeners_text),
     Reader("node env file", "node/" + str(NodePaths(Path("/n")).env.relative_to("/n")),
            lambda efs: read_node_env(NodePaths(efs / "node")), lambda: "EFS_MOUNT=/efs\n",
            expect=bool),

@@ -280,6 +280,7 @@ class Executor:
         with contextlib.suppress(OSError):
             self.shares.stop_all("executor stopped")
         self.shares.guards.release_all()
+        self.shares.listen.release_all()
         with contextlib.suppress(OSError):
             self.heartbeat(state="stopped")
 

@@ -27,7 +27,7 @@ import time
 from bootstrap_scripts.jobs.engine import hang_rules, userfiles
 from bootstrap_scripts.jobs.engine.rdzv_store import RDZV_STORE_LABEL
 from bootstrap_scripts.jobs.engine.userfiles import as_user, cancel_text
-from bootstrap_scripts.jobs.executor import listeners, oom, store_guard, store_hold
+from bootstrap_scripts.jobs.executor import listen_guard, listeners, oom, store_guard, store_hold
 from bootstrap_scripts.jobs.executor.job_credentials import (
     CredentialsError,
     JobCredentials,
@@ -72,6 +72,8 @@ class Shares:
         self.root_specs: set[str] | None = None
         #: the netfilter guards that keep other users away from the jobs' stores
         self.guards = store_guard.StoreGuards(node)
+        #: the nftables table that keeps other users away from whatever the jobs listen on
+        self.listen = listen_guard.ListenGuard(node)
 
     @staticmethod
     def owner_of(uid: int, gid: int) -> tuple[str, int, int]:
@@ -170,7 +172,8 @@ class Shares:
         try:  # before any process starts: only the job's user may reach its store
             if not refused:
                 self.guards.guard(spec, paths, uid)
-        except store_guard.GuardError as exc:
+                self.listen.ready()
+        except (store_guard.GuardError, listen_guard.GuardError) as exc:
             refused = str(exc)
         try:  # the job's S3 mounts, made by root for its user, before any process starts
             if not refused:
@@ -346,6 +349,8 @@ class Shares:
                 self.forget_credentials(job_id)
                 ended.append(job_id)
         self.guards.tick(set(self.running), now)
+        self.listen.tick({r.token: r.uid if r.uid >= 0 else os.geteuid()
+                          for r in self.running.values()}, now)
         if self.credentials is not None and self.credentials.enabled:
             self.credentials.refresh_due({j: r.owner for j, r in self.running.items()
                                           if r.owner[1] >= 0})

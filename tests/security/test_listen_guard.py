@@ -1,0 +1,237 @@
+"""Drill: another user connects to whatever a running torchrun job listens on.
+
+Besides its rendezvous store (guarded on its own: ``test_rendezvous_store_guard.py``), a
+torchrun job listens on ports chosen at run time: the workers' store, a TCPStore torch's agent
+opens on a free port (``TORCHELASTIC_USE_AGENT_STORE``), and gloo's sockets. None
+authenticates a client, and ``/proc/net/tcp`` shows every listening socket with its uid to
+every user. A REAL unprivileged user (the attacker) reads the victim's listening sockets there
+and connects to each, and, where a TCPStore answers, sets a key in it (the workers' store:
+``MASTER_ADDR`` lives there, and a wrong value sends ranks to a peer of the attacker's).
+
+The victim's job is a real one-node torchrun job whose worker joins a gloo process group,
+started by the real executor code (``Shares.start`` as root, the share's processes as the
+victim), with no cluster boot; the executor's loop is played by calling ``supervise``. With
+the listener guard every connection is reset and the job finishes; the control shows that
+without it the attacker connects and writes into the job's store.
+
+Needs root (real users, nftables); CI runs as root.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bootstrap_scripts.jobs.engine import launchers as ln
+from bootstrap_scripts.jobs.engine import user_dirs
+from bootstrap_scripts.jobs.engine.plan_types import LaunchOptions
+from bootstrap_scripts.jobs.executor import listen_guard
+from bootstrap_scripts.jobs.executor.node import ThisNode
+from bootstrap_scripts.jobs.executor.shares import Shares
+from bootstrap_scripts.protocol import store
+from bootstrap_scripts.protocol.jobs import DEFAULT_RDZV_PORT, JobSpec, Share
+from bootstrap_scripts.protocol.membership import build_membership
+from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths, NodePaths
+from bootstrap_scripts.protocol.records import ShareExit
+from emulator.nodes import PYTHON
+from tests.security.conftest import user_env, wait_until
+
+pytestmark = [pytest.mark.slow]
+
+#: the victim's worker: joins a gloo group (its sockets, the workers' store), says so, waits
+#: for the drill to release it, then a barrier (the group still works) and exits 0
+TRAIN = r'''
+import pathlib, sys, time
+import torch.distributed as dist
+
+d = pathlib.Path(sys.argv[1])
+dist.init_process_group("gloo")
+(d / "worker-started").write_text("")
+deadline = time.time() + 90
+while not (d / "release").exists() and time.time() < deadline:
+    time.sleep(0.1)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+#: the attacker: ``python -c ATTACK <victim uid>``; one line per listening socket of that
+#: uid: ``<host>:<port> refused|open|store-set``
+ATTACK = r'''
+import socket, sys
+from datetime import timedelta
+
+uid = int(sys.argv[1])
+
+
+def address(hexaddr):
+    raw = bytes.fromhex(hexaddr)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    import ipaddress
+    ip = ipaddress.ip_address(words)
+    if ip.is_unspecified:
+        return "127.0.0.1"
+    return str(ip.ipv4_mapped or ip) if ip.version == 6 else str(ip)
+
+
+targets = set()
+for name in ("tcp", "tcp6"):
+    for line in open(f"/proc/net/{name}").read().splitlines()[1:]:
+        w = line.split()
+        if w[3] == "0A" and int(w[7]) == uid:
+            host, port = w[1].rsplit(":", 1)
+            targets.add((address(host), int(port, 16)))
+import os, threading
+from torch.distributed import TCPStore
+
+
+def set_key(host, port, done):
+    try:
+        TCPStore(host, port, is_master=False, wait_for_workers=False,
+                 timeout=timedelta(seconds=3)).set("dl-drill", "attacker")
+        done.append(True)
+    except Exception:
+        pass
+
+
+for host, port in sorted(targets):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as exc:
+        print(f"{host}:{port} refused {exc}", flush=True)
+        continue
+    done = []
+    t = threading.Thread(target=set_key, args=(host, port, done), daemon=True)
+    t.start()
+    t.join(5)  # a socket that is not a store (gloo's) may never answer the handshake
+    print(f"{host}:{port} {'store-set' if done else 'open'}", flush=True)
+os._exit(0)
+'''
+
+
+def node_address() -> str:
+    """A loopback address of its own for this drill's node (no other test's ports)."""
+    return f"127.79.{os.getpid() % 250 + 1}.{int(time.time() * 1000) % 250 + 1}"
+
+
+@pytest.fixture()
+def node(victim) -> Iterator[tuple[ThisNode, Path]]:
+    tmp = Path(tempfile.mkdtemp(prefix="dl-listen-guard-"))
+    os.chmod(tmp, 0o755)
+    efs = tmp / "efs"
+    (efs / "jobs").mkdir(parents=True)
+    (efs / "checkpoints").mkdir()
+    (tmp / "markers").mkdir()
+    os.chmod(tmp / "markers", 0o1777)
+    (tmp / "train.py").write_text(TRAIN)
+    this = ThisNode(NodePaths(tmp / "root"), ClusterPaths(efs), node_address())
+    try:
+        yield this, tmp
+    finally:
+        listen_guard.forget(this.address)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def victims_job(this: ThisNode, user: pwd.struct_passwd, tmp: Path
+                ) -> tuple[JobSpec, Share, JobPaths]:
+    m = build_membership(cluster_id="drill", generation=1, efs_mount=str(this.cluster.efs),
+                         reason="drill", master={"instance_id": "i-0", "address": this.address,
+                                                 "gpus": 0}, workers=[])
+    job_id = f"listen-{os.getpid()}-{int(time.time())}"
+    paths = this.cluster.job(job_id, user.pw_name)
+    opts = LaunchOptions(job_id=job_id, python=PYTHON, rdzv_port=DEFAULT_RDZV_PORT,
+                         nproc_per_node=1, job_dir=str(paths.dir))
+    plan = ln.plan("torchrun", m, ["python", str(tmp / "train.py"), str(tmp / "markers")],
+                   opts)
+    (share,) = plan.shares
+    spec = JobSpec(job_id=job_id, launcher="torchrun", shares=(share,), cwd="/",
+                   grace_seconds=2.0, env={"PATH": os.environ["PATH"]})
+    user_dirs.ensure(this.cluster.efs, {user.pw_name: (user.pw_uid, user.pw_gid)})
+    paths.dir.mkdir()
+    os.chown(paths.dir, user.pw_uid, user.pw_gid)
+    paths.spec.write_text(spec.to_json())
+    os.chown(paths.spec, user.pw_uid, user.pw_gid)
+    os.chmod(paths.spec, 0o600)
+    return JobSpec.from_json(paths.spec.read_text()), share, paths
+
+
+def victims_listeners(uid: int) -> set[str]:
+    """``host:port`` of every TCP socket ``uid`` listens on, as ``ss`` shows them."""
+    out = subprocess.run(["ss", "-Hltn", "-e"], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split()[3] for line in out.splitlines() if re.search(rf"\buid:{uid}\b", line)}
+
+
+def attack(attacker: pwd.struct_passwd, victim: pwd.struct_passwd) -> list[str]:
+    res = subprocess.run([PYTHON, "-c", ATTACK, str(victim.pw_uid)], cwd="/",
+                         env=user_env(attacker), text=True, capture_output=True, timeout=120,
+                         user=attacker.pw_uid, group=attacker.pw_gid, extra_groups=[])
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout.strip().splitlines()
+
+
+def play(this: ThisNode, tmp: Path, victim: pwd.struct_passwd, attacker: pwd.struct_passwd,
+         finish: bool = True) -> tuple[list[str], set[str], ShareExit | None]:
+    """The victim's job runs; once its worker has joined the group (and the executor's loop
+    has looked once more), the attacker tries every socket; then the job is let finish (or,
+    not ``finish``, stopped: a job whose sockets another user used may wait for a gloo
+    timeout)."""
+    markers = tmp / "markers"
+    spec, share, paths = victims_job(this, victim, tmp)
+    shares = Shares(this)
+    try:
+        assert shares.start(spec, share, paths), store.read_text(paths.log(0))
+        wait_until("the victim's worker", lambda: (shares.supervise(), (
+            markers / "worker-started").exists())[1], timeout=90)
+        time.sleep(listen_guard.SCAN_SECONDS)
+        shares.supervise()
+        listening = victims_listeners(victim.pw_uid)
+        said = attack(attacker, victim)
+        if not finish:
+            return said, listening, None
+        (markers / "release").write_text("")
+        deadline = time.monotonic() + 90
+        while paths.key in shares.running:
+            assert time.monotonic() < deadline, "the share did not end"
+            shares.supervise()
+            time.sleep(0.1)
+        paths.done.write_text("")
+        return said, listening, store.read_record(paths.exit(0), ShareExit)
+    finally:
+        shares.stop_all("drill over")
+        shares.guards.release_all()
+        shares.listen.release_all()
+
+
+def test_another_user_reaches_nothing_a_job_listens_on_and_the_job_finishes(
+        node, victim, attacker, reachable_python):
+    this, tmp = node
+    said, listening, exit_record = play(this, tmp, victim, attacker)
+    # the workers' store and gloo's listener at least, each tried and each reset
+    assert len(listening) >= 2, listening
+    assert len(said) >= len(listening), (said, listening)
+    assert all(" refused " in line for line in said), said
+    assert exit_record.returncode == 0, (exit_record, store.read_text(paths_log(tmp)))
+
+
+def test_control_without_the_guard_another_user_writes_into_the_jobs_store(
+        node, victim, attacker, reachable_python, monkeypatch):
+    this, tmp = node
+    monkeypatch.setattr(listen_guard.ListenGuard, "tick", lambda *_a, **_k: None)
+    said, listening, _exit = play(this, tmp, victim, attacker, finish=False)
+    assert len(listening) >= 2, listening
+    assert any(line.endswith(" store-set") for line in said), said
+
+
+def paths_log(tmp: Path) -> Path:
+    """The victim's share log (for a failure's message)."""
+    found = sorted((tmp / "efs" / "jobs").rglob("nodes/0*.log"))
+    return found[0] if found else tmp / "no-log"

@@ -152,9 +152,10 @@ def status(ctx, as_json) -> None:
               help="torchrun's node count (default: every node); with --elastic, the nodes "
                    "beyond MAX wait as spares that take a lost node's place "
                    "(docs/elastic-training.md \"Spare nodes\")")
-@click.option("--image", default=None, metavar="REPOSITORY[:TAG]@sha256:DIGEST",
+@click.option("--image", default=None, metavar="REPOSITORY[:TAG][@sha256:DIGEST]",
               help="run every rank in this container image, as the job's user, from a "
-                   "repository the cluster's allowedImages lists (docs/containers.md)")
+                   "repository the cluster's allowedImages lists; a tag is resolved to its "
+                   "digest once, at submit (docs/containers.md)")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, workdir, cwd,

@@ -21,7 +21,7 @@ from bootstrap_scripts.protocol.data_source import (
 )
 from bootstrap_scripts.protocol.jobs import JobSpecError
 from bootstrap_scripts.protocol.nnodes import TORCHRUN, NodeRangeError, check_torchrun_options
-from bootstrap_scripts.protocol.run_request import check_image
+from bootstrap_scripts.protocol.run_request import check_image_option
 from dlc import aws
 from dlc.cost import usd as cost_usd
 from dlc.errors import DlcError, NotFound, UsageError, listing
@@ -89,8 +89,9 @@ def submit_argv(command: tuple[str, ...], *, launcher: str | None, max_restarts:
     if nnodes is not None:
         argv += ["--nnodes", nnodes]
     if image is not None:
-        try:  # the request's own rule, so a tag alone or a bad reference never leaves here
-            check_image(image, launcher or TORCHRUN)
+        try:  # the request's own rule, so a bad reference never leaves here (a tag is
+            # resolved to its digest on the master, by dl-run, as the job's user)
+            check_image_option(image, launcher or TORCHRUN)
         except JobSpecError as exc:
             raise UsageError(str(exc).removeprefix(" field 'image': ")) from None
         argv += ["--image", image]

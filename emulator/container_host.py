@@ -23,7 +23,10 @@ product's code (docs/emulator.md, "Container images"):
   ``podman run`` here waited 20 s for conmon's exit file ("Exceeded conmon timeout").
 
 The node's ``podman`` is a wrapper first on the node's PATH (the directory of the stand-in
-``nvidia-smi``, ``emulator.gpus``) that points podman at these files and execs the real one.
+``nvidia-smi``, ``emulator.gpus``) that points podman at these files and execs the real one;
+its ``skopeo`` (which resolves a tag at submit) is one too, given the node's registries
+file by skopeo's own (hidden) ``--registries-conf``: Debian's skopeo 1.9 does not read
+``CONTAINERS_REGISTRIES_CONF``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import tempfile
 from pathlib import Path
 
 REAL_PODMAN = "/usr/bin/podman"
+REAL_SKOPEO = "/usr/bin/skopeo"
 #: Relative to a node's root.
 CONF_DIR = "emulator/containers"
 STORE_DIR = "var/lib/containers-users"
@@ -105,4 +109,11 @@ def install_podman(root: Path, bin_dir: Path, insecure_registries: list[str]) ->
         'mkdir -p -m 700 "$XDG_RUNTIME_DIR" && export XDG_RUNTIME_DIR\n'
         f'exec {REAL_PODMAN} "$@"\n')
     wrapper.chmod(0o755)
+    skopeo = bin_dir / "skopeo"
+    skopeo.write_text(  # skopeo 1.9 reads no CONTAINERS_REGISTRIES_CONF: its hidden flag
+        "#!/bin/sh\n"
+        "# emulator (emulator/container_host.py): this node's registries, then skopeo\n"
+        f'exec {REAL_SKOPEO} --registries-conf {shlex.quote(str(conf / "registries.conf"))}'
+        ' "$@"\n')
+    skopeo.chmod(0o755)
     return wrapper

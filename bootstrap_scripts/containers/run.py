@@ -2,6 +2,8 @@
 
 ``dl-container pull IMAGE@DIGEST`` puts the image in the user's store first
 (:mod:`bootstrap_scripts.containers.pull`): ranks never fetch (``--pull=never``).
+``dl-container resolve IMAGE:TAG`` prints the image pinned to the digest its tag names now
+(:mod:`bootstrap_scripts.containers.resolve`, what ``dl-run --image`` does at submit).
 
 The launchers wrap each rank's command in this (and a Slurm script writes
 ``srun dl-container run IMAGE -- CMD``). It runs as the job's own user, never as root: it
@@ -26,7 +28,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from bootstrap_scripts.containers import podman_argv, pull
+from bootstrap_scripts.containers import causes, podman_argv, pull, resolve
 from bootstrap_scripts.containers.reference import BadReference, parse
 
 #: Where ``nvidia-ctk cdi generate`` writes the GPUs' specification (static and generated).
@@ -72,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     pull = sub.add_parser("pull", help="put a pinned image in the calling user's store "
                           "(before any rank; nothing fetched when it is there)")
     pull.add_argument("image", help="registry/repository[:tag]@sha256:<digest>")
+    pinned = sub.add_parser("resolve", help="print the image pinned to the digest its tag "
+                            "names now (what dl-run --image does at submit)")
+    pinned.add_argument("image", help="registry/repository[:tag]")
     return parser
 
 
@@ -81,12 +86,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("dl-container: refusing to run as root: an image runs as the job's own user "
               "(rootless podman)", file=sys.stderr)
         return EXIT_REFUSED
-    if args.verb == "pull":
+    if args.verb in ("pull", "resolve"):
         try:
             image = parse(args.image)
         except BadReference as exc:
             print(f"dl-container: {exc}", file=sys.stderr)
             return EXIT_REFUSED
+        if args.verb == "resolve":
+            try:
+                print(resolve.resolve(image), flush=True)
+            except resolve.ResolveError as exc:
+                print(f"error: dl-container resolve: {exc}", file=sys.stderr)
+                return causes.EXIT_OF[exc.cause]
+            return 0
         if not image.pinned:
             print(f"dl-container: image {image} is not pinned to a digest: resolve it at "
                   "submit", file=sys.stderr)

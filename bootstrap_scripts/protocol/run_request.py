@@ -138,19 +138,27 @@ class RunRequest(Record):
                                field="command")
 
 
-def check_image(image: str, launcher: str) -> None:
-    """``--image`` as a request carries it: a well-formed reference pinned to a digest, with
-    torchrun; JobSpecError naming what is wrong (``dlc submit`` checks it on the laptop)."""
+def check_image_option(image: str, launcher: str) -> None:
+    """``--image`` as given at submit: a well-formed reference, with torchrun; a tag alone is
+    fine here (``dl-run`` resolves it to its digest before the request is made).
+    JobSpecError naming what is wrong (``dlc submit`` checks it on the laptop)."""
     try:
-        pinned = parse_image(image).pinned
+        parse_image(image)
     except BadReference as exc:
         raise JobSpecError(str(exc), field="image") from None
-    if not pinned:
-        raise JobSpecError(f"--image {image!r} is not pinned: give it as "
-                           f"REPOSITORY[:TAG]@sha256:<digest>", field="image")
     if launcher != TORCHRUN:
         raise JobSpecError(f"--image runs with the torchrun launcher only, not {launcher}",
                            field="image")
+
+
+def check_image(image: str, launcher: str) -> None:
+    """``--image`` as a request carries it: :func:`check_image_option`, and pinned to a
+    digest (resolved at submit), so every node and every restart runs the same bits."""
+    check_image_option(image, launcher)
+    if not parse_image(image).pinned:
+        raise JobSpecError(f"--image {image!r} is not pinned: give it as "
+                           f"REPOSITORY[:TAG]@sha256:<digest>, or submit it with dl-run, "
+                           f"which resolves the tag", field="image")
 
 
 @record

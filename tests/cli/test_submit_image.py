@@ -1,6 +1,7 @@
-"""``dlc submit --image``: a pinned reference travels to dl-run in the document's
-``arguments`` (its allowedPattern admits it); a tag alone, a malformed reference or another
-launcher is refused on the laptop with the request's own rule."""
+"""``dlc submit --image``: a pinned reference or a tag travels to dl-run in the document's
+``arguments`` (its allowedPattern admits both; dl-run resolves a tag on the master); a
+malformed reference or another launcher is refused on the laptop with the request's own
+rule."""
 
 from __future__ import annotations
 
@@ -20,16 +21,17 @@ def argv(**kw) -> list[str]:
     return jobs.submit_argv(("python", "train.py"), **{**base, **kw})
 
 
-def test_a_pinned_image_reaches_dl_run_through_the_documents_arguments():
-    args = argv(image=PINNED)
-    assert args[args.index("--image") + 1] == PINNED
+@pytest.mark.parametrize("image", [PINNED, "nvcr.io/nvidia/pytorch:24.05-py3"])
+def test_an_image_reaches_dl_run_through_the_documents_arguments(image):
+    args = argv(image=image)
+    assert args[args.index("--image") + 1] == image
     options = " ".join(args[:args.index("--")])
     assert re.fullmatch(ARGUMENTS_PATTERN, options)
     assert "--image" not in argv()
 
 
 @pytest.mark.parametrize(("image", "launcher", "says"), [
-    ("nvcr.io/nvidia/pytorch:24.05", None, "not pinned"),
+    ("nvcr.io/nvidia/pytorch:24.05", "mpi", "torchrun launcher only"),
     ("nvcr.io/NVIDIA/pytorch@sha256:" + "9c" * 32, None, "'NVIDIA'"),
     (PINNED, "mpi", "torchrun launcher only"),
 ])

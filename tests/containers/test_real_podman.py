@@ -8,11 +8,17 @@ unprivileged user, exactly as the launcher would run them. What is checked is wh
 product promises a rank: the caller's uid inside (not root), the job directory at the same
 path and writable as the user, the image's own files, the command's output and exit status,
 and a second pull that fetches nothing.
+
+The pull a job runs on every node before its ranks (``jobs/engine/image_pull.py``) is run
+here as the executor starts it (its command and environment, as the user, outside the
+node's namespace); the tag's resolution at submit as ``dl-run`` runs it, as the user,
+through the node's skopeo.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap_scripts.containers import causes
+from bootstrap_scripts.jobs.engine.image_pull import pull_request
+from bootstrap_scripts.protocol.run_request import RunRequest
 from emulator import container_host
 from emulator.nodes import PYTHON
 from emulator.registry import Registry
@@ -110,8 +119,77 @@ def test_a_missing_image_fails_the_pull_naming_it(image: str, place: Path, job_u
     missing = image.replace("team/tiny", "team/absent")
     try:
         done = dl_container(job_user, node, place, "pull", missing)
-        assert done.returncode == 3, done.stdout + done.stderr
-        assert f"pulling {missing} failed" in done.stderr
+        assert done.returncode == causes.EXIT_OF[causes.NOT_FOUND], done.stdout + done.stderr
+        assert f"error: dl-container pull {missing}: not found: Error: " in done.stderr
     finally:
+        stop_processes_of(job_user.pw_uid)
+        container_host.remove_podman(node)
+
+
+def as_executor_would(user, node_root: Path, argv: tuple[str, ...], env: dict[str, str]
+                      ) -> subprocess.CompletedProcess:
+    """A share's process as the executor starts it: the node's environment (its PATH first),
+    the share's variables on top, the job's user, in ``/``."""
+    full = {**login_env(user), "PATH": f"{node_root / 'usr/bin'}:/usr/local/bin:/usr/bin:/bin",
+            **env}
+    as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+               "--clear-groups", "--", *argv]
+    return subprocess.run(as_user, cwd="/", env=full, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_a_tag_resolves_to_the_pushed_digest_and_a_wrong_tag_is_refused_naming_it(
+        image: str, place: Path, job_user, reachable_python) -> None:
+    node = place / f"node-{job_user.pw_name}"
+    container_host.install_podman(node, node / "usr/bin", [image.split("/", 1)[0]])
+    repository, digest = image.split("@")
+    try:
+        done = dl_container(job_user, node, place, "resolve", f"{repository}:v1")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"{repository}:v1@{digest}"  # what was pushed
+        wrong = dl_container(job_user, node, place, "resolve", f"{repository}:v9")
+        assert wrong.returncode == causes.EXIT_OF[causes.NOT_FOUND], wrong.stderr
+        assert f"tag 'v9' not found in {repository}" in wrong.stderr
+    finally:
+        stop_processes_of(job_user.pw_uid)
+        container_host.remove_podman(node)
+
+
+def test_the_jobs_pull_step_pulls_once_per_digest_with_progress_and_names_the_cause(
+        place: Path, job_user, reachable_python) -> None:
+    """Its own registry, stopped half-way: the second job's pull of the same digest must
+    succeed without it (nothing fetched), and a pull that needs it then fails "registry
+    unreachable"."""
+    node = place / f"node-pull-{job_user.pw_name}"
+    own = Registry(place / f"registry-{job_user.pw_name}").start()
+    try:
+        layout = place / "layout-pull"
+        build_layout(layout)
+        digest = push(layout, f"{own.endpoint}/team/tiny:v1")
+        pinned = f"{own.endpoint}/team/tiny:v1@{digest}"
+        container_host.install_podman(node, node / "usr/bin", [own.endpoint])
+        step = pull_request(RunRequest(job_id="train-1", command=("python", "t.py"),
+                                       image=pinned))
+        first = as_executor_would(job_user, node, step.command, step.env)
+        assert first.returncode == 0, first.stdout + first.stderr
+        lines = first.stdout.splitlines()
+        assert lines[0] == f"dl-container: pulling {own.endpoint}/team/tiny@{digest}"
+        assert "dl-container: layer 1: sha256:" in first.stdout
+        assert re.fullmatch(rf"dl-container: {re.escape(own.endpoint)}/team/tiny@{digest} "
+                            r"pulled in \d+\.\d s \(1 layer\(s\), \d+\.\d [MkG]B\)",
+                            lines[-1]), lines[-1]
+
+        own.stop()  # nothing can be fetched from now on
+        second = as_executor_would(job_user, node, step.command, step.env)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "present, nothing pulled (1 layer(s)" in second.stdout
+
+        other = pinned.replace(digest, "sha256:" + "e" * 64)  # not in the store
+        down = as_executor_would(job_user, node, pull_request(RunRequest(
+            job_id="train-2", command=("t",), image=other)).command, step.env)
+        assert down.returncode == causes.EXIT_OF[causes.UNREACHABLE], down.stderr
+        assert ": registry unreachable: Error: " in down.stderr
+    finally:
+        own.stop()
         stop_processes_of(job_user.pw_uid)
         container_host.remove_podman(node)

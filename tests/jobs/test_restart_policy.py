@@ -213,7 +213,7 @@ def test_every_kind_has_one_of_the_five_classes():
     assert {k.failure_class for k in FailureKind} == set(FailureClass)
     assert {k for k in FailureKind if k.failure_class is FailureClass.INFRASTRUCTURE} == {
         FailureKind.MASTER_LOST, FailureKind.EXECUTOR_RESTARTED, FailureKind.RUNNER_LOST,
-        FailureKind.NETWORK}
+        FailureKind.NETWORK, FailureKind.IMAGE_PULL}
 
 
 @pytest.mark.parametrize(("restarts", "action"), [(0, Action.RESTART), (2, Action.RESTART),

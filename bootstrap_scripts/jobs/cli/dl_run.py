@@ -142,10 +142,11 @@ def build_cli() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     p.add("--forward", action="append", default=[], metavar="VAR",
           help="forward this variable of the runner's environment (repeatable)")
     p.add("--cwd", default="", help="working directory of every rank (default: current)")
-    p.add("--image", default="", metavar="REPOSITORY[:TAG]@sha256:DIGEST",
+    p.add("--image", default="", metavar="REPOSITORY[:TAG][@sha256:DIGEST]",
           help="run every rank in this container image, as you, with the node's network, "
           "GPUs, EFS and the job's directories (rootless podman through dl-container; the "
-          "torchrun launcher only; docs/containers.md)")
+          "torchrun launcher only; docs/containers.md); a tag is resolved to its digest "
+          "here, once, and the image is pulled on every node before any rank starts")
     p.add("--python", default="", help="the job's interpreter: runs torchrun, tf and mxnet, "
           "and replaces a leading 'python'/'python3' of the command on every node "
           "(default: this one if it has torch, else python3)")

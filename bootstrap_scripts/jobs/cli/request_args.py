@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap_scripts.containers import allow
+from bootstrap_scripts.containers import allow, resolve
 from bootstrap_scripts.containers.reference import BadReference
 from bootstrap_scripts.containers.reference import parse as parse_image
 from bootstrap_scripts.data import checksums
@@ -67,19 +67,27 @@ def data_checksums(args: argparse.Namespace) -> str:
     return checksums.node_default(args.root) if args.data else checksums.WARN
 
 
-def check_image_allowed(image: str, root: str) -> None:
-    """``--image`` from a repository the stack allows (the node's copy of ``allowedImages``),
-    else RunError naming the repository and the setting; a malformed reference is left to
-    the request's own check, which names it."""
+def pinned_image(image: str, root: str) -> str:
+    """``--image`` as the request carries it: from a repository the stack allows (the
+    node's copy of ``allowedImages``), else RunError naming the repository and the setting;
+    a tag resolved to its digest now, as the submitting user (``containers.resolve``), else
+    RunError naming the tag. A malformed reference is left to the request's own check,
+    which names it. The allow rule comes first: a refused registry is never asked."""
     if not image:
-        return
+        return image
     try:
         ref = parse_image(image)
     except BadReference:
-        return
+        return image
     try:
         allow.check(allow.node_entries(root), ref)
     except allow.ImageNotAllowed as exc:
+        raise RunError(str(exc), EXIT_USAGE) from None
+    if ref.pinned:
+        return image
+    try:
+        return str(resolve.resolve(ref))
+    except resolve.ResolveError as exc:
         raise RunError(str(exc), EXIT_USAGE) from None
 
 
@@ -94,7 +102,7 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         check_data_options(args.data, args.data_shard, args.data_checksums)
     except DataSourceError as exc:
         raise RunError(str(exc), EXIT_USAGE) from None
-    check_image_allowed(getattr(args, "image", ""), getattr(args, "root", "/"))
+    image = pinned_image(getattr(args, "image", ""), getattr(args, "root", "/"))
     extra = given(args)
     return RunRequest(
         job_id=job_id, command=tuple(command), launcher=args.launcher, env=job_env(args, extra),
@@ -113,7 +121,7 @@ def request_from_args(args: argparse.Namespace, command: list[str], job_id: str
         data_shard=args.data_shard, data_checksums=data_checksums(args),
         resume_from=args.resume_from,
         mounts=tuple(getattr(args, "mount", ())),
-        hang_timeout=getattr(args, "hang_timeout", 0.0), image=getattr(args, "image", ""))
+        hang_timeout=getattr(args, "hang_timeout", 0.0), image=image)
 
 
 def max_cost_from_args(args: argparse.Namespace) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from bootstrap_scripts import progress
 from bootstrap_scripts.data.checkpoint_plan import join_url
 from bootstrap_scripts.jobs.controller import node_heartbeats
-from bootstrap_scripts.jobs.engine import hang_rules, userfiles
+from bootstrap_scripts.jobs.engine import hang_rules, image_pull, userfiles
 from bootstrap_scripts.jobs.engine.classify import Failure, as_input, classify
 from bootstrap_scripts.jobs.engine.reachability import Executors, read_heartbeat
 from bootstrap_scripts.jobs.engine.summary import INPUT_STEPS
@@ -197,7 +197,12 @@ def outcome(paths: JobPaths, runner_code: int | None) -> Failure | None:
     attempt's result and exits, as its runner's summary saw them."""
     result = userfiles.read_record_or_none(paths.result, JobResult)
     if result is None and runner_code is not None and runner_code > 0:
-        # the job never started: did its input step (restore, staging) fail first?
+        # the job never started: did its image's pull fail first (the cluster's fault)?
+        pull = JobPaths(paths.dir.with_name(paths.dir.name + image_pull.PULL_SUFFIX))
+        pulled = userfiles.read_record_or_none(pull.result, JobResult)
+        if pulled is not None and pulled.status == "failed":
+            return image_pull.pull_failure(classify(pulled, exits(pull)), pulled, exits(pull))
+        # or its input step (restore, staging)?
         for suffix, what in INPUT_STEPS:
             step = JobPaths(paths.dir.with_name(paths.dir.name + suffix))
             done = userfiles.read_record_or_none(step.result, JobResult)

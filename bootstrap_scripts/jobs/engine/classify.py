@@ -29,6 +29,9 @@ The classes (``FailureClass``), and who is to blame:
   connection reset or closed by its peer, NCCL's remote error (:func:`network_error`; the
   runner notes it in the node's result). A code failure on any node wins over it (its peers
   then lose their connections by consequence);
+- ``infrastructure`` (``image-pull``) too: a node could not pull the job's image before
+  any rank started (not found, access denied, disk full, registry unreachable, throttled:
+  ``jobs/engine/image_pull.py``). The job's command never ran;
 - ``input``: the job's input could not be made ready before its command ran: staging its
   ``--data`` on the nodes, or restoring its checkpoint (a wrong prefix, AccessDenied). Not
   the code's (the command never ran) nor a node's; retried no more than a code failure;
@@ -104,6 +107,7 @@ class FailureKind(StrEnum):
     HANG = "hang"
     NETWORK = "network"
     INPUT = "input"
+    IMAGE_PULL = "image-pull"
 
     @property
     def failure_class(self) -> FailureClass:
@@ -128,6 +132,7 @@ _CLASS_OF = {
     FailureKind.HANG: FailureClass.HANG,
     FailureKind.NETWORK: FailureClass.INFRASTRUCTURE,
     FailureKind.INPUT: FailureClass.INPUT,
+    FailureKind.IMAGE_PULL: FailureClass.INFRASTRUCTURE,
 }
 
 

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.engine import checkpoints, root_jobs, staging, user_dirs
+from bootstrap_scripts.jobs.engine import checkpoints, image_pull, root_jobs, staging, user_dirs
 from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.jobs.engine.classify import Verdict
 from bootstrap_scripts.jobs.engine.outcomes import EXIT_USAGE, RunError, say
@@ -143,6 +143,22 @@ def stage_data(request: RunRequest, m: Membership, efs: Path, sign: root_jobs.Si
     return report, None
 
 
+def pull_image(request: RunRequest, m: Membership, efs: Path,
+               sign: root_jobs.Sign | None = None) -> Verdict | None:
+    """``--image``: its pull job on every node first (``image_pull``); None when every node
+    has the image, else the verdict of the pull (the job then never starts: infrastructure,
+    naming the nodes and causes)."""
+    pull = image_pull.pull_request(request)
+    say(f"pulling {request.image} on every node ({pull.job_id})")
+    with staging.cancel_forwarded(ClusterPaths(efs).job(request.job_id),
+                                  ClusterPaths(efs).job(pull.job_id)):
+        verdict = run(pull, m, efs, sign)
+    if verdict.status != "succeeded":
+        say(f"job {request.job_id} not started: pulling its image {verdict.status}")
+        return verdict
+    return None
+
+
 def checkpoint_step(request: RunRequest, sub: RunRequest, m: Membership, efs: Path,
                     sign: root_jobs.Sign | None = None) -> Verdict:
     """A restore or flush job of ``request`` (``checkpoints``) on its first node. A cancel
@@ -161,7 +177,15 @@ def run(request: RunRequest, m: Membership, efs: Path, sign: root_jobs.Sign | No
 
     With a checkpoint mirror or ``--resume-from`` (``checkpoints``): the newest complete
     checkpoint is restored first, mirrored while the job runs and once more after it.
-    ``sign``: root's signer on the master (``root_jobs``): every spec published is signed."""
+    ``sign``: root's signer on the master (``root_jobs``): every spec published is signed.
+    With ``--image``, the image is pulled on every node before anything else runs."""
+    if request.image:
+        if os.geteuid() == 0:  # dl-container refuses root on every node: say it once here
+            raise RunError("--image runs every rank as the job's own user (rootless podman), "
+                           "never as root: run the job as a cluster user", EXIT_USAGE)
+        prepare(request, m, efs)  # a bad plan fails before the pull, as it would without
+        if (failed := pull_image(request, m, efs, sign)) is not None:
+            return failed
     if not checkpoints.wanted(request):
         return run_job(request, m, efs, sign)
     prepare(request, m, efs)  # a bad plan fails before the restore, as it would without

@@ -12,7 +12,7 @@ import contextlib
 import re
 import signal
 
-from bootstrap_scripts.jobs.engine import checkpoints, staging
+from bootstrap_scripts.jobs.engine import checkpoints, image_pull, staging
 from bootstrap_scripts.jobs.engine.classify import (
     NETWORK_REASON,
     Failure,
@@ -137,6 +137,9 @@ def summarize(w: Watch) -> Verdict:
     step = input_step(job_id)
     if step:  # a restore or staging job: its failure is the job's input's, not code
         failure = as_input(failure, step)
+    if image_pull.is_pull_job(job_id):  # a node that could not pull: the cluster's fault
+        pulled = w.spec.shares[0].procs[0].argv[-1] if w.spec.shares else ""
+        failure = image_pull.pull_failure(failure, result, w.exits, pulled)
     if failure is not None and failure.kind is FailureKind.CANCELLED:
         say(f"job {job_id} cancelled: {failure.detail}")
         say(f"cause: {failure.failure_class.value} ({failure.kind.value})")
@@ -151,6 +154,8 @@ def summarize(w: Watch) -> Verdict:
         return Verdict(job_id, status, 0)
     lines = [describe(kind, node, w.paths)
              for kind, node in failing_nodes(result, w.exits)]
+    if failure.kind is FailureKind.IMAGE_PULL:  # each node's cause (its own line is above)
+        lines = [failure.detail]
     say(f"job {job_id} FAILED: " + "; ".join(lines))
     say(f"cause: {failure.failure_class.value} ({failure.kind.value})")
     say(f"logs: {w.paths.nodes}")

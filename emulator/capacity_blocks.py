@@ -23,6 +23,7 @@ missing block could not be refused as EC2 refuses it. Here, in the emulator's mo
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import secrets
 from typing import Any
@@ -54,7 +55,7 @@ def purchase_block(account: str, region: str, *, instance_type: str, count: int,
         "AvailabilityZone": zone, "Tenancy": "default", "TotalInstanceCount": count,
         "AvailableInstanceCount": count, "EbsOptimized": True, "EphemeralStorage": False,
         "StartDate": start, "EndDate": end, "EndDateType": "limited",
-        "InstanceMatchCriteria": "targeted", "CreateDate": dt.datetime.now(dt.timezone.utc),
+        "InstanceMatchCriteria": "targeted", "CreateDate": dt.datetime.now(dt.UTC),
         "ReservationType": "capacity-block", "CapacityBlockId": block_id, "Tags": []}
     return block_id
 
@@ -75,7 +76,7 @@ def _describe_capacity_reservations(self: Any) -> Any:
         if block_id not in known:
             raise EC2ClientError(NOT_FOUND, f"The capacity reservation ID '{block_id}' does "
                                  f"not exist")
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     found = [{**b, "State": _state(b, now)} for i, b in known.items()
              if not wanted or i in wanted]
     return ActionResult({"CapacityReservations": found})
@@ -104,10 +105,8 @@ def _schedule_model() -> type:
         from moto.scheduler.exceptions import ScheduleNotFound
 
         name = p.get("Name") if isinstance(p.get("Name"), str) else resource_name
-        try:
+        with contextlib.suppress(ScheduleNotFound):
             scheduler_backends[account][region].delete_schedule(p.get("GroupName"), name)
-        except ScheduleNotFound:
-            pass
 
     return cfn_model("AWS::Scheduler::Schedule", create=create, delete=delete,
                      name_type="Name", attributes=("Arn",))

@@ -94,7 +94,7 @@ def check(block_id: str, block: dict[str, Any] | None, lead_minutes: int,
     end = block.get("EndDate")
     if not isinstance(end, dt.datetime):
         raise BlockRefused(f"Capacity Block {block_id} has no EndDate")
-    end = end.astimezone(dt.timezone.utc)
+    end = end.astimezone(dt.UTC)
     workers, master = stop_times(end, lead_minutes)
     left = (workers - now).total_seconds() / 60
     if left < MIN_USEFUL_MINUTES:
@@ -141,7 +141,7 @@ def _properties(event: dict[str, Any]) -> tuple[str, int]:
 
 
 def respond(event: dict[str, Any], ec2: Any, *,
-            now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+            now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
             ) -> dict[str, Any]:
     """The response object for one request; never raises."""
     kind = event.get("RequestType")

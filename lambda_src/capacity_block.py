@@ -22,7 +22,7 @@ block's id (``capacityBlockId``), so:
    group's minimum, maximum and desired capacity to 0 (``cluster_release.release``, the
    stack deletion's own step). A worker leaves through the drain hook like any scale-in:
    its executor stops every share with SIGTERM, the job's grace, then SIGKILL
-   (``bootstrap_scripts/jobs/executor/drain.py``), which is the product's one way of asking
+   (the executor's ``jobs/executor/drain.py``), which is the product's one way of asking
    a job to checkpoint and stop; a maximum of 0 keeps the idle stop's resume, ``dl-scale``
    and the capacity adjuster from launching into a block about to end.
 

@@ -87,6 +87,7 @@ class DeepLearningCluster(Construct):
         capacity_reservation_id: str | None = None,
         capacity_reservation_group_arn: str | None = None,
         capacity_block_id: str | None = None,
+        capacity_block_lead_minutes: int = launch.DEFAULT_CAPACITY_BLOCK_LEAD_MINUTES,
         availability_zones: Sequence[str] | None = None,
         max_zone_moves: int = launch.DEFAULT_MAX_ZONE_MOVES,
         launch_retry_seconds: int = DEFAULT_LAUNCH_RETRY_SECONDS,
@@ -152,6 +153,10 @@ class DeepLearningCluster(Construct):
         :param capacity_reservation_group_arn: the same with a reservation group.
             :default: none
         :param capacity_block_id: the same with a Capacity Block for ML. :default: none
+        :param capacity_block_lead_minutes: with ``capacity_block_id``: the workers leave
+            (drained) this many minutes before the block's end, the master 10 minutes
+            later, ahead of EC2's terminations 30 minutes before it
+            (``constructs_lib/capacity_block_end.py``). :default: 60
         :param availability_zones: the zones of a new VPC and the nodes' zone order (first
             preferred). :default: the region's first two
         :param max_zone_moves: zone moves the capacity adjuster may make when a single-zone
@@ -279,7 +284,8 @@ class DeepLearningCluster(Construct):
             efs_require_tls=efs_require_tls, efs_mount_point=efs_mount_point,
             ssh_cidr=ssh_cidr, placement_group=placement_group, scheduler=scheduler,
             create_placement_group=create_placement_group, data_checksums=data_checksums,
-            allowed_images=allowed_images)
+            allowed_images=allowed_images,
+            capacity_block_lead_minutes=capacity_block_lead_minutes)
         self.capacity, self.efs_mount_point = p.capacity, p.efs_mount_point
         self.cluster_id = cluster_id or Stack.of(self).stack_name
         self.worker_count, self.spot_workers = p.worker_count, p.spot_workers

@@ -26,6 +26,9 @@ logical ids, are the cluster's own):
 - ``NodeKeys``: the queue workers send their record-signing public keys on, the master
   alone receives (``node_keys.py``); the master's user data names the workers' role whose
   sessions it believes;
+- with a Capacity Block: ``CapacityBlockEnd``, the block's end read at deploy time and the
+  groups released before EC2 terminates the block's instances (``capacity_block_end.py``);
+  without one, ``QuotaCheck`` (``quota_check.py``);
 - with a warm pool: ``WarmReady``, the queue warm-pool workers say they are ready on, and
   the pool with its launch hook (``warm_pool.py``).
 """
@@ -49,6 +52,7 @@ from bootstrap_scripts.metrics import metric_names as names
 from constructs_lib import launch, warm_pool
 from constructs_lib.allowed_images import grant_image_pulls
 from constructs_lib.capacity_adjuster import CapacityAdjuster
+from constructs_lib.capacity_block_end import CapacityBlockEnd
 from constructs_lib.cluster_props import ClusterProps
 from constructs_lib.cluster_storage import ClusterStorage
 from constructs_lib.efs_access_check import EfsAccessCheck
@@ -193,6 +197,10 @@ def add_node_groups(
     if not capacity.capacity_block_id:  # the vCPU quotas, before either group launches
         QuotaCheck(cluster, "QuotaCheck", props=props, adjuster=capacity_adjuster,
                    groups=[master, workers])
+    else:  # the block's end read before either group launches, the nodes leave before it
+        CapacityBlockEnd(cluster, "CapacityBlockEnd", block_id=capacity.capacity_block_id,
+                         lead_minutes=capacity.capacity_block_lead_minutes,
+                         adjuster=capacity_adjuster, master=master, workers=workers)
     # Leaving workers are drained first (docs/protocol.md, "Elastic membership").
     drain_hook = workers.add_drain_hook(topic)
     drain_hook.node.add_dependency(capacity_adjuster)

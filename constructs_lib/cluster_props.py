@@ -76,6 +76,7 @@ def check_cluster_props(
     efs_require_tls: bool, efs_mount_point: str, ssh_cidr: str | None,
     placement_group: ec2.IPlacementGroup | None, create_placement_group: bool,
     data_checksums: str, scheduler: str, allowed_images: Sequence[str] = (),
+    capacity_block_lead_minutes: int = launch.DEFAULT_CAPACITY_BLOCK_LEAD_MINUTES,
 ) -> ClusterProps:
     """The cluster's props checked (each as the construct documents it); ConfigError
     naming the first bad one."""
@@ -110,7 +111,8 @@ def check_cluster_props(
         reservation_id=capacity_reservation_id, max_zone_moves=max_zone_moves,
         reservation_group_arn=capacity_reservation_group_arn,
         capacity_block_id=capacity_block_id, spot_workers=spot_workers,
-        new_placement_group=create_placement_group)
+        new_placement_group=create_placement_group,
+        capacity_block_lead_minutes=capacity_block_lead_minutes)
     root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
     family = image_family(image_type)
     pytorch_version = check_image(image_type, pytorch_version,

@@ -25,7 +25,12 @@ from constructs_lib.capacity_adjuster import (
 from constructs_lib.cluster_budget import check_usd_per_day
 from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, MAX_IDLE_STOP_MINUTES
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, IMAGE_FAMILIES, pytorch_version
-from constructs_lib.launch import DEFAULT_MAX_ZONE_MOVES
+from constructs_lib.launch import (
+    DEFAULT_CAPACITY_BLOCK_LEAD_MINUTES,
+    DEFAULT_MAX_ZONE_MOVES,
+    MAX_CAPACITY_BLOCK_LEAD_MINUTES,
+    MIN_CAPACITY_BLOCK_LEAD_MINUTES,
+)
 from constructs_lib.lustre_storage import check_shared_storage
 from constructs_lib.network import DEFAULT_VPC_CIDR
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
@@ -213,6 +218,15 @@ class ClusterSettings:
         "capacityBlockId", None, "launch every node into this Capacity Block for ML; needs "
         "`availabilityZones`, the block's zone first", validation.capacity_reservation_id,
         accepts="`cr-` + 17 hex digits")
+    capacity_block_lead_minutes: int = setting(
+        "capacityBlockLeadMinutes", DEFAULT_CAPACITY_BLOCK_LEAD_MINUTES, "with "
+        "`capacityBlockId`: the workers leave this many minutes before the block's end "
+        "time (each drained: its jobs' ranks get SIGTERM and save), the master 10 minutes "
+        "later; EC2 begins terminating a block's instances 30 minutes before its end. The "
+        "deploy reads the end time and fails if the block is missing, not a Capacity Block, "
+        "or ends too soon (\"Capacity Blocks\" in [docs/capacity.md](docs/capacity.md))",
+        validation.count, minimum=MIN_CAPACITY_BLOCK_LEAD_MINUTES,
+        maximum=MAX_CAPACITY_BLOCK_LEAD_MINUTES)
     data_bucket: str | None = setting(
         "dataBucket", None, "an existing S3 bucket with the training data: the nodes may list "
         "and read it (`dataPrefix` of it) and nothing more, and `dl-run --data s3://…` stages "

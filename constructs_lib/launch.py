@@ -28,10 +28,22 @@ from dataclasses import dataclass
 from aws_cdk import aws_ec2 as ec2
 
 from constructs_lib import validation
+from lambda_src import capacity_block
 
 #: Zone moves the capacity adjuster may make before it lowers the worker count (single-zone
 #: clusters only: with a placement group or EFA).
 DEFAULT_MAX_ZONE_MOVES = 2
+#: Minutes before a Capacity Block's end at which the workers leave, drained
+#: (``constructs_lib/capacity_block_end.py``): 30 minutes before EC2 begins terminating the
+#: block's instances (its end minus 30), which covers the drains (at most 5 minutes: the
+#: hook's heartbeat), the master's leaving 10 minutes after the workers, a checkpoint's
+#: mirror to S3 and EventBridge Scheduler's delivery, with room to spare.
+DEFAULT_CAPACITY_BLOCK_LEAD_MINUTES = 60
+#: The least lead: the master then leaves 5 minutes before EC2's terminations begin.
+MIN_CAPACITY_BLOCK_LEAD_MINUTES = (capacity_block.TERMINATION_LEAD_MINUTES
+                                   + capacity_block.MASTER_AFTER_WORKERS_MINUTES + 5)
+#: The most lead: a day (Capacity Blocks last one day at the least).
+MAX_CAPACITY_BLOCK_LEAD_MINUTES = 24 * 60
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,8 @@ class Capacity:
     reservation_group_arn: str | None = None
     capacity_block_id: str | None = None
     max_zone_moves: int = DEFAULT_MAX_ZONE_MOVES
+    #: with a Capacity Block: minutes before its end at which the workers leave
+    capacity_block_lead_minutes: int = DEFAULT_CAPACITY_BLOCK_LEAD_MINUTES
 
     @property
     def reserved(self) -> bool:
@@ -76,7 +90,9 @@ def types_prop(single_name: str, single: object, list_name: str, many: object,
 def check_capacity(*, worker_types: tuple[str, ...], master_types: tuple[str, ...],
                    reservation_id: str | None, reservation_group_arn: str | None,
                    capacity_block_id: str | None, max_zone_moves: object,
-                   spot_workers: int, new_placement_group: bool = False) -> Capacity:
+                   spot_workers: int, new_placement_group: bool = False,
+                   capacity_block_lead_minutes: object = DEFAULT_CAPACITY_BLOCK_LEAD_MINUTES,
+                   ) -> Capacity:
     """Validate the capacity props as a whole; :class:`Capacity` or ConfigError.
 
     The combinations refused, each because EC2 would refuse the launches (README "When
@@ -129,9 +145,13 @@ def check_capacity(*, worker_types: tuple[str, ...], master_types: tuple[str, ..
                 f"create the reservation in a placement group and pass placement_group, or "
                 f"leave create_placement_group off")
     moves = validation.positive_int("max_zone_moves", max_zone_moves, minimum=0)
+    lead = validation.count("capacity_block_lead_minutes", capacity_block_lead_minutes,
+                            minimum=MIN_CAPACITY_BLOCK_LEAD_MINUTES,
+                            maximum=MAX_CAPACITY_BLOCK_LEAD_MINUTES)
     return Capacity(worker_types=worker_types, master_types=master_types,
                     reservation_id=reservation_id, reservation_group_arn=reservation_group_arn,
-                    capacity_block_id=capacity_block_id, max_zone_moves=moves)
+                    capacity_block_id=capacity_block_id, max_zone_moves=moves,
+                    capacity_block_lead_minutes=lead)
 
 
 def reserve(template: ec2.LaunchTemplate, capacity: Capacity) -> None:

@@ -33,6 +33,12 @@ HEALTH_GATE_REASON = (
     "(https://docs.aws.amazon.com/service-authorization/latest/reference/"
     "list_awspricelist.html)."
 )
+CAPACITY_BLOCK_REASON = (
+    " With a Capacity Block the function also reads the block's end time at deploy time "
+    "(Custom::CapacityBlockEnd) with ec2:DescribeCapacityReservations, which supports no "
+    "resource-level permissions (https://docs.aws.amazon.com/service-authorization/latest/"
+    "reference/list_amazonec2.html): it cannot be scoped to the block, and it only reads."
+)
 SSM_CORE_REASON = (
     "AmazonSSMManagedInstanceCore is the AWS-maintained minimum for SSM Session Manager, "
     "which replaces open SSH as the default way into the nodes; copying it inline would "
@@ -132,7 +138,8 @@ def acknowledge_cluster_findings(cluster: DeepLearningCluster) -> None:
         for group in (cluster.master_group, cluster.worker_group):
             _ack(group.role, f"AwsSolutions-IAM5[Resource::{pattern}]", IMAGE_PREFIX_REASON)
     adjuster = cluster.capacity_adjuster
-    _ack(adjuster.role, "AwsSolutions-IAM5[Resource::*]", DESCRIBE_APIS_REASON)
+    _ack(adjuster.role, "AwsSolutions-IAM5[Resource::*]", DESCRIBE_APIS_REASON + (
+        CAPACITY_BLOCK_REASON if cluster.capacity.capacity_block_id else ""))
     _ack(adjuster.role, "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:autoscaling:"
          "<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*:autoScalingGroupName/*]",
          TAG_CONDITIONED_REASON)

@@ -20,7 +20,8 @@ A custom resource whose ``ServiceToken`` is a function the emulator can run (the
 adjuster, the EMR stack's ``emr_teardown``: :data:`FUNCTION_HANDLERS`) is answered by the
 project's own request code (``lambda_src.custom_resources.respond``:
 ``Custom::ClusterRelease``, ``Custom::QuotaCheck``, ``Custom::ServiceRoleGrant``,
-``Custom::EfsAccessCheck``, ``Custom::EmrSecurityGroupRelease``) on Create and on Delete,
+``Custom::EfsAccessCheck``, ``Custom::CapacityBlockEnd``, ``Custom::EmrSecurityGroupRelease``)
+on Create and on Delete,
 with a boto3 client of this moto server (:func:`serve_at`; the harness's keys, which act
 as the account's administrator when IAM is enforced, not the function's role). The
 emulator plays

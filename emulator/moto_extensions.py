@@ -37,6 +37,8 @@ Filled gaps (each with the AWS behaviour it reproduces):
 - CloudFormation's ``AWS::SecretsManager::Secret`` (a given or generated secret string, its
   KMS key; scheduled for deletion with the stack): ``emulator.moto_secrets``, installed by
   :func:`install`.
+- Capacity Blocks for ML (a bought block, DescribeCapacityReservations) and CloudFormation's
+  ``AWS::Scheduler::Schedule``: ``emulator.capacity_blocks``, installed by :func:`install`.
 - IAM authorization as AWS evaluates it for the stack's calls (resources of KMS, Auto Scaling
   and CloudWatch Logs calls, role-session principals, policy variables, session tags), off
   until the control endpoint's ``POST /iam-enforcement``: ``emulator.iam_enforcement``.
@@ -50,6 +52,7 @@ from typing import Any
 
 from emulator import (
     capacity,
+    capacity_blocks,
     iam_enforcement,
     lifecycle_hooks,
     moto_cloudformation,
@@ -134,6 +137,7 @@ def install() -> None:
     warm_pool.install(raw_replace)  # warm pools and launch hooks (emulator/warm_pool.py)
     moto_cloudformation.install()  # before the model caches are cleared
     moto_secrets.secret_model()  # AWS::SecretsManager::Secret (emulator/moto_secrets.py)
+    capacity_blocks.install()  # DescribeCapacityReservations, AWS::Scheduler::Schedule
     moto_publishing.install()
     for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
         cached.cache_clear()

@@ -35,7 +35,7 @@ from typing import Any
 
 try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
     from . import asg_notifications as notes
-    from . import custom_resources, launch_errors, setup_signal, zone_actions
+    from . import capacity_block, custom_resources, launch_errors, setup_signal, zone_actions
     from . import master_messages as messages
     from . import zone_fallback as zf
     from .aws_calls import AwsCallFailed, AwsClients, RetryableFailure
@@ -43,6 +43,7 @@ try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
     from .json_log import JsonLogger, get_logger
 except ImportError:  # imported as capacity_adjuster (Lambda: the asset root is on sys.path)
     import asg_notifications as notes  # type: ignore[no-redef]
+    import capacity_block  # type: ignore[no-redef]
     import custom_resources  # type: ignore[no-redef]
     import launch_errors  # type: ignore[no-redef]
     import master_messages as messages  # type: ignore[no-redef]
@@ -383,6 +384,10 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         log.warning("config-warning", detail=level_warning)
     if custom_resources.is_request(event):  # the stack's custom resources
         return _custom_resource(event, log)
+    if capacity_block.is_scheduled(event):  # a Capacity Block's end (its schedules)
+        done = capacity_block.release_at_end(event, _Clients().autoscaling)
+        log.info("capacity-block-end", **done)
+        return done
     try:
         config = Config.from_env(os.environ)
     except ConfigError as exc:

@@ -1,7 +1,8 @@
 """The stack's custom resources answered by the capacity adjuster's function, by type:
 ``Custom::ClusterRelease`` (``cluster_release``), ``Custom::QuotaCheck`` (``quota_check``),
-``Custom::ServiceRoleGrant`` (``service_role_grant``) and ``Custom::EfsAccessCheck``
-(``efs_access``): one function fewer to deploy, and its role already scoped to the cluster's
+``Custom::ServiceRoleGrant`` (``service_role_grant``), ``Custom::EfsAccessCheck``
+(``efs_access``) and ``Custom::CapacityBlockEnd`` (``capacity_block``): one function fewer to
+deploy, and its role already scoped to the cluster's
 groups. The EMR stack's own function (``emr_teardown.handler``) answers
 ``Custom::EmrSecurityGroupRelease`` (``emr_security_groups``) through the same dispatch."""
 
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 
 try:  # imported as lambda_src.custom_resources (tests, installed package)
     from . import (
+        capacity_block,
         cfn_response,
         cluster_release,
         efs_access,
@@ -19,6 +21,7 @@ try:  # imported as lambda_src.custom_resources (tests, installed package)
         service_role_grant,
     )
 except ImportError:  # imported as custom_resources (Lambda: the asset root is on sys.path)
+    import capacity_block  # type: ignore[no-redef]
     import cfn_response  # type: ignore[no-redef]
     import cluster_release  # type: ignore[no-redef]
     import efs_access  # type: ignore[no-redef]
@@ -52,6 +55,8 @@ def respond(event: dict[str, Any], clients: Clients) -> dict[str, Any]:
             return cluster_release.respond(event, clients.autoscaling)
         if kind == quota_check.RESOURCE_TYPE:
             return quota_check.respond(event, clients.ec2, clients.service_quotas)
+        if kind == capacity_block.RESOURCE_TYPE:
+            return capacity_block.respond(event, clients.ec2)
         if kind == efs_access.RESOURCE_TYPE:
             return efs_access.respond(event, clients.efs, clients.ec2)
         if kind == emr_security_groups.RESOURCE_TYPE:

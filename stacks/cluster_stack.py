@@ -47,6 +47,7 @@ class DLClusterStack(Stack):
             capacity_reservation_id=s.capacity_reservation_id,
             capacity_reservation_group_arn=s.capacity_reservation_group_arn,
             capacity_block_id=s.capacity_block_id,
+            capacity_block_lead_minutes=s.capacity_block_lead_minutes,
             availability_zones=s.availability_zones,
             max_zone_moves=s.max_zone_moves,
             launch_retry_seconds=s.launch_retry_seconds,

@@ -23,7 +23,8 @@ CONTEXT_KEYS: dict[str, str] = context_keys(ClusterSettings)
 CAPACITY_CONTEXT_KEYS: dict[str, str] = {
     k: v for k, v in CONTEXT_KEYS.items()
     if k in ("workerInstanceTypes", "masterInstanceTypes", "capacityReservationId",
-             "capacityReservationGroupArn", "capacityBlockId", "availabilityZones",
+             "capacityReservationGroupArn", "capacityBlockId", "capacityBlockLeadMinutes",
+             "availabilityZones",
              "maxZoneMoves", "launchRetrySeconds")}
 
 #: DLClusterStack's existing-VPC keys.
@@ -49,6 +50,11 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
             f"dataPrefix={settings.data_prefix!r}")
     _check_image(settings)
     _check_warm_pool(settings)
+    if (settings.capacity_block_lead_minutes != ClusterSettings.capacity_block_lead_minutes
+            and not settings.capacity_block_id):
+        raise validation.ConfigError(
+            f"context key 'capacityBlockLeadMinutes' ({settings.capacity_block_lead_minutes}) "
+            "is the lead before a Capacity Block's end; it needs 'capacityBlockId'")
     needed = settings.worker_count + settings.spot_workers
     if settings.max_workers is not None and settings.max_workers < needed:
         raise validation.ConfigError(

@@ -41,17 +41,21 @@ from constructs_lib.late import late_string
 from constructs_lib.metadata_queues import MetadataQueues
 from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
-from constructs_lib.observability import DEFAULT_LOG_RETENTION_DAYS
+from constructs_lib.observability import (
+    DEFAULT_EFS_IO_ALARM_GIB_PER_HOUR,
+    DEFAULT_LOG_RETENTION_DAYS,
+)
 from constructs_lib.resume_sources import CheckpointSource, grant_resume_read
 from constructs_lib.shared_storage import DEFAULT_MOUNT_POINT
-from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS
+from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, MIN_SETUP_WAIT_SECONDS, setup_wait
 
 # DEFAULT_WORKER_COUNT, DEFAULT_SPOT_WORKERS: the stack settings' defaults
 # (constructs_lib.cluster_settings, the one description of each setting).
 #: Fewest workers the cluster comes up with when launches fail.
 DEFAULT_MIN_WORKERS = 1
-#: How long the stack waits for the cluster to form: the original template's 55 minutes.
-SETUP_TIMEOUT_SECONDS = 3300
+#: How long the stack waits for the cluster to form with the default settings (the original
+#: template's 55 minutes); longer boot budgets and zone moves lengthen it (``setup_wait``).
+SETUP_TIMEOUT_SECONDS = MIN_SETUP_WAIT_SECONDS
 
 
 @jsii.implements(ec2.IConnectable)
@@ -107,7 +111,7 @@ class DeepLearningCluster(Construct):
         efa: bool = False,
         efa_cards: Sequence[int] | None = None,
         cluster_id: str | None = None,
-        setup_timeout_seconds: int = SETUP_TIMEOUT_SECONDS,
+        setup_timeout_seconds: int | None = None,
         node_boot_seconds: int = DEFAULT_NODE_BOOT_SECONDS,
         spot_workers: int = DEFAULT_SPOT_WORKERS,
         warm_pool_size: int = 0,
@@ -121,6 +125,7 @@ class DeepLearningCluster(Construct):
         budget_per_day: float | None = None,
         log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS,
         alarm_email: str | None = None,
+        efs_io_alarm_gib_per_hour: int = DEFAULT_EFS_IO_ALARM_GIB_PER_HOUR,
         cluster_users: Sequence[str] = (),
         shared_storage: str = "efs",
         data_checksums: str = DEFAULT_DATA_CHECKSUMS,
@@ -209,8 +214,11 @@ class DeepLearningCluster(Construct):
             :default: the instance type's EFA cards (``constructs_lib.efa.EFA_CARDS``)
         :param cluster_id: the ``dl-cluster:id`` tag that scopes the cluster's permissions.
             :default: the stack name
-        :param setup_timeout_seconds: how long the stack waits for the cluster to form.
-            :default: 3300 (55 minutes)
+        :param setup_timeout_seconds: how long the stack waits for the cluster to form (at
+            most 43200, CloudFormation's 12 hours).
+            :default: ``launch_retry_seconds + 300 x max_zone_moves + 2 x node_boot_seconds
+                + 300``, at least 3300 (55 minutes, what the defaults give):
+                ``user_data.setup_wait``
         :param node_boot_seconds: the node boot budget: how long the master waits, once the
             groups launched, for their nodes to boot and register before it forms the cluster
             without the missing ones (whose ids and types the agent logs); at least 60 and at
@@ -250,6 +258,8 @@ class DeepLearningCluster(Construct):
         :param log_retention_days: how long the cluster's log group keeps the nodes' logs
             (``ClusterObservability``). :default: 30
         :param alarm_email: an address subscribed to the alarm topic. :default: none
+        :param efs_io_alarm_gib_per_hour: GiB of EFS metered I/O in an hour that raise the
+            EFS I/O alarm (``ClusterObservability``); 0: none. :default: 50
         :param cluster_users: the Linux users jobs run as: one per-user Command document
             each, the only documents the operator policy runs (``OperatorAccess``).
             :default: ``()``, none (only the admin policy's any-user document runs)
@@ -266,6 +276,8 @@ class DeepLearningCluster(Construct):
             from the ECR ones (``constructs_lib/allowed_images.py``). :default: ``()``
         """
         super().__init__(scope, construct_id)
+        setup_timeout_seconds = setup_wait(node_boot_seconds, launch_retry_seconds,
+                                           max_zone_moves, given=setup_timeout_seconds)
         p = check_cluster_props(
             worker_count=worker_count, min_workers=min_workers, spot_workers=spot_workers,
             max_workers=max_workers, node_boot_seconds=node_boot_seconds,
@@ -404,7 +416,8 @@ class DeepLearningCluster(Construct):
             self, cluster_id=self.cluster_id, master_group=self.master_group,
             worker_group=self.worker_group, cluster_users=cluster_users,
             log_retention_days=log_retention_days, alarm_email=alarm_email,
-            budget_per_day=budget_per_day)
+            budget_per_day=budget_per_day, efs_file_system_id=self.file_system.file_system_id,
+            efs_io_alarm_gib_per_hour=efs_io_alarm_gib_per_hour)
         self.operator_access = services.operator_access
         self.workdir_staging = services.workdir_staging
         self.observability = services.observability

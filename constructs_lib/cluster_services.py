@@ -45,7 +45,8 @@ class ClusterServices:
 def add_cluster_services(scope: Construct, *, cluster_id: str, master_group: NodeGroup,
                          worker_group: NodeGroup, cluster_users: Sequence[str],
                          log_retention_days: int, alarm_email: str | None,
-                         budget_per_day: float | None) -> ClusterServices:
+                         budget_per_day: float | None, efs_file_system_id: str,
+                         efs_io_alarm_gib_per_hour: int) -> ClusterServices:
     """Operator access, workdir staging, observability and the budget of the cluster
     ``scope`` (the props are the cluster's own, checked by each construct)."""
     # What an operator's role needs for dlc (status, jobs, scale, sessions): a managed
@@ -62,7 +63,9 @@ def add_cluster_services(scope: Construct, *, cluster_id: str, master_group: Nod
     observability = ClusterObservability(
         scope, "Observability", cluster_id=cluster_id,
         groups=[g.auto_scaling_group for g in (master_group, worker_group)],
-        log_retention_days=log_retention_days, alarm_email=alarm_email)
+        log_retention_days=log_retention_days, alarm_email=alarm_email,
+        efs_file_system_id=efs_file_system_id,
+        efs_io_alarm_gib_per_hour=efs_io_alarm_gib_per_hour)
     for group in (master_group, worker_group):
         observability.grant_write(group.role)
     observability.grant_read(operator_access.policy)

@@ -35,7 +35,9 @@ from constructs_lib.lustre_storage import check_shared_storage
 from constructs_lib.network import DEFAULT_VPC_CIDR
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
 from constructs_lib.observability import (
+    DEFAULT_EFS_IO_ALARM_GIB_PER_HOUR,
     DEFAULT_LOG_RETENTION_DAYS,
+    MAX_EFS_IO_ALARM_GIB_PER_HOUR,
     RETENTION_DAYS,
     check_email,
     retention_setting,
@@ -52,7 +54,7 @@ from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, MIN_NODE_BOOT_SE
 MAX_WORKERS = 1000
 #: Most zone moves: more than the zones of any region.
 MAX_ZONE_MOVES = 10
-#: Longest node boot budget: the stack's 55-minute setup wait minus 5 minutes to form.
+#: Longest node boot budget (50 minutes); the setup wait grows with it (``user_data.setup_wait``).
 MAX_NODE_BOOT_SECONDS = 3000
 #: Instance type of the master and of the workers.
 DEFAULT_INSTANCE_TYPE = "g5.xlarge"
@@ -199,7 +201,9 @@ class ClusterSettings:
         "nodeBootSeconds", DEFAULT_NODE_BOOT_SECONDS, "the node boot budget: seconds a node may "
         "take from its launch to its registration (a DLAMI boots in minutes, a p5 longer); "
         "the master waits this long for the launched nodes before it forms the cluster "
-        "without the missing ones, and ends the wait as soon as all registered",
+        "without the missing ones, and ends the wait as soon as all registered; the stack's "
+        "setup wait grows with it and with `maxZoneMoves` (\"The setup wait\" in "
+        "docs/capacity.md)",
         validation.count, minimum=MIN_NODE_BOOT_SECONDS, maximum=MAX_NODE_BOOT_SECONDS)
     capacity_reservation_id: str | None = setting(
         "capacityReservationId", None, "launch every node into this On-Demand Capacity "
@@ -269,8 +273,18 @@ class ClusterSettings:
         accepts=", ".join(str(d) for d in sorted(RETENTION_DAYS)))
     alarm_email: str | None = setting(
         "alarmEmail", None, "subscribe this address to the cluster's alarm topic (node "
-        "unhealthy, nodes missing, a job restarting repeatedly, GPUs idle while a job runs); "
-        "it must confirm the subscription", check_email, accepts="an e-mail address")
+        "unhealthy, nodes missing, a job restarting repeatedly, GPUs idle while a job runs, "
+        "EFS I/O); it must confirm the subscription", check_email,
+        accepts="an e-mail address")
+    efs_io_alarm_gib_per_hour: int = setting(
+        "efsIoAlarmGiBPerHour", DEFAULT_EFS_IO_ALARM_GIB_PER_HOUR, "the EFS I/O alarm: GiB of "
+        "the shared file system's metered I/O (`MeteredIOBytes`: a byte written counts one, "
+        "a byte read a third) within an hour that raise an alarm on the cluster's alarm "
+        "topic. Elastic throughput bills $0.06 per GB written and $0.03 per GB read "
+        "(us-east-1), so a metered GiB costs $0.064-0.097 and the default, 50, about what the "
+        "default cluster's three g5.xlarge cost an hour ($3.2-4.8); an existing "
+        "`efsFileSystemId` counts every client's I/O (\"EFS I/O\" in docs/cost.md); `0`: no "
+        "alarm", validation.count, minimum=0, maximum=MAX_EFS_IO_ALARM_GIB_PER_HOUR)
 
     idle_stop_minutes: int = setting(
         "idleStopMinutes", DEFAULT_IDLE_STOP_MINUTES, "idle stop: after this many minutes "

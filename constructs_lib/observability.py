@@ -18,7 +18,10 @@
   and dimensions of ``bootstrap_scripts.metrics.metric_names``.
 - **Alarms**, to an SNS topic (KMS-encrypted, TLS-only; ``alarm_email`` subscribes an
   address): a node unhealthy, nodes missing from a group for long, a job restarting
-  repeatedly, GPUs idle while a job runs.
+  repeatedly, GPUs idle while a job runs, and the shared file system's metered I/O in an
+  hour (``AWS/EFS`` ``MeteredIOBytes``): with Elastic throughput each GB read or written is
+  billed, so a job that reads or writes EFS in a loop costs money by the hour (docs/cost.md,
+  "EFS I/O").
 
 Encryption: CloudWatch Logs and CloudWatch (publishing alarms to the topic) may use the
 key for this account and region only (https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html,
@@ -44,6 +47,7 @@ from aws_cdk import aws_sns_subscriptions as subs
 from constructs import Construct
 
 from bootstrap_scripts.metrics import metric_names as names
+from constructs_lib import validation
 from constructs_lib.alarm_topic import allow_publish, cloudwatch_alarms_arn
 from constructs_lib.validation import ConfigError
 
@@ -76,6 +80,15 @@ IDLE_GPU_MINUTES = 15
 MISSING_NODES_MINUTES = 20
 #: The metrics' period on the dashboard and in the alarms.
 PERIOD = Duration.minutes(1)
+#: Metered EFS I/O in one hour (GiB of ``MeteredIOBytes``) that raises the EFS I/O alarm.
+#: EFS meters a byte written (and metadata) as one and a byte read as a third, and Elastic
+#: throughput bills $0.06 per GB written and $0.03 per GB read (us-east-1), so a metered
+#: GiB costs $0.064 (writes) to $0.097 (reads): 50 GiB in an hour is $3.2-4.8, about what
+#: the default cluster's three g5.xlarge cost an hour ($1.006 each, On-Demand).
+DEFAULT_EFS_IO_ALARM_GIB_PER_HOUR = 50
+#: The largest threshold a setting accepts (about $100,000 an hour: a typo, not a limit).
+MAX_EFS_IO_ALARM_GIB_PER_HOUR = 1_000_000
+GIB = 1024 ** 3
 
 
 class Panel(NamedTuple):
@@ -121,7 +134,8 @@ class ClusterObservability(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cluster_id: str,
                  groups: Sequence[autoscaling.AutoScalingGroup] = (),
                  log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS,
-                 alarm_email: str | None = None) -> None:
+                 alarm_email: str | None = None, efs_file_system_id: str | None = None,
+                 efs_io_alarm_gib_per_hour: int = DEFAULT_EFS_IO_ALARM_GIB_PER_HOUR) -> None:
         """
         :param cluster_id: the cluster's id: the log group's and the dashboard's name, the
             ``ClusterId`` dimension of its metrics.
@@ -131,6 +145,10 @@ class ClusterObservability(Construct):
             Logs accepts: 1, 3, 5, 7, 14, 30, 60, 90, …). :default: 30
         :param alarm_email: an address subscribed to the alarm topic (it must confirm the
             subscription). :default: none (subscribe what you like to ``alarm_topic``)
+        :param efs_file_system_id: the shared file system whose metered I/O is alarmed on.
+            :default: none (no EFS I/O alarm)
+        :param efs_io_alarm_gib_per_hour: GiB of ``MeteredIOBytes`` in one hour that raise
+            the EFS I/O alarm; 0: no alarm. :default: 50
         """
         super().__init__(scope, construct_id)
         retention = RETENTION_DAYS[check_retention(f"ClusterObservability {construct_id}",
@@ -159,6 +177,10 @@ class ClusterObservability(Construct):
                       source_arn=cloudwatch_alarms_arn())
         if alarm_email:
             self.alarm_topic.add_subscription(subs.EmailSubscription(alarm_email))
+        self.efs_file_system_id = efs_file_system_id
+        self.efs_io_alarm_gib_per_hour = validation.count(
+            f"ClusterObservability {construct_id}: efs_io_alarm_gib_per_hour",
+            efs_io_alarm_gib_per_hour, minimum=0, maximum=MAX_EFS_IO_ALARM_GIB_PER_HOUR)
         self.alarms = self._alarms(groups)
         self.dashboard = self._dashboard(groups)
 
@@ -213,6 +235,14 @@ class ClusterObservability(Construct):
                         f"'{statistic}', {int(PERIOD.to_seconds())})"),
             using_metrics={}, label=label, period=PERIOD)
 
+    def efs_metered_io(self) -> cw.Metric:
+        """The shared file system's metered bytes in an hour (``AWS/EFS`` ``MeteredIOBytes``,
+        ``Sum``: reads count a third, writes and metadata in full;
+        https://docs.aws.amazon.com/efs/latest/ug/efs-metrics.html)."""
+        return cw.Metric(namespace="AWS/EFS", metric_name="MeteredIOBytes", statistic="Sum",
+                         period=Duration.hours(1),
+                         dimensions_map={"FileSystemId": str(self.efs_file_system_id)})
+
     @staticmethod
     def group_metric(group: autoscaling.AutoScalingGroup, name: str) -> cw.Metric:
         return cw.Metric(namespace="AWS/AutoScaling", metric_name=name, statistic="Average",
@@ -255,6 +285,14 @@ class ClusterObservability(Construct):
                         "node's executor log names the code and the device)",
                         threshold=1),
         ]
+        if self.efs_file_system_id and self.efs_io_alarm_gib_per_hour:
+            alarms.append(self._alarm(
+                "EfsIoHigh", self.efs_metered_io(),
+                f"The shared file system of cluster {self.cluster_id} metered "
+                f"{self.efs_io_alarm_gib_per_hour} GiB or more of I/O within an hour "
+                f"(efsIoAlarmGiBPerHour; Elastic throughput bills each GB read and written: "
+                f"docs/cost.md, EFS I/O)",
+                threshold=self.efs_io_alarm_gib_per_hour * GIB))
         for i, group in enumerate(groups):
             missing = cw.MathExpression(
                 expression="desired - inservice",

@@ -55,6 +55,43 @@ MIN_NODE_BOOT_SECONDS = 60
 FORMING_SECONDS = 300
 
 
+#: What one zone move adds to the setup in the worst case the stack budgets for: the moved
+#: groups' first launches in the next zone and the notification of their failure (seconds
+#: to a few minutes: the groups are past ``launch_retry_seconds`` by then, so the capacity
+#: adjuster acts at once). A margin, not a measured figure.
+ZONE_MOVE_SECONDS = 300
+#: The shortest setup wait: the original template's 55 minutes.
+MIN_SETUP_WAIT_SECONDS = 3300
+#: The longest CloudFormation accepts for a wait condition (12 hours).
+MAX_SETUP_WAIT_SECONDS = 43200
+
+
+def setup_wait(node_boot_seconds: object, launch_retry_seconds: object,
+               zone_moves: object, given: object = None) -> int:
+    """How long the stack waits for the cluster to form: the worst case it is built for, at
+    least :data:`MIN_SETUP_WAIT_SECONDS`. The first zone's launches are left to Auto Scaling
+    for ``launch_retry_seconds``; each zone move then costs :data:`ZONE_MOVE_SECONDS`; in the
+    last zone the master boots (up to the boot budget) and then waits the boot budget for
+    the workers it does not see yet; forming and the signal take :data:`FORMING_SECONDS`.
+    Defaults (900, 600, 2 moves): exactly 3300. ConfigError past CloudFormation's 12 hours
+    (docs/capacity.md, "The setup wait"). ``given``: the construct's own
+    ``setup_timeout_seconds``, only checked against those 12 hours."""
+    if given is not None:
+        return validation.count("setup_timeout_seconds", given, minimum=1,
+                                maximum=MAX_SETUP_WAIT_SECONDS)
+    boot = validation.positive_int("node_boot_seconds", node_boot_seconds)
+    retry = validation.positive_int("launch_retry_seconds", launch_retry_seconds, minimum=0)
+    moves = validation.positive_int("max_zone_moves", zone_moves, minimum=0)
+    need = retry + moves * ZONE_MOVE_SECONDS + 2 * boot + FORMING_SECONDS
+    if need > MAX_SETUP_WAIT_SECONDS:
+        raise validation.ConfigError(
+            f"the setup wait these settings need, launch_retry_seconds {retry} + "
+            f"max_zone_moves {moves} x {ZONE_MOVE_SECONDS} + 2 x node_boot_seconds {boot} + "
+            f"{FORMING_SECONDS} = {need} s, is longer than the {MAX_SETUP_WAIT_SECONDS} s "
+            f"(12 hours) a CloudFormation wait condition allows")
+    return max(MIN_SETUP_WAIT_SECONDS, need)
+
+
 def boot_budget(node_boot_seconds: object, setup_timeout_seconds: object) -> int:
     """The ``node_boot_seconds`` prop checked against the setup wait it must fit in."""
     setup = validation.positive_int("setup_timeout_seconds", setup_timeout_seconds)

@@ -78,6 +78,7 @@ class DLClusterStack(Stack):
             node_boot_seconds=s.node_boot_seconds,
             log_retention_days=s.log_retention_days,
             alarm_email=s.alarm_email,
+            efs_io_alarm_gib_per_hour=s.efs_io_alarm_gib_per_hour,
             cluster_users=s.cluster_users,
             shared_storage=s.shared_storage,
             data_checksums=s.data_checksums,

@@ -1,6 +1,7 @@
 """Mirror a managed job's checkpoint directory on EFS to S3, and restore the newest one.
 
-``python -m bootstrap_scripts.data.checkpoint_mirror watch --dir DIR --url s3://B/P/``
+``python -m bootstrap_scripts.data.checkpoint_mirror watch --dir DIR --url s3://B/P/
+[--local LOCAL]``
 ``python -m bootstrap_scripts.data.checkpoint_mirror restore --dir DIR --url s3://B/P/
 [--from s3://OTHER/PREFIX]``
 
@@ -19,6 +20,14 @@ EFS copy is gone resumes from it.
   manager: its data files first, its manifest last (``checkpoint_plan``), so S3 never shows
   a complete checkpoint that is not. It records the last one in ``DIR/.dl-mirror.json``
   (``dl-jobs`` shows it). A failed pass is reported and retried at the next.
+- **the node-local copy** (``--local LOCAL``, the job's ``DL_CHECKPOINT_LOCAL_DIR``): EFS's
+  Elastic throughput bills every GB read as well as written, and reading a checkpoint back
+  from EFS to upload it paid for its bytes a second time. When ``LOCAL`` (a directory on
+  this node's own disk where the job wrote the same checkpoint first) holds a complete
+  checkpoint whose manifest is the EFS one's, its data files are uploaded from there, and
+  EFS is read only for the manifests and the listing. Anything else (no twin, another
+  manifest, an incomplete twin, a twin pruned) is uploaded from EFS as before. The manifest
+  uploaded is always the EFS one: S3 says complete only what EFS says is complete.
 - **restore** (before an attempt starts): the newest complete checkpoint of ``DIR``, of
   ``--url`` and of each ``--from`` wins; one in S3 is fetched into ``DIR`` first (temporary
   names, synced to disk, then renamed; the manifest last). Checkpoints that are not
@@ -158,23 +167,45 @@ def report_ignored(where: str, s: Survey) -> None:
         say(f"ignored {where}{name}: {why}")
 
 
+def twins(local: Path | None) -> dict[str, str]:
+    """The complete checkpoints of the node-local copy ``local``: manifest file name -> the
+    manifest as rendered (the same listing rules as EFS: regular files, no link followed,
+    hidden names skipped; none when ``local`` is None or unreadable)."""
+    if local is None:
+        return {}
+    return {m.manifest_file: m.render() for m in survey(*local_listing(local)).complete}
+
+
+def source_of(m: Manifest, directory: Path, local: Path | None,
+              local_twins: dict[str, str]) -> Path:
+    """Where checkpoint ``m``'s data files are read from: ``local`` when it holds ``m``
+    complete under the same manifest, else the EFS ``directory``."""
+    if local is not None and local_twins.get(m.manifest_file) == m.render():
+        return local
+    return directory
+
+
 def mirror_once(client, directory: Path, url: str,
-                concurrency: int = DEFAULT_CONCURRENCY) -> list[Manifest]:
+                concurrency: int = DEFAULT_CONCURRENCY,
+                local: Path | None = None) -> list[Manifest]:
     """Upload every complete checkpoint of ``directory`` that ``url`` lacks (module doc);
-    the ones uploaded. A checkpoint pruned while it was being uploaded is left for the next
-    pass (its manifest is never written without its files)."""
+    the ones uploaded. Data files come from ``local``, the node-local copy, where it holds
+    the same checkpoint (:func:`source_of`). A checkpoint pruned while it was being uploaded
+    is left for the next pass (its manifest is never written without its files)."""
     from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
     bucket, prefix = parse_s3_url(url)
-    local = survey(*local_listing(directory))
+    on_efs = survey(*local_listing(directory))
     remote_manifests, _ = s3_listing(client, bucket, prefix)
+    local_twins = twins(local)
     done = []
     config = TransferConfig(max_concurrency=concurrency, use_threads=True)
-    for m in uploads(local, remote_manifests):
+    for m in uploads(on_efs, remote_manifests):
         *data, manifest = upload_order(m)
+        source = source_of(m, directory, local, local_twins)
         try:
             with create_transfer_manager(client, config) as manager:
-                futures = [manager.upload(str(directory / p), bucket, prefix + p)
+                futures = [manager.upload(str(source / p), bucket, prefix + p)
                            for p in data]
                 for f in futures:
                     f.result()
@@ -185,7 +216,9 @@ def mirror_once(client, directory: Path, url: str,
                           ContentType="application/json")
         done.append(m)
         say(f"mirrored {m.name} (global step {m.global_step}, "
-            f"{sum(s for _, s in m.files)} bytes) to s3://{bucket}/{prefix}")
+            f"{sum(s for _, s in m.files)} bytes, read from "
+            f"{'the node-local copy' if source != directory else 'EFS'}) to "
+            f"s3://{bucket}/{prefix}")
     if done:
         write_status(directory, url, done[-1])
     return done
@@ -279,12 +312,13 @@ def restore(client, directory: Path, urls: list[str]) -> ResumeChoice:
     return choice
 
 
-def watch(client, directory: Path, url: str, every: float, stop: threading.Event) -> None:
+def watch(client, directory: Path, url: str, every: float, stop: threading.Event,
+          local: Path | None = None) -> None:
     """Mirror every ``every`` seconds until ``stop``, then one last pass."""
     while True:
         stopping = stop.wait(every)
         try:
-            mirror_once(client, directory, url)
+            mirror_once(client, directory, url, local=local)
         except Exception as exc:  # botocore/OS errors: report, retry at the next pass
             say(f"mirror pass failed (retried in {every:g} s): {exc}")
         if stopping:
@@ -296,6 +330,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("action", choices=("watch", "restore", "once"))
     p.add_argument("--dir", required=True, help="the job's checkpoint directory on EFS")
     p.add_argument("--url", required=True, help="its mirror: s3://BUCKET/PREFIX/")
+    p.add_argument("--local", default="", metavar="LOCAL",
+                   help="watch, once: the node-local copy of the checkpoints, read instead "
+                        "of EFS where it holds the same checkpoint")
     p.add_argument("--from", dest="sources", action="append", default=[],
                    metavar="s3://BUCKET/PREFIX", help="restore: another place to resume from")
     p.add_argument("--every", type=float, default=DEFAULT_EVERY,
@@ -314,6 +351,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     directory = Path(args.dir)
+    local = Path(args.local) if args.local else None
     client = s3_client(node_region.read_installed(os.environ.get("DL_ROOT") or "/"))
     if args.action == "restore":
         try:
@@ -326,14 +364,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if args.action == "once":
-        mirror_once(client, directory, args.url)
+        mirror_once(client, directory, args.url, local=local)
         return 0
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     # silent until it uploads: its log is one of the job's (``dl-jobs logs``), and a job
     # that writes no checkpoint should find no line of the mirror's there
-    watch(client, directory, args.url, args.every, stop)
+    watch(client, directory, args.url, args.every, stop, local)
     return 0
 
 

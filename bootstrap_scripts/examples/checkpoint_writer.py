@@ -87,8 +87,11 @@ class CheckpointWriter:
     """Rank 0's checkpoint saver: asynchronous (one background writer), or synchronous
     (``asynchronous=False``: written in the loop, as before; kept for comparison)."""
 
-    def __init__(self, ckdir: Path, keep: int, *, asynchronous: bool = True) -> None:
+    def __init__(self, ckdir: Path, keep: int, *, asynchronous: bool = True,
+                 local: Path | None = None) -> None:
+        """``local``: a node-local directory written first (``checkpoints.save_checkpoint``)."""
         self.ckdir, self.keep, self.asynchronous = ckdir, keep, asynchronous
+        self.local = local
         self.stats = SaveStats()
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: tuple[str, Future, object] | None = None  # name, write, its copy
@@ -115,7 +118,7 @@ class CheckpointWriter:
 
     def _write(self, state: dict, name: str) -> Path:
         start = time.perf_counter()
-        path = checkpoints.save_checkpoint(self.ckdir, state, name, self.keep)
+        path = checkpoints.save_checkpoint(self.ckdir, state, name, self.keep, self.local)
         self.stats.write_s += time.perf_counter() - start  # only the writer adds to it
         return path
 

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 import tempfile
@@ -58,28 +59,42 @@ def atomic_write(final: Path, write) -> None:
         raise
 
 
-def save_checkpoint(ckdir: Path, state: dict, name: str, keep: int) -> Path:
+def save_checkpoint(ckdir: Path, state: dict, name: str, keep: int,
+                    local: Path | None = None) -> Path:
     """Write ``name``, then its manifest (last: the checkpoint is complete), point
     ``latest.json`` at it, prune old ones of its kind (manifest first: a pruned checkpoint
-    is never complete). A reader sees a whole checkpoint or the previous one."""
+    is never complete). A reader sees a whole checkpoint or the previous one.
+
+    ``local`` (``DL_CHECKPOINT_LOCAL_DIR``, a directory on this node's own disk): the
+    checkpoint is written there first, data then manifest, and the EFS copy is made from
+    it, so the S3 mirror on this node uploads the local bytes and never reads EFS back
+    (``data/checkpoint_mirror.py``). Its manifest is in place before the EFS one, so the
+    mirror never sees a complete EFS checkpoint whose twin is still being written."""
     import torch
 
     ckdir.mkdir(parents=True, exist_ok=True)
     final = ckdir / name
-    atomic_write(final, lambda tmp: torch.save(state, tmp))
+    if local is None:
+        atomic_write(final, lambda tmp: torch.save(state, tmp))
+    else:
+        local.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(local / name, lambda tmp: torch.save(state, tmp))
+        atomic_write(final, lambda tmp: shutil.copyfile(local / name, tmp))
     info = {"epoch": state["epoch"], "step": state["step"],
             "global_step": state["global_step"], "file": final.name,
             "run_id": state.get("run_id", ""), "acc": state.get("acc")}
     manifest = new_manifest(final.stem, int(state["global_step"]), time.time(),
                             [(final.name, final.stat().st_size)], info)
-    atomic_write(ckdir / manifest.manifest_file,
-                  lambda tmp: Path(tmp).write_text(manifest.render()))
+    for directory in (local, ckdir) if local is not None else (ckdir,):
+        atomic_write(directory / manifest.manifest_file,
+                     lambda tmp: Path(tmp).write_text(manifest.render()))
     atomic_write(ckdir / "latest.json", lambda tmp: Path(tmp).write_text(json.dumps(info)))
     kind = name.split("-", 1)[0]
-    for old in sorted(ckdir.glob(f"{kind}-*.pt"))[:-keep]:
-        for path in (old.with_name(old.stem + MANIFEST_SUFFIX), old):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    for directory in (ckdir, local) if local is not None else (ckdir,):
+        for old in sorted(directory.glob(f"{kind}-*.pt"))[:-keep]:
+            for path in (old.with_name(old.stem + MANIFEST_SUFFIX), old):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
     return final
 
 

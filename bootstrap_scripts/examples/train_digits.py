@@ -51,7 +51,9 @@ scratch. The manifest is what the S3 mirror of a managed job's checkpoints goes 
 As a managed job (``dl-run`` through the job controller) it follows the controller's
 variables: ``DL_CHECKPOINT_DIR`` is the checkpoint directory (unless ``--checkpoint-dir``
 is given), ``DL_RESUME=1`` (a restart after a fault) means ``--resume``, and the start line
-reports ``job_restarts=<DL_RESTART_COUNT>``.
+reports ``job_restarts=<DL_RESTART_COUNT>``. With ``DL_CHECKPOINT_LOCAL_DIR`` (a directory on
+the node's own disk) rank 0 writes each checkpoint there first and copies it to the
+checkpoint directory, so the S3 mirror uploads it without reading EFS back.
 
 The data's split is cached in the checkpoint directory (``digits_data.py``): a restart loads
 it with numpy rather than importing scikit-learn again. The flags and the checkpoint
@@ -71,6 +73,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from bootstrap_scripts import progress, tensorboard_log
@@ -217,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
 
     first = True
     board = tensorboard_log.open_writer(args.tensorboard_dir) if rank == 0 else None
-    saver = CheckpointWriter(ckdir, args.keep, asynchronous=not args.sync_checkpoints)
+    local = os.environ.get("DL_CHECKPOINT_LOCAL_DIR")  # the S3 mirror reads it, not EFS
+    saver = CheckpointWriter(ckdir, args.keep, asynchronous=not args.sync_checkpoints,
+                             local=Path(local) if local else None)
     loop_s = 0.0
     with saver:  # every way out waits for the save in flight and fails on its error
         while epoch <= args.epochs and not stop["signal"]:

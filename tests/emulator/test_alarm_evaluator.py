@@ -3,11 +3,12 @@
 The alarms come from the synthesized DLClusterStack template (deployed on moto's
 CloudFormation through ``emulator.moto_alarms``); the data points come from the product's
 own EMF lines (the controller's cluster line, the executor's GPU sample) through the
-emulator's EMF extraction, and from Auto Scaling's group metrics as the emulator publishes
-them. So a name, a dimension, a statistic or a threshold of an alarm that does not match
-what the nodes write fails here: on AWS that alarm would never fire. Each alarm is shown
-firing (ALARM, CloudWatch's notification on the alarm topic, read from an SQS subscriber)
-and a healthy cluster is shown raising none."""
+emulator's EMF extraction, from Auto Scaling's group metrics as the emulator publishes
+them, and, for the EFS I/O alarm, ``MeteredIOBytes`` put as EFS publishes it (the emulated
+file system is a local directory that meters nothing). So a name, a dimension, a statistic
+or a threshold of an alarm that does not match what the nodes write fails here: on AWS that
+alarm would never fire. Each alarm is shown firing (ALARM, CloudWatch's notification on the
+alarm topic, read from an SQS subscriber) and a healthy cluster is shown raising none."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tests.stack.synth import cluster_template
 REGION = "us-east-1"
 CLUSTER = "DLClusterStack"
 GROUPS = {"master": "dl-master-asg", "worker": "dl-worker-asg"}
+FILE_SYSTEM = "fs-0123456789abcdef0"
 NOW = datetime.now(UTC).replace(second=30, microsecond=0)
 
 
@@ -47,9 +49,11 @@ def alarms_template() -> dict:
     resources = cluster_template().to_json()["Resources"]
     topic = next(k for k, v in resources.items()
                  if v["Type"] == "AWS::SNS::Topic" and "AlarmTopic" in k)
-    groups = {k: GROUPS["master" if "Master" in k else "worker"] for k, v in resources.items()
-              if v["Type"] == "AWS::AutoScaling::AutoScalingGroup"}
-    alarms = {k: {"Type": v["Type"], "Properties": _resolve(v["Properties"], groups)}
+    refs: dict[str, object] = {
+        k: GROUPS["master" if "Master" in k else "worker"] for k, v in resources.items()
+        if v["Type"] == "AWS::AutoScaling::AutoScalingGroup"}
+    refs |= {k: FILE_SYSTEM for k, v in resources.items() if v["Type"] == "AWS::EFS::FileSystem"}
+    alarms = {k: {"Type": v["Type"], "Properties": _resolve(v["Properties"], refs)}
               for k, v in resources.items() if v["Type"] == "AWS::CloudWatch::Alarm"}
     assert len(alarms) >= 5
     # the topic's policy as the stack writes it: CloudWatch publishes only if it allows it
@@ -117,6 +121,14 @@ def _groups(session, minutes_ago: float, *, desired: int, in_service: int) -> No
                 group, NOW - timedelta(minutes=minutes_ago)))
 
 
+def _efs_io(session, minutes_ago: float, gib: float) -> None:
+    """What EFS itself publishes for the file system (no node writes it): metered bytes."""
+    session.client("cloudwatch").put_metric_data(Namespace="AWS/EFS", MetricData=[{
+        "MetricName": "MeteredIOBytes", "Unit": "Bytes", "Value": gib * 1024 ** 3,
+        "Timestamp": NOW - timedelta(minutes=minutes_ago),
+        "Dimensions": [{"Name": "FileSystemId", "Value": FILE_SYSTEM}]}])
+
+
 def _healthy(session, minutes: int = 20, *, but: str = "") -> None:
     """Twenty busy, healthy minutes; ``but``: the source the fault writes instead."""
     for m in range(minutes):
@@ -125,6 +137,7 @@ def _healthy(session, minutes: int = 20, *, but: str = "") -> None:
             _gpus(session, m, utilization=85.0)
         if but != "groups":
             _groups(session, m, desired=2, in_service=2)
+        _efs_io(session, m, 0.5)  # a busy hour's checkpoints: 10 GiB in twenty minutes
 
 
 def _evaluate(session, *, refused: bool = False) -> tuple[dict[str, str], list[dict]]:
@@ -145,7 +158,8 @@ def _evaluate(session, *, refused: bool = False) -> tuple[dict[str, str], list[d
 
 def _alarming(states: dict[str, str]) -> set[str]:
     return {next(part for part in ("NodeUnhealthy", "JobRestartingRepeatedly", "GpuXidErrors",
-                                   "GpusIdleWhileJobRuns", "NodesMissing") if part in name)
+                                   "GpusIdleWhileJobRuns", "NodesMissing", "EfsIoHigh")
+                 if part in name)
             for name, state in states.items() if state == "ALARM"}
 
 
@@ -167,6 +181,8 @@ def test_a_healthy_busy_cluster_raises_no_alarm(cloud) -> None:
      "GpusIdleWhileJobRuns"),
     (lambda s: [_groups(s, m, desired=3, in_service=2) for m in range(20)], "groups",
      "NodesMissing"),
+    # EFS's own metric (no node writes it), within one minute: 50 GiB, the default threshold
+    (lambda s: [_efs_io(s, m, 25.0) for m in (0, 0.1)], "", "EfsIoHigh"),
 ])
 def test_each_alarm_fires_on_what_the_nodes_emit_and_mails_the_topic(cloud, fault, but,
                                                                      alarm) -> None:

@@ -59,6 +59,7 @@ def test_every_documented_key_is_parsed() -> None:
         "warmPoolSize": "0",  # not with spotWorkers (tests/stack/test_warm_pool.py)
         "logRetentionDays": "90",
         "alarmEmail": "ops@example.com",
+        "efsIoAlarmGiBPerHour": "200",
         "clusterUsers": "alice, bob_2",
         "sharedStorage": "fsx-lustre",
         "resumeFrom": "s3://old-ckpts/checkpoints/old-cluster",
@@ -99,6 +100,7 @@ def test_every_documented_key_is_parsed() -> None:
         budget_per_day=250.5,
         log_retention_days=90,
         alarm_email="ops@example.com",
+        efs_io_alarm_gib_per_hour=200,
         cluster_users=("alice", "bob_2"),
         shared_storage="fsx-lustre",
         resume_from=("s3://old-ckpts/checkpoints/old-cluster/",),

@@ -10,7 +10,10 @@ sets to ``s3://<checkpoint bucket>/checkpoints/<cluster-id>/<user>/<job-id>/``) 
    ``--resume-from`` is made present in the directory (fetched when it is in S3). A restore
    that fails fails the job before it starts, naming the cause.
 2. **mirror**: a helper process (``wait=False``, label ``ckpt-mirror``) of the job's share on
-   its first node, uploading each complete checkpoint as it appears.
+   its first node, uploading each complete checkpoint as it appears. A job that writes each
+   checkpoint to a node-local directory first (``DL_CHECKPOINT_LOCAL_DIR``: the example job
+   does, given one) has it uploaded from there where that node holds it, so EFS is not read
+   back (``--local``; docs/data.md, "What a checkpoint costs on EFS").
 3. **flush**: the job ``<job-id>.flush`` on the same node once the job has ended (the
    executor stops helpers at once when a job's main processes end, so the last checkpoint
    may not be mirrored yet): one last pass. Its failure is reported, not the job's.
@@ -47,6 +50,9 @@ from bootstrap_scripts.protocol.run_request import RunRequest
 
 #: The variable naming a job's checkpoint directory (a managed job's: ``attempts``).
 DIR_VARIABLE = "DL_CHECKPOINT_DIR"
+#: The variable naming a node-local directory where the job writes each checkpoint first
+#: (the same files and manifest): the mirror reads it instead of EFS.
+LOCAL_VARIABLE = "DL_CHECKPOINT_LOCAL_DIR"
 #: The variable telling the ranks where their checkpoints are mirrored.
 URL_VARIABLE = "DL_CHECKPOINT_URL"
 MIRROR_LABEL = "ckpt-mirror"
@@ -80,6 +86,8 @@ def tool_argv(action: str, request: RunRequest) -> list[str]:
             "--url", request.checkpoint_url or request.resume_from]
     if action == "restore" and request.checkpoint_url and request.resume_from:
         argv += ["--from", request.resume_from]
+    if action != "restore" and request.env.get(LOCAL_VARIABLE):
+        argv += ["--local", request.env[LOCAL_VARIABLE]]
     return argv
 
 

@@ -96,7 +96,7 @@ from torch.distributed import TCPStore
 def set_key(host, port, done):
     try:
         TCPStore(host, port, is_master=False, wait_for_workers=False,
-                 timeout=timedelta(seconds=3)).set("dl-drill", "attacker")
+                 timeout=timedelta(seconds=2)).set("dl-drill", "attacker")
         done.append(True)
     except Exception:
         pass
@@ -111,7 +111,7 @@ for host, port in sorted(targets):
     done = []
     t = threading.Thread(target=set_key, args=(host, port, done), daemon=True)
     t.start()
-    t.join(5)  # a socket that is not a store (gloo's) may never answer the handshake
+    t.join(2)  # a socket that is not a store (gloo's) may never answer the handshake
     print(f"{host}:{port} {'store-set' if done else 'open'}", flush=True)
 os._exit(0)
 '''
@@ -235,3 +235,44 @@ def paths_log(tmp: Path) -> Path:
     """The victim's share log (for a failure's message)."""
     found = sorted((tmp / "efs" / "jobs").rglob("nodes/0*.log"))
     return found[0] if found else tmp / "no-log"
+
+
+#: a task's server: listens on the node's address, says its port, waits to be stopped
+SERVER = r'''
+import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(120)
+'''
+
+
+def test_a_slurm_tasks_listener_is_kept_from_other_users_and_an_unmarked_one_is_not(
+        node, victim, attacker, reachable_python):
+    """What ``srun`` starts carries slurmstepd's ``SLURM_JOB_ID`` and ``SLURM_JOB_UID``: the
+    node's executor guards such a task's sockets for the job's user with no share of its
+    own. The victim's second server, outside any job, stays open (the control)."""
+    this, _tmp = node
+    this.cluster.cluster_dir.mkdir(parents=True, exist_ok=True)
+    base = dict(user_env(victim))
+    servers = []
+    try:
+        for env in ({**base, "SLURM_JOB_ID": "17", "SLURM_JOB_UID": str(victim.pw_uid)}, base):
+            servers.append(subprocess.Popen(
+                [PYTHON, "-c", SERVER, this.address], env=env, cwd="/", text=True,
+                stdout=subprocess.PIPE, user=victim.pw_uid, group=victim.pw_gid,
+                extra_groups=[], start_new_session=True))
+        in_job, outside = (int(p.stdout.readline()) for p in servers)
+        guard = listen_guard.ListenGuard(this)
+        guard.tick({}, now=1000.0)
+        said = dict(line.split(" ", 1) for line in attack(attacker, victim))
+        assert said[f"{this.address}:{in_job}"].startswith("refused"), said
+        assert said[f"{this.address}:{outside}"] in ("open", "store-set"), said
+        guard.release_all()
+        said = dict(line.split(" ", 1) for line in attack(attacker, victim))
+        assert said[f"{this.address}:{in_job}"] in ("open", "store-set"), said  # table gone
+    finally:
+        for p in servers:
+            os.killpg(p.pid, 9)
+            p.wait()

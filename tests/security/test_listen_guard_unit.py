@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap_scripts.jobs.executor import listen_guard as lg
+from bootstrap_scripts.jobs.executor import listen_sockets as ls
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.membership import build_membership
@@ -31,19 +32,19 @@ def test_only_listening_sockets_are_read_with_their_address_port_uid_and_inode()
     text = HEADER + tcp_line("0100007F:1F90", "0A", 1001, 111) + \
         tcp_line("0100007F:1F91", "01", 1001, 112) + "garbage line\n" + \
         tcp_line("0400000A:0050", "0A", 0, 113)
-    assert lg.parse_proc_net(text) == [lg.Socket("127.0.0.1", 8080, 1001, 111),
-                                       lg.Socket("10.0.0.4", 80, 0, 113)]
+    assert ls.parse_proc_net(text) == [ls.Socket("127.0.0.1", 8080, 1001, 111),
+                                       ls.Socket("10.0.0.4", 80, 0, 113)]
     six = HEADER + tcp_line("00000000000000000000000000000000:1F90", "0A", 7, 9) + \
         tcp_line("0000000000000000FFFF00000400000A:0050", "0A", 7, 10)
-    assert lg.parse_proc_net(six) == [lg.Socket("::", 8080, 7, 9),
-                                      lg.Socket("::ffff:a00:4", 80, 7, 10)]
+    assert ls.parse_proc_net(six) == [ls.Socket("::", 8080, 7, 9),
+                                      ls.Socket("::ffff:a00:4", 80, 7, 10)]
 
 
 def test_a_wildcard_is_the_nodes_address_and_its_loopback_a_mapped_address_its_ipv4():
-    assert lg.reachable_as("0.0.0.0", "10.0.0.4") == ["10.0.0.4", "127.0.0.1"]
-    assert lg.reachable_as("::", "10.0.0.4") == ["10.0.0.4", "127.0.0.1", "::1"]
-    assert lg.reachable_as("::ffff:10.0.0.4", "10.0.0.4") == ["10.0.0.4"]
-    assert lg.reachable_as("127.0.0.1", "10.0.0.4") == ["127.0.0.1"]
+    assert ls.reachable_as("0.0.0.0", "10.0.0.4") == ["10.0.0.4", "127.0.0.1"]
+    assert ls.reachable_as("::", "10.0.0.4") == ["10.0.0.4", "127.0.0.1", "::1"]
+    assert ls.reachable_as("::ffff:10.0.0.4", "10.0.0.4") == ["10.0.0.4"]
+    assert ls.reachable_as("127.0.0.1", "10.0.0.4") == ["127.0.0.1"]
 
 
 def test_another_nodes_record_counts_only_for_a_member_and_at_its_own_address():
@@ -104,10 +105,26 @@ def test_only_sockets_held_by_a_shares_process_and_owned_by_its_user_count(tmp_p
         (101, 1001, [2], "PATH=/bin\n"),
         (102, 1001, [4], "DL_SHARE_TOKEN=tok-a\nX=1\n"),
     ])
-    got = lg.job_listeners(proc, {"tok-a": 1001}, "10.0.0.5")
+    got = ls.job_listeners(proc, {"tok-a": 1001}, "10.0.0.5")
     assert got == {Listening("10.0.0.5", 0x1000, 1001), Listening("10.0.0.5", 0x4000, 1001),
                    Listening("127.0.0.1", 0x4000, 1001)}
-    assert lg.job_listeners(proc, {"tok-b": 1001}, "10.0.0.5") == frozenset()
+    assert ls.job_listeners(proc, {"tok-b": 1001}, "10.0.0.5") == frozenset()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a process directory owned by another uid")
+def test_a_slurm_tasks_sockets_are_guarded_for_its_jobs_user_only(tmp_path):
+    proc = fake_proc(tmp_path / "proc", [
+        ("0500000A:1000", 1001, 1),  # srun torchrun's store, in a task of 1001's job
+        ("0500000A:2000", 1002, 2),  # 1002 names 1001 as its job's user: not believed
+        ("0500000A:3000", 1001, 3),  # no Slurm job: 1001's own server
+        ("0500000A:4000", 1001, 4),  # a job id but no user
+    ], [
+        (200, 1001, [1], "SLURM_JOB_ID=17\nSLURM_JOB_UID=1001\n"),
+        (201, 1002, [2], "SLURM_JOB_ID=18\nSLURM_JOB_UID=1001\n"),
+        (202, 1001, [3], "HOME=/home/a\n"),
+        (203, 1001, [4], "SLURM_JOB_ID=19\n"),
+    ])
+    assert ls.job_listeners(proc, {}, "10.0.0.5") == {Listening("10.0.0.5", 0x1000, 1001)}
 
 
 def node(efs: Path, root: Path, address: str) -> ThisNode:
@@ -129,6 +146,7 @@ def table(address: str) -> str:
 @pytest.mark.skipif(os.geteuid() != 0, reason="nftables and other users' processes")
 def test_a_workers_listener_reaches_the_masters_table_and_goes_with_the_job(tmp_path):
     efs = tmp_path / "efs"
+    (efs / "cluster").mkdir(parents=True)  # EFS is there (nothing is published before)
     proc = fake_proc(tmp_path / "proc", [("0500000A:1F40", 1001, 1)],
                      [(100, 1001, [1], "DL_SHARE_TOKEN=tok\n")])
     worker = lg.ListenGuard(node(efs, tmp_path / "w", "10.0.0.5"), proc=proc)
@@ -144,7 +162,7 @@ def test_a_workers_listener_reaches_the_masters_table_and_goes_with_the_job(tmp_
         worker.tick({}, now=101.0)
         master.tick({}, now=102.0)
         assert table("10.0.0.4") and "10.0.0.5 . 8000" not in table("10.0.0.4")
-        assert len(os.listdir(efs / "cluster" / "listeners")) == 1  # one file per node
+        assert len(os.listdir(efs / "cluster" / "listeners")) == 1  # the worker's, now empty
     finally:
         for guard in (worker, master):
             guard.release_all()

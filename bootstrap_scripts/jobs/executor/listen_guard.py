@@ -11,11 +11,12 @@ run code as its user. The ports are chosen at run time, so no rule can be writte
 job starts; but every process of a job carries its share's token (``procgroup``), so the node
 it runs on can tell which listening sockets are the job's.
 
-So each root executor, twice a second while it runs shares:
+So each root executor, twice a second:
 
-1. finds the listening TCP sockets held by its shares' processes (``/proc/net/tcp{,6}``, the
-   socket inodes in each process's ``fd``, the token in its environment) and owned by the
-   share's user;
+1. finds the listening TCP sockets held by its shares' processes and by Slurm jobs' tasks
+   (``listen_sockets``: ``/proc/net/tcp{,6}``, the socket inodes in each process's ``fd``,
+   the share's token or slurmstepd's ``SLURM_JOB_UID`` in its environment) and owned by
+   that share's (job's) user;
 2. publishes those at its own address as ``cluster/listeners/<address>.<seq>.json`` when they
    change (root's records; the sequence number in the name tells readers which changed from
    one directory listing, so a reader's steady state costs one listing a second);
@@ -35,7 +36,7 @@ listing a second); a connection made in that window is reset at its next packet,
 sent before is sent. Root on a worker can publish a wrong record, as it can write anything on
 EFS; a record only names its own node's address, and nodes that are not members are ignored.
 
-The pure parts (:func:`parse_proc_net`, :func:`wanted`, :func:`nft_script`) are unit-tested;
+The pure parts (:func:`wanted`, :func:`nft_script`, the names) are unit-tested;
 :class:`ListenGuard` runs them.
 """
 
@@ -50,9 +51,9 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
+from bootstrap_scripts.jobs.executor.listen_sockets import candidate_sockets, job_listeners
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.errors import ProtocolError
@@ -61,12 +62,11 @@ from bootstrap_scripts.protocol.records import Listening, NodeListeners
 LOG = logging.getLogger("dl-executor")
 
 TABLE_PREFIX = "dl_listen_guard_"
-#: how often a node looks at what its shares listen on (while any runs)
+#: how often a node looks at what its jobs listen on (the processes are walked only when its
+#: listening sockets changed: an idle node reads ``/proc/net/tcp*`` and nothing else)
 SCAN_SECONDS = 0.5
 #: how often the other nodes' records are listed
 READ_SECONDS = 1.0
-#: the TCP state of a listening socket in ``/proc/net/tcp``
-LISTEN_STATE = "0A"
 #: a record names at most this many sockets (a node with 8 GPUs and a few jobs has dozens)
 MAX_LISTENING = 4096
 RECORD_LIMIT = 512 * 1024
@@ -77,54 +77,6 @@ SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 
 class GuardError(RuntimeError):
     """The table could not be written; the message says why."""
-
-
-@dataclass(frozen=True)
-class Socket:
-    """A listening socket as ``/proc/net/tcp{,6}`` shows it."""
-
-    host: str
-    port: int
-    uid: int
-    inode: int
-
-
-def _hex_address(text: str) -> str:
-    """``0100007F`` -> ``127.0.0.1``; 32 hex digits -> an IPv6 address (each 32-bit word in
-    the kernel's byte order, little-endian on every machine the product runs on)."""
-    raw = bytes.fromhex(text)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return str(ipaddress.ip_address(words))
-
-
-def parse_proc_net(text: str) -> list[Socket]:
-    """The listening sockets of a ``/proc/net/tcp`` or ``tcp6`` text. Lines of another shape
-    are skipped. Pure."""
-    found = []
-    for line in text.splitlines()[1:]:
-        words = line.split()
-        if len(words) < 10 or words[3] != LISTEN_STATE or ":" not in words[1]:
-            continue
-        host, _, port = words[1].rpartition(":")
-        try:
-            found.append(Socket(_hex_address(host), int(port, 16), int(words[7]),
-                                int(words[9])))
-        except ValueError:
-            continue
-    return found
-
-
-def reachable_as(host: str, node_address: str) -> list[str]:
-    """The destination addresses a connection to a socket bound to ``host`` on a node at
-    ``node_address`` can use: a wildcard is the node's address and its loopback; an IPv4
-    address mapped into IPv6 is that IPv4 address. Pure."""
-    ip = ipaddress.ip_address(host)
-    if ip.is_unspecified:
-        extra = ["::1"] if ip.version == 6 else []
-        return [node_address, "127.0.0.1", *extra]
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        return [str(ip.ipv4_mapped)]
-    return [str(ip)]
 
 
 def wanted(own: Iterable[Listening], others: Mapping[str, NodeListeners],
@@ -181,66 +133,6 @@ def nft_script(node_address: str, endpoints: Iterable[Listening]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# -- what this node's shares listen on ---------------------------------------------------------
-
-def listening_sockets(proc: Path) -> list[Socket]:
-    found: list[Socket] = []
-    for name in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            found += parse_proc_net((proc / "net" / name).read_text())
-    return found
-
-
-def socket_inodes(pid_dir: Path) -> set[int]:
-    """The inodes of the sockets a process holds (root reads any process's ``fd``)."""
-    inodes = set()
-    with contextlib.suppress(OSError):
-        for fd in os.scandir(pid_dir / "fd"):
-            with contextlib.suppress(OSError):
-                link = os.readlink(fd.path)
-                if link.startswith("socket:["):
-                    inodes.add(int(link[8:-1]))
-    return inodes
-
-
-def share_of(pid_dir: Path, tokens: Mapping[str, int]) -> str | None:
-    """The share token a process carries (one of ``tokens``), or None."""
-    try:
-        data = b"\0" + (pid_dir / "environ").read_bytes() + b"\0"
-    except OSError:
-        return None
-    return next((t for t in tokens if b"\0DL_SHARE_TOKEN=" + t.encode() + b"\0" in data), None)
-
-
-def job_listeners(proc: Path, tokens: Mapping[str, int], node_address: str
-                  ) -> frozenset[Listening]:
-    """The endpoints of the listening sockets held by a process of a running share and
-    owned by that share's user. ``tokens``: share token -> the share's uid."""
-    uids = set(tokens.values())
-    candidates = {s.inode: s for s in listening_sockets(proc) if s.uid in uids}
-    found: set[Listening] = set()
-    if not candidates:
-        return frozenset()
-    for entry in os.scandir(proc):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid not in uids:
-                continue
-        except OSError:
-            continue
-        held = socket_inodes(Path(entry.path)) & candidates.keys()
-        token = share_of(Path(entry.path), tokens) if held else None
-        if token is None:
-            continue
-        for inode in held:
-            s = candidates[inode]
-            if s.uid == tokens[token]:
-                found.update(Listening(host=h, port=s.port, uid=s.uid)
-                             for h in reachable_as(s.host, node_address))
-    return frozenset(found)
-
-
 # -- the records on EFS ------------------------------------------------------------------------
 
 def parse_name(name: str) -> tuple[str, int] | None:
@@ -279,6 +171,7 @@ class ListenGuard:
         self.others: dict[str, tuple[int, NodeListeners]] = {}
         self.applied: frozenset[Listening] | None = None
         self.members: frozenset[str] = frozenset()
+        self.scanned: tuple[frozenset, frozenset] | None = None
         self.scanned_at = self.read_at = 0.0
         self.warned = False
 
@@ -309,11 +202,9 @@ class ListenGuard:
         if not self.address or not self.active():
             return
         try:
-            if now - self.scanned_at >= SCAN_SECONDS and (tokens or self.own):
+            if now - self.scanned_at >= SCAN_SECONDS:
                 self.scanned_at = now
-                self.own = job_listeners(self.proc, tokens, self.address) if tokens \
-                    else frozenset()
-                self.publish()
+                self.scan(tokens)
             if now - self.read_at >= READ_SECONDS:
                 self.read_at = now
                 self.read_others()
@@ -321,19 +212,30 @@ class ListenGuard:
                 self.members = frozenset(n.address for n in m.nodes) if m else frozenset()
             want = wanted(self.own, {a: r for a, (_s, r) in self.others.items()},
                           self.members - {self.address})
-            if want != self.applied:
+            if want != self.applied and (want or self.applied is not None):
                 self.apply(want)
         except (OSError, GuardError) as exc:
             LOG.error("guarding what jobs listen on: %s", exc)
 
+    def scan(self, tokens: Mapping[str, int]) -> None:
+        """Look again; the processes are walked only when the listening sockets (or the
+        shares) changed since the last look, so an idle node reads ``/proc/net/tcp*`` only."""
+        candidates = candidate_sockets(self.proc, tokens)
+        key = (frozenset(candidates), frozenset(tokens.items()))
+        if key != self.scanned:
+            self.own = job_listeners(self.proc, tokens, self.address, candidates)
+            self.scanned = key
+        self.publish()
+
     def publish(self) -> None:
         mine = tuple(sorted((x for x in self.own if x.host == self.address),
                             key=lambda x: (x.port, x.uid)))[:MAX_LISTENING]
-        if mine == self.published:
-            return
+        if mine == self.published or (not mine and self.published is None):
+            return  # nothing new (nothing at all yet: no record)
+        if not self.cluster.cluster_dir.is_dir():
+            return  # EFS is not there yet
         self.seq = max(self.seq + 1, time.time_ns() // 1000)
-        folder = self.cluster.listeners_dir
-        folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.cluster.listeners_dir.mkdir(mode=0o755, exist_ok=True)
         store.write_record(self.cluster.listeners(self.address, self.seq),
                            NodeListeners(address=self.address, seq=self.seq, listening=mine))
         self.published = mine
@@ -389,7 +291,7 @@ class ListenGuard:
         self.remove_own()
         with contextlib.suppress(GuardError):
             forget(self.address)
-        self.applied = self.published = None
+        self.applied = self.published = self.scanned = None
         self.own = frozenset()
 
 

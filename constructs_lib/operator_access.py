@@ -30,7 +30,8 @@ grants:
   condition, without which a StartSession that names no document opens the default shell
   (``SSM-SessionManagerRunShell``) although the policy does not grant it;
   ssm:TerminateSession / ssm:ResumeSession on the caller's own sessions only;
-- the hourly cost estimate: pricing:GetProducts;
+- the hourly cost estimate: pricing:GetProducts, and whether the cluster's cost tag is
+  active in Billing: ce:ListCostAllocationTags;
 - (added by ``ClusterObservability.grant_read``) reading the cluster's log group:
   logs:DescribeLogStreams, logs:FilterLogEvents, logs:GetLogEvents on that group only.
 
@@ -114,7 +115,8 @@ class OperatorAccess(Construct):
             :default: ``AWS-StartPortForwardingSession`` (``dlc tunnel``)
         :param shell_documents: Session Manager documents of the admin policy (a shell).
             :default: ``SSM-SessionManagerRunShell`` (``dlc connect``)
-        :param allow_pricing: grant pricing:GetProducts for ``dlc status``'s cost estimate.
+        :param allow_pricing: grant pricing:GetProducts and ce:ListCostAllocationTags for
+            ``dlc status``'s cost estimate and its cost tag's status.
             :default: True
         :param managed_policy_name: a fixed name for the operator policy.
             :default: a name CloudFormation generates
@@ -188,6 +190,9 @@ class OperatorAccess(Construct):
             statements.append(iam.PolicyStatement(
                 sid="PriceListForCostEstimates", actions=["pricing:GetProducts"],
                 resources=["*"]))  # the Price List API has no resources
+            statements.append(iam.PolicyStatement(  # whether the cost tag counts in Billing
+                sid="CostTagStatus", actions=["ce:ListCostAllocationTags"],
+                resources=["*"]))  # Cost Explorer's tag list has no resource type
         self.policy = iam.ManagedPolicy(
             self, "Policy", managed_policy_name=managed_policy_name,
             description=f"dlc day-2 operations on cluster {cluster_id} (status, jobs, "

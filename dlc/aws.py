@@ -297,6 +297,21 @@ def on_demand_products(target: Target, instance_type: str, region: str) -> list[
     return list(res.get("PriceList", []))
 
 
+def cost_tag_status(target: Target, key: str) -> str:
+    """Billing's status of the user-defined cost allocation tag ``key``: ``Active``,
+    ``Inactive``, or "" when Billing has not seen it used yet (Cost Explorer's API is served
+    from us-east-1). AwsError when it cannot be asked (e.g. AccessDenied)."""
+    from botocore.config import Config
+
+    quick = Config(connect_timeout=3, read_timeout=5,
+                   retries={"total_max_attempts": 1, "mode": "standard"})
+    ce = target.client("ce", region="us-east-1", config=quick)
+    res = call("ce ListCostAllocationTags", ce.list_cost_allocation_tags, TagKeys=[key],
+               Type="UserDefined")
+    found = [t for t in res.get("CostAllocationTags", []) if t.get("TagKey") == key]
+    return str(found[0].get("Status", "")) if found else ""
+
+
 def delete_file_system(target: Target, file_system_id: str, *, timeout: float = 300) -> None:
     """Delete the file system once no mount target is left (its stack deleted them)."""
     efs = target.client("efs")

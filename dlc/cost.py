@@ -134,3 +134,22 @@ def estimate(target: Target, instance_types: list[str], region: str,
              if not unknown else None)
     return {"usd_per_hour": plain(total) if total is not None else "unknown",
             "instances": len(instance_types), "by_type": by_type, "unknown": unknown}
+
+
+def tag_line(key: str, status: str | None, error: str = "") -> str:
+    """What ``dlc status`` says of the cluster's cost allocation tag: whether Budgets and
+    Cost Explorer count the cluster's costs under it, and how to make them. ``status``:
+    ``Active``, ``Inactive``, "" (not seen by Billing yet), None (not known: ``error``)."""
+    activate = (f"aws ce update-cost-allocation-tags-status --cost-allocation-tags-status "
+                f"TagKey={key},Status=Active")
+    if status is None:
+        return f"cost tag {key}: unknown ({error})"
+    if status == "Active":
+        return f"cost tag {key}: active (Budgets and Cost Explorer count this cluster's costs)"
+    if status == "Inactive":
+        return (f"cost tag {key}: NOT active, so Budgets and Cost Explorer do not count this "
+                f"cluster's costs under it; activate it (the payer account, takes up to 24 h): "
+                f"{activate}")
+    return (f"cost tag {key}: not seen by Billing yet (a tag appears up to 24 h after its "
+            f"first use); then activate it: {activate}")
+

@@ -200,6 +200,11 @@ def gather(target: Target, *, with_cost: bool = True) -> dict:
         running = [i.instance_type for i in instances
                    if i.state in ("running", "pending") and i.instance_type]
         out["cost"] = cost.estimate(target, running, target.region)
+        try:
+            out["cost_tag"] = {"key": aws.CLUSTER_TAG_KEY, "status": aws.cost_tag_status(
+                target, aws.CLUSTER_TAG_KEY), "error": ""}
+        except DlcError as exc:
+            out["cost_tag"] = {"key": aws.CLUSTER_TAG_KEY, "status": None, "error": str(exc)}
     return out
 
 
@@ -261,6 +266,10 @@ def render(console, st: dict) -> None:
                               for t, v in c["by_type"].items())
             console.print(f"cost: ${cost.usd(c['usd_per_hour'])}/hour on demand ({kinds})",
                           highlight=False)
+    tag = st.get("cost_tag")
+    if tag is not None:
+        console.print(cost.tag_line(tag["key"], tag["status"], tag["error"]), highlight=False,
+                      soft_wrap=True)
     for what, err in st["errors"].items():
         if what != "jobs":
             console.print(f"[yellow]{what}: {err}[/]", highlight=False, soft_wrap=True)

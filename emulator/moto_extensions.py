@@ -39,6 +39,9 @@ Filled gaps (each with the AWS behaviour it reproduces):
   :func:`install`.
 - Capacity Blocks for ML (a bought block, DescribeCapacityReservations) and CloudFormation's
   ``AWS::Scheduler::Schedule``: ``emulator.capacity_blocks``, installed by :func:`install`.
+- Cost Explorer's cost allocation tags (ListCostAllocationTags, UpdateCostAllocationTagsStatus;
+  a used key is listed ``Inactive`` until activated): ``emulator.cost_allocation_tags``,
+  installed by :func:`install`.
 - IAM authorization as AWS evaluates it for the stack's calls (resources of KMS, Auto Scaling
   and CloudWatch Logs calls, role-session principals, policy variables, session tags), off
   until the control endpoint's ``POST /iam-enforcement``: ``emulator.iam_enforcement``.
@@ -53,6 +56,7 @@ from typing import Any
 from emulator import (
     capacity,
     capacity_blocks,
+    cost_allocation_tags,
     iam_enforcement,
     lifecycle_hooks,
     moto_cloudformation,
@@ -138,6 +142,7 @@ def install() -> None:
     moto_cloudformation.install()  # before the model caches are cleared
     moto_secrets.secret_model()  # AWS::SecretsManager::Secret (emulator/moto_secrets.py)
     capacity_blocks.install()  # DescribeCapacityReservations, AWS::Scheduler::Schedule
+    cost_allocation_tags.install()  # Cost Explorer's cost allocation tags
     moto_publishing.install()
     for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
         cached.cache_clear()

@@ -165,8 +165,9 @@ def test_every_action_is_one_dlc_uses() -> None:
         "cloudformation:DescribeStackResources", "autoscaling:DescribeAutoScalingGroups",
         "ec2:DescribeInstances", "ssm:SendCommand", "ssm:GetCommandInvocation",
         "ssm:StartSession", "ssm:TerminateSession", "ssm:ResumeSession",
-        "pricing:GetProducts"}
-    assert "PriceListForCostEstimates" not in statements(allow_pricing=False)
+        "pricing:GetProducts", "ce:ListCostAllocationTags"}
+    without = statements(allow_pricing=False)
+    assert "PriceListForCostEstimates" not in without and "CostTagStatus" not in without
 
 
 def test_every_document_parameter_has_an_allowed_pattern() -> None:

@@ -22,28 +22,21 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.jobs.engine import launchers as ln
-from bootstrap_scripts.jobs.engine import user_dirs
-from bootstrap_scripts.jobs.engine.plan_types import LaunchOptions
 from bootstrap_scripts.jobs.executor import listen_guard
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import DEFAULT_RDZV_PORT, JobSpec, Share
-from bootstrap_scripts.protocol.membership import build_membership
-from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths, NodePaths
 from bootstrap_scripts.protocol.records import ShareExit
 from emulator.nodes import PYTHON
 from tests.security.conftest import user_env, wait_until
+from tests.support.drill_node import drill_node, torchrun_job
 
 pytestmark = [pytest.mark.slow]
 
@@ -117,50 +110,13 @@ os._exit(0)
 '''
 
 
-def node_address() -> str:
-    """A loopback address of its own for this drill's node (no other test's ports)."""
-    return f"127.79.{os.getpid() % 250 + 1}.{int(time.time() * 1000) % 250 + 1}"
-
-
 @pytest.fixture()
 def node(victim) -> Iterator[tuple[ThisNode, Path]]:
-    tmp = Path(tempfile.mkdtemp(prefix="dl-listen-guard-"))
-    os.chmod(tmp, 0o755)
-    efs = tmp / "efs"
-    (efs / "jobs").mkdir(parents=True)
-    (efs / "checkpoints").mkdir()
-    (tmp / "markers").mkdir()
-    os.chmod(tmp / "markers", 0o1777)
-    (tmp / "train.py").write_text(TRAIN)
-    this = ThisNode(NodePaths(tmp / "root"), ClusterPaths(efs), node_address())
-    try:
-        yield this, tmp
-    finally:
-        listen_guard.forget(this.address)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def victims_job(this: ThisNode, user: pwd.struct_passwd, tmp: Path
-                ) -> tuple[JobSpec, Share, JobPaths]:
-    m = build_membership(cluster_id="drill", generation=1, efs_mount=str(this.cluster.efs),
-                         reason="drill", master={"instance_id": "i-0", "address": this.address,
-                                                 "gpus": 0}, workers=[])
-    job_id = f"listen-{os.getpid()}-{int(time.time())}"
-    paths = this.cluster.job(job_id, user.pw_name)
-    opts = LaunchOptions(job_id=job_id, python=PYTHON, rdzv_port=DEFAULT_RDZV_PORT,
-                         nproc_per_node=1, job_dir=str(paths.dir))
-    plan = ln.plan("torchrun", m, ["python", str(tmp / "train.py"), str(tmp / "markers")],
-                   opts)
-    (share,) = plan.shares
-    spec = JobSpec(job_id=job_id, launcher="torchrun", shares=(share,), cwd="/",
-                   grace_seconds=2.0, env={"PATH": os.environ["PATH"]})
-    user_dirs.ensure(this.cluster.efs, {user.pw_name: (user.pw_uid, user.pw_gid)})
-    paths.dir.mkdir()
-    os.chown(paths.dir, user.pw_uid, user.pw_gid)
-    paths.spec.write_text(spec.to_json())
-    os.chown(paths.spec, user.pw_uid, user.pw_gid)
-    os.chmod(paths.spec, 0o600)
-    return JobSpec.from_json(paths.spec.read_text()), share, paths
+    with drill_node("dl-listen-guard-", 79, TRAIN) as (this, tmp):
+        try:
+            yield this, tmp
+        finally:
+            listen_guard.forget(this.address)
 
 
 def victims_listeners(uid: int) -> set[str]:
@@ -185,7 +141,7 @@ def play(this: ThisNode, tmp: Path, victim: pwd.struct_passwd, attacker: pwd.str
     not ``finish``, stopped: a job whose sockets another user used may wait for a gloo
     timeout)."""
     markers = tmp / "markers"
-    spec, share, paths = victims_job(this, victim, tmp)
+    spec, share, paths = torchrun_job(this, victim, tmp, "listen")
     shares = Shares(this)
     try:
         assert shares.start(spec, share, paths), store.read_text(paths.log(0))

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import socket
 import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,10 +36,11 @@ from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
 from bootstrap_scripts.protocol.jobs import DEFAULT_RDZV_PORT, JobSpec, Proc, Share
 from bootstrap_scripts.protocol.membership import build_membership
-from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths, NodePaths
+from bootstrap_scripts.protocol.paths import JobPaths
 from bootstrap_scripts.protocol.records import ShareStarted
 from emulator.nodes import PYTHON
 from tests.security.conftest import as_user, user_env, wait_until
+from tests.support.drill_node import drill_node
 
 pytestmark = [pytest.mark.slow]
 
@@ -72,26 +70,11 @@ print(client.get("drill").decode())
 """
 
 
-def master_address() -> str:
-    """A loopback address of its own for this drill's master (no other test's ports)."""
-    return f"127.77.{os.getpid() % 250 + 1}.{int(time.time() * 1000) % 250 + 1}"
-
-
 @pytest.fixture()
 def node(victim) -> Iterator[tuple[ThisNode, Path]]:
     """A node root and an EFS of its own, every user able to reach them."""
-    tmp = Path(tempfile.mkdtemp(prefix="dl-rdzv-"))
-    os.chmod(tmp, 0o755)
-    efs = tmp / "efs"
-    (efs / "jobs").mkdir(parents=True)  # root's, one directory per user (user_dirs)
-    (efs / "checkpoints").mkdir()  # as the executor prepares them (daemon.EFS_DIR_MODES)
-    (tmp / "markers").mkdir(mode=0o1777)
-    os.chmod(tmp / "markers", 0o1777)
-    this = ThisNode(NodePaths(tmp / "root"), ClusterPaths(efs), master_address())
-    try:
-        yield this, tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with drill_node("dl-rdzv-", 77) as found:
+        yield found
 
 
 def victims_job(this: ThisNode, user: pwd.struct_passwd, port: int, marker: Path

@@ -19,82 +19,34 @@ Needs root (real users, iptables, binding as root); CI runs as root.
 
 from __future__ import annotations
 
-import os
 import pwd
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bootstrap_scripts.jobs.engine import launchers as ln
-from bootstrap_scripts.jobs.engine import user_dirs
-from bootstrap_scripts.jobs.engine.plan_types import LaunchOptions
 from bootstrap_scripts.jobs.executor import store_guard
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.jobs.executor.shares import Shares
 from bootstrap_scripts.protocol import store
-from bootstrap_scripts.protocol.jobs import DEFAULT_RDZV_PORT, JobSpec, Share
-from bootstrap_scripts.protocol.membership import build_membership
-from bootstrap_scripts.protocol.paths import ClusterPaths, JobPaths, NodePaths
+from bootstrap_scripts.protocol.paths import JobPaths
 from bootstrap_scripts.protocol.records import ShareExit
 from emulator.nodes import PYTHON
 from tests.security.conftest import user_env, wait_until
+from tests.support.drill_node import drill_node, torchrun_job
 from tests.support.pickle_attack import ATTACK, TRAIN
 
 pytestmark = [pytest.mark.slow]
-
-
-def master_address() -> str:
-    """A loopback address of its own for this drill's master (no other test's ports)."""
-    return f"127.78.{os.getpid() % 250 + 1}.{int(time.time() * 1000) % 250 + 1}"
 
 
 @pytest.fixture()
 def node(victim) -> Iterator[tuple[ThisNode, Path]]:
     """A node root and an EFS of its own, every user able to reach them; a directory every
     user may write in for the markers."""
-    tmp = Path(tempfile.mkdtemp(prefix="dl-rdzv-guard-"))
-    os.chmod(tmp, 0o755)
-    efs = tmp / "efs"
-    (efs / "jobs").mkdir(parents=True)
-    (efs / "checkpoints").mkdir()
-    (tmp / "markers").mkdir()
-    os.chmod(tmp / "markers", 0o1777)
-    (tmp / "train.py").write_text(TRAIN)
-    this = ThisNode(NodePaths(tmp / "root"), ClusterPaths(efs), master_address())
-    try:
-        yield this, tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def victims_job(this: ThisNode, user: pwd.struct_passwd, tmp: Path
-                ) -> tuple[JobSpec, Share, JobPaths]:
-    """The victim's one-node torchrun job, planned by the real planner: the agent runs
-    ``train.py`` (it waits for ``markers/release``) next to the job's own store."""
-    m = build_membership(cluster_id="drill", generation=1, efs_mount=str(this.cluster.efs),
-                         reason="drill", master={"instance_id": "i-0", "address": this.address,
-                                                 "gpus": 0}, workers=[])
-    job_id = f"pickle-{os.getpid()}-{int(time.time())}"
-    paths = this.cluster.job(job_id, user.pw_name)
-    opts = LaunchOptions(job_id=job_id, python=PYTHON, rdzv_port=DEFAULT_RDZV_PORT,
-                         nproc_per_node=1, job_dir=str(paths.dir))
-    plan = ln.plan("torchrun", m, ["python", str(tmp / "train.py"), str(tmp / "markers")],
-                   opts)
-    (share,) = plan.shares
-    spec = JobSpec(job_id=job_id, launcher="torchrun", shares=(share,), cwd="/",
-                   grace_seconds=2.0, env={"PATH": os.environ["PATH"]})
-    user_dirs.ensure(this.cluster.efs, {user.pw_name: (user.pw_uid, user.pw_gid)})
-    paths.dir.mkdir()
-    os.chown(paths.dir, user.pw_uid, user.pw_gid)
-    paths.spec.write_text(spec.to_json())
-    os.chown(paths.spec, user.pw_uid, user.pw_gid)
-    os.chmod(paths.spec, 0o600)
-    return JobSpec.from_json(paths.spec.read_text()), share, paths
+    with drill_node("dl-rdzv-guard-", 78, TRAIN) as found:
+        yield found
 
 
 def attack(attacker: pwd.struct_passwd, job_id: str, marker: Path) -> str:
@@ -122,7 +74,7 @@ def play(this: ThisNode, tmp: Path, victim: pwd.struct_passwd, attacker: pwd.str
     finish. (what the attacker saw, the marker its pickle would create, the share's exit)"""
     markers = tmp / "markers"
     pwned = markers / "pwned"
-    spec, share, paths = victims_job(this, victim, tmp)
+    spec, share, paths = torchrun_job(this, victim, tmp, "pickle")
     shares = Shares(this)
     try:
         assert shares.start(spec, share, paths), store.read_text(paths.log(0))

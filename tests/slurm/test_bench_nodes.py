@@ -90,9 +90,11 @@ def test_slurm_ready_after_the_last_node_starts_real_slurmd(slurm: SlurmNodes) -
     last = time.monotonic()
     everyone = {n.name for n in slurm.nodes}
     ready = idle_at(slurm, everyone, 300)
-    procs = [p.pid for n in slurm.nodes for p in n.procs]
     daemons = sorted(set().union(*(slurm_node.processes(n.address) for n in slurm.nodes)))
-    ctld = next(p.pid for p in master.procs if "slurmctld" in " ".join(p.args))
+    ctld = [p for p in daemons if Path(cmdline(p).split(" ")[0]).name == "slurmctld"]
+    ctld_cpu = cpu_seconds(ctld)
+    ctld_log = (slurm.paths(master).log_dir / "slurmctld.log").read_text()
+    rebuilds = ctld_log.count("select_p_reconfigure")
 
     # a replacement joining the warm cluster: a worker's machine lost, its record deleted
     # (as the master's reconcile deletes it), a new node at a new address in the membership
@@ -115,7 +117,16 @@ def test_slurm_ready_after_the_last_node_starts_real_slurmd(slurm: SlurmNodes) -
     print(f"[bench] one node joining the warm {NODES}-node cluster: units started -> IDLE "
           f"{alone:6.2f} s  (the lost node's delete: {deleted})")
     print(f"[bench] daemons: {len(daemons)} processes, {rss_mib(daemons):.0f} MiB RSS; "
-          f"slurmctld CPU {cpu_seconds([ctld]):.2f} s; unit launchers {len(procs)}")
+          f"slurmctld's CPU until all were IDLE {ctld_cpu:.2f} s "
+          f"({ctld_cpu / NODES * 1000:.1f} ms a node); its select plugin rebuilt "
+          f"{rebuilds} times (slurmctld.log's select_p_reconfigure)")
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def delete_record(slurm: SlurmNodes, n: SlurmTestNode) -> str:

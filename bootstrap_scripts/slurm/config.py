@@ -45,6 +45,12 @@ CRED_EXPIRE_S = 30
 #: whose begin time passes is started by the next one (no event does it), each pass bounded
 #: by ``max_sched_time``.
 SCHED_INTERVAL_S = 10
+#: How long slurmctld may put off scheduling a submitted batch job (``batch_sched_delay``,
+#: Slurm's default 3 s, meant for sites taking many submissions a second): measured here, a
+#: job on an idle cluster waited 2.7-2.9 s PENDING with the default, and submit -> RUNNING
+#: went from 2.8 s to 0.7 s with 0 (``make bench``, tests/slurm/test_bench.py). A training
+#: cluster takes a few submissions a minute; each one costs a scheduling attempt.
+BATCH_SCHED_DELAY_S = 0
 #: Slurm's partitions: every node that trains (the master trains too), and the workers only.
 PARTITIONS = (("train", ("masters", "workers"), True), ("workers", ("workers",), False))
 NODE_SETS = (("masters", "master"), ("workers", "worker"))
@@ -131,8 +137,10 @@ def render_slurm_conf(c: SlurmConfig) -> str:
         "SchedulerType=sched/backfill",
         "# one line (Slurm reads the last): a job requeued by a failed prolog is pending, not",
         "# held; the main scheduler's pass every sched_interval s starts a requeued job whose",
-        "# hold ran out (no event does)",
-        f"SchedulerParameters=nohold_on_prolog_fail,sched_interval={SCHED_INTERVAL_S}",
+        "# hold ran out (no event does); a submitted batch job is scheduled at once (Slurm's",
+        "# default puts it off up to 3 s, for sites that take many submissions a second)",
+        f"SchedulerParameters=nohold_on_prolog_fail,sched_interval={SCHED_INTERVAL_S},"
+        f"batch_sched_delay={BATCH_SCHED_DELAY_S}",
         "# a queue by priority, not by arrival alone: every job starts from the partition's",
         "# weight, so a user's --nice puts their job behind others'; job age and fair share",
         "# weigh in once slurmdbd keeps usage (without it Slurm ignores their weights)",

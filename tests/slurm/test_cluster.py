@@ -23,17 +23,14 @@ import pytest
 
 from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
 from bootstrap_scripts.slurm import config, names
-from emulator.deploy import aws_env
 from emulator.gpus import inject_gpu_fault
 from emulator.node_inputs import PYTHON
-from emulator.nodes import stop_nodes
-from emulator.resources import create_cluster
 from tests.conftest import REPO_ROOT
 from tests.support.agents import wait_until
-from tests.support.slurm import slurm_work
 from tests.support.slurm_cluster import (
     SlurmCluster,
     as_user,
+    booted_cluster,
     digits_runs,
     health,
     jobs,
@@ -55,27 +52,8 @@ GPUS = 4
 def slurm_cluster(emulator_cloud) -> Iterator[SlurmCluster]:
     """Three nodes (the master and two workers, four GPUs each), formed, every one idle in
     Slurm; shared by the tests below, which leave three nodes idle."""
-    emulator_cloud.reset()
-    with slurm_work() as work, pytest.MonkeyPatch.context() as mp:
-        for k, v in aws_env(emulator_cloud.endpoint).items():  # no real account, ever
-            mp.setenv(k, v)
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        c = SlurmCluster(work, create_cluster(emulator_cloud.endpoint, workers=2,
-                                              scheduler="slurm", instance_type=INSTANCE_TYPE))
-        try:
-            cluster = c.cluster
-            cluster.send(cluster.setup_message("master"))
-            cluster.send(cluster.setup_message("worker"))
-            (master_i,) = cluster.node_instances("master")
-            for i in cluster.node_instances("worker"):
-                c.boot("worker", i)
-            c.boot("master", master_i)
-            wait_until(lambda: all(c.applied(n) == 1 for n in c.nodes), 120, 0.2,
-                       "generation 1")
-            c.wait_idle(c.nodes)
-            yield c
-        finally:
-            assert not stop_nodes(c.nodes), "processes outlived the test"
+    with booted_cluster(emulator_cloud, workers=2, instance_type=INSTANCE_TYPE) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -238,7 +238,8 @@ def test_slurm_conf_runs_the_prolog_on_every_node_at_allocation_bounded_and_unhe
     assert lines["PrologFlags"] == "Alloc,DeferBatch"
     # one line, both settings (Slurm reads the last SchedulerParameters line only)
     assert text.count("\nSchedulerParameters=") == 1
-    assert lines["SchedulerParameters"].split(",") == ["nohold_on_prolog_fail", "sched_interval=10"]
+    assert lines["SchedulerParameters"].split(",") == [
+        "nohold_on_prolog_fail", "sched_interval=10", "batch_sched_delay=0"]
     # Slurm's own bound is above the prolog's: the prolog's verdict names the check
     assert int(lines["PrologEpilogTimeout"]) > prolog.bound() > 120
 

@@ -3,8 +3,9 @@ AWS side in moto, every node booted as the emulator boots an instance), and what
 do on it: run Slurm's clients as a real user of the master, read Slurm's own job records,
 and cancel what they submitted so the next test finds every node idle.
 
-The boot itself is ``tests/slurm/test_cluster.py``'s module fixture: one cluster for every
-test of that module (a boot is a third of a minute on two cores)."""
+:func:`booted_cluster` boots one; ``tests/slurm/test_cluster.py`` shares one among every test
+of that module (a boot is a third of a minute on two cores), and the Slurm benchmarks
+(``tests/slurm/test_bench.py``) boot their own."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from bootstrap_scripts.protocol.membership import Membership
 from bootstrap_scripts.protocol.paths import NodePaths
 from bootstrap_scripts.protocol.slurm_paths import SlurmPaths
@@ -25,9 +28,10 @@ from bootstrap_scripts.slurm import names, node, reconcile
 from emulator import slurm_node
 from emulator.deploy import aws_env
 from emulator.node_network import bind_preload
-from emulator.nodes import Node
-from emulator.resources import ClusterResources
+from emulator.nodes import Node, stop_nodes
+from emulator.resources import ClusterResources, create_cluster
 from tests.support.agents import wait_until
+from tests.support.slurm import slurm_work
 from tests.support.users import login_env
 
 #: The job states Slurm has not finished with.
@@ -112,6 +116,35 @@ class SlurmCluster:
 
     def submit_dir(self, u: pwd.struct_passwd) -> Path:
         return self.work / "submit" / u.pw_name
+
+
+@contextlib.contextmanager
+def booted_cluster(cloud, *, workers: int, instance_type: str) -> Iterator[SlurmCluster]:
+    """A cluster with ``scheduler=slurm`` in the emulator's AWS ``cloud`` (reset first): the
+    master and ``workers`` workers booted as EC2 boots them, formed (generation 1 applied on
+    every node) and every node IDLE in Slurm. On exit, pass or fail, every process of every
+    node is stopped, and a survivor fails the caller."""
+    cloud.reset()
+    with slurm_work() as work, pytest.MonkeyPatch.context() as mp:
+        for k, v in aws_env(cloud.endpoint).items():  # no real account, ever
+            mp.setenv(k, v)
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        c = SlurmCluster(work, create_cluster(cloud.endpoint, workers=workers,
+                                              scheduler="slurm", instance_type=instance_type))
+        try:
+            cluster = c.cluster
+            cluster.send(cluster.setup_message("master"))
+            cluster.send(cluster.setup_message("worker"))
+            (master_i,) = cluster.node_instances("master")
+            for i in cluster.node_instances("worker"):
+                c.boot("worker", i)
+            c.boot("master", master_i)
+            wait_until(lambda: all(c.applied(n) == 1 for n in c.nodes), 120, 0.2,
+                       "generation 1")
+            c.wait_idle(c.nodes)
+            yield c
+        finally:
+            assert not stop_nodes(c.nodes), "processes outlived the test"
 
 
 def as_user(c: SlurmCluster, u: pwd.struct_passwd, *argv: str, timeout: float = 60,

@@ -99,7 +99,10 @@ class SlurmCluster:
             return "HELD" if "launch failed" in res.stdout else ""
         return state
 
-    def wait_state(self, job: str, state: str, timeout: float = 30) -> dict[str, str]:
+    def wait_state(self, job: str, state: str, timeout: float = 90) -> dict[str, str]:
+        """The job's record once Slurm says ``state``. The bound is generous: on a loaded
+        machine a node's epilog, the next job's prolog on every node and the scheduler's
+        pass each take seconds (30 s was exceeded under a load of 10-20)."""
         wait_until(lambda: self.job(job).get("JobState") == state, timeout, 0.1,
                    f"job {job} {state}")
         return self.job(job)

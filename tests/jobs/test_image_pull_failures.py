@@ -97,3 +97,25 @@ def test_the_pull_job_runs_dl_container_pull_on_every_node_with_a_fixed_environm
     assert set(pull.env) == {"PYTHONPATH", "PYTHONUNBUFFERED"} and pull.forward == ()
     assert (pull.cwd, pull.image, pull.data, pull.mounts, pull.elastic, pull.nnodes) == (
         "/", "", "", (), False, "")
+
+
+def test_every_node_told_the_image_is_not_there_is_the_jobs_input_not_retried(tmp_path):
+    """Not found (or access denied) on every node is an answer about the image, not a node:
+    a retry would be told the same. One node that pulled makes it the cluster's again."""
+    paths = ClusterPaths(tmp_path).job("train.1.pull")
+    paths.nodes.mkdir(parents=True)
+    store.write_record(paths.result, JobResult(
+        job_id="train.1.pull", status="failed", launcher="each", elastic=False,
+        nodes=tuple(NodeResult(rank=r, address=a, returncode=NOT_FOUND_EXIT)
+                    for r, a in enumerate(NODES))))
+    for rank, address in enumerate(NODES):
+        store.write_record(paths.exit(rank), ShareExit(rank=rank, address=address,
+                                                       returncode=NOT_FOUND_EXIT,
+                                                       finished_at=1.0))
+    failure = outcome(ClusterPaths(tmp_path).job("train.1"), runner_code=1)
+    assert failure is not None and failure.kind is FailureKind.INPUT, failure
+    assert "every node" in failure.detail and "not found" in failure.detail
+    decision = decide(failure, restarts=0, code_restarts=0,
+                      policy=Policy(max_restarts=3, max_code_restarts=0))
+    assert decision.action is not Action.RESTART, decision
+

@@ -58,6 +58,10 @@ def is_pull_job(job_id: str) -> bool:
     return job_id.endswith(PULL_SUFFIX)
 
 
+#: what every node answering alike says of the image, not of a node: the job's input
+FINAL_CAUSES = (causes.NOT_FOUND, causes.ACCESS_DENIED)
+
+
 def node_cause(exit_rec: ShareExit | None) -> str:
     """The cause a node's ``dl-container pull`` gave by its exit status."""
     if exit_rec is None:
@@ -71,8 +75,10 @@ def node_cause(exit_rec: ShareExit | None) -> str:
 def pull_failure(failure: Failure | None, result: JobResult | None,
                  exits: Mapping[int, ShareExit], image: str = "") -> Failure | None:
     """A failed pull job's failure as the job's: ``infrastructure`` (``image-pull``), naming
-    every node that could not pull and its cause. A cancel stays a cancel; a pull that
-    succeeded is no failure."""
+    every node that could not pull and its cause, retried like a node fault; but when every
+    node was told the image is not there or not theirs to read (:data:`FINAL_CAUSES`), the
+    job's ``input``, retried no more than its code (the same answer would come again). A
+    cancel stays a cancel; a pull that succeeded is no failure."""
     if failure is None or failure.kind is FailureKind.CANCELLED:
         return failure
     nodes = [n for n in (result.nodes if result is not None else ())
@@ -86,6 +92,12 @@ def pull_failure(failure: Failure | None, result: JobResult | None,
     detail = "; ".join(f"node rank {n.rank} ({n.address}): {node_cause(exits.get(n.rank))}"
                        for n in failed)
     first = failed[0]
+    everyone = result is not None and len(failed) == len(result.nodes)
+    if everyone and all(node_cause(exits.get(n.rank)) in FINAL_CAUSES for n in failed):
+        # every node got the same answer about the image itself: a retry would get it too
+        return Failure(FailureKind.INPUT, f"{what} failed on every node ({detail}): the "
+                       "image cannot be pulled as it is named; not retried", first.address,
+                       rank=first.rank)
     return Failure(FailureKind.IMAGE_PULL, f"{what} failed on {detail}", first.address,
                    rank=first.rank)
 

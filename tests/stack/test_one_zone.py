@@ -75,6 +75,18 @@ def test_the_default_cluster_is_one_zone_in_a_placement_group_per_zone_it_may_mo
     assert "ZONE_CHOICES" in env
 
 
+def test_the_groups_outlive_the_egress_of_every_zone_they_may_move_to() -> None:
+    """After a zone move the groups are in the second zone's subnet: CloudFormation must
+    delete them before that subnet's default route, or the drains of a moved cluster's
+    teardown lose their AWS calls (checked failing with placementGroup=true before)."""
+    t = cluster_template()
+    routes = {k for k, r in _resources(t, "AWS::EC2::Route").items()
+              if "NatGatewayId" in r["Properties"]}
+    assert len(routes) == 2
+    for g in _resources(t, "AWS::AutoScaling::AutoScalingGroup").values():
+        assert routes <= set(g["DependsOn"])
+
+
 def test_spreading_over_the_zones_is_placement_group_false() -> None:
     t = cluster_template(placementGroup="false")
     master, worker = node_subnets(t)

@@ -108,7 +108,7 @@ def test_a_reservation_or_block_keeps_its_zone_without_a_new_placement_group(ctx
     t = cluster_template(**ctx)
     master, worker = node_subnets(t)
     assert master == worker and len(worker) == 1
-    assert '"us-east-1b"' == zone_of(t, worker[0])
+    assert zone_of(t, worker[0]) == '"us-east-1b"'
     assert not _resources(t, "AWS::EC2::PlacementGroup")
 
 

@@ -39,7 +39,12 @@ from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
 from constructs_lib.job_role import JobRole
 from constructs_lib.late import late_string
 from constructs_lib.metadata_queues import MetadataQueues
-from constructs_lib.network import DEFAULT_VPC_CIDR, ClusterNetwork, node_security_groups
+from constructs_lib.network import (
+    DEFAULT_NAT_GATEWAYS,
+    DEFAULT_VPC_CIDR,
+    ClusterNetwork,
+    node_security_groups,
+)
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB, NodeGroup
 from constructs_lib.observability import (
     DEFAULT_EFS_IO_ALARM_GIB_PER_HOUR,
@@ -107,7 +112,8 @@ class DeepLearningCluster(Construct):
         key_pair: ec2.IKeyPair | None = None,
         root_volume_gib: int = DEFAULT_ROOT_VOLUME_GIB,
         placement_group: ec2.IPlacementGroup | None = None,
-        create_placement_group: bool = False,
+        create_placement_group: bool | None = None,
+        nat_gateways: int = DEFAULT_NAT_GATEWAYS,
         efa: bool = False,
         efa_cards: Sequence[int] | None = None,
         cluster_id: str | None = None,
@@ -202,9 +208,16 @@ class DeepLearningCluster(Construct):
             :default: 100
         :param placement_group: start every node in this placement group.
             :default: none (see ``create_placement_group``)
-        :param create_placement_group: start every node in a new cluster placement group
-            (``placement_group`` attribute), for the lowest latency between nodes.
-            :default: False
+        :param create_placement_group: start every node in one zone, in a new cluster
+            placement group (one per zone the capacity adjuster may move the cluster to;
+            ``placement_group`` attribute): the lowest latency between nodes, and no training
+            traffic billed between zones. False: the groups span every zone.
+            :default: true, unless ``placement_group`` is given or the nodes launch into a
+                reservation or a Capacity Block (one zone already; a new group would hold none
+                of its capacity)
+        :param nat_gateways: NAT gateways of a new VPC, one per zone from the first of
+            ``availability_zones`` (``ClusterNetwork``); not used with ``vpc``.
+            :default: 1
         :param efa: give the nodes an EFA interface on every EFA network card of their
             instance type (p5.48xlarge: 32, p4d.24xlarge: 4; ``constructs_lib.efa``); the type
             must support EFA. The nodes then start in one zone.
@@ -306,18 +319,20 @@ class DeepLearningCluster(Construct):
 
         # -- network, storage, queue ---------------------------------------------------------
         self.network = ClusterNetwork(self, "Network", vpc=vpc, cidr=vpc_cidr,
-                                      availability_zones=None if vpc else availability_zones)
+                                      availability_zones=None if vpc else availability_zones,
+                                      nat_gateways=nat_gateways)
+        new_pg = p.new_placement_group
         self.vpc = self.network.vpc
         self.zones = launch.zone_plan(
             self.vpc, zones=availability_zones, public_master=bool(ssh_cidr),
-            single_zone=bool(efa or placement_group or create_placement_group
+            single_zone=bool(efa or placement_group or new_pg
                              or self.capacity.reserved),
-            fallback=bool(efa or create_placement_group) and not self.capacity.reserved,
+            fallback=bool(efa or new_pg) and not self.capacity.reserved,
             reservation_prop=self.capacity.reservation_prop)
         self.placement_groups = [ec2.PlacementGroup(
             self, "PlacementGroup" + (str(i + 1) if i else ""),
             strategy=ec2.PlacementGroupStrategy.CLUSTER,
-        ) for i in range(len(self.zones.choices) if create_placement_group else 0)]
+        ) for i in range(len(self.zones.choices) if new_pg else 0)]
 
         # EFS, S3 for data and checkpoints, FSx for Lustre (cluster_storage.py)
         stored = add_cluster_storage(

@@ -186,6 +186,12 @@ def add_node_groups(
         max_capacity=props.max_workers, desired_capacity=props.desired_workers,
         spot_capacity=props.spot_workers, **common,
     )
+    for _zone, subnet in zones.choices[1:]:
+        # A zone move puts both groups in this subnet: its egress (the NAT route) must outlive
+        # them, as their first subnet's does, so that a moved cluster's drains still reach
+        # AWS while CloudFormation deletes the groups.
+        for group in (master, workers):
+            group.auto_scaling_group.node.add_dependency(subnet.internet_connectivity_established)
     if storage.storage is None and not isinstance(storage.file_system, efs.FileSystem):
         # an existing EFS: NFS from every zone the nodes may use, before either group launches
         EfsAccessCheck(

@@ -53,6 +53,8 @@ class ClusterProps:
     scheduler: str
     #: repositories jobs may run images from (``allowedImages``: ``allowed_images.py``)
     allowed_images: tuple[str, ...] = ()
+    #: the cluster makes its own cluster placement groups (one per zone it may move to)
+    new_placement_group: bool = False
 
     @property
     def desired_workers(self) -> int:
@@ -74,7 +76,7 @@ def check_cluster_props(
     image_type: str, pytorch_version: str | None, machine_image: ec2.IMachineImage | None,
     file_system: efs.IFileSystem | None, efs_security_group: ec2.ISecurityGroup | None,
     efs_require_tls: bool, efs_mount_point: str, ssh_cidr: str | None,
-    placement_group: ec2.IPlacementGroup | None, create_placement_group: bool,
+    placement_group: ec2.IPlacementGroup | None, create_placement_group: bool | None,
     data_checksums: str, scheduler: str, allowed_images: Sequence[str] = (),
     capacity_block_lead_minutes: int = launch.DEFAULT_CAPACITY_BLOCK_LEAD_MINUTES,
 ) -> ClusterProps:
@@ -101,6 +103,10 @@ def check_cluster_props(
     max_replacements_per_hour = validation.positive_int(
         "max_replacements_per_hour", max_replacements_per_hour, minimum=0)
     idle_stop = idle_stop_seconds("idle_stop_minutes", idle_stop_minutes)
+    new_placement_group = wants_new_placement_group(
+        create_placement_group, placement_group=placement_group,
+        reserved=any((capacity_reservation_id, capacity_reservation_group_arn,
+                      capacity_block_id)))
     capacity = launch.check_capacity(
         worker_types=launch.types_prop("worker_instance_type", worker_instance_type,
                                        "worker_instance_types", worker_instance_types,
@@ -111,8 +117,10 @@ def check_cluster_props(
         reservation_id=capacity_reservation_id, max_zone_moves=max_zone_moves,
         reservation_group_arn=capacity_reservation_group_arn,
         capacity_block_id=capacity_block_id, spot_workers=spot_workers,
-        new_placement_group=create_placement_group,
+        new_placement_group=new_placement_group,
         capacity_block_lead_minutes=capacity_block_lead_minutes)
+    if new_placement_group:
+        launch.check_cluster_placement(capacity)
     root_volume_gib = validation.root_volume("root_volume_gib", root_volume_gib)
     family = image_family(image_type)
     pytorch_version = check_image(image_type, pytorch_version,
@@ -144,4 +152,19 @@ def check_cluster_props(
         idle_stop=idle_stop, capacity=capacity, root_volume_gib=root_volume_gib,
         family=family, pytorch_version=pytorch_version, efs_mount_point=efs_mount_point,
         data_checksums=data_checksums, scheduler=scheduler,
-        allowed_images=check_allowed_images("allowed_images", list(allowed_images)))
+        allowed_images=check_allowed_images("allowed_images", list(allowed_images)),
+        new_placement_group=new_placement_group)
+
+
+def wants_new_placement_group(create: bool | None, *, placement_group: object,
+                              reserved: bool) -> bool:
+    """Whether the cluster makes its own cluster placement groups. Given (True or False),
+    as given. Unset (None), yes: one zone and one placement group keep the training traffic
+    off the zones' links (billed per GB both ways, and slower), unless a ``placement_group``
+    is given, or the nodes launch into a reservation or a Capacity Block: that is one zone
+    already, and a new placement group holds none of the reserved capacity (a reservation
+    serves a cluster placement group only when it was created in it; a block's instances
+    are placed together by EC2 itself)."""
+    if create is not None:
+        return bool(create)
+    return placement_group is None and not reserved

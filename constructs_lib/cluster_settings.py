@@ -32,7 +32,7 @@ from constructs_lib.launch import (
     MIN_CAPACITY_BLOCK_LEAD_MINUTES,
 )
 from constructs_lib.lustre_storage import check_shared_storage
-from constructs_lib.network import DEFAULT_VPC_CIDR
+from constructs_lib.network import DEFAULT_NAT_GATEWAYS, DEFAULT_VPC_CIDR
 from constructs_lib.node_group import DEFAULT_ROOT_VOLUME_GIB
 from constructs_lib.observability import (
     DEFAULT_EFS_IO_ALARM_GIB_PER_HOUR,
@@ -54,6 +54,9 @@ from constructs_lib.user_data import DEFAULT_NODE_BOOT_SECONDS, MIN_NODE_BOOT_SE
 MAX_WORKERS = 1000
 #: Most zone moves: more than the zones of any region.
 MAX_ZONE_MOVES = 10
+#: Most NAT gateways: one per zone of a region with the most (us-east-1 has six); the VPC's
+#: own zone count is the real limit (``stacks/settings.py``).
+MAX_NAT_GATEWAYS = 6
 #: Longest node boot budget (50 minutes); the setup wait grows with it (``user_data.setup_wait``).
 MAX_NODE_BOOT_SECONDS = 3000
 #: Instance type of the master and of the workers.
@@ -69,6 +72,10 @@ def _image_type(name: str, value: object) -> str:
 
 def _text(_name: str, value: object) -> str:
     return str(value)
+
+
+def _nat_gateways(name: str, value: object) -> int:
+    return validation.count(name, value, minimum=1, maximum=MAX_NAT_GATEWAYS)
 
 
 def _scheduler(name: str, value: object) -> str:
@@ -139,6 +146,17 @@ class ClusterSettings:
         "efsMountPoint", DEFAULT_MOUNT_POINT, "mount point on every node",
         validation.mount_point, accepts="an absolute path outside the system directories "
         "(`/etc`, `/usr`, `/var/lib`, …)")
+    nat_gateways: int = setting(
+        "natGateways", DEFAULT_NAT_GATEWAYS, "NAT gateways of the new VPC, in the zones' order "
+        "(the first in the nodes' first zone). The nodes' AWS calls other than S3's (SSM, "
+        "CloudWatch Logs, SQS, KMS, STS, EC2, Auto Scaling, ECR, Secrets Manager) and package "
+        "installs go through one; each costs $0.045 an hour ($33 a month) and $0.045 per GB "
+        "processed (us-east-1). With one, its zone is the cluster's failure domain for AWS "
+        "calls, and a cluster moved to another zone for capacity reaches AWS through it, "
+        "billed between zones; one per zone (`2` with two zones) keeps each zone's nodes on "
+        "their own ([docs/capacity.md](docs/capacity.md), \"Zones\")", _nat_gateways,
+        accepts=f"1 to the VPC's zones (2, or as many as `availabilityZones` names; at most "
+        f"{MAX_NAT_GATEWAYS})")
     vpc_cidr: str = setting(
         "vpcCidr", DEFAULT_VPC_CIDR, "CIDR of the new VPC (the emulator uses "
         "`127.20.0.0/16`)", validation.vpc_cidr, accepts="an IPv4 CIDR, /16 to /24")
@@ -146,10 +164,19 @@ class ClusterSettings:
         "rootVolumeGiB", DEFAULT_ROOT_VOLUME_GIB, "encrypted gp3 root volume size (GiB)",
         validation.root_volume,
         accepts=f"{validation.MIN_ROOT_VOLUME_GIB} to {validation.MAX_ROOT_VOLUME_GIB}")
-    placement_group: bool = setting(
-        "placementGroup", False, "`true`: all nodes in one zone, in a cluster placement group "
-        "(one per zone the cluster may move to, see \"When capacity is short\")",
-        validation.flag, accepts="`true` or `false`")
+    placement_group: bool | None = setting(
+        "placementGroup", None, "all nodes in one zone, in a cluster placement group (one per "
+        "zone the cluster may move to when a zone has no capacity, see \"When capacity is "
+        "short\"): all-reduce traffic stays in the zone. `false`: the groups span every zone "
+        "and Auto Scaling spreads the nodes, whose traffic between zones is billed $0.01/GB "
+        "each way, $0.02 per GB crossing: a 1B-parameter fp16 model's gradients (2 GB) "
+        "crossing once per step cost $0.04 a step, $14.40 an hour at a step every 10 s, more "
+        "than the default three g5.xlarge nodes "
+        "([docs/capacity.md](docs/capacity.md), \"Zones\"). Not for burstable (T), Mac or "
+        "M7i-flex types (refused at synth)", validation.flag,
+        default_doc="`true`; `false` with `capacityReservationId`, "
+        "`capacityReservationGroupArn` or `capacityBlockId` (one zone already; a new "
+        "placement group holds none of the reserved capacity)", accepts="`true` or `false`")
     efa: bool = setting(
         "efa", False, "`true`: an EFA interface on every EFA network card of the nodes' "
         "instance type (32 on p5.48xlarge, 4 on p4d.24xlarge; [docs/node-agent.md]"

@@ -16,12 +16,16 @@ AWS pages this follows:
   Block (``InstanceMarketOptions.MarketType = capacity-block`` plus the block's id as the
   target): https://docs.aws.amazon.com/autoscaling/ec2/userguide/target-capacity-reservations.html,
   https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html
-- a cluster placement group lives in one zone:
-  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html
+- a cluster placement group lives in one zone, and takes current-generation types except
+  burstable (T), Mac and M7i-flex ones:
+  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html, its rules
+  ("Cluster placement group rules and limitations"):
+  https://docs.amazonaws.cn/en_us/AWSEC2/latest/UserGuide/limitations-placement-groups.html
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -152,6 +156,24 @@ def check_capacity(*, worker_types: tuple[str, ...], master_types: tuple[str, ..
                     reservation_id=reservation_id, reservation_group_arn=reservation_group_arn,
                     capacity_block_id=capacity_block_id, max_zone_moves=moves,
                     capacity_block_lead_minutes=lead)
+
+
+#: Instance families EC2 does not launch into a cluster placement group (burstable T, Mac,
+#: M7i-flex; placement group rules, linked above). Every GPU family (g, p, trn, inf) may.
+_NO_CLUSTER_PLACEMENT = re.compile(r"^(t\d[a-z]*|mac\d[a-z0-9-]*|m7i-flex)\.")
+
+
+def check_cluster_placement(capacity: Capacity) -> None:
+    """ConfigError when a type of the nodes cannot launch into a cluster placement group:
+    every launch would fail, so say it at synth with the way out."""
+    bad = [t for t in dict.fromkeys(capacity.master_types + capacity.worker_types)
+           if _NO_CLUSTER_PLACEMENT.match(t)]
+    if bad:
+        raise validation.ConfigError(
+            f"{', '.join(bad)} cannot launch into a cluster placement group (EC2 takes no "
+            f"burstable T, Mac or M7i-flex instance there), and the nodes start in one "
+            f"(create_placement_group, the placementGroup setting, true by default): give "
+            f"placementGroup=false (create_placement_group=False) or another type")
 
 
 def reserve(template: ec2.LaunchTemplate, capacity: Capacity) -> None:

@@ -1,5 +1,14 @@
 """The cluster's network: public + private subnets over two or more AZs, NAT, flow logs (in a
-log group encrypted with a customer-managed, rotating KMS key)."""
+log group encrypted with a customer-managed, rotating KMS key).
+
+Where the NAT gateways are: CDK's ``Vpc`` puts them in the public subnets in the VPC's zone
+order (the first of ``availability_zones``, or of the region's), one per zone up to
+``nat_gateways``; a private subnet routes through its own zone's NAT, or another zone's when
+its zone has none. With the default one NAT, it is in the zone the single-zone cluster starts
+in (``launch.zone_plan`` takes the same first zone). A zone move does not move it: the nodes
+in the next zone then reach AWS through the first zone's NAT, billed per GB between zones and
+cut off with that zone; ``nat_gateways`` = the zones gives every zone its own.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +27,8 @@ from constructs_lib import validation
 DEFAULT_VPC_CIDR = "10.0.0.0/16"
 #: Availability zones of a new VPC (EFS and NAT resilience need at least 2).
 DEFAULT_MAX_AZS = 2
-#: NAT gateways of a new VPC (training traffic stays inside; NAT carries package installs).
+#: NAT gateways of a new VPC (training traffic stays inside; NAT carries package installs and
+#: the nodes' AWS calls other than S3's): one, in the first zone, the nodes' own by default.
 DEFAULT_NAT_GATEWAYS = 1
 #: Retention of a new VPC's flow logs.
 DEFAULT_FLOW_LOG_RETENTION = logs.RetentionDays.ONE_MONTH
@@ -56,7 +66,8 @@ class ClusterNetwork(Construct):
             :default: ``10.0.0.0/16``
         :param max_azs: availability zones of the new VPC, at least 2.
             :default: 2
-        :param nat_gateways: NAT gateways of the new VPC.
+        :param nat_gateways: NAT gateways of the new VPC, one per zone in the zones' order,
+            at most one per zone (see the module's docstring).
             :default: 1
         :param flow_log_retention: how long the new VPC's flow logs are kept.
             :default: one month
@@ -90,7 +101,8 @@ class ClusterNetwork(Construct):
                     f"availability_zones must name at least 2 zones (EFS and NAT resilience), "
                     f"got {list(names)}")
             zones = {"availability_zones": list(names)}
-        validation.positive_int("nat_gateways", nat_gateways)
+        zone_count = len(zones.get("availability_zones") or ()) or max_azs
+        validation.count("nat_gateways", nat_gateways, minimum=1, maximum=zone_count)
         self.flow_log_key = flow_log_key(self)
         self.flow_log_group = logs.LogGroup(
             self, "FlowLogs", retention=flow_log_retention, removal_policy=RemovalPolicy.DESTROY,

@@ -39,6 +39,7 @@ class DLClusterStack(Stack):
             CLUSTER_ID,
             vpc=vpc,
             vpc_cidr=s.vpc_cidr,
+            nat_gateways=s.nat_gateways,
             worker_count=s.worker_count,
             worker_instance_type=None if s.worker_instance_types else s.worker_instance_type,
             master_instance_type=None if s.master_instance_types else s.master_instance_type,

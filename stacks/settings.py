@@ -13,6 +13,7 @@ from collections.abc import Callable
 from constructs_lib import validation
 from constructs_lib.cluster_settings import ClusterSettings
 from constructs_lib.images import image_family, published_pytorch
+from constructs_lib.network import DEFAULT_MAX_AZS
 from constructs_lib.setting import context_keys
 from stacks.context import ContextReader
 from stacks.vpc_rules import ExistingVpc, ExistingVpcKeys, check_existing_vpc
@@ -49,6 +50,7 @@ def settings_from_context(get: Callable[[str], object]) -> ClusterSettings:
             f"context key 'dataPrefix' is a prefix of 'dataBucket', which is not set; got "
             f"dataPrefix={settings.data_prefix!r}")
     _check_image(settings)
+    _check_nat_gateways(settings, given=ctx.text("natGateways") is not None)
     _check_warm_pool(settings)
     if (settings.capacity_block_lead_minutes != ClusterSettings.capacity_block_lead_minutes
             and not settings.capacity_block_id):
@@ -87,6 +89,22 @@ def _check_warm_pool(s: ClusterSettings) -> None:
             f"'capacityBlockId' ({s.capacity_block_id}): a Capacity Block is paid for its "
             "whole duration and holds a fixed number of instances, so a warm pool only keeps "
             "block capacity idle, and EC2 terminates the block's instances before it ends")
+
+
+def _check_nat_gateways(s: ClusterSettings, *, given: bool) -> None:
+    """A NAT gateway per zone at most (CDK's ``Vpc`` puts one in each public subnet), and
+    only in the VPC the stack makes: an existing VPC's routes are its owner's."""
+    if s.vpc_id and given:
+        raise validation.ConfigError(
+            f"context key 'natGateways' ({s.nat_gateways}) is for the VPC the stack creates; "
+            f"with 'vpcId' ({s.vpc_id}) the private subnets' routes are the VPC's own")
+    zones = len(s.availability_zones or ()) or DEFAULT_MAX_AZS
+    if s.nat_gateways > zones:
+        raise validation.ConfigError(
+            f"context key 'natGateways' must be at most the VPC's zones ({zones}: "
+            + (f"availabilityZones={','.join(s.availability_zones)}"
+               if s.availability_zones else "the region's first two")
+            + f"), one NAT gateway per zone; got {s.nat_gateways}")
 
 
 def _check_existing_vpc(s: ClusterSettings) -> None:

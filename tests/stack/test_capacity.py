@@ -110,7 +110,7 @@ def test_construct_refuses_both_props() -> None:
 
 
 def test_without_placement_group_groups_span_every_zone() -> None:
-    t = cluster_template()
+    t = cluster_template(placementGroup="false")
     for props in groups(t).values():
         assert len(props["VPCZoneIdentifier"]) == 2
     assert adjuster_env(t)["MAX_ZONE_MOVES"] == "0"

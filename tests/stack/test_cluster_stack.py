@@ -185,8 +185,11 @@ def test_groups_notify_all_four_events_and_are_tagged(template: Template) -> Non
         or d.startswith("ClusterCapacityAdjusterFunctionTopic")
         for d in worker["DependsOn"]
     )
-    for g in (master, worker):  # no placement group: every zone (docs/capacity.md)
-        assert len(g["Properties"]["VPCZoneIdentifier"]) == 2
+    # one zone by default, both groups in it (docs/capacity.md, "Zones"; placementGroup=false
+    # spreads them: tests/stack/test_capacity.py)
+    assert master["Properties"]["VPCZoneIdentifier"] == worker["Properties"][
+        "VPCZoneIdentifier"]
+    assert len(master["Properties"]["VPCZoneIdentifier"]) == 1
 
 
 def test_worker_count_context_drives_capacity() -> None:

@@ -23,7 +23,10 @@ def test_defaults() -> None:
         "/efs",
         100,
     )
-    assert s.ssh_cidr is None and s.key_name is None and s.placement_group is False
+    assert s.ssh_cidr is None and s.key_name is None and s.nat_gateways == 1
+    # unset: a new placement group unless a reservation or block fixes the zone
+    # (constructs_lib/cluster_props.wants_new_placement_group; tests/stack/test_one_zone.py)
+    assert s.placement_group is None
 
 
 def test_every_documented_key_is_parsed() -> None:
@@ -66,9 +69,10 @@ def test_every_documented_key_is_parsed() -> None:
         "scheduler": "slurm",
         "allowedImages": "123456789012.dkr.ecr.us-east-1.amazonaws.com/team, nvcr.io/nvidia",
     }
-    # vpcCidr is a new VPC's (not with vpcId): parsed in test_cdk_cli.py and below.
-    assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {"vpcCidr"} | {
-        "availabilityZones"}
+    # vpcCidr and natGateways are a new VPC's (not with vpcId): parsed in test_cdk_cli.py
+    # and below, and in test_one_zone.py.
+    assert set(ctx) == set(CONTEXT_KEYS) - set(CAPACITY_CONTEXT_KEYS) - {
+        "vpcCidr", "natGateways"} | {"availabilityZones"}
     s = settings(**ctx)
     assert s == ClusterSettings(
         worker_count=3,
@@ -372,7 +376,13 @@ def test_existing_file_system_in_an_existing_vpc_synthesizes_without_lookups() -
     assert groups and set(groups) == {"vpc-0123456789abcdef0"}
     subnets = [r["Properties"]["VPCZoneIdentifier"] for r in res.values()
                if r["Type"] == "AWS::AutoScaling::AutoScalingGroup"]
-    assert subnets == [VPC["vpcPrivateSubnetIds"].split(",")] * 2
+    # one zone by default: the first of availabilityZones, its subnet (the same order)
+    assert subnets == [VPC["vpcPrivateSubnetIds"].split(",")[:1]] * 2
+    spread = cluster_template(**VPC, efsFileSystemId="fs-0123456789abcdef0",
+                              placementGroup="false").to_json()["Resources"]
+    assert [r["Properties"]["VPCZoneIdentifier"] for r in spread.values()
+            if r["Type"] == "AWS::AutoScaling::AutoScalingGroup"] == [
+        VPC["vpcPrivateSubnetIds"].split(",")] * 2
 
 
 def test_the_emulators_clusters_take_the_stacks_defaults(monkeypatch) -> None:

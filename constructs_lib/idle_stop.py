@@ -27,6 +27,11 @@ from constructs_lib.node_group import NODE_TYPES
 
 #: ``idleStopMinutes``' default: an hour with nothing to run stops the workers.
 DEFAULT_IDLE_STOP_MINUTES = 60
+#: ``idleStopMasterMinutes``' default: the master stops an hour after the workers did.
+#: A wake costs one master boot (minutes, before the workers' own boots that a job needs
+#: anyway); an idle g5.xlarge master costs $1.006 an hour (us-east-1), so after two idle
+#: hours a night or a weekend bills nothing more (docs/capacity.md "Idle stop").
+DEFAULT_IDLE_STOP_MASTER_MINUTES = 60
 #: The longest idle time the setting accepts: a week.
 MAX_IDLE_STOP_MINUTES = 7 * 24 * 60
 #: Keys that must be absent from the controller's UpdateAutoScalingGroup request.

@@ -102,6 +102,8 @@ def open_sessions(proc: Path = Path("/proc")) -> tuple[str, ...]:
     ``sshd: user@...``, an SSH login's child). What cannot be read (a process gone) is
     skipped."""
     found: list[str] = []
+    # the kernel keeps 15 characters of a process's name (TASK_COMM_LEN): both are longer
+    names = {name[:15]: name for name in SESSION_PROCESSES}
     try:
         entries = [p for p in proc.iterdir() if p.name.isdigit()]
     except OSError:
@@ -109,8 +111,8 @@ def open_sessions(proc: Path = Path("/proc")) -> tuple[str, ...]:
     for entry in entries:
         try:
             comm = (entry / "comm").read_text().strip()
-            if comm in SESSION_PROCESSES:
-                found.append(f"{comm}[{entry.name}]")
+            if comm in names:
+                found.append(f"{names[comm]}[{entry.name}]")
             elif comm == "sshd":
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
                     "utf-8", "replace").strip()

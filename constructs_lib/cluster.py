@@ -37,6 +37,8 @@ from constructs_lib.idle_stop import (
     DEFAULT_IDLE_STOP_MASTER_MINUTES,
     DEFAULT_IDLE_STOP_MINUTES,
     grant_idle_stop,
+    grant_master_release,
+    grant_wake_master,
 )
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
@@ -410,7 +412,7 @@ class DeepLearningCluster(Construct):
             grant_idle_stop(self, self.master_group.role, cluster_id=self.cluster_id,
                             min_workers=p.min_workers)
         if p.idle_stop_master:  # the master asks the function to release its own group
-            self.capacity_adjuster.function.grant_invoke(self.master_group.role)
+            grant_master_release(self.master_group.role, self.capacity_adjuster.function)
         grant_node_roles(master=self.master_group, workers=self.worker_group,
                          queues=self.queues, membership_key=self.membership_key,
                          node_scripts=self.node_scripts, file_system=self.file_system,
@@ -433,6 +435,8 @@ class DeepLearningCluster(Construct):
             budget_per_day=budget_per_day, efs_file_system_id=self.file_system.file_system_id,
             efs_io_alarm_gib_per_hour=efs_io_alarm_gib_per_hour)
         self.operator_access = services.operator_access
+        if p.idle_stop_master:  # dlc submit / dlc up wake the master the idle stop stopped
+            grant_wake_master(self, self.operator_access.policy, cluster_id=self.cluster_id)
         self.workdir_staging = services.workdir_staging
         self.observability = services.observability
         #: the cluster's daily cost budget (``constructs_lib/cluster_budget``), notifying the

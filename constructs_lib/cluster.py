@@ -33,7 +33,13 @@ from constructs_lib.cluster_settings import (
 )
 from constructs_lib.cluster_storage import add_cluster_storage
 from constructs_lib.cost_tags import tag_cost_bearing
-from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, grant_idle_stop
+from constructs_lib.idle_stop import (
+    DEFAULT_IDLE_STOP_MASTER_MINUTES,
+    DEFAULT_IDLE_STOP_MINUTES,
+    grant_idle_stop,
+    grant_master_release,
+    grant_wake_master,
+)
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, deep_learning_ami
 from constructs_lib.job_role import USER_TAG as JOB_USER_TAG
 from constructs_lib.job_role import JobRole
@@ -124,6 +130,7 @@ class DeepLearningCluster(Construct):
         data_prep_script: str | None = None,
         max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
         idle_stop_minutes: int = DEFAULT_IDLE_STOP_MINUTES,
+        idle_stop_master_minutes: int = DEFAULT_IDLE_STOP_MASTER_MINUTES,
         data_bucket: s3.IBucket | None = None,
         data_prefix: str = "",
         checkpoint_bucket: s3.IBucket | None = None,
@@ -253,6 +260,11 @@ class DeepLearningCluster(Construct):
             after this many minutes with nothing to run, and back for the next job; 0: never
             (``constructs_lib/idle_stop.py``).
             :default: 60
+        :param idle_stop_master_minutes: then, this many minutes later with still nothing
+            to run and no session on the master, the master's own group goes to zero (the
+            capacity adjuster releases it); ``dlc submit`` / ``dlc up`` wake it; 0: never
+            (``bootstrap_scripts/jobs/controller/idle_master.py``).
+            :default: 60
         :param data_bucket: an existing bucket with the training data; the nodes may list and
             read ``data_prefix`` of it (``dl-run --data`` stages it to local disk).
             :default: none (no data-bucket permission)
@@ -296,7 +308,9 @@ class DeepLearningCluster(Construct):
             max_workers=max_workers, node_boot_seconds=node_boot_seconds,
             setup_timeout_seconds=setup_timeout_seconds, data_prep_script=data_prep_script,
             max_replacements_per_hour=max_replacements_per_hour,
-            idle_stop_minutes=idle_stop_minutes, worker_instance_type=worker_instance_type,
+            idle_stop_minutes=idle_stop_minutes,
+            idle_stop_master_minutes=idle_stop_master_minutes,
+            worker_instance_type=worker_instance_type,
             worker_instance_types=worker_instance_types,
             master_instance_type=master_instance_type,
             master_instance_types=master_instance_types,
@@ -412,6 +426,8 @@ class DeepLearningCluster(Construct):
         if p.idle_stop:
             grant_idle_stop(self, self.master_group.role, cluster_id=self.cluster_id,
                             min_workers=p.min_workers)
+        if p.idle_stop_master:  # the master asks the function to release its own group
+            grant_master_release(self.master_group.role, self.capacity_adjuster.function)
         grant_node_roles(master=self.master_group, workers=self.worker_group,
                          queues=self.queues, membership_key=self.membership_key,
                          node_scripts=self.node_scripts, file_system=self.file_system,
@@ -434,6 +450,8 @@ class DeepLearningCluster(Construct):
             budget_per_day=budget_per_day, efs_file_system_id=self.file_system.file_system_id,
             efs_io_alarm_gib_per_hour=efs_io_alarm_gib_per_hour)
         self.operator_access = services.operator_access
+        if p.idle_stop_master:  # dlc submit / dlc up wake the master the idle stop stopped
+            grant_wake_master(self, self.operator_access.policy, cluster_id=self.cluster_id)
         self.workdir_staging = services.workdir_staging
         self.observability = services.observability
         #: the cluster's daily cost budget (``constructs_lib/cluster_budget``), notifying the

@@ -173,6 +173,9 @@ def add_node_groups(
             base_workers=props.worker_count,
             max_replacements_per_hour=props.max_replacements_per_hour,
             idle_stop_seconds=props.idle_stop,
+            idle_stop_master_seconds=props.idle_stop_master,
+            release_function=(capacity_adjuster.function.function_name
+                              if props.idle_stop_master else ""),
             worker_role_id=late_string(lambda: workers.role.role_id), **boot),
         security_groups=master_groups, min_capacity=1, max_capacity=1, desired_capacity=1,
         associate_public_ip=public_master, **common,

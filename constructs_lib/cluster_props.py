@@ -41,6 +41,8 @@ class ClusterProps:
     max_replacements_per_hour: int
     #: the controller's ``--idle-stop-seconds`` (0: never)
     idle_stop: int
+    #: the controller's ``--idle-stop-master-seconds`` (0: the master never stops)
+    idle_stop_master: int
     capacity: launch.Capacity
     root_volume_gib: int
     family: ImageFamily
@@ -66,7 +68,7 @@ def check_cluster_props(
     *,
     worker_count: int, min_workers: int, spot_workers: int, max_workers: int | None,
     node_boot_seconds: int, setup_timeout_seconds: int, data_prep_script: str | None,
-    max_replacements_per_hour: int, idle_stop_minutes: int,
+    max_replacements_per_hour: int, idle_stop_minutes: int, idle_stop_master_minutes: int,
     worker_instance_type: ec2.InstanceType | str | None,
     worker_instance_types: Sequence[ec2.InstanceType | str] | None,
     master_instance_type: ec2.InstanceType | str | None,
@@ -107,6 +109,7 @@ def check_cluster_props(
         create_placement_group, placement_group=placement_group,
         reserved=any((capacity_reservation_id, capacity_reservation_group_arn,
                       capacity_block_id)))
+    idle_stop_master = idle_stop_seconds("idle_stop_master_minutes", idle_stop_master_minutes)
     capacity = launch.check_capacity(
         worker_types=launch.types_prop("worker_instance_type", worker_instance_type,
                                        "worker_instance_types", worker_instance_types,
@@ -149,7 +152,8 @@ def check_cluster_props(
         worker_count=worker_count, min_workers=min_workers, spot_workers=spot_workers,
         max_workers=max_workers, node_boot_seconds=node_boot_seconds,
         data_prep_script=data_prep_script, max_replacements_per_hour=max_replacements_per_hour,
-        idle_stop=idle_stop, capacity=capacity, root_volume_gib=root_volume_gib,
+        idle_stop=idle_stop, idle_stop_master=idle_stop_master if idle_stop else 0,
+        capacity=capacity, root_volume_gib=root_volume_gib,
         family=family, pytorch_version=pytorch_version, efs_mount_point=efs_mount_point,
         data_checksums=data_checksums, scheduler=scheduler,
         allowed_images=check_allowed_images("allowed_images", list(allowed_images)),

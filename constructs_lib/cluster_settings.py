@@ -23,7 +23,11 @@ from constructs_lib.capacity_adjuster import (
     MAX_LAUNCH_RETRY_SECONDS,
 )
 from constructs_lib.cluster_budget import check_usd_per_day
-from constructs_lib.idle_stop import DEFAULT_IDLE_STOP_MINUTES, MAX_IDLE_STOP_MINUTES
+from constructs_lib.idle_stop import (
+    DEFAULT_IDLE_STOP_MASTER_MINUTES,
+    DEFAULT_IDLE_STOP_MINUTES,
+    MAX_IDLE_STOP_MINUTES,
+)
 from constructs_lib.images import DEFAULT_IMAGE_TYPE, IMAGE_FAMILIES, pytorch_version
 from constructs_lib.launch import (
     DEFAULT_CAPACITY_BLOCK_LEAD_MINUTES,
@@ -319,6 +323,14 @@ class ClusterSettings:
         "zero (each drained like a scale-in; the master stays), and the next `dlc submit` "
         "scales them back (\"Idle stop\"); `0`: never", validation.count, minimum=0,
         maximum=MAX_IDLE_STOP_MINUTES)
+
+    idle_stop_master_minutes: int = setting(
+        "idleStopMasterMinutes", DEFAULT_IDLE_STOP_MASTER_MINUTES, "idle stop of the master: "
+        "after the workers were stopped and this many more minutes with no job, no job share "
+        "and no session on the master, its own group goes to zero too (the capacity "
+        "adjuster lifts its scale-in protection); `dlc submit` and `dlc up` start it again. "
+        "Counts only with `idleStopMinutes` above 0 (\"Idle stop\"); `0`: the master never "
+        "stops", validation.count, minimum=0, maximum=MAX_IDLE_STOP_MINUTES)
 
     cluster_users: tuple[str, ...] = setting(
         "clusterUsers", (), "the Linux users jobs run as (every node must have them): one "

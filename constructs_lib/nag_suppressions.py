@@ -227,6 +227,14 @@ def acknowledge_operator_access(access: OperatorAccess) -> None:
                  "Session ids start with the caller's name: TerminateSession and "
                  "ResumeSession are allowed on the caller's own sessions only, as AWS's "
                  "Session Manager examples do.")
+    _ack(access.policy, f"{prefix}autoscaling:<AWS::Region>:<AWS::AccountId>:"
+         "autoScalingGroup:*:autoScalingGroupName/*]",
+         "dlc submit / dlc up wake a master the idle stop stopped (idleStopMasterMinutes): "
+         "UpdateAutoScalingGroup only on the group tagged as this cluster's master "
+         "(autoscaling:ResourceTag conditions), with a minimum and maximum of at most 1 and "
+         "no launch template, launch configuration, instance types, subnets or capacity "
+         "reservation in the request (constructs_lib/idle_stop.py); the group ARN holds a "
+         "generated UUID.")
 
 
 def acknowledge_emr_findings(cluster: EmrDeepLearningCluster) -> None:

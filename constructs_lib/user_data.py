@@ -247,6 +247,8 @@ def node_user_data(
     data_prep: str | None = None,
     max_replacements_per_hour: int | None = None,
     idle_stop_seconds: int | None = None,
+    idle_stop_master_seconds: int = 0,
+    release_function: str = "",
     membership_key: str = "",
     job_role_arn: str = "",
     checkpoint_url: str = "",
@@ -307,6 +309,9 @@ def node_user_data(
         settings["max-replacements-per-hour"] = str(max_replacements_per_hour)
     if idle_stop_seconds is not None:  # the master's: its job controller's idle stop
         settings["idle-stop-seconds"] = str(idle_stop_seconds)
+    if idle_stop_master_seconds and release_function:  # the master's own stop, later
+        settings["idle-stop-master-seconds"] = str(idle_stop_master_seconds)
+        settings["release-function"] = release_function
     if membership_key:  # the master signs the membership with it, workers verify
         settings["membership-key"] = membership_key
     if launch_hook:  # a warm pool's: a worker holds while Warmed:*, the master completes

@@ -204,9 +204,12 @@ def master_instance(target: Target, stack: Stack, nodes: list[Instance]) -> Inst
     masters = [n for n in nodes if n.role == "master"]
     live = [n for n in masters if n.lifecycle == "InService" and n.state in ("running", "")]
     if not live:
+        stopped = ("; the idle stop may have stopped it (idleStopMasterMinutes): dlc up or "
+                   "dlc submit wakes it" if not masters else "")
         raise NotFound(f"stack {stack.name} has no running master instance (master group "
                        f"{stack.outputs.get(MASTER_GROUP_OUTPUT, '?')}: "
-                       f"{listing([f'{n.instance_id} {n.lifecycle}/{n.state}' for n in masters])})")
+                       f"{listing([f'{n.instance_id} {n.lifecycle}/{n.state}' for n in masters])})"
+                       f"{stopped}")
     return sorted(live, key=lambda n: n.health != "Healthy")[0]
 
 

@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from dlc import cloudwatch, deploy, errors, session
+from dlc import cloudwatch, deploy, errors, session, wake
 from dlc import jobs as jobs_mod
 from dlc import status as status_mod
 from dlc.target import DEFAULT_STACK, EMULATOR_ENV, Target, resolve
@@ -173,6 +173,8 @@ def submit(ctx, launcher, max_restarts, min_nodes, name, max_cost, as_user, work
                                 data_checksums=data_checksums, elastic=elastic,
                                 nnodes=nnodes, image=image)
     user = jobs_mod.job_user(target_of(ctx), as_user)
+    # a master the idle stop stopped (idleStopMasterMinutes) is started and waited for
+    wake.ensure_awake(target_of(ctx), lambda s: click.echo(s, err=True))
     remote = remote_of(ctx)
     staged = None
     if workdir is not None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dlc import aws, preflight
+from dlc import aws, preflight, wake
 from dlc.cost import cache_dir
 from dlc.errors import DlcError, UsageError
 from dlc.remote import Remote
@@ -167,6 +167,11 @@ def up(target: Target, contexts: list[str], echo: Echo, *, wait: bool = True,
     echo(f"stack {stack.name}: {stack.status}, {events.completed} resource(s) created or "
          f"updated in {time.monotonic() - t0:.0f} s")
     summary = {"stack": stack.name, "status": stack.status, "outputs": stack.outputs}
+    if before:  # an update: a master the idle stop stopped starts again (dlc/wake.py)
+        master = wake.master_group(target, stack)
+        summary["woken"] = wake.is_stopped(master)
+        if summary["woken"]:
+            wake.start(target, master, echo)
     if wait:
         summary["nodes"] = wait_nodes(target, stack, echo, t0 + timeout)
         summary["membership"] = wait_membership(target, stack, echo, t0 + timeout)

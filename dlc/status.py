@@ -14,7 +14,7 @@ import datetime
 import re
 
 from bootstrap_scripts.protocol import launches
-from dlc import aws, cloudwatch, cost
+from dlc import aws, cloudwatch, cost, wake
 from dlc.errors import DlcError
 from dlc.remote import Remote
 from dlc.target import Target
@@ -162,6 +162,8 @@ def gather(target: Target, *, with_cost: bool = True) -> dict:
     board = stack.outputs.get(cloudwatch.DASHBOARD_OUTPUT)
     out["dashboard"] = cloudwatch.dashboard_url(target.region, board) if board else None
     instances = aws.instances(target, stack)
+    groups = aws.groups(target, stack)
+    out["master_stopped"] = wake.is_stopped(groups["master"])
     health: dict | None = None
     jobs: list[dict] | None = None
     try:
@@ -251,6 +253,8 @@ def render(console, st: dict) -> None:
         console.print(f"jobs: {len(jobs['running'])} running{': ' + running if running else ''}"
                       f"; {len(jobs['queued'])} queued{': ' + queued if queued else ''}",
                       highlight=False)
+    if st.get("master_stopped"):
+        console.print(wake.STOPPED_NOTE, highlight=False)
     idle = idle_line(st.get("idle_stop"))
     if idle:
         console.print(idle, highlight=False)

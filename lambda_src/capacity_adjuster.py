@@ -35,7 +35,14 @@ from typing import Any
 
 try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
     from . import asg_notifications as notes
-    from . import capacity_block, custom_resources, launch_errors, setup_signal, zone_actions
+    from . import (
+        capacity_block,
+        cluster_release,
+        custom_resources,
+        launch_errors,
+        setup_signal,
+        zone_actions,
+    )
     from . import master_messages as messages
     from . import zone_fallback as zf
     from .aws_calls import AwsCallFailed, AwsClients, RetryableFailure
@@ -44,6 +51,7 @@ try:  # imported as lambda_src.capacity_adjuster (tests, installed package)
 except ImportError:  # imported as capacity_adjuster (Lambda: the asset root is on sys.path)
     import asg_notifications as notes  # type: ignore[no-redef]
     import capacity_block  # type: ignore[no-redef]
+    import cluster_release  # type: ignore[no-redef]
     import custom_resources  # type: ignore[no-redef]
     import launch_errors  # type: ignore[no-redef]
     import master_messages as messages  # type: ignore[no-redef]
@@ -387,6 +395,10 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     if capacity_block.is_scheduled(event):  # a Capacity Block's end (its schedules)
         done = capacity_block.release_at_end(event, _Clients().autoscaling)
         log.info("capacity-block-end", **done)
+        return done
+    if cluster_release.is_idle_master_request(event):  # the master's own idle stop
+        done = cluster_release.release_idle_master(event, _Clients().autoscaling, os.environ)
+        log.info("idle-master-release", **done)
         return done
     try:
         config = Config.from_env(os.environ)

@@ -19,6 +19,13 @@ can fail and a rollback deletes it too. Its Delete, here:
 3. looks again, a bounded number of rounds: the master agent may protect an instance again
    while it publishes a membership, between steps 1 and 2.
 
+The same release serves the master's idle stop (:func:`release_idle_master`): the master's
+job controller invokes the function with ``{IDLE_MASTER_KEY: {"Group", "InstanceId"}}``
+when the cluster has been idle long enough (``bootstrap_scripts/jobs/controller/
+idle_master.py``); the group is released only if it is this cluster's master group
+(its tags) and ``InstanceId`` is still in it, so a request that arrives late, after ``dlc``
+woke a new master, does nothing.
+
 Create and Update do nothing. The answer goes back through ``cfn_response``. A failed call
 answers FAILED with the call and AWS's message, so the stack's deletion stops
 at once naming it, instead of CloudFormation's long wait on a protected instance.
@@ -32,7 +39,7 @@ groups tagged with the cluster's id.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 try:  # imported as lambda_src.cluster_release (tests, installed package)
@@ -105,6 +112,48 @@ def release(autoscaling: Any, names: list[str], *,
         raise RuntimeError(f"still protected from scale-in after {ROUNDS} rounds: "
                            f"{', '.join(still)} (something protects them again)")
     return released
+
+
+#: The event key of the master's idle-stop request (``bootstrap_scripts``' twin:
+#: ``jobs/controller/idle_master.IDLE_MASTER_KEY``; a contract test holds them together).
+IDLE_MASTER_KEY = "dl-idle-master-release"
+#: The group tags the request is checked against (the stack's ``NodeType`` value).
+MASTER_NODE_TYPE = "Master"
+
+
+def is_idle_master_request(event: Any) -> bool:
+    return isinstance(event, dict) and isinstance(event.get(IDLE_MASTER_KEY), dict)
+
+
+def release_idle_master(event: dict[str, Any], autoscaling: Any, env: Mapping[str, str], *,
+                        sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """The master's idle stop (module doc): :func:`release` of its group, or nothing when
+    the group is not this cluster's master group (refused: ValueError) or no longer holds
+    the instance that asked (``released`` empty, ``skipped`` says why). ``env``: the
+    function's (``CLUSTER_ID``, ``CLUSTER_TAG_KEY``, ``ROLE_TAG_KEY``)."""
+    cluster_id, cluster_tag = env.get("CLUSTER_ID", ""), env.get("CLUSTER_TAG_KEY", "")
+    role_tag = env.get("ROLE_TAG_KEY", "")
+    if not (cluster_id and cluster_tag and role_tag):
+        raise ValueError("CLUSTER_ID, CLUSTER_TAG_KEY and ROLE_TAG_KEY must be set")
+    body = event[IDLE_MASTER_KEY]
+    group, instance = body.get("Group"), body.get("InstanceId")
+    if not isinstance(group, str) or not group or not isinstance(instance, str):
+        raise ValueError(f"{IDLE_MASTER_KEY} needs Group and InstanceId, got {body!r}")
+    found = _describe(autoscaling, [group])
+    if not found:
+        return {"group": group, "instance": instance, "released": [],
+                "skipped": "the group does not exist"}
+    tags = {t.get("Key"): t.get("Value") for t in found[0].get("Tags") or []}
+    if tags.get(cluster_tag) != cluster_id or tags.get(role_tag) != MASTER_NODE_TYPE:
+        raise ValueError(f"{group} is not the master group of cluster {cluster_id} "
+                         f"(tags {cluster_tag}={tags.get(cluster_tag)!r}, "
+                         f"{role_tag}={tags.get(role_tag)!r})")
+    here = {i.get("InstanceId") for i in found[0].get("Instances") or []}
+    if instance not in here:
+        return {"group": group, "instance": instance, "released": [],
+                "skipped": f"{instance} is no longer in the group (a new master runs)"}
+    return {"group": group, "instance": instance,
+            "released": release(autoscaling, [group], sleep=sleep), "skipped": ""}
 
 
 def respond(event: dict[str, Any], autoscaling: Any, *,

@@ -69,6 +69,7 @@ class DLClusterStack(Stack):
             data_prep_script=s.data_prep_script,
             max_replacements_per_hour=s.max_replacements_per_hour,
             idle_stop_minutes=s.idle_stop_minutes,
+            idle_stop_master_minutes=s.idle_stop_master_minutes,
             data_bucket=(s3.Bucket.from_bucket_name(self, "DataBucket", s.data_bucket)
                          if s.data_bucket else None),
             data_prefix=s.data_prefix,

@@ -201,7 +201,8 @@ def executor_unit(python: str, package_dir: str, root: str, mount_point: str, *,
 def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
                     region: str, max_replacements_per_hour: int,
                     idle_stop_seconds: float = 0.0, checkpoint_url: str = "",
-                    log_file: str = "") -> str:
+                    log_file: str = "", idle_stop_master_seconds: float = 0.0,
+                    release_function: str = "") -> str:
     """The master's job controller. ``KillMode=process``: stopping or restarting the unit
     leaves a running attempt's runner to finish cancelling its shares (the controller
     cancels it on SIGTERM); the next controller restarts the job from its checkpoint."""
@@ -212,6 +213,9 @@ def controller_unit(python: str, package_dir: str, root: str, mount_point: str,
         args=["--root", root, "--mount-point", mount_point, "--region", region,
               "--max-replacements-per-hour", str(max_replacements_per_hour),
               "--idle-stop-seconds", f"{idle_stop_seconds:g}",
+              *(("--idle-stop-master-seconds", f"{idle_stop_master_seconds:g}",
+                 "--release-function", release_function)
+                if idle_stop_master_seconds and release_function else ()),
               *(("--checkpoint-url", checkpoint_url) if checkpoint_url else ())],
         unit=(f"Wants={EXECUTOR_UNIT}", f"After={EXECUTOR_UNIT} remote-fs.target"),
         service=("Restart=always", "RestartSec=5", "KillMode=process", "TimeoutStopSec=60"))
@@ -299,7 +303,9 @@ def install(argv: list[str] | None = None) -> list[Path]:
         files[root / UNIT_DIR / CONTROLLER_UNIT] = (controller_unit(
             opts.python, opts.package_dir, ns.root, ns.mount_point, ns.region,
             ns.max_replacements_per_hour, ns.idle_stop_seconds, ns.checkpoint_url,
-            log_file=str(cloudwatch_config.unit_log(root, "controller"))), 0o644)
+            log_file=str(cloudwatch_config.unit_log(root, "controller")),
+            idle_stop_master_seconds=ns.idle_stop_master_seconds,
+            release_function=ns.release_function), 0o644)
         units.append(CONTROLLER_UNIT)
     for name, module in WRAPPERS.items():
         files[root / BIN_DIR / name] = (wrapper_script(opts.python, opts.package_dir, module,

@@ -61,6 +61,8 @@ class AgentConfig:
     drain_timeout: float = 240.0
     max_replacements_per_hour: int = DEFAULT_MAX_REPLACEMENTS_PER_HOUR
     idle_stop_seconds: float = 0.0
+    idle_stop_master_seconds: float = 0.0
+    release_function: str = ""
     membership_key: str = ""
     job_role_arn: str = ""
     checkpoint_url: str = ""
@@ -97,6 +99,9 @@ class AgentConfig:
                              f"{self.max_replacements_per_hour}")
         if self.idle_stop_seconds < 0:
             raise ValueError(f"--idle-stop-seconds must be >= 0, got {self.idle_stop_seconds}")
+        if self.idle_stop_master_seconds < 0:
+            raise ValueError(f"--idle-stop-master-seconds must be >= 0, got "
+                             f"{self.idle_stop_master_seconds}")
         if self.warm_poll_interval <= 0:
             raise ValueError(
                 f"--warm-poll-interval must be positive, got {self.warm_poll_interval}")
@@ -177,6 +182,10 @@ OPTIONS: tuple[Option, ...] = (
            "(instances it may mark Unhealthy in any hour)"),
     Option("--idle-stop-seconds", "master: the job controller stops the workers after this "
            "many seconds with nothing to run (the stack's idleStopMinutes x 60; 0 = never)"),
+    Option("--idle-stop-master-seconds", "master: then the master's own group after this "
+           "many seconds more (idleStopMasterMinutes x 60; 0 = never)"),
+    Option("--release-function", "master: the capacity adjuster's function, which releases "
+           "the idle master's group ('' = the master never stops)"),
     Option("--membership-key", "KMS key that signs the membership (the master signs, "
            "workers apply only what it signed; '' = unsigned)"),
     Option("--job-role-arn", "the stack's job role, for the executor: each job gets its own "

@@ -209,7 +209,9 @@ class IdleStopRecord(Record):
     """``cluster/idle-stop.json``: the job controller's idle stop (``jobs.controller.idle``).
     Idle since ``idle_since`` (no managed job running or queued, no job share running on any
     node), the workers stop at ``stop_at``; once stopped (``stopped_at``), the worker group's
-    size and minimum before the stop are what the next job scales it back to."""
+    size and minimum before the stop are what the next job scales it back to. The master's
+own stop (``jobs.controller.idle_master``) is the ``master_*`` fields: a controller on
+another instance than ``master_instance`` is the woken master and clears them."""
 
     KIND: ClassVar[str] = "idle stop"
     state: str  # disabled | busy | idle | stopping (recorded before the call) | stopped
@@ -223,6 +225,9 @@ class IdleStopRecord(Record):
     min_before: int = 0
     resumed_at: float | None = None
     message: str = ""  # the last stop's or resume's outcome (an AWS error, say)
+    master_seconds: float = 0.0  # idleStopMasterMinutes x 60; 0: the master never stops
+    master_stopped_at: float | None = None  # the master's release was requested then
+    master_instance: str = ""  # by (and for) this master instance
 
 
 @record

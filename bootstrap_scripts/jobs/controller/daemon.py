@@ -35,7 +35,14 @@ import socket
 import time
 from pathlib import Path
 
-from bootstrap_scripts.jobs.controller import attempts, idle, instance_health, retention, sealed
+from bootstrap_scripts.jobs.controller import (
+    attempts,
+    idle,
+    idle_master,
+    instance_health,
+    retention,
+    sealed,
+)
 from bootstrap_scripts.jobs.controller.efs_full import UnwrittenRecords
 from bootstrap_scripts.jobs.controller.engine_facts import EngineFacts
 from bootstrap_scripts.jobs.controller.hangs import HangWatch
@@ -82,7 +89,8 @@ class Controller(Takeover):
                  gate: Gate | None = None, health: InstanceHealth | None = None,
                  retention_days: float = retention.DEFAULT_RETENTION_DAYS,
                  max_replacements: int = instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR,
-                 idle_seconds: float = 0.0, checkpoints_url: str = "") -> None:
+                 idle_seconds: float = 0.0, checkpoints_url: str = "",
+                 master_seconds: float = 0.0, release_function: str = "") -> None:
         self.root, self.efs = root, efs
         #: root's requests start only with the master's signature (``root_jobs``)
         self.verify_root = root_jobs.verifier(root)
@@ -119,8 +127,15 @@ class Controller(Takeover):
         self.pending_records = UnwrittenRecords(efs, self.me, self.seal)
         self.breaker = sealed.BreakerBook(self.seal, efs, self.me)
         stop, restore = idle.worker_group_actions(root, efs, self.health.client)
+        master = None
+        if idle_seconds and master_seconds and release_function:  # idle_master's doc
+            groups, request = idle_master.master_actions(release_function, region,
+                                                         self.cluster_id)
+            master = idle_master.MasterStop(master_seconds=master_seconds,
+                                            instance_id=self.instance_id, groups=groups,
+                                            request=request)
         self.idle = idle.IdleStop(efs, idle_seconds=idle_seconds, stop=stop, restore=restore,
-                                  seal=self.seal)
+                                  seal=self.seal, master=master)
 
     def cluster_id(self) -> str:
         """The cluster's id, from the membership this node applied ("" before there is one)."""

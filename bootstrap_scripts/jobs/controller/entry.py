@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=instance_health.DEFAULT_MAX_REPLACEMENTS_PER_HOUR)
     p.add_argument("--idle-stop-seconds", type=float, default=0.0, help="workers to zero "
                    "after this long idle (idleStopMinutes x 60; default %(default)g: never)")
+    p.add_argument("--idle-stop-master-seconds", type=float, default=0.0, help="then the "
+                   "master's own group to zero after this much longer idle "
+                   "(idleStopMasterMinutes x 60; default %(default)g: never)")
+    p.add_argument("--release-function", default="", metavar="NAME",
+                   help="the capacity adjuster's function, which releases the master group "
+                   "('' = the master never stops)")
     p.add_argument("--checkpoint-url", default="", metavar="s3://BUCKET/PREFIX/",
                    help="the cluster's checkpoint prefix: each managed job's checkpoint "
                    "directory is mirrored to <this><user>/<job-id>/ ('' = none)")
@@ -78,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ctl = Controller(Path(args.root), efs, region=args.region, gate=gate,
                      retention_days=args.retention_days,
                      max_replacements=args.max_replacements_per_hour,
-                     idle_seconds=args.idle_stop_seconds, checkpoints_url=args.checkpoint_url)
+                     idle_seconds=args.idle_stop_seconds, checkpoints_url=args.checkpoint_url,
+                     master_seconds=args.idle_stop_master_seconds,
+                     release_function=args.release_function)
     service.stop_on_signals(ctl)
     try:
         return ctl.run()

@@ -14,7 +14,9 @@ hook and the master agent, as ``dl-scale`` does. The master stays. A job queued 
 stopped cluster scales the group back to its size before the stop
 (``ops.scale.restore_workers``) and waits for its nodes as any managed job waits for a
 replacement. The state is ``cluster/idle-stop.json`` (``IdleStopRecord``): a restarted
-controller carries on where the previous one was. :func:`decide` is the whole rule.
+controller carries on where the previous one was. :func:`decide` is the whole rule. While
+the workers are stopped, the master itself may stop later (``idle_master``: its rule, its
+release; the "master" of :class:`IdleStop`).
 
 The record comes before the act: the "stopping" record, with the group's size read first,
 is written (signed by the master, ``controller_records``) before Auto Scaling is asked to
@@ -37,6 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from bootstrap_scripts.jobs.controller.idle_master import MasterStop
 from bootstrap_scripts.jobs.engine.controller_records import ControllerSeal, Trust
 from bootstrap_scripts.protocol import liveness, state, store
 from bootstrap_scripts.protocol.liveness import Sighting
@@ -128,12 +131,14 @@ class IdleStop:
     def __init__(self, efs: Path, *, idle_seconds: float, stop: Stopper, restore: Resumer,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
-                 seal: ControllerSeal | None = None) -> None:
+                 seal: ControllerSeal | None = None, master: MasterStop | None = None) -> None:
         if idle_seconds < 0:
             raise ValueError(f"--idle-stop-seconds must be >= 0, got {idle_seconds}")
         self.efs, self.idle_seconds = efs, idle_seconds
         self.stop_workers, self.restore_workers = stop, restore
         self.clock, self.monotonic = clock, monotonic
+        self.master = master  # the master's own stop (None: never)
+        self.master_seconds = master.master_seconds if master else 0.0
         self.sightings: dict[str, Sighting] = {}
         self.checked = -CHECK_SECONDS
         self.retry_at = 0.0
@@ -143,8 +148,10 @@ class IdleStop:
         self.seal = seal
         self.record = IdleStopRecord(
             state=Phase.DISABLED.value if idle_seconds <= 0 else Phase.BUSY.value,
-            updated_at=self.clock(), idle_seconds=idle_seconds)
+            updated_at=self.clock(), idle_seconds=idle_seconds,
+            master_seconds=self.master_seconds)
         self.written = False  # no record yet: the first turn writes one
+        self.woken_checked = False  # the first turn looks for a master stop now over
         self.loaded = seal is None and self.load_unsigned()
 
     def load_unsigned(self) -> bool:
@@ -180,7 +187,8 @@ class IdleStop:
         unable to sign: written at a later turn). Only signed records are written, so the
         one on EFS stays the master's last word a successor can trust."""
         new = dataclasses.replace(self.record, **changes, updated_at=self.clock(),
-                                  idle_seconds=self.idle_seconds)
+                                  idle_seconds=self.idle_seconds,
+                                  master_seconds=self.master_seconds)
         same = dataclasses.replace(new, updated_at=0.0) == dataclasses.replace(
             self.record, updated_at=0.0)
         if same and self.written:
@@ -210,6 +218,9 @@ class IdleStop:
             self.loaded = self.load()
             if not self.loaded:
                 return
+        if not self.woken_checked:
+            self.woken_checked = True
+            self.woken()
         self.checked = mono
         try:
             sharing = not queued and bool(running_shares(self.efs, self.sightings, mono))
@@ -230,6 +241,7 @@ class IdleStop:
                 self.stop(d)
         elif d.phase is Phase.STOPPED:
             self.save()  # writes only a record EFS had no room (or KMS no signature) for
+            self.master_turn(sharing)
         else:
             self.save(state=d.phase.value, idle_since=d.idle_since, stop_at=d.stop_at)
 
@@ -276,6 +288,52 @@ class IdleStop:
                  time.ctime(d.idle_since or 0), group, desired)
         self.save(state=Phase.STOPPED.value,
                   message=f"workers {desired} -> 0 after {self.idle_seconds:.0f} s idle")
+
+    def woken(self) -> None:
+        """A predecessor master asked for its own release: this controller runs on the
+        master that ``dlc`` woke (or on a replacement), so that stop is over."""
+        rec, me = self.record, self.master.instance_id if self.master else ""
+        if rec.master_stopped_at is not None and rec.master_instance != me:
+            LOG.info("idle stop: master %s stopped at %s; %s runs now", rec.master_instance,
+                     time.ctime(rec.master_stopped_at), me or "this master")
+            self.save(master_stopped_at=None, master_instance="",
+                      message=f"master woken (stopped at {time.ctime(rec.master_stopped_at)})")
+
+    def master_turn(self, sharing: bool) -> None:
+        """The workers are stopped: stop the master too when ``idle_master.may_stop`` says
+        so, the request recorded first (a successor then knows it was asked for)."""
+        m = self.master
+        if m is None or self.monotonic() < self.retry_at:
+            return
+        if self.record.master_stopped_at is not None:  # asked already: this master lives on
+            if self.record.master_instance == m.instance_id and m.due_again():
+                self.send_master_request()
+            return
+        v = m.verdict(workers_stopped_at=self.record.stopped_at
+                      if self.record.state == Phase.STOPPED.value else None, sharing=sharing)
+        m.note(v)
+        if not v.stop:
+            return
+        if not self.save(master_stopped_at=self.clock(), master_instance=m.instance_id,
+                         message="master stopping"):
+            self.retry_at = self.monotonic() + RETRY_SECONDS
+            self.record = dataclasses.replace(self.record, master_stopped_at=None,
+                                              master_instance="")
+            return
+        self.send_master_request()
+
+    def send_master_request(self) -> None:
+        assert self.master is not None
+        try:
+            group = self.master.send()
+        except Exception as exc:  # AWS refused or is unreachable: not stopped, try again
+            self.retry_at = self.monotonic() + RETRY_SECONDS
+            LOG.error("idle stop: could not ask for the master's release: %s (again in "
+                      "%.0f s)", exc, RETRY_SECONDS)
+            self.save(master_stopped_at=None, master_instance="",
+                      message=f"master stop failed: {exc}"[:500])
+            return
+        self.save(message=f"master group {group} -> 0 (released by the capacity adjuster)")
 
     def worker_started_since(self) -> bool:
         """A worker's agent started after the stop (its registration says when)."""

@@ -21,8 +21,8 @@ can fail and a rollback deletes it too. Its Delete, here:
 
 The same release serves the master's idle stop (:func:`release_idle_master`): the master's
 job controller invokes the function with ``{IDLE_MASTER_KEY: {"Group", "InstanceId"}}``
-when the cluster has been idle long enough (``bootstrap_scripts/jobs/controller/
-idle_master.py``); the group is released only if it is this cluster's master group
+when the cluster has been idle long enough (the node package's
+``jobs/controller/idle_master.py``); the group is released only if it is this cluster's master group
 (its tags) and ``InstanceId`` is still in it, so a request that arrives late, after ``dlc``
 woke a new master, does nothing.
 
@@ -114,7 +114,7 @@ def release(autoscaling: Any, names: list[str], *,
     return released
 
 
-#: The event key of the master's idle-stop request (``bootstrap_scripts``' twin:
+#: The event key of the master's idle-stop request (the node package's twin:
 #: ``jobs/controller/idle_master.IDLE_MASTER_KEY``; a contract test holds them together).
 IDLE_MASTER_KEY = "dl-idle-master-release"
 #: The group tags the request is checked against (the stack's ``NodeType`` value).

@@ -16,6 +16,10 @@ def test_the_check(tmp_path):
         "cannot start 'no-such-command-xyz': not found in PATH"
     assert "no such executable file" in submit_problem([str(tmp_path / "nope")], path, "/")
     assert submit_problem(["./run.sh"], path, str(tmp_path)) == ""  # maybe shipped later
+    # a module or a script the launcher runs with the interpreter: nothing to find in PATH
+    # (the managed path refused `-- -m pkg.train` and `-- train.py`, which torchrun runs)
+    assert submit_problem(["-m", "pkg.train", "--lr", "1"], path, "/") == ""
+    assert submit_problem(["train.py", "--epochs", "1"], path, "/") == ""
 
 
 def test_dl_run_refuses_a_command_no_node_could_start(emu):

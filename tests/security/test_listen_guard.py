@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -207,8 +208,9 @@ time.sleep(120)
 def test_a_slurm_tasks_listener_is_kept_from_other_users_and_an_unmarked_one_is_not(
         node, victim, attacker, reachable_python):
     """What ``srun`` starts carries slurmstepd's ``SLURM_JOB_ID`` and ``SLURM_JOB_UID``: the
-    node's executor guards such a task's sockets for the job's user with no share of its
-    own. The victim's second server, outside any job, stays open (the control)."""
+    node's executor guards such a task's sockets for the job's user (and Slurm's daemons,
+    root) with no share of its own. The victim's second server, outside any job, stays open
+    (the control)."""
     this, _tmp = node
     this.cluster.cluster_dir.mkdir(parents=True, exist_ok=True)
     base = dict(user_env(victim))
@@ -225,6 +227,8 @@ def test_a_slurm_tasks_listener_is_kept_from_other_users_and_an_unmarked_one_is_
         said = dict(line.split(" ", 1) for line in attack(attacker, victim))
         assert said[f"{this.address}:{in_job}"].startswith("refused"), said
         assert said[f"{this.address}:{outside}"] in ("open", "store-set"), said
+        # Slurm's daemons (root) still reach it: slurmstepd tells srun its tasks' exits
+        socket.create_connection((this.address, in_job), timeout=5).close()
         guard.release_all()
         said = dict(line.split(" ", 1) for line in attack(attacker, victim))
         assert said[f"{this.address}:{in_job}"] in ("open", "store-set"), said  # table gone

@@ -112,7 +112,7 @@ def test_only_sockets_held_by_a_shares_process_and_owned_by_its_user_count(tmp_p
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a process directory owned by another uid")
-def test_a_slurm_tasks_sockets_are_guarded_for_its_jobs_user_only(tmp_path):
+def test_a_slurm_tasks_sockets_are_for_its_jobs_user_and_slurms_daemons(tmp_path):
     proc = fake_proc(tmp_path / "proc", [
         ("0500000A:1000", 1001, 1),  # srun torchrun's store, in a task of 1001's job
         ("0500000A:2000", 1002, 2),  # 1002 names 1001 as its job's user: not believed
@@ -124,7 +124,9 @@ def test_a_slurm_tasks_sockets_are_guarded_for_its_jobs_user_only(tmp_path):
         (202, 1001, [3], "HOME=/home/a\n"),
         (203, 1001, [4], "SLURM_JOB_ID=19\n"),
     ])
-    assert ls.job_listeners(proc, {}, "10.0.0.5") == {Listening("10.0.0.5", 0x1000, 1001)}
+    # the job's user, and Slurm's daemons (root: slurmstepd reports a task's exit to srun)
+    assert ls.job_listeners(proc, {}, "10.0.0.5") == {Listening("10.0.0.5", 0x1000, 1001),
+                                                      Listening("10.0.0.5", 0x1000, 0)}
 
 
 def node(efs: Path, root: Path, address: str) -> ThisNode:

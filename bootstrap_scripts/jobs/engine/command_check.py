@@ -34,6 +34,10 @@ def submit_problem(command: list[str] | tuple[str, ...], env: dict[str, str], cw
     if not command:
         return ""
     argv0 = command[0]
+    if argv0 == "-m" or argv0.endswith(".py"):
+        # a module or a script the launcher runs with the interpreter
+        # (``plan_types.python_command``, torchrun's own ``-m``): nothing to look up in PATH
+        return ""
     if os.sep in argv0 and not os.path.isabs(argv0):
         return ""
     path = env.get("PATH") or os.environ.get("PATH", os.defpath)

@@ -91,22 +91,30 @@ def socket_inodes(pid_dir: Path) -> set[int]:
     return inodes
 
 
-def guarded_for(pid_dir: Path, tokens: Mapping[str, int]) -> int | None:
-    """The uid whose sockets this process's are, to guard: its share's (it carries one of
-    ``tokens``), or, a task of a Slurm job, its job's user's (slurmstepd gives every task
-    ``SLURM_JOB_ID`` and ``SLURM_JOB_UID``). None: neither. A process that sets these
-    variables itself only has its own user's sockets guarded for that user."""
+#: Slurm's daemons run as root and connect to a job's own listeners: slurmstepd reports each
+#: task's exit to ``srun`` and forwards its output there; they speak Slurm's protocol,
+#: authenticated by munge, and unpickle nothing a task sends
+SLURM_DAEMONS_UID = 0
+
+
+def guarded_for(pid_dir: Path, tokens: Mapping[str, int]) -> tuple[int, tuple[int, ...]] | None:
+    """(the job's uid, the uids that may connect) for this process's sockets: a share's
+    (it carries one of ``tokens``): its user alone; a task of a Slurm job (slurmstepd gives
+    every task ``SLURM_JOB_ID`` and ``SLURM_JOB_UID``): its job's user and Slurm's daemons
+    (:data:`SLURM_DAEMONS_UID`). None: neither. A process that sets these variables itself
+    only has its own user's sockets guarded, for that user (and root)."""
     try:
         data = b"\0" + (pid_dir / "environ").read_bytes() + b"\0"
     except OSError:
         return None
     for token, uid in tokens.items():
         if b"\0DL_SHARE_TOKEN=" + token.encode() + b"\0" in data:
-            return uid
+            return uid, (uid,)
     if b"\0SLURM_JOB_ID=" in data:
         match = re.search(rb"\0SLURM_JOB_UID=([0-9]{1,10})\0", data)
         if match is not None:
-            return int(match[1])
+            uid = int(match[1])
+            return uid, tuple(sorted({uid, SLURM_DAEMONS_UID}))
     return None
 
 
@@ -137,10 +145,11 @@ def job_listeners(proc: Path, tokens: Mapping[str, int], node_address: str,
         except OSError:
             continue
         held = socket_inodes(Path(entry.path)) & candidates.keys()
-        uid = guarded_for(Path(entry.path), tokens) if held else None
-        for inode in held if uid is not None else ():
+        guard = guarded_for(Path(entry.path), tokens) if held else None
+        for inode in held if guard is not None else ():
             s = candidates[inode]
-            if s.uid == uid:
-                found.update(Listening(host=h, port=s.port, uid=s.uid)
-                             for h in reachable_as(s.host, node_address))
+            if s.uid == guard[0]:
+                found.update(Listening(host=h, port=s.port, uid=allowed)
+                             for h in reachable_as(s.host, node_address)
+                             for allowed in guard[1])
     return frozenset(found)

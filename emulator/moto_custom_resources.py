@@ -118,7 +118,7 @@ def _function_handler(service_token: Any, account: str, region: str) -> str:
         return ""
 
 
-class _Clients:
+class HarnessClients:
     """boto3 clients of this moto server (the harness's keys), made on first use."""
 
     def __init__(self, region: str) -> None:
@@ -129,8 +129,12 @@ class _Clients:
 
         if not _ENDPOINT:
             raise CustomResourceError("the emulator's moto server has no endpoint to call")
+        # the harness's session, token included: with IAM enforced the "testing" keys are the
+        # administrator's role session (iam_enforcement.enable), which moto refuses without
+        # its token (InvalidClientTokenId: a stack's deletion failed on its release)
         return boto3.client(service, endpoint_url=_ENDPOINT[0], region_name=self.region,
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+                            aws_access_key_id="testing", aws_secret_access_key="testing",
+                            aws_session_token="testing")
 
     @property
     def autoscaling(self) -> Any:
@@ -161,7 +165,7 @@ def answer(kind: str, resource: Any, region: str) -> dict:
              "RequestId": str(uuid.uuid4())}
     if kind != "Create":
         event["PhysicalResourceId"] = resource.emulator_physical_id
-    return custom_resources.respond(event, _Clients(region))
+    return custom_resources.respond(event, HarnessClients(region))
 
 
 def _custom_delete(self: Any, account_id: str, region_name: str) -> None:

@@ -198,3 +198,18 @@ def munge_key_readers(endpoint: str, cfn, iam) -> dict[str, str]:
     finally:
         iam_enforcement.disable()
     return out
+
+
+def test_the_custom_resources_act_as_the_administrator_with_iam_enforced(moto_reset):
+    """The project's custom-resource code (a stack's release, its checks) runs in moto's
+    process with the harness's session. With IAM enforced that session is the
+    administrator's role session, which moto refuses without its token: a stack's deletion
+    failed on its release (``InvalidClientTokenId``, found by the resume drill)."""
+    moto_custom_resources.serve_at(moto_reset)
+    iam_enforcement.enable(ACCOUNT)
+    try:
+        clients = moto_custom_resources.HarnessClients(REGION)
+        groups = clients.autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
+    finally:
+        iam_enforcement.disable()
+    assert groups == []

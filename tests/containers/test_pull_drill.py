@@ -6,9 +6,9 @@ cluster) each with the emulated node's podman and skopeo first on its PATH
 ``allowedImages`` naming it. A user's ``dl-run --image REPOSITORY:TAG``:
 
 - a wrong tag is refused at submit, naming it, and nothing is published;
-- a digest the registry does not have fails the job before any rank, as
-  ``infrastructure (image-pull)``, naming both nodes and "not found", and the job itself is
-  never published;
+- a digest the registry does not have fails the job before any rank, as its ``input``
+  (every node was told "not found": a retry would be too), naming both nodes, and the job
+  itself is never published;
 - the right tag is resolved and pulled on both nodes, each node's progress in ``dl-run``'s
   output; a second job with it pulls nothing on either node.
 
@@ -86,7 +86,9 @@ def test_an_image_job_is_pinned_pulled_once_per_node_and_a_failed_pull_is_infras
     missing = f"{repository}@sha256:" + "e" * 64
     rc, out = dl_run(c, job_user, "missing", missing)
     assert rc != 0, out
-    assert "cause: infrastructure (image-pull)" in out and "user-code" not in out, out
+    # every node told the same about the image: the job's input, not retried as the cluster's
+    assert "cause: input (input)" in out and "user-code" not in out, out
+    assert "failed on every node" in out, out
     for rank, address in enumerate(c.addresses):
         assert f"node rank {rank} ({address}): not found" in out, out
     assert not (c.efs / "jobs" / job_user.pw_name / "missing").exists()  # no rank ran

@@ -154,7 +154,7 @@ def summarize(w: Watch) -> Verdict:
         return Verdict(job_id, status, 0)
     lines = [describe(kind, node, w.paths)
              for kind, node in failing_nodes(result, w.exits)]
-    if failure.kind is FailureKind.IMAGE_PULL:  # each node's cause (its own line is above)
+    if image_pull.is_pull_job(job_id):  # each node's cause (its own line is above)
         lines = [failure.detail]
     say(f"job {job_id} FAILED: " + "; ".join(lines))
     say(f"cause: {failure.failure_class.value} ({failure.kind.value})")

@@ -17,6 +17,7 @@ from pathlib import Path
 from bootstrap_scripts.jobs.engine import launchers as ln
 from bootstrap_scripts.jobs.engine import user_dirs
 from bootstrap_scripts.jobs.engine.plan_types import LaunchOptions
+from bootstrap_scripts.jobs.executor import listen_guard
 from bootstrap_scripts.jobs.executor.node import ThisNode
 from bootstrap_scripts.protocol.jobs import DEFAULT_RDZV_PORT, JobSpec, Share
 from bootstrap_scripts.protocol.membership import build_membership
@@ -42,9 +43,11 @@ def drill_node(prefix: str, second: int, train: str = "") -> Iterator[tuple[This
     os.chmod(tmp / "markers", 0o1777)
     if train:
         (tmp / "train.py").write_text(train)
+    this = ThisNode(NodePaths(tmp / "root"), ClusterPaths(efs), drill_address(second))
     try:
-        yield ThisNode(NodePaths(tmp / "root"), ClusterPaths(efs), drill_address(second)), tmp
-    finally:
+        yield this, tmp
+    finally:  # the node's kernel rules go with it, as with an emulated machine
+        listen_guard.forget(this.address)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -212,7 +212,10 @@ class ListenGuard:
                 self.members = frozenset(n.address for n in m.nodes) if m else frozenset()
             want = wanted(self.own, {a: r for a, (_s, r) in self.others.items()},
                           self.members - {self.address})
-            if want != self.applied and (want or self.applied is not None):
+            if self.applied is None and not want:
+                forget(self.address)  # a table a killed predecessor left: nothing to guard
+                self.applied = frozenset()
+            elif want != self.applied:
                 self.apply(want)
         except (OSError, GuardError) as exc:
             LOG.error("guarding what jobs listen on: %s", exc)
